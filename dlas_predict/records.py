@@ -1,0 +1,126 @@
+"""Measurement records: one per (device, workload, configuration), failures included."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .config import ConvSpec, Variant, stable_hash
+
+
+def measurement_key(device: str, fingerprint: str, spec: ConvSpec, variant: Variant,
+                    knobs: dict[str, int], kernels_version: str) -> str:
+    """The unique key of a measurement: a re-run with the same key is skipped."""
+    return stable_hash({
+        "device": device, "fingerprint": fingerprint, "conv": spec.to_dict(),
+        "variant": {**variant.to_dict(), "knobs": dict(sorted(knobs.items()))},
+        "kernels": kernels_version,
+    })
+
+
+def summarise(run_secs: list[float]) -> tuple[float | None, float | None]:
+    """(median seconds, spread) where spread is the inter-quartile range over the median."""
+    if not run_secs:
+        return None, None
+    med = statistics.median(run_secs)
+    if len(run_secs) < 4 or med <= 0:
+        return med, 0.0
+    q = statistics.quantiles(run_secs, n=4)
+    return med, (q[2] - q[0]) / med
+
+
+#: A point is flagged noisy when its inter-quartile range exceeds this share of the median.
+NOISY_SPREAD = 0.10
+
+
+@dataclass(frozen=True)
+class MeasureResult:
+    """One measurement of one kernel variant on one workload and device.
+
+    ``run_secs`` keeps every timed run (seconds per call); the median and spread are derived.
+    ``error`` is set (and ``run_secs`` empty) when the kernel failed to build, verify or run.
+    """
+
+    key: str
+    device: str
+    fingerprint: str
+    conv: ConvSpec
+    variant: Variant
+    knobs: dict[str, int]
+    sparsity: float = 0.0
+    nnz: int | None = None
+    run_secs: list[float] = field(default_factory=list)
+    number: int | None = None
+    compile_s: float | None = None
+    verified: bool | None = None
+    max_error: float | None = None
+    error: str | None = None
+    threads: int | None = None
+    tvm_version: str = ""
+    kernels_version: str = ""
+    timestamp: float = 0.0
+    tuning_seconds: float | None = None
+
+    @property
+    def median_s(self) -> float | None:
+        return summarise(self.run_secs)[0]
+
+    @property
+    def spread(self) -> float | None:
+        return summarise(self.run_secs)[1]
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and bool(self.run_secs)
+
+    @property
+    def noisy(self) -> bool:
+        spread = self.spread
+        return spread is not None and spread > NOISY_SPREAD
+
+    @property
+    def gflops(self) -> float | None:
+        """Dense-equivalent GFLOP/s: 2 x dense MACs / median (so variants compare directly)."""
+        med = self.median_s
+        return self.conv.flops / med / 1e9 if med else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Flat, JSON-ready form with the canonical field names."""
+        med = self.median_s
+        out = {
+            "key": self.key, "device": self.device, "fingerprint": self.fingerprint,
+            "conv": self.conv.to_spec(), **self.variant.to_dict(),
+            "pattern": self.variant.pattern.value, "knobs": self.knobs,
+            "sparsity": self.sparsity, "nnz": self.nnz,
+            "median_ms": med * 1e3 if med is not None else None,
+            "spread": self.spread, "noisy": self.noisy, "n_runs": len(self.run_secs),
+            "gflops": self.gflops, "macs": self.conv.macs, "compile_s": self.compile_s,
+            "verified": self.verified, "max_error": self.max_error, "error": self.error,
+            "threads": self.threads, "tvm_version": self.tvm_version,
+            "kernels_version": self.kernels_version, "timestamp": self.timestamp,
+            "tuning_seconds": self.tuning_seconds, "run_secs": list(self.run_secs),
+        }
+        return out
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> "MeasureResult":
+        """Rebuild from a corpus row (see :mod:`dlas_predict.store`)."""
+        variant = Variant.from_dict({
+            "algorithm": row["algorithm"], "compression": row["compression"],
+            "ratio": row["ratio"], "tuning": row["tuning"],
+            "knobs": json.loads(row["knobs"] or "{}")})
+        return cls(
+            key=row["key"], device=row["device"], fingerprint=row["fingerprint"],
+            conv=ConvSpec.from_dict(json.loads(row["conv_json"])), variant=variant,
+            knobs=json.loads(row["knobs"] or "{}"), sparsity=row["sparsity"] or 0.0,
+            nnz=row["nnz"], run_secs=json.loads(row["run_secs"] or "[]"),
+            number=row["number"], compile_s=row["compile_s"],
+            verified=None if row["verified"] is None else bool(row["verified"]),
+            max_error=row["max_error"], error=row["error"], threads=row["threads"],
+            tvm_version=row["tvm_version"] or "", kernels_version=row["kernels_version"] or "",
+            timestamp=row["timestamp"] or 0.0, tuning_seconds=row["tuning_seconds"])
+
+    def spec_dict(self) -> dict[str, Any]:
+        return asdict(self.conv)

@@ -1,0 +1,217 @@
+"""The corpus store: SQLite in WAL mode, one row per measurement, every run time kept.
+
+Each record is committed in its own transaction as soon as it is measured, so a collection
+killed at any moment (SIGKILL included) loses nothing it had committed and leaves no
+half-written row; the unique measurement key makes a re-run skip what is already there.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from .errors import StoreError
+from .records import MeasureResult
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE IF NOT EXISTS measurements (
+    id INTEGER PRIMARY KEY,
+    key TEXT NOT NULL UNIQUE,
+    device TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    conv TEXT NOT NULL,
+    conv_json TEXT NOT NULL,
+    C INTEGER, H INTEGER, W INTEGER, K INTEGER, R INTEGER, S INTEGER,
+    stride_h INTEGER, stride_w INTEGER, pad_t INTEGER, pad_l INTEGER, pad_b INTEGER,
+    pad_r INTEGER, groups INTEGER, dilation_h INTEGER, dilation_w INTEGER,
+    OH INTEGER, OW INTEGER, macs INTEGER,
+    dtype TEXT NOT NULL,
+    algorithm TEXT NOT NULL,
+    compression TEXT NOT NULL,
+    ratio REAL NOT NULL,
+    sparse INTEGER NOT NULL,
+    pattern TEXT NOT NULL,
+    sparsity REAL,
+    nnz INTEGER,
+    tuning TEXT NOT NULL,
+    knobs TEXT NOT NULL,
+    run_secs TEXT NOT NULL,
+    n_runs INTEGER NOT NULL,
+    number INTEGER,
+    median_s REAL,
+    spread REAL,
+    noisy INTEGER,
+    gflops REAL,
+    compile_s REAL,
+    tuning_seconds REAL,
+    verified INTEGER,
+    max_error REAL,
+    error TEXT,
+    threads INTEGER,
+    tvm_version TEXT,
+    kernels_version TEXT,
+    timestamp REAL
+);
+CREATE INDEX IF NOT EXISTS idx_meas_device ON measurements(device, fingerprint);
+CREATE TABLE IF NOT EXISTS network_layers (
+    network TEXT NOT NULL,
+    layer_index INTEGER NOT NULL,
+    layer_name TEXT NOT NULL,
+    conv TEXT NOT NULL,
+    PRIMARY KEY (network, layer_index)
+);
+"""
+
+#: Columns of a measurement row, in insert order (id excluded).
+COLUMNS = (
+    "key", "device", "fingerprint", "conv", "conv_json", "C", "H", "W", "K", "R", "S",
+    "stride_h", "stride_w", "pad_t", "pad_l", "pad_b", "pad_r", "groups", "dilation_h",
+    "dilation_w", "OH", "OW", "macs", "dtype", "algorithm", "compression", "ratio", "sparse",
+    "pattern", "sparsity", "nnz", "tuning", "knobs", "run_secs", "n_runs", "number",
+    "median_s", "spread", "noisy", "gflops", "compile_s", "tuning_seconds", "verified",
+    "max_error", "error", "threads", "tvm_version", "kernels_version", "timestamp",
+)
+
+
+def _row(result: MeasureResult) -> tuple:
+    spec, v = result.conv, result.variant
+    values = {
+        "key": result.key, "device": result.device, "fingerprint": result.fingerprint,
+        "conv": spec.to_spec(), "conv_json": json.dumps(spec.to_dict(), sort_keys=True),
+        **{name: getattr(spec, name) for name in (
+            "C", "H", "W", "K", "R", "S", "stride_h", "stride_w", "pad_t", "pad_l", "pad_b",
+            "pad_r", "groups", "dilation_h", "dilation_w")},
+        "OH": spec.OH, "OW": spec.OW, "macs": spec.macs, "dtype": v.dtype.value,
+        "algorithm": v.algorithm.value, "compression": v.compression.value, "ratio": v.ratio,
+        "sparse": int(v.sparse), "pattern": v.pattern.value, "sparsity": result.sparsity,
+        "nnz": result.nnz, "tuning": v.tuning.value,
+        "knobs": json.dumps(dict(sorted(result.knobs.items()))),
+        "run_secs": json.dumps(list(result.run_secs)), "n_runs": len(result.run_secs),
+        "number": result.number, "median_s": result.median_s, "spread": result.spread,
+        "noisy": int(result.noisy), "gflops": result.gflops, "compile_s": result.compile_s,
+        "tuning_seconds": result.tuning_seconds,
+        "verified": None if result.verified is None else int(result.verified),
+        "max_error": result.max_error, "error": result.error, "threads": result.threads,
+        "tvm_version": result.tvm_version, "kernels_version": result.kernels_version,
+        "timestamp": result.timestamp,
+    }
+    return tuple(values[c] for c in COLUMNS)
+
+
+class CorpusStore:
+    """A measurement corpus in one SQLite file.
+
+    Parameters
+    ----------
+    path : path of the SQLite file; created (with parents) unless ``must_exist``.
+    must_exist : raise :class:`StoreError` instead of creating a new store.
+    """
+
+    def __init__(self, path: str | Path, must_exist: bool = False) -> None:
+        self.path = Path(path)
+        if must_exist and not self.path.is_file():
+            raise StoreError(f"no corpus store at {self.path}")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(str(self.path), timeout=30, isolation_level=None)
+            self._db.row_factory = sqlite3.Row
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.executescript(_SCHEMA)
+            self._db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)",
+                             (str(SCHEMA_VERSION),))
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"cannot open corpus store {self.path}: {exc}") from None
+
+    # ---- writing ------------------------------------------------------------------------
+    def add(self, result: MeasureResult, replace_failure: bool = True) -> bool:
+        """Commit one record; returns False if its key was already stored.
+
+        With ``replace_failure`` a stored failure of the same key is replaced by the new
+        record (a retried measurement); a stored success is never replaced.
+        """
+        placeholders = ",".join("?" * len(COLUMNS))
+        with self._db:  # one transaction: the row is there entirely or not at all
+            if replace_failure:
+                self._db.execute("DELETE FROM measurements WHERE key = ? AND error IS NOT NULL",
+                                 (result.key,))
+            cur = self._db.execute(
+                f"INSERT OR IGNORE INTO measurements ({','.join(COLUMNS)}) "
+                f"VALUES ({placeholders})", _row(result))
+        return cur.rowcount == 1
+
+    def add_network_layers(self, network: str, layers: Iterable[tuple[int, str, str]]) -> None:
+        """Record which conv workloads (compact specs) make up ``network``, in order."""
+        with self._db:
+            self._db.executemany(
+                "INSERT OR REPLACE INTO network_layers VALUES (?, ?, ?, ?)",
+                [(network, i, name, conv) for i, name, conv in layers])
+
+    # ---- reading ------------------------------------------------------------------------
+    def keys(self, include_failures: bool = True) -> set[str]:
+        sql = "SELECT key FROM measurements"
+        if not include_failures:
+            sql += " WHERE error IS NULL"
+        return {r[0] for r in self._db.execute(sql)}
+
+    def rows(self, where: str = "", params: tuple = ()) -> Iterator[dict[str, Any]]:
+        sql = "SELECT * FROM measurements" + (f" WHERE {where}" if where else "") + " ORDER BY id"
+        for row in self._db.execute(sql, params):
+            yield dict(row)
+
+    def results(self, where: str = "", params: tuple = ()) -> list[MeasureResult]:
+        return [MeasureResult.from_row(r) for r in self.rows(where, params)]
+
+    def stats(self) -> dict[str, Any]:
+        """Counts for ``corpus stats``: records, failures, duplicate keys, and a breakdown."""
+        q = self._db.execute
+        records = q("SELECT COUNT(*) FROM measurements").fetchone()[0]
+        failures = q("SELECT COUNT(*) FROM measurements WHERE error IS NOT NULL").fetchone()[0]
+        duplicates = q("SELECT COUNT(*) - COUNT(DISTINCT key) FROM measurements").fetchone()[0]
+        unverified = q("SELECT COUNT(*) FROM measurements WHERE error IS NULL AND verified = 0"
+                       ).fetchone()[0]
+        noisy = q("SELECT COUNT(*) FROM measurements WHERE noisy = 1").fetchone()[0]
+
+        def group(col: str) -> dict[str, int]:
+            return {r[0]: r[1] for r in q(
+                f"SELECT {col}, COUNT(*) FROM measurements GROUP BY {col} ORDER BY {col}")}
+
+        return {
+            "store": str(self.path), "records": records, "failures": failures,
+            "duplicates": duplicates, "unverified": unverified, "noisy": noisy,
+            "workloads": q("SELECT COUNT(DISTINCT conv) FROM measurements").fetchone()[0],
+            "networks": q("SELECT COUNT(DISTINCT network) FROM network_layers").fetchone()[0],
+            "devices": group("device"), "algorithms": group("algorithm"),
+            "compressions": group("compression"), "tunings": group("tuning"),
+        }
+
+    def export(self, out: str | Path, fmt: str) -> int:
+        """Write every measurement to ``out`` as parquet or csv; returns the row count."""
+        import pandas as pd
+
+        frame = pd.DataFrame(list(self.rows()))
+        if frame.empty:
+            frame = pd.DataFrame(columns=["id", *COLUMNS])
+        out = Path(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if fmt == "parquet":
+            frame.to_parquet(out, index=False)
+        elif fmt == "csv":
+            frame.to_csv(out, index=False)
+        else:
+            raise StoreError(f"unknown export format {fmt!r}; allowed: parquet, csv")
+        return len(frame)
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> "CorpusStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,99 @@
+"""Schedule knobs of every kernel, and the untuned defaults chosen from the shape.
+
+Pure Python (no TVM), so the collector can compute a measurement's key without compiling.
+Each kernel exposes its knobs; the untuned schedule is what these defaults give, and a tuner
+may search over other values (see :data:`KNOB_NAMES`).
+"""
+
+from __future__ import annotations
+
+from dlas_predict.config import Algorithm, ConvSpec, DType, Variant
+from dlas_predict.errors import ConfigError
+
+#: The knobs each (algorithm, sparse) kernel takes.
+KNOB_NAMES: dict[tuple[Algorithm, bool], tuple[str, ...]] = {
+    (Algorithm.DIRECT, False): ("tile_k", "tile_w"),
+    (Algorithm.GEMM, False): ("tile_k", "tile_p"),
+    (Algorithm.SPATIAL_PACK, False): ("tile_k", "tile_h", "tile_w"),
+    (Algorithm.DIRECT, True): ("tile_w",),
+    (Algorithm.GEMM, True): ("tile_p",),
+    (Algorithm.SPATIAL_PACK, True): ("tile_h", "tile_w"),
+}
+
+#: SIMD lanes of a 512-bit register, by accumulation type; used to size vector tiles.
+_LANES = {DType.FLOAT32: 16, DType.FLOAT16: 16, DType.INT8: 16}
+
+
+def _divisor_at_most(n: int, limit: int, prefer: tuple[int, ...] = ()) -> int:
+    """The preferred value dividing ``n`` if any, else the largest divisor of n <= limit."""
+    for p in prefer:
+        if p <= limit and n % p == 0:
+            return p
+    for d in range(min(n, limit), 0, -1):
+        if n % d == 0:
+            return d
+    return 1
+
+
+def default_knobs(spec: ConvSpec, variant: Variant) -> dict[str, int]:
+    """The untuned schedule's knobs for ``variant`` on ``spec``, chosen from the shape.
+
+    Rules a performance engineer would apply by hand: vector tiles along the contiguous axis
+    sized to the SIMD width (a divisor of the extent, so no tail predicate blocks
+    vectorisation), output-channel blocks that keep the accumulators in registers.
+    """
+    lanes = _LANES[variant.dtype]
+    kg = spec.K // spec.groups
+    p = spec.OH * spec.OW
+    key = (variant.algorithm, variant.sparse)
+    if key == (Algorithm.DIRECT, False):
+        tile_w = _divisor_at_most(spec.OW, lanes, prefer=(lanes, lanes // 2))
+        tile_k = _divisor_at_most(spec.K, 16, prefer=(8, 16, 4) if tile_w >= 8 else (16, 8, 4))
+        return {"tile_k": tile_k, "tile_w": tile_w}
+    if key == (Algorithm.GEMM, False):
+        tile_p = _divisor_at_most(p, lanes, prefer=(lanes, lanes // 2))
+        tile_k = _divisor_at_most(spec.K, 16, prefer=(8, 4, 16))
+        return {"tile_k": tile_k, "tile_p": tile_p}
+    if key == (Algorithm.SPATIAL_PACK, False):
+        if kg >= 8:
+            tile_k = _divisor_at_most(kg, 2 * lanes, prefer=(2 * lanes, lanes, 8))
+            tile_w = 8 if tile_k > lanes else 16 if spec.OW >= 16 else 8
+            tile_w = min(tile_w, _pow2_at_least(spec.OW))
+            return {"tile_k": tile_k, "tile_h": 1, "tile_w": tile_w}
+        # depthwise / narrow groups: vectorise along output width instead.
+        return {"tile_k": _divisor_at_most(kg, 4), "tile_h": 2 if spec.OH > 1 else 1,
+                "tile_w": min(lanes, _pow2_at_least(spec.OW))}
+    if key == (Algorithm.DIRECT, True):
+        return {"tile_w": min(lanes, _pow2_at_least(spec.OW))}
+    if key == (Algorithm.GEMM, True):
+        return {"tile_p": min(4 * lanes, _pow2_at_least(p))}
+    if key == (Algorithm.SPATIAL_PACK, True):
+        return {"tile_h": 2 if spec.OH > 1 else 1, "tile_w": min(lanes, _pow2_at_least(spec.OW))}
+    raise ConfigError(f"no kernel for {variant.algorithm.value} (sparse={variant.sparse})")
+
+
+def _pow2_at_least(n: int) -> int:
+    out = 1
+    while out < n:
+        out *= 2
+    return out
+
+
+def resolve_knobs(spec: ConvSpec, variant: Variant) -> dict[str, int]:
+    """Defaults overridden by the variant's own knobs; unknown knob names are an error."""
+    knobs = default_knobs(spec, variant)
+    names = KNOB_NAMES[(variant.algorithm, variant.sparse)]
+    for name, value in variant.knobs:
+        if name not in names:
+            raise ConfigError(
+                f"unknown knob {name!r} for {variant.algorithm.value}"
+                f"{' (sparse)' if variant.sparse else ''}; allowed: {', '.join(names)}")
+        if int(value) <= 0:
+            raise ConfigError(f"knob {name} must be positive, got {value}")
+        knobs[name] = int(value)
+    kg = spec.K // spec.groups
+    if "tile_k" in knobs:
+        divides = kg if variant.algorithm is Algorithm.SPATIAL_PACK else spec.K
+        if divides % knobs["tile_k"]:
+            raise ConfigError(f"knob tile_k={knobs['tile_k']} must divide {divides}")
+    return knobs

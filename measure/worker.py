@@ -1,0 +1,141 @@
+"""The isolated measurement worker: ``python -m measure.worker``.
+
+Reads one JSON task per line on stdin and answers one JSON result per line on the protocol
+channel (the original stdout; anything TVM or LLVM prints goes to stderr). For each task it
+builds the kernel, runs it once on random inputs (the discarded warm-up), checks the output
+against the numpy reference, then times it with the study's protocol. A Python exception in
+one task is answered as that task's error; a crash or a hang is caught by the parent
+(:mod:`measure.runner`), which restarts the worker.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dlas_predict.config import Algorithm, ConvSpec, DType, SparsityPattern
+from measure.reference import check_output, conv2d_reference, make_inputs
+from measure.sparse import prune, sparsity
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """Timing protocol: warm-up discarded, then up to ``max_repeats`` timed runs, each of
+    ``number`` back-to-back calls lasting at least ``min_repeat_ms``; a measurement stops
+    adding runs after ``time_budget_s`` seconds but keeps at least ``min_repeats``."""
+
+    max_repeats: int = 150
+    min_repeats: int = 10
+    min_repeat_ms: float = 1.0
+    time_budget_s: float = 3.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def plan_timing(single_s: float, proto: Protocol) -> tuple[int, int]:
+    """(number, repeats) for a kernel whose one call takes ``single_s`` seconds."""
+    single_s = max(single_s, 1e-7)
+    number = max(1, math.ceil(proto.min_repeat_ms / 1e3 / single_s))
+    per_repeat = number * single_s
+    repeats = int(proto.time_budget_s / per_repeat)
+    repeats = max(proto.min_repeats, min(proto.max_repeats, repeats))
+    return number, repeats
+
+
+def _target(target_json: dict):
+    import tvm
+
+    return tvm.target.Target(target_json)
+
+
+def run_task(task: dict[str, Any]) -> dict[str, Any]:
+    """Build, verify and time one kernel. Returns the result fields (``error`` on failure)."""
+    import tvm
+
+    from measure.kernels import KernelSpec, build_kernel, output_shape, pack_weights
+
+    fault = task.get("fault")
+    if fault and os.environ.get("DLAS_FAULT_INJECTION") == "1":
+        _inject(fault)
+    spec = ConvSpec.from_dict(task["conv"])
+    dtype = DType.parse(task["dtype"])
+    ks = KernelSpec(conv=spec, algorithm=Algorithm.parse(task["algorithm"]),
+                    sparse=bool(task["sparse"]), dtype=dtype, knobs=dict(task["knobs"]))
+    proto = Protocol(**task.get("protocol", {}))
+    x, w = make_inputs(spec, dtype, seed=int(task.get("seed", 0)))
+    pattern = SparsityPattern.parse(task.get("pattern", "none"))
+    if ks.sparse:
+        w = prune(w, float(task["ratio"]), pattern)
+    result: dict[str, Any] = {"sparsity": sparsity(w)}
+    if ks.sparse:
+        result["nnz"] = int(np.count_nonzero(w))
+
+    t0 = time.perf_counter()
+    executable = build_kernel(ks, _target(task["target"]))
+    result["compile_s"] = time.perf_counter() - t0
+
+    dev = tvm.cpu(0)
+    args = [tvm.runtime.tensor(a, dev) for a in [x, *pack_weights(ks, w)]]
+    out_dtype = dtype.value
+    out = tvm.runtime.tensor(np.zeros(output_shape(ks), dtype=out_dtype), dev)
+    func = executable["main"]
+    t0 = time.perf_counter()
+    func(*args, out)  # warm-up run, discarded; its output is verified
+    single_s = time.perf_counter() - t0
+    ref = conv2d_reference(x, w, spec, dtype)
+    result["verified"], result["max_error"] = check_output(out.numpy().reshape(spec.output_shape), ref,
+                                                                 dtype)
+
+    number, repeats = plan_timing(single_s, proto)
+    timer = executable.mod.time_evaluator("main", dev, number=number, repeat=repeats)
+    runs = list(timer(*args, out).results)
+    result.update(run_secs=runs, number=number, repeats=repeats)
+    return result
+
+
+def _inject(fault: str) -> None:
+    """Test hook (only with DLAS_FAULT_INJECTION=1): reproduce a crashing or hanging kernel."""
+    if fault == "segfault":
+        import ctypes
+
+        ctypes.string_at(0)
+    elif fault == "hang":
+        time.sleep(3600)
+    elif fault == "exit":
+        os._exit(3)
+    elif fault == "raise":
+        raise RuntimeError("injected failure")
+
+
+def main() -> int:
+    proto_fd = os.dup(1)          # the protocol channel
+    os.dup2(2, 1)                 # everything else printed goes to stderr
+    sys.stdout = sys.stderr
+    channel = os.fdopen(proto_fd, "w", buffering=1)
+    for line in sys.stdin:
+        line = line.strip()
+        if not line:
+            continue
+        task = json.loads(line)
+        try:
+            reply = {"ok": True, **run_task(task)}
+        except Exception as exc:  # one task's failure is data, the worker goes on
+            tail = traceback.format_exc(limit=3).strip().splitlines()[-1]
+            reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000],
+                     "error_detail": tail[:500]}
+        channel.write(json.dumps(reply) + "\n")
+        channel.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
