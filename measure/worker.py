@@ -121,6 +121,13 @@ def main() -> int:
     os.dup2(2, 1)                 # everything else printed goes to stderr
     sys.stdout = sys.stderr
     channel = os.fdopen(proto_fd, "w", buffering=1)
+    import tvm  # the slow import happens before the handshake, outside any task's timeout
+
+    import measure.kernels  # noqa: F401
+
+    channel.write(json.dumps({"ready": True, "tvm_version": tvm.__version__,
+                              "threads": int(os.environ.get("TVM_NUM_THREADS", "0"))}) + "\n")
+    channel.flush()
     for line in sys.stdin:
         line = line.strip()
         if not line:

@@ -1,0 +1,217 @@
+"""Runners: turn measurement tasks into records, each measurement isolated.
+
+:class:`LocalRunner` keeps one worker subprocess (``python -m measure.worker``) and sends it
+one task at a time. A task that raises is answered as a failure by the worker; a task that
+crashes the worker (segfault, abort) or outlives its timeout becomes a recorded failure here,
+the worker is replaced, and the run goes on with the next task.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from dlas_predict.config import ConvSpec, Variant
+from dlas_predict.devices import Device
+from dlas_predict.records import MeasureResult, measurement_key
+from measure import KERNELS_VERSION
+from measure.knobs import resolve_knobs
+from measure.worker import Protocol
+
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class MeasureTask:
+    """One kernel to measure: a workload, a variant, its resolved knobs, and its key."""
+
+    spec: ConvSpec
+    variant: Variant
+    knobs: dict[str, int]
+    key: str
+    seed: int = 0
+    fault: str | None = None  # test hook, honoured only with DLAS_FAULT_INJECTION=1
+
+    @classmethod
+    def make(cls, spec: ConvSpec, variant: Variant, device: Device, seed: int = 0,
+             fault: str | None = None) -> "MeasureTask":
+        knobs = resolve_knobs(spec, variant)
+        key = measurement_key(device.name, device.fingerprint, spec, variant, knobs,
+                              KERNELS_VERSION)
+        return cls(spec=spec, variant=variant, knobs=knobs, key=key, seed=seed, fault=fault)
+
+
+class Runner(abc.ABC):
+    """Batch interface: tasks in, one record per task out (in order, as they complete)."""
+
+    @abc.abstractmethod
+    def run(self, tasks: Iterable[MeasureTask]) -> Iterator[MeasureResult]:
+        ...
+
+    def close(self) -> None:
+        """Release workers."""
+
+    def __enter__(self) -> "Runner":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class WorkerDied(Exception):
+    """The worker process exited or was killed."""
+
+
+@dataclass
+class LocalRunner(Runner):
+    """Measures on this machine in an isolated worker process.
+
+    Parameters
+    ----------
+    device : the ``local`` device (its target and fingerprint go into every record).
+    protocol : timing protocol (runs, minimum repeat time, budget).
+    timeout_s : wall-clock limit of one task (build + verify + timing).
+    startup_timeout_s : limit for a worker to start (importing TVM).
+    """
+
+    device: Device
+    protocol: Protocol = field(default_factory=Protocol)
+    timeout_s: float = 300.0
+    startup_timeout_s: float = 180.0
+    _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
+    _stderr: Any = field(default=None, init=False, repr=False)
+    _buf: bytes = field(default=b"", init=False, repr=False)
+    _ready: dict = field(default_factory=dict, init=False, repr=False)
+
+    # ---- worker lifecycle ---------------------------------------------------------------
+    def _start(self) -> None:
+        env = dict(os.environ)
+        env["TVM_NUM_THREADS"] = str(self.device.cores)
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(_ROOT), *filter(None, [env.get("PYTHONPATH")])])
+        self._stderr = tempfile.TemporaryFile()
+        self._buf = b""
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "measure.worker"], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=self._stderr, env=env, cwd=str(_ROOT),
+            start_new_session=True)
+        self._ready = self._read(self.startup_timeout_s)
+        if not self._ready.get("ready"):
+            raise WorkerDied(f"worker did not start: {self._ready}")
+
+    def _stderr_tail(self, n: int = 600) -> str:
+        if self._stderr is None:
+            return ""
+        self._stderr.seek(0)
+        text = self._stderr.read().decode(errors="replace").strip()
+        return text[-n:]
+
+    def _kill(self) -> None:
+        if self._proc is not None:
+            if self._proc.poll() is None:
+                try:
+                    os.killpg(self._proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            self._proc.wait()
+            self._proc = None
+
+    def close(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            try:
+                self._proc.stdin.close()
+                self._proc.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self._kill()
+        if self._stderr is not None:
+            self._stderr.close()
+            self._stderr = None
+
+    def _read(self, timeout: float) -> dict:
+        assert self._proc is not None and self._proc.stdout is not None
+        fd = self._proc.stdout.fileno()
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buf:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError
+            ready, _, _ = select.select([fd], [], [], remaining)
+            if not ready:
+                raise TimeoutError
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                code = self._proc.wait()
+                raise WorkerDied(_describe_exit(code))
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return json.loads(line)
+
+    # ---- measuring ----------------------------------------------------------------------
+    def _payload(self, task: MeasureTask) -> dict[str, Any]:
+        v = task.variant
+        payload = {
+            "conv": task.spec.to_dict(), "algorithm": v.algorithm.value, "sparse": v.sparse,
+            "dtype": v.dtype.value, "knobs": task.knobs, "ratio": v.ratio,
+            "pattern": v.pattern.value, "target": self.device.target,
+            "protocol": self.protocol.to_dict(), "seed": task.seed,
+        }
+        if task.fault:
+            payload["fault"] = task.fault
+        return payload
+
+    def run(self, tasks: Iterable[MeasureTask]) -> Iterator[MeasureResult]:
+        for task in tasks:
+            yield self.run_one(task)
+
+    def run_one(self, task: MeasureTask) -> MeasureResult:
+        """Measure one task; never raises for a kernel's failure (it is in ``error``)."""
+        try:
+            if self._proc is None or self._proc.poll() is not None:
+                self._start()
+            assert self._proc is not None and self._proc.stdin is not None
+            self._proc.stdin.write((json.dumps(self._payload(task)) + "\n").encode())
+            self._proc.stdin.flush()
+            reply = self._read(self.timeout_s)
+        except TimeoutError:
+            self._kill()
+            reply = {"ok": False, "error": f"timeout: no result within {self.timeout_s:g} s "
+                                          "(kernel hung or too slow); worker killed"}
+        except (WorkerDied, BrokenPipeError, OSError, ValueError) as exc:
+            detail = self._stderr_tail()
+            self._kill()
+            reply = {"ok": False, "error": f"worker crashed: {exc}"
+                                          + (f"; stderr: {detail}" if detail else "")}
+        return self._record(task, reply)
+
+    def _record(self, task: MeasureTask, reply: dict[str, Any]) -> MeasureResult:
+        return MeasureResult(
+            key=task.key, device=self.device.name, fingerprint=self.device.fingerprint,
+            conv=task.spec, variant=task.variant, knobs=task.knobs,
+            sparsity=float(reply.get("sparsity") or 0.0), nnz=reply.get("nnz"),
+            run_secs=list(reply.get("run_secs") or []) if reply.get("ok") else [],
+            number=reply.get("number"), compile_s=reply.get("compile_s"),
+            verified=reply.get("verified"), max_error=reply.get("max_error"),
+            error=None if reply.get("ok") else str(reply.get("error") or "unknown failure"),
+            threads=self._ready.get("threads") or self.device.cores,
+            tvm_version=self._ready.get("tvm_version", ""), kernels_version=KERNELS_VERSION,
+            timestamp=time.time())
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"worker killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"worker killed by signal {-code}"
+    return f"worker exited with status {code}"
