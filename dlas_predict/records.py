@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from .config import ConvSpec, Variant, stable_hash
@@ -41,7 +41,13 @@ class MeasureResult:
 
     ``run_secs`` keeps every timed run (seconds per call); the median and spread are derived.
     ``error`` is set (and ``run_secs`` empty) when the kernel failed to build, verify or run.
+    ``knobs`` are the schedule knobs actually used (defaults resolved); ``variant`` carries
+    none, so records of one configuration compare equal whatever knobs were requested.
     """
+
+    def __post_init__(self) -> None:
+        if self.variant.knobs:
+            object.__setattr__(self, "variant", replace(self.variant, knobs=()))
 
     key: str
     device: str
@@ -109,8 +115,7 @@ class MeasureResult:
         """Rebuild from a corpus row (see :mod:`dlas_predict.store`)."""
         variant = Variant.from_dict({
             "algorithm": row["algorithm"], "compression": row["compression"],
-            "ratio": row["ratio"], "tuning": row["tuning"],
-            "knobs": json.loads(row["knobs"] or "{}")})
+            "ratio": row["ratio"], "tuning": row["tuning"]})
         return cls(
             key=row["key"], device=row["device"], fingerprint=row["fingerprint"],
             conv=ConvSpec.from_dict(json.loads(row["conv_json"])), variant=variant,

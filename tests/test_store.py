@@ -1,0 +1,120 @@
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+
+from conftest import DEMO, ROOT
+from dlas_predict.config import ConvSpec, Variant
+from dlas_predict.errors import StoreError
+from dlas_predict.records import MeasureResult, measurement_key
+from dlas_predict.store import CorpusStore
+
+SPEC = ConvSpec.parse("C=8,H=10,W=10,K=16,R=3,S=3,stride=1,pad=1")
+
+
+def _result(variant=Variant("direct", "dense"), runs=(1e-3, 2e-3, 3e-3), error=None, fp="f"):
+    key = measurement_key("local", fp, SPEC, variant, {"tile_k": 8}, "k1")
+    return MeasureResult(key=key, device="local", fingerprint=fp, conv=SPEC, variant=variant,
+                         knobs={"tile_k": 8}, run_secs=list(runs) if not error else [],
+                         verified=None if error else True, max_error=0.0, error=error,
+                         timestamp=time.time())
+
+
+def test_add_is_idempotent_and_keeps_all_runs(tmp_path):
+    with CorpusStore(tmp_path / "c.sqlite") as db:
+        r = _result()
+        assert db.add(r) and not db.add(r)
+        (back,) = db.results()
+        assert back.run_secs == [1e-3, 2e-3, 3e-3] and back.median_s == 2e-3
+        assert back.variant == r.variant and back.conv == SPEC and back.key == r.key
+        stats = db.stats()
+        assert (stats["records"], stats["failures"], stats["duplicates"]) == (1, 0, 0)
+
+
+def test_failure_replaced_by_retry_but_success_never_replaced(tmp_path):
+    with CorpusStore(tmp_path / "c.sqlite") as db:
+        db.add(_result(error="boom"))
+        assert db.stats()["failures"] == 1
+        db.add(_result())
+        assert db.stats()["failures"] == 0 and db.stats()["records"] == 1
+        assert not db.add(_result(error="later failure"))
+        assert db.results()[0].error is None
+
+
+def test_fingerprint_is_part_of_the_key():
+    assert _result(fp="a").key != _result(fp="b").key
+
+
+def test_export_parquet_and_csv(tmp_path):
+    with CorpusStore(tmp_path / "c.sqlite") as db:
+        db.add(_result())
+        db.add(_result(Variant("gemm", "int8"), error="x"))
+        assert db.export(tmp_path / "c.parquet", "parquet") == 2
+        assert db.export(tmp_path / "c.csv", "csv") == 2
+        with pytest.raises(StoreError, match="parquet, csv"):
+            db.export(tmp_path / "c.xls", "xls")
+    frame = pd.read_parquet(tmp_path / "c.parquet")
+    assert set(frame["algorithm"]) == {"direct", "gemm"}
+    assert json.loads(frame.loc[frame.algorithm == "direct", "run_secs"].iloc[0]) == [
+        1e-3, 2e-3, 3e-3]
+    assert len(pd.read_csv(tmp_path / "c.csv")) == 2
+
+
+def test_missing_or_corrupt_store_is_a_clear_error(tmp_path):
+    with pytest.raises(StoreError, match="no corpus store"):
+        CorpusStore(tmp_path / "nope.sqlite", must_exist=True)
+    bad = tmp_path / "bad.sqlite"
+    bad.write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(StoreError, match="cannot open"):
+        CorpusStore(bad)
+
+
+def _count(path):
+    try:
+        con = sqlite3.connect(str(path), timeout=5)
+        n = con.execute("SELECT COUNT(*) FROM measurements").fetchone()[0]
+        con.close()
+        return n
+    except sqlite3.Error:
+        return 0
+
+
+@pytest.mark.slow
+def test_sigkill_mid_collection_loses_nothing_and_resume_completes(tmp_path):
+    """Kill -9 a real collection after some records, then resume: every committed record
+    survives, no row is half-written, and the resumed run measures only what is missing."""
+    store = tmp_path / "kill.sqlite"
+    cmd = [sys.executable, str(ROOT / "cli.py"), "collect", "--network", str(DEMO),
+           "--store", str(store), "--algorithms", "direct,gemm", "--compressions",
+           "dense,int8", "--max-repeats", "3", "--time-budget", "0.01", "--quiet", "--json"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    deadline = time.time() + 240
+    while _count(store) < 5 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert proc.poll() is None, "collection finished before it could be killed"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    con = sqlite3.connect(str(store))
+    assert con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    before = con.execute("SELECT key, run_secs FROM measurements").fetchall()
+    con.close()
+    assert 5 <= len(before) < 24
+    assert all(json.loads(runs) for _, runs in before)  # every committed row is complete
+
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads(done.stdout)
+    assert summary["skipped"] == len(before)
+    assert summary["measured"] == summary["planned"] - len(before) == 24 - len(before)
+    with CorpusStore(store) as db:
+        stats = db.stats()
+        keys_after = {r["key"]: r["run_secs"] for r in db.rows()}
+    assert stats["records"] == 24 and stats["duplicates"] == 0 and stats["failures"] == 0
+    assert all(keys_after[k] == runs for k, runs in before)  # old records untouched
