@@ -98,6 +98,33 @@ def _cpuinfo() -> tuple[str, set[str], float | None]:
     return model, flags, mhz
 
 
+def _local_caches() -> dict[str, int]:
+    """Cache sizes of CPU 0 from sysfs, e.g. {"L1d_kb": 48, "L2_kb": 1024, "L3_kb": 32768}."""
+    out: dict[str, int] = {}
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        entries = sorted(os.listdir(base))
+    except OSError:
+        return out
+    for entry in entries:
+        if not entry.startswith("index"):
+            continue
+        try:
+            def read(name: str) -> str:
+                with open(f"{base}/{entry}/{name}") as fh:
+                    return fh.read().strip()
+            level, kind, size = read("level"), read("type"), read("size")
+        except OSError:
+            continue
+        if kind == "Instruction":
+            continue
+        suffix = "d" if kind == "Data" else ""
+        kb = int(size[:-1]) * (1024 if size.endswith("M") else 1) if size[-1] in "KM" \
+            else int(size) // 1024
+        out[f"L{level}{suffix}_kb"] = kb
+    return out
+
+
 def local_cores() -> int:
     """Cores this process may run on (the thread count the kernels use)."""
     try:
@@ -166,7 +193,7 @@ def detect_local(with_target: bool = True) -> Device:
     return Device(
         name=LOCAL, kind="cpu", description=f"this machine: {model}, {cores} cores",
         target=target, cores=cores, clock_ghz=ghz, simd_bits=simd, peak_gflops=peak,
-        mem_bandwidth_gbs=None, caches={}, rpc_key=None, source="estimate",
+        mem_bandwidth_gbs=None, caches=_local_caches(), rpc_key=None, source="estimate",
         fingerprint=fp, cpu_model=model, isa_flags=tuple(vnni))
 
 

@@ -1,9 +1,10 @@
 """The study's convolution kernels in TVM 0.27: direct, gemm (im2col) and spatial pack, each
 dense (TE compute + hand schedule) and CSR-sparse (TensorIR loops, data-dependent bounds).
 
-NCHW, batch 1, any stride, padding, dilation and groups. Data types: float32; float16 (fp16
-accumulation, as the study's fp16 kernels); int8 inputs and weights with int32 accumulation
-and requantisation to int8 (see :func:`measure.reference.requantize`).
+NCHW, batch 1, any stride, padding, dilation and groups. Data types: float32; float16 inputs,
+weights and outputs with float32 accumulation (as Relax's ToMixedPrecision; fp16 accumulation
+over a 4608-long reduction loses too much to verify); int8 inputs and weights with int32
+accumulation and requantisation to int8 (see :func:`measure.reference.requantize`).
 
 Every kernel is built by :func:`build_kernel` from its knobs (:mod:`measure.knobs`); weights
 are packed offline by :func:`pack_weights` into the layout the kernel reads, so packing is not
@@ -23,7 +24,7 @@ from dlas_predict.config import Algorithm, ConvSpec, DType
 from measure.reference import int8_scale
 from measure.sparse import to_csr
 
-ACC_DTYPE = {DType.FLOAT32: "float32", DType.FLOAT16: "float16", DType.INT8: "int32"}
+ACC_DTYPE = {DType.FLOAT32: "float32", DType.FLOAT16: "float32", DType.INT8: "int32"}
 
 
 @dataclass(frozen=True)
@@ -63,9 +64,12 @@ def pack_weights(ks: KernelSpec, w: np.ndarray) -> list[np.ndarray]:
 # Dense kernels: TE compute definitions and hand schedules.
 # ------------------------------------------------------------------------------------------
 def _epilogue(acc, spec: ConvSpec, dtype: DType):
-    """Accumulator -> output element: identity for floats, requantisation for int8."""
-    if dtype is not DType.INT8:
+    """Accumulator -> output element: identity (float32), rounding to float16, or int8
+    requantisation."""
+    if dtype is DType.FLOAT32:
         return acc
+    if dtype is DType.FLOAT16:
+        return acc.astype("float16")
     scaled = tvm.tirx.nearbyint(acc.astype("float32") * tvm.tirx.const(int8_scale(spec),
                                                                         "float32"))
     clipped = tvm.tirx.max(tvm.tirx.min(scaled, tvm.tirx.const(127.0, "float32")),
@@ -75,9 +79,9 @@ def _epilogue(acc, spec: ConvSpec, dtype: DType):
 
 def _mul(a, b, dtype: DType):
     acc = ACC_DTYPE[dtype]
-    if dtype is DType.INT8:
-        return a.astype(acc) * b.astype(acc)
-    return a * b
+    if dtype is DType.FLOAT32:
+        return a * b
+    return a.astype(acc) * b.astype(acc)
 
 
 def _padded(data, spec: ConvSpec, height: int, width: int, name: str = "pad"):
@@ -113,7 +117,6 @@ def _direct_dense(ks: KernelSpec):
     wp = spec.W + spec.pad_l + spec.pad_r
     pad = _padded(data, spec, hp, wp)
     rc, rr, rs = _reduce_axes(spec)
-    acc = ACC_DTYPE[dt]
     conv = te.compute(
         spec.output_shape,
         lambda n, k, h, w: te.sum(_mul(
@@ -121,8 +124,7 @@ def _direct_dense(ks: KernelSpec):
                 w * spec.stride_w + rs * spec.dilation_w],
             weight[k, rc, rr, rs], dt), axis=[rc, rr, rs]),
         name="conv")
-    assert conv.dtype == acc
-    out = _maybe_requant(conv, spec, dt)
+    out = _maybe_epilogue(conv, spec, dt)
     sch = Schedule(te.create_prim_func([data, weight, out]))
     block = sch.get_sblock("conv")
     wb = sch.cache_write(block, 0, "local")
@@ -165,7 +167,7 @@ def _gemm_dense(ks: KernelSpec):
         (1, spec.K, p),
         lambda n, k, q: te.sum(_mul(weight[k, rj], col[k // kg, rj, q], dt), axis=[rj]),
         name="conv")
-    out = _maybe_requant(conv, spec, dt)
+    out = _maybe_epilogue(conv, spec, dt)
     sch = Schedule(te.create_prim_func([data, weight, out]))
     sch.compute_inline(sch.get_sblock("pad"))
     block = sch.get_sblock("conv")
@@ -191,19 +193,21 @@ def _spatial_pack_dense(ks: KernelSpec):
     kg = spec.K // spec.groups
     oht, owt = _ceil_div(spec.OH, vh_), _ceil_div(spec.OW, vw_)
     vh_in = (vh_ - 1) * spec.stride_h + (spec.R - 1) * spec.dilation_h + 1
-    vw_in = (vw_ - 1) * spec.stride_w + (spec.S - 1) * spec.dilation_w + 1
     data = te.placeholder(spec.input_shape, dt.value, name="data")
     kvec = te.placeholder((spec.K // kb, cg, spec.R, spec.S, kb), dt.value, name="weight")
+    sw = spec.stride_w
+    # Width phase-split by the stride: column vw*sw + s*dw of a tile is stored at
+    # [phase (s*dw) % sw, vw + (s*dw) // sw], so width vectors load contiguously.
+    vw_q = vw_ + ((spec.S - 1) * spec.dilation_w) // sw
     hp = max(spec.H + spec.pad_t + spec.pad_b, (oht * vh_ - 1) * spec.stride_h
              + (spec.R - 1) * spec.dilation_h + 1)
-    wp = max(spec.W + spec.pad_l + spec.pad_r, (owt * vw_ - 1) * spec.stride_w
-             + (spec.S - 1) * spec.dilation_w + 1)
+    wp = max(spec.W + spec.pad_l + spec.pad_r, ((owt - 1) * vw_ + vw_q) * sw)
     pad = _padded(data, spec, hp, wp)
     # Data packed into tiles: each output tile's receptive field contiguous.
     data_vec = te.compute(
-        (oht, owt, spec.C, vh_in, vw_in),
-        lambda ho, wo, c, vh, vw: pad[0, c, ho * vh_ * spec.stride_h + vh,
-                                      wo * vw_ * spec.stride_w + vw],
+        (oht, owt, spec.C, vh_in, sw, vw_q),
+        lambda ho, wo, c, vh, ph, vq: pad[0, c, ho * vh_ * spec.stride_h + vh,
+                                          (wo * vw_ + vq) * sw + ph],
         name="data_vec")
     rc, rr, rs = _reduce_axes(spec)
 
@@ -216,7 +220,7 @@ def _spatial_pack_dense(ks: KernelSpec):
         (spec.K // kb, oht, owt, vh_, vw_, kb),
         lambda ko, ho, wo, vh, vw, ki: te.sum(_mul(
             data_vec[ho, wo, in_c(ko), vh * spec.stride_h + rr * spec.dilation_h,
-                     vw * spec.stride_w + rs * spec.dilation_w],
+                     (rs * spec.dilation_w) % sw, vw + (rs * spec.dilation_w) // sw],
             kvec[ko, rc, rr, rs, ki], dt), axis=[rc, rr, rs]),
         name="conv")
     out = te.compute(
@@ -247,16 +251,16 @@ def _spatial_pack_dense(ks: KernelSpec):
     return sch.mod
 
 
-def _maybe_requant(conv, spec: ConvSpec, dt: DType):
-    if dt is not DType.INT8:
+def _maybe_epilogue(conv, spec: ConvSpec, dt: DType):
+    if dt is DType.FLOAT32:
         return conv
-    return te.compute(conv.shape, lambda *i: _epilogue(conv(*i), spec, dt), name="requant")
+    return te.compute(conv.shape, lambda *i: _epilogue(conv(*i), spec, dt), name="epilogue")
 
 
 def _finish_writeback(sch: Schedule, wb, dt: DType) -> None:
-    """Vectorise the accumulator write-back; fold int8 requantisation into it."""
-    if dt is DType.INT8:
-        sch.reverse_compute_inline(sch.get_sblock("requant"))
+    """Vectorise the accumulator write-back; fold the epilogue (cast, requantise) into it."""
+    if dt is not DType.FLOAT32:
+        sch.reverse_compute_inline(sch.get_sblock("epilogue"))
     sch.vectorize(sch.get_loops(wb)[-1])
 
 
@@ -288,6 +292,8 @@ def _sparse_terms(spec: ConvSpec, dt: DType) -> dict:
         epi = ('T.Cast("int8", T.max(T.min(T.nearbyint(T.Cast("float32", {x}) * '
                f'T.float32({int8_scale(spec)!r})), T.float32(127.0)), T.float32(-128.0)))')
         load = 'T.Cast("int32", {x})'
+    elif dt is DType.FLOAT16:
+        epi, load = 'T.Cast("float16", {x})', 'T.Cast("float32", {x})'
     else:
         epi, load = "{x}", "{x}"
     return {

@@ -65,12 +65,12 @@ def conv2d_reference(x: np.ndarray, w: np.ndarray, spec: ConvSpec, dtype: DType)
 
 
 def check_output(out: np.ndarray, ref: np.ndarray, dtype: DType) -> tuple[bool, float]:
-    """(verified, max_error). Tolerances: float32 1e-4 relative to the output's scale,
-    float16 2e-2 (fp16 accumulation), int8 at most 1 (rounding of ties)."""
+    """(verified, max_error). Tolerances relative to the output's scale: float32 1e-4,
+    float16 5e-3 (fp16 output rounding is 4.9e-4); int8 at most 1 (rounding of ties)."""
     err = float(np.max(np.abs(out.astype(np.float64) - ref.astype(np.float64)))) \
         if out.size else 0.0
     scale = float(np.max(np.abs(ref))) if ref.size else 0.0
     if dtype is DType.INT8:
         return err <= 1.0, err
-    tol = {DType.FLOAT32: 1e-4, DType.FLOAT16: 2e-2}[dtype] * max(scale, 1.0)
+    tol = {DType.FLOAT32: 1e-4, DType.FLOAT16: 5e-3}[dtype] * max(scale, 1.0)
     return bool(err <= tol), err

@@ -1,0 +1,158 @@
+"""Kernel benchmark: every variant of our TVM conv kernels next to onnxruntime, same run.
+
+For conv shapes taken from ResNet18, MobileNetV2 and VGG-16 (ImageNet sizes), prints each
+variant's median and GFLOP/s, and onnxruntime's median for the same single convolution
+(float32, same thread count), measured in the same run. The summary checks the target of the
+foundation issue: for 3x3 convolutions the best untuned dense float32 algorithm is within 2x
+of onnxruntime.
+
+    .venv/bin/python benchmarks/bench_kernels.py [--compressions all|dense,...] [--quick]
+        [--json benchmarks/out/kernels.json]
+
+Timing on a shared machine is noisy: compare ratios within one run, not times across runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from dlas_predict.config import Algorithm, Compression, ConvSpec, variant_grid  # noqa: E402
+from dlas_predict.devices import get_device  # noqa: E402
+from dlas_predict.table import format_table  # noqa: E402
+from measure.runner import LocalRunner, MeasureTask  # noqa: E402
+from measure.worker import Protocol  # noqa: E402
+
+SHAPES = {
+    "resnet18": [
+        "C=64,H=56,W=56,K=64,R=3,S=3,stride=1,pad=1",
+        "C=64,H=56,W=56,K=128,R=3,S=3,stride=2,pad=1",
+        "C=128,H=28,W=28,K=128,R=3,S=3,stride=1,pad=1",
+        "C=256,H=14,W=14,K=256,R=3,S=3,stride=1,pad=1",
+        "C=512,H=7,W=7,K=512,R=3,S=3,stride=1,pad=1",
+        "C=64,H=56,W=56,K=128,R=1,S=1,stride=2,pad=0",
+    ],
+    "mobilenetv2": [
+        "C=32,H=112,W=112,K=32,R=3,S=3,stride=1,pad=1,groups=32",
+        "C=96,H=112,W=112,K=96,R=3,S=3,stride=2,pad=1,groups=96",
+        "C=144,H=56,W=56,K=144,R=3,S=3,stride=1,pad=1,groups=144",
+        "C=144,H=56,W=56,K=24,R=1,S=1,stride=1,pad=0",
+        "C=96,H=14,W=14,K=576,R=1,S=1,stride=1,pad=0",
+    ],
+    "vgg16": [
+        "C=128,H=112,W=112,K=128,R=3,S=3,stride=1,pad=1",
+        "C=256,H=56,W=56,K=256,R=3,S=3,stride=1,pad=1",
+        "C=512,H=28,W=28,K=512,R=3,S=3,stride=1,pad=1",
+        "C=512,H=14,W=14,K=512,R=3,S=3,stride=1,pad=1",
+    ],
+}
+QUICK = {"resnet18": SHAPES["resnet18"][:1] + SHAPES["resnet18"][3:4],
+         "mobilenetv2": SHAPES["mobilenetv2"][:1], "vgg16": SHAPES["vgg16"][3:]}
+
+
+def ort_median_ms(spec: ConvSpec, threads: int, budget_s: float) -> float:
+    """onnxruntime's median time for one Conv node, timed like ours (warm-up discarded)."""
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w = rng.uniform(-1, 1, spec.weight_shape).astype(np.float32)
+    node = helper.make_node(
+        "Conv", ["x", "w"], ["y"], kernel_shape=[spec.R, spec.S],
+        strides=[spec.stride_h, spec.stride_w], group=spec.groups,
+        pads=[spec.pad_t, spec.pad_l, spec.pad_b, spec.pad_r],
+        dilations=[spec.dilation_h, spec.dilation_w])
+    graph = helper.make_graph(
+        [node], "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                       list(spec.input_shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    sess = ort.InferenceSession(model.SerializeToString(), opts,
+                                providers=["CPUExecutionProvider"])
+    x = rng.uniform(-1, 1, spec.input_shape).astype(np.float32)
+    for _ in range(5):
+        sess.run(None, {"x": x})
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < 150 and (time.perf_counter() - start < budget_s or len(times) < 10):
+        t0 = time.perf_counter()
+        sess.run(None, {"x": x})
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--compressions", default="all")
+    parser.add_argument("--quick", action="store_true", help="Four shapes only.")
+    parser.add_argument("--time-budget", type=float, default=1.0)
+    parser.add_argument("--json", type=Path, default=None, help="Also write results here.")
+    args = parser.parse_args()
+
+    device = get_device("local")
+    comps = Compression.parse_list(args.compressions)
+    variants = variant_grid(list(Algorithm), comps, 0.9)
+    proto = Protocol(max_repeats=150, min_repeats=10, time_budget_s=args.time_budget)
+    shapes = QUICK if args.quick else SHAPES
+    print(f"device: {device.description}; target {json.dumps(device.target)}; "
+          f"{device.cores} threads for TVM and onnxruntime", flush=True)
+    rows, summary = [], []
+    with LocalRunner(device, protocol=proto, timeout_s=600) as runner:
+        for net, specs in shapes.items():
+            for text in specs:
+                spec = ConvSpec.parse(text)
+                ort_ms = ort_median_ms(spec, device.cores, args.time_budget)
+                results = list(runner.run([MeasureTask.make(spec, v, device)
+                                           for v in variants]))
+                for r in results:
+                    med = r.median_s * 1e3 if r.ok else None
+                    rows.append({
+                        "network": net, "conv": text, "algorithm": r.variant.algorithm.value,
+                        "compression": r.variant.compression.value, "median_ms": med,
+                        "gflops": r.gflops, "verified": r.verified, "ort_ms": ort_ms,
+                        "vs_ort": med / ort_ms if med else None, "error": r.error})
+                dense = [r for r in results if r.ok and r.variant.compression
+                         is Compression.DENSE]
+                if dense:
+                    best = min(dense, key=lambda r: r.median_s)
+                    summary.append({
+                        "network": net, "conv": text, "kernel": f"{spec.R}x{spec.S}" +
+                        (" dw" if spec.depthwise else ""),
+                        "best dense fp32": best.variant.algorithm.value,
+                        "ours ms": round(best.median_s * 1e3, 4),
+                        "onnxruntime ms": round(ort_ms, 4),
+                        "ratio": round(best.median_s * 1e3 / ort_ms, 2),
+                        "GFLOP/s": round(best.gflops, 1)})
+                print(format_table([{k: (round(v, 4) if isinstance(v, float) else v)
+                                     for k, v in row.items() if k != "network"}
+                                    for row in rows[-len(results):]]), flush=True)
+                print(flush=True)
+    print("Best untuned dense float32 algorithm vs onnxruntime (same run):")
+    print(format_table(summary))
+    three = [s for s in summary if s["kernel"].startswith("3x3")]
+    worst = max((s["ratio"] for s in three), default=None)
+    ok = worst is not None and worst <= 2.0
+    print(f"\n3x3 convolutions: worst ratio {worst} -> target (<= 2.0x onnxruntime) "
+          f"{'MET' if ok else 'NOT MET'}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"device": device.to_dict(), "rows": rows,
+                                         "summary": summary}, indent=1, default=str))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
