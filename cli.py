@@ -40,6 +40,8 @@ def handle_errors(func: Callable) -> Callable:
             return func(*args, **kwargs)
         except DlasError as exc:
             _fail(str(exc))
+        except OSError as exc:  # unwritable output, full disk, unreadable input
+            _fail(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc))
         except KeyboardInterrupt:
             _fail("interrupted; every record measured so far is kept in the store", 130)
 

@@ -133,19 +133,20 @@ def main() -> int:
                         "best dense fp32": best.variant.algorithm.value,
                         "ours ms": round(best.median_s * 1e3, 4),
                         "onnxruntime ms": round(ort_ms, 4),
-                        "ratio": round(best.median_s * 1e3 / ort_ms, 2),
+                        "ratio": best.median_s * 1e3 / ort_ms,
                         "GFLOP/s": round(best.gflops, 1)})
                 print(format_table([{k: (round(v, 4) if isinstance(v, float) else v)
                                      for k, v in row.items() if k != "network"}
                                     for row in rows[-len(results):]]), flush=True)
                 print(flush=True)
     print("Best untuned dense float32 algorithm vs onnxruntime (same run):")
-    print(format_table(summary))
+    print(format_table([{**s, "ratio": f"{s['ratio']:.3f}"} for s in summary]))
     three = [s for s in summary if s["kernel"].startswith("3x3")]
-    worst = max((s["ratio"] for s in three), default=None)
-    ok = worst is not None and worst <= 2.0
-    print(f"\n3x3 convolutions: worst ratio {worst} -> target (<= 2.0x onnxruntime) "
-          f"{'MET' if ok else 'NOT MET'}")
+    worst = max(three, key=lambda s: s["ratio"], default=None)
+    ok = worst is not None and worst["ratio"] <= 2.0  # unrounded: 2.003 is a miss
+    misses = [s["conv"] for s in three if s["ratio"] > 2.0]
+    print(f"\n3x3 convolutions: worst ratio {worst['ratio']:.3f} ({worst['conv']}) -> target "
+          f"(<= 2.0x onnxruntime) {'MET' if ok else 'NOT MET on ' + '; '.join(misses)}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"device": device.to_dict(), "rows": rows,

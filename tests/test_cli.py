@@ -109,6 +109,10 @@ def test_corpus_bad_input(tmp_path):
     CorpusStore(store).close()
     _assert_clean_error(_run("corpus", "export", "--store", store, "--format", "xlsx", "-o",
                              tmp_path / "o.xlsx"), "parquet, csv")
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    _assert_clean_error(_run("corpus", "export", "--store", store, "--format", "csv", "-o",
+                             blocker / "sub" / "o.csv"), "Not a directory")
 
 
 @pytest.mark.slow
