@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .config import ConvSpec, Variant, stable_hash
@@ -126,6 +126,3 @@ class MeasureResult:
             max_error=row["max_error"], error=row["error"], threads=row["threads"],
             tvm_version=row["tvm_version"] or "", kernels_version=row["kernels_version"] or "",
             timestamp=row["timestamp"] or 0.0, tuning_seconds=row["tuning_seconds"])
-
-    def spec_dict(self) -> dict[str, Any]:
-        return asdict(self.conv)
