@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import json
-import sys
 from pathlib import Path
 from typing import Callable, List, Optional
 
@@ -89,12 +88,11 @@ def _protocol(max_repeats: int, time_budget: float):
 
 
 def _local_device(name: str):
-    from dlas_predict.devices import LOCAL, device_names, get_device
+    from dlas_predict.devices import LOCAL, get_device
     from dlas_predict.errors import DeviceError
 
-    if name not in device_names():
-        get_device(name)  # raises with the list of known devices
     if name != LOCAL:
+        get_device(name, with_target=False)  # an unknown name raises, listing the known ones
         raise DeviceError(f"device {name!r} is in the registry but cannot be measured from "
                           "here: measurement runs on 'local' only (RPC runners are not built "
                           "yet)")
@@ -125,6 +123,7 @@ def measure(
     """Measure one conv workload across algorithms × compressions on a device."""
     from dlas_predict.config import Algorithm, Compression, ConvSpec, check_ratio, variant_grid
     from dlas_predict.table import format_table
+    from measure.collect import collect as run_collect
     from measure.runner import LocalRunner, MeasureTask
 
     spec = ConvSpec.parse(conv)
@@ -135,26 +134,18 @@ def measure(
     dev = _local_device(device)
     variants = variant_grid(algorithms, compressions, ratio)
     tasks = [MeasureTask.make(spec, v, dev) for v in variants]
-    results = []
     db = None
     if store is not None:
         from dlas_predict.store import CorpusStore
 
         db = CorpusStore(store)
-    bar = None
-    if not quiet and not as_json:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(tasks), desc="measuring", unit="kernel", file=sys.stderr)
     with LocalRunner(dev, protocol=proto, timeout_s=timeout) as runner:
-        for result in runner.run(tasks):
-            results.append(result)
-            if db is not None:
-                db.add(result)
-            if bar is not None:
-                bar.update(1)
-    if bar is not None:
-        bar.close()
+        # measure always measures: nothing is skipped; with --store each record is committed
+        # as it arrives.
+        results = run_collect(tasks, None, runner, progress=not quiet and not as_json,
+                              on_result=db.add if db is not None else None).results
+    if db is not None:
+        db.close()
     keys = ("algorithm", "compression", "ratio", "sparse", "dtype", "tuning", "median_ms",
             "spread", "n_runs", "gflops", "sparsity", "verified", "max_error", "compile_s",
             "knobs", "error")

@@ -8,6 +8,7 @@ it is measured (see :mod:`dlas_predict.store`).
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
@@ -49,23 +50,28 @@ def plan_tasks(specs: Iterable[ConvSpec], variants: Iterable[Variant],
     return list(tasks.values())
 
 
-def collect(tasks: list[MeasureTask], store: CorpusStore, runner: Runner,
+def collect(tasks: list[MeasureTask], store: CorpusStore | None, runner: Runner,
             retry_failures: bool = False,
             on_result: Callable[[MeasureResult], None] | None = None,
             progress: bool = True, desc: str = "measuring") -> CollectSummary:
-    """Measure the tasks not yet in ``store``; commit each record as it arrives."""
+    """Measure the tasks not yet in ``store``; commit each record as it arrives.
+
+    Without a store every task is measured and nothing is recorded (``measure``).
+    """
     t0 = time.perf_counter()
-    done = store.keys(include_failures=not retry_failures)
+    done = store.keys(include_failures=not retry_failures) if store is not None else set()
     todo = [t for t in tasks if t.key not in done]
     summary = CollectSummary(planned=len(tasks), skipped=len(tasks) - len(todo))
     bar = None
     if progress and todo:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(todo), desc=desc, unit="kernel", dynamic_ncols=True)
+        bar = tqdm(total=len(todo), desc=desc, unit="kernel", dynamic_ncols=True,
+                   file=sys.stderr)
     try:
         for result in runner.run(todo):
-            store.add(result, replace_failure=True)
+            if store is not None:
+                store.add(result, replace_failure=True)
             summary.measured += 1
             summary.failed += int(not result.ok)
             summary.results.append(result)
