@@ -180,12 +180,16 @@ def _measure_row(r) -> dict:
 @app.command()
 @handle_errors
 def collect(
-    network: List[Path] = typer.Option(..., "--network", help="ONNX file (repeatable)."),
+    network: List[str] = typer.Option(..., "--network",
+                                      help="ONNX file or zoo:NAME (repeatable)."),
     store: Path = typer.Option(..., "--store", help="Corpus store (SQLite), created if new."),
     device: str = typer.Option("local", "--device", help="Device name (see `devices`)."),
     algorithms: str = typer.Option("all", "--algorithms", help="all | comma list."),
     compressions: str = typer.Option("all", "--compressions", help="all | comma list."),
-    ratio: float = typer.Option(0.9, "--ratio", help="Pruning ratio in (0, 1)."),
+    ratio: float = typer.Option(0.9, "--ratio", help="Global pruning ratio in (0, 1)."),
+    uniform: bool = typer.Option(False, "--uniform",
+                                 help="Measure every layer at --ratio instead of at its own "
+                                      "sparsity after global pruning."),
     retry_failures: bool = typer.Option(False, "--retry-failures",
                                         help="Measure again what failed before."),
     max_repeats: int = typer.Option(150, "--max-repeats"),
@@ -194,40 +198,60 @@ def collect(
     as_json: bool = typer.Option(False, "--json", help="Print the run summary as JSON."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ):
-    """Measure the grid over every unique conv layer of the networks; resumable."""
+    """Measure the grid over every unique conv layer of the networks; resumable.
+
+    Pruned networks are pruned globally at --ratio and each layer's kernels are measured at
+    that layer's own sparsity."""
     _collect(network, store, device, algorithms, compressions, ratio, retry_failures,
-             max_repeats, time_budget, timeout, as_json, quiet)
+             max_repeats, time_budget, timeout, as_json, quiet, per_layer=not uniform)
 
 
 def _collect(networks, store, device, algorithms, compressions, ratio, retry_failures,
-             max_repeats, time_budget, timeout, as_json, quiet):
-    from dlas_predict.config import Algorithm, Compression, variant_grid
-    from dlas_predict.network import conv_layers, unique_specs
+             max_repeats, time_budget, timeout, as_json, quiet, per_layer=True):
+    from dlas_predict.config import Algorithm, Compression, Variant, check_ratio
+    from dlas_predict.netplan import network_configs
+    from dlas_predict.network import read_network
     from dlas_predict.store import CorpusStore
-    from measure.collect import collect as run_collect, plan_tasks
-    from measure.runner import LocalRunner
+    from dlas_predict import zoo
+    from measure.collect import collect as run_collect
+    from measure.runner import LocalRunner, MeasureTask
 
     algs = Algorithm.parse_list(algorithms)
     comps = Compression.parse_list(compressions)
+    check_ratio(ratio)
     proto = _protocol(max_repeats, time_budget)
-    variants = variant_grid(algs, comps, ratio)
     dev = _local_device(device)
-    layers_by_net = {}
-    for path in networks:
-        layers = conv_layers(path)
-        if not layers:
-            raise DlasError(f"{path} has no Conv layer to measure")
-        layers_by_net[Path(path).stem] = layers
-    specs = unique_specs([layer for ls in layers_by_net.values() for layer in ls])
-    tasks = plan_tasks(specs, variants, dev)
+    plans = {}
+    for model in networks:
+        net = read_network(zoo.resolve(model))
+        if not net.convs():
+            raise DlasError(f"{model} has no Conv layer to measure")
+        if net.batch != 1:
+            raise DlasError(f"{model} has batch {net.batch}; kernels are measured at batch 1 "
+                            "(the study's protocol): generate the network with batch=1")
+        plans[str(model).removeprefix(zoo.ZOO_PREFIX) if str(model).startswith(zoo.ZOO_PREFIX)
+              else Path(model).stem] = (net, network_configs(str(model), comps, ratio,
+                                                             per_layer))
+    tasks: dict[str, MeasureTask] = {}
+    for net, configs in plans.values():
+        for layers in configs.values():
+            for lc in layers:
+                for alg in algs:
+                    t = MeasureTask.make(lc.spec, Variant(alg, lc.compression, lc.ratio), dev)
+                    tasks.setdefault(t.key, t)
     db = CorpusStore(store)
-    for name, layers in layers_by_net.items():
-        db.add_network_layers(name, [(l.index, l.name, l.spec.to_spec()) for l in layers])
+    for name, (net, configs) in plans.items():
+        db.add_network_layers(name, [(c.index, c.name, c.spec.to_spec()) for c in net.convs()])
+        for label, layers in configs.items():
+            db.add_network_config(name, label, [(l.index, l.name, l.spec.to_spec(),
+                                                 l.compression.value, l.ratio) for l in layers])
+    n_specs = len({t.spec for t in tasks.values()})
     if not quiet and not as_json:
-        typer.echo(f"{len(layers_by_net)} network(s), {len(specs)} unique conv workloads × "
-                   f"{len(variants)} variants = {len(tasks)} kernels on {dev.name}", err=True)
+        typer.echo(f"{len(plans)} network(s), {n_specs} unique conv workloads, "
+                   f"{len(tasks)} kernels (algorithm × compression × layer sparsity) on "
+                   f"{dev.name}", err=True)
     with LocalRunner(dev, protocol=proto, timeout_s=timeout) as runner:
-        summary = run_collect(tasks, db, runner, retry_failures=retry_failures,
+        summary = run_collect(list(tasks.values()), db, runner, retry_failures=retry_failures,
                               progress=not quiet and not as_json)
     stats = db.stats()
     db.close()
@@ -243,6 +267,186 @@ def _collect(networks, store, device, algorithms, compressions, ratio, retry_fai
         _fail(f"{summary.failed} kernels failed; each failure is recorded with its error "
               f"(dlas-predict corpus stats --store {store})")
     return summary
+
+
+# ---- networks ---------------------------------------------------------------------------
+@app.command()
+@handle_errors
+def layers(model: str = typer.Argument(..., help="ONNX file or zoo:NAME."),
+           as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")):
+    """Every layer of a network: op, shapes, MACs, parameters, bytes moved; and totals."""
+    from dlas_predict import zoo
+    from dlas_predict.network import read_network
+    from dlas_predict.table import format_table
+
+    path = zoo.resolve(model)
+    net = read_network(path, name=model.removeprefix(zoo.ZOO_PREFIX))
+    if as_json:
+        _print_json(net.to_dict())
+        return
+    rows = [{"#": l.index, "name": l.name[:40], "op": l.op, "kind": l.kind,
+             "input": "×".join(map(str, l.input_shapes[0])) if l.input_shapes else "",
+             "output": "×".join(map(str, l.output_shape)), "MACs": l.macs,
+             "params": l.params, "bytes": l.bytes_moved} for l in net.layers]
+    typer.echo(format_table(rows))
+    t = net.totals()
+    typer.echo(f"\n{net.name}: {len(net.layers)} layers ({t['conv_layers']} conv), "
+               f"{t['params'] / 1e6:.2f} M params, {t['macs'] / 1e6:.1f} M MACs, "
+               f"{t['bytes'] / 1e6:.1f} MB moved (fp32, batch {net.batch})")
+
+
+@app.command("zoo")
+@handle_errors
+def zoo_cmd(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")):
+    """The study's eight networks, their published size and their weights."""
+    from dlas_predict import zoo
+    from dlas_predict.table import format_table
+
+    entries = [e.to_dict() for e in zoo.ZOO.values()]
+    if as_json:
+        _print_json(entries)
+        return
+    typer.echo(format_table([{
+        "name": e["name"], "dataset": e["dataset"],
+        "input": "×".join(map(str, e["input_shape"])), "classes": e["num_classes"],
+        "paper params": f"{e['paper_params'] / 1e6:.1f} M",
+        "paper MACs": f"{e['paper_macs'] / 1e6:.0f} M", "weights": e["weights"],
+    } for e in entries]))
+    typer.echo("\nUse zoo:NAME wherever a model is expected; `dlas-predict layers zoo:NAME` "
+               "prints the measured size.")
+
+
+@app.command()
+@handle_errors
+def export(name: str = typer.Argument(..., help="Zoo network (NAME or zoo:NAME)."),
+           out: Path = typer.Option(..., "-o", "--out", help="ONNX file to write."),
+           compression: str = typer.Option("dense", "--compression",
+                                           help="dense | weight_pruning | channel_pruning | "
+                                                "float16 | int8"),
+           ratio: Optional[float] = typer.Option(None, "--ratio", help="Pruning ratio [0, 1)."),
+           remove_channels: bool = typer.Option(False, "--remove-channels",
+                                                help="channel_pruning: remove the zeroed "
+                                                     "channels (a smaller dense network)."),
+           finetune_epochs: int = typer.Option(0, "--finetune-epochs")):
+    """Export a zoo network (optionally compressed) to ONNX."""
+    import onnx
+
+    from dlas_predict import accuracy, zoo
+
+    model = name if name.startswith(zoo.ZOO_PREFIX) else zoo.ZOO_PREFIX + name
+    zoo.get(model)
+    if compression == "dense" and not remove_channels:
+        path = zoo.export(model, out)
+    else:
+        calib = None
+        if compression == "int8":
+            calib = accuracy.load_data("digits", zoo.get(model).input_shape, "train").x[:128]
+        prep = accuracy.prepare(model, compression, ratio, remove_channels, finetune_epochs,
+                                calib)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        onnx.save(prep.compressed.model, str(out))
+        path = out
+        for note in prep.compressed.notes:
+            typer.echo(note)
+    typer.echo(f"wrote {path}")
+
+
+@app.command()
+@handle_errors
+def generate(family: str = typer.Argument(..., help="fc | cnn"),
+             param: List[str] = typer.Option([], "--param", help="NAME=V1,V2,.. (repeatable)"),
+             out: Path = typer.Option(..., "-o", "--out", help="Output directory.")):
+    """ParaDnn-style sweep: one ONNX file per grid point, named by its parameters."""
+    from dlas_predict.generate import FAMILIES, generate as run
+
+    written = run(family, list(param), out)
+    for m in written:
+        typer.echo(str(m.path))
+    defaults = ", ".join(f"{k}={v}" for k, v in FAMILIES[family].items())
+    typer.echo(f"wrote {len(written)} model(s) to {out} (defaults: {defaults})", err=True)
+
+
+@app.command("accuracy")
+@handle_errors
+def accuracy_cmd(
+    model: str = typer.Argument(..., help="ONNX file or zoo:NAME."),
+    data: str = typer.Option("digits", "--data", help="digits | PATH (.npz or image folder)."),
+    compression: str = typer.Option("dense", "--compression",
+                                    help="dense | weight_pruning | channel_pruning | float16 "
+                                         "| int8"),
+    ratio: Optional[float] = typer.Option(None, "--ratio", help="Pruning ratio [0, 1)."),
+    remove_channels: bool = typer.Option(False, "--remove-channels"),
+    finetune_epochs: int = typer.Option(0, "--finetune-epochs",
+                                        help="Fine-tune the pruned zoo network (digits train "
+                                             "split, masks held)."),
+    curve: bool = typer.Option(False, "--curve", help="Accuracy-vs-ratio curves for both "
+                               "pruning kinds, with the elbow ratio of each."),
+    ratios: str = typer.Option(",".join(map(str, (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9,
+                                                   0.95))), "--ratios", help="Curve ratios."),
+    elbow_drop: float = typer.Option(1.0, "--elbow-drop",
+                                     help="Elbow rule: a drop of more than this many "
+                                          "percentage points is significant."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+):
+    """Measured top-1 of a (compressed) model; without labels, the fidelity proxy."""
+    from dlas_predict import accuracy
+    from dlas_predict.errors import ConfigError
+    from dlas_predict.table import format_table
+
+    log = None if as_json else (lambda s: typer.echo(s, err=True))
+    if not curve:
+        res = accuracy.measure(model, data, compression, ratio, finetune_epochs,
+                               remove_channels, log=log)
+        if as_json:
+            _print_json(res.to_dict())
+            return
+        what = res.compression + (f" at ratio {res.ratio}" if res.ratio is not None else "")
+        label = "top-1" if res.metric == "top1" else "fidelity proxy (top-1 agreement with " \
+                                                     "the uncompressed model; no labels)"
+        typer.echo(f"{res.model}, {what}: {label} {res.value:.2%} on {res.n_samples} samples "
+                   f"of {res.data} (measured)")
+        if res.reference_top1 is not None:
+            typer.echo(f"uncompressed: {res.reference_top1:.2%}; drop "
+                       f"{(res.reference_top1 - res.value) * 100:.2f} points")
+        if res.uncalibrated is not None:
+            typer.echo(f"int8 before calibration (ranges from one random input): "
+                       f"{res.uncalibrated:.2%}")
+        typer.echo(f"weights: {res.weights}")
+        for note in res.notes:
+            typer.echo(f"note: {note}")
+        return
+    try:
+        grid = sorted({float(r) for r in ratios.split(",") if r.strip()})
+    except ValueError:
+        raise ConfigError(f"--ratios {ratios!r} is not a comma list of numbers") from None
+    if not grid:
+        raise ConfigError("--ratios is empty")
+    curves, elbows, reference = {}, {}, None
+    for kind in ("weight_pruning", "channel_pruning"):
+        points = accuracy.curve(model, kind, grid, data, finetune_epochs, log=log)
+        reference = points[0].reference_top1
+        ref = reference if reference is not None else 1.0  # proxy: agreement with itself
+        curves[kind] = points
+        elbows[kind] = accuracy.elbow([(p.ratio, p.value) for p in points], ref, elbow_drop)
+    metric = curves["weight_pruning"][0].metric
+    if as_json:
+        _print_json({"model": curves["weight_pruning"][0].model, "metric": metric,
+                     "data": curves["weight_pruning"][0].data, "reference_top1": reference,
+                     "finetune_epochs": finetune_epochs, "elbow_drop_pp": elbow_drop,
+                     "curves": {k: [{"ratio": p.ratio, metric: p.value} for p in v]
+                                for k, v in curves.items()},
+                     "elbow": elbows})
+        return
+    rows = [{"ratio": r, **{k: f"{curves[k][i].value:.2%}" for k in curves}}
+            for i, r in enumerate(grid)]
+    typer.echo(f"{metric} (measured) on {curves['weight_pruning'][0].data}; uncompressed: "
+               + (f"{reference:.2%}" if reference is not None else "n/a (proxy)")
+               + (f"; fine-tuned {finetune_epochs} epochs" if finetune_epochs else ""))
+    typer.echo(format_table(rows))
+    for k, r in elbows.items():
+        typer.echo(f"elbow ({k}): " + (f"ratio {r}" if r is not None else
+                                       "none (the lowest ratio already drops)")
+                   + f" — the highest ratio within {elbow_drop} points of the uncompressed")
 
 
 # ---- corpus -----------------------------------------------------------------------------
@@ -291,7 +495,7 @@ def demo(store: Optional[Path] = typer.Option(None, "--store",
     from dlas_predict.table import format_table
 
     store = store or dlas_home() / "demo.sqlite"
-    _collect([DEMO_NETWORK], store, "local", "all", "all", 0.9, False, 150, 1.0, 300.0,
+    _collect([str(DEMO_NETWORK)], store, "local", "all", "all", 0.9, False, 150, 1.0, 300.0,
              False, quiet)
     with CorpusStore(store, must_exist=True) as db:
         rows = db.rows("error IS NULL AND device = 'local'")

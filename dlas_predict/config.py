@@ -108,14 +108,16 @@ COMPRESSION_KERNEL = {
 DEFAULT_RATIO = 0.9
 
 
-def check_ratio(ratio: float) -> float:
-    """Validate a pruning ratio: the fraction of weights removed, strictly inside (0, 1)."""
+def check_ratio(ratio: float, allow_zero: bool = False) -> float:
+    """Validate a pruning ratio: the fraction of weights removed, inside (0, 1) — or [0, 1)
+    with ``allow_zero`` (a network pruned at ratio 0 is the dense one)."""
+    span = "[0, 1)" if allow_zero else "(0, 1)"
     try:
         value = float(ratio)
     except (TypeError, ValueError):
-        raise ConfigError(f"ratio must be a number in (0, 1), got {ratio!r}") from None
-    if not 0.0 < value < 1.0:
-        raise ConfigError(f"ratio must be in (0, 1) (exclusive), got {ratio!r}")
+        raise ConfigError(f"ratio must be a number in {span}, got {ratio!r}") from None
+    if not (0.0 <= value < 1.0 if allow_zero else 0.0 < value < 1.0):
+        raise ConfigError(f"ratio must be in {span}, got {ratio!r}")
     return value
 
 
@@ -327,7 +329,7 @@ class Variant:
         object.__setattr__(self, "compression", Compression.parse(self.compression))
         object.__setattr__(self, "tuning", Tuning.parse(self.tuning))
         if self.sparse:
-            object.__setattr__(self, "ratio", check_ratio(self.ratio))
+            object.__setattr__(self, "ratio", check_ratio(self.ratio, allow_zero=True))
         elif self.ratio:
             raise ConfigError(
                 f"compression {self.compression.value} takes no ratio (got {self.ratio}); "

@@ -65,6 +65,16 @@ CREATE TABLE IF NOT EXISTS network_layers (
     conv TEXT NOT NULL,
     PRIMARY KEY (network, layer_index)
 );
+CREATE TABLE IF NOT EXISTS network_configs (
+    network TEXT NOT NULL,
+    config TEXT NOT NULL,
+    layer_index INTEGER NOT NULL,
+    layer_name TEXT NOT NULL,
+    conv TEXT NOT NULL,
+    compression TEXT NOT NULL,
+    ratio REAL NOT NULL,
+    PRIMARY KEY (network, config, layer_index)
+);
 """
 
 #: Columns of a measurement row, in insert order (id excluded).
@@ -151,6 +161,25 @@ class CorpusStore:
             self._db.executemany(
                 "INSERT OR REPLACE INTO network_layers VALUES (?, ?, ?, ?)",
                 [(network, i, name, conv) for i, name, conv in layers])
+
+    def add_network_config(self, network: str, config: str,
+                           layers: Iterable[tuple[int, str, str, str, float]]) -> None:
+        """Record a compressed network: each conv layer's workload, compression and the
+        ratio its kernels are measured at (its own sparsity, after global pruning)."""
+        with self._db:
+            self._db.executemany(
+                "INSERT OR REPLACE INTO network_configs VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [(network, config, *layer) for layer in layers])
+
+    def network_configs(self, network: str | None = None) -> list[dict[str, Any]]:
+        sql = "SELECT * FROM network_configs"
+        params: tuple = ()
+        if network is not None:
+            sql += " WHERE network = ?"
+            params = (network,)
+        cur = self._db.execute(sql + " ORDER BY network, config, layer_index", params)
+        cols = [c[0] for c in cur.description]
+        return [dict(zip(cols, row)) for row in cur]
 
     # ---- reading ------------------------------------------------------------------------
     def keys(self, include_failures: bool = True) -> set[str]:

@@ -123,15 +123,90 @@ def test_collect_then_resume_then_export(tmp_path):
     first = _run(*args)
     assert first.exit_code == 0, first.output
     s1 = json.loads(first.output)
-    assert s1["planned"] == 12 and s1["measured"] == 12 and s1["skipped"] == 0
+    # 6 unique workloads dense; pruned globally, the two layers sharing a workload have
+    # different sparsities, so 7 pruned kernels
+    assert s1["planned"] == 13 and s1["measured"] == 13 and s1["skipped"] == 0
     again = json.loads(_run(*args).output)
-    assert again["measured"] == 0 and again["skipped"] == 12
+    assert again["measured"] == 0 and again["skipped"] == 13
     out = tmp_path / "c.parquet"
     assert _run("corpus", "export", "--store", store, "--format", "parquet", "-o",
                 out).exit_code == 0
     import pandas as pd
 
     frame = pd.read_parquet(out)
-    assert len(frame) == 12 and frame["verified"].all()
+    assert len(frame) == 13 and frame["verified"].all()
     stats = json.loads(_run("corpus", "stats", "--store", store, "--json").output)
     assert stats["networks"] == 1 and stats["workloads"] == 6 and stats["duplicates"] == 0
+
+
+def test_layers_zoo_export_generate(tmp_path):
+    res = _run("layers", DEMO, "--json")
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.output)
+    assert d["totals"]["params"] > 0 and d["totals"]["macs"] > 0 and len(d["layers"]) == 17
+    table = _run("layers", DEMO)
+    assert table.exit_code == 0 and "M MACs" in table.output
+    z = json.loads(_run("zoo", "--json").output)
+    assert [e["name"] for e in z][:4] == ["resnet18-cifar", "mobilenetv1-cifar",
+                                          "mobilenetv2-cifar", "vgg16-cifar"] and len(z) == 8
+    out = tmp_path / "m.onnx"
+    res = _run("export", "mobilenetv1-cifar", "-o", out, "--compression", "channel_pruning",
+               "--ratio", "0.3", "--remove-channels")
+    assert res.exit_code == 0, res.output
+    assert "physically removed" in res.output
+    small = json.loads(_run("layers", out, "--json").output)["totals"]["macs"]
+    full = json.loads(_run("layers", "zoo:mobilenetv1-cifar", "--json").output)["totals"]
+    assert small < full["macs"]
+    res = _run("generate", "cnn", "--param", "layers=1,2", "--param", "kernels=8", "-o",
+               tmp_path / "gen")
+    assert res.exit_code == 0 and len(list((tmp_path / "gen").glob("*.onnx"))) == 2
+
+
+def test_network_commands_bad_input(tmp_path):
+    _assert_clean_error(_run("layers", "zoo:resnet19"), "known: resnet18-cifar")
+    _assert_clean_error(_run("layers", tmp_path / "none.onnx"), "not found")
+    cut = tmp_path / "cut.onnx"
+    cut.write_bytes(DEMO.read_bytes()[:1500])
+    _assert_clean_error(_run("layers", cut), "")
+    _assert_clean_error(_run("export", "resnet19", "-o", tmp_path / "x.onnx"), "unknown zoo")
+    _assert_clean_error(_run("generate", "cnn", "--param", "depth=3", "-o", tmp_path),
+                        "allowed: layers")
+    _assert_clean_error(_run("accuracy", "zoo:mobilenetv1-cifar", "--compression",
+                             "weight_pruning", "--ratio", "1.0"), "[0, 1)")
+    _assert_clean_error(_run("accuracy", "zoo:mobilenetv1-cifar", "--compression",
+                             "weight_pruning", "--ratio", "-0.1"), "[0, 1)")
+    _assert_clean_error(_run("accuracy", "zoo:nope"), "unknown zoo network")
+    np_ = __import__("numpy")
+    np_.savez(tmp_path / "d.npz", x=np_.zeros((3, 3, 28, 28), np_.float32), y=[0, 1, 2])
+    _assert_clean_error(_run("accuracy", "zoo:mobilenetv1-cifar", "--data",
+                             tmp_path / "d.npz"), "do not match the model input")
+    (tmp_path / "empty").mkdir()
+    _assert_clean_error(_run("accuracy", "zoo:mobilenetv1-cifar", "--data",
+                             tmp_path / "empty"), "holds no images")
+
+
+def test_accuracy_json():
+    res = _run("accuracy", "zoo:mobilenetv1-cifar", "--json")
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.output)
+    assert d["top1"] >= 0.9 and d["data"] == "digits-test" and d["n_samples"] == 360
+
+
+@pytest.mark.slow
+def test_collect_measures_each_layer_at_its_own_sparsity(tmp_path):
+    gen = tmp_path / "gen"
+    _run("generate", "cnn", "--param", "kernels=8", "--param", "input=8", "-o", gen)
+    net = next(gen.glob("*.onnx"))
+    store = tmp_path / "c.sqlite"
+    res = _run("collect", "--network", net, "--store", store, "--algorithms", "direct",
+               "--compressions", "weight_pruning", "--ratio", "0.7", "--json", *FAST)
+    assert res.exit_code == 0, res.output
+    from dlas_predict.store import CorpusStore
+
+    with CorpusStore(store, must_exist=True) as db:
+        cfg = db.network_configs(net.stem)
+        ratios = {r["ratio"] for r in cfg}
+        measured = {(r["conv"], r["ratio"]) for r in db.rows()}
+    assert {r["config"] for r in cfg} == {"weight_pruning@0.7"} and len(cfg) == 5
+    assert len(ratios) > 1  # global pruning: layers differ
+    assert {(r["conv"], r["ratio"]) for r in cfg} <= measured

@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 
 from conftest import DEMO
@@ -25,3 +26,40 @@ def test_missing_malformed_and_truncated_files(tmp_path):
     cut.write_bytes(DEMO.read_bytes()[:2000])
     with pytest.raises(NetworkError):
         conv_layers(cut)
+
+
+def test_demo_graph_has_every_op_with_shapes_and_costs():
+    from dlas_predict.network import read_network
+
+    net = read_network(DEMO)
+    kinds = [l.kind for l in net.layers]
+    assert kinds.count("conv") + kinds.count("depthwise_conv") == 7
+    assert {"activation", "elementwise", "global_pool", "fc"} <= set(kinds)
+    conv = net.layers[0]
+    assert conv.conv is not None and conv.output_shape == conv.conv.output_shape
+    assert conv.macs == conv.conv.macs
+    assert conv.params in (conv.conv.params, conv.conv.params + conv.conv.K)  # bias or not
+    add = next(l for l in net.layers if l.kind == "elementwise")
+    assert len(add.input_shapes) == 2 and add.macs == 0 and add.params == 0
+    assert add.bytes_moved == 4 * 3 * int(np.prod(add.output_shape))
+    t = net.totals()
+    assert t["params"] == sum(l.params for l in net.layers) and t["macs"] == net.macs
+    d = net.to_dict()
+    assert set(d) == {"network", "input_shape", "layers", "totals"}
+    assert d["layers"][0]["conv"] == conv.conv.to_spec()
+
+
+def test_unsupported_op_is_named(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    from dlas_predict.network import read_network
+
+    node = helper.make_node("LpNormalization", ["x"], ["y"], name="norm7")
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [1, 4])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, [1, 4])])
+    path = tmp_path / "lp.onnx"
+    onnx.save(helper.make_model(g), str(path))
+    with pytest.raises(NetworkError, match="unsupported op 'LpNormalization'.*norm7"):
+        read_network(path)

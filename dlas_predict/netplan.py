@@ -1,0 +1,72 @@
+"""A network's conv layers under each compression, as the kernels ``collect`` measures.
+
+Global pruning prunes layers unevenly, so a pruned network is not "every layer at ratio r":
+each conv layer's kernels are measured at that layer's own sparsity, read from the pruned
+weights (rounded to 0.01 so that similar layers share measurements; at most 0.99).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .config import Compression, ConvSpec
+
+RATIO_STEP = 0.01
+MAX_LAYER_RATIO = 0.99
+
+
+@dataclass(frozen=True)
+class LayerConfig:
+    """One conv layer of a (compressed) network and the kernel ratio it is measured at."""
+
+    index: int
+    name: str
+    spec: ConvSpec
+    compression: Compression
+    ratio: float  # 0 for unpruned compressions
+
+
+def config_label(compression: Compression, ratio: float | None) -> str:
+    """``dense``, ``float16``, ``int8``, ``weight_pruning@0.9``, ``channel_pruning@0.5``."""
+    if compression in (Compression.WEIGHT_PRUNING, Compression.CHANNEL_PRUNING):
+        return f"{compression.value}@{ratio:g}"
+    return compression.value
+
+
+def kernel_ratio(sparsity: float) -> float:
+    return min(MAX_LAYER_RATIO, round(round(sparsity / RATIO_STEP) * RATIO_STEP, 2))
+
+
+def network_configs(model: str, compressions: list[Compression], ratio: float,
+                    per_layer: bool = True) -> dict[str, list[LayerConfig]]:
+    """For each compression, the conv layers of ``model`` (a path or ``zoo:NAME``) with the
+    ratio to measure each at: its own sparsity after global pruning at ``ratio`` (or
+    ``ratio`` itself for every layer when ``per_layer`` is false)."""
+    from . import zoo
+    from .network import read_network
+
+    path = zoo.resolve(model)
+    convs = read_network(path).convs()
+    out: dict[str, list[LayerConfig]] = {}
+    for comp in compressions:
+        pruning = comp in (Compression.WEIGHT_PRUNING, Compression.CHANNEL_PRUNING)
+        if not pruning:
+            out[config_label(comp, None)] = [LayerConfig(c.index, c.name, c.spec, comp, 0.0)
+                                             for c in convs]
+            continue
+        if not per_layer:
+            out[config_label(comp, ratio)] = [LayerConfig(c.index, c.name, c.spec, comp, ratio)
+                                              for c in convs]
+            continue
+        from .accuracy import prepare
+
+        layers = prepare(model, comp.value, ratio).compressed.layers
+        if len(layers) != len(convs):
+            from .errors import NetworkError
+
+            raise NetworkError(f"{model}: {len(convs)} conv layers but {len(layers)} with "
+                               "constant weights; per-layer sparsity needs constant weights")
+        out[config_label(comp, ratio)] = [
+            LayerConfig(c.index, c.name, c.spec, comp, kernel_ratio(l.sparsity))
+            for c, l in zip(convs, layers)]
+    return out

@@ -1,0 +1,77 @@
+"""The model zoo: the study's eight networks at their published size, shipped weights that
+really classify digits, and export."""
+import json
+
+import numpy as np
+import pytest
+
+from dlas_predict import accuracy, zoo
+from dlas_predict.errors import NetworkError
+from dlas_predict.network import read_network
+
+# The study's Tables 2 and 5.
+PAPER = {
+    "resnet18-cifar": (11.2e6, 557e6), "mobilenetv1-cifar": (3.2e6, 48e6),
+    "mobilenetv2-cifar": (2.3e6, 98e6), "vgg16-cifar": (14.7e6, 314e6),
+    "resnet50": (25.6e6, 4.1e9), "densenet161": (27.7e6, 7.8e9),
+    "efficientnet-b0": (5.3e6, 415e6), "mobilenetv2": (3.5e6, 327e6),
+}
+
+
+@pytest.mark.parametrize("name", list(PAPER))
+def test_params_and_macs_match_the_paper_within_10_percent(name):
+    net = read_network(zoo.export(name))
+    params, macs = PAPER[name]
+    assert abs(net.params / params - 1) <= 0.10, (name, net.params)
+    assert abs(net.macs / macs - 1) <= 0.10, (name, net.macs)
+    assert net.input_shape == (1, *zoo.get(name).input_shape)
+    assert zoo.ZOO[name].paper_params == params and zoo.ZOO[name].paper_macs == macs
+
+
+def test_unknown_name_lists_the_zoo():
+    with pytest.raises(NetworkError, match="resnet18-cifar"):
+        zoo.get("resnet19")
+    with pytest.raises(NetworkError, match="zoo:NAME"):
+        zoo.resolve("resnet50")  # a bare zoo name that is not a file: hint at zoo:
+
+
+@pytest.mark.parametrize("name", [n for n, e in zoo.ZOO.items() if e.dataset == "cifar10"])
+def test_shipped_weights_classify_held_out_digits(name):
+    entry = zoo.get(name)
+    assert entry.trained, f"{entry.weights_path} is missing"
+    test = accuracy.load_data("digits", entry.input_shape)
+    assert len(test) == 360
+    assert accuracy.evaluate_onnx(zoo.export(name), test) >= 0.90
+    log = json.loads((zoo.WEIGHTS_DIR / "trained.json").read_text())
+    assert log[name]["top1"] >= 0.90
+
+
+def test_weights_round_trip(tmp_path):
+    import torch
+
+    from dlas_predict import torchmodels
+
+    model = torchmodels.build("mobilenetv1-cifar")
+    zoo.save_weights(model, tmp_path / "w.npz.xz")
+    back = torchmodels.build("mobilenetv1-cifar")
+    for p in back.parameters():
+        torch.nn.init.zeros_(p)
+    zoo.load_weights(back, tmp_path / "w.npz.xz")
+    for (k, a), b in zip(model.state_dict().items(), back.state_dict().values()):
+        a, b = a.float().numpy(), b.float().numpy()
+        # 8-bit per-channel storage: within half a step of each channel's scale
+        step = np.abs(a).reshape(len(a), -1).max(1) / 127 if a.ndim in (2, 4) else 0
+        tol = (np.reshape(step, (-1,) + (1,) * (a.ndim - 1)) / 2 + 1e-7) if a.ndim in (2, 4) \
+            else 0
+        assert np.all(np.abs(a - b) <= tol), k
+    bad = tmp_path / "bad.npz.xz"
+    bad.write_bytes(b"not xz")
+    with pytest.raises(NetworkError, match="unreadable"):
+        zoo.load_weights(back, bad)
+    with pytest.raises(NetworkError, match="does not fit"):
+        zoo.load_weights(torchmodels.build("vgg16-cifar"), tmp_path / "w.npz.xz")
+
+
+def test_export_copy_is_cached_model(tmp_path):
+    out = zoo.export("zoo:mobilenetv1-cifar", tmp_path / "sub" / "m.onnx")
+    assert out.read_bytes() == zoo.export("mobilenetv1-cifar").read_bytes()
