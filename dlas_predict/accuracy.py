@@ -244,9 +244,9 @@ def prepare(model: str, compression: str = "dense", ratio: float | None = None,
             train = digits.digits("train", entry.input_shape)
             training.train(net, train.x, train.y, finetune_epochs, lr=0.01, max_shift=2,
                            after_step=reapply, log=log)
-        tmp = Path(tempfile.mkdtemp(prefix="dlas-")) / f"{name}.onnx"
-        zoo.export_model(net, entry.input_shape, tmp)
-        base = onnx.load(str(tmp))
+        with tempfile.TemporaryDirectory(prefix="dlas-") as tmp:
+            exported = zoo.export_model(net, entry.input_shape, Path(tmp) / f"{name}.onnx")
+            base = onnx.load(str(exported))
         done = compress.compress_onnx(base, "dense", None)
         done.compression, done.ratio = comp, ratio
         if remove_channels:
@@ -278,9 +278,11 @@ def _weights_label(prep: Prepared) -> str:
 
 def measure(model: str, data: str = "digits", compression: str = "dense",
             ratio: float | None = None, finetune_epochs: int = 0,
-            remove_channels: bool = False, log=None) -> AccuracyResult:
+            remove_channels: bool = False, log=None,
+            reference: float | None = None) -> AccuracyResult:
     """Measure the accuracy of ``model`` compressed as asked: top-1 on labelled data, else
-    the fidelity proxy (agreement with the uncompressed model on the data's images)."""
+    the fidelity proxy (agreement with the uncompressed model on the data's images).
+    ``reference``: the uncompressed top-1 on the same data, when already measured."""
     from . import zoo
     from .config import Compression
 
@@ -298,7 +300,8 @@ def measure(model: str, data: str = "digits", compression: str = "dense",
     uncal = None
     if labelled(test):
         metric, value = "top1", evaluate_onnx(compressed, test)
-        reference = evaluate_onnx(path, test)
+        if reference is None:
+            reference = evaluate_onnx(path, test)
     else:
         metric, value, reference = "fidelity_proxy", agreement(compressed, path, test.x), None
     if comp is Compression.INT8:
@@ -338,4 +341,8 @@ def elbow(points: list[tuple[float, float]], reference: float,
 def curve(model: str, kind: str, ratios=DEFAULT_RATIOS, data: str = "digits",
           finetune_epochs: int = 0, log=None) -> list[AccuracyResult]:
     """Accuracy against pruning ratio for one pruning kind (each point measured)."""
-    return [measure(model, data, kind, r, finetune_epochs, log=log) for r in ratios]
+    points = []
+    for r in ratios:
+        points.append(measure(model, data, kind, r, finetune_epochs, log=log,
+                              reference=points[0].reference_top1 if points else None))
+    return points
