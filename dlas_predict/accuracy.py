@@ -255,8 +255,7 @@ def prepare(model: str, compression: str = "dense", ratio: float | None = None,
             m, removed, kept = compress.remove_zero_channels(base)
             done = compress.compress_onnx(m, "dense", None)
             done.compression, done.ratio = comp, ratio
-            done.notes.append(f"{removed} zeroed channels physically removed; {kept} stay "
-                              "zeroed (tied to residual additions or concatenations)")
+            done.notes.append(compress.removal_note(removed, kept))
         if finetune_epochs:
             done.notes.append(f"fine-tuned {finetune_epochs} epochs on the digits training "
                               "split with the masks held")

@@ -236,6 +236,12 @@ def _quantize(model, calibration, Reader, os, tempfile, onnx, quantize_static, Q
         return onnx.load(dst)
 
 
+def removal_note(removed: int, kept_zero: int) -> str:
+    return (f"{removed} zeroed channels physically removed; {kept_zero} stay zeroed (they "
+            "reach a residual addition, a concatenation or an op the remover does not "
+            "follow, such as SiLU)")
+
+
 def compress_onnx(model, compression: Compression | str, ratio: float | None = None,
                   calibration: np.ndarray | None = None,
                   remove_channels: bool = False) -> CompressedModel:
@@ -254,8 +260,7 @@ def compress_onnx(model, compression: Compression | str, ratio: float | None = N
         if compression is not Compression.CHANNEL_PRUNING:
             raise ConfigError("removing channels needs --compression channel_pruning")
         model, removed, kept_zero = remove_zero_channels(model)
-        notes.append(f"{removed} zeroed channels physically removed; {kept_zero} stay zeroed "
-                     "(tied to residual additions, concatenations or depthwise outputs)")
+        notes.append(removal_note(removed, kept_zero))
     sparsity = layer_sparsity(model)
     if compression is Compression.FLOAT16:
         _float16(model)

@@ -187,12 +187,15 @@ def build(name: str) -> nn.Module:
 
 
 def conv_bn_pairs(model: nn.Module) -> list[tuple[nn.Conv2d, nn.BatchNorm2d | None]]:
-    """Each Conv2d with the BatchNorm2d defined right after it (the CIFAR definitions pair
-    every conv with its norm), in definition order, which is also the forward order."""
+    """Each Conv2d with the BatchNorm2d defined right after it, if that norm has as many
+    features as the conv has outputs (the CIFAR definitions pair every conv with its norm;
+    in pre-activation networks such as DenseNet the next norm may belong elsewhere: then the
+    pairing is a heuristic, used only to rank channels)."""
     mods = list(model.modules())
     pairs = []
     for i, m in enumerate(mods):
         if isinstance(m, nn.Conv2d):
             nxt = mods[i + 1] if i + 1 < len(mods) else None
-            pairs.append((m, nxt if isinstance(nxt, nn.BatchNorm2d) else None))
+            ok = isinstance(nxt, nn.BatchNorm2d) and nxt.num_features == m.out_channels
+            pairs.append((m, nxt if ok else None))
     return pairs
