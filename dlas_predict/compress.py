@@ -135,8 +135,10 @@ def layer_sparsity(model) -> list[LayerSparsity]:
     """Each conv layer's workload and share of zero weights, read from the weights."""
     import onnx
 
-    from .network import _conv_spec, _shapes
+    from .network import _conv_spec, _shapes, inline_constant_identities
 
+    model = copy.deepcopy(model)
+    inline_constant_identities(model)
     model = onnx.shape_inference.infer_shapes(model, strict_mode=False)
     shapes = _shapes(model)
     arrays = _arrays(model)
@@ -246,8 +248,11 @@ def compress_onnx(model, compression: Compression | str, ratio: float | None = N
                   calibration: np.ndarray | None = None,
                   remove_channels: bool = False) -> CompressedModel:
     """Compress an ONNX ModelProto (not modified); ``calibration`` feeds int8 (N×C×H×W)."""
+    from .network import inline_constant_identities
+
     compression = Compression.parse(compression)
     model = copy.deepcopy(model)
+    inline_constant_identities(model)
     notes = []
     if compression in (Compression.WEIGHT_PRUNING, Compression.CHANNEL_PRUNING):
         if ratio is None:
@@ -315,7 +320,10 @@ def remove_zero_channels(model):
 
     from .network import _shapes
 
+    from .network import inline_constant_identities
+
     model = copy.deepcopy(model)
+    inline_constant_identities(model)
     arrays = _arrays(model)
     consts = dict(arrays)
     for node in model.graph.node:

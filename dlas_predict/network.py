@@ -120,6 +120,25 @@ class Network:
                 "layers": [layer.to_dict() for layer in self.layers], "totals": self.totals()}
 
 
+def inline_constant_identities(model) -> None:
+    """Replace ``Identity(initializer)`` nodes by a copy of the initializer under the output
+    name (in place). Exporters write a repeated constant — e.g. two layers pruned to all
+    zeros — once and alias it through Identity; every conv then has its own weights again."""
+    inits = {i.name: i for i in model.graph.initializer}
+    keep = []
+    for node in model.graph.node:
+        if node.op_type == "Identity" and node.input[0] in inits:
+            copy_ = model.graph.initializer.add()
+            copy_.CopyFrom(inits[node.input[0]])
+            copy_.name = node.output[0]
+            inits[copy_.name] = copy_
+        else:
+            keep.append(node)
+    if len(keep) != len(model.graph.node):
+        del model.graph.node[:]
+        model.graph.node.extend(keep)
+
+
 def load_onnx(path: str | Path, infer: bool = True):
     """Load an ONNX file (with shape inference); every failure is a :class:`NetworkError`."""
     import onnx
@@ -134,6 +153,7 @@ def load_onnx(path: str | Path, infer: bool = True):
                            f"{str(exc)[:200]})") from None
     if not model.graph.node:
         raise NetworkError(f"{path} has an empty graph (malformed or truncated ONNX file)")
+    inline_constant_identities(model)
     if infer:
         try:
             model = onnx.shape_inference.infer_shapes(model, strict_mode=False)

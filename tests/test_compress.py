@@ -152,3 +152,19 @@ def test_torch_masks_hold_while_training():
     zeros = sum(int((c.weight == 0).sum()) for c in convs)
     total = sum(c.weight.numel() for c in convs)
     assert abs(zeros / total - 0.8) < 0.01
+
+
+def test_aliased_weights_are_inlined():
+    """Exporters alias repeated constants (e.g. two layers pruned to all zeros) through
+    Identity; every conv must still have its own weights and sparsity."""
+    m = _chain_model()
+    w = next(i for i in m.graph.initializer if i.name == "pw.w")
+    zero = numpy_helper.from_array(np.zeros_like(numpy_helper.to_array(w)), "pw.w")
+    w.CopyFrom(zero)
+    pw = next(n for n in m.graph.node if n.name == "pw")
+    m.graph.node.insert(0, helper.make_node("Identity", ["pw.w"], ["pw.alias"]))
+    pw.input[1] = "pw.alias"
+    layers = compress.layer_sparsity(m)
+    assert len(layers) == 4 and layers[2].sparsity == 1.0
+    c = compress.compress_onnx(m, "weight_pruning", 0.5)
+    assert len(c.layers) == 4
