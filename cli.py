@@ -449,6 +449,78 @@ def accuracy_cmd(
                    + f" — the highest ratio within {elbow_drop} points of the uncompressed")
 
 
+# ---- cost models ------------------------------------------------------------------------
+MODELS_STORE = Path(__file__).resolve().parent / "models_store"
+
+
+@app.command()
+@handle_errors
+def train(store: Path = typer.Option(..., "--store", help="Corpus store to learn from."),
+          device: str = typer.Option("local", "--device"),
+          out: Optional[Path] = typer.Option(None, "--out",
+                                             help="Model directory (default: "
+                                                  "models_store/DEVICE)."),
+          seed: int = typer.Option(0, "--seed"),
+          as_json: bool = typer.Option(False, "--json")):
+    """Train the layer cost model (LightGBM, with an 80 % interval) on a corpus."""
+    import time
+
+    import numpy as np
+
+    from dlas_predict.costmodel import LayerCostModel, mape, within
+    from dlas_predict.evaluation import load_corpus
+
+    corpus = load_corpus(store, device)
+    t0 = time.time()
+    model = LayerCostModel(seed=seed).fit(corpus.X, corpus.seconds, meta={
+        "device": corpus.device.name, "device_fingerprint": corpus.device.fingerprint,
+        "corpus": str(store), "corpus_fingerprint": corpus.fingerprint})
+    pred, low, high = model.predict(corpus.X)
+    model.meta["train_metrics"] = {
+        "mape": mape(pred, corpus.seconds), "within_10pct": within(pred, corpus.seconds),
+        "interval_coverage": float(np.mean((corpus.seconds >= low) & (corpus.seconds <= high)))}
+    model.meta["train_seconds"] = round(time.time() - t0, 2)
+    sidecar = model.save(out or MODELS_STORE / corpus.device.name, "layer")
+    report = {"model": str(sidecar), "kernels": len(corpus.keys), **model.meta["train_metrics"],
+              "train_seconds": model.meta["train_seconds"]}
+    if as_json:
+        _print_json(report)
+        return
+    typer.echo(f"trained on {len(corpus.keys)} kernels of {corpus.device.name} in "
+               f"{report['train_seconds']} s → {sidecar}")
+    typer.echo(f"fit on the training data (not a held-out figure; see `evaluate`): MAPE "
+               f"{report['mape']:.1%}, within ±10 % {report['within_10pct']:.1%}, 80 % "
+               f"interval covers {report['interval_coverage']:.1%}")
+
+
+@app.command()
+@handle_errors
+def evaluate(store: Path = typer.Option(..., "--store", help="Corpus store."),
+             device: str = typer.Option("local", "--device"),
+             seed: int = typer.Option(0, "--seed"),
+             as_json: bool = typer.Option(False, "--json")):
+    """Leave-one-network-out: the cost model against the roofline and MACs baselines."""
+    from dlas_predict.evaluation import MODELS, leave_one_network_out, load_corpus
+    from dlas_predict.table import format_table
+
+    report = leave_one_network_out(load_corpus(store, device), seed)
+    if as_json:
+        _print_json(report)
+        return
+    rows = []
+    for net, res in [*report["networks"].items(), ("OVERALL", report["overall"])]:
+        for m in MODELS:
+            r = res[m]
+            rows.append({"held out": net, "model": m, "configs": res.get("configurations", ""),
+                         "layer MAPE": f"{r['layer_mape']:.1%}", "MAPE": f"{r['mape']:.1%}",
+                         "within ±10%": f"{r['within_10pct']:.0%}",
+                         "Kendall τ": f"{r['kendall_tau']:.2f}",
+                         "top-1 hit": f"{r['top1_hit']:.0%}", "regret": f"{r['regret']:.3f}"})
+    typer.echo(f"leave-one-network-out on {report['device']}; configurations are compression "
+               f"× algorithm, latency = {report['scope']}; measured vs predicted")
+    typer.echo(format_table(rows))
+
+
 # ---- corpus -----------------------------------------------------------------------------
 @corpus_app.command("stats")
 @handle_errors

@@ -1,0 +1,201 @@
+"""Cost models learned from the corpus, and the baselines they must beat.
+
+- :class:`LayerCostModel`: LightGBM regression on log latency of one conv kernel, with a 10 %
+  and a 90 % quantile model for an interval around every prediction.
+- :class:`RooflineBaseline`: max(work / peak, bytes / bandwidth), scaled by one efficiency
+  factor per algorithm × compression fitted on the training rows.
+- :class:`MacsLinearBaseline`: latency = a·MACs + b per algorithm × compression.
+
+A saved model is LightGBM text files plus a JSON sidecar (feature names, package versions,
+corpus fingerprint, metrics); loading checks them. LightGBM is imported only here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .errors import DlasError
+from .features import FEATURE_NAMES
+
+MODEL_FORMAT = "dlas-layer-cost-1"
+QUANTILES = (0.1, 0.9)
+_LGB_PARAMS = dict(n_estimators=400, learning_rate=0.05, num_leaves=31, min_child_samples=5,
+                   subsample=0.9, subsample_freq=1, colsample_bytree=0.9, verbose=-1,
+                   n_jobs=2)
+
+
+class ModelError(DlasError):
+    """A missing, unreadable or incompatible saved cost model."""
+
+
+def _versions() -> dict[str, str]:
+    import lightgbm
+    import sklearn
+
+    return {"lightgbm": lightgbm.__version__, "scikit-learn": sklearn.__version__,
+            "numpy": np.__version__}
+
+
+@dataclass
+class LayerCostModel:
+    """Predicts a kernel's median latency (seconds) with an 80 % interval."""
+
+    seed: int = 0
+    models: dict = field(default_factory=dict)  # "median", "q10", "q90" → LGBM booster
+    meta: dict = field(default_factory=dict)
+
+    def fit(self, X: np.ndarray, seconds: np.ndarray, meta: dict | None = None) -> "LayerCostModel":
+        import lightgbm as lgb
+
+        if len(X) < 10:
+            raise ModelError(f"too few measurements to train on ({len(X)}); collect more")
+        y = np.log(seconds)
+        common = dict(_LGB_PARAMS, random_state=self.seed)
+        self.models = {"median": lgb.LGBMRegressor(objective="regression", **common)
+                       .fit(X, y).booster_}
+        for q in QUANTILES:
+            self.models[f"q{int(q * 100)}"] = lgb.LGBMRegressor(
+                objective="quantile", alpha=q, **common).fit(X, y).booster_
+        self.meta = {"format": MODEL_FORMAT, "features": list(FEATURE_NAMES),
+                     "versions": _versions(), "n_train": int(len(X)), **(meta or {})}
+        return self
+
+    def predict(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(median, low, high) seconds; low ≤ median ≤ high."""
+        if not self.models:
+            raise ModelError("the cost model is not trained")
+        X = np.asarray(X, dtype=np.float64)
+        mid = np.exp(self.models["median"].predict(X))
+        low = np.exp(self.models["q10"].predict(X))
+        high = np.exp(self.models["q90"].predict(X))
+        return mid, np.minimum(low, mid), np.maximum(high, mid)
+
+    def save(self, directory: Path, name: str) -> Path:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        for key, booster in self.models.items():
+            booster.save_model(str(directory / f"{name}.{key}.txt"))
+        sidecar = directory / f"{name}.json"
+        sidecar.write_text(json.dumps(self.meta, indent=2, sort_keys=True) + "\n")
+        return sidecar
+
+    @classmethod
+    def load(cls, directory: Path, name: str) -> "LayerCostModel":
+        import lightgbm as lgb
+
+        sidecar = Path(directory) / f"{name}.json"
+        if not sidecar.is_file():
+            raise ModelError(f"no cost model {name!r} in {directory} (train one with "
+                             "`dlas-predict train`)")
+        try:
+            meta = json.loads(sidecar.read_text())
+        except json.JSONDecodeError as exc:
+            raise ModelError(f"{sidecar} is not valid JSON ({exc})") from None
+        if meta.get("format") != MODEL_FORMAT:
+            raise ModelError(f"{sidecar}: format {meta.get('format')!r}, expected "
+                             f"{MODEL_FORMAT!r}; retrain with `dlas-predict train`")
+        if meta.get("features") != list(FEATURE_NAMES):
+            raise ModelError(f"{sidecar}: trained on other features than this version "
+                             "computes; retrain with `dlas-predict train`")
+        models = {}
+        for key in ("median", *(f"q{int(q * 100)}" for q in QUANTILES)):
+            path = Path(directory) / f"{name}.{key}.txt"
+            try:
+                models[key] = lgb.Booster(model_file=str(path))
+            except Exception as exc:  # LightGBM raises its own error type for bad files
+                raise ModelError(f"cannot load {path}: {str(exc)[:200]}") from None
+            if models[key].num_feature() != len(FEATURE_NAMES):
+                raise ModelError(f"{path} expects {models[key].num_feature()} features, not "
+                                 f"{len(FEATURE_NAMES)}")
+        return cls(models=models, meta=meta)
+
+
+def _group_keys(X: np.ndarray) -> list[tuple]:
+    idx = [FEATURE_NAMES.index(n) for n in ("algo_direct", "algo_gemm", "algo_spatial_pack",
+                                            "dtype_bytes", "sparse", "channel_pattern",
+                                            "tuned")]
+    return [tuple(row) for row in X[:, idx]]
+
+
+@dataclass
+class RooflineBaseline:
+    """Roofline time × one efficiency factor per algorithm × compression (geometric mean)."""
+
+    factors: dict = field(default_factory=dict)
+    default: float = 1.0
+
+    def fit(self, X: np.ndarray, seconds: np.ndarray) -> "RooflineBaseline":
+        roof = np.exp(X[:, FEATURE_NAMES.index("log_roofline_s")])
+        ratio = np.log(seconds / roof)
+        keys = _group_keys(X)
+        self.default = float(np.exp(ratio.mean()))
+        for k in set(keys):
+            sel = np.array([kk == k for kk in keys])
+            self.factors[k] = float(np.exp(ratio[sel].mean()))
+        return self
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        roof = np.exp(X[:, FEATURE_NAMES.index("log_roofline_s")])
+        return roof * np.array([self.factors.get(k, self.default) for k in _group_keys(X)])
+
+
+@dataclass
+class MacsLinearBaseline:
+    """latency = a·MACs + b, least squares per algorithm × compression."""
+
+    coefs: dict = field(default_factory=dict)
+    default: tuple = (0.0, 0.0)
+
+    @staticmethod
+    def _fit(macs: np.ndarray, s: np.ndarray) -> tuple[float, float]:
+        if len(macs) < 2 or np.ptp(macs) == 0:
+            return float(s.mean() / max(macs.mean(), 1.0)), 0.0
+        a, b = np.polyfit(macs, s, 1)
+        return float(a), float(b)
+
+    def fit(self, X: np.ndarray, seconds: np.ndarray) -> "MacsLinearBaseline":
+        macs = np.exp(X[:, FEATURE_NAMES.index("log_macs")])
+        keys = _group_keys(X)
+        self.default = self._fit(macs, seconds)
+        for k in set(keys):
+            sel = np.array([kk == k for kk in keys])
+            self.coefs[k] = self._fit(macs[sel], seconds[sel])
+        return self
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        macs = np.exp(X[:, FEATURE_NAMES.index("log_macs")])
+        out = np.array([a * m + b for m, (a, b) in
+                        zip(macs, (self.coefs.get(k, self.default) for k in _group_keys(X)))])
+        return np.maximum(out, 1e-9)  # a line can go negative on small layers
+
+
+# ---- metrics -----------------------------------------------------------------------------
+def mape(pred: np.ndarray, true: np.ndarray) -> float:
+    return float(np.mean(np.abs(pred - true) / true))
+
+
+def within(pred: np.ndarray, true: np.ndarray, tol: float = 0.10) -> float:
+    return float(np.mean(np.abs(pred - true) / true <= tol))
+
+
+def kendall_tau(pred: np.ndarray, true: np.ndarray) -> float:
+    from scipy.stats import kendalltau
+
+    if len(pred) < 2:
+        return float("nan")
+    tau = kendalltau(pred, true).statistic
+    return float(tau) if not math.isnan(tau) else float("nan")
+
+
+def top1_hit(pred: np.ndarray, true: np.ndarray) -> float:
+    return float(int(np.argmin(pred)) == int(np.argmin(true)))
+
+
+def regret(pred: np.ndarray, true: np.ndarray) -> float:
+    """True latency of the predicted best over the true best (1.0 = no regret)."""
+    return float(true[int(np.argmin(pred))] / true.min())
