@@ -551,7 +551,22 @@ def corpus_export(store: Path = typer.Option(..., "--store", help="Corpus store.
         raise StoreError(f"unknown export format {fmt!r}; allowed: parquet, csv")
     with CorpusStore(store, must_exist=True) as db:
         n = db.export(out, fmt)
-    typer.echo(f"wrote {n} records to {out}")
+    from dlas_predict.store import networks_path
+
+    typer.echo(f"wrote {n} records to {out} (network configurations: {networks_path(out)})")
+
+
+@corpus_app.command("import")
+@handle_errors
+def corpus_import(snapshot: Path = typer.Argument(..., help="An exported .parquet or .csv."),
+                  store: Path = typer.Option(..., "--store", help="Corpus store (created if "
+                                             "new).")):
+    """Load an exported snapshot (and its network configurations) into a store."""
+    from dlas_predict.store import CorpusStore
+
+    with CorpusStore(store) as db:
+        added, present = db.import_snapshot(snapshot)
+    typer.echo(f"imported {added} records into {store} ({present} were already there)")
 
 
 # ---- demo -------------------------------------------------------------------------------

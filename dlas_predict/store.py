@@ -88,6 +88,13 @@ COLUMNS = (
 )
 
 
+def networks_path(path: str | Path) -> Path:
+    """The companion file of an exported snapshot that holds its networks' configurations:
+    ``corpus.parquet`` → ``corpus.networks.parquet``."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}.networks{path.suffix}")
+
+
 def _row(result: MeasureResult) -> tuple:
     spec, v = result.conv, result.variant
     values = {
@@ -228,13 +235,51 @@ class CorpusStore:
             frame = pd.DataFrame(columns=["id", *COLUMNS])
         out = Path(out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        if fmt == "parquet":
-            frame.to_parquet(out, index=False)
-        elif fmt == "csv":
-            frame.to_csv(out, index=False)
-        else:
+        if fmt not in ("parquet", "csv"):
             raise StoreError(f"unknown export format {fmt!r}; allowed: parquet, csv")
+        configs = pd.DataFrame(self.network_configs(), columns=[
+            "network", "config", "layer_index", "layer_name", "conv", "compression", "ratio"])
+        for path, table in ((out, frame), (networks_path(out), configs)):
+            if fmt == "parquet":
+                table.to_parquet(path, index=False)
+            else:
+                table.to_csv(path, index=False)
         return len(frame)
+
+    def import_snapshot(self, path: str | Path) -> tuple[int, int]:
+        """Add the records of an exported snapshot (and its ``.networks`` file, if present)
+        that this store does not hold; returns (records added, records already here)."""
+        import pandas as pd
+
+        from .records import MeasureResult
+
+        path = Path(path)
+        if not path.is_file():
+            raise StoreError(f"snapshot not found: {path}")
+        read = pd.read_parquet if path.suffix == ".parquet" else pd.read_csv
+        try:
+            frame = read(path)
+        except Exception as exc:
+            raise StoreError(f"{path} is not a readable corpus snapshot ({exc})") from None
+        missing = {"key", "conv_json", "algorithm", "run_secs"} - set(frame.columns)
+        if missing:
+            raise StoreError(f"{path} is not a corpus snapshot: no {', '.join(sorted(missing))}")
+        have = self.keys()
+        added = 0
+        for row in frame.to_dict("records"):
+            row = {k: (None if isinstance(v, float) and v != v else v) for k, v in row.items()}
+            if row["key"] in have:
+                continue
+            self.add(MeasureResult.from_row(row))
+            added += 1
+        nets = networks_path(path)
+        if nets.is_file():
+            configs = read(nets)
+            for (network, config), group in configs.groupby(["network", "config"]):
+                self.add_network_config(network, config, [
+                    (int(r.layer_index), r.layer_name, r.conv, r.compression, float(r.ratio))
+                    for r in group.itertuples()])
+        return added, len(frame) - added
 
     def close(self) -> None:
         self._db.close()

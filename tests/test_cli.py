@@ -137,6 +137,22 @@ def test_collect_then_resume_then_export(tmp_path):
     assert len(frame) == 13 and frame["verified"].all()
     stats = json.loads(_run("corpus", "stats", "--store", store, "--json").output)
     assert stats["networks"] == 1 and stats["workloads"] == 6 and stats["duplicates"] == 0
+    # snapshot → a new store: the same records and network configurations
+    copy = tmp_path / "copy.sqlite"
+    res = _run("corpus", "import", out, "--store", copy)
+    assert res.exit_code == 0 and "imported 13 records" in res.output, res.output
+    assert "imported 0 records" in _run("corpus", "import", out, "--store", copy).output
+    from dlas_predict.store import CorpusStore
+
+    with CorpusStore(store) as a, CorpusStore(copy) as b:
+        strip = lambda rows: sorted((tuple(v for k, v in r.items() if k != "id")
+                                     for r in rows), key=repr)
+        assert strip(a.rows()) == strip(b.rows())
+        assert a.network_configs() == b.network_configs() and len(b.network_configs()) == 14
+    _assert_clean_error(_run("corpus", "import", tmp_path / "none.parquet", "--store", copy),
+                        "not found")
+    _assert_clean_error(_run("corpus", "import", out.with_name("c.networks.parquet"),
+                             "--store", copy), "not a corpus snapshot")
 
 
 def test_layers_zoo_export_generate(tmp_path):
