@@ -226,3 +226,38 @@ def test_collect_measures_each_layer_at_its_own_sparsity(tmp_path):
     assert {r["config"] for r in cfg} == {"weight_pruning@0.7"} and len(cfg) == 5
     assert len(ratios) > 1  # global pruning: layers differ
     assert {(r["conv"], r["ratio"]) for r in cfg} <= measured
+
+
+def test_train_and_evaluate_on_the_shipped_snapshot(tmp_path):
+    from conftest import ROOT
+
+    snapshot = ROOT / "datasets" / "corpus" / "local.parquet"
+    store = tmp_path / "local.sqlite"
+    assert _run("corpus", "import", snapshot, "--store", store).exit_code == 0
+    res = _run("train", "--store", store, "--out", tmp_path / "m", "--json")
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.output)
+    assert report["kernels"] == 2559 and 0 < report["mape"] < 0.5
+    meta = json.loads((tmp_path / "m" / "layer.json").read_text())
+    assert meta["device"] == "local" and meta["n_train"] == 2559
+    res = _run("evaluate", "--store", store, "--json")
+    assert res.exit_code == 0, res.output
+    ev = json.loads(res.output)
+    assert set(ev["networks"]) == {"resnet18-cifar", "mobilenetv1-cifar",
+                                   "mobilenetv2-cifar", "vgg16-cifar", "resnet50",
+                                   "mobilenetv2", "efficientnet-b0"}
+    # the learned model beats the roofline baseline on held-out networks
+    assert ev["overall"]["lightgbm"]["mape"] < ev["overall"]["roofline"]["mape"]
+
+
+def test_train_and_evaluate_bad_input(tmp_path):
+    _assert_clean_error(_run("train", "--store", tmp_path / "none.sqlite"), "no corpus store")
+    from dlas_predict.store import CorpusStore
+
+    CorpusStore(tmp_path / "empty.sqlite").close()
+    _assert_clean_error(_run("train", "--store", tmp_path / "empty.sqlite"),
+                        "dlas-predict collect")
+    _assert_clean_error(_run("evaluate", "--store", tmp_path / "empty.sqlite"),
+                        "no successful measurement")
+    _assert_clean_error(_run("train", "--store", tmp_path / "empty.sqlite", "--device",
+                             "pentium"), "unknown device")
