@@ -91,6 +91,7 @@ def channel_masks(weights: list[np.ndarray], ratio: float,
     scores = [np.abs(w).reshape(w.shape[0], -1).mean(axis=1) for w in weights]
     scores = [s if ok else np.full(len(s), np.inf) for s, ok in zip(scores, prunable)]
     owner = np.concatenate([np.full(len(s), i) for i, s in enumerate(scores)])
+    starts = np.cumsum([0] + [len(s) for s in scores])
     flat = np.concatenate(scores)
     n_prunable = sum(len(s) for s, ok in zip(scores, prunable) if ok)
     k = int(np.floor(ratio * n_prunable))
@@ -103,8 +104,7 @@ def channel_masks(weights: list[np.ndarray], ratio: float,
         i = owner[j]
         if not prunable[i] or left[i] <= 1:  # keep at least one channel per layer
             continue
-        local = j - sum(len(s) for s in scores[:i])
-        keep[i][local] = False
+        keep[i][j - starts[i]] = False
         left[i] -= 1
         pruned += 1
     return keep
