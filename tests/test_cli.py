@@ -237,9 +237,9 @@ def test_train_and_evaluate_on_the_shipped_snapshot(tmp_path):
     res = _run("train", "--store", store, "--out", tmp_path / "m", "--json")
     assert res.exit_code == 0, res.output
     report = json.loads(res.output)
-    assert report["kernels"] == 3849 and 0 < report["mape"] < 0.5
+    assert report["kernels"] == 4809 and 0 < report["mape"] < 0.5
     meta = json.loads((tmp_path / "m" / "layer.json").read_text())
-    assert meta["device"] == "local" and meta["n_train"] == 3849
+    assert meta["device"] == "local" and meta["n_train"] == 4809
     res = _run("evaluate", "--store", store, "--json")
     assert res.exit_code == 0, res.output
     ev = json.loads(res.output)
