@@ -14,6 +14,7 @@ from typing import Callable, List, Optional
 
 import typer
 
+from dlas_predict.config import DEFAULT_CURVE_RATIOS, ELBOW_DROP_PP
 from dlas_predict.errors import DlasError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -231,7 +232,7 @@ def _collect(networks, store, device, algorithms, compressions, ratio, retry_fai
                             "(the study's protocol): generate the network with batch=1")
         plans[str(model).removeprefix(zoo.ZOO_PREFIX) if str(model).startswith(zoo.ZOO_PREFIX)
               else Path(model).stem] = (net, network_configs(str(model), comps, ratio,
-                                                             per_layer))
+                                                             per_layer, net=net))
     tasks: dict[str, MeasureTask] = {}
     for net, configs in plans.values():
         for layers in configs.values():
@@ -381,9 +382,9 @@ def accuracy_cmd(
                                              "split, masks held)."),
     curve: bool = typer.Option(False, "--curve", help="Accuracy-vs-ratio curves for both "
                                "pruning kinds, with the elbow ratio of each."),
-    ratios: str = typer.Option(",".join(map(str, (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9,
-                                                   0.95))), "--ratios", help="Curve ratios."),
-    elbow_drop: float = typer.Option(1.0, "--elbow-drop",
+    ratios: str = typer.Option(",".join(map(str, DEFAULT_CURVE_RATIOS)), "--ratios",
+                               help="Curve ratios."),
+    elbow_drop: float = typer.Option(ELBOW_DROP_PP, "--elbow-drop",
                                      help="Elbow rule: a drop of more than this many "
                                           "percentage points is significant."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .config import DEFAULT_CURVE_RATIOS as DEFAULT_RATIOS, ELBOW_DROP_PP
 from .digits import Dataset
 from .errors import DlasError
 
@@ -230,6 +231,8 @@ def prepare(model: str, compression: str = "dense", ratio: float | None = None,
         raise ConfigError(f"--finetune-epochs must be >= 0, got {finetune_epochs}")
     if finetune_epochs and not pruning:
         raise ConfigError("fine-tuning applies to weight_pruning and channel_pruning")
+    if remove_channels and comp is not Compression.CHANNEL_PRUNING:
+        raise ConfigError("--remove-channels needs --compression channel_pruning")
     entry = zoo.get(model) if str(model).startswith(zoo.ZOO_PREFIX) else None
     path = zoo.resolve(model)
     name = entry.name if entry else path.stem
@@ -247,15 +250,14 @@ def prepare(model: str, compression: str = "dense", ratio: float | None = None,
         with tempfile.TemporaryDirectory(prefix="dlas-") as tmp:
             exported = zoo.export_model(net, entry.input_shape, Path(tmp) / f"{name}.onnx")
             base = onnx.load(str(exported))
+        notes = []
+        if remove_channels:
+            base, removed, kept = compress.remove_zero_channels(base)
+            notes.append(compress.removal_note(removed, kept))
+        # already pruned in torch: read each layer's sparsity, relabel
         done = compress.compress_onnx(base, "dense", None)
         done.compression, done.ratio = comp, ratio
-        if remove_channels:
-            if comp is not Compression.CHANNEL_PRUNING:
-                raise ConfigError("--remove-channels needs --compression channel_pruning")
-            m, removed, kept = compress.remove_zero_channels(base)
-            done = compress.compress_onnx(m, "dense", None)
-            done.compression, done.ratio = comp, ratio
-            done.notes.append(compress.removal_note(removed, kept))
+        done.notes.extend(notes)
         if finetune_epochs:
             done.notes.append(f"fine-tuned {finetune_epochs} epochs on the digits training "
                               "split with the masks held")
@@ -319,10 +321,6 @@ def measure(model: str, data: str = "digits", compression: str = "dense",
         notes=tuple(prep.compressed.notes), uncalibrated=uncal)
 
 
-DEFAULT_RATIOS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
-#: The elbow rule's threshold: a drop of more than this many percentage points of the
-#: metric below the uncompressed model is "significant".
-ELBOW_DROP_PP = 1.0
 
 
 def elbow(points: list[tuple[float, float]], reference: float,

@@ -106,6 +106,11 @@ COMPRESSION_KERNEL = {
 }
 
 DEFAULT_RATIO = 0.9
+#: Pruning ratios of an accuracy-vs-ratio curve.
+DEFAULT_CURVE_RATIOS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
+#: The elbow rule's threshold: a drop of more than this many percentage points of the
+#: metric below the uncompressed model is "significant".
+ELBOW_DROP_PP = 1.0
 
 
 def check_ratio(ratio: float, allow_zero: bool = False) -> float:

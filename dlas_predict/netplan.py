@@ -38,15 +38,15 @@ def kernel_ratio(sparsity: float) -> float:
 
 
 def network_configs(model: str, compressions: list[Compression], ratio: float,
-                    per_layer: bool = True) -> dict[str, list[LayerConfig]]:
+                    per_layer: bool = True, net=None) -> dict[str, list[LayerConfig]]:
     """For each compression, the conv layers of ``model`` (a path or ``zoo:NAME``) with the
     ratio to measure each at: its own sparsity after global pruning at ``ratio`` (or
-    ``ratio`` itself for every layer when ``per_layer`` is false)."""
+    ``ratio`` itself for every layer when ``per_layer`` is false). ``net``: the model's
+    :class:`~dlas_predict.network.Network`, when the caller has already read it."""
     from . import zoo
     from .network import read_network
 
-    path = zoo.resolve(model)
-    convs = read_network(path).convs()
+    convs = (net or read_network(zoo.resolve(model))).convs()
     out: dict[str, list[LayerConfig]] = {}
     for comp in compressions:
         pruning = comp in (Compression.WEIGHT_PRUNING, Compression.CHANNEL_PRUNING)
