@@ -193,6 +193,10 @@ def collect(
                                       "sparsity after global pruning."),
     retry_failures: bool = typer.Option(False, "--retry-failures",
                                         help="Measure again what failed before."),
+    whole_network: bool = typer.Option(
+        False, "--whole-network",
+        help="Also build and time each whole network under every configuration (TVM Relax, "
+             "checked against onnxruntime)."),
     max_repeats: int = typer.Option(150, "--max-repeats"),
     time_budget: float = typer.Option(3.0, "--time-budget"),
     timeout: float = typer.Option(300.0, "--timeout"),
@@ -204,11 +208,13 @@ def collect(
     Pruned networks are pruned globally at --ratio and each layer's kernels are measured at
     that layer's own sparsity."""
     _collect(network, store, device, algorithms, compressions, ratio, retry_failures,
-             max_repeats, time_budget, timeout, as_json, quiet, per_layer=not uniform)
+             max_repeats, time_budget, timeout, as_json, quiet, per_layer=not uniform,
+             whole_network=whole_network)
 
 
 def _collect(networks, store, device, algorithms, compressions, ratio, retry_failures,
-             max_repeats, time_budget, timeout, as_json, quiet, per_layer=True):
+             max_repeats, time_budget, timeout, as_json, quiet, per_layer=True,
+             whole_network=False):
     from dlas_predict.config import Algorithm, Compression, Variant, check_ratio
     from dlas_predict.netplan import network_configs
     from dlas_predict.network import read_network
@@ -254,20 +260,68 @@ def _collect(networks, store, device, algorithms, compressions, ratio, retry_fai
     with LocalRunner(dev, protocol=proto, timeout_s=timeout) as runner:
         summary = run_collect(list(tasks.values()), db, runner, retry_failures=retry_failures,
                               progress=not quiet and not as_json)
+    whole_failed = 0
+    if whole_network:
+        whole_failed = _collect_whole(networks, plans, algs, ratio, dev, db, proto,
+                                      max(timeout, 600.0), quiet or as_json)
     stats = db.stats()
     db.close()
     report = {**summary.to_dict(), "store": str(store), "records": stats["records"],
-              "failures_in_store": stats["failures"]}
+              "failures_in_store": stats["failures"],
+              "network_measurements": stats["network_measurements"],
+              "network_failures": whole_failed}
     if as_json:
         _print_json(report)
     else:
         typer.echo(f"measured {summary.measured} ({summary.failed} failed), skipped "
                    f"{summary.skipped} already in the store, in {summary.seconds:.1f} s; "
                    f"store {store} now holds {stats['records']} records")
-    if summary.failed:
-        _fail(f"{summary.failed} kernels failed; each failure is recorded with its error "
-              f"(dlas-predict corpus stats --store {store})")
+    if summary.failed or whole_failed:
+        _fail(f"{summary.failed} kernels and {whole_failed} whole networks failed; each "
+              f"failure is recorded with its error (dlas-predict corpus stats --store {store})")
     return summary
+
+
+def _collect_whole(networks, plans, algs, ratio, dev, db, proto, timeout, quiet) -> int:
+    """Whole-network latencies of every (configuration, algorithm); returns the failures."""
+    from dlas_predict.netmeasure import NetworkMeasurer, uniform_plan
+
+    from dlas_predict.config import COMPRESSION_KERNEL
+    from dlas_predict.evaluation import kernel_key
+    from dlas_predict.netmeasure import PER_LAYER, NetworkPlan
+
+    medians = {kernel_key(r["conv"], r["algorithm"], r["compression"], r["ratio"],
+                          r["tuning"]): r["median_s"]
+               for r in db.rows("error IS NULL AND device = ?", (dev.name,))}
+    todo = []
+    for model, (name, (net, configs)) in zip(networks, plans.items()):
+        for label, layers in configs.items():
+            comp = layers[0].compression
+            r = ratio if label.endswith(f"@{ratio:g}") else None
+            for alg in algs:
+                todo.append(uniform_plan(str(model), name, comp, r, alg.value, len(layers)))
+            # the per-layer oracle: each layer on its fastest measured kernel (any algorithm;
+            # for a pruned layer, CSR or dense)
+            sparse = COMPRESSION_KERNEL[comp][0]
+            plan = []
+            for lc in layers:
+                opts = [(a.value, sparse, medians.get(kernel_key(
+                    lc.spec.to_spec(), a.value, comp.value, lc.ratio if sparse else 0.0)))
+                    for a in algs]
+                if sparse:
+                    opts += [(a.value, False, medians.get(kernel_key(
+                        lc.spec.to_spec(), a.value, "dense", 0.0))) for a in algs]
+                opts = [o for o in opts if o[2] is not None]
+                if not opts:
+                    break
+                best = min(opts, key=lambda o: o[2])
+                plan.append((best[0], best[1]))
+            if len(plan) == len(layers) and len(set(plan)) > 1:
+                todo.append(NetworkPlan(str(model), name, comp, r, PER_LAYER, tuple(plan)))
+    log = None if quiet else (lambda line: typer.echo(line, err=True))
+    with NetworkMeasurer(dev, db, timeout_s=timeout, protocol=proto, log=log) as nm:
+        records = nm.run(todo)
+    return sum(1 for r in records if r.error is not None)
 
 
 # ---- networks ---------------------------------------------------------------------------
@@ -463,27 +517,40 @@ def train(store: Path = typer.Option(..., "--store", help="Corpus store to learn
                                                   "models_store/DEVICE)."),
           seed: int = typer.Option(0, "--seed"),
           as_json: bool = typer.Option(False, "--json")):
-    """Train the layer cost model (LightGBM, with an 80 % interval) on a corpus."""
+    """Train the cost models on a corpus: the layer model (LightGBM, 80 % interval), and,
+    from the store's whole-network measurements, the network residual model."""
     import time
 
     import numpy as np
 
     from dlas_predict.costmodel import LayerCostModel, mape, within
-    from dlas_predict.evaluation import load_corpus
+    from dlas_predict.evaluation import load_corpus, whole_features, whole_rows
+    from dlas_predict.netmodel import NetworkCostModel
 
     corpus = load_corpus(store, device)
     t0 = time.time()
-    model = LayerCostModel(seed=seed).fit(corpus.X, corpus.seconds, meta={
-        "device": corpus.device.name, "device_fingerprint": corpus.device.fingerprint,
-        "corpus": str(store), "corpus_fingerprint": corpus.fingerprint})
+    meta = {"device": corpus.device.name, "device_fingerprint": corpus.device.fingerprint,
+            "corpus": str(store), "corpus_fingerprint": corpus.fingerprint}
+    model = LayerCostModel(seed=seed).fit(corpus.X, corpus.seconds, meta=meta)
     pred, low, high = model.predict(corpus.X)
     model.meta["train_metrics"] = {
         "mape": mape(pred, corpus.seconds), "within_10pct": within(pred, corpus.seconds),
         "interval_coverage": float(np.mean((corpus.seconds >= low) & (corpus.seconds <= high)))}
     model.meta["train_seconds"] = round(time.time() - t0, 2)
-    sidecar = model.save(out or MODELS_STORE / corpus.device.name, "layer")
+    directory = out or MODELS_STORE / corpus.device.name
+    sidecar = model.save(directory, "layer")
     report = {"model": str(sidecar), "kernels": len(corpus.keys), **model.meta["train_metrics"],
-              "train_seconds": model.meta["train_seconds"]}
+              "train_seconds": model.meta["train_seconds"], "whole_networks": 0}
+    rows = whole_rows(corpus, store)
+    if rows:
+        conv = np.array([sum(corpus.seconds[i] for i in r.rows) for r in rows])
+        truth = np.array([r.seconds for r in rows])
+        net = NetworkCostModel(seed=seed).fit(whole_features(rows, conv, corpus.device), truth,
+                                              conv, meta={**meta, "networks": sorted(
+                                                  {r.network for r in rows})})
+        net.save(directory, "network")
+        report["whole_networks"] = len(rows)
+        report["network_model"] = str(directory / "network.json")
     if as_json:
         _print_json(report)
         return
@@ -492,6 +559,12 @@ def train(store: Path = typer.Option(..., "--store", help="Corpus store to learn
     typer.echo(f"fit on the training data (not a held-out figure; see `evaluate`): MAPE "
                f"{report['mape']:.1%}, within ±10 % {report['within_10pct']:.1%}, 80 % "
                f"interval covers {report['interval_coverage']:.1%}")
+    if rows:
+        typer.echo(f"network residual model: {len(rows)} whole-network measurements of "
+                   f"{len({r.network for r in rows})} networks → {report['network_model']}")
+    else:
+        typer.echo("no whole-network measurements in the store: no network model (recommend "
+                   "needs one; collect with `dlas-predict collect --whole-network`)")
 
 
 @app.command()
@@ -504,9 +577,15 @@ def evaluate(store: Path = typer.Option(..., "--store", help="Corpus store."),
     from dlas_predict.evaluation import MODELS, leave_one_network_out, load_corpus
     from dlas_predict.table import format_table
 
-    report = leave_one_network_out(load_corpus(store, device), seed)
+    from dlas_predict.evaluation import WHOLE_MODELS, whole_network_lono, whole_rows
+
+    corpus = load_corpus(store, device)
+    report = leave_one_network_out(corpus, seed)
+    wrows = whole_rows(corpus, store)
+    whole = whole_network_lono(corpus, wrows, seed) if len({r.network for r in wrows}) >= 3 \
+        else None
     if as_json:
-        _print_json(report)
+        _print_json({**report, "whole_networks": whole})
         return
     rows = []
     for net, res in [*report["networks"].items(), ("OVERALL", report["overall"])]:
@@ -520,6 +599,111 @@ def evaluate(store: Path = typer.Option(..., "--store", help="Corpus store."),
     typer.echo(f"leave-one-network-out on {report['device']}; configurations are compression "
                f"× algorithm, latency = {report['scope']}; measured vs predicted")
     typer.echo(format_table(rows))
+    if whole is None:
+        typer.echo("\nno whole-network evaluation: it needs whole-network measurements of at "
+                   "least three networks (`dlas-predict collect --whole-network`)")
+        return
+    pct = (lambda v, f: "—" if v is None else format(v, f))
+    rows = []
+    for net, res in [*whole["networks"].items(), ("OVERALL", whole["overall"])]:
+        for m in WHOLE_MODELS:
+            r = res[m]
+            rows.append({"held out": net, "model": m, "configs": res.get("configurations", ""),
+                         "MAPE": pct(r["mape"], ".1%"),
+                         "within ±10%": pct(r["within_10pct"], ".0%"),
+                         "Kendall τ": f"{r['kendall_tau']:.2f}",
+                         "top-1 hit": f"{r['top1_hit']:.0%}", "regret": f"{r['regret']:.3f}",
+                         "top-3 gap": f"{r['top3_gap']:.3f}"})
+    typer.echo(f"\nleave-one-network-out over {len(wrows)} measured {whole['scope']}: the "
+               "held-out network's kernels and whole measurements are unseen in training; "
+               "top-3 gap = best measured of the predicted top 3 / best measured")
+    typer.echo(format_table(rows))
+
+
+# ---- recommend --------------------------------------------------------------------------
+@app.command()
+@handle_errors
+def recommend(
+    model: str = typer.Argument(..., help="ONNX file or zoo:NAME."),
+    device: str = typer.Option("local", "--device", help="Device name (see `devices`)."),
+    max_accuracy_drop: float = typer.Option(
+        ELBOW_DROP_PP, "--max-accuracy-drop",
+        help="Drop candidates more than this many top-1 points below dense."),
+    data: Optional[str] = typer.Option(None, "--data",
+                                       help="digits | NPZ | image folder: measure accuracy "
+                                            "on it (else the shipped curves)."),
+    top: int = typer.Option(10, "--top", help="Candidates to print."),
+    validate: str = typer.Option("0", "--validate",
+                                 help="Build and time the top K whole networks (K | all)."),
+    models_dir: Optional[Path] = typer.Option(None, "--models",
+                                              help="Model directory (default: "
+                                                   "models_store/DEVICE)."),
+    as_json: bool = typer.Option(False, "--json"),
+):
+    """The fastest accurate configuration of MODEL on DEVICE, predicted in seconds; with
+    --validate, proved by building and timing whole networks."""
+    from dlas_predict.recommend import recommend as run
+    from dlas_predict.table import format_table
+
+    if top < 1:
+        raise DlasError(f"--top must be >= 1, got {top}")
+    if validate.strip().lower() == "all":
+        k = 10 ** 9
+    else:
+        try:
+            k = int(validate)
+        except ValueError:
+            raise DlasError(f"--validate takes a count or 'all', got {validate!r}") from None
+    log = None if as_json else (lambda line: typer.echo(line, err=True))
+    rec = run(model, device, max_accuracy_drop, data, top, k, models_dir=models_dir, log=log)
+    if as_json:
+        _print_json(rec.to_dict(top if not k else max(top, min(k, len(rec.candidates)))))
+        return
+    ms = (lambda s: "—" if s is None else f"{s * 1e3:.2f}")
+    shown = rec.candidates[:max(top, len(rec.validated))]
+    rows = []
+    for i, c in enumerate(shown, 1):
+        row = {"#": i, "compression": c.compression.value,
+               "ratio": "" if c.ratio is None else f"{c.ratio:g}", "algorithm": c.algorithm,
+               "sparse": {True: "csr", False: "dense"}.get(c.sparse, "mixed"),
+               "predicted ms": ms(c.predicted_s),
+               "80% interval": f"{c.low_s * 1e3:.2f}–{c.high_s * 1e3:.2f}",
+               "speedup": f"{rec.dense_baseline_s / c.predicted_s:.2f}×",
+               "accuracy": "—" if c.accuracy is None else f"{c.accuracy:.1%}",
+               "accuracy source": c.accuracy_source.split(":")[0]}
+        if rec.validated:
+            row["measured ms"] = ms(c.measured_s) if c in rec.validated else ""
+            row["pred/meas"] = (f"{c.predicted_s / c.measured_s:.2f}"
+                                if c.measured_s else (c.measured_note or "")[:30])
+        rows.append(row)
+    typer.echo(f"{rec.network} on {rec.device}: {len(rec.candidates)} candidates kept, "
+               f"{len(rec.dropped)} over the accuracy budget "
+               f"({max_accuracy_drop:g} points), {len(rec.skipped)} grid points skipped; "
+               f"{rec.seconds:.1f} s")
+    typer.echo("latency: predicted by the cost models (" + str(rec.model_info["directory"])
+               + "), speedup over the fastest predicted dense configuration "
+               f"({rec.dense_baseline_s * 1e3:.2f} ms)")
+    typer.echo(format_table(rows))
+    sources = dict.fromkeys(c.accuracy_source for c in shown)
+    for src in sources:
+        typer.echo(f"accuracy source: {src}")
+    by_reason: dict[str, list[str]] = {}
+    for label, why in rec.skipped:
+        by_reason.setdefault(why, []).append(label)
+    for why, labels in by_reason.items():
+        typer.echo(f"skipped {len(labels)} ({', '.join(labels)}): {why}")
+    for note in rec.notes:
+        typer.echo(f"note: {note}")
+    if rec.validated:
+        ok = [c for c in rec.validated if c.measured_s is not None]
+        if ok:
+            win = min(ok, key=lambda c: c.measured_s)
+            typer.echo(f"validated {len(rec.validated)}: fastest measured is {win.label} at "
+                       f"{win.measured_s * 1e3:.2f} ms (predicted {win.predicted_s * 1e3:.2f})")
+        failed = [c for c in rec.validated if c.measured_s is None]
+        if failed:
+            _fail(f"{len(failed)} validated candidates failed to build or run: "
+                  + "; ".join(f"{c.label}: {c.measured_note}" for c in failed))
 
 
 # ---- corpus -----------------------------------------------------------------------------

@@ -460,6 +460,90 @@ def remove_zero_channels(model):
 
 
 # ---- torch path (fine-tuning) ------------------------------------------------------------
+def _masked_sparsity(weights: list[np.ndarray], compression: Compression, ratio: float,
+                     prunable: list[bool], ranked: list[np.ndarray] | None = None) -> list[float]:
+    """Each layer's share of zeros after global pruning of ``weights`` (ranked by ``ranked``,
+    default the weights themselves), without touching them."""
+    ranked = weights if ranked is None else ranked
+    if compression is Compression.WEIGHT_PRUNING:
+        masks = weight_masks(ranked, ratio)
+        return [float(((w == 0) | ~m).mean()) for w, m in zip(weights, masks)]
+    keeps = channel_masks(ranked, ratio, prunable)
+    return [float(((w * k.reshape(-1, *[1] * (w.ndim - 1))) == 0).mean())
+            for w, k in zip(weights, keeps)]
+
+
+def pruned_sparsities(model: str, grid: dict) -> dict[tuple, list[float]]:
+    """Per conv layer (graph order), its sparsity after global pruning, for every
+    (compression, ratio) of ``grid`` ({Compression: [ratios]}), pruned as
+    :func:`dlas_predict.accuracy.prepare` prunes (zoo networks on their torch weights, ONNX
+    files on their initializers) but without exporting anything: what ``recommend`` uses to
+    enumerate the grid in seconds."""
+    from . import zoo
+
+    grid = {Compression.parse(c): list(r) for c, r in grid.items()}
+    for comp in grid:
+        if comp not in (Compression.WEIGHT_PRUNING, Compression.CHANNEL_PRUNING):
+            raise ConfigError(f"{comp.value} prunes nothing")
+    if str(model).startswith(zoo.ZOO_PREFIX):
+        import torch
+
+        from .torchmodels import conv_bn_pairs
+
+        pairs = conv_bn_pairs(zoo.torch_model(zoo.get(model).name))
+        raw = [conv.weight.detach().numpy() for conv, _ in pairs]
+        folded = []  # channel pruning ranks the BN-folded weights
+        for (conv, bn), w in zip(pairs, raw):
+            if bn is None:
+                folded.append(w)
+                continue
+            scale = (bn.weight / torch.sqrt(bn.running_var + bn.eps)).detach().numpy()
+            folded.append(w * scale.reshape(-1, 1, 1, 1))
+        prunable = [conv.groups == 1 for conv, _ in pairs]
+    else:
+        import onnx
+
+        m = onnx.load(str(zoo.resolve(model)))
+        arrays = _arrays(m)
+        convs = _conv_nodes(m)
+        raw = folded = [arrays[n.input[1]] for n in convs]
+        prunable = [next((a.i for a in n.attribute if a.name == "group"), 1) == 1
+                    for n in convs]
+    out: dict[tuple, list[float]] = {}
+    for comp, ratios in grid.items():
+        if comp is Compression.WEIGHT_PRUNING:
+            out.update({(comp, r): v for r, v in _weight_sparsities(raw, ratios).items()})
+        else:
+            out.update({(comp, r): _masked_sparsity(raw, comp, r, prunable, folded)
+                        for r in ratios})
+    return out
+
+
+def _weight_sparsities(weights: list[np.ndarray], ratios: list[float]) -> dict[float, list[float]]:
+    """Global L1 unstructured pruning at several ratios at once: one partition finds every
+    ratio's threshold; weights tied at a threshold are shared out in proportion (the masks
+    of :func:`weight_masks` prune exactly ``floor(ratio·n)`` of them, ties in any order)."""
+    for r in ratios:
+        check_ratio(r, allow_zero=True)
+    mags = [np.abs(w).ravel() for w in weights]
+    flat = np.concatenate(mags)
+    ks = [int(np.floor(r * flat.size)) for r in ratios]
+    kth = sorted({k - 1 for k in ks if k > 0})
+    part = np.partition(flat, kth) if kth else flat
+    out = {}
+    for r, k in zip(ratios, ks):
+        if k == 0:
+            out[r] = [float((m == 0).mean()) for m in mags]
+            continue
+        thr = part[k - 1]
+        less = [int(np.count_nonzero(m < thr)) for m in mags]
+        ties = [int(np.count_nonzero(m == thr)) for m in mags]
+        share = (k - sum(less)) / max(sum(ties), 1)
+        out[r] = [float((l + t * share) / m.size)
+                  for m, l, t in zip(mags, less, ties)]
+    return out
+
+
 def torch_masks(model, compression: Compression | str, ratio: float):
     """Prune a torch model in place; returns a function that re-applies the masks (call after each
     optimiser step while fine-tuning)."""

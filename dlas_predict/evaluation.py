@@ -8,6 +8,10 @@ ops, traffic between layers) come with the whole-network build, and are not in t
 Leave-one-network-out: for each network, the models are trained on every kernel that the
 network does not use (a workload shared with another network is held out too), and predict
 the held-out network's kernels and configurations.
+
+Whole networks (:func:`whole_network_lono`): the same, on measured whole-network latencies;
+the network-level residual and the ranker are trained on the other networks' whole
+measurements only.
 """
 
 from __future__ import annotations
@@ -164,4 +168,171 @@ def leave_one_network_out(corpus: Corpus, seed: int = 0) -> dict:
             "top1_hit": float(np.mean([n["top1_hit"] for n in nets])),
             "regret": float(np.mean([n["regret"] for n in nets]))}
     return {"device": corpus.device.name, "scope": "conv layers only (sum of kernels)",
+            "networks": per_net, "overall": overall}
+
+
+# ---- whole networks ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class WholeRow:
+    """One measured whole network and the corpus rows of the kernels it runs."""
+
+    network: str
+    config: str
+    algorithm: str
+    compression: str
+    seconds: float
+    summary: object  # netmodel.NetworkSummary
+    rows: tuple[int, ...]
+    plan: tuple[tuple[str, bool], ...]   # (algorithm, sparse) per conv layer
+    ratios: tuple[float, ...]            # each conv layer's kernel ratio
+
+
+def _summary(network: str, text: str | None):
+    import json
+
+    from .netmodel import NetworkSummary
+
+    if text:
+        return NetworkSummary(**json.loads(text))
+    from . import zoo
+    from .network import read_network
+
+    try:
+        return NetworkSummary.of(read_network(zoo.resolve(zoo.ZOO_PREFIX + network)))
+    except DlasError:
+        return None
+
+
+def layer_kernel_keys(layers: list[dict], plan: list) -> list[tuple]:
+    """Kernel keys of a configuration's conv layers (``network_configs`` rows) under a plan
+    of (algorithm, sparse) per layer; a dense kernel on a pruned layer is the dense one."""
+    out = []
+    for layer, (alg, sparse) in zip(layers, plan):
+        pruned = layer["compression"] in ("weight_pruning", "channel_pruning")
+        comp = layer["compression"] if (sparse or not pruned) else "dense"
+        out.append(kernel_key(layer["conv"], alg, comp, layer["ratio"] if sparse else 0.0))
+    return out
+
+
+def whole_rows(corpus: Corpus, store: Path) -> list[WholeRow]:
+    """The verified whole-network measurements of ``corpus.device`` whose every conv kernel
+    is in the corpus (so the measured conv sum is known)."""
+    import json
+
+    from .store import CorpusStore
+
+    with CorpusStore(store, must_exist=True) as db:
+        meas = db.network_measurements("error IS NULL AND device = ?", (corpus.device.name,))
+    index = corpus.index()
+    layers_of: dict[tuple, list[dict]] = {}
+    for r in corpus.configs:
+        layers_of.setdefault((r["network"], r["config"]), []).append(r)
+    summaries: dict[str, object] = {}
+    out = []
+    for m in meas:
+        if m["verified"] == 0:
+            continue
+        layers = layers_of.get((m["network"], m["config"]))
+        plan = json.loads(m["plan"])
+        if not layers or len(layers) != len(plan):
+            continue
+        idx = [index.get(k) for k in layer_kernel_keys(layers, plan)]
+        if any(i is None for i in idx):
+            continue
+        if m["network"] not in summaries:
+            summaries[m["network"]] = _summary(m["network"], m.get("summary"))
+        if summaries[m["network"]] is None:
+            continue
+        out.append(WholeRow(m["network"], m["config"], m["algorithm"], layers[0]["compression"],
+                            float(m["median_s"]), summaries[m["network"]], tuple(idx),
+                            tuple((a, bool(s)) for a, s in plan),
+                            tuple(float(l["ratio"]) for l in layers)))
+    return out
+
+
+def whole_features(rows: list[WholeRow], conv_s: np.ndarray, device: Device) -> np.ndarray:
+    from .config import Compression
+    from .netmodel import net_features
+
+    return np.array([net_features(r.summary, float(c), Compression.parse(r.compression),
+                                  list(r.plan), list(r.ratios), device)
+                     for r, c in zip(rows, conv_s)], dtype=np.float64)
+
+
+#: Whole-network predictors compared by :func:`whole_network_lono`.
+WHOLE_MODELS = ("lightgbm+residual", "lightgbm_conv_sum", "roofline+residual",
+                "macs_linear+residual", "ranker")
+
+
+def _top3_gap(pred: np.ndarray, true: np.ndarray, higher_is_better: bool = False) -> float:
+    """Best measured of the predicted top 3 over the best measured (1.0 = found)."""
+    order = np.argsort(-pred if higher_is_better else pred)[:3]
+    return float(true[order].min() / true.min())
+
+
+def whole_network_lono(corpus: Corpus, rows: list[WholeRow], seed: int = 0) -> dict:
+    """Leave one network out over measured whole networks: per held-out network and
+    overall, MAPE, share within ±10 %, Kendall τ, top-1 hit, regret and the top-3 gap."""
+    from .netmodel import ConfigRanker, NetworkCostModel
+
+    networks = sorted({r.network for r in rows})
+    if len(networks) < 3:
+        raise DlasError("whole-network evaluation needs whole-network measurements of at least "
+                        "three networks (`dlas-predict collect --whole-network`)")
+    dev = corpus.device
+    measured_conv = np.array([sum(corpus.seconds[i] for i in r.rows) for r in rows])
+    truth = np.array([r.seconds for r in rows])
+    X_meas = whole_features(rows, measured_conv, dev)
+    per_net: dict[str, dict] = {}
+    pooled = {m: ([], []) for m in WHOLE_MODELS}
+    for net in networks:
+        test = [i for i, r in enumerate(rows) if r.network == net]
+        trainw = [i for i, r in enumerate(rows) if r.network != net]
+        if len(test) < 2:
+            continue
+        used = sorted({k for i in test for k in rows[i].rows})
+        traink = np.setdiff1d(np.arange(len(corpus.keys)), used)
+        layer_models = _fit_all(corpus.X[traink], corpus.seconds[traink], seed)
+        residual = NetworkCostModel(seed=seed).fit(X_meas[trainw], truth[trainw],
+                                                   measured_conv[trainw])
+        ranker = ConfigRanker(seed=seed).fit(X_meas[trainw], truth[trainw],
+                                             [rows[i].network for i in trainw])
+        preds = {}
+        for name, model in layer_models.items():
+            lp = dict(zip(used, _predict(model, corpus.X[used])))
+            conv = np.array([sum(lp[k] for k in rows[i].rows) for i in test])
+            X = whole_features([rows[i] for i in test], conv, dev)
+            label = {"lightgbm": "lightgbm+residual", "roofline": "roofline+residual",
+                     "macs_linear": "macs_linear+residual"}[name]
+            preds[label] = conv * residual.residual(X)[0]
+            if name == "lightgbm":
+                preds["lightgbm_conv_sum"] = conv
+                preds["ranker"] = -ranker.scores(X)  # lower is better, like a latency
+        t = truth[test]
+        per_net[net] = {"configurations": len(test)}
+        for name, p in preds.items():
+            ranking_only = name == "ranker"
+            per_net[net][name] = {
+                "mape": None if ranking_only else mape(p, t),
+                "within_10pct": None if ranking_only else within(p, t),
+                "kendall_tau": kendall_tau(p, t), "top1_hit": top1_hit(p, t),
+                "regret": regret(p, t), "top3_gap": _top3_gap(p, t)}
+            if not ranking_only:
+                pooled[name][0].extend(p)
+                pooled[name][1].extend(t)
+    if not per_net:
+        raise DlasError("no network has two measured whole-network configurations")
+    overall = {}
+    for name in WHOLE_MODELS:
+        nets = [v[name] for v in per_net.values()]
+        p, t = np.array(pooled[name][0]), np.array(pooled[name][1])
+        overall[name] = {
+            "mape": mape(p, t) if len(p) else None,
+            "within_10pct": within(p, t) if len(p) else None,
+            "kendall_tau": float(np.nanmean([n["kendall_tau"] for n in nets])),
+            "top1_hit": float(np.mean([n["top1_hit"] for n in nets])),
+            "regret": float(np.mean([n["regret"] for n in nets])),
+            "top3_gap": float(np.mean([n["top3_gap"] for n in nets])),
+            "top3_within_5pct": float(np.mean([n["top3_gap"] <= 1.05 for n in nets]))}
+    return {"device": dev.name, "scope": "whole networks (built by TVM Relax and timed)",
             "networks": per_net, "overall": overall}

@@ -75,7 +75,36 @@ CREATE TABLE IF NOT EXISTS network_configs (
     ratio REAL NOT NULL,
     PRIMARY KEY (network, config, layer_index)
 );
+CREATE TABLE IF NOT EXISTS network_measurements (
+    id INTEGER PRIMARY KEY,
+    key TEXT NOT NULL UNIQUE,
+    device TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    network TEXT NOT NULL,
+    config TEXT NOT NULL,
+    algorithm TEXT NOT NULL,
+    plan TEXT NOT NULL,
+    dtype TEXT NOT NULL,
+    run_secs TEXT NOT NULL,
+    median_s REAL,
+    spread REAL,
+    compile_s REAL,
+    verified INTEGER,
+    max_error REAL,
+    top1_agreement REAL,
+    error TEXT,
+    kernels_version TEXT,
+    timestamp REAL,
+    summary TEXT
+);
 """
+
+#: Columns of a whole-network measurement row (id excluded).
+NETWORK_COLUMNS = (
+    "key", "device", "fingerprint", "network", "config", "algorithm", "plan", "dtype",
+    "run_secs", "median_s", "spread", "compile_s", "verified", "max_error", "top1_agreement",
+    "error", "kernels_version", "timestamp", "summary",
+)
 
 #: Columns of a measurement row, in insert order (id excluded).
 COLUMNS = (
@@ -88,11 +117,12 @@ COLUMNS = (
 )
 
 
-def networks_path(path: str | Path) -> Path:
-    """The companion file of an exported snapshot that holds its networks' configurations:
-    ``corpus.parquet`` → ``corpus.networks.parquet``."""
+def networks_path(path: str | Path, part: str = "networks") -> Path:
+    """A companion file of an exported snapshot: ``corpus.parquet`` → ``corpus.networks.parquet``
+    (the networks' configurations) or, with ``part="wholenet"``, ``corpus.wholenet.parquet``
+    (whole-network latencies)."""
     path = Path(path)
-    return path.with_name(f"{path.stem}.networks{path.suffix}")
+    return path.with_name(f"{path.stem}.{part}{path.suffix}")
 
 
 def _row(result: MeasureResult) -> tuple:
@@ -140,6 +170,9 @@ class CorpusStore:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.executescript(_SCHEMA)
+            cols = {r[1] for r in self._db.execute("PRAGMA table_info(network_measurements)")}
+            if "summary" not in cols:  # stores written before the column existed
+                self._db.execute("ALTER TABLE network_measurements ADD COLUMN summary TEXT")
             self._db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)",
                              (str(SCHEMA_VERSION),))
         except sqlite3.DatabaseError as exc:
@@ -177,6 +210,23 @@ class CorpusStore:
             self._db.executemany(
                 "INSERT OR REPLACE INTO network_configs VALUES (?, ?, ?, ?, ?, ?, ?)",
                 [(network, config, *layer) for layer in layers])
+
+    def add_network_measurement(self, row: dict[str, Any]) -> bool:
+        """Commit one whole-network measurement (a dict of :data:`NETWORK_COLUMNS`); a stored
+        failure of the same key is replaced, a stored success never. False if already there."""
+        values = tuple(row.get(c) for c in NETWORK_COLUMNS)
+        with self._db:
+            self._db.execute("DELETE FROM network_measurements WHERE key = ? AND error IS NOT "
+                             "NULL", (row["key"],))
+            cur = self._db.execute(
+                f"INSERT OR IGNORE INTO network_measurements ({','.join(NETWORK_COLUMNS)}) "
+                f"VALUES ({','.join('?' * len(NETWORK_COLUMNS))})", values)
+        return cur.rowcount == 1
+
+    def network_measurements(self, where: str = "", params: tuple = ()) -> list[dict[str, Any]]:
+        cur = self._db.execute("SELECT * FROM network_measurements"
+                               + (f" WHERE {where}" if where else "") + " ORDER BY id", params)
+        return [dict(r) for r in cur]
 
     def network_configs(self, network: str | None = None) -> list[dict[str, Any]]:
         sql = "SELECT * FROM network_configs"
@@ -222,6 +272,8 @@ class CorpusStore:
             "duplicates": duplicates, "unverified": unverified, "noisy": noisy,
             "workloads": q("SELECT COUNT(DISTINCT conv) FROM measurements").fetchone()[0],
             "networks": q("SELECT COUNT(DISTINCT network) FROM network_layers").fetchone()[0],
+            "network_measurements": q("SELECT COUNT(*) FROM network_measurements WHERE error "
+                                      "IS NULL").fetchone()[0],
             "devices": group("device"), "algorithms": group("algorithm"),
             "compressions": group("compression"), "tunings": group("tuning"),
         }
@@ -239,7 +291,9 @@ class CorpusStore:
             raise StoreError(f"unknown export format {fmt!r}; allowed: parquet, csv")
         configs = pd.DataFrame(self.network_configs(), columns=[
             "network", "config", "layer_index", "layer_name", "conv", "compression", "ratio"])
-        for path, table in ((out, frame), (networks_path(out), configs)):
+        whole = pd.DataFrame(self.network_measurements(), columns=["id", *NETWORK_COLUMNS])
+        for path, table in ((out, frame), (networks_path(out), configs),
+                            (networks_path(out, "wholenet"), whole)):
             if fmt == "parquet":
                 table.to_parquet(path, index=False)
             else:
@@ -279,6 +333,11 @@ class CorpusStore:
                 self.add_network_config(network, config, [
                     (int(r.layer_index), r.layer_name, r.conv, r.compression, float(r.ratio))
                     for r in group.itertuples()])
+        whole = networks_path(path, "wholenet")
+        if whole.is_file():
+            for row in read(whole).to_dict("records"):
+                self.add_network_measurement(
+                    {k: (None if isinstance(v, float) and v != v else v) for k, v in row.items()})
         return added, len(frame) - added
 
     def close(self) -> None:

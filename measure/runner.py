@@ -176,23 +176,28 @@ class LocalRunner(Runner):
 
     def run_one(self, task: MeasureTask) -> MeasureResult:
         """Measure one task; never raises for a kernel's failure (it is in ``error``)."""
+        return self._record(task, self.call(self._payload(task)))
+
+    def call(self, payload: dict[str, Any], timeout_s: float | None = None) -> dict[str, Any]:
+        """Send one task to the worker and return its reply. A crash or a timeout is a reply
+        with ``ok`` false and an ``error``; the worker is then replaced on the next call."""
+        timeout = self.timeout_s if timeout_s is None else timeout_s
         try:
             if self._proc is None or self._proc.poll() is not None:
                 self._start()
             assert self._proc is not None and self._proc.stdin is not None
-            self._proc.stdin.write((json.dumps(self._payload(task)) + "\n").encode())
+            self._proc.stdin.write((json.dumps(payload) + "\n").encode())
             self._proc.stdin.flush()
-            reply = self._read(self.timeout_s)
+            return self._read(timeout)
         except TimeoutError:
             self._kill()
-            reply = {"ok": False, "error": f"timeout: no result within {self.timeout_s:g} s "
+            return {"ok": False, "error": f"timeout: no result within {timeout:g} s "
                                           "(kernel hung or too slow); worker killed"}
         except (WorkerDied, BrokenPipeError, OSError, ValueError) as exc:
             detail = self._stderr_tail()
             self._kill()
-            reply = {"ok": False, "error": f"worker crashed: {exc}"
+            return {"ok": False, "error": f"worker crashed: {exc}"
                                           + (f"; stderr: {detail}" if detail else "")}
-        return self._record(task, reply)
 
     def _record(self, task: MeasureTask, reply: dict[str, Any]) -> MeasureResult:
         return MeasureResult(

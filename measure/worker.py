@@ -58,14 +58,18 @@ def _target(target_json: dict):
 
 
 def run_task(task: dict[str, Any]) -> dict[str, Any]:
-    """Build, verify and time one kernel. Returns the result fields (``error`` on failure)."""
-    import tvm
-
-    from measure.kernels import KernelSpec, build_kernel, output_shape, pack_weights
-
+    """Build, verify and time one kernel (or, with ``kind: network``, one whole network:
+    :func:`measure.netbuild.run_network_task`). Returns the result fields."""
     fault = task.get("fault")
     if fault and os.environ.get("DLAS_FAULT_INJECTION") == "1":
         _inject(fault)
+    if task.get("kind") == "network":
+        from measure.netbuild import run_network_task
+
+        return run_network_task(task)
+    import tvm
+
+    from measure.kernels import KernelSpec, build_kernel, output_shape, pack_weights
     spec = ConvSpec.from_dict(task["conv"])
     dtype = DType.parse(task["dtype"])
     ks = KernelSpec(conv=spec, algorithm=Algorithm.parse(task["algorithm"]),

@@ -1,0 +1,345 @@
+"""``recommend``: the fastest accurate configuration of a network, predicted from the learned
+cost models, and optionally proved by building and timing whole networks.
+
+The grid: dense, float16, int8, and weight and channel pruning at each ratio of
+:data:`~dlas_predict.config.DEFAULT_CURVE_RATIOS` (each layer at its own sparsity after
+global pruning), × the three algorithms, untuned; plus, per compression, a *per-layer*
+candidate in which every layer runs the kernel the layer model predicts fastest for it (any
+algorithm; for pruned layers dense or CSR).
+
+Every latency is a prediction of the models in ``models_store/DEVICE`` (layer model summed
+over the conv layers, times the network-level residual), with an 80 % interval; every
+accuracy says where it comes from.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .config import (COMPRESSION_KERNEL, DEFAULT_CURVE_RATIOS, ELBOW_DROP_PP, Algorithm,
+                     Compression)
+from .errors import DlasError
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS_STORE = ROOT / "models_store"
+CURVES = ROOT / "datasets" / "accuracy" / "curves.json"
+PER_LAYER = "per_layer"
+_PRUNING = (Compression.WEIGHT_PRUNING, Compression.CHANNEL_PRUNING)
+
+
+@dataclass
+class Candidate:
+    """One point of the grid with its predicted (and, once validated, measured) latency."""
+
+    compression: Compression
+    ratio: float | None
+    algorithm: str                         # an Algorithm value or "per_layer"
+    layers: tuple[tuple[str, bool], ...]   # (algorithm, sparse) per conv layer
+    predicted_s: float
+    low_s: float
+    high_s: float
+    accuracy: float | None = None
+    accuracy_source: str = ""
+    accuracy_drop_pp: float | None = None
+    measured_s: float | None = None
+    measured_note: str | None = None
+
+    @property
+    def sparse(self) -> bool | str:
+        kinds = {s for _, s in self.layers}
+        return kinds.pop() if len(kinds) == 1 else "mixed"
+
+    @property
+    def label(self) -> str:
+        from .netplan import config_label
+
+        return f"{config_label(self.compression, self.ratio)} {self.algorithm}"
+
+    def to_dict(self) -> dict:
+        ms = (lambda s: None if s is None else round(s * 1e3, 4))
+        out = {"config": {"compression": self.compression.value, "ratio": self.ratio,
+                          "algorithm": self.algorithm, "sparse": self.sparse,
+                          "tuning": "untuned"},
+               "predicted_ms": ms(self.predicted_s), "predicted_low_ms": ms(self.low_s),
+               "predicted_high_ms": ms(self.high_s), "accuracy": self.accuracy,
+               "accuracy_source": self.accuracy_source,
+               "accuracy_drop_pp": self.accuracy_drop_pp, "measured_ms": ms(self.measured_s)}
+        if self.algorithm == PER_LAYER:
+            out["config"]["layers"] = [{"algorithm": a, "sparse": s} for a, s in self.layers]
+        if self.measured_note:
+            out["measured_note"] = self.measured_note
+        return out
+
+
+@dataclass
+class Recommendation:
+    network: str
+    device: str
+    candidates: list[Candidate]            # kept, ranked by predicted latency
+    dropped: list[tuple[str, str]]         # (candidate label, why)
+    skipped: list[tuple[str, str]]         # (grid point, why)
+    dense_baseline_s: float
+    model_info: dict
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    validated: list[Candidate] = field(default_factory=list)
+
+    def to_dict(self, top: int | None = None) -> dict:
+        shown = self.candidates if top is None else self.candidates[:top]
+        extra = [c for c in self.validated if c not in shown]
+        return {"network": self.network, "device": self.device,
+                "candidates": [c.to_dict() for c in [*shown, *extra]],
+                "dense_baseline_predicted_ms": round(self.dense_baseline_s * 1e3, 4),
+                "latency_source": "predicted by the cost models in "
+                                  f"{self.model_info.get('directory')} (layer LightGBM summed "
+                                  "over conv layers × network residual); measured_ms: "
+                                  "whole network built by TVM Relax and timed here",
+                "model": self.model_info, "dropped": [list(d) for d in self.dropped],
+                "skipped": [list(s) for s in self.skipped], "notes": self.notes,
+                "seconds": round(self.seconds, 2)}
+
+
+# ---- models ----------------------------------------------------------------------------------
+def load_models(device_name: str, directory: Path | None = None):
+    """The layer and network models for ``device_name``; a clear error when there are none."""
+    from .costmodel import LayerCostModel
+    from .netmodel import NetworkCostModel
+
+    directory = Path(directory) if directory else MODELS_STORE / device_name
+    if not (directory / "layer.json").is_file():
+        hint = ("collect a corpus on this machine with `dlas-predict collect --network "
+                "zoo:resnet18-cifar --whole-network --store S` (repeat for more networks), "
+                "then `dlas-predict train --store S`" if device_name == "local" else
+                f"there is no corpus for {device_name!r}: its kernels must be measured on "
+                f"the device itself (`dlas-predict collect --device {device_name} ...` once "
+                f"RPC reaches it), then `dlas-predict train --device {device_name}`")
+        raise DlasError(f"no cost model for device {device_name!r} in {directory}: {hint}")
+    layer = LayerCostModel.load(directory, "layer")
+    network = NetworkCostModel.load(directory, "network")
+    info = {"directory": str(directory), "trained_on": layer.meta.get("device"),
+            "device_fingerprint": layer.meta.get("device_fingerprint"),
+            "corpus_fingerprint": layer.meta.get("corpus_fingerprint"),
+            "kernels": layer.meta.get("n_train"), "whole_networks": network.meta.get("n_train")}
+    return layer, network, info
+
+
+# ---- accuracy ----------------------------------------------------------------------------------
+def _curve_lookup(name: str):
+    if not CURVES.is_file():
+        return None
+    curves = json.loads(CURVES.read_text())
+    return curves.get(name)
+
+
+class _Accuracy:
+    """Accuracy per (compression, ratio): measured on --data, else the shipped curve."""
+
+    def __init__(self, model: str, name: str, data: str | None, log=None):
+        self.model, self.name, self.data, self.log = model, name, data, log
+        self.curve = None if data else _curve_lookup(name)
+        self.reference = None
+        self.cache: dict[tuple, tuple] = {}
+
+    def get(self, comp: Compression, ratio: float | None) -> tuple:
+        """(value, source, drop in points) or (None, why unknown, None)."""
+        key = (comp, ratio)
+        if key not in self.cache:
+            self.cache[key] = self._get(comp, ratio)
+        return self.cache[key]
+
+    def _get(self, comp: Compression, ratio: float | None) -> tuple:
+        if self.data:
+            from .accuracy import measure
+
+            res = measure(self.model, self.data, comp.value, ratio, reference=self.reference)
+            if res.metric == "top1":
+                self.reference = res.reference_top1
+                return (res.value, f"measured: top-1 on {res.data} ({res.n_samples} images)",
+                        (res.reference_top1 - res.value) * 100)
+            return (res.value, f"measured: fidelity proxy on {res.data} (agreement with the "
+                    f"uncompressed model, {res.n_samples} images)", (1 - res.value) * 100)
+        if self.curve is None:
+            return (None, "unknown: no shipped curve for this network; pass --data to "
+                    "measure", None)
+        dense = self.curve["dense"]
+        src = (f"shipped curve: top-1 on {self.curve['data']} "
+               f"({self.curve['n_samples']} images, datasets/accuracy/curves.json)")
+        if comp is Compression.DENSE:
+            return dense, src, 0.0
+        if comp in (Compression.FLOAT16, Compression.INT8):
+            v = self.curve.get(comp.value)
+            return (v, src, (dense - v) * 100) if v is not None else (None, "unknown", None)
+        points = dict((round(r, 4), v) for r, v in self.curve[comp.value]["points"])
+        v = points.get(round(ratio, 4))
+        if v is None:
+            return None, "unknown: ratio not on the shipped curve; pass --data", None
+        return v, src, (dense - v) * 100
+
+
+# ---- the recommender ---------------------------------------------------------------------------
+def _grid(convs, model: str, ratios: tuple[float, ...], skipped: list):
+    """(compression, ratio, per-layer kernel ratios) for every point of the grid."""
+    from .compress import pruned_sparsities
+    from .netplan import kernel_ratio
+
+    points = [(Compression.DENSE, None, [0.0] * len(convs)),
+              (Compression.FLOAT16, None, [0.0] * len(convs)),
+              (Compression.INT8, None, [0.0] * len(convs))]
+    try:
+        sp = pruned_sparsities(model, {Compression.WEIGHT_PRUNING: ratios,
+                                       Compression.CHANNEL_PRUNING: ratios})
+    except DlasError as exc:
+        skipped.append(("weight_pruning, channel_pruning", str(exc)))
+        return points
+    for (comp, r), layer_sp in sp.items():
+        if len(layer_sp) != len(convs):
+            skipped.append((f"{comp.value}@{r:g}", f"{len(layer_sp)} conv layers with "
+                            f"constant weights, {len(convs)} conv layers: pruning needs "
+                            "constant weights"))
+            continue
+        points.append((comp, r, [kernel_ratio(s) for s in layer_sp]))
+    return points
+
+
+def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBOW_DROP_PP,
+              data: str | None = None, top: int = 10, validate: int = 0,
+              ratios: tuple[float, ...] = DEFAULT_CURVE_RATIOS, models_dir: Path | None = None,
+              log=None) -> Recommendation:
+    """Predict every grid point of ``model`` on ``device``, drop what breaks the accuracy
+    budget, rank the rest; with ``validate`` > 0, build and time the top ones (local only)."""
+    from . import zoo
+    from .devices import get_device
+    from .features import KernelConfig, features
+    from .netmodel import NetworkSummary, net_features
+    from .netplan import config_label
+    from .network import read_network
+
+    t0 = time.time()
+    if max_accuracy_drop < 0:
+        raise DlasError(f"--max-accuracy-drop must be >= 0 points, got {max_accuracy_drop}")
+    if validate < 0:
+        raise DlasError(f"--validate must be a count >= 0 or 'all', got {validate}")
+    dev = get_device(device, with_target=validate > 0)
+    layer_model, net_model, info = load_models(dev.name, models_dir)
+    path = zoo.resolve(model)
+    name = zoo.get(model).name if str(model).startswith(zoo.ZOO_PREFIX) else Path(path).stem
+    net = read_network(path, name)
+    convs = net.convs()
+    if not convs:
+        raise DlasError(f"{model} has no convolution: the grid (conv algorithms, pruning of "
+                        "conv weights) does not apply to it")
+    if net.batch != 1:
+        raise DlasError(f"{model} has batch {net.batch}; the models predict batch 1")
+    notes, skipped, dropped = [], [], []
+    if info.get("device_fingerprint") and dev.name == "local" and \
+            info["device_fingerprint"] != dev.fingerprint:
+        notes.append(f"the local model was trained on another machine (fingerprint "
+                     f"{info['device_fingerprint']}, this one {dev.fingerprint}); latencies "
+                     "are predictions for a machine like that one")
+    summary = NetworkSummary.of(net)
+    points = _grid(convs, model, tuple(ratios), skipped)
+
+    # one feature row per distinct (layer, algorithm, kernel) the grid needs
+    rows: dict[tuple, int] = {}
+    X = []
+
+    def row(i: int, alg: Algorithm, comp: Compression, ratio: float) -> int:
+        key = (convs[i].spec, alg, comp, ratio)
+        if key not in rows:
+            rows[key] = len(X)
+            X.append(features(KernelConfig(convs[i].spec, alg, comp, ratio), dev))
+        return rows[key]
+
+    options = []  # per point: per layer: list of (alg, sparse, row)
+    for comp, _r, layer_r in points:
+        sparse = COMPRESSION_KERNEL[comp][0]
+        per_layer = []
+        for i, lr in enumerate(layer_r):
+            opts = [(a.value, sparse, row(i, a, comp, lr if sparse else 0.0))
+                    for a in Algorithm]
+            if sparse:  # a pruned layer may also run the dense kernel on its zeros
+                opts += [(a.value, False, row(i, a, Compression.DENSE, 0.0)) for a in Algorithm]
+            per_layer.append(opts)
+        options.append(per_layer)
+    mid, low, high = layer_model.predict(np.array(X))
+
+    cands: list[Candidate] = []
+    plans = []
+    for (comp, ratio, layer_r), per_layer in zip(points, options):
+        sparse = COMPRESSION_KERNEL[comp][0]
+        for a in Algorithm:
+            chosen = [next(o for o in opts if o[0] == a.value and o[1] == sparse)
+                      for opts in per_layer]
+            plans.append((comp, ratio, a.value, chosen, layer_r))
+        best = [min(opts, key=lambda o: mid[o[2]]) for opts in per_layer]
+        if sparse and not any(o[1] for o in best):
+            skipped.append((f"{config_label(comp, ratio)} {PER_LAYER}",
+                            "every layer is predicted fastest on a dense kernel: the same "
+                            "network as dense per_layer, less accurate"))
+        else:
+            plans.append((comp, ratio, PER_LAYER, best, layer_r))
+    conv_mid = np.array([sum(mid[o[2]] for o in ch) for *_, ch, _ in plans])
+    conv_low = np.array([sum(low[o[2]] for o in ch) for *_, ch, _ in plans])
+    conv_high = np.array([sum(high[o[2]] for o in ch) for *_, ch, _ in plans])
+    NX = np.array([net_features(summary, float(c), comp, [(o[0], o[1]) for o in ch], lr, dev)
+                   for c, (comp, _r, alg, ch, lr) in zip(conv_mid, plans)])
+    pm, pl, ph = net_model.predict(NX, conv_mid, conv_low, conv_high)
+    for (comp, ratio, alg, ch, _lr), m, lo, hi in zip(plans, pm, pl, ph):
+        cands.append(Candidate(comp, ratio, alg, tuple((o[0], o[1]) for o in ch),
+                               float(m), float(lo), float(hi)))
+    dense = [c for c in cands if c.compression is Compression.DENSE and c.algorithm != PER_LAYER]
+    dense_best = min(c.predicted_s for c in dense)
+
+    acc = _Accuracy(model, name, data, log)
+    kept = []
+    unknown = 0
+    for c in cands:
+        c.accuracy, c.accuracy_source, c.accuracy_drop_pp = acc.get(c.compression, c.ratio)
+        if c.accuracy_drop_pp is not None and c.accuracy_drop_pp > max_accuracy_drop + 1e-9:
+            dropped.append((c.label, f"accuracy drop {c.accuracy_drop_pp:.1f} points > "
+                                     f"{max_accuracy_drop:g}"))
+            continue
+        if c.accuracy is None and c.compression is not Compression.DENSE:
+            unknown += 1
+        kept.append(c)
+    if unknown:
+        notes.append(f"{unknown} candidates have no accuracy figure (no --data and no shipped "
+                     "curve): they are kept but unchecked against the accuracy budget; pass "
+                     "--data digits|PATH to measure")
+    if zoo.get(model).trained is False if str(model).startswith(zoo.ZOO_PREFIX) else False:
+        notes.append("this zoo network has random weights (nothing can be downloaded): "
+                     "accuracy figures for it are chance level")
+    kept.sort(key=lambda c: c.predicted_s)
+    rec = Recommendation(name, dev.name, kept, dropped, skipped, dense_best, info, notes)
+    if validate:
+        rec.validated = _validate(rec, model, dev, validate, log)
+    rec.seconds = time.time() - t0
+    return rec
+
+
+def _validate(rec: Recommendation, model: str, dev, k: int, log=None) -> list[Candidate]:
+    """Build and time the top ``k`` kept candidates as whole networks."""
+    from .netmeasure import NetworkMeasurer, NetworkPlan
+
+    if dev.name != "local":
+        raise DlasError(f"--validate builds and times here: {dev.name!r} cannot be measured "
+                        "from this machine (use --device local)")
+    chosen = rec.candidates[:k]
+    with NetworkMeasurer(dev, log=log) as nm:
+        for c in chosen:
+            plan = NetworkPlan(model, rec.network, c.compression, c.ratio, c.algorithm,
+                               c.layers)
+            m = nm.measure(plan)
+            if m.error:
+                c.measured_note = f"failed: {m.error[:300]}"
+            else:
+                c.measured_s = m.median_s
+                if not m.verified:
+                    c.measured_note = (f"output check failed (max error {m.max_error:.3g}, "
+                                       f"top-1 agreement {m.top1_agreement:.0%})")
+    return chosen

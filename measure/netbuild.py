@@ -1,0 +1,337 @@
+"""Whole networks in TVM Relax, every convolution lowered to a chosen kernel of our own.
+
+The ONNX network is imported with Relax's frontend. Each ``relax.nn.conv2d`` is replaced
+(``LegalizeOps`` with a custom map) by a ``call_tir`` to the scheduled kernel of
+:mod:`measure.kernels` that the plan names for that layer. Weights are packed offline, in
+numpy, into the kernel's layout: CSR for sparse layers, with the layer's own (pruned) zeros.
+
+- float16: ``ToMixedPrecision`` first, so the network runs in float16; convs use the float16
+  kernels (float32 accumulation).
+- int8: each conv's input is quantised per tensor with its calibrated scale, the int8 kernel
+  accumulates in int32 and requantises with ``s_in * s_w / s_out``, and its output is
+  dequantised; the ops between convs stay float32 (as a QNN graph with float glue).
+
+Every other op gets a generic CPU schedule (injective stages inlined, outer loops fused and
+parallel, contiguous inner loop vectorised). Unscheduled, TVM's legalised ops run serially.
+
+This module imports TVM; it runs inside the isolated worker (:func:`run_network_task`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import tvm
+from tvm import relax, te
+
+from dlas_predict.config import Algorithm, Compression, ConvSpec, DType, Variant
+from measure.kernels import KernelSpec, kernel_module, output_shape, pack_weights
+from measure.knobs import resolve_knobs
+
+#: Marks our conv kernels, so the generic scheduler leaves them alone and FuseOps treats them
+#: as opaque (fusing an epilogue into a hand-scheduled kernel would unschedule it).
+KERNEL_ATTR = "dlas.kernel"
+_OPAQUE = 8
+
+
+@dataclass(frozen=True)
+class LayerChoice:
+    """The kernel of one conv layer."""
+
+    algorithm: Algorithm
+    sparse: bool
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "LayerChoice":
+        return cls(Algorithm.parse(d["algorithm"]), bool(d["sparse"]))
+
+
+class BuildError(RuntimeError):
+    """The network cannot be built as planned (reported as a recorded failure)."""
+
+
+class _ConvLowering:
+    """The custom legalisation of ``relax.nn.conv2d``: one call per conv, in graph order."""
+
+    def __init__(self, choices: list[LayerChoice], dtype: DType,
+                 specs: list[ConvSpec] | None, scales: list[tuple[float, float]] | None):
+        self.choices, self.dtype, self.specs, self.scales = choices, dtype, specs, scales
+        self.count = 0
+
+    def __call__(self, bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+        i = self.count
+        self.count += 1
+        if i >= len(self.choices):
+            raise BuildError(f"the network has more convolutions than the plan's "
+                             f"{len(self.choices)} layers")
+        data, weight = call.args
+        if not isinstance(weight, tvm.ir.expr.Constant):
+            raise BuildError(f"conv {i}: weights are not constants; cannot pack them offline")
+        attrs = call.attrs
+        if (attrs.data_layout, attrs.kernel_layout) != ("NCHW", "OIHW"):
+            raise BuildError(f"conv {i}: layout {attrs.data_layout}/{attrs.kernel_layout}; "
+                             "only NCHW/OIHW")
+        w = weight.value.numpy()
+        n, c, h, wd = (int(v) for v in data.ty.shape)
+        pad = [int(p) for p in attrs.padding]
+        spec = ConvSpec(C=c, H=h, W=wd, K=w.shape[0], R=w.shape[2], S=w.shape[3],
+                        stride_h=int(attrs.strides[0]), stride_w=int(attrs.strides[1]),
+                        pad_t=pad[0], pad_l=pad[1], pad_b=pad[2], pad_r=pad[3],
+                        groups=int(attrs.groups), dilation_h=int(attrs.dilation[0]),
+                        dilation_w=int(attrs.dilation[1]), N=n)
+        if self.specs is not None and self.specs[i] != spec:
+            raise BuildError(f"conv {i} is {spec.to_spec()} in TVM but "
+                             f"{self.specs[i].to_spec()} in the plan")
+        choice = self.choices[i]
+        comp = (Compression.WEIGHT_PRUNING if choice.sparse else
+                {DType.FLOAT32: Compression.DENSE, DType.FLOAT16: Compression.FLOAT16,
+                 DType.INT8: Compression.INT8}[self.dtype])
+        if choice.sparse and self.dtype is not DType.FLOAT32:
+            raise BuildError("sparse kernels run in float32 only (the study's grid)")
+        knobs = resolve_knobs(spec, Variant(choice.algorithm, comp,
+                                            0.5 if choice.sparse else 0.0))
+        x = data
+        scale = None
+        if self.dtype is DType.INT8:
+            s_in, s_out = self.scales[i]
+            s_w = float(np.max(np.abs(w))) / 127.0 or 1.0
+            w = np.clip(np.rint(w / s_w), -127, 127).astype(np.int8)
+            scale = s_in * s_w / s_out
+            x = bb.emit_te(_quantize, data, s_in, primfunc_name_hint=f"quantize{i}")
+        elif self.dtype is DType.FLOAT16:
+            w = w.astype(np.float16)
+            if data.ty.dtype != "float16":
+                x = bb.emit_te(lambda t: te.compute(t.shape, lambda *j: t(*j).astype("float16"),
+                                                    name="cast"), data)
+        ks = KernelSpec(spec, choice.algorithm, choice.sparse, self.dtype, knobs, scale)
+        func = kernel_module(ks)["main"].without_attr("global_symbol")
+        func = func.with_attr(KERNEL_ATTR, 1).with_attr("op_pattern", _OPAQUE)
+        gv = bb.add_func(func, f"conv{i}_{choice.algorithm.value}"
+                               f"{'_csr' if choice.sparse else ''}")
+        packed = pack_weights(ks, w)
+        if choice.sparse and packed[0].size == 0:  # all-zero layer: keep buffers non-empty
+            packed = [np.zeros(1, packed[0].dtype), np.zeros(1, np.int32), packed[2]]
+        args = [x, *(relax.const(a) for a in packed)]
+        y = bb.emit(relax.call_tir(gv, args, relax.TensorType(output_shape(ks),
+                                                                    self.dtype.value)))
+        if output_shape(ks) != spec.output_shape:
+            y = bb.emit_te(_reshape, y, spec.output_shape)
+        want = call.ty.dtype
+        if self.dtype is DType.INT8:
+            y = bb.emit_te(_dequantize, y, s_out, want, primfunc_name_hint=f"dequantize{i}")
+        elif want != self.dtype.value:
+            y = bb.emit_te(lambda t: te.compute(t.shape, lambda *j: t(*j).astype(want),
+                                                name="cast"), y)
+        return y
+
+
+def _quantize(t: te.Tensor, scale: float) -> te.Tensor:
+    inv = tvm.tirx.const(1.0 / scale, "float32")
+    lo, hi = tvm.tirx.const(-128.0, "float32"), tvm.tirx.const(127.0, "float32")
+    return te.compute(t.shape, lambda *i: tvm.tirx.max(tvm.tirx.min(
+        tvm.tirx.nearbyint(t(*i) * inv), hi), lo).astype("int8"), name="quantize")
+
+
+def _dequantize(t: te.Tensor, scale: float, dtype: str) -> te.Tensor:
+    s = tvm.tirx.const(scale, "float32")
+    return te.compute(t.shape, lambda *i: (t(*i).astype("float32") * s).astype(dtype),
+                      name="dequantize")
+
+
+def _fast_sigmoid(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """Sigmoid through TVM's polynomial ``fast_exp`` (vectorises; libm's exp does not)."""
+    from tvm import topi
+
+    def sigmoid(t: te.Tensor) -> te.Tensor:
+        e = topi.fast_exp(te.compute(t.shape, lambda *i: -t(*i), name="neg"))
+        one = tvm.tirx.const(1.0, t.dtype)
+        return te.compute(t.shape, lambda *i: one / (one + e(*i)), name="sigmoid")
+
+    return bb.call_te(sigmoid, call.args[0], primfunc_name_hint="sigmoid")
+
+
+def _reshape(t: te.Tensor, shape: tuple[int, ...]) -> te.Tensor:
+    from tvm import topi
+
+    return topi.reshape(t, shape)
+
+
+# ---- generic schedules for everything that is not a conv ---------------------------------
+def _schedule_generic(func: tvm.tirx.PrimFunc, lanes: int = 16) -> tvm.tirx.PrimFunc:
+    from tvm.s_tir import Schedule
+
+    sch = Schedule(func)
+    root = sch.get_sblock("root")
+    blocks = sch.get_child_blocks(root)
+    outputs = {str(sch.get(b).name_hint) for b in sch.get_output_blocks(root)}
+    for b in blocks:  # inline injective producers into their consumers
+        if str(sch.get(b).name_hint) in outputs:
+            continue
+        try:
+            sch.compute_inline(b)
+        except Exception:  # noqa: BLE001 - a reduction or an opaque block stays
+            pass
+    for b in sch.get_child_blocks(root):
+        block = sch.get(b)
+        kinds = [iv.iter_type for iv in block.iter_vars]
+        loops = sch.get_loops(b)
+        if len(loops) != len(kinds) or not loops:
+            continue
+        n_spatial = 0
+        for k in kinds:
+            if k != 0:  # 0: data parallel
+                break
+            n_spatial += 1
+        if n_spatial == 0:
+            continue
+        last = int(sch.get(loops[n_spatial - 1]).extent)
+        vec = next((v for v in (lanes, lanes // 2) if last % v == 0 and last >= v), 0)
+        if n_spatial < len(kinds) and vec:
+            # reduction (matmul, pooling): vectorise the contiguous spatial axis inside the
+            # reduction loops, parallel over the rest
+            outer, inner = sch.split(loops[n_spatial - 1], [None, vec])
+            sch.reorder(*loops[:n_spatial - 1], outer, *loops[n_spatial:], inner)
+            fused = sch.fuse(*loops[:n_spatial - 1], outer) if n_spatial > 1 else outer
+            sch.parallel(fused)
+            sch.decompose_reduction(b, loops[n_spatial])
+            sch.unroll(inner)  # LLVM's SLP vectoriser turns the unrolled lanes into SIMD
+            continue
+        fused = sch.fuse(*loops[:n_spatial]) if n_spatial > 1 else loops[0]
+        extent = int(sch.get(fused).extent)
+        if n_spatial == len(kinds) and extent % lanes == 0 and extent >= 4 * lanes:
+            outer, inner = sch.split(fused, [None, lanes])
+            sch.parallel(outer)
+            sch.vectorize(inner)
+        elif extent > 1:
+            sch.parallel(fused)
+    return sch.mod["main"].with_attr("tirx.is_scheduled", True)
+
+
+def schedule_rest(mod: tvm.IRModule) -> tvm.IRModule:
+    """Give every PrimFunc that is not one of our conv kernels the generic schedule."""
+    out = {}
+    for gv, func in mod.functions_items():
+        if isinstance(func, tvm.tirx.PrimFunc) and KERNEL_ATTR not in (func.attrs or {}):
+            try:
+                out[gv] = _schedule_generic(func)
+            except Exception:  # noqa: BLE001 - left as legalised, still correct
+                continue
+    for gv, func in out.items():
+        mod[gv] = func
+    return mod
+
+
+# ---- build and run ------------------------------------------------------------------------
+def _clip_as_max_min(model) -> None:
+    """Rewrite ``Clip(x, lo, hi)`` (ReLU6) as ``Min(Max(x, lo), hi)``, in place. The frontend
+    imports Clip as pre-lowered TE calls, which ``ToMixedPrecision`` cannot convert; Max and
+    Min import as Relax ops."""
+    from onnx import helper
+
+    nodes = []
+    for node in model.graph.node:
+        if node.op_type != "Clip":
+            nodes.append(node)
+            continue
+        inputs = list(node.input) + [""] * (3 - len(node.input))
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        x = inputs[0]
+        for i, (op, key) in enumerate((("Max", "min"), ("Min", "max")), 1):
+            bound = inputs[i]
+            if not bound and key in attrs:  # opset < 11: bounds are attributes
+                bound = f"{node.output[0]}_{key}"
+                model.graph.initializer.append(helper.make_tensor(bound, 1, [], [attrs[key]]))
+            if not bound:
+                continue
+            out = f"{node.output[0]}_{op.lower()}"
+            nodes.append(helper.make_node(op, [x, bound], [out], name=f"{node.name}_{op}"))
+            x = out
+        nodes.append(helper.make_node("Identity", [x], [node.output[0]], name=node.name))
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+
+
+def relax_module(model, input_name: str, input_shape: tuple[int, ...]) -> tvm.IRModule:
+    import copy
+
+    from tvm.relax.frontend.onnx import from_onnx
+
+    model = copy.deepcopy(model)
+    _clip_as_max_min(model)
+    mod = from_onnx(model, shape_dict={input_name: list(input_shape)})
+    return relax.transform.FoldConstant()(mod)
+
+
+def lower(model, input_name: str, input_shape: tuple[int, ...], dtype: DType,
+          choices: list[LayerChoice], specs: list[ConvSpec] | None = None,
+          scales: list[tuple[float, float]] | None = None) -> tvm.IRModule:
+    """The Relax module with every conv lowered to its kernel and every other op scheduled."""
+    mod = relax_module(model, input_name, input_shape)
+    if dtype is DType.FLOAT16:
+        mod = relax.transform.ToMixedPrecision(out_dtype="float16")(mod)
+        mod = relax.transform.FoldConstant()(mod)
+    if dtype is DType.INT8 and (scales is None or len(scales) != len(choices)):
+        raise BuildError("int8 needs one calibrated (input, output) scale pair per conv")
+    lowering = _ConvLowering(choices, dtype, specs, scales)
+    mod = relax.transform.LegalizeOps(customize_legalize_map={
+        "relax.nn.conv2d": lowering, "relax.sigmoid": _fast_sigmoid})(mod)
+    if lowering.count != len(choices):
+        raise BuildError(f"the plan has {len(choices)} conv layers, the network "
+                         f"{lowering.count}")
+    mod = tvm.transform.Sequential([
+        relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant(),
+        relax.transform.FuseOps(), relax.transform.FuseTIR(),
+        relax.transform.DeadCodeElimination()])(mod)
+    return schedule_rest(mod)
+
+
+def build(model, input_name: str, input_shape: tuple[int, ...], dtype: DType,
+          choices: list[LayerChoice], target, specs=None, scales=None):
+    """Compile; returns a ``relax.VirtualMachine`` on the CPU."""
+    mod = lower(model, input_name, input_shape, dtype, choices, specs, scales)
+    executable = tvm.compile(mod, target=target)
+    return relax.VirtualMachine(executable, tvm.cpu(0))
+
+
+def run_network_task(task: dict[str, Any]) -> dict[str, Any]:
+    """Worker entry: build the planned network, check it against the reference outputs,
+    and time it with the study's protocol."""
+    import onnx
+
+    from measure.worker import Protocol, _target, plan_timing
+
+    model = onnx.load(task["onnx"])
+    dtype = DType.parse(task["dtype"])
+    choices = [LayerChoice.from_dict(d) for d in task["layers"]]
+    specs = [ConvSpec.from_dict(d) for d in task["specs"]] if task.get("specs") else None
+    scales = [tuple(s) for s in task["scales"]] if task.get("scales") else None
+    shape = tuple(task["input_shape"])
+    t0 = time.perf_counter()
+    vm = build(model, task["input_name"], shape, dtype, choices, _target(task["target"]),
+               specs, scales)
+    result: dict[str, Any] = {"compile_s": time.perf_counter() - t0}
+    dev = tvm.cpu(0)
+    check = np.load(task["check"])
+    xs, refs = check["x"], check["y"]
+    outs = []
+    for i in range(len(xs)):
+        out = vm["main"](tvm.runtime.tensor(xs[i:i + 1].astype(np.float32), dev))
+        outs.append(np.asarray(out.numpy(), dtype=np.float64).reshape(-1))
+    outs_a, refs_a = np.stack(outs), refs.reshape(len(refs), -1).astype(np.float64)
+    err = float(np.max(np.abs(outs_a - refs_a)))
+    scale = max(1.0, float(np.max(np.abs(refs_a))))
+    agree = float(np.mean(outs_a.argmax(1) == refs_a.argmax(1)))
+    tol = {DType.FLOAT32: 1e-3}.get(dtype)
+    result.update(max_error=err, relative_error=err / scale, top1_agreement=agree,
+                  verified=bool(err <= tol * scale) if tol else bool(agree >= 0.9))
+    x = tvm.runtime.tensor(xs[:1].astype(np.float32), dev)
+    t0 = time.perf_counter()
+    vm["main"](x)
+    single = time.perf_counter() - t0
+    number, repeats = plan_timing(single, Protocol(**task.get("protocol", {})))
+    timer = vm.time_evaluator("main", dev, number=number, repeat=repeats)
+    result.update(run_secs=list(timer(x).results), number=number, repeats=repeats)
+    return result

@@ -1,0 +1,131 @@
+"""Whole networks built by TVM Relax with our conv kernels: checked against onnxruntime,
+timed in the isolated worker, failures recorded."""
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+from dlas_predict.config import Compression
+from dlas_predict.devices import get_device
+from dlas_predict.generate import FAMILIES, build
+from dlas_predict.netmeasure import (PER_LAYER, NetworkMeasurer, NetworkPlan, conv_scales,
+                                     uniform_plan)
+from dlas_predict.network import read_network
+from dlas_predict.store import CorpusStore
+from measure.worker import Protocol
+
+FAST = Protocol(max_repeats=3, min_repeats=2, min_repeat_ms=0.1, time_budget_s=0.05)
+
+
+@pytest.fixture(scope="module")
+def small_cnn(tmp_path_factory):
+    """Plain and separable blocks with a downsample: dense, strided and depthwise convs."""
+    path = tmp_path_factory.mktemp("nets") / "small.onnx"
+    onnx.save(build("cnn", {**FAMILIES["cnn"], "layers": 2, "kernels": 16, "input": 16,
+                            "block": "separable", "downsample": 1}), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def measurer():
+    with NetworkMeasurer(get_device("local"), protocol=FAST, timeout_s=300) as m:
+        yield m
+
+
+def _n(path):
+    return len(read_network(path).convs())
+
+
+@pytest.mark.parametrize("comp,ratio,alg", [
+    ("dense", None, "direct"), ("dense", None, "gemm"), ("dense", None, "spatial_pack"),
+    ("weight_pruning", 0.7, "gemm"), ("channel_pruning", 0.5, "spatial_pack"),
+    ("float16", None, "spatial_pack"), ("int8", None, "direct"),
+])
+def test_every_kernel_kind_builds_verifies_and_times(small_cnn, measurer, comp, ratio, alg):
+    plan = uniform_plan(str(small_cnn), "small", comp, ratio, alg, _n(small_cnn))
+    rec = measurer.measure(plan)
+    assert rec.error is None, rec.error
+    assert rec.verified, (rec.max_error, rec.top1_agreement)
+    if comp in ("dense", "weight_pruning", "channel_pruning"):  # float32: tight
+        assert rec.max_error < 1e-3
+    assert len(rec.run_secs) >= 2 and rec.median_s > 0 and rec.compile_s > 0
+    assert json.loads(rec.summary)["conv_layers"] == _n(small_cnn)
+
+
+def test_per_layer_plan_mixes_algorithms_and_formats(small_cnn, measurer):
+    n = _n(small_cnn)
+    layers = tuple((("direct", "gemm", "spatial_pack")[i % 3], i % 2 == 0) for i in range(n))
+    plan = NetworkPlan(str(small_cnn), "small", Compression.WEIGHT_PRUNING, 0.5, PER_LAYER,
+                       layers)
+    rec = measurer.measure(plan)
+    assert rec.error is None and rec.verified and rec.max_error < 1e-3
+
+
+def test_a_plan_of_the_wrong_length_is_refused(small_cnn, measurer):
+    from dlas_predict.errors import ConfigError
+
+    plan = uniform_plan(str(small_cnn), "small", "dense", None, "direct", _n(small_cnn) + 1)
+    with pytest.raises(ConfigError, match="conv layers"):
+        measurer.measure(plan)
+
+
+def _relu6_net(path):
+    """conv → Clip(0, 6) → conv → global pool → flatten → gemm (torchvision's ReLU6)."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(a.astype(np.float32), n) for n, a in [
+        ("w1", rng.normal(size=(8, 3, 3, 3)) * 0.5), ("b1", rng.normal(size=8)),
+        ("w2", rng.normal(size=(8, 8, 3, 3)) * 0.2), ("lo", np.array(0.0)),
+        ("hi", np.array(6.0)), ("fw", rng.normal(size=(4, 8))), ("fb", np.zeros(4))]]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Clip", ["c1", "lo", "hi"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("GlobalAveragePool", ["c2"], ["p"]),
+        helper.make_node("Flatten", ["p"], ["f"]),
+        helper.make_node("Gemm", ["f", "fw", "fb"], ["y"], transB=1)]
+    graph = helper.make_graph(nodes, "relu6", [helper.make_tensor_value_info(
+        "x", onnx.TensorProto.FLOAT, [1, 3, 12, 12])], [helper.make_tensor_value_info(
+            "y", onnx.TensorProto.FLOAT, [1, 4])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)],
+                                ir_version=8), path)
+    return path
+
+
+def test_relu6_network_runs_in_float16(tmp_path, measurer):
+    path = _relu6_net(tmp_path / "relu6.onnx")
+    rec = measurer.measure(uniform_plan(str(path), "relu6", "float16", None, "direct", 2))
+    assert rec.error is None, rec.error
+    assert rec.verified
+
+
+def test_int8_scales_come_from_the_float_model(small_cnn):
+    model = onnx.load(str(small_cnn))
+    x = np.random.default_rng(0).normal(size=(4, 3, 16, 16)).astype(np.float32)
+    scales = conv_scales(model, x)
+    assert len(scales) == _n(small_cnn)
+    # the first conv's input scale is the input's own max / 127
+    assert scales[0][0] == pytest.approx(float(np.abs(x).max()) / 127, rel=1e-5)
+    assert all(s_in > 0 and s_out > 0 for s_in, s_out in scales)
+
+
+def test_a_crashing_build_is_a_recorded_failure_and_the_store_keeps_it(small_cnn, tmp_path,
+                                                                       monkeypatch):
+    monkeypatch.setenv("DLAS_FAULT_INJECTION", "1")
+    with CorpusStore(tmp_path / "s.sqlite") as db, \
+            NetworkMeasurer(get_device("local"), db, protocol=FAST) as nm:
+        real = nm.runner.call
+        nm.runner.call = lambda payload, timeout_s=None: real({**payload, "fault": "segfault"})
+        recs = nm.run([uniform_plan(str(small_cnn), "small", "dense", None, "direct",
+                                    _n(small_cnn))])
+        assert recs[0].error and "worker crashed" in recs[0].error
+        rows = db.network_measurements()
+        assert len(rows) == 1 and rows[0]["error"]
+        nm.runner.call = real  # the failure is retried on the next run, and replaced
+        recs = nm.run([uniform_plan(str(small_cnn), "small", "dense", None, "direct",
+                                    _n(small_cnn))])
+        assert recs[0].error is None
+        rows = db.network_measurements()
+        assert len(rows) == 1 and rows[0]["error"] is None and rows[0]["verified"] == 1
+        assert db.stats()["network_measurements"] == 1
