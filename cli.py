@@ -524,7 +524,7 @@ def train(store: Path = typer.Option(..., "--store", help="Corpus store to learn
     import numpy as np
 
     from dlas_predict.costmodel import LayerCostModel, mape, within
-    from dlas_predict.evaluation import load_corpus, whole_features, whole_rows
+    from dlas_predict.evaluation import load_corpus, whole_rows, whole_terms
     from dlas_predict.netmodel import NetworkCostModel
 
     corpus = load_corpus(store, device)
@@ -545,9 +545,8 @@ def train(store: Path = typer.Option(..., "--store", help="Corpus store to learn
     if rows:
         conv = np.array([sum(corpus.seconds[i] for i in r.rows) for r in rows])
         truth = np.array([r.seconds for r in rows])
-        net = NetworkCostModel(seed=seed).fit(whole_features(rows, conv, corpus.device), truth,
-                                              conv, meta={**meta, "networks": sorted(
-                                                  {r.network for r in rows})})
+        net = NetworkCostModel().fit(whole_terms(rows, conv), truth, meta={
+            **meta, "networks": sorted({r.network for r in rows})})
         net.save(directory, "network")
         report["whole_networks"] = len(rows)
         report["network_model"] = str(directory / "network.json")

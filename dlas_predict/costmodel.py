@@ -22,7 +22,7 @@ import numpy as np
 from .errors import DlasError
 from .features import FEATURE_NAMES
 
-MODEL_FORMAT = "dlas-layer-cost-1"
+MODEL_FORMAT = "dlas-layer-cost-2"
 QUANTILES = (0.1, 0.9)
 _LGB_PARAMS = dict(n_estimators=400, learning_rate=0.05, num_leaves=31, min_child_samples=5,
                    subsample=0.9, subsample_freq=1, colsample_bytree=0.9, verbose=-1,
@@ -41,6 +41,13 @@ def _versions() -> dict[str, str]:
             "numpy": np.__version__}
 
 
+def _base(X: np.ndarray) -> np.ndarray:
+    """log of the roofline time: the trees learn log(latency / roofline), an efficiency, which
+    carries over to layers larger or smaller than any seen (a tree's leaves are constants, so
+    learning log latency itself cannot extrapolate in scale)."""
+    return np.asarray(X, dtype=np.float64)[:, FEATURE_NAMES.index("log_roofline_s")]
+
+
 @dataclass
 class LayerCostModel:
     """Predicts a kernel's median latency (seconds) with an 80 % interval."""
@@ -54,7 +61,7 @@ class LayerCostModel:
 
         if len(X) < 10:
             raise ModelError(f"too few measurements to train on ({len(X)}); collect more")
-        y = np.log(seconds)
+        y = np.log(seconds) - _base(X)
         common = dict(_LGB_PARAMS, random_state=self.seed)
         self.models = {"median": lgb.LGBMRegressor(objective="regression", **common)
                        .fit(X, y).booster_}
@@ -70,9 +77,10 @@ class LayerCostModel:
         if not self.models:
             raise ModelError("the cost model is not trained")
         X = np.asarray(X, dtype=np.float64)
-        mid = np.exp(self.models["median"].predict(X))
-        low = np.exp(self.models["q10"].predict(X))
-        high = np.exp(self.models["q90"].predict(X))
+        base = _base(X)
+        mid = np.exp(self.models["median"].predict(X) + base)
+        low = np.exp(self.models["q10"].predict(X) + base)
+        high = np.exp(self.models["q90"].predict(X) + base)
         return mid, np.minimum(low, mid), np.maximum(high, mid)
 
     def save(self, directory: Path, name: str) -> Path:

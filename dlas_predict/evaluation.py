@@ -215,14 +215,17 @@ def layer_kernel_keys(layers: list[dict], plan: list) -> list[tuple]:
 
 
 def whole_rows(corpus: Corpus, store: Path) -> list[WholeRow]:
-    """The verified whole-network measurements of ``corpus.device`` whose every conv kernel
-    is in the corpus (so the measured conv sum is known)."""
+    """The whole-network measurements of ``corpus.device`` whose every conv kernel is in the
+    corpus (so the measured conv sum is known); float32 ones only when verified."""
     import json
 
     from .store import CorpusStore
 
+    from .netmeasure import NETWORK_VERSION
+
     with CorpusStore(store, must_exist=True) as db:
-        meas = db.network_measurements("error IS NULL AND device = ?", (corpus.device.name,))
+        meas = db.network_measurements("error IS NULL AND device = ? AND kernels_version = ?",
+                                       (corpus.device.name, NETWORK_VERSION))
     index = corpus.index()
     layers_of: dict[tuple, list[dict]] = {}
     for r in corpus.configs:
@@ -230,7 +233,10 @@ def whole_rows(corpus: Corpus, store: Path) -> list[WholeRow]:
     summaries: dict[str, object] = {}
     out = []
     for m in meas:
-        if m["verified"] == 0:
+        # float32 builds must match onnxruntime tightly; a float16/int8 build that loses
+        # top-1 agreement still ran our kernels (random-weight networks whose logits are
+        # ~1e-14 collapse in reduced precision), so its time is kept
+        if m["verified"] == 0 and m["dtype"] == "float32":
             continue
         layers = layers_of.get((m["network"], m["config"]))
         plan = json.loads(m["plan"])
@@ -251,12 +257,22 @@ def whole_rows(corpus: Corpus, store: Path) -> list[WholeRow]:
 
 
 def whole_features(rows: list[WholeRow], conv_s: np.ndarray, device: Device) -> np.ndarray:
+    """The ranker's feature rows (:data:`~dlas_predict.netmodel.NET_FEATURE_NAMES`)."""
     from .config import Compression
     from .netmodel import net_features
 
     return np.array([net_features(r.summary, float(c), Compression.parse(r.compression),
                                   list(r.plan), list(r.ratios), device)
                      for r, c in zip(rows, conv_s)], dtype=np.float64)
+
+
+def whole_terms(rows: list[WholeRow], conv_s: np.ndarray) -> np.ndarray:
+    """The network model's terms (:data:`~dlas_predict.netmodel.NET_TERMS`)."""
+    from .config import Compression
+    from .netmodel import net_terms
+
+    return np.array([net_terms(r.summary, float(c), Compression.parse(r.compression),
+                               list(r.plan)) for r, c in zip(rows, conv_s)], dtype=np.float64)
 
 
 #: Whole-network predictors compared by :func:`whole_network_lono`.
@@ -283,6 +299,7 @@ def whole_network_lono(corpus: Corpus, rows: list[WholeRow], seed: int = 0) -> d
     measured_conv = np.array([sum(corpus.seconds[i] for i in r.rows) for r in rows])
     truth = np.array([r.seconds for r in rows])
     X_meas = whole_features(rows, measured_conv, dev)
+    T_meas = whole_terms(rows, measured_conv)
     per_net: dict[str, dict] = {}
     pooled = {m: ([], []) for m in WHOLE_MODELS}
     for net in networks:
@@ -293,20 +310,20 @@ def whole_network_lono(corpus: Corpus, rows: list[WholeRow], seed: int = 0) -> d
         used = sorted({k for i in test for k in rows[i].rows})
         traink = np.setdiff1d(np.arange(len(corpus.keys)), used)
         layer_models = _fit_all(corpus.X[traink], corpus.seconds[traink], seed)
-        residual = NetworkCostModel(seed=seed).fit(X_meas[trainw], truth[trainw],
-                                                   measured_conv[trainw])
+        residual = NetworkCostModel().fit(T_meas[trainw], truth[trainw])
         ranker = ConfigRanker(seed=seed).fit(X_meas[trainw], truth[trainw],
                                              [rows[i].network for i in trainw])
         preds = {}
         for name, model in layer_models.items():
             lp = dict(zip(used, _predict(model, corpus.X[used])))
             conv = np.array([sum(lp[k] for k in rows[i].rows) for i in test])
-            X = whole_features([rows[i] for i in test], conv, dev)
+            held = [rows[i] for i in test]
             label = {"lightgbm": "lightgbm+residual", "roofline": "roofline+residual",
                      "macs_linear": "macs_linear+residual"}[name]
-            preds[label] = conv * residual.residual(X)[0]
+            preds[label] = whole_terms(held, conv) @ residual.coef
             if name == "lightgbm":
                 preds["lightgbm_conv_sum"] = conv
+                X = whole_features(held, conv, dev)
                 preds["ranker"] = -ranker.scores(X)  # lower is better, like a latency
         t = truth[test]
         per_net[net] = {"configurations": len(test)}

@@ -27,6 +27,8 @@ FEATURE_NAMES = (
     # device
     "dev_peak_gflops", "dev_bandwidth_gbs", "dev_cores", "dev_simd_bits",
     "log_roofline_s",
+    # schedule knobs (the untuned defaults, or a tuned record's own) and the work they waste
+    "tile_k", "tile_w", "tile_h", "tile_p", "tile_waste",
 )
 
 
@@ -39,6 +41,31 @@ class KernelConfig:
     compression: Compression
     sparsity: float  # the layer's own (0 when unpruned)
     tuning: Tuning = Tuning.UNTUNED
+    knobs: tuple[tuple[str, int], ...] = ()  # empty: the untuned defaults for the shape
+
+    def resolved_knobs(self) -> dict[str, int]:
+        from measure.knobs import default_knobs
+
+        from .config import Variant
+
+        if self.knobs:
+            return dict(self.knobs)
+        sparse = COMPRESSION_KERNEL[self.compression][0]
+        return default_knobs(self.spec, Variant(self.algorithm, self.compression,
+                                                0.5 if sparse else 0.0))
+
+
+def _waste(spec: ConvSpec, knobs: dict[str, int]) -> float:
+    """Padded over useful work of the vector/tile loops (1.0: the tiles divide the output)."""
+    w = 1.0
+    if knobs.get("tile_w"):
+        w *= math.ceil(spec.OW / knobs["tile_w"]) * knobs["tile_w"] / spec.OW
+    if knobs.get("tile_h"):
+        w *= math.ceil(spec.OH / knobs["tile_h"]) * knobs["tile_h"] / spec.OH
+    if knobs.get("tile_p"):
+        p = spec.OH * spec.OW
+        w *= math.ceil(p / knobs["tile_p"]) * knobs["tile_p"] / p
+    return w
 
 
 def features(cfg: KernelConfig, device: Device) -> list[float]:
@@ -52,6 +79,7 @@ def features(cfg: KernelConfig, device: Device) -> list[float]:
     peak = device.peak_gflops.get(dtype.value) or device.peak_gflops.get("float32") or 1.0
     bw = device.mem_bandwidth_gbs or 1.0
     roofline = max(2 * macs * density / (peak * 1e9), moved / (bw * 1e9))
+    knobs = cfg.resolved_knobs()
     return [
         s.C, s.K, s.H, s.W, s.R, s.S, s.stride_h, s.groups, s.OH, s.OW, float(s.depthwise),
         s.C // s.groups, math.log(macs), math.log(moved), math.log(s.params),
@@ -62,6 +90,8 @@ def features(cfg: KernelConfig, device: Device) -> list[float]:
         float(cfg.algorithm is Algorithm.DIRECT), float(cfg.algorithm is Algorithm.GEMM),
         float(cfg.algorithm is Algorithm.SPATIAL_PACK), float(cfg.tuning is Tuning.TUNED),
         peak, bw, device.cores, device.simd_bits or 0, math.log(roofline),
+        knobs.get("tile_k", 0), knobs.get("tile_w", 0), knobs.get("tile_h", 0),
+        knobs.get("tile_p", 0), _waste(s, knobs),
     ]
 
 
@@ -75,6 +105,11 @@ def config_from_row(row: dict) -> KernelConfig:
     spec = ConvSpec.parse(row["conv"])
     comp = Compression.parse(row["compression"])
     sparse = COMPRESSION_KERNEL[comp][0]
+    import json
+
+    tuning = Tuning.parse(row["tuning"])
+    knobs = ()
+    if tuning is Tuning.TUNED and row.get("knobs"):
+        knobs = tuple(sorted(json.loads(row["knobs"]).items()))
     return KernelConfig(spec, Algorithm.parse(row["algorithm"]), comp,
-                        float(row["ratio"] or 0.0) if sparse else 0.0,
-                        Tuning.parse(row["tuning"]))
+                        float(row["ratio"] or 0.0) if sparse else 0.0, tuning, knobs)

@@ -26,7 +26,7 @@ from .errors import ConfigError
 PER_LAYER = "per_layer"
 #: How many inputs the numerical check runs (and the int8 calibration uses).
 CHECK_SAMPLES = 8
-NETWORK_VERSION = "1"
+NETWORK_VERSION = "2"
 
 
 @dataclass(frozen=True)

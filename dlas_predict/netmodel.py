@@ -1,15 +1,14 @@
 """Network-level cost models: whole-network latency from the layer model plus what the layer
 sum misses (non-conv ops, traffic between layers, the int8 quantise/dequantise glue).
 
-- :class:`NetworkCostModel`: predicted whole latency = (sum of the layer model's kernel
-  predictions) × exp(residual), the residual learned by LightGBM on measured whole networks
-  (target: log(measured whole / measured conv sum)). The interval is the sum of the layer
-  model's 10 % and 90 % predictions, times the same residual, widened by the residual's own
-  10 %/90 % quantiles.
+- :class:`NetworkCostModel`: predicted whole latency from the sum of the layer model's kernel
+  predictions plus what it misses, a non-negative linear model over :data:`NET_TERMS` (the
+  conv sum scaled per dtype/algorithm/format, bytes moved by non-conv ops, cast and
+  quantise passes, per-layer overhead), fitted on measured whole networks.
 - :class:`ConfigRanker`: LightGBM ``LGBMRanker`` (lambdarank) over whole configurations, one
   group per network × device; it orders candidates but gives no milliseconds.
 
-Features of a configuration: :data:`NET_FEATURE_NAMES`.
+Features of a configuration for the ranker: :data:`NET_FEATURE_NAMES`.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from .costmodel import ModelError, _versions
 from .devices import Device
 from .network import Network
 
-NET_MODEL_FORMAT = "dlas-network-cost-1"
+NET_MODEL_FORMAT = "dlas-network-cost-2"
 
 NET_FEATURE_NAMES = (
     "log_conv_pred", "conv_layers", "layers", "log_nonconv_macs",
@@ -36,9 +35,6 @@ NET_FEATURE_NAMES = (
     "share_direct", "share_gemm", "share_spatial_pack", "mixed", "dev_peak_gflops",
     "dev_bandwidth_gbs", "dev_cores",
 )
-_RESIDUAL_PARAMS = dict(n_estimators=300, learning_rate=0.05, num_leaves=7,
-                        min_child_samples=8, subsample=0.9, subsample_freq=1, verbose=-1,
-                        n_jobs=2)
 
 
 @dataclass(frozen=True)
@@ -52,6 +48,7 @@ class NetworkSummary:
     activation_ops: int
     elementwise_ops: int
     input_elems: int
+    conv_io_bytes: int = 0  # float32 bytes of every conv's input and output activations
 
     @classmethod
     def of(cls, net: Network) -> "NetworkSummary":
@@ -61,7 +58,10 @@ class NetworkSummary:
                    nonconv_bytes=sum(layer.bytes_moved for layer in other),
                    activation_ops=sum(layer.kind == "activation" for layer in other),
                    elementwise_ops=sum(layer.kind == "elementwise" for layer in other),
-                   input_elems=int(np.prod(net.input_shape)))
+                   input_elems=int(np.prod(net.input_shape)),
+                   conv_io_bytes=sum(4 * (int(np.prod(layer.input_shapes[0])) +
+                                          int(np.prod(layer.output_shape)))
+                                     for layer in net.layers if layer.conv is not None))
 
 
 def net_features(summary: NetworkSummary, conv_s: float, compression: Compression,
@@ -90,64 +90,82 @@ def net_features(summary: NetworkSummary, conv_s: float, compression: Compressio
     ]
 
 
+#: Terms of the network model: whole ≈ Σ coef·term, coefficients ≥ 0 (so it extrapolates in
+#: scale, unlike trees). The conv terms scale the conv-kernel sum (in-network effects), the
+#: others price the non-conv work: bytes moved by non-conv ops, the casts (float16) and
+#: quantise/dequantise passes (int8) over every conv's activations, and per-layer overhead.
+NET_TERMS = (
+    "conv_s", "conv_s_float16", "conv_s_int8", "conv_s_csr", "conv_s_gemm",
+    "conv_s_spatial_pack", "nonconv_gb", "nonconv_gb_float16", "nonconv_gb_int8",
+    "conv_io_gb_float16", "conv_io_gb_int8", "layers_k", "layers_k_float16",
+)
+
+
+def net_terms(summary: NetworkSummary, conv_s: float, compression: Compression,
+              layers: list[tuple[str, bool]]) -> list[float]:
+    """The :data:`NET_TERMS` of one configuration (``conv_s``: its conv-kernel sum)."""
+    _, dtype, _ = COMPRESSION_KERNEL[compression]
+    n = max(len(layers), 1)
+    csr = sum(1 for _, s in layers if s) / n
+    gemm = sum(1 for a, _ in layers if a == Algorithm.GEMM.value) / n
+    sp = sum(1 for a, _ in layers if a == Algorithm.SPATIAL_PACK.value) / n
+    f16, i8 = float(dtype is DType.FLOAT16), float(dtype is DType.INT8)
+    gb, io, lk = summary.nonconv_bytes / 1e9, summary.conv_io_bytes / 1e9, summary.layers / 1e3
+    return [conv_s, conv_s * f16, conv_s * i8, conv_s * csr, conv_s * gemm, conv_s * sp,
+            gb, gb * f16, gb * i8, io * f16, io * i8, lk, lk * f16]
+
+
 @dataclass
 class NetworkCostModel:
-    """log(whole / conv sum) learned from measured whole networks, with quantiles."""
+    """Whole-network latency = non-negative linear model over :data:`NET_TERMS`, fitted on
+    measured whole networks (with their measured conv sums) to minimise relative error. Its
+    interval: the layer model's conv interval, widened by the 10 %/90 % quantiles of the
+    model's own relative error on its training networks."""
 
-    seed: int = 0
-    models: dict = field(default_factory=dict)
+    coef: np.ndarray | None = None
     meta: dict = field(default_factory=dict)
 
-    def fit(self, X: np.ndarray, whole_s: np.ndarray, conv_sum_s: np.ndarray,
-            meta: dict | None = None) -> "NetworkCostModel":
-        """``X`` rows built with the *measured* conv sum; the target is the measured ratio."""
-        import lightgbm as lgb
+    def fit(self, T: np.ndarray, whole_s: np.ndarray, meta: dict | None = None
+            ) -> "NetworkCostModel":
+        from scipy.optimize import nnls
 
-        if len(X) < 8:
+        T, whole_s = np.asarray(T, dtype=np.float64), np.asarray(whole_s, dtype=np.float64)
+        if len(T) < 8:
             raise ModelError(f"too few whole-network measurements to learn the residual "
-                             f"({len(X)}); collect some with `dlas-predict collect "
+                             f"({len(T)}); collect some with `dlas-predict collect "
                              "--whole-network`")
-        y = np.log(np.asarray(whole_s) / np.asarray(conv_sum_s))
-        common = dict(_RESIDUAL_PARAMS, random_state=self.seed)
-        self.models = {"median": lgb.LGBMRegressor(objective="regression", **common)
-                       .fit(X, y).booster_}
-        for q in (0.1, 0.9):
-            self.models[f"q{int(q * 100)}"] = lgb.LGBMRegressor(
-                objective="quantile", alpha=q, **common).fit(X, y).booster_
-        self.meta = {"format": NET_MODEL_FORMAT, "features": list(NET_FEATURE_NAMES),
-                     "versions": _versions(), "n_train": int(len(X)), **(meta or {})}
+        scale = np.maximum(np.abs(T).max(axis=0), 1e-12)  # conditioning only
+        coef, _ = nnls(T / scale / whole_s[:, None], np.ones(len(T)))
+        self.coef = coef / scale
+        ratio = whole_s / np.maximum(T @ self.coef, 1e-12)
+        self.meta = {"format": NET_MODEL_FORMAT, "terms": list(NET_TERMS),
+                     "coef": [float(c) for c in self.coef],
+                     "error_q10": float(np.quantile(ratio, 0.1)),
+                     "error_q90": float(np.quantile(ratio, 0.9)),
+                     "versions": _versions(), "n_train": int(len(T)), **(meta or {})}
         return self
 
-    def residual(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(median, low, high) multiplicative residuals for each row."""
-        if not self.models:
-            raise ModelError("the network model is not trained")
-        X = np.asarray(X, dtype=np.float64)
-        mid = np.exp(self.models["median"].predict(X))
-        lo = np.exp(self.models["q10"].predict(X))
-        hi = np.exp(self.models["q90"].predict(X))
-        return mid, np.minimum(lo, mid), np.maximum(hi, mid)
-
-    def predict(self, X: np.ndarray, conv: np.ndarray, conv_low: np.ndarray,
+    def predict(self, T: np.ndarray, conv: np.ndarray, conv_low: np.ndarray,
                 conv_high: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Whole-network (median, low, high) seconds from the layer sums and their interval."""
-        mid, lo, hi = self.residual(X)
-        return conv * mid, np.minimum(conv_low * lo, conv * mid), \
-            np.maximum(conv_high * hi, conv * mid)
+        """Whole-network (median, low, high) seconds; ``T`` built with the predicted conv
+        sums ``conv``, whose interval is (``conv_low``, ``conv_high``)."""
+        if self.coef is None:
+            raise ModelError("the network model is not trained")
+        T = np.asarray(T, dtype=np.float64)
+        mid = T @ self.coef
+        lo = mid * np.minimum(conv_low / conv, 1.0) * min(self.meta["error_q10"], 1.0)
+        hi = mid * np.maximum(conv_high / conv, 1.0) * max(self.meta["error_q90"], 1.0)
+        return mid, lo, hi
 
     def save(self, directory: Path, name: str) -> Path:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        for key, booster in self.models.items():
-            booster.save_model(str(directory / f"{name}.{key}.txt"))
         sidecar = directory / f"{name}.json"
         sidecar.write_text(json.dumps(self.meta, indent=2, sort_keys=True) + "\n")
         return sidecar
 
     @classmethod
     def load(cls, directory: Path, name: str) -> "NetworkCostModel":
-        import lightgbm as lgb
-
         sidecar = Path(directory) / f"{name}.json"
         if not sidecar.is_file():
             raise ModelError(f"no network model {name!r} in {directory} (train one with "
@@ -157,21 +175,14 @@ class NetworkCostModel:
             meta = json.loads(sidecar.read_text())
         except json.JSONDecodeError as exc:
             raise ModelError(f"{sidecar} is not valid JSON ({exc})") from None
-        if meta.get("format") != NET_MODEL_FORMAT or meta.get("features") != list(
-                NET_FEATURE_NAMES):
-            raise ModelError(f"{sidecar}: another format or feature set than this version "
+        if meta.get("format") != NET_MODEL_FORMAT or meta.get("terms") != list(NET_TERMS):
+            raise ModelError(f"{sidecar}: another format or term set than this version "
                              "computes; retrain with `dlas-predict train`")
-        models = {}
-        for key in ("median", "q10", "q90"):
-            path = Path(directory) / f"{name}.{key}.txt"
-            try:
-                models[key] = lgb.Booster(model_file=str(path))
-            except Exception as exc:  # LightGBM's own error type
-                raise ModelError(f"cannot load {path}: {str(exc)[:200]}") from None
-            if models[key].num_feature() != len(NET_FEATURE_NAMES):
-                raise ModelError(f"{path} expects {models[key].num_feature()} features, not "
-                                 f"{len(NET_FEATURE_NAMES)}")
-        return cls(models=models, meta=meta)
+        coef = np.asarray(meta.get("coef", []), dtype=np.float64)
+        if coef.shape != (len(NET_TERMS),) or not np.all(np.isfinite(coef)) or \
+                np.any(coef < 0):
+            raise ModelError(f"{sidecar}: its coefficients are missing or invalid; retrain")
+        return cls(coef=coef, meta=meta)
 
 
 @dataclass

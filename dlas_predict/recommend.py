@@ -215,7 +215,7 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
     from . import zoo
     from .devices import get_device
     from .features import KernelConfig, features
-    from .netmodel import NetworkSummary, net_features
+    from .netmodel import NetworkSummary, net_terms
     from .netplan import config_label
     from .network import read_network
 
@@ -286,7 +286,7 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
     conv_mid = np.array([sum(mid[o[2]] for o in ch) for *_, ch, _ in plans])
     conv_low = np.array([sum(low[o[2]] for o in ch) for *_, ch, _ in plans])
     conv_high = np.array([sum(high[o[2]] for o in ch) for *_, ch, _ in plans])
-    NX = np.array([net_features(summary, float(c), comp, [(o[0], o[1]) for o in ch], lr, dev)
+    NX = np.array([net_terms(summary, float(c), comp, [(o[0], o[1]) for o in ch])
                    for c, (comp, _r, alg, ch, lr) in zip(conv_mid, plans)])
     pm, pl, ph = net_model.predict(NX, conv_mid, conv_low, conv_high)
     for (comp, ratio, alg, ch, _lr), m, lo, hi in zip(plans, pm, pl, ph):

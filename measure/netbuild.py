@@ -188,7 +188,7 @@ def _schedule_generic(func: tvm.tirx.PrimFunc, lanes: int = 16) -> tvm.tirx.Prim
         if n_spatial == 0:
             continue
         last = int(sch.get(loops[n_spatial - 1]).extent)
-        vec = next((v for v in (lanes, lanes // 2) if last % v == 0 and last >= v), 0)
+        vec = next((v for v in (lanes, lanes // 2, lanes // 4) if last % v == 0 and last >= v), 0)
         if n_spatial < len(kinds) and vec:
             # reduction (matmul, pooling): vectorise the contiguous spatial axis inside the
             # reduction loops, parallel over the rest
@@ -199,13 +199,15 @@ def _schedule_generic(func: tvm.tirx.PrimFunc, lanes: int = 16) -> tvm.tirx.Prim
             sch.decompose_reduction(b, loops[n_spatial])
             sch.unroll(inner)  # LLVM's SLP vectoriser turns the unrolled lanes into SIMD
             continue
-        fused = sch.fuse(*loops[:n_spatial]) if n_spatial > 1 else loops[0]
-        extent = int(sch.get(fused).extent)
-        if n_spatial == len(kinds) and extent % lanes == 0 and extent >= 4 * lanes:
-            outer, inner = sch.split(fused, [None, lanes])
-            sch.parallel(outer)
+        if n_spatial == len(kinds) and vec and (n_spatial > 1 or last >= 4 * vec):
+            # elementwise: vectorise the contiguous axis (whole vectors only, so every lane
+            # is a contiguous load), parallel over everything outside it
+            outer, inner = sch.split(loops[-1], [None, vec])
             sch.vectorize(inner)
-        elif extent > 1:
+            sch.parallel(sch.fuse(*loops[:-1], outer) if n_spatial > 1 else outer)
+            continue
+        fused = sch.fuse(*loops[:n_spatial]) if n_spatial > 1 else loops[0]
+        if int(sch.get(fused).extent) > 1:
             sch.parallel(fused)
     return sch.mod["main"].with_attr("tirx.is_scheduled", True)
 

@@ -1,0 +1,162 @@
+"""recommend: the grid predicted by the shipped models, the accuracy budget, validation by
+building and timing, the JSON schema, and one clear error for bad input."""
+import json
+
+import numpy as np
+import onnx
+import pytest
+from typer.testing import CliRunner
+
+from cli import app
+from conftest import DEMO, ROOT
+from dlas_predict.errors import DlasError
+from dlas_predict.recommend import MODELS_STORE, PER_LAYER, recommend
+
+runner = CliRunner()
+SHIPPED = MODELS_STORE / "local"
+
+
+def _run(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def _clean_error(result, needle):
+    assert result.exit_code != 0, result.output
+    assert "Error: " in result.output and needle in result.output, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_a_local_model_ships():
+    for name in ("layer", "network"):
+        meta = json.loads((SHIPPED / f"{name}.json").read_text())
+        assert meta["device"] == "local" and meta["n_train"] > 0
+
+
+def test_json_schema_and_ranking():
+    res = _run("recommend", "zoo:resnet18-cifar", "--top", "500", "--max-accuracy-drop",
+               "100", "--json")
+    assert res.exit_code == 0, res.output
+    rec = json.loads(res.output)
+    assert rec["network"] == "resnet18-cifar" and rec["device"] == "local"
+    cands = rec["candidates"]
+    # 3 unpruned + 2 × 10 pruned compressions, each × 3 algorithms, plus per-layer choices
+    assert len(cands) >= 23 * 3
+    times = [c["predicted_ms"] for c in cands]
+    assert times == sorted(times)
+    for c in cands:
+        assert set(c) >= {"config", "predicted_ms", "predicted_low_ms", "predicted_high_ms",
+                          "accuracy", "accuracy_source", "measured_ms"}
+        assert set(c["config"]) >= {"compression", "ratio", "algorithm", "sparse", "tuning"}
+        assert c["predicted_low_ms"] <= c["predicted_ms"] <= c["predicted_high_ms"]
+        assert c["measured_ms"] is None
+        assert c["accuracy_source"].startswith("shipped curve")
+        pruned = c["config"]["compression"].endswith("pruning")
+        assert (c["config"]["ratio"] is not None) == pruned
+    assert any(c["config"]["algorithm"] == PER_LAYER for c in cands)
+    assert "predicted" in rec["latency_source"]
+
+
+def test_accuracy_budget_drops_what_breaks_it():
+    strict = recommend("zoo:mobilenetv1-cifar", max_accuracy_drop=0.0)
+    loose = recommend("zoo:mobilenetv1-cifar", max_accuracy_drop=100.0)
+    assert len(strict.candidates) < len(loose.candidates)
+    assert all(c.accuracy_drop_pp <= 1e-9 for c in strict.candidates)
+    assert any("accuracy drop" in why for _, why in strict.dropped)
+    # the per-layer choice never predicts slower conv work than the best uniform algorithm
+    dense = [c for c in loose.candidates if c.compression.value == "dense"]
+    assert min(dense, key=lambda c: c.predicted_s).predicted_s > 0
+
+
+def test_validate_builds_and_times_the_top_candidate(tmp_path):
+    res = _run("recommend", DEMO, "--validate", "1", "--top", "3", "--json")
+    assert res.exit_code == 0, res.output
+    rec = json.loads(res.output)
+    measured = [c for c in rec["candidates"] if c["measured_ms"] is not None]
+    assert len(measured) == 1 and measured[0] == rec["candidates"][0]
+    assert measured[0]["measured_ms"] > 0
+    # no labelled data and no shipped curve: accuracy unknown, said so
+    assert rec["candidates"][0]["accuracy"] is None or \
+        rec["candidates"][0]["config"]["compression"] == "dense"
+    assert any("no accuracy figure" in n for n in rec["notes"])
+
+
+def test_table_output_names_sources():
+    res = _run("recommend", "zoo:vgg16-cifar", "--top", "5")
+    assert res.exit_code == 0, res.output
+    assert "predicted ms" in res.output and "80% interval" in res.output
+    assert "accuracy source: shipped curve" in res.output
+    assert "speedup" in res.output
+
+
+def test_bad_input(tmp_path):
+    _clean_error(_run("recommend", "zoo:resnet18-cifar", "--device", "pentium"),
+                 "unknown device")
+    res = _run("recommend", "zoo:resnet18-cifar", "--device", "rpi3b")
+    _clean_error(res, "no cost model")
+    assert "collect" in res.output
+    _clean_error(_run("recommend", tmp_path / "missing.onnx"), "not found")
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not an onnx file")
+    _clean_error(_run("recommend", bad), "bad.onnx")
+    from dlas_predict.generate import generate
+
+    fc = generate("fc", ["layers=1"], tmp_path / "fc")[0].path
+    _clean_error(_run("recommend", fc), "no convolution")
+    _clean_error(_run("recommend", DEMO, "--validate", "some"), "--validate")
+    _clean_error(_run("recommend", DEMO, "--top", "0"), "--top")
+    _clean_error(_run("recommend", DEMO, "--max-accuracy-drop", "-1"), "max-accuracy-drop")
+    empty = tmp_path / "models"
+    empty.mkdir()
+    _clean_error(_run("recommend", DEMO, "--models", empty), "no cost model")
+
+
+def test_corrupt_network_model_is_refused(tmp_path):
+    import shutil
+
+    shutil.copytree(SHIPPED, tmp_path / "m")
+    (tmp_path / "m" / "network.json").write_text("{garbage")
+    with pytest.raises(DlasError, match="not valid JSON"):
+        recommend("zoo:resnet18-cifar", models_dir=tmp_path / "m")
+    shutil.copytree(SHIPPED, tmp_path / "m2")
+    (tmp_path / "m2" / "layer.median.txt").write_text("garbage")
+    with pytest.raises(DlasError, match="cannot load"):
+        recommend("zoo:resnet18-cifar", models_dir=tmp_path / "m2")
+
+
+def test_network_model_save_load_predict_equal(tmp_path):
+    from dlas_predict.netmodel import NET_TERMS, NetworkCostModel
+
+    rng = np.random.default_rng(0)
+    T = np.abs(rng.normal(size=(60, len(NET_TERMS)))) * 1e-3
+    true = np.zeros(len(NET_TERMS))
+    true[0], true[6] = 1.1, 0.5
+    whole = T @ true * np.exp(0.02 * rng.normal(size=60))
+    m = NetworkCostModel().fit(T, whole)
+    assert m.coef[0] == pytest.approx(1.1, rel=0.1) and np.all(m.coef >= 0)
+    m.save(tmp_path, "network")
+    back = NetworkCostModel.load(tmp_path, "network")
+    conv = T[:, 0]
+    for a, b in zip(m.predict(T, conv, conv * 0.9, conv * 1.1),
+                    back.predict(T, conv, conv * 0.9, conv * 1.1)):
+        assert np.allclose(a, b)
+    mid, lo, hi = back.predict(T, conv, conv * 0.9, conv * 1.1)
+    assert np.all(lo <= mid) and np.all(mid <= hi)
+    with pytest.raises(DlasError, match="whole-network"):
+        NetworkCostModel().fit(T[:3], whole[:3])
+    meta = json.loads((tmp_path / "network.json").read_text())
+    meta["coef"][0] = -1
+    (tmp_path / "network.json").write_text(json.dumps(meta))
+    with pytest.raises(DlasError, match="invalid"):
+        NetworkCostModel.load(tmp_path, "network")
+
+
+def test_ranker_orders_by_speed():
+    from dlas_predict.netmodel import ConfigRanker
+
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(120, 5))
+    secs = np.exp(X[:, 0])
+    groups = [f"net{i % 6}" for i in range(120)]
+    scores = ConfigRanker(seed=0).fit(X, secs, groups).scores(X)
+    # higher score = faster: strongly anti-correlated with the latency
+    assert np.corrcoef(scores, secs)[0, 1] < -0.5
