@@ -620,44 +620,10 @@ def evaluate(store: Path = typer.Option(..., "--store", help="Corpus store."),
 
 
 # ---- recommend --------------------------------------------------------------------------
-@app.command()
-@handle_errors
-def recommend(
-    model: str = typer.Argument(..., help="ONNX file or zoo:NAME."),
-    device: str = typer.Option("local", "--device", help="Device name (see `devices`)."),
-    max_accuracy_drop: float = typer.Option(
-        ELBOW_DROP_PP, "--max-accuracy-drop",
-        help="Drop candidates more than this many top-1 points below dense."),
-    data: Optional[str] = typer.Option(None, "--data",
-                                       help="digits | NPZ | image folder: measure accuracy "
-                                            "on it (else the shipped curves)."),
-    top: int = typer.Option(10, "--top", help="Candidates to print."),
-    validate: str = typer.Option("0", "--validate",
-                                 help="Build and time the top K whole networks (K | all)."),
-    models_dir: Optional[Path] = typer.Option(None, "--models",
-                                              help="Model directory (default: "
-                                                   "models_store/DEVICE)."),
-    as_json: bool = typer.Option(False, "--json"),
-):
-    """The fastest accurate configuration of MODEL on DEVICE, predicted in seconds; with
-    --validate, proved by building and timing whole networks."""
-    from dlas_predict.recommend import recommend as run
+def _show_recommendation(rec, top: int, max_accuracy_drop: float) -> None:
+    """Print a recommendation as a table with its sources; exit 1 if a validation failed."""
     from dlas_predict.table import format_table
 
-    if top < 1:
-        raise DlasError(f"--top must be >= 1, got {top}")
-    if validate.strip().lower() == "all":
-        k = 10 ** 9
-    else:
-        try:
-            k = int(validate)
-        except ValueError:
-            raise DlasError(f"--validate takes a count or 'all', got {validate!r}") from None
-    log = None if as_json else (lambda line: typer.echo(line, err=True))
-    rec = run(model, device, max_accuracy_drop, data, top, k, models_dir=models_dir, log=log)
-    if as_json:
-        _print_json(rec.to_dict(top if not k else max(top, min(k, len(rec.candidates)))))
-        return
     ms = (lambda s: "—" if s is None else f"{s * 1e3:.2f}")
     shown = rec.candidates[:max(top, len(rec.validated))]
     rows = []
@@ -703,6 +669,46 @@ def recommend(
         if failed:
             _fail(f"{len(failed)} validated candidates failed to build or run: "
                   + "; ".join(f"{c.label}: {c.measured_note}" for c in failed))
+
+
+@app.command()
+@handle_errors
+def recommend(
+    model: str = typer.Argument(..., help="ONNX file or zoo:NAME."),
+    device: str = typer.Option("local", "--device", help="Device name (see `devices`)."),
+    max_accuracy_drop: float = typer.Option(
+        ELBOW_DROP_PP, "--max-accuracy-drop",
+        help="Drop candidates more than this many top-1 points below dense."),
+    data: Optional[str] = typer.Option(None, "--data",
+                                       help="digits | NPZ | image folder: measure accuracy "
+                                            "on it (else the shipped curves)."),
+    top: int = typer.Option(10, "--top", help="Candidates to print."),
+    validate: str = typer.Option("0", "--validate",
+                                 help="Build and time the top K whole networks (K | all)."),
+    models_dir: Optional[Path] = typer.Option(None, "--models",
+                                              help="Model directory (default: "
+                                                   "models_store/DEVICE)."),
+    as_json: bool = typer.Option(False, "--json"),
+):
+    """The fastest accurate configuration of MODEL on DEVICE, predicted in seconds; with
+    --validate, proved by building and timing whole networks."""
+    from dlas_predict.recommend import recommend as run
+
+    if top < 1:
+        raise DlasError(f"--top must be >= 1, got {top}")
+    if validate.strip().lower() == "all":
+        k = 10 ** 9
+    else:
+        try:
+            k = int(validate)
+        except ValueError:
+            raise DlasError(f"--validate takes a count or 'all', got {validate!r}") from None
+    log = None if as_json else (lambda line: typer.echo(line, err=True))
+    rec = run(model, device, max_accuracy_drop, data, top, k, models_dir=models_dir, log=log)
+    if as_json:
+        _print_json(rec.to_dict(top if not k else max(top, min(k, len(rec.candidates)))))
+        return
+    _show_recommendation(rec, top, max_accuracy_drop)
 
 
 # ---- corpus -----------------------------------------------------------------------------
@@ -758,9 +764,14 @@ def corpus_import(snapshot: Path = typer.Argument(..., help="An exported .parque
 @handle_errors
 def demo(store: Optional[Path] = typer.Option(None, "--store",
                                               help="Default: DLAS_HOME/demo.sqlite"),
-         quiet: bool = typer.Option(False, "--quiet", "-q")):
+         quiet: bool = typer.Option(False, "--quiet", "-q"),
+         recommend_too: bool = typer.Option(True, "--recommend/--no-recommend",
+                                            help="Then recommend for zoo:resnet18-cifar "
+                                                 "and validate the top 3.")):
     """The embedded default: the shipped demo CNN's conv layers × the whole untuned grid,
-    measured on the local CPU; prints the fastest algorithm per layer and compression."""
+    measured on the local CPU (the fastest algorithm per layer and compression); then a
+    recommendation for zoo:resnet18-cifar from the shipped model, its top 3 built and
+    timed."""
     from dlas_predict.home import dlas_home
     from dlas_predict.store import CorpusStore
     from dlas_predict.table import format_table
@@ -781,6 +792,14 @@ def demo(store: Optional[Path] = typer.Option(None, "--store",
     typer.echo("\nFastest algorithm per layer and compression (measured; pruned at 0.9 "
                "globally, each layer at its own sparsity):")
     typer.echo(format_table(table))
+    if recommend_too:
+        from dlas_predict.recommend import recommend as run
+
+        typer.echo("\nRecommendation for zoo:resnet18-cifar from the shipped model, the top 3 "
+                   "built and timed:")
+        log = None if quiet else (lambda line: typer.echo(line, err=True))
+        _show_recommendation(run("zoo:resnet18-cifar", "local", ELBOW_DROP_PP, None, 5, 3,
+                                 log=log), 5, ELBOW_DROP_PP)
 
 
 def main() -> None:

@@ -119,15 +119,19 @@ def test_corpus_bad_input(tmp_path):
 def test_collect_then_resume_then_export(tmp_path):
     store = tmp_path / "c.sqlite"
     args = ["collect", "--network", DEMO, "--store", store, "--algorithms", "gemm",
-            "--compressions", "dense,weight_pruning", "--json", *FAST]
+            "--compressions", "dense,weight_pruning", "--whole-network", "--json", *FAST]
     first = _run(*args)
     assert first.exit_code == 0, first.output
     s1 = json.loads(first.output)
+    # whole networks: dense and weight_pruning@0.9 on gemm (+ the per-layer oracle when the
+    # fastest kernels mix CSR and dense), each verified against onnxruntime
+    assert s1["network_failures"] == 0 and s1["network_measurements"] >= 2
     # 6 unique workloads dense; pruned globally, the two layers sharing a workload have
     # different sparsities, so 7 pruned kernels
     assert s1["planned"] == 13 and s1["measured"] == 13 and s1["skipped"] == 0
     again = json.loads(_run(*args).output)
     assert again["measured"] == 0 and again["skipped"] == 13
+    assert again["network_measurements"] == s1["network_measurements"]  # nothing re-built
     out = tmp_path / "c.parquet"
     assert _run("corpus", "export", "--store", store, "--format", "parquet", "-o",
                 out).exit_code == 0
@@ -149,6 +153,11 @@ def test_collect_then_resume_then_export(tmp_path):
                                      for r in rows), key=repr)
         assert strip(a.rows()) == strip(b.rows())
         assert a.network_configs() == b.network_configs() and len(b.network_configs()) == 14
+        whole = a.network_measurements()
+        assert strip(whole) == strip(b.network_measurements())
+        assert all(r["verified"] == 1 and r["error"] is None for r in whole)
+        assert {(r["config"], r["algorithm"]) for r in whole} >= {
+            ("dense", "gemm"), ("weight_pruning@0.9", "gemm")}
     _assert_clean_error(_run("corpus", "import", tmp_path / "none.parquet", "--store", copy),
                         "not found")
     _assert_clean_error(_run("corpus", "import", out.with_name("c.networks.parquet"),
