@@ -578,11 +578,14 @@ def evaluate(store: Path = typer.Option(..., "--store", help="Corpus store."),
 
     from dlas_predict.evaluation import WHOLE_MODELS, whole_network_lono, whole_rows
 
+    from dlas_predict.evaluation import HeldOutFits
+
     corpus = load_corpus(store, device)
-    report = leave_one_network_out(corpus, seed)
     wrows = whole_rows(corpus, store)
-    whole = whole_network_lono(corpus, wrows, seed) if len({r.network for r in wrows}) >= 3 \
-        else None
+    fits = HeldOutFits(corpus, wrows, seed)
+    report = leave_one_network_out(corpus, seed, fits)
+    whole = whole_network_lono(corpus, wrows, seed, fits) \
+        if len({r.network for r in wrows}) >= 3 else None
     if as_json:
         _print_json({**report, "whole_networks": whole})
         return

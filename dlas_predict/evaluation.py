@@ -120,10 +120,35 @@ def _predict(model, X: np.ndarray) -> np.ndarray:
     return out[0] if isinstance(out, tuple) else out
 
 
-def leave_one_network_out(corpus: Corpus, seed: int = 0) -> dict:
+class HeldOutFits:
+    """The models of each leave-one-network-out round, fitted once and shared by the
+    conv-only and the whole-network evaluations: round N trains on every kernel that network
+    N uses nowhere (neither in its configurations nor in its measured whole networks)."""
+
+    def __init__(self, corpus: Corpus, whole: list | None = None, seed: int = 0):
+        self.corpus, self.seed, self._fits = corpus, seed, {}
+        self.used: dict[str, set[int]] = {}
+        for net in {r["network"] for r in corpus.configs}:
+            self.used[net] = {i for c in network_configurations(corpus, net) for i in c.rows}
+        for r in whole or []:
+            self.used.setdefault(r.network, set()).update(r.rows)
+
+    def models(self, net: str) -> dict | None:
+        """The models trained without ``net``'s kernels (None: too little left to train)."""
+        if net not in self._fits:
+            train = np.setdiff1d(np.arange(len(self.corpus.keys)), sorted(self.used[net]))
+            self._fits[net] = (None if len(train) < 10 else
+                               _fit_all(self.corpus.X[train], self.corpus.seconds[train],
+                                        self.seed))
+        return self._fits[net]
+
+
+def leave_one_network_out(corpus: Corpus, seed: int = 0, fits: HeldOutFits | None = None
+                          ) -> dict:
     """Per held-out network and overall, for each model: layer MAPE, and over the network's
     configurations (conv-layer sums) MAPE, share within ±10 %, Kendall τ, top-1 hit and
     regret."""
+    fits = fits or HeldOutFits(corpus, seed=seed)
     networks = sorted({r["network"] for r in corpus.configs})
     if len(networks) < 2:
         raise DlasError("leave-one-network-out needs configurations of at least two networks "
@@ -136,12 +161,11 @@ def leave_one_network_out(corpus: Corpus, seed: int = 0) -> dict:
         if len(cfgs) < 2:
             continue
         used = sorted({i for c in cfgs for i in c.rows})
-        train = np.setdiff1d(np.arange(len(corpus.keys)), used)
-        if len(train) < 10:
+        models = fits.models(net)
+        if models is None:
             continue
-        models = _fit_all(corpus.X[train], corpus.seconds[train], seed)
-        per_net[net] = {"configurations": len(cfgs), "kernels_held_out": len(used),
-                        "kernels_trained": int(len(train))}
+        per_net[net] = {"configurations": len(cfgs), "kernels_held_out": len(fits.used[net]),
+                        "kernels_trained": int(len(corpus.keys) - len(fits.used[net]))}
         for name, model in models.items():
             pred = _predict(model, corpus.X[used])
             lookup = dict(zip(used, pred))
@@ -286,7 +310,8 @@ def _top3_gap(pred: np.ndarray, true: np.ndarray, higher_is_better: bool = False
     return float(true[order].min() / true.min())
 
 
-def whole_network_lono(corpus: Corpus, rows: list[WholeRow], seed: int = 0) -> dict:
+def whole_network_lono(corpus: Corpus, rows: list[WholeRow], seed: int = 0,
+                       fits: HeldOutFits | None = None) -> dict:
     """Leave one network out over measured whole networks: per held-out network and
     overall, MAPE, share within ±10 %, Kendall τ, top-1 hit, regret and the top-3 gap."""
     from .netmodel import ConfigRanker, NetworkCostModel
@@ -295,6 +320,7 @@ def whole_network_lono(corpus: Corpus, rows: list[WholeRow], seed: int = 0) -> d
     if len(networks) < 3:
         raise DlasError("whole-network evaluation needs whole-network measurements of at least "
                         "three networks (`dlas-predict collect --whole-network`)")
+    fits = fits or HeldOutFits(corpus, rows, seed)
     dev = corpus.device
     measured_conv = np.array([sum(corpus.seconds[i] for i in r.rows) for r in rows])
     truth = np.array([r.seconds for r in rows])
@@ -308,8 +334,9 @@ def whole_network_lono(corpus: Corpus, rows: list[WholeRow], seed: int = 0) -> d
         if len(test) < 2:
             continue
         used = sorted({k for i in test for k in rows[i].rows})
-        traink = np.setdiff1d(np.arange(len(corpus.keys)), used)
-        layer_models = _fit_all(corpus.X[traink], corpus.seconds[traink], seed)
+        layer_models = fits.models(net)
+        if layer_models is None:
+            continue
         residual = NetworkCostModel().fit(T_meas[trainw], truth[trainw])
         ranker = ConfigRanker(seed=seed).fit(X_meas[trainw], truth[trainw],
                                              [rows[i].network for i in trainw])

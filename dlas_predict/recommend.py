@@ -202,7 +202,12 @@ def _grid(convs, model: str, ratios: tuple[float, ...], skipped: list):
                             f"constant weights, {len(convs)} conv layers: pruning needs "
                             "constant weights"))
             continue
-        points.append((comp, r, [kernel_ratio(s) for s in layer_sp]))
+        ratios_ = [kernel_ratio(s) for s in layer_sp]
+        if not any(ratios_):
+            skipped.append((f"{comp.value}@{r:g}", "prunes no weight of any conv layer (no "
+                            "prunable layer, or the ratio rounds to nothing)"))
+            continue
+        points.append((comp, r, ratios_))
     return points
 
 

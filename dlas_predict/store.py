@@ -271,7 +271,8 @@ class CorpusStore:
             "store": str(self.path), "records": records, "failures": failures,
             "duplicates": duplicates, "unverified": unverified, "noisy": noisy,
             "workloads": q("SELECT COUNT(DISTINCT conv) FROM measurements").fetchone()[0],
-            "networks": q("SELECT COUNT(DISTINCT network) FROM network_layers").fetchone()[0],
+            "networks": q("SELECT COUNT(*) FROM (SELECT network FROM network_layers UNION "
+                          "SELECT network FROM network_configs)").fetchone()[0],
             "network_measurements": q("SELECT COUNT(*) FROM network_measurements WHERE error "
                                       "IS NULL").fetchone()[0],
             "devices": group("device"), "algorithms": group("algorithm"),

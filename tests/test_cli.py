@@ -238,25 +238,37 @@ def test_collect_measures_each_layer_at_its_own_sparsity(tmp_path):
 
 
 def test_train_and_evaluate_on_the_shipped_snapshot(tmp_path):
+    import pandas as pd
+
     from conftest import ROOT
+    from dlas_predict.store import networks_path
 
     snapshot = ROOT / "datasets" / "corpus" / "local.parquet"
+    kernels = pd.read_parquet(snapshot)
+    whole = pd.read_parquet(networks_path(snapshot, "wholenet"))
     store = tmp_path / "local.sqlite"
     assert _run("corpus", "import", snapshot, "--store", store).exit_code == 0
     res = _run("train", "--store", store, "--out", tmp_path / "m", "--json")
     assert res.exit_code == 0, res.output
     report = json.loads(res.output)
-    assert report["kernels"] == 4809 and 0 < report["mape"] < 0.5
+    assert report["kernels"] == int(kernels["error"].isna().sum()) and 0 < report["mape"] < 0.5
+    assert 0 < report["whole_networks"] <= len(whole)
     meta = json.loads((tmp_path / "m" / "layer.json").read_text())
-    assert meta["device"] == "local" and meta["n_train"] == 4809
+    assert meta["device"] == "local" and meta["n_train"] == report["kernels"]
+    net = json.loads((tmp_path / "m" / "network.json").read_text())
+    assert net["n_train"] == report["whole_networks"] and min(net["coef"]) >= 0
     res = _run("evaluate", "--store", store, "--json")
     assert res.exit_code == 0, res.output
     ev = json.loads(res.output)
-    assert set(ev["networks"]) == {"resnet18-cifar", "mobilenetv1-cifar",
-                                   "mobilenetv2-cifar", "vgg16-cifar", "resnet50",
-                                   "mobilenetv2", "efficientnet-b0", "densenet161"}
+    zoo8 = {"resnet18-cifar", "mobilenetv1-cifar", "mobilenetv2-cifar", "vgg16-cifar",
+            "resnet50", "mobilenetv2", "efficientnet-b0", "densenet161"}
+    assert zoo8 <= set(ev["networks"])
     # the learned model beats the roofline baseline on held-out networks
     assert ev["overall"]["lightgbm"]["mape"] < ev["overall"]["roofline"]["mape"]
+    w = ev["whole_networks"]
+    assert len(w["networks"]) >= 8
+    assert w["overall"]["lightgbm+residual"]["mape"] < w["overall"]["roofline+residual"]["mape"]
+    assert w["overall"]["ranker"]["mape"] is None  # a ranker gives no milliseconds
 
 
 def test_train_and_evaluate_bad_input(tmp_path):
