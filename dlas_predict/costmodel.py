@@ -41,6 +41,27 @@ def _versions() -> dict[str, str]:
             "numpy": np.__version__}
 
 
+def write_sidecar(directory: Path, name: str, meta: dict) -> Path:
+    """Write a model's JSON sidecar ``DIRECTORY/NAME.json`` (creating the directory)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    sidecar = directory / f"{name}.json"
+    sidecar.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    return sidecar
+
+
+def read_sidecar(directory: Path, name: str, what: str, hint: str) -> tuple[Path, dict]:
+    """Read ``DIRECTORY/NAME.json``; a missing or unparsable file is a :class:`ModelError`
+    (a missing one says it has no ``what`` and how to make one: ``hint``)."""
+    sidecar = Path(directory) / f"{name}.json"
+    if not sidecar.is_file():
+        raise ModelError(f"no {what} {name!r} in {directory} ({hint})")
+    try:
+        return sidecar, json.loads(sidecar.read_text())
+    except json.JSONDecodeError as exc:
+        raise ModelError(f"{sidecar} is not valid JSON ({exc})") from None
+
+
 def _base(X: np.ndarray) -> np.ndarray:
     """log of the roofline time: the trees learn log(latency / roofline), an efficiency, which
     carries over to layers larger or smaller than any seen (a tree's leaves are constants, so
@@ -84,26 +105,17 @@ class LayerCostModel:
         return mid, np.minimum(low, mid), np.maximum(high, mid)
 
     def save(self, directory: Path, name: str) -> Path:
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
+        sidecar = write_sidecar(directory, name, self.meta)
         for key, booster in self.models.items():
-            booster.save_model(str(directory / f"{name}.{key}.txt"))
-        sidecar = directory / f"{name}.json"
-        sidecar.write_text(json.dumps(self.meta, indent=2, sort_keys=True) + "\n")
+            booster.save_model(str(Path(directory) / f"{name}.{key}.txt"))
         return sidecar
 
     @classmethod
     def load(cls, directory: Path, name: str) -> "LayerCostModel":
         import lightgbm as lgb
 
-        sidecar = Path(directory) / f"{name}.json"
-        if not sidecar.is_file():
-            raise ModelError(f"no cost model {name!r} in {directory} (train one with "
-                             "`dlas-predict train`)")
-        try:
-            meta = json.loads(sidecar.read_text())
-        except json.JSONDecodeError as exc:
-            raise ModelError(f"{sidecar} is not valid JSON ({exc})") from None
+        sidecar, meta = read_sidecar(directory, name, "cost model",
+                                     "train one with `dlas-predict train`")
         if meta.get("format") != MODEL_FORMAT:
             raise ModelError(f"{sidecar}: format {meta.get('format')!r}, expected "
                              f"{MODEL_FORMAT!r}; retrain with `dlas-predict train`")

@@ -13,7 +13,6 @@ Features of a configuration for the ranker: :data:`NET_FEATURE_NAMES`.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from .config import COMPRESSION_KERNEL, Algorithm, Compression, DType
-from .costmodel import ModelError, _versions
+from .costmodel import ModelError, _versions, read_sidecar, write_sidecar
 from .devices import Device
 from .network import Network
 
@@ -158,23 +157,13 @@ class NetworkCostModel:
         return mid, lo, hi
 
     def save(self, directory: Path, name: str) -> Path:
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        sidecar = directory / f"{name}.json"
-        sidecar.write_text(json.dumps(self.meta, indent=2, sort_keys=True) + "\n")
-        return sidecar
+        return write_sidecar(directory, name, self.meta)
 
     @classmethod
     def load(cls, directory: Path, name: str) -> "NetworkCostModel":
-        sidecar = Path(directory) / f"{name}.json"
-        if not sidecar.is_file():
-            raise ModelError(f"no network model {name!r} in {directory} (train one with "
-                             "`dlas-predict train` on a store with whole-network "
-                             "measurements)")
-        try:
-            meta = json.loads(sidecar.read_text())
-        except json.JSONDecodeError as exc:
-            raise ModelError(f"{sidecar} is not valid JSON ({exc})") from None
+        sidecar, meta = read_sidecar(directory, name, "network model",
+                                     "train one with `dlas-predict train` on a store with "
+                                     "whole-network measurements")
         if meta.get("format") != NET_MODEL_FORMAT or meta.get("terms") != list(NET_TERMS):
             raise ModelError(f"{sidecar}: another format or term set than this version "
                              "computes; retrain with `dlas-predict train`")
