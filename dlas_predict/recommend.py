@@ -232,7 +232,8 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
     dev = get_device(device, with_target=validate > 0)
     layer_model, net_model, info = load_models(dev.name, models_dir)
     path = zoo.resolve(model)
-    name = zoo.get(model).name if str(model).startswith(zoo.ZOO_PREFIX) else Path(path).stem
+    entry = zoo.get(model) if str(model).startswith(zoo.ZOO_PREFIX) else None
+    name = entry.name if entry else Path(path).stem
     net = read_network(path, name)
     convs = net.convs()
     if not convs:
@@ -316,7 +317,7 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
         notes.append(f"{unknown} candidates have no accuracy figure (no --data and no shipped "
                      "curve): they are kept but unchecked against the accuracy budget; pass "
                      "--data digits|PATH to measure")
-    if zoo.get(model).trained is False if str(model).startswith(zoo.ZOO_PREFIX) else False:
+    if entry is not None and not entry.trained:
         notes.append("this zoo network has random weights (nothing can be downloaded): "
                      "accuracy figures for it are chance level")
     kept.sort(key=lambda c: c.predicted_s)
