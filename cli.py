@@ -505,7 +505,7 @@ def accuracy_cmd(
 
 
 # ---- cost models ------------------------------------------------------------------------
-MODELS_STORE = Path(__file__).resolve().parent / "models_store"
+MODELS_STORE = Path(__file__).resolve().parent / "models_store"  # = recommend.MODELS_STORE
 
 
 @app.command()

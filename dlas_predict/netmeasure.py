@@ -21,6 +21,7 @@ import numpy as np
 from .config import Algorithm, Compression, COMPRESSION_KERNEL, DType
 from .devices import Device
 from .errors import ConfigError
+from .records import TimedRuns
 
 #: Algorithm label of a configuration whose layers each have their own kernel.
 PER_LAYER = "per_layer"
@@ -70,7 +71,7 @@ def uniform_plan(model: str, network: str, compression: Compression | str,
 
 
 @dataclass
-class NetworkMeasurement:
+class NetworkMeasurement(TimedRuns):
     """The record of one whole-network build and timing (``error`` set on failure)."""
 
     key: str
@@ -89,18 +90,6 @@ class NetworkMeasurement:
     error: str | None = None
     timestamp: float = 0.0
     summary: str | None = None  # JSON of the network's NetworkSummary
-
-    @property
-    def median_s(self) -> float | None:
-        from .records import summarise
-
-        return summarise(self.run_secs)[0]
-
-    @property
-    def spread(self) -> float | None:
-        from .records import summarise
-
-        return summarise(self.run_secs)[1]
 
     def to_row(self) -> dict:
         return {"key": self.key, "device": self.device, "fingerprint": self.fingerprint,

@@ -24,11 +24,11 @@ import numpy as np
 from .config import (COMPRESSION_KERNEL, DEFAULT_CURVE_RATIOS, ELBOW_DROP_PP, Algorithm,
                      Compression)
 from .errors import DlasError
+from .netmeasure import PER_LAYER
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS_STORE = ROOT / "models_store"
 CURVES = ROOT / "datasets" / "accuracy" / "curves.json"
-PER_LAYER = "per_layer"
 _PRUNING = (Compression.WEIGHT_PRUNING, Compression.CHANNEL_PRUNING)
 
 

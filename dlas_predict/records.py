@@ -35,8 +35,23 @@ def summarise(run_secs: list[float]) -> tuple[float | None, float | None]:
 NOISY_SPREAD = 0.10
 
 
+class TimedRuns:
+    """Median and spread derived from ``run_secs`` (every timed run, seconds per call): shared
+    by kernel and whole-network records."""
+
+    run_secs: list[float]
+
+    @property
+    def median_s(self) -> float | None:
+        return summarise(self.run_secs)[0]
+
+    @property
+    def spread(self) -> float | None:
+        return summarise(self.run_secs)[1]
+
+
 @dataclass(frozen=True)
-class MeasureResult:
+class MeasureResult(TimedRuns):
     """One measurement of one kernel variant on one workload and device.
 
     ``run_secs`` keeps every timed run (seconds per call); the median and spread are derived.
@@ -68,14 +83,6 @@ class MeasureResult:
     kernels_version: str = ""
     timestamp: float = 0.0
     tuning_seconds: float | None = None
-
-    @property
-    def median_s(self) -> float | None:
-        return summarise(self.run_secs)[0]
-
-    @property
-    def spread(self) -> float | None:
-        return summarise(self.run_secs)[1]
 
     @property
     def ok(self) -> bool:
