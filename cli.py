@@ -22,6 +22,9 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                        "from real TVM measurements.")
 corpus_app = typer.Typer(no_args_is_help=True, help="Inspect and export a measurement corpus.")
 app.add_typer(corpus_app, name="corpus")
+analyze_app = typer.Typer(no_args_is_help=True, help="ParaDnn's analysis toolbox over a corpus: "
+                          "heatmap, regression, roofline, boxplot (PNG/SVG/PDF plots).")
+app.add_typer(analyze_app, name="analyze")
 
 DEMO_NETWORK = Path(__file__).resolve().parent / "datasets" / "networks" / "demo-cnn.onnx"
 
@@ -55,11 +58,23 @@ def _print_json(obj) -> None:
 # ---- devices ----------------------------------------------------------------------------
 @app.command()
 @handle_errors
-def devices(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")):
+def devices(as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+            measure_peaks: bool = typer.Option(
+                False, "--measure-peaks", help="Measure this machine's roofs (peak GFLOP/s "
+                "per dtype with an FMA-bound kernel, bandwidth with a streaming kernel) and "
+                "store them in the local device entry."),
+            save_to: Optional[Path] = typer.Option(
+                None, "--save-to", help="With --measure-peaks: also merge the result into "
+                "this JSON file (the shipped one is dlas_predict/data/measured_peaks.json).")):
     """List the device registry (``local`` is detected on this machine)."""
     from dlas_predict.devices import all_devices
     from dlas_predict.table import format_table
 
+    if save_to is not None and not measure_peaks:
+        _fail("--save-to needs --measure-peaks", 2)
+    if measure_peaks:
+        _measure_peaks(as_json, save_to)
+        return
     devs = all_devices()
     if as_json:
         _print_json([d.to_dict() for d in devs])
@@ -72,7 +87,39 @@ def devices(as_json: bool = typer.Option(False, "--json", help="Machine-readable
     } for d in devs]
     typer.echo(format_table(rows))
     typer.echo("\nfigures: spec = vendor specification; estimate = derived from the detected "
-               "ISA and clock (not measured).")
+               "ISA and clock (not measured); measured = `devices --measure-peaks` on this "
+               "machine.")
+
+
+def _measure_peaks(as_json: bool, save_to: Optional[Path]) -> None:
+    import time
+
+    from dlas_predict.devices import detect_local, save_measured_peaks
+    from measure.runner import LocalRunner
+
+    dev = detect_local()
+    if not as_json:
+        typer.echo(f"measuring the roofs of {dev.description} (about 30 s) ...")
+    with LocalRunner(dev, timeout_s=600) as runner:
+        reply = runner.call({"kind": "peaks", "target": dev.target, "cores": dev.cores,
+                             "simd_bits": dev.simd_bits or 128})
+    if not reply.get("ok"):
+        _fail(f"measuring the roofs failed: {reply.get('error')}")
+    entry = {"fingerprint": dev.fingerprint, "cpu_model": dev.cpu_model, "cores": dev.cores,
+             "simd_bits": dev.simd_bits, "peak_gflops": reply["peak_gflops"],
+             "mem_bandwidth_gbs": reply["mem_bandwidth_gbs"], "details": reply["details"],
+             "tvm_version": reply.get("tvm_version"), "measured_at": time.time(),
+             "method": "measure/peaks.py: FMA-bound register kernel per dtype (best of 15 "
+                       "runs); STREAM triad over 3 x 256 MiB (3 x 4 bytes per element)"}
+    path = save_measured_peaks(entry, str(save_to) if save_to else None)
+    if as_json:
+        _print_json(entry)
+        return
+    for dtype, value in entry["peak_gflops"].items():
+        typer.echo(f"  peak {dtype:8s} {value:8.1f} GFLOP/s (measured)")
+    typer.echo(f"  bandwidth        {entry['mem_bandwidth_gbs']:8.1f} GB/s (measured)")
+    typer.echo(f"stored in the local device entry: {path}"
+               + (f" and {save_to}" if save_to else ""))
 
 
 # ---- measure ----------------------------------------------------------------------------
@@ -760,6 +807,216 @@ def corpus_import(snapshot: Path = typer.Argument(..., help="An exported .parque
     with CorpusStore(store) as db:
         added, present = db.import_snapshot(snapshot)
     typer.echo(f"imported {added} records into {store} ({present} were already there)")
+
+
+@corpus_app.command("import-tophub")
+@handle_errors
+def corpus_import_tophub(
+        logs: List[Path] = typer.Argument(..., help="TopHub .jsonl logs, or folders of them "
+                                          "(e.g. ../shared/data/tophub)."),
+        store: Path = typer.Option(..., "--store", help="Corpus store (created if new)."),
+        as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")):
+    """Import public TVM TopHub measurements (AutoTVM-tuned convs of Arm and NVIDIA devices)."""
+    from dlas_predict.tophub import import_tophub
+
+    report = import_tophub(logs, store)
+    if as_json:
+        _print_json(report.to_dict())
+        return
+    typer.echo(f"imported {report.added} TopHub records into {store} ({report.present} were "
+               "already there)")
+    for dev, n in sorted(report.devices.items()):
+        typer.echo(f"  {dev:14s} {n:5d}")
+    for reason, n in sorted(report.skipped.items()):
+        typer.echo(f"  left out {n:4d}: {reason}")
+
+
+# ---- analyze ----------------------------------------------------------------------------
+_DEVICE_OPT = typer.Option("local", "--device", help="Whose shipped corpus to read (ignored "
+                           "rows of other devices are dropped when --store is given too).")
+_STORE_OPT = typer.Option(None, "--store", help="A corpus store instead of the shipped corpus.")
+_LEVEL_OPT = typer.Option("kernel", "--level", help="kernel (one row per conv kernel "
+                          "measurement) | network (one row per whole-network configuration).")
+_NETWORK_OPT = typer.Option(None, "--network", help="Keep these networks (comma-separated).")
+_TUNING_OPT = typer.Option(None, "--tuning", help="Keep untuned | tuned.")
+_DTYPE_OPT = typer.Option(None, "--dtype", help="Keep float32 | float16 | int8.")
+_ALG_OPT = typer.Option(None, "--algorithm", help="Keep these algorithms.")
+_COMP_OPT = typer.Option(None, "--compression", help="Keep these compressions.")
+_OUT_OPT = typer.Option(..., "--out", help="Plot file (.png, .svg or .pdf).")
+_JSON_OPT = typer.Option(False, "--json", help="Print the numbers as JSON.")
+
+
+def _analysis_frame(device, store, level, network, tuning, dtype, algorithm, compression):
+    from dlas_predict import analysis as A
+    from dlas_predict.devices import get_device
+
+    A.check_level(level)
+    get_device(device, with_target=False)  # an unknown device is one clear error
+    path = A.resolve_store(device, store)
+    dev = A.frame_device(path, device)
+    filters = A.Filters(network=network, tuning=tuning, dtype=dtype, algorithm=algorithm,
+                        compression=compression)
+    build = A.kernel_frame if level == "kernel" else A.network_frame
+    frame = build(path, dev, filters)
+    if frame.empty:
+        _fail("no rows left after the filters")
+    return frame, dev, path
+
+
+def _wrote(out: Path, frame, path) -> None:
+    typer.echo(f"wrote {out} ({len(frame)} rows from {path})")
+
+
+@analyze_app.command("heatmap")
+@handle_errors
+def analyze_heatmap(x: str = typer.Option(..., "--x", help="Parameter on the x axis."),
+                    y: str = typer.Option(..., "--y", help="Parameter on the y axis."),
+                    metric: str = typer.Option("gflops", "--metric", help="Metric coloured."),
+                    out: Path = _OUT_OPT, device: str = _DEVICE_OPT,
+                    store: Optional[Path] = _STORE_OPT, level: str = _LEVEL_OPT,
+                    network: Optional[str] = _NETWORK_OPT, tuning: Optional[str] = _TUNING_OPT,
+                    dtype: Optional[str] = _DTYPE_OPT, algorithm: Optional[str] = _ALG_OPT,
+                    compression: Optional[str] = _COMP_OPT, as_json: bool = _JSON_OPT):
+    """Median of a metric over two parameters: their contribution and interaction."""
+    from dlas_predict import analysis as A
+
+    for p in (x, y):
+        A.check_parameter(p, level)
+    A.check_metric(metric, level)
+    frame, dev, path = _analysis_frame(device, store, level, network, tuning, dtype,
+                                       algorithm, compression)
+    result = A.heatmap(frame, x, y, metric, level)
+    A.plot_heatmap(result, out, A._subtitle(frame))
+    if as_json:
+        _print_json(result.to_dict())
+        return
+    from dlas_predict.table import format_table
+
+    rows = [{result.y: yv, **{str(xv): ("" if v is None else f"{v:.4g}")
+                              for xv, v in zip(result.x_values, vals)}}
+            for yv, vals in zip(result.y_values, result.values)]
+    typer.echo(f"median {metric} ({A.METRICS[metric][1]}) by {y} (rows) x {x} (columns); "
+               "measured")
+    typer.echo(format_table(rows))
+    _wrote(out, frame, path)
+
+
+@analyze_app.command("regression")
+@handle_errors
+def analyze_regression(metric: str = typer.Option(..., "--metric", help="Metric explained."),
+                       params: Optional[str] = typer.Option(
+                           None, "--params", help="Parameters (comma-separated); default: "
+                           "the layer shape and the configuration."),
+                       out: Path = _OUT_OPT, device: str = _DEVICE_OPT,
+                       store: Optional[Path] = _STORE_OPT, level: str = _LEVEL_OPT,
+                       network: Optional[str] = _NETWORK_OPT,
+                       tuning: Optional[str] = _TUNING_OPT, dtype: Optional[str] = _DTYPE_OPT,
+                       algorithm: Optional[str] = _ALG_OPT,
+                       compression: Optional[str] = _COMP_OPT, as_json: bool = _JSON_OPT):
+    """Linear regression of a metric on parameters: standardised coefficients and R²."""
+    from dlas_predict import analysis as A
+
+    A.check_metric(metric, level)
+    default = ("C,K,H,R,stride,depthwise,algorithm,compression,sparsity" if level == "kernel"
+               else "net_macs,conv_layers,algorithm,compression,ratio")
+    names = [p.strip() for p in (params or default).split(",") if p.strip()]
+    for p in names:
+        A.check_parameter(p, level)
+    frame, dev, path = _analysis_frame(device, store, level, network, tuning, dtype,
+                                       algorithm, compression)
+    result = A.regression(frame, metric, names, level)
+    A.plot_regression(result, out, A._subtitle(frame))
+    if as_json:
+        _print_json(result.to_dict())
+        return
+    from dlas_predict.table import format_table
+
+    rank = sorted(range(len(result.terms)), key=lambda i: -abs(result.coefficients[i]))
+    top = abs(result.coefficients[rank[0]]) or 1.0
+    typer.echo(f"OLS of standardised {metric} on {', '.join(names)}: R² = {result.r2:.3f} "
+               f"(in-sample), n = {result.n}; fitted on measurements")
+    typer.echo(format_table([{"term": result.terms[i],
+                              "std. coefficient": f"{result.coefficients[i]:+.3f}",
+                              "vs largest": f"{abs(result.coefficients[i]) / top:.2f}"}
+                             for i in rank]))
+    typer.echo("importance by parameter (sum of |coefficient|): " + ", ".join(
+        f"{k} {v:.3f}" for k, v in result.importance.items()))
+    _wrote(out, frame, path)
+
+
+@analyze_app.command("roofline")
+@handle_errors
+def analyze_roofline(out: Path = _OUT_OPT, device: str = _DEVICE_OPT,
+                     store: Optional[Path] = _STORE_OPT,
+                     color: str = typer.Option("algorithm", "--color",
+                                               help="Parameter that colours the points."),
+                     network: Optional[str] = _NETWORK_OPT,
+                     tuning: Optional[str] = _TUNING_OPT, dtype: Optional[str] = _DTYPE_OPT,
+                     algorithm: Optional[str] = _ALG_OPT,
+                     compression: Optional[str] = _COMP_OPT, as_json: bool = _JSON_OPT):
+    """Every kernel measurement at (arithmetic intensity, achieved GFLOP/s) under the
+    device's roofs (measured for the local CPU: `devices --measure-peaks`)."""
+    from dlas_predict import analysis as A
+
+    A.check_parameter(color, "kernel")
+    frame, dev, path = _analysis_frame(device, store, "kernel", network, tuning, dtype,
+                                       algorithm, compression)
+    frame = frame.drop_duplicates(subset=[c for c in frame.columns
+                                          if c not in ("network", "family")
+                                          and not c.startswith("net_")])
+    A.plot_roofline(frame, dev, out, color, A._subtitle(frame, " (unique kernels)"))
+    frac = frame["roofline_fraction"].dropna()
+    summary = {"device": dev.name, "roofs_source": dev.source,
+               "peak_gflops": dev.peak_gflops, "mem_bandwidth_gbs": dev.mem_bandwidth_gbs,
+               "kernels": len(frame),
+               "roofline_fraction": {q: float(frac.quantile(v)) for q, v in
+                                     (("p10", 0.1), ("median", 0.5), ("p90", 0.9))}
+               if len(frac) else None}
+    if as_json:
+        _print_json(summary)
+        return
+    peaks = ", ".join(f"{k} {v:g}" for k, v in dev.peak_gflops.items()) or "unknown"
+    typer.echo(f"roofs of {dev.name} ({dev.source}): peak GFLOP/s {peaks}; bandwidth "
+               f"{dev.mem_bandwidth_gbs or 'unknown'} GB/s")
+    if summary["roofline_fraction"]:
+        r = summary["roofline_fraction"]
+        typer.echo(f"share of the attainable roof reached (measured kernels): p10 "
+                   f"{r['p10']:.1%}, median {r['median']:.1%}, p90 {r['p90']:.1%}")
+    _wrote(out, frame, path)
+
+
+@analyze_app.command("boxplot")
+@handle_errors
+def analyze_boxplot(metric: str = typer.Option(..., "--metric", help="Metric distributed."),
+                    by: str = typer.Option(..., "--by", help="Parameter that groups."),
+                    out: Path = _OUT_OPT, device: str = _DEVICE_OPT,
+                    store: Optional[Path] = _STORE_OPT, level: str = _LEVEL_OPT,
+                    network: Optional[str] = _NETWORK_OPT, tuning: Optional[str] = _TUNING_OPT,
+                    dtype: Optional[str] = _DTYPE_OPT, algorithm: Optional[str] = _ALG_OPT,
+                    compression: Optional[str] = _COMP_OPT,
+                    log: Optional[bool] = typer.Option(None, "--log/--linear",
+                                                       help="y scale (default: log when the "
+                                                       "values span over 100x)."),
+                    as_json: bool = _JSON_OPT):
+    """Distribution and variability of a metric per group of a parameter."""
+    from dlas_predict import analysis as A
+
+    A.check_parameter(by, level)
+    A.check_metric(metric, level)
+    frame, dev, path = _analysis_frame(device, store, level, network, tuning, dtype,
+                                       algorithm, compression)
+    result, samples = A.boxplot_stats(frame, metric, by, level)
+    A.plot_boxplot(result, samples, out, A._subtitle(frame), log)
+    if as_json:
+        _print_json(result.to_dict())
+        return
+    from dlas_predict.table import format_table
+
+    typer.echo(f"{metric} ({A.METRICS[metric][1]}) by {by}; measured")
+    typer.echo(format_table([{by: g, **{k: (v if k == "n" else f"{v:.4g}")
+                                         for k, v in st.items()}}
+                             for g, st in zip(result.groups, result.stats)]))
+    _wrote(out, frame, path)
 
 
 # ---- demo -------------------------------------------------------------------------------

@@ -164,8 +164,56 @@ def _host_target(fingerprint: str) -> dict[str, Any]:
     return target
 
 
+#: Measured roofs shipped with the tool, by local fingerprint (``devices --measure-peaks
+#: --save-to`` writes entries; the shipped corpus's machine is one of them).
+SHIPPED_PEAKS = "data/measured_peaks.json"
+
+
+def _peaks_cache(fingerprint: str):
+    return cache_dir("devices") / f"local-peaks-{fingerprint}.json"
+
+
+def measured_peaks(fingerprint: str) -> dict[str, Any] | None:
+    """The measured roofs of the machine with ``fingerprint``: this machine's own
+    measurement (cached under DLAS_HOME) first, then the shipped ones; None if never
+    measured."""
+    cache = _peaks_cache(fingerprint)
+    if cache.is_file():
+        try:
+            return json.loads(cache.read_text())
+        except ValueError:
+            pass
+    try:
+        shipped = json.loads(resources.files("dlas_predict").joinpath(SHIPPED_PEAKS)
+                             .read_text())
+    except (OSError, ValueError):
+        return None
+    return shipped.get("machines", {}).get(fingerprint)
+
+
+def save_measured_peaks(entry: dict[str, Any], also_to: str | None = None) -> str:
+    """Cache a measurement of this machine's roofs (and merge it into the JSON file
+    ``also_to``, keyed by fingerprint); returns the cache path."""
+    fp = entry["fingerprint"]
+    cache = _peaks_cache(fp)
+    cache.write_text(json.dumps(entry, indent=1))
+    if also_to:
+        try:
+            with open(also_to) as fh:
+                data = json.load(fh)
+        except (OSError, ValueError):
+            data = {}
+        data.setdefault("_note", "Measured roofs (measure/peaks.py) by local fingerprint.")
+        data.setdefault("machines", {})[fp] = entry
+        with open(also_to, "w") as fh:
+            json.dump(data, fh, indent=1, sort_keys=True)
+            fh.write("\n")
+    return str(cache)
+
+
 def detect_local(with_target: bool = True) -> Device:
-    """The local CPU. Peak GFLOP/s is an ISA-based estimate until measured (roofline issue)."""
+    """The local CPU. Peak GFLOP/s and bandwidth are measured (``devices --measure-peaks``)
+    when this machine's roofs were measured, else an ISA-based estimate (no bandwidth)."""
     model, flags, mhz = _cpuinfo()
     cores = local_cores()
     fp = local_fingerprint()
@@ -185,6 +233,11 @@ def detect_local(with_target: bool = True) -> Device:
         peak = {"float32": round(fp32, 1),
                 "float16": round(fp32 * (2 if "avx512_fp16" in flags else 1), 1),
                 "int8": round(fp32 * (4 if flags & {"avx512_vnni", "avx_vnni"} else 2), 1)}
+    bandwidth, source = None, "estimate"
+    measured = measured_peaks(fp)
+    if measured:
+        peak = dict(measured["peak_gflops"])
+        bandwidth, source = measured["mem_bandwidth_gbs"], "measured"
     target: dict[str, Any] = {"kind": "llvm"}
     if with_target:
         target = dict(_host_target(fp))
@@ -193,8 +246,26 @@ def detect_local(with_target: bool = True) -> Device:
     return Device(
         name=LOCAL, kind="cpu", description=f"this machine: {model}, {cores} cores",
         target=target, cores=cores, clock_ghz=ghz, simd_bits=simd, peak_gflops=peak,
-        mem_bandwidth_gbs=None, caches=_local_caches(), rpc_key=None, source="estimate",
+        mem_bandwidth_gbs=bandwidth, caches=_local_caches(), rpc_key=None, source=source,
         fingerprint=fp, cpu_model=model, isa_flags=tuple(vnni))
+
+
+def corpus_device(name: str, fingerprint: str) -> Device:
+    """The device that measured a corpus row: this machine when the fingerprint is ours;
+    for another machine's ``local`` rows, its shipped measured roofs (or an unknown CPU
+    with no roofs); a registry device otherwise."""
+    if name != LOCAL:
+        return get_device(name, with_target=False)
+    if fingerprint == local_fingerprint():
+        return detect_local(with_target=False)
+    m = measured_peaks(fingerprint) or {}
+    model = m.get("cpu_model") or f"another machine (fingerprint {fingerprint})"
+    return Device(
+        name=LOCAL, kind="cpu", description=f"{model}, {m.get('cores', '?')} cores",
+        target={"kind": "llvm"}, cores=int(m.get("cores") or 1), clock_ghz=None,
+        simd_bits=m.get("simd_bits"), peak_gflops=dict(m.get("peak_gflops") or {}),
+        mem_bandwidth_gbs=m.get("mem_bandwidth_gbs"),
+        source="measured" if m else "unknown", fingerprint=fingerprint, cpu_model=model)
 
 
 # ---- lookup ------------------------------------------------------------------------------

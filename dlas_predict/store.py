@@ -245,6 +245,12 @@ class CorpusStore:
             sql += " WHERE error IS NULL"
         return {r[0] for r in self._db.execute(sql)}
 
+    def fingerprints(self, device: str) -> list[tuple[str, int]]:
+        """(fingerprint, records) of ``device``'s measurements, most records first."""
+        return [(r[0], r[1]) for r in self._db.execute(
+            "SELECT fingerprint, COUNT(*) n FROM measurements WHERE device = ? "
+            "GROUP BY fingerprint ORDER BY n DESC", (device,))]
+
     def rows(self, where: str = "", params: tuple = ()) -> Iterator[dict[str, Any]]:
         sql = "SELECT * FROM measurements" + (f" WHERE {where}" if where else "") + " ORDER BY id"
         for row in self._db.execute(sql, params):

@@ -59,7 +59,8 @@ def _target(target_json: dict):
 
 def run_task(task: dict[str, Any]) -> dict[str, Any]:
     """Build, verify and time one kernel (or, with ``kind: network``, one whole network:
-    :func:`measure.netbuild.run_network_task`). Returns the result fields."""
+    :func:`measure.netbuild.run_network_task`; with ``kind: peaks``, the device's roofs:
+    :func:`measure.peaks.measure_peaks`). Returns the result fields."""
     fault = task.get("fault")
     if fault and os.environ.get("DLAS_FAULT_INJECTION") == "1":
         _inject(fault)
@@ -67,6 +68,11 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
         from measure.netbuild import run_network_task
 
         return run_network_task(task)
+    if task.get("kind") == "peaks":
+        from measure.peaks import measure_peaks
+
+        return measure_peaks(task["target"], int(task["cores"]), int(task["simd_bits"]),
+                             int(task.get("stream_mib", 256)))
     import tvm
 
     from measure.kernels import KernelSpec, build_kernel, output_shape, pack_weights
