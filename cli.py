@@ -577,6 +577,9 @@ def train(store: Path = typer.Option(..., "--store", help="Corpus store to learn
     corpus = load_corpus(store, device)
     t0 = time.time()
     meta = {"device": corpus.device.name, "device_fingerprint": corpus.device.fingerprint,
+            "device_roofs": {"peak_gflops": corpus.device.peak_gflops,
+                             "mem_bandwidth_gbs": corpus.device.mem_bandwidth_gbs,
+                             "source": corpus.device.source},
             "corpus": str(store), "corpus_fingerprint": corpus.fingerprint}
     model = LayerCostModel(seed=seed).fit(corpus.X, corpus.seconds, meta=meta)
     pred, low, high = model.predict(corpus.X)
@@ -1017,6 +1020,30 @@ def analyze_boxplot(metric: str = typer.Option(..., "--metric", help="Metric dis
                                          for k, v in st.items()}}
                              for g, st in zip(result.groups, result.stats)]))
     _wrote(out, frame, path)
+
+
+@app.command()
+@handle_errors
+def report(device: str = typer.Option("local", "--device", help="Whose corpus to report on."),
+           store: Optional[Path] = typer.Option(None, "--store", help="A corpus store instead "
+                                                "of the device's shipped corpus."),
+           out: Path = typer.Option(..., "--out", help="Folder for index.html, report.json "
+                                    "and the plots."),
+           as_json: bool = typer.Option(False, "--json", help="Print report.json too.")):
+    """The DLAS report: Tables 3/4/6, the share of the ideal speedup, the study's 13
+    observations with a verdict each, and the plots, as one HTML page."""
+    from dlas_predict.report import write_report
+
+    rep, page = write_report(device, store, out)
+    if as_json:
+        _print_json(rep.to_dict())
+        return
+    for o in rep.observations:
+        typer.echo(f"{o.number + ')':6s} {o.verdict:14s} {o.claim}")
+    verdicts = [o.verdict for o in rep.observations]
+    typer.echo(f"\n{verdicts.count('holds')} hold, {verdicts.count('does not hold')} do not, "
+               f"{verdicts.count('no data')} have no data on {rep.device.name}")
+    typer.echo(f"wrote {page} ({len(rep.plots)} plots embedded) and {out / 'report.json'}")
 
 
 # ---- demo -------------------------------------------------------------------------------

@@ -83,6 +83,7 @@ def _unknown(kind: str, name: str, allowed: Iterable[str]) -> ConfigError:
 
 
 def check_parameter(name: str, level: str = "kernel") -> str:
+    check_level(level)
     params = KERNEL_PARAMETERS if level == "kernel" else NETWORK_PARAMETERS
     if name not in params:
         raise _unknown(f"{level}-level parameter", name, params)
@@ -90,6 +91,7 @@ def check_parameter(name: str, level: str = "kernel") -> str:
 
 
 def check_metric(name: str, level: str = "kernel") -> str:
+    check_level(level)
     allowed = list(METRICS) if level == "kernel" else list(NETWORK_METRICS)
     if name not in allowed:
         raise _unknown(f"{level}-level metric", name, allowed)
@@ -230,6 +232,7 @@ def kernel_frame(store: Path, device: Device | None = None, filters: Filters = F
             "intensity": intensity, "spread": r["spread"],
             "speedup": base / sec if base else float("nan"),
             "roofline_fraction": (useful / sec / 1e9) / roof if roof else float("nan"),
+            "tuning_seconds": r["tuning_seconds"],
         }
         nets = members.get((r["conv"], r["compression"], round(float(r["ratio"] or 0), 2)),
                            {"-"})

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -124,6 +124,7 @@ def load_models(device_name: str, directory: Path | None = None):
     info = {"directory": str(directory), "trained_on": layer.meta.get("device"),
             "device_fingerprint": layer.meta.get("device_fingerprint"),
             "corpus_fingerprint": layer.meta.get("corpus_fingerprint"),
+            "device_roofs": layer.meta.get("device_roofs"),
             "kernels": layer.meta.get("n_train"), "whole_networks": network.meta.get("n_train")}
     return layer, network, info
 
@@ -247,6 +248,13 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
         notes.append(f"the local model was trained on another machine (fingerprint "
                      f"{info['device_fingerprint']}, this one {dev.fingerprint}); latencies "
                      "are predictions for a machine like that one")
+    roofs = info.get("device_roofs")
+    feat_dev = dev
+    if roofs and (roofs["peak_gflops"] != dev.peak_gflops
+                  or roofs["mem_bandwidth_gbs"] != dev.mem_bandwidth_gbs):
+        # the model's device features are the roofs it was trained with
+        feat_dev = replace(dev, peak_gflops=dict(roofs["peak_gflops"]),
+                           mem_bandwidth_gbs=roofs["mem_bandwidth_gbs"])
     summary = NetworkSummary.of(net)
     points = _grid(convs, model, tuple(ratios), skipped)
 
@@ -258,7 +266,7 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
         key = (convs[i].spec, alg, comp, ratio)
         if key not in rows:
             rows[key] = len(X)
-            X.append(features(KernelConfig(convs[i].spec, alg, comp, ratio), dev))
+            X.append(features(KernelConfig(convs[i].spec, alg, comp, ratio), feat_dev))
         return rows[key]
 
     options = []  # per point: per layer: list of (alg, sparse, row)

@@ -1,0 +1,97 @@
+"""Importing TopHub logs: workloads, devices, algorithms, what is left out, idempotence."""
+import json
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from cli import app
+from conftest import ROOT
+from dlas_predict.store import CorpusStore
+from dlas_predict.tophub import _devices_by_model, import_tophub, parse_line
+
+runner = CliRunner()
+
+
+def _line(target, template, data, kernel, stride=(1, 1), pad=(1, 1, 1, 1), times=(0.002,),
+          code=0, dtype="float32"):
+    return json.dumps({
+        "input": [target, template, [["TENSOR", list(data), dtype],
+                                     ["TENSOR", list(kernel), dtype], list(stride), list(pad),
+                                     [1, 1], dtype], {}],
+        "config": {"index": 7, "entity": []},
+        "result": [list(times), code, 1.0, 1535933156.9], "version": 0.2,
+        "tvm_version": "0.7.dev0"})
+
+
+ARM = "llvm -device=arm_cpu -model=rk3399 -mtriple=aarch64-linux-gnu -mattr=+neon"
+CUDA = "cuda -model=titanx"
+
+
+def test_parse_spatial_pack_direct_and_depthwise():
+    devs = _devices_by_model()
+    r = parse_line(_line(ARM, "conv2d_nchw_spatial_pack.arm_cpu", (1, 64, 56, 56),
+                         (128, 64, 3, 3), stride=(2, 2)), "arm_cpu.jsonl", devs)
+    assert r.device == "rk3399-cpu" and r.variant.algorithm.value == "spatial_pack"
+    assert r.variant.tuning.value == "tuned" and r.variant.compression.value == "dense"
+    assert (r.conv.C, r.conv.K, r.conv.H, r.conv.stride_h, r.conv.OH) == (64, 128, 56, 2, 28)
+    assert r.median_s == 0.002 and r.kernels_version.startswith("tophub-")
+    d = parse_line(_line(CUDA, "depthwise_conv2d_nchw.cuda", (1, 32, 112, 112), (32, 1, 3, 3)),
+                   "cuda.jsonl", devs)
+    assert d.device == "titanx" and d.variant.algorithm.value == "direct"
+    assert d.conv.groups == 32 and d.conv.K == 32 and d.conv.depthwise
+    q = parse_line(_line(CUDA, "conv2d_nchw.cuda", (1, 16, 8, 8), (16, 16, 1, 1), pad=(0, 0),
+                         dtype="int8"), "cuda.jsonl", devs)
+    assert q.variant.compression.value == "int8" and q.conv.pad_t == 0
+
+
+@pytest.mark.parametrize("line,file,reason", [
+    (_line(ARM, "conv2d_nchw_winograd.arm_cpu", (1, 8, 8, 8), (8, 8, 3, 3)), "arm_cpu.jsonl",
+     "template conv2d_nchw_winograd"),
+    (_line(ARM, "conv2d_nchw_spatial_pack.arm_cpu", (1, 8, 8, 8), (8, 8, 3, 3), code=1),
+     "arm_cpu.jsonl", "failed run"),
+    (_line(ARM, "conv2d_nchw_spatial_pack.arm_cpu", (2, 8, 8, 8), (8, 8, 3, 3)),
+     "arm_cpu.jsonl", "batch != 1"),
+    (_line("llvm -model=unknownboard", "conv2d_nchw_spatial_pack.arm_cpu", (1, 8, 8, 8),
+           (8, 8, 3, 3)), "arm_cpu.jsonl", "not in the registry"),
+    (_line(ARM, "conv2d_nchw_spatial_pack.arm_cpu", (1, 8, 8, 8), (8, 8, 3, 3)),
+     "cuda.jsonl", "not in the registry"),  # rk3399 logs of another file are another device
+    ("{not json", "arm_cpu.jsonl", "malformed line"),
+])
+def test_lines_left_out_say_why(line, file, reason):
+    got = parse_line(line, file, _devices_by_model())
+    assert isinstance(got, str) and reason in got
+
+
+def test_import_is_idempotent_and_counts(tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "arm_cpu.jsonl").write_text("\n".join([
+        _line(ARM, "conv2d_nchw_spatial_pack.arm_cpu", (1, 8, 8, 8), (8, 8, 3, 3)),
+        _line(ARM, "conv2d_nchw_winograd.arm_cpu", (1, 8, 8, 8), (8, 8, 3, 3)),
+        _line(ARM, "depthwise_conv2d_nchw.arm_cpu", (1, 8, 8, 8), (8, 1, 3, 3))]) + "\n")
+    store = tmp_path / "t.sqlite"
+    rep = import_tophub([logs], store)
+    assert rep.added == 2 and rep.devices == {"rk3399-cpu": 2}
+    assert sum(rep.skipped.values()) == 1
+    again = import_tophub([logs / "arm_cpu.jsonl"], store)
+    assert again.added == 0 and again.present == 2
+    with CorpusStore(store) as db:
+        rows = list(db.rows())
+    assert {r["device"] for r in rows} == {"rk3399-cpu"} and all(r["tuning"] == "tuned"
+                                                                 for r in rows)
+    res = runner.invoke(app, ["corpus", "import-tophub", str(logs), "--store", str(store)])
+    assert res.exit_code == 0 and "imported 0 TopHub records" in res.output
+    res = runner.invoke(app, ["corpus", "import-tophub", str(tmp_path / "none"), "--store",
+                              str(store)])
+    assert res.exit_code == 1 and "Error: TopHub log not found" in res.output
+
+
+def test_shipped_tophub_snapshot():
+    frame = pd.read_parquet(ROOT / "datasets" / "corpus" / "tophub.parquet")
+    assert len(frame) > 1000 and frame["key"].is_unique
+    assert set(frame["tuning"]) == {"tuned"}
+    assert frame["kernels_version"].str.startswith("tophub-").all()
+    assert {"rpi3b", "rk3399-cpu", "titanx", "1080ti", "jetson-nano", "rk3399-mali"} <= \
+        set(frame["device"])
+    assert set(frame["algorithm"]) <= {"direct", "spatial_pack"}
