@@ -147,6 +147,17 @@ def generated_params(network: str) -> dict[str, Any]:
     return out
 
 
+def short_name(network: str) -> str:
+    """A generated network's name in a table cell: ``cnn L2 K128 k3 in20 residual ds0``."""
+    p = generated_params(network)
+    if not p:
+        return network
+    fam = network.split("_", 1)[0]
+    keys = (("net_layers", "L"), ("net_kernels", "K"), ("net_kernel_size", "k"),
+            ("net_input", "in"), ("net_block", ""), ("net_downsample", "ds"))
+    return " ".join([fam] + [f"{t}{p[k]}" for k, t in keys if k in p])
+
+
 def _family(network: str) -> str:
     if network == "-":
         return "-"

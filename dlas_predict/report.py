@@ -81,14 +81,15 @@ def summary_tables(net) -> tuple[list, list, list]:
         return [], [], []
     fixed = net[net["algorithm"].isin(ALGORITHMS)]
     t3, t4, t6 = [], [], []
-    for (network, tuning), g in fixed.groupby(["network", "tuning"], sort=True):
+    for (network, tuning), g in sorted(fixed.groupby(["network", "tuning"]),
+                                       key=lambda kv: (_family_rank(kv[0][0]), kv[0])):
         best = _best(g, ["config"])
-        row = {"network": network, "tuning": tuning}
+        row = {"network": A.short_name(network), "tuning": tuning}
         for _, b in best.sort_values("config").iterrows():
             row[b["config"]] = _cell(b)
         t3.append(row)
         best = _best(g, ["algorithm"])
-        row = {"network": network, "tuning": tuning}
+        row = {"network": A.short_name(network), "tuning": tuning}
         for _, b in best.iterrows():
             mark = "" if b["latency_source"] == "whole network" else "†"
             row[b["algorithm"]] = f"{b['config']} {b['latency_ms']:.3g}{mark}"
@@ -98,11 +99,16 @@ def summary_tables(net) -> tuple[list, list, list]:
         dense = g[g["config"] == "dense"]
         base = dense["latency_ms"].min() if not dense.empty else float("nan")
         mark = "" if top["latency_source"] == "whole network" else "†"
-        t6.append({"network": network, "tuning": tuning, "config": top["config"],
+        t6.append({"network": A.short_name(network), "tuning": tuning, "config": top["config"],
                    "algorithm": top["algorithm"], "latency_ms": f"{top['latency_ms']:.3g}{mark}",
                    "dense best ms": f"{base:.3g}",
                    "speedup": f"{base / top['latency_ms']:.2f}x" if base == base else "-"})
     return t3, t4, t6
+
+
+def _family_rank(network: str) -> int:
+    """Zoo networks before generated ones."""
+    return 1 if A.generated_params(network) else 0
 
 
 def ideal_shares(net) -> list[dict[str, Any]]:
@@ -113,7 +119,8 @@ def ideal_shares(net) -> list[dict[str, Any]]:
         return []
     fixed = net[net["algorithm"].isin(ALGORITHMS)]
     out = []
-    for (network, tuning), g in fixed.groupby(["network", "tuning"], sort=True):
+    for (network, tuning), g in sorted(fixed.groupby(["network", "tuning"]),
+                                       key=lambda kv: (_family_rank(kv[0][0]), kv[0])):
         dense = g[g["config"] == "dense"]
         if dense.empty:
             continue
@@ -600,7 +607,7 @@ th{background:#f3f3f3}.holds{color:#116611;font-weight:bold}
 .does-not-hold{color:#aa1111;font-weight:bold}.no-data{color:#777;font-weight:bold}
 figure{margin:1.5em 0}figure img{max-width:100%;border:1px solid #eee}
 figcaption{font-size:.9em;color:#555}.note{font-size:.9em;color:#555}
-.scroll{overflow-x:auto}
+.scroll{overflow-x:auto}td:first-child{white-space:nowrap}
 """
 
 
@@ -686,7 +693,8 @@ def render_html(report: Report) -> str:
 def _ideal_rows(ideal: list[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for r in ideal:
-        rows.append({"network": r["network"], "tuning": r["tuning"], "config": r["config"],
+        rows.append({"network": A.short_name(r["network"]), "tuning": r["tuning"],
+                     "config": r["config"],
                      "fastest algorithm": r["algorithm"],
                      "achieved": f"{r['achieved']:.2f}x", "ideal": f"{r['ideal']:.2f}x",
                      "share": f"{r['share']:.1%}",
