@@ -434,7 +434,7 @@ def _axis(series, max_levels: int = 12):
     values = series.dropna().unique()
     numeric = pd.api.types.is_numeric_dtype(series)
     if numeric and len(values) > max_levels:
-        binned = pd.qcut(series, q=max_levels // 2 * 1, duplicates="drop")
+        binned = pd.qcut(series, q=max_levels // 2, duplicates="drop")
         return binned.astype(str), [str(c) for c in binned.cat.categories]
     order = sorted(values, key=lambda v: (isinstance(v, str), v))
     return series, order

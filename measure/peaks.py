@@ -85,7 +85,7 @@ def fma_source(dtype: str, lanes: int, parallel: int) -> str:
                        init=init, bl=bl, al=al, total=out, out_dt=OUT[dtype])
 
 
-def _time(func, args, dev, min_ms: float = 50.0, repeats: int = 15) -> list[float]:
+def _time(func, args, min_ms: float = 50.0, repeats: int = 15) -> list[float]:
     func(*args)  # warm-up, discarded
     t0 = time.perf_counter()
     func(*args)
@@ -124,7 +124,7 @@ def measure_peaks(target_json: dict[str, Any], cores: int, simd_bits: int,
             b = np.full((BROWS, lanes), 0.999, dtype=dtype)
         out = np.zeros((parallel, lanes), dtype=OUT[dtype])
         args = [tvm.runtime.tensor(x, dev) for x in (a, b, out)]
-        runs = _time(ex["main"], args, dev)
+        runs = _time(ex["main"], args)
         flops = 2.0 * parallel * ITERS * ACCS * lanes
         peaks[dtype] = round(flops / min(runs) / 1e9, 1)
         details[dtype] = {"lanes": lanes, "flops_per_call": flops,
@@ -139,7 +139,7 @@ def measure_peaks(target_json: dict[str, Any], cores: int, simd_bits: int,
     ex = tvm.compile(mod, target=target)
     arrays = [tvm.runtime.tensor(rng.standard_normal(n).astype("float32"), dev)
               for _ in range(3)]
-    runs = _time(ex["main"], arrays, dev, min_ms=100.0, repeats=10)
+    runs = _time(ex["main"], arrays, min_ms=100.0, repeats=10)
     nbytes = 3.0 * 4 * n
     bandwidth = round(nbytes / min(runs) / 1e9, 1)
     details["stream"] = {"elements": n, "bytes_per_call": nbytes,

@@ -1,6 +1,5 @@
 """The analysis toolbox: frames, heat map, regression, box plot, roofline, and their CLI."""
 import json
-import math
 
 import numpy as np
 import pytest
