@@ -964,9 +964,7 @@ def analyze_roofline(out: Path = _OUT_OPT, device: str = _DEVICE_OPT,
     A.check_parameter(color, "kernel")
     frame, dev, path = _analysis_frame(device, store, "kernel", network, tuning, dtype,
                                        algorithm, compression)
-    frame = frame.drop_duplicates(subset=[c for c in frame.columns
-                                          if c not in ("network", "family")
-                                          and not c.startswith("net_")])
+    frame = A.unique_kernels(frame)
     A.plot_roofline(frame, dev, out, color, A._subtitle(frame, " (unique kernels)"))
     frac = frame["roofline_fraction"].dropna()
     summary = {"device": dev.name, "roofs_source": dev.source,

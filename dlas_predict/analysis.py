@@ -187,11 +187,9 @@ def attainable_gflops(device: Device, dtype: str, intensity: float) -> float | N
     return peak
 
 
-def kernel_frame(store: Path, device: Device | None = None, filters: Filters = Filters()):
-    """One row per successful kernel measurement × network it belongs to (a workload shared
-    by two networks appears once for each; one measured standalone has network '-')."""
-    import pandas as pd
-
+def _read(store: Path, device: Device | None) -> tuple[list[dict], list[dict], list[dict]]:
+    """The successful, verified (or unchecked) kernel rows, the network configurations and
+    the successful whole-network rows of ``device`` (every device when None)."""
     from .store import CorpusStore
 
     with CorpusStore(store, must_exist=True) as db:
@@ -200,7 +198,22 @@ def kernel_frame(store: Path, device: Device | None = None, filters: Filters = F
             where += " AND device = ?"
             params = (device.name,)
         rows = [r for r in db.rows(where, params) if r["verified"] in (1, True, None)]
-        configs = db.network_configs()
+        return rows, db.network_configs(), db.network_measurements(where, params)
+
+
+def unique_kernels(frame):
+    """One row per kernel measurement: a kernel frame without its per-network copies."""
+    return frame.drop_duplicates(subset=[c for c in frame.columns
+                                         if c not in ("network", "family")
+                                         and not c.startswith("net_")])
+
+
+def kernel_frame(store: Path, device: Device | None = None, filters: Filters = Filters()):
+    """One row per successful kernel measurement × network it belongs to (a workload shared
+    by two networks appears once for each; one measured standalone has network '-')."""
+    import pandas as pd
+
+    rows, configs, _ = _read(store, device)
     if not rows:
         what = f" for device {device.name!r}" if device else ""
         raise DlasError(f"{store} holds no successful kernel measurement{what}")
@@ -348,16 +361,8 @@ def network_latencies(store: Path, device: Device | None = None) -> list[Network
     """Every (network, configuration, algorithm, tuning) whose conv kernels are all measured,
     with its whole-network latency where measured (per-layer plans included)."""
     from .config import ConvSpec
-    from .store import CorpusStore
 
-    with CorpusStore(store, must_exist=True) as db:
-        where, params = "error IS NULL AND median_s IS NOT NULL", ()
-        if device is not None:
-            where += " AND device = ?"
-            params = (device.name,)
-        rows = [r for r in db.rows(where, params) if r["verified"] in (1, True, None)]
-        configs = db.network_configs()
-        whole = db.network_measurements(where, params)
+    rows, configs, whole = _read(store, device)
     kernels: dict[tuple, tuple[float, float]] = {}
     for r in rows:
         k = (r["device"], r["conv"], r["algorithm"], r["compression"],

@@ -337,9 +337,7 @@ def observations(net, kernels, curves: dict | None, device: Device) -> list[Obse
                     "same algorithm's dense kernel) on under half the layers below 70 % "
                     "sparsity.")
     if kernels is not None and not kernels.empty:
-        k = kernels.drop_duplicates(subset=[c for c in kernels.columns
-                                            if c not in ("network", "family")
-                                            and not c.startswith("net_")])
+        k = A.unique_kernels(kernels)
         k = k[(k["compression"] == "weight_pruning") & k["speedup"].notna()]
         if len(k):
             bins = [(0.0, 0.5), (0.5, 0.7), (0.7, 0.9), (0.9, 1.01)]
@@ -479,9 +477,7 @@ def _accuracy_latency(untuned, curves: dict | None) -> dict[str, Any]:
 def _tuning_pairs(kernels):
     if kernels is None or kernels.empty or set(kernels["tuning"]) != {"tuned", "untuned"}:
         return None
-    k = kernels.drop_duplicates(subset=[c for c in kernels.columns
-                                        if c not in ("network", "family")
-                                        and not c.startswith("net_")])
+    k = A.unique_kernels(kernels)
     keys = ["device", "C", "K", "H", "W", "R", "S", "stride", "groups", "compression",
             "ratio", "algorithm"]
     return k.pivot_table(index=keys, columns="tuning", values="latency_ms",
@@ -546,9 +542,7 @@ def build_report(device: str, store: Path | None, out_dir: Path) -> Report:
         else None
     out_dir.mkdir(parents=True, exist_ok=True)
     plots: list[tuple[str, str, Path]] = []
-    unique = kernels.drop_duplicates(subset=[c for c in kernels.columns
-                                             if c not in ("network", "family")
-                                             and not c.startswith("net_")])
+    unique = A.unique_kernels(kernels)
     sub = A._subtitle(unique, " (unique kernels)")
     A.plot_roofline(unique, dev, out_dir / "roofline.png", "compression", sub)
     plots.append(("Roofline", f"Every kernel measurement of {dev.name} at its arithmetic "
