@@ -331,11 +331,9 @@ def _collect(networks, store, device, algorithms, compressions, ratio, retry_fai
 
 def _collect_whole(networks, plans, algs, ratio, dev, db, proto, timeout, quiet) -> int:
     """Whole-network latencies of every (configuration, algorithm); returns the failures."""
-    from dlas_predict.netmeasure import NetworkMeasurer, uniform_plan
-
     from dlas_predict.config import COMPRESSION_KERNEL
     from dlas_predict.evaluation import kernel_key
-    from dlas_predict.netmeasure import PER_LAYER, NetworkPlan
+    from dlas_predict.netmeasure import PER_LAYER, NetworkMeasurer, NetworkPlan, uniform_plan
 
     medians = {kernel_key(r["conv"], r["algorithm"], r["compression"], r["ratio"],
                           r["tuning"]): r["median_s"]
@@ -623,12 +621,10 @@ def evaluate(store: Path = typer.Option(..., "--store", help="Corpus store."),
              seed: int = typer.Option(0, "--seed"),
              as_json: bool = typer.Option(False, "--json")):
     """Leave-one-network-out: the cost model against the roofline and MACs baselines."""
-    from dlas_predict.evaluation import MODELS, leave_one_network_out, load_corpus
+    from dlas_predict.evaluation import (MODELS, WHOLE_MODELS, HeldOutFits,
+                                         leave_one_network_out, load_corpus,
+                                         whole_network_lono, whole_rows)
     from dlas_predict.table import format_table
-
-    from dlas_predict.evaluation import WHOLE_MODELS, whole_network_lono, whole_rows
-
-    from dlas_predict.evaluation import HeldOutFits
 
     corpus = load_corpus(store, device)
     wrows = whole_rows(corpus, store)

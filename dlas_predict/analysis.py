@@ -22,6 +22,7 @@ from typing import Any, Iterable
 from .config import COMPRESSION_KERNEL, Compression
 from .devices import Device
 from .errors import ConfigError, DlasError
+from .zoo import ROOT
 
 # ---- what can be asked for -----------------------------------------------------------------
 #: Kernel-level parameters: name → description.
@@ -708,7 +709,6 @@ def plot_roofline(frame, device: Device, out: Path, color: str = "algorithm",
 
 
 # ---- which corpus ------------------------------------------------------------------------------
-ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ROOT / "datasets" / "corpus"
 
 

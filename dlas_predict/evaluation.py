@@ -57,14 +57,13 @@ def load_corpus(store: Path, device: str = "local") -> Corpus:
 
     from .store import CorpusStore
 
-    from .devices import corpus_device
+    from .analysis import frame_device
 
     get_device(device, with_target=False)  # an unknown name is one clear error
+    # the roofs of the machine that measured the corpus, whichever machine trains
+    dev = frame_device(store, device)
     keys, rows_x, secs = [], [], []
     with CorpusStore(store, must_exist=True) as db:
-        prints = db.fingerprints(device)
-        # the roofs of the machine that measured the corpus, whichever machine trains
-        dev = corpus_device(device, prints[0][0]) if prints else get_device(device)
         rows = [r for r in db.rows("error IS NULL AND device = ?", (dev.name,))
                 if r["verified"] in (1, True, None)]
         configs = db.network_configs()

@@ -130,11 +130,13 @@ def load_models(device_name: str, directory: Path | None = None):
 
 
 # ---- accuracy ----------------------------------------------------------------------------------
+def shipped_curves() -> dict:
+    """The shipped accuracy curves by network ({} when the file is absent)."""
+    return json.loads(CURVES.read_text()) if CURVES.is_file() else {}
+
+
 def _curve_lookup(name: str):
-    if not CURVES.is_file():
-        return None
-    curves = json.loads(CURVES.read_text())
-    return curves.get(name)
+    return shipped_curves().get(name)
 
 
 class _Accuracy:

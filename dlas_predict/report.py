@@ -22,7 +22,6 @@ from . import analysis as A
 from .devices import Device
 
 HOLDS, FAILS, NO_DATA = "holds", "does not hold", "no data"
-CURVES = A.ROOT / "datasets" / "accuracy" / "curves.json"
 ALGORITHMS = ("direct", "gemm", "spatial_pack")
 
 
@@ -538,8 +537,9 @@ def build_report(device: str, store: Path | None, out_dir: Path) -> Report:
         net = A.network_frame(path, dev)
     except DlasError:
         net = None
-    curves = json.loads(CURVES.read_text()) if CURVES.is_file() and dev.name == "local" \
-        else None
+    from .recommend import shipped_curves
+
+    curves = (shipped_curves() or None) if dev.name == "local" else None
     out_dir.mkdir(parents=True, exist_ok=True)
     plots: list[tuple[str, str, Path]] = []
     unique = A.unique_kernels(kernels)
