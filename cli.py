@@ -165,10 +165,18 @@ def measure(
                                       help="Seconds of timing per variant (>= 10 runs kept)."),
     timeout: float = typer.Option(300.0, "--timeout", help="Seconds before a kernel is "
                                   "declared hung."),
+    tuning: str = typer.Option("untuned", "--tuning", help="untuned | tuned | all (tuned: "
+                               "MetaSchedule for dense kernels, a knob search for CSR)."),
+    trials: int = typer.Option(64, "--trials", help="Tuned: trial budget per kernel "
+                               "(up to the study's 20000)."),
+    early_stop: int = typer.Option(32, "--early-stop", help="Tuned: stop after this many "
+                                   "trials without a 1 % gain (0: never)."),
+    tuning_db: Optional[Path] = typer.Option(None, "--tuning-db", help="Tuning database "
+                                             "directory (default: DLAS_HOME/tuning/DEVICE)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per variant."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ):
-    """Measure one conv workload across algorithms × compressions on a device."""
+    """Measure one conv workload across algorithms × compressions (× tuning) on a device."""
     from dlas_predict.config import Algorithm, Compression, ConvSpec, check_ratio, variant_grid
     from dlas_predict.table import format_table
     from measure.collect import collect as run_collect
@@ -179,9 +187,10 @@ def measure(
     compressions = Compression.parse_list(compression)
     check_ratio(ratio)
     proto = _protocol(max_repeats, time_budget)
+    tunings, opts = _tuning(tuning, trials, early_stop, tuning_db)
     dev = _local_device(device)
-    variants = variant_grid(algorithms, compressions, ratio)
-    tasks = [MeasureTask.make(spec, v, dev) for v in variants]
+    variants = [v for t in tunings for v in variant_grid(algorithms, compressions, ratio, t)]
+    tasks = [MeasureTask.make(spec, v, dev, tuning=opts) for v in variants]
     db = None
     if store is not None:
         from dlas_predict.store import CorpusStore
@@ -196,7 +205,7 @@ def measure(
         db.close()
     keys = ("algorithm", "compression", "ratio", "sparse", "dtype", "tuning", "median_ms",
             "spread", "n_runs", "gflops", "sparsity", "verified", "max_error", "compile_s",
-            "knobs", "error")
+            "knobs", "tuning_seconds", "trials", "tuner", "error")
     out = [{"conv": spec.to_spec(), "device": dev.name,
             **{k: r.to_dict()[k] for k in keys}} for r in results]
     if as_json:
@@ -211,11 +220,24 @@ def measure(
               "(see the error column)")
 
 
+def _tuning(tuning: str, trials: int, early_stop: int, tuning_db: Optional[Path]):
+    """(tunings to measure, tuning options) from the command's options."""
+    from dlas_predict.config import Tuning
+    from measure.runner import TuningOptions
+
+    tunings = Tuning.parse_list(tuning)
+    return tunings, TuningOptions(budget=trials, patience=early_stop,
+                                  db=str(tuning_db) if tuning_db else None)
+
+
 def _measure_row(r) -> dict:
     d = r.to_dict()
+    tuned = d["tuning"] == "tuned"
     return {
         "algorithm": d["algorithm"], "compression": d["compression"],
         "ratio": d["ratio"] or "", "dtype": d["dtype"], "sparse": "csr" if d["sparse"] else "",
+        "tuning": f"{d['tuner']} ({d['trials']} trials)" if tuned and d["tuner"] else d["tuning"],
+        "tuning s": round(d["tuning_seconds"], 1) if d["tuning_seconds"] is not None else "",
         "median ms": None if d["median_ms"] is None else round(d["median_ms"], 4),
         "spread": None if d["spread"] is None else f"{d['spread']:.1%}",
         "runs": d["n_runs"], "GFLOP/s": None if d["gflops"] is None else round(d["gflops"], 1),

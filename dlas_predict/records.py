@@ -82,7 +82,11 @@ class MeasureResult(TimedRuns):
     tvm_version: str = ""
     kernels_version: str = ""
     timestamp: float = 0.0
+    #: Tuned records: the search's wall-clock cost, the trials it ran, and the tuner
+    #: ("metaschedule" for dense kernels, "knob-search" for CSR kernels).
     tuning_seconds: float | None = None
+    trials: int | None = None
+    tuner: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -113,7 +117,8 @@ class MeasureResult(TimedRuns):
             "verified": self.verified, "max_error": self.max_error, "error": self.error,
             "threads": self.threads, "tvm_version": self.tvm_version,
             "kernels_version": self.kernels_version, "timestamp": self.timestamp,
-            "tuning_seconds": self.tuning_seconds, "run_secs": list(self.run_secs),
+            "tuning_seconds": self.tuning_seconds, "trials": self.trials, "tuner": self.tuner,
+            "run_secs": list(self.run_secs),
         }
         return out
 
@@ -132,4 +137,6 @@ class MeasureResult(TimedRuns):
             verified=None if row["verified"] is None else bool(row["verified"]),
             max_error=row["max_error"], error=row["error"], threads=row["threads"],
             tvm_version=row["tvm_version"] or "", kernels_version=row["kernels_version"] or "",
-            timestamp=row["timestamp"] or 0.0, tuning_seconds=row["tuning_seconds"])
+            timestamp=row["timestamp"] or 0.0, tuning_seconds=row["tuning_seconds"],
+            trials=None if row.get("trials") is None else int(row["trials"]),
+            tuner=row.get("tuner"))

@@ -49,6 +49,8 @@ CREATE TABLE IF NOT EXISTS measurements (
     gflops REAL,
     compile_s REAL,
     tuning_seconds REAL,
+    trials INTEGER,
+    tuner TEXT,
     verified INTEGER,
     max_error REAL,
     error TEXT,
@@ -112,9 +114,13 @@ COLUMNS = (
     "stride_h", "stride_w", "pad_t", "pad_l", "pad_b", "pad_r", "groups", "dilation_h",
     "dilation_w", "OH", "OW", "macs", "dtype", "algorithm", "compression", "ratio", "sparse",
     "pattern", "sparsity", "nnz", "tuning", "knobs", "run_secs", "n_runs", "number",
-    "median_s", "spread", "noisy", "gflops", "compile_s", "tuning_seconds", "verified",
-    "max_error", "error", "threads", "tvm_version", "kernels_version", "timestamp",
+    "median_s", "spread", "noisy", "gflops", "compile_s", "tuning_seconds", "trials", "tuner",
+    "verified", "max_error", "error", "threads", "tvm_version", "kernels_version", "timestamp",
 )
+
+#: Columns added after the first stores were written: (table, column, type), migrated in place.
+_ADDED_COLUMNS = (("network_measurements", "summary", "TEXT"),
+                  ("measurements", "trials", "INTEGER"), ("measurements", "tuner", "TEXT"))
 
 
 def networks_path(path: str | Path, part: str = "networks") -> Path:
@@ -141,7 +147,7 @@ def _row(result: MeasureResult) -> tuple:
         "run_secs": json.dumps(list(result.run_secs)), "n_runs": len(result.run_secs),
         "number": result.number, "median_s": result.median_s, "spread": result.spread,
         "noisy": int(result.noisy), "gflops": result.gflops, "compile_s": result.compile_s,
-        "tuning_seconds": result.tuning_seconds,
+        "tuning_seconds": result.tuning_seconds, "trials": result.trials, "tuner": result.tuner,
         "verified": None if result.verified is None else int(result.verified),
         "max_error": result.max_error, "error": result.error, "threads": result.threads,
         "tvm_version": result.tvm_version, "kernels_version": result.kernels_version,
@@ -170,9 +176,10 @@ class CorpusStore:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.executescript(_SCHEMA)
-            cols = {r[1] for r in self._db.execute("PRAGMA table_info(network_measurements)")}
-            if "summary" not in cols:  # stores written before the column existed
-                self._db.execute("ALTER TABLE network_measurements ADD COLUMN summary TEXT")
+            for table, column, kind in _ADDED_COLUMNS:  # stores written before the column
+                cols = {r[1] for r in self._db.execute(f"PRAGMA table_info({table})")}
+                if column not in cols:
+                    self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
             self._db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)",
                              (str(SCHEMA_VERSION),))
         except sqlite3.DatabaseError as exc:

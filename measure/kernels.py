@@ -116,7 +116,7 @@ def _in_channel(spec: ConvSpec, k, rc):
     return (k // (spec.K // spec.groups)) * (spec.C // spec.groups) + rc
 
 
-def _direct_dense(ks: KernelSpec):
+def _direct_compute(ks: KernelSpec) -> list:
     spec, dt = ks.conv, ks.dtype
     data = te.placeholder(spec.input_shape, dt.value, name="data")
     weight = te.placeholder(spec.weight_shape, dt.value, name="weight")
@@ -131,8 +131,11 @@ def _direct_dense(ks: KernelSpec):
                 w * spec.stride_w + rs * spec.dilation_w],
             weight[k, rc, rr, rs], dt), axis=[rc, rr, rs]),
         name="conv")
-    out = _maybe_epilogue(conv, ks.requant_scale, dt)
-    sch = Schedule(te.create_prim_func([data, weight, out]))
+    return [data, weight, _maybe_epilogue(conv, ks.requant_scale, dt)]
+
+
+def _direct_schedule(sch: Schedule, ks: KernelSpec) -> None:
+    dt = ks.dtype
     block = sch.get_sblock("conv")
     wb = sch.cache_write(block, 0, "local")
     n, k, h, w, r_c, r_r, r_s = sch.get_loops(block)
@@ -146,10 +149,9 @@ def _direct_dense(ks: KernelSpec):
     sch.decompose_reduction(block, r_c)
     _finish_writeback(sch, wb, dt)
     _schedule_copy(sch, "pad")
-    return sch.mod
 
 
-def _gemm_dense(ks: KernelSpec):
+def _gemm_compute(ks: KernelSpec) -> list:
     spec, dt = ks.conv, ks.dtype
     cg = spec.C // spec.groups
     crs = cg * spec.R * spec.S
@@ -174,8 +176,11 @@ def _gemm_dense(ks: KernelSpec):
         (1, spec.K, p),
         lambda n, k, q: te.sum(_mul(weight[k, rj], col[k // kg, rj, q], dt), axis=[rj]),
         name="conv")
-    out = _maybe_epilogue(conv, ks.requant_scale, dt)
-    sch = Schedule(te.create_prim_func([data, weight, out]))
+    return [data, weight, _maybe_epilogue(conv, ks.requant_scale, dt)]
+
+
+def _gemm_schedule(sch: Schedule, ks: KernelSpec) -> None:
+    dt = ks.dtype
     sch.compute_inline(sch.get_sblock("pad"))
     block = sch.get_sblock("conv")
     wb = sch.cache_write(block, 0, "local")
@@ -190,10 +195,9 @@ def _gemm_dense(ks: KernelSpec):
     sch.decompose_reduction(block, r_j)
     _finish_writeback(sch, wb, dt)
     _schedule_copy(sch, "col")
-    return sch.mod
 
 
-def _spatial_pack_dense(ks: KernelSpec):
+def _spatial_pack_compute(ks: KernelSpec) -> list:
     spec, dt = ks.conv, ks.dtype
     kb, vh_, vw_ = ks.knobs["tile_k"], ks.knobs["tile_h"], ks.knobs["tile_w"]
     cg = spec.C // spec.groups
@@ -235,7 +239,11 @@ def _spatial_pack_dense(ks: KernelSpec):
         lambda n, k, h, w: _epilogue(conv[k // kb, h // vh_, w // vw_, h % vh_, w % vw_,
                                           k % kb], ks.requant_scale, dt),
         name="out")
-    sch = Schedule(te.create_prim_func([data, kvec, out]))
+    return [data, kvec, out]
+
+
+def _spatial_pack_schedule(sch: Schedule, ks: KernelSpec) -> None:
+    kb = ks.knobs["tile_k"]
     sch.compute_inline(sch.get_sblock("pad"))
     block = sch.get_sblock("conv")
     wb = sch.cache_write(block, 0, "local")
@@ -255,7 +263,6 @@ def _spatial_pack_dense(ks: KernelSpec):
     sch.vectorize(sch.get_loops(wb)[-1])
     _schedule_copy(sch, "data_vec")
     _schedule_copy(sch, "out")
-    return sch.mod
 
 
 def _maybe_epilogue(conv, scale: float, dt: DType):
@@ -439,8 +446,10 @@ def _spatial_pack_sparse(ks: KernelSpec) -> str:
 '''
 
 
-_DENSE = {Algorithm.DIRECT: _direct_dense, Algorithm.GEMM: _gemm_dense,
-          Algorithm.SPATIAL_PACK: _spatial_pack_dense}
+#: Dense kernels: (TE compute definition, hand schedule) per algorithm.
+_DENSE = {Algorithm.DIRECT: (_direct_compute, _direct_schedule),
+          Algorithm.GEMM: (_gemm_compute, _gemm_schedule),
+          Algorithm.SPATIAL_PACK: (_spatial_pack_compute, _spatial_pack_schedule)}
 _SPARSE = {Algorithm.DIRECT: _direct_sparse, Algorithm.GEMM: _gemm_sparse,
            Algorithm.SPATIAL_PACK: _spatial_pack_sparse}
 
@@ -453,14 +462,29 @@ def output_shape(ks: KernelSpec) -> tuple[int, ...]:
     return spec.output_shape
 
 
+def dense_prim_func(ks: KernelSpec) -> "tvm.tirx.PrimFunc":
+    """The unscheduled TensorIR function of a dense kernel: what MetaSchedule tunes.
+
+    Only spatial pack's data layout depends on knobs (``tile_k``, ``tile_h``, ``tile_w`` shape
+    the packed tensors); the loop schedule is left to the tuner.
+    """
+    if ks.sparse:
+        raise ValueError("CSR kernels have data-dependent loops; they are not TE computes")
+    compute, _ = _DENSE[ks.algorithm]
+    return te.create_prim_func(compute(ks))
+
+
 def kernel_module(ks: KernelSpec) -> tvm.IRModule:
-    """The scheduled TensorIR module of a kernel (not yet compiled)."""
+    """The hand-scheduled TensorIR module of a kernel (not yet compiled)."""
     if ks.sparse:
         from tvm.script import from_source
 
         func = from_source(_SPARSE[ks.algorithm](ks))
         return tvm.IRModule({"main": func})
-    return _DENSE[ks.algorithm](ks)
+    _, schedule = _DENSE[ks.algorithm]
+    sch = Schedule(dense_prim_func(ks))
+    schedule(sch, ks)
+    return sch.mod
 
 
 def build_kernel(ks: KernelSpec, target: "tvm.target.Target"):

@@ -97,3 +97,48 @@ def resolve_knobs(spec: ConvSpec, variant: Variant) -> dict[str, int]:
         if divides % knobs["tile_k"]:
             raise ConfigError(f"knob tile_k={knobs['tile_k']} must divide {divides}")
     return knobs
+
+
+#: Knobs that shape a dense kernel's data layout (the tensors it reads), not its loops: a
+#: tuned dense kernel keeps them at their defaults and MetaSchedule schedules the loops.
+LAYOUT_KNOBS: dict[Algorithm, tuple[str, ...]] = {
+    Algorithm.DIRECT: (), Algorithm.GEMM: (),
+    Algorithm.SPATIAL_PACK: ("tile_k", "tile_h", "tile_w"),
+}
+
+
+def tuned_knobs(spec: ConvSpec, variant: Variant, budget: int) -> dict[str, int]:
+    """What identifies a tuned measurement before it runs: the layout knobs a dense kernel is
+    tuned under (none for CSR kernels, whose knobs are the search's result) and the trial
+    budget, so the same workload tuned with another budget is another measurement."""
+    if budget < 1:
+        raise ConfigError(f"the trial budget must be at least 1, got {budget}")
+    knobs = {"budget": int(budget)}
+    if not variant.sparse:
+        defaults = resolve_knobs(spec, variant)
+        knobs.update({k: defaults[k] for k in LAYOUT_KNOBS[variant.algorithm]})
+    return knobs
+
+
+def search_space(spec: ConvSpec, variant: Variant) -> list[dict[str, int]]:
+    """The CSR kernel's knob candidates for the measured search, defaults first.
+
+    The hand schedule's knobs: the vector tile along the output row (direct), the output-pixel
+    block (gemm), the register tile's height and width (spatial pack). Values past the extent
+    they tile only add padding and are left out.
+    """
+    if not variant.sparse:
+        raise ConfigError("search_space is the CSR kernels' tuner; dense kernels are tuned "
+                          "by MetaSchedule")
+    p = spec.OH * spec.OW
+    widths = [v for v in (4, 8, 16, 32, 64) if v <= max(4, _pow2_at_least(spec.OW))]
+    if variant.algorithm is Algorithm.DIRECT:
+        space = [{"tile_w": v} for v in widths]
+    elif variant.algorithm is Algorithm.GEMM:
+        space = [{"tile_p": v} for v in (8, 16, 32, 64, 128, 256)
+                 if v <= max(8, _pow2_at_least(p))]
+    else:
+        heights = [v for v in (1, 2, 4) if v <= max(1, spec.OH)]
+        space = [{"tile_h": h, "tile_w": w} for h in heights for w in widths if w <= 32]
+    default = default_knobs(spec, variant)
+    return [default] + [k for k in space if k != default]

@@ -21,14 +21,48 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from dlas_predict.config import ConvSpec, Variant
+from dlas_predict.config import ConvSpec, Tuning, Variant
 from dlas_predict.devices import Device
+from dlas_predict.errors import ConfigError
 from dlas_predict.records import MeasureResult, measurement_key
 from measure import KERNELS_VERSION
-from measure.knobs import resolve_knobs
+from measure.knobs import resolve_knobs, tuned_knobs
 from measure.worker import Protocol
 
 _ROOT = Path(__file__).resolve().parent.parent
+
+#: The default trial budget of a tuned kernel, and the study's (the largest accepted).
+DEFAULT_TRIALS = 64
+MAX_TRIALS = 20000
+
+
+@dataclass(frozen=True)
+class TuningOptions:
+    """How tuned variants are searched: the trial budget, early stopping after ``patience``
+    trials without a 1 % gain (0: never), and the tuning database directory (None: the
+    device's own under ``DLAS_HOME/tuning``)."""
+
+    budget: int = DEFAULT_TRIALS
+    patience: int = 32
+    db: str | None = None
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.budget <= MAX_TRIALS:
+            raise ConfigError(f"--trials must be between 1 and {MAX_TRIALS}, got {self.budget}")
+        if self.patience < 0:
+            raise ConfigError(f"--early-stop must be 0 (off) or positive, got {self.patience}")
+
+    def db_path(self, device: Device) -> Path:
+        if self.db:
+            return Path(self.db)
+        from dlas_predict.home import dlas_home
+
+        return dlas_home() / "tuning" / f"{device.name}-{device.fingerprint}"
+
+    def timeout_s(self) -> float:
+        """A generous wall-clock limit for one tuned kernel (MetaSchedule builds each trial
+        with LLVM: about 2-3 s per trial on two cores, plus its start-up)."""
+        return 300.0 + 12.0 * self.budget
 
 
 @dataclass(frozen=True)
@@ -41,14 +75,25 @@ class MeasureTask:
     key: str
     seed: int = 0
     fault: str | None = None  # test hook, honoured only with DLAS_FAULT_INJECTION=1
+    tuning: TuningOptions | None = None  # tuned variants only
 
     @classmethod
     def make(cls, spec: ConvSpec, variant: Variant, device: Device, seed: int = 0,
-             fault: str | None = None) -> "MeasureTask":
-        knobs = resolve_knobs(spec, variant)
+             fault: str | None = None,
+             tuning: TuningOptions | None = None) -> "MeasureTask":
+        """A tuned variant's knobs are its budget and layout (see
+        :func:`measure.knobs.tuned_knobs`): the key says what was asked, the record the
+        knobs the search chose."""
+        if variant.tuning is Tuning.TUNED:
+            tuning = tuning or TuningOptions()
+            knobs = tuned_knobs(spec, variant, tuning.budget)
+        else:
+            tuning = None
+            knobs = resolve_knobs(spec, variant)
         key = measurement_key(device.name, device.fingerprint, spec, variant, knobs,
                               KERNELS_VERSION)
-        return cls(spec=spec, variant=variant, knobs=knobs, key=key, seed=seed, fault=fault)
+        return cls(spec=spec, variant=variant, knobs=knobs, key=key, seed=seed, fault=fault,
+                   tuning=tuning)
 
 
 class Runner(abc.ABC):
@@ -165,7 +210,12 @@ class LocalRunner(Runner):
             "dtype": v.dtype.value, "knobs": task.knobs, "ratio": v.ratio,
             "pattern": v.pattern.value, "target": self.device.target,
             "protocol": self.protocol.to_dict(), "seed": task.seed,
+            "compression": v.compression.value, "fingerprint": self.device.fingerprint,
         }
+        if task.tuning is not None:
+            payload["tuning"] = {"budget": task.tuning.budget, "patience": task.tuning.patience,
+                                 "db": str(task.tuning.db_path(self.device)),
+                                 "cores": self.device.cores}
         if task.fault:
             payload["fault"] = task.fault
         return payload
@@ -176,7 +226,10 @@ class LocalRunner(Runner):
 
     def run_one(self, task: MeasureTask) -> MeasureResult:
         """Measure one task; never raises for a kernel's failure (it is in ``error``)."""
-        return self._record(task, self.call(self._payload(task)))
+        timeout = None
+        if task.tuning is not None:
+            timeout = max(self.timeout_s, task.tuning.timeout_s())
+        return self._record(task, self.call(self._payload(task), timeout))
 
     def call(self, payload: dict[str, Any], timeout_s: float | None = None) -> dict[str, Any]:
         """Send one task to the worker and return its reply. A crash or a timeout is a reply
@@ -202,7 +255,7 @@ class LocalRunner(Runner):
     def _record(self, task: MeasureTask, reply: dict[str, Any]) -> MeasureResult:
         return MeasureResult(
             key=task.key, device=self.device.name, fingerprint=self.device.fingerprint,
-            conv=task.spec, variant=task.variant, knobs=task.knobs,
+            conv=task.spec, variant=task.variant, knobs=dict(reply.get("knobs") or task.knobs),
             sparsity=float(reply.get("sparsity") or 0.0), nnz=reply.get("nnz"),
             run_secs=list(reply.get("run_secs") or []) if reply.get("ok") else [],
             number=reply.get("number"), compile_s=reply.get("compile_s"),
@@ -210,7 +263,8 @@ class LocalRunner(Runner):
             error=None if reply.get("ok") else str(reply.get("error") or "unknown failure"),
             threads=self._ready.get("threads") or self.device.cores,
             tvm_version=self._ready.get("tvm_version", ""), kernels_version=KERNELS_VERSION,
-            timestamp=time.time())
+            timestamp=time.time(), tuning_seconds=reply.get("tuning_seconds"),
+            trials=reply.get("trials"), tuner=reply.get("tuner"))
 
 
 def _describe_exit(code: int) -> str:

@@ -76,6 +76,7 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
     import tvm
 
     from measure.kernels import KernelSpec, build_kernel, output_shape, pack_weights
+
     spec = ConvSpec.from_dict(task["conv"])
     dtype = DType.parse(task["dtype"])
     ks = KernelSpec(conv=spec, algorithm=Algorithm.parse(task["algorithm"]),
@@ -89,14 +90,20 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
     if ks.sparse:
         result["nnz"] = int(np.count_nonzero(w))
 
-    t0 = time.perf_counter()
-    executable = build_kernel(ks, _target(task["target"]))
-    result["compile_s"] = time.perf_counter() - t0
-
     dev = tvm.cpu(0)
-    args = [tvm.runtime.tensor(a, dev) for a in [x, *pack_weights(ks, w)]]
-    out_dtype = dtype.value
-    out = tvm.runtime.tensor(np.zeros(output_shape(ks), dtype=out_dtype), dev)
+
+    def make_args(k: KernelSpec) -> list:
+        return [tvm.runtime.tensor(a, dev) for a in [x, *pack_weights(k, w)]] + [
+            tvm.runtime.tensor(np.zeros(output_shape(k), dtype=dtype.value), dev)]
+
+    if task.get("tuning"):
+        executable, ks = _tuned_build(ks, task, pattern, make_args, result)
+    else:
+        t0 = time.perf_counter()
+        executable = build_kernel(ks, _target(task["target"]))
+        result["compile_s"] = time.perf_counter() - t0
+
+    *args, out = make_args(ks)
     func = executable["main"]
     t0 = time.perf_counter()
     func(*args, out)  # warm-up run, discarded; its output is verified
@@ -110,6 +117,42 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
     runs = list(timer(*args, out).results)
     result.update(run_secs=runs, number=number, repeats=repeats)
     return result
+
+
+def _tuned_build(ks, task: dict[str, Any], pattern: SparsityPattern, make_args,
+                 result: dict[str, Any]):
+    """Tune (or reuse the database's search), then compile the winner; fills the tuning
+    fields of ``result``. Returns the executable and the kernel spec it was built from."""
+    import tvm
+
+    from measure import tuning as tn
+    from measure.kernels import build_kernel
+    from measure.knobs import search_space
+
+    opts = task["tuning"]
+    budget, patience = int(opts["budget"]), int(opts.get("patience") or 0)
+    target = tn.tuning_target(task["target"], int(opts["cores"]))
+    db = tn.TuningDB(opts["db"])
+    sparsity = (float(task["ratio"]), pattern.value) if ks.sparse else None
+    key = tn.tuning_key(task.get("fingerprint", ""), ks, budget, task["target"], sparsity)
+    if ks.sparse:
+        from dlas_predict.config import Variant
+
+        variant = Variant(ks.algorithm, task["compression"], float(task["ratio"]))
+        ks, outcome = tn.search_sparse(ks, target, db, key, budget, patience,
+                                       search_space(ks.conv, variant), make_args)
+        t0 = time.perf_counter()
+        executable = build_kernel(ks, target)
+    else:
+        mod, outcome = tn.tune_dense(ks, target, db, key, budget, patience)
+        t0 = time.perf_counter()
+        executable = tvm.compile(mod, target=target)
+    result["compile_s"] = time.perf_counter() - t0
+    result.update(tuning_seconds=outcome.seconds, trials=outcome.trials, tuner=outcome.tuner,
+                  tuning_reused=outcome.reused, stopped_early=outcome.stopped_early,
+                  tuner_best_s=outcome.best_s,
+                  knobs={k: v for k, v in {**ks.knobs, **outcome.knobs}.items()})
+    return executable, ks
 
 
 def _inject(fault: str) -> None:

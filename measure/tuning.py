@@ -1,0 +1,232 @@
+"""Auto-scheduling: the tuned half of the grid.
+
+Dense kernels are tuned by MetaSchedule (TVM 0.27's successor of the Ansor auto-scheduler
+the study used) from their unscheduled TensorIR (:func:`measure.kernels.dense_prim_func`).
+CSR kernels have data-dependent loops that MetaSchedule cannot sample, so their tuned variant
+is a measured search over the hand schedule's knobs (:func:`measure.knobs.search_space`), the
+counterpart of the study's "sparse sketch rules".
+
+Every search is written to a :class:`TuningDB` (a directory: MetaSchedule's JSON database of
+tuning records, plus an index of what was tuned with which budget and what it cost), so the
+same workload is never tuned twice for the same device and budget, and the directory can
+travel with a corpus. This module imports TVM and runs inside the isolated worker.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import tvm
+
+from dlas_predict.config import stable_hash
+from measure.kernels import KernelSpec, build_kernel, dense_prim_func
+
+METASCHEDULE = "metaschedule"
+KNOB_SEARCH = "knob-search"
+
+#: A trial improves on the best so far when it is at least this much faster.
+MIN_GAIN = 0.01
+
+
+@dataclass(frozen=True)
+class TuneOutcome:
+    """What one search found and what it cost (also what the index stores)."""
+
+    tuner: str
+    budget: int
+    trials: int               # trials actually run (early stopping may end before budget)
+    seconds: float            # wall-clock cost of the search
+    best_s: float | None      # the tuner's own best measurement of one call
+    stopped_early: bool
+    knobs: dict[str, int] = field(default_factory=dict)  # knob search: the winner
+    reused: bool = False      # found in the database: nothing was searched this time
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class TuningDB:
+    """A tuning database directory.
+
+    ``workloads.json`` and ``records.json`` are MetaSchedule's JSON database (every measured
+    schedule, so a later search with a larger budget starts from them); ``index.jsonl`` holds
+    one line per finished search: its key, tuner, budget, trials, seconds and result.
+    Lines are appended and flushed, so a killed search loses only itself.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.index_path = self.path / "index.jsonl"
+        self._ms = None
+
+    def entries(self) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        if self.index_path.is_file():
+            for line in self.index_path.read_text().splitlines():
+                try:
+                    entry = json.loads(line)
+                except ValueError:  # a line cut by a kill: that search is simply redone
+                    continue
+                out[entry["key"]] = entry
+        return out
+
+    def lookup(self, key: str) -> TuneOutcome | None:
+        entry = self.entries().get(key)
+        if entry is None:
+            return None
+        fields = TuneOutcome.__dataclass_fields__
+        return TuneOutcome(**{k: v for k, v in entry.items() if k in fields and k != "reused"},
+                           reused=True)
+
+    def record(self, key: str, outcome: TuneOutcome, **extra: Any) -> None:
+        line = json.dumps({"key": key, **outcome.to_dict(), **extra, "recorded_at": time.time()})
+        with open(self.index_path, "a") as fh:
+            fh.write(line + "\n")
+            fh.flush()
+
+    def metaschedule(self):
+        """MetaSchedule's JSON database in this directory."""
+        if self._ms is None:
+            from tvm.s_tir import meta_schedule as ms
+
+            self._ms = ms.database.JSONDatabase(
+                path_workload=str(self.path / "workloads.json"),
+                path_tuning_record=str(self.path / "records.json"), allow_missing=True)
+        return self._ms
+
+
+def tuning_key(fingerprint: str, ks: KernelSpec, budget: int, target: dict,
+               sparsity: tuple[float, str] | None = None) -> str:
+    """A search's identity: device, workload, kernel, layout knobs, budget (and, for CSR
+    kernels, the pruning the knobs were searched on)."""
+    layout = {} if ks.sparse else {k: v for k, v in ks.knobs.items() if k != "budget"}
+    return stable_hash({"fingerprint": fingerprint, "target": target,
+                        "conv": ks.conv.to_dict(), "algorithm": ks.algorithm.value,
+                        "sparse": ks.sparse, "dtype": ks.dtype.value, "layout": layout,
+                        "scale": ks.requant_scale, "budget": int(budget),
+                        "sparsity": list(sparsity) if sparsity else None})
+
+
+def tuning_target(target: dict, cores: int) -> "tvm.target.Target":
+    """The host target with ``num-cores``, which MetaSchedule requires."""
+    return tvm.target.Target({**target, "num-cores": int(cores)})
+
+
+# ------------------------------------------------------------------------------------------
+# Dense kernels: MetaSchedule
+# ------------------------------------------------------------------------------------------
+def _early_stop_callback(patience: int, counter: dict):
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
+
+    @derived_object
+    class EarlyStop(PyMeasureCallback):
+        """Ends the search after ``patience`` trials without a gain of MIN_GAIN."""
+
+        def apply(self, task_scheduler, task_id, measure_candidates, builder_results,
+                  runner_results) -> None:
+            for res in runner_results:
+                counter["trials"] += 1
+                secs = [float(x) for x in (res.run_secs or [])]
+                if res.error_msg is None and secs:
+                    t = sum(secs) / len(secs)
+                    if t < counter["best"] * (1 - MIN_GAIN):
+                        counter["best"], counter["since"] = t, 0
+                        continue
+                counter["since"] += 1
+            if patience and counter["since"] >= patience:
+                counter["stopped"] = True
+                task_scheduler.terminate_task(task_id)
+
+    return EarlyStop()
+
+
+def tune_dense(ks: KernelSpec, target: "tvm.target.Target", db: TuningDB, key: str,
+               budget: int, patience: int, per_iter: int = 16) -> tuple[tvm.IRModule,
+                                                                        TuneOutcome]:
+    """Tune ``ks`` with MetaSchedule unless ``db`` already holds this search; returns the
+    best schedule's module and the search's outcome."""
+    from tvm.s_tir import meta_schedule as ms
+
+    func = dense_prim_func(ks)
+    outcome = db.lookup(key)
+    if outcome is None:
+        counter = {"trials": 0, "best": float("inf"), "since": 0, "stopped": False}
+        work = tempfile.mkdtemp(prefix="dlas-ms-")
+        logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
+        t0 = time.perf_counter()
+        try:
+            ms.tune_tir(func, target, work, max_trials_global=budget,
+                        num_trials_per_iter=min(per_iter, budget),
+                        database=db.metaschedule(),
+                        measure_callbacks=[*ms.measure_callback.MeasureCallback.create(
+                            "default"), _early_stop_callback(patience, counter)])
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        best = counter["best"] if counter["best"] != float("inf") else None
+        outcome = TuneOutcome(METASCHEDULE, budget, counter["trials"],
+                              time.perf_counter() - t0, best, counter["stopped"])
+        if best is not None:
+            db.record(key, outcome)
+    sch = ms.tir_integration.compile_tir(db.metaschedule(), func, target)
+    if sch is None:
+        raise RuntimeError(f"MetaSchedule found no valid schedule in {outcome.trials} trials")
+    return sch.mod, outcome
+
+
+# ------------------------------------------------------------------------------------------
+# CSR kernels: a measured search over the hand schedule's knobs
+# ------------------------------------------------------------------------------------------
+def quick_time(func: Callable, args: list, module, dev, repeats: int = 5) -> float:
+    """Median seconds per call: one warm-up, then ``repeats`` runs of at least 1 ms each."""
+    t0 = time.perf_counter()
+    func(*args)
+    single = max(time.perf_counter() - t0, 1e-7)
+    number = max(1, int(np.ceil(1e-3 / single)))
+    timer = module.time_evaluator("main", dev, number=number, repeat=repeats)
+    return float(np.median(list(timer(*args).results)))
+
+
+def search_sparse(ks: KernelSpec, target: "tvm.target.Target", db: TuningDB, key: str,
+                  budget: int, patience: int, candidates: list[dict[str, int]],
+                  make_args: Callable[[KernelSpec], list]) -> tuple[KernelSpec, TuneOutcome]:
+    """Time each knob candidate (at most ``budget``; stop after ``patience`` without a gain)
+    and keep the fastest; ``make_args(ks)`` gives a candidate's arguments (packed weights,
+    output). Reuses the database's winner when this search was done before."""
+    from dataclasses import replace
+
+    outcome = db.lookup(key)
+    if outcome is None:
+        dev = tvm.cpu(0)
+        t0 = time.perf_counter()
+        best_s, best_knobs, since, trials, stopped = float("inf"), None, 0, 0, False
+        for knobs in candidates[:budget]:
+            trials += 1
+            cand = replace(ks, knobs={**ks.knobs, **knobs})
+            try:
+                ex = build_kernel(cand, target)
+                secs = quick_time(ex["main"], make_args(cand), ex.mod, dev)
+            except Exception:  # a candidate that does not build or run is a failed trial
+                secs = float("inf")
+            if secs < best_s * (1 - MIN_GAIN):
+                best_s, best_knobs, since = secs, knobs, 0
+            else:
+                since += 1
+            if patience and since >= patience and trials < min(budget, len(candidates)):
+                stopped = True
+                break
+        if best_knobs is None:
+            raise RuntimeError(f"no knob candidate of the {trials} tried built and ran")
+        outcome = TuneOutcome(KNOB_SEARCH, budget, trials, time.perf_counter() - t0, best_s,
+                              stopped, dict(best_knobs))
+        db.record(key, outcome)
+    return replace(ks, knobs={**ks.knobs, **outcome.knobs}), outcome
