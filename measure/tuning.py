@@ -34,6 +34,8 @@ KNOB_SEARCH = "knob-search"
 
 #: A trial improves on the best so far when it is at least this much faster.
 MIN_GAIN = 0.01
+#: Seconds MetaSchedule may spend building one candidate.
+BUILD_TIMEOUT_S = 180.0
 
 
 @dataclass(frozen=True)
@@ -124,7 +126,7 @@ def tuning_target(target: dict, cores: int) -> "tvm.target.Target":
 # ------------------------------------------------------------------------------------------
 # Dense kernels: MetaSchedule
 # ------------------------------------------------------------------------------------------
-def _early_stop_callback(patience: int, counter: dict):
+def _early_stop_callback(patience: int, budget: int, counter: dict):
     from tvm.ir.utils import derived_object
     from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
 
@@ -134,8 +136,11 @@ def _early_stop_callback(patience: int, counter: dict):
 
         def apply(self, task_scheduler, task_id, measure_candidates, builder_results,
                   runner_results) -> None:
-            for res in runner_results:
+            for built, res in zip(builder_results, runner_results):
                 counter["trials"] += 1
+                error = built.error_msg or res.error_msg
+                if error and not counter["error"]:
+                    counter["error"] = str(error).strip().splitlines()[-1][:300]
                 secs = [float(x) for x in (res.run_secs or [])]
                 if res.error_msg is None and secs:
                     t = sum(secs) / len(secs)
@@ -143,9 +148,12 @@ def _early_stop_callback(patience: int, counter: dict):
                         counter["best"], counter["since"] = t, 0
                         continue
                 counter["since"] += 1
-            if patience and counter["since"] >= patience:
+            if patience and counter["since"] >= patience and counter["trials"] < budget:
                 counter["stopped"] = True
-                task_scheduler.terminate_task(task_id)
+                try:
+                    task_scheduler.terminate_task(task_id)
+                except Exception:  # the scheduler finished the task first: nothing to stop
+                    pass
 
     return EarlyStop()
 
@@ -160,7 +168,8 @@ def tune_dense(ks: KernelSpec, target: "tvm.target.Target", db: TuningDB, key: s
     func = dense_prim_func(ks)
     outcome = db.lookup(key)
     if outcome is None:
-        counter = {"trials": 0, "best": float("inf"), "since": 0, "stopped": False}
+        counter = {"trials": 0, "best": float("inf"), "since": 0, "stopped": False,
+                   "error": None}
         work = tempfile.mkdtemp(prefix="dlas-ms-")
         logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
         t0 = time.perf_counter()
@@ -168,18 +177,24 @@ def tune_dense(ks: KernelSpec, target: "tvm.target.Target", db: TuningDB, key: s
             ms.tune_tir(func, target, work, max_trials_global=budget,
                         num_trials_per_iter=min(per_iter, budget),
                         database=db.metaschedule(),
+                        # LLVM builds of unrolled candidates take seconds; on a loaded
+                        # two-core machine the default 30 s limit fails good candidates
+                        builder=ms.builder.LocalBuilder(timeout_sec=BUILD_TIMEOUT_S),
                         measure_callbacks=[*ms.measure_callback.MeasureCallback.create(
-                            "default"), _early_stop_callback(patience, counter)])
+                            "default"), _early_stop_callback(patience, budget, counter)])
         finally:
             shutil.rmtree(work, ignore_errors=True)
         best = counter["best"] if counter["best"] != float("inf") else None
         outcome = TuneOutcome(METASCHEDULE, budget, counter["trials"],
                               time.perf_counter() - t0, best, counter["stopped"])
-        if best is not None:
-            db.record(key, outcome)
+        if best is None:
+            raise RuntimeError(f"MetaSchedule found no valid schedule in {outcome.trials} "
+                               f"trials (first error: {counter['error']})")
+        db.record(key, outcome)
     sch = ms.tir_integration.compile_tir(db.metaschedule(), func, target)
     if sch is None:
-        raise RuntimeError(f"MetaSchedule found no valid schedule in {outcome.trials} trials")
+        raise RuntimeError(f"the tuning database has no schedule for this kernel although "
+                           f"its index lists a search ({outcome.trials} trials)")
     return sch.mod, outcome
 
 

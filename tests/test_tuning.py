@@ -1,0 +1,179 @@
+"""The tuned half of the grid: MetaSchedule for dense kernels, the knob search for CSR
+kernels, the reusable tuning database, and the records and commands around them."""
+import json
+import sqlite3
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from cli import app
+from dlas_predict.config import Algorithm, ConvSpec, Tuning, Variant
+from dlas_predict.devices import get_device
+from dlas_predict.errors import ConfigError
+from dlas_predict.store import CorpusStore
+from measure.knobs import default_knobs, search_space, tuned_knobs
+from measure.runner import LocalRunner, MeasureTask, TuningOptions
+from measure.worker import Protocol
+
+SPEC = ConvSpec.parse("C=8,H=10,W=10,K=16,R=3,S=3,stride=1,pad=1")
+QUICK = Protocol(max_repeats=5, min_repeats=3, time_budget_s=0.05)
+
+
+# ---- pure Python: knobs, keys, options ---------------------------------------------------------
+def test_tuned_knobs_hold_budget_and_only_layout_knobs():
+    assert tuned_knobs(SPEC, Variant("direct", "dense"), 64) == {"budget": 64}
+    sp = tuned_knobs(SPEC, Variant("spatial_pack", "int8"), 8)
+    defaults = default_knobs(SPEC, Variant("spatial_pack", "int8"))
+    assert sp == {"budget": 8, **{k: defaults[k] for k in ("tile_k", "tile_h", "tile_w")}}
+    assert tuned_knobs(SPEC, Variant("gemm", "weight_pruning", 0.5), 16) == {"budget": 16}
+    with pytest.raises(ConfigError):
+        tuned_knobs(SPEC, Variant("gemm", "dense"), 0)
+
+
+@pytest.mark.parametrize("alg,names", [("direct", {"tile_w"}), ("gemm", {"tile_p"}),
+                                       ("spatial_pack", {"tile_h", "tile_w"})])
+def test_search_space_starts_at_the_default_and_has_no_repeats(alg, names):
+    v = Variant(alg, "weight_pruning", 0.8)
+    space = search_space(SPEC, v)
+    assert space[0] == default_knobs(SPEC, v)
+    assert len({json.dumps(k, sort_keys=True) for k in space}) == len(space) > 2
+    assert all(set(k) == names for k in space)
+    with pytest.raises(ConfigError):
+        search_space(SPEC, Variant(alg, "dense"))
+
+
+def test_tuned_key_depends_on_budget_and_differs_from_untuned():
+    dev = get_device("local")
+    untuned = MeasureTask.make(SPEC, Variant("gemm", "dense"), dev)
+    t64 = MeasureTask.make(SPEC, Variant("gemm", "dense", tuning="tuned"), dev,
+                           tuning=TuningOptions(budget=64))
+    t8 = MeasureTask.make(SPEC, Variant("gemm", "dense", tuning="tuned"), dev,
+                          tuning=TuningOptions(budget=8))
+    assert len({untuned.key, t64.key, t8.key}) == 3
+    assert untuned.tuning is None and t8.tuning.budget == 8
+    assert t64.tuning.timeout_s() > t8.tuning.timeout_s() >= 300
+
+
+def test_tuning_options_reject_impossible_values(tmp_path):
+    with pytest.raises(ConfigError, match="between 1 and 20000"):
+        TuningOptions(budget=20001)
+    with pytest.raises(ConfigError, match="early-stop"):
+        TuningOptions(patience=-1)
+    dev = get_device("local")
+    assert TuningOptions().db_path(dev).name == f"local-{dev.fingerprint}"
+    assert TuningOptions(db=str(tmp_path)).db_path(dev) == tmp_path
+
+
+def test_tuning_db_index_survives_a_cut_line(tmp_path):
+    from measure.tuning import KNOB_SEARCH, TuneOutcome, TuningDB
+
+    db = TuningDB(tmp_path / "db")
+    out = TuneOutcome(KNOB_SEARCH, 8, 5, 1.5, 1e-4, True, {"tile_w": 8})
+    db.record("a", out)
+    with open(db.index_path, "a") as fh:
+        fh.write('{"key": "b", "tuner": "meta')   # a search killed while writing
+    got = db.lookup("a")
+    assert got.reused and got.knobs == {"tile_w": 8} and got.seconds == 1.5 and got.trials == 5
+    assert db.lookup("b") is None
+
+
+# ---- the store ------------------------------------------------------------------------------
+def test_store_keeps_tuning_fields_and_migrates_old_stores(tmp_path):
+    from dlas_predict.records import MeasureResult
+
+    path = tmp_path / "old.sqlite"
+    CorpusStore(path).close()
+    con = sqlite3.connect(path)   # a store written before the tuning columns existed
+    con.execute("ALTER TABLE measurements DROP COLUMN trials")
+    con.execute("ALTER TABLE measurements DROP COLUMN tuner")
+    con.commit()
+    con.close()
+    rec = MeasureResult(key="k1", device="local", fingerprint="f", conv=SPEC,
+                        variant=Variant("gemm", "dense", tuning="tuned"), knobs={"budget": 8},
+                        run_secs=[1e-4, 1.1e-4], tuning_seconds=12.5, trials=8,
+                        tuner="metaschedule")
+    with CorpusStore(path) as db:
+        db.add(rec)
+        (back,) = db.results()
+    assert (back.tuning_seconds, back.trials, back.tuner) == (12.5, 8, "metaschedule")
+    assert back.variant.tuning is Tuning.TUNED
+    snap = tmp_path / "snap.parquet"
+    with CorpusStore(path) as db:
+        db.export(snap, "parquet")
+    with CorpusStore(tmp_path / "new.sqlite") as db:
+        assert db.import_snapshot(snap) == (1, 0)
+        (again,) = db.results()
+    assert (again.trials, again.tuner) == (8, "metaschedule")
+
+
+# ---- real tuning in the worker ----------------------------------------------------------------
+@pytest.mark.slow
+def test_knob_search_tunes_csr_kernel_and_reuses_the_database(tmp_path):
+    dev = get_device("local")
+    opts = TuningOptions(budget=3, patience=0, db=str(tmp_path / "tdb"))
+    v = Variant("direct", "weight_pruning", 0.7, tuning="tuned")
+    task = MeasureTask.make(SPEC, v, dev, tuning=opts)
+    with LocalRunner(dev, protocol=QUICK) as runner:
+        first = runner.run_one(task)
+        t0 = time.perf_counter()
+        second = runner.run_one(task)
+        again_s = time.perf_counter() - t0
+    assert first.ok and first.verified, first.error
+    assert first.tuner == "knob-search" and first.trials == 3
+    assert first.tuning_seconds > 0 and "tile_w" in first.knobs
+    assert first.knobs["tile_w"] in [k["tile_w"] for k in search_space(SPEC, v)[:3]]
+    # the second run found the search in the database: same winner, same recorded cost
+    assert second.ok and second.knobs == first.knobs
+    assert second.tuning_seconds == first.tuning_seconds
+    assert again_s < 30
+    lines = (tmp_path / "tdb" / "index.jsonl").read_text().splitlines()
+    assert len(lines) == 1
+
+
+@pytest.mark.slow
+def test_metaschedule_tunes_a_dense_kernel_that_matches_numpy(tmp_path):
+    dev = get_device("local")
+    opts = TuningOptions(budget=2, patience=0, db=str(tmp_path / "tdb"))
+    task = MeasureTask.make(SPEC, Variant(Algorithm.GEMM, "dense", tuning="tuned"), dev,
+                            tuning=opts)
+    with LocalRunner(dev, protocol=QUICK) as runner:
+        first = runner.run_one(task)
+        second = runner.run_one(task)
+    assert first.ok and first.verified, first.error       # checked against the numpy reference
+    assert first.tuner == "metaschedule" and 1 <= first.trials <= 2
+    assert first.knobs == {"budget": 2} and first.tuning_seconds > 0
+    assert second.ok and second.verified and second.tuning_seconds == first.tuning_seconds
+    db = tmp_path / "tdb"
+    assert (db / "records.json").stat().st_size > 0 and (db / "workloads.json").is_file()
+
+
+# ---- CLI ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("args,message", [
+    (["--tuning", "tuned", "--trials", "0"], "--trials must be between 1 and 20000"),
+    (["--tuning", "sometimes"], "unknown tuning 'sometimes'"),
+    (["--tuning", "tuned", "--early-stop", "-2"], "--early-stop must be 0"),
+])
+def test_measure_rejects_bad_tuning_options(args, message):
+    res = CliRunner().invoke(app, ["measure", "--conv", "C=8,H=10,W=10,K=16,R=3,S=3,pad=1",
+                                   *args])
+    assert res.exit_code == 1
+    assert message in res.output and "Traceback" not in res.output
+
+
+@pytest.mark.slow
+def test_measure_tuned_json_has_tuning_fields(tmp_path):
+    res = CliRunner().invoke(app, [
+        "measure", "--conv", "C=8,H=10,W=10,K=16,R=3,S=3,pad=1", "--algorithm", "gemm",
+        "--compression", "weight_pruning", "--ratio", "0.6", "--tuning", "all", "--trials",
+        "2", "--tuning-db", str(tmp_path / "tdb"), "--max-repeats", "5", "--time-budget",
+        "0.05", "--json", "--store", str(tmp_path / "s.sqlite")])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)
+    assert [r["tuning"] for r in rows] == ["untuned", "tuned"]
+    untuned, tuned = rows
+    assert untuned["tuning_seconds"] is None and untuned["tuner"] is None
+    assert tuned["tuner"] == "knob-search" and tuned["trials"] == 2
+    assert tuned["tuning_seconds"] > 0 and tuned["verified"] is True
+    with CorpusStore(tmp_path / "s.sqlite") as db:
+        assert sorted(r.variant.tuning.value for r in db.results()) == ["tuned", "untuned"]
