@@ -123,6 +123,13 @@ def _measure_peaks(as_json: bool, save_to: Optional[Path]) -> None:
 
 
 # ---- measure ----------------------------------------------------------------------------
+_TRIALS_OPT = typer.Option(64, "--trials", help="Tuned: trial budget per kernel (up to the "
+                           "study's 20000).")
+_EARLY_STOP_OPT = typer.Option(32, "--early-stop", help="Tuned: stop a search after this many "
+                               "trials without a 1 % gain (0: never).")
+_TUNING_DB_OPT = typer.Option(None, "--tuning-db", help="Tuning database directory, reused "
+                              "across runs (default: DLAS_HOME/tuning/DEVICE-FINGERPRINT).")
+
 def _protocol(max_repeats: int, time_budget: float):
     from dlas_predict.errors import ConfigError
     from measure.worker import Protocol
@@ -167,12 +174,8 @@ def measure(
                                   "declared hung."),
     tuning: str = typer.Option("untuned", "--tuning", help="untuned | tuned | all (tuned: "
                                "MetaSchedule for dense kernels, a knob search for CSR)."),
-    trials: int = typer.Option(64, "--trials", help="Tuned: trial budget per kernel "
-                               "(up to the study's 20000)."),
-    early_stop: int = typer.Option(32, "--early-stop", help="Tuned: stop after this many "
-                                   "trials without a 1 % gain (0: never)."),
-    tuning_db: Optional[Path] = typer.Option(None, "--tuning-db", help="Tuning database "
-                                             "directory (default: DLAS_HOME/tuning/DEVICE)."),
+    trials: int = _TRIALS_OPT, early_stop: int = _EARLY_STOP_OPT,
+    tuning_db: Optional[Path] = _TUNING_DB_OPT,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per variant."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ):
@@ -269,6 +272,9 @@ def collect(
     max_repeats: int = typer.Option(150, "--max-repeats"),
     time_budget: float = typer.Option(3.0, "--time-budget"),
     timeout: float = typer.Option(300.0, "--timeout"),
+    tuning: str = typer.Option("untuned", "--tuning", help="untuned | tuned | all."),
+    trials: int = _TRIALS_OPT, early_stop: int = _EARLY_STOP_OPT,
+    tuning_db: Optional[Path] = _TUNING_DB_OPT,
     as_json: bool = typer.Option(False, "--json", help="Print the run summary as JSON."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ):
@@ -278,12 +284,42 @@ def collect(
     that layer's own sparsity."""
     _collect(network, store, device, algorithms, compressions, ratio, retry_failures,
              max_repeats, time_budget, timeout, as_json, quiet, per_layer=not uniform,
-             whole_network=whole_network)
+             whole_network=whole_network,
+             tuning=_tuning(tuning, trials, early_stop, tuning_db))
+
+
+@app.command()
+@handle_errors
+def tune(
+    network: List[str] = typer.Option(..., "--network",
+                                      help="ONNX file or zoo:NAME (repeatable)."),
+    device: str = typer.Option("local", "--device", help="Device name (see `devices`)."),
+    trials: int = _TRIALS_OPT, early_stop: int = _EARLY_STOP_OPT,
+    tuning_db: Optional[Path] = _TUNING_DB_OPT,
+    store: Optional[Path] = typer.Option(None, "--store", help="Corpus store the tuned "
+                                         "records go to (default: DLAS_HOME/corpus.sqlite)."),
+    algorithms: str = typer.Option("all", "--algorithms", help="all | comma list."),
+    compressions: str = typer.Option("all", "--compressions", help="all | comma list."),
+    ratio: float = typer.Option(0.9, "--ratio", help="Global pruning ratio in (0, 1)."),
+    retry_failures: bool = typer.Option(False, "--retry-failures"),
+    max_repeats: int = typer.Option(150, "--max-repeats"),
+    time_budget: float = typer.Option(3.0, "--time-budget"),
+    as_json: bool = typer.Option(False, "--json", help="Print the run summary as JSON."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+):
+    """Auto-schedule every unique conv layer of the networks: MetaSchedule for dense kernels,
+    a measured knob search for CSR kernels. Resumable: what the store or the tuning database
+    already holds is not tuned again."""
+    from dlas_predict.home import default_store_path
+
+    _collect(network, store or default_store_path(), device, algorithms, compressions, ratio,
+             retry_failures, max_repeats, time_budget, 300.0, as_json, quiet,
+             tuning=_tuning("tuned", trials, early_stop, tuning_db))
 
 
 def _collect(networks, store, device, algorithms, compressions, ratio, retry_failures,
              max_repeats, time_budget, timeout, as_json, quiet, per_layer=True,
-             whole_network=False):
+             whole_network=False, tuning=None):
     from dlas_predict.config import Algorithm, Compression, Variant, check_ratio
     from dlas_predict.netplan import network_configs
     from dlas_predict.network import read_network
@@ -296,6 +332,7 @@ def _collect(networks, store, device, algorithms, compressions, ratio, retry_fai
     comps = Compression.parse_list(compressions)
     check_ratio(ratio)
     proto = _protocol(max_repeats, time_budget)
+    tunings, opts = tuning or _tuning("untuned", 64, 32, None)
     dev = _local_device(device)
     plans = {}
     for model in networks:
@@ -312,9 +349,11 @@ def _collect(networks, store, device, algorithms, compressions, ratio, retry_fai
     for net, configs in plans.values():
         for layers in configs.values():
             for lc in layers:
-                for alg in algs:
-                    t = MeasureTask.make(lc.spec, Variant(alg, lc.compression, lc.ratio), dev)
-                    tasks.setdefault(t.key, t)
+                for tn in tunings:
+                    for alg in algs:
+                        t = MeasureTask.make(lc.spec, Variant(alg, lc.compression, lc.ratio, tn),
+                                             dev, tuning=opts)
+                        tasks.setdefault(t.key, t)
     db = CorpusStore(store)
     for name, (net, configs) in plans.items():
         db.add_network_layers(name, [(c.index, c.name, c.spec.to_spec()) for c in net.convs()])
@@ -600,7 +639,8 @@ def train(store: Path = typer.Option(..., "--store", help="Corpus store to learn
             "device_roofs": {"peak_gflops": corpus.device.peak_gflops,
                              "mem_bandwidth_gbs": corpus.device.mem_bandwidth_gbs,
                              "source": corpus.device.source},
-            "corpus": str(store), "corpus_fingerprint": corpus.fingerprint}
+            "corpus": str(store), "corpus_fingerprint": corpus.fingerprint,
+            "tuned_kernels": sum(1 for k in corpus.keys if k[-1] == "tuned")}
     model = LayerCostModel(seed=seed).fit(corpus.X, corpus.seconds, meta=meta)
     pred, low, high = model.predict(corpus.X)
     model.meta["train_metrics"] = {
@@ -620,9 +660,17 @@ def train(store: Path = typer.Option(..., "--store", help="Corpus store to learn
         net.save(directory, "network")
         report["whole_networks"] = len(rows)
         report["network_model"] = str(directory / "network.json")
+    tuning = _train_tuning_time(store, corpus.device, directory, meta)
+    if tuning is not None:
+        report["tuning_model"] = str(directory / "tuning.json")
+        report["tuned_records"] = tuning.meta["n_train"]
     if as_json:
         _print_json(report)
         return
+    if tuning is not None:
+        typer.echo(f"tuning-time model: {tuning.meta['n_train']} tuned kernels "
+                   f"({tuning.meta['total_tuning_hours']:.2f} h of search), fit MAPE "
+                   f"{tuning.meta['train_mape']:.1%} → {report['tuning_model']}")
     typer.echo(f"trained on {len(corpus.keys)} kernels of {corpus.device.name} in "
                f"{report['train_seconds']} s → {sidecar}")
     typer.echo(f"fit on the training data (not a held-out figure; see `evaluate`): MAPE "
@@ -634,6 +682,33 @@ def train(store: Path = typer.Option(..., "--store", help="Corpus store to learn
     else:
         typer.echo("no whole-network measurements in the store: no network model (recommend "
                    "needs one; collect with `dlas-predict collect --whole-network`)")
+
+
+def _train_tuning_time(store: Path, dev, directory: Path, meta: dict):
+    """Fit and save the tuning-time model when the store has tuned records (else None)."""
+    import json as _json
+
+    import numpy as np
+
+    from dlas_predict.costmodel import TuningTimeModel
+    from dlas_predict.features import config_from_row, features
+    from dlas_predict.store import CorpusStore
+
+    with CorpusStore(store, must_exist=True) as db:
+        rows = list(db.rows("error IS NULL AND device = ? AND tuning = 'tuned' AND tuner IS "
+                            "NOT NULL AND tuning_seconds IS NOT NULL", (dev.name,)))
+    if len(rows) < 3:
+        stale = directory / "tuning.json"
+        if stale.is_file():
+            stale.unlink()
+        return None
+    X = np.array([features(config_from_row(r), dev) for r in rows])
+    budgets = [int(_json.loads(r["knobs"]).get("budget") or r["trials"]) for r in rows]
+    model = TuningTimeModel().fit(X, np.array([r["tuning_seconds"] for r in rows]),
+                                  np.array([r["trials"] for r in rows]), np.array(budgets),
+                                  [r["tuner"] for r in rows], meta=meta)
+    model.save(directory)
+    return model
 
 
 @app.command()
@@ -702,6 +777,8 @@ def _show_recommendation(rec, top: int, max_accuracy_drop: float) -> None:
         row = {"#": i, "compression": c.compression.value,
                "ratio": "" if c.ratio is None else f"{c.ratio:g}", "algorithm": c.algorithm,
                "sparse": {True: "csr", False: "dense"}.get(c.sparse, "mixed"),
+               "tuning": c.tuning.value,
+               "tuning min": "" if c.tuning_s is None else f"{c.tuning_s / 60:.1f}",
                "predicted ms": ms(c.predicted_s),
                "80% interval": f"{c.low_s * 1e3:.2f}–{c.high_s * 1e3:.2f}",
                "speedup": f"{rec.dense_baseline_s / c.predicted_s:.2f}×",
@@ -759,6 +836,12 @@ def recommend(
     models_dir: Optional[Path] = typer.Option(None, "--models",
                                               help="Model directory (default: "
                                                    "models_store/DEVICE)."),
+    tuning: str = typer.Option("all", "--tuning", help="untuned | tuned | all: the halves "
+                               "of the grid to rank (tuned ones with their search time)."),
+    trials: int = typer.Option(64, "--trials", help="Trial budget per kernel the tuned "
+                               "candidates' search time is predicted for (and, with "
+                               "--validate, the budget their schedules were tuned with)."),
+    tuning_db: Optional[Path] = _TUNING_DB_OPT,
     as_json: bool = typer.Option(False, "--json"),
 ):
     """The fastest accurate configuration of MODEL on DEVICE, predicted in seconds; with
@@ -775,7 +858,8 @@ def recommend(
         except ValueError:
             raise DlasError(f"--validate takes a count or 'all', got {validate!r}") from None
     log = None if as_json else (lambda line: typer.echo(line, err=True))
-    rec = run(model, device, max_accuracy_drop, data, top, k, models_dir=models_dir, log=log)
+    rec = run(model, device, max_accuracy_drop, data, top, k, models_dir=models_dir, log=log,
+              tuning=tuning, trials=trials, tuning_db=str(tuning_db) if tuning_db else None)
     if as_json:
         _print_json(rec.to_dict(top if not k else max(top, min(k, len(rec.candidates)))))
         return

@@ -219,3 +219,73 @@ def top1_hit(pred: np.ndarray, true: np.ndarray) -> float:
 def regret(pred: np.ndarray, true: np.ndarray) -> float:
     """True latency of the predicted best over the true best (1.0 = no regret)."""
     return float(true[int(np.argmin(pred))] / true.min())
+
+
+# ---- the cost of tuning ------------------------------------------------------------------
+TUNING_FORMAT = "dlas-tuning-time-1"
+
+
+def _tuning_terms(X: np.ndarray) -> np.ndarray:
+    """Per-trial cost terms: intercept, log MACs, algorithm, sparse (knob search), dtype."""
+    col = FEATURE_NAMES.index
+    X = np.asarray(X, dtype=np.float64)
+    return np.column_stack([
+        np.ones(len(X)), X[:, col("log_macs")], X[:, col("algo_gemm")],
+        X[:, col("algo_spatial_pack")], X[:, col("sparse")], X[:, col("is_float16")],
+        X[:, col("is_int8")]])
+
+
+@dataclass
+class TuningTimeModel:
+    """Seconds a tuner spends per trial on a kernel (least squares on log seconds per trial
+    over the corpus's tuned records), and the share of its budget a search runs before early
+    stopping ends it (the median over the corpus, per tuner)."""
+
+    coef: list = field(default_factory=list)
+    trial_share: dict = field(default_factory=dict)  # tuner -> median trials / budget
+    meta: dict = field(default_factory=dict)
+
+    def fit(self, X: np.ndarray, seconds: np.ndarray, trials: np.ndarray, budgets: np.ndarray,
+            tuners: list[str], meta: dict | None = None) -> "TuningTimeModel":
+        if len(seconds) < 3:
+            raise ModelError(f"{len(seconds)} tuned records: too few to learn what tuning "
+                             "costs (collect with `dlas-predict tune --network ...`)")
+        A = _tuning_terms(X)
+        y = np.log(np.asarray(seconds) / np.maximum(np.asarray(trials), 1))
+        coef, *_ = np.linalg.lstsq(A, y, rcond=None)
+        self.coef = [float(c) for c in coef]
+        for tuner in sorted(set(tuners)):
+            sel = np.array([t == tuner for t in tuners])
+            self.trial_share[tuner] = float(np.median(np.asarray(trials)[sel]
+                                                      / np.asarray(budgets)[sel]))
+        pred = np.exp(A @ coef) * np.asarray(trials)
+        self.meta = {**(meta or {}), "format": TUNING_FORMAT, "n_train": int(len(seconds)),
+                     "train_mape": mape(pred, np.asarray(seconds)),
+                     "total_tuning_hours": float(np.sum(seconds) / 3600)}
+        return self
+
+    def per_trial(self, X: np.ndarray) -> np.ndarray:
+        return np.exp(_tuning_terms(X) @ np.array(self.coef))
+
+    def predict(self, X: np.ndarray, budget: int, search_sizes: list[int]) -> np.ndarray:
+        """Seconds to tune each kernel of ``X`` with ``budget`` trials; ``search_sizes`` is
+        each CSR kernel's number of knob candidates (ignored for dense kernels)."""
+        sparse = np.asarray(X)[:, FEATURE_NAMES.index("sparse")] > 0
+        ms_share = self.trial_share.get("metaschedule", 1.0)
+        trials = np.where(sparse, np.minimum(budget, np.asarray(search_sizes)),
+                          np.maximum(1.0, budget * ms_share))
+        return self.per_trial(X) * trials
+
+    def save(self, directory: Path, name: str = "tuning") -> Path:
+        return write_sidecar(directory, name, {**self.meta, "coef": self.coef,
+                                               "trial_share": self.trial_share})
+
+    @classmethod
+    def load(cls, directory: Path, name: str = "tuning") -> "TuningTimeModel":
+        sidecar, meta = read_sidecar(directory, name, "tuning-time model",
+                                     "train on a corpus with tuned records")
+        if meta.get("format") != TUNING_FORMAT:
+            raise ModelError(f"{sidecar}: format {meta.get('format')!r}, expected "
+                             f"{TUNING_FORMAT!r}; retrain with `dlas-predict train`")
+        coef, share = meta.pop("coef"), meta.pop("trial_share")
+        return cls(coef=coef, trial_share=share, meta=meta)

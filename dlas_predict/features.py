@@ -44,15 +44,21 @@ class KernelConfig:
     knobs: tuple[tuple[str, int], ...] = ()  # empty: the untuned defaults for the shape
 
     def resolved_knobs(self) -> dict[str, int]:
-        from measure.knobs import default_knobs
+        """The knobs known before measuring: the untuned defaults; for a tuned kernel only
+        the layout knobs it is tuned under (its loop schedule is the search's result, unknown
+        when predicting, so training rows do not use it either)."""
+        from measure.knobs import default_knobs, tuned_knobs
 
         from .config import Variant
 
         if self.knobs:
             return dict(self.knobs)
         sparse = COMPRESSION_KERNEL[self.compression][0]
-        return default_knobs(self.spec, Variant(self.algorithm, self.compression,
-                                                0.5 if sparse else 0.0))
+        variant = Variant(self.algorithm, self.compression, 0.5 if sparse else 0.0)
+        if self.tuning is Tuning.TUNED:
+            return {k: v for k, v in tuned_knobs(self.spec, variant, 1).items()
+                    if k != "budget"}
+        return default_knobs(self.spec, variant)
 
 
 def _waste(spec: ConvSpec, knobs: dict[str, int]) -> float:
@@ -105,11 +111,12 @@ def config_from_row(row: dict) -> KernelConfig:
     spec = ConvSpec.parse(row["conv"])
     comp = Compression.parse(row["compression"])
     sparse = COMPRESSION_KERNEL[comp][0]
-    import json
-
     tuning = Tuning.parse(row["tuning"])
+    # TopHub rows carry their tuned knobs; our tuned rows' layout knobs are recomputed
     knobs = ()
-    if tuning is Tuning.TUNED and row.get("knobs"):
+    if tuning is Tuning.TUNED and row.get("tuner") is None and row.get("knobs"):
+        import json
+
         knobs = tuple(sorted(json.loads(row["knobs"]).items()))
     return KernelConfig(spec, Algorithm.parse(row["algorithm"]), comp,
                         float(row["ratio"] or 0.0) if sparse else 0.0, tuning, knobs)

@@ -40,6 +40,9 @@ class NetworkPlan:
     ratio: float | None
     algorithm: str                   # an Algorithm value or PER_LAYER
     layers: tuple[tuple[str, bool], ...]  # (algorithm, sparse) per conv, graph order
+    #: tuned: each layer's schedule from the tuning database (dlas-predict tune) searched
+    #: with ``budget`` trials; None: the hand schedules
+    tuning: "object | None" = None   # measure.runner.TuningOptions
 
     @property
     def dtype(self) -> DType:
@@ -55,8 +58,11 @@ class NetworkPlan:
         return json.dumps([[a, bool(s)] for a, s in self.layers])
 
     def key(self, device: Device) -> str:
-        text = "|".join([device.name, device.fingerprint, self.network, self.config,
-                         self.algorithm, self.plan_json(), NETWORK_VERSION])
+        parts = [device.name, device.fingerprint, self.network, self.config,
+                 self.algorithm, self.plan_json(), NETWORK_VERSION]
+        if self.tuning is not None:
+            parts += ["tuned", str(self.tuning.budget)]
+        text = "|".join(parts)
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
@@ -90,6 +96,8 @@ class NetworkMeasurement(TimedRuns):
     error: str | None = None
     timestamp: float = 0.0
     summary: str | None = None  # JSON of the network's NetworkSummary
+    tuned_layers: list[int] | None = None    # tuned builds: layers with a tuned schedule
+    untuned_layers: list[int] | None = None  # ... and those the database did not hold
 
     def to_row(self) -> dict:
         return {"key": self.key, "device": self.device, "fingerprint": self.fingerprint,
@@ -255,8 +263,13 @@ class NetworkMeasurer:
             "layers": [{"algorithm": a, "sparse": s} for a, s in plan.layers],
             "specs": [s.to_dict() for s in prep.specs], "scales": prep.scales,
             "check": str(prep.check), "target": dev.target,
-            "protocol": self.runner.protocol.to_dict(),
+            "protocol": self.runner.protocol.to_dict(), "fingerprint": dev.fingerprint,
         }
+        if plan.tuning is not None:
+            pattern = COMPRESSION_KERNEL[plan.compression][2].value
+            payload["tuning"] = {"db": str(plan.tuning.db_path(dev)),
+                                 "budget": plan.tuning.budget, "cores": dev.cores,
+                                 "pattern": "unstructured" if pattern == "none" else pattern}
         reply = self.runner.call(payload)
         rec.timestamp = time.time()
         if not reply.get("ok"):
@@ -267,6 +280,8 @@ class NetworkMeasurer:
         rec.verified = reply.get("verified")
         rec.max_error = reply.get("max_error")
         rec.top1_agreement = reply.get("top1_agreement")
+        rec.tuned_layers = reply.get("tuned_layers")
+        rec.untuned_layers = reply.get("untuned_layers")
         return rec
 
     def run(self, plans: list[NetworkPlan], skip_stored: bool = True) -> list[NetworkMeasurement]:

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from .config import (COMPRESSION_KERNEL, DEFAULT_CURVE_RATIOS, ELBOW_DROP_PP, Algorithm,
-                     Compression)
+                     Compression, Tuning)
 from .errors import DlasError
 from .netmeasure import PER_LAYER
 
@@ -48,6 +48,8 @@ class Candidate:
     accuracy_drop_pp: float | None = None
     measured_s: float | None = None
     measured_note: str | None = None
+    tuning: Tuning = Tuning.UNTUNED
+    tuning_s: float | None = None          # predicted search time (tuned candidates)
 
     @property
     def sparse(self) -> bool | str:
@@ -58,17 +60,19 @@ class Candidate:
     def label(self) -> str:
         from .netplan import config_label
 
-        return f"{config_label(self.compression, self.ratio)} {self.algorithm}"
+        tuned = " tuned" if self.tuning is Tuning.TUNED else ""
+        return f"{config_label(self.compression, self.ratio)} {self.algorithm}{tuned}"
 
     def to_dict(self) -> dict:
         ms = (lambda s: None if s is None else round(s * 1e3, 4))
         out = {"config": {"compression": self.compression.value, "ratio": self.ratio,
                           "algorithm": self.algorithm, "sparse": self.sparse,
-                          "tuning": "untuned"},
+                          "tuning": self.tuning.value},
                "predicted_ms": ms(self.predicted_s), "predicted_low_ms": ms(self.low_s),
                "predicted_high_ms": ms(self.high_s), "accuracy": self.accuracy,
                "accuracy_source": self.accuracy_source,
-               "accuracy_drop_pp": self.accuracy_drop_pp, "measured_ms": ms(self.measured_s)}
+               "accuracy_drop_pp": self.accuracy_drop_pp, "measured_ms": ms(self.measured_s),
+               "predicted_tuning_s": None if self.tuning_s is None else round(self.tuning_s, 1)}
         if self.algorithm == PER_LAYER:
             out["config"]["layers"] = [{"algorithm": a, "sparse": s} for a, s in self.layers]
         if self.measured_note:
@@ -125,7 +129,8 @@ def load_models(device_name: str, directory: Path | None = None):
             "device_fingerprint": layer.meta.get("device_fingerprint"),
             "corpus_fingerprint": layer.meta.get("corpus_fingerprint"),
             "device_roofs": layer.meta.get("device_roofs"),
-            "kernels": layer.meta.get("n_train"), "whole_networks": network.meta.get("n_train")}
+            "kernels": layer.meta.get("n_train"), "whole_networks": network.meta.get("n_train"),
+            "tuned_kernels": layer.meta.get("tuned_kernels", 0)}
     return layer, network, info
 
 
@@ -217,9 +222,13 @@ def _grid(convs, model: str, ratios: tuple[float, ...], skipped: list):
 def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBOW_DROP_PP,
               data: str | None = None, top: int = 10, validate: int = 0,
               ratios: tuple[float, ...] = DEFAULT_CURVE_RATIOS, models_dir: Path | None = None,
-              log=None) -> Recommendation:
+              log=None, tuning: str = "all", trials: int = 64,
+              tuning_db: str | None = None) -> Recommendation:
     """Predict every grid point of ``model`` on ``device``, drop what breaks the accuracy
-    budget, rank the rest; with ``validate`` > 0, build and time the top ones (local only)."""
+    budget, rank the rest; with ``validate`` > 0, build and time the top ones (local only).
+
+    ``tuning`` (untuned | tuned | all) picks the halves of the grid; a tuned candidate also
+    carries the predicted search time for ``trials`` trials per kernel."""
     from . import zoo
     from .devices import get_device
     from .features import KernelConfig, features
@@ -232,8 +241,12 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
         raise DlasError(f"--max-accuracy-drop must be >= 0 points, got {max_accuracy_drop}")
     if validate < 0:
         raise DlasError(f"--validate must be a count >= 0 or 'all', got {validate}")
+    if not 1 <= trials <= 20000:
+        raise DlasError(f"--trials must be between 1 and 20000, got {trials}")
+    tunings = Tuning.parse_list(tuning)
     dev = get_device(device, with_target=validate > 0)
     layer_model, net_model, info = load_models(dev.name, models_dir)
+    tuning_model = _tuning_model(info, models_dir, dev.name)
     path = zoo.resolve(model)
     entry = zoo.get(model) if str(model).startswith(zoo.ZOO_PREFIX) else None
     name = entry.name if entry else Path(path).stem
@@ -259,56 +272,75 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
                            mem_bandwidth_gbs=roofs["mem_bandwidth_gbs"])
     summary = NetworkSummary.of(net)
     points = _grid(convs, model, tuple(ratios), skipped)
+    if Tuning.TUNED in tunings and not info.get("tuned_kernels"):
+        skipped.append(("tuned", "the cost model of this device learned from no tuned kernel: "
+                        "collect some with `dlas-predict tune --network zoo:resnet18-cifar "
+                        "--store S`, then `dlas-predict train --store S`"))
+        tunings = [t for t in tunings if t is not Tuning.TUNED]
+    if not tunings:
+        raise DlasError("nothing to recommend: " + skipped[-1][1])
 
     # one feature row per distinct (layer, algorithm, kernel) the grid needs
     rows: dict[tuple, int] = {}
     X = []
 
-    def row(i: int, alg: Algorithm, comp: Compression, ratio: float) -> int:
-        key = (convs[i].spec, alg, comp, ratio)
+    kernels: list[tuple] = []  # per row: (spec, alg, comp, ratio) of the kernel
+
+    def row(i: int, alg: Algorithm, comp: Compression, ratio: float, tn: Tuning) -> int:
+        key = (convs[i].spec, alg, comp, ratio, tn)
         if key not in rows:
             rows[key] = len(X)
-            X.append(features(KernelConfig(convs[i].spec, alg, comp, ratio), feat_dev))
+            kernels.append(key)
+            X.append(features(KernelConfig(convs[i].spec, alg, comp, ratio, tn), feat_dev))
         return rows[key]
 
-    options = []  # per point: per layer: list of (alg, sparse, row)
-    for comp, _r, layer_r in points:
-        sparse = COMPRESSION_KERNEL[comp][0]
-        per_layer = []
-        for i, lr in enumerate(layer_r):
-            opts = [(a.value, sparse, row(i, a, comp, lr if sparse else 0.0))
-                    for a in Algorithm]
-            if sparse:  # a pruned layer may also run the dense kernel on its zeros
-                opts += [(a.value, False, row(i, a, Compression.DENSE, 0.0)) for a in Algorithm]
-            per_layer.append(opts)
-        options.append(per_layer)
+    options = []  # per (point, tuning): per layer: list of (alg, sparse, row)
+    for tn in tunings:
+        for comp, _r, layer_r in points:
+            sparse = COMPRESSION_KERNEL[comp][0]
+            per_layer = []
+            for i, lr in enumerate(layer_r):
+                opts = [(a.value, sparse, row(i, a, comp, lr if sparse else 0.0, tn))
+                        for a in Algorithm]
+                if sparse:  # a pruned layer may also run the dense kernel on its zeros
+                    opts += [(a.value, False, row(i, a, Compression.DENSE, 0.0, tn))
+                             for a in Algorithm]
+                per_layer.append(opts)
+            options.append((tn, per_layer))
     mid, low, high = layer_model.predict(np.array(X))
+    tune_s = _tuning_seconds(tuning_model, np.array(X), kernels, trials)
 
     cands: list[Candidate] = []
     plans = []
-    for (comp, ratio, layer_r), per_layer in zip(points, options):
+    for ((comp, ratio, layer_r), (tn, per_layer)) in zip(points * len(tunings), options):
         sparse = COMPRESSION_KERNEL[comp][0]
         for a in Algorithm:
             chosen = [next(o for o in opts if o[0] == a.value and o[1] == sparse)
                       for opts in per_layer]
-            plans.append((comp, ratio, a.value, chosen, layer_r))
+            plans.append((comp, ratio, a.value, chosen, layer_r, tn))
         best = [min(opts, key=lambda o: mid[o[2]]) for opts in per_layer]
         if sparse and not any(o[1] for o in best):
-            skipped.append((f"{config_label(comp, ratio)} {PER_LAYER}",
+            skipped.append((f"{config_label(comp, ratio)} {PER_LAYER}"
+                            + (" tuned" if tn is Tuning.TUNED else ""),
                             "every layer is predicted fastest on a dense kernel: the same "
                             "network as dense per_layer, less accurate"))
         else:
-            plans.append((comp, ratio, PER_LAYER, best, layer_r))
-    conv_mid = np.array([sum(mid[o[2]] for o in ch) for *_, ch, _ in plans])
-    conv_low = np.array([sum(low[o[2]] for o in ch) for *_, ch, _ in plans])
-    conv_high = np.array([sum(high[o[2]] for o in ch) for *_, ch, _ in plans])
+            plans.append((comp, ratio, PER_LAYER, best, layer_r, tn))
+    conv_mid = np.array([sum(mid[o[2]] for o in ch) for _c, _r, _a, ch, _l, _t in plans])
+    conv_low = np.array([sum(low[o[2]] for o in ch) for _c, _r, _a, ch, _l, _t in plans])
+    conv_high = np.array([sum(high[o[2]] for o in ch) for _c, _r, _a, ch, _l, _t in plans])
     NX = np.array([net_terms(summary, float(c), comp, [(o[0], o[1]) for o in ch])
-                   for c, (comp, _r, alg, ch, lr) in zip(conv_mid, plans)])
+                   for c, (comp, _r, alg, ch, lr, _t) in zip(conv_mid, plans)])
     pm, pl, ph = net_model.predict(NX, conv_mid, conv_low, conv_high)
-    for (comp, ratio, alg, ch, _lr), m, lo, hi in zip(plans, pm, pl, ph):
+    for (comp, ratio, alg, ch, _lr, tn), m, lo, hi in zip(plans, pm, pl, ph):
+        search = None
+        if tn is Tuning.TUNED and tune_s is not None:  # each distinct kernel is tuned once
+            search = float(sum(tune_s[r] for r in {o[2] for o in ch}))
         cands.append(Candidate(comp, ratio, alg, tuple((o[0], o[1]) for o in ch),
-                               float(m), float(lo), float(hi)))
-    dense = [c for c in cands if c.compression is Compression.DENSE and c.algorithm != PER_LAYER]
+                               float(m), float(lo), float(hi), tuning=tn, tuning_s=search))
+    dense = [c for c in cands if c.compression is Compression.DENSE and c.algorithm != PER_LAYER
+             and c.tuning is Tuning.UNTUNED] or [
+        c for c in cands if c.compression is Compression.DENSE and c.algorithm != PER_LAYER]
     dense_best = min(c.predicted_s for c in dense)
 
     acc = _Accuracy(model, name, data, log)
@@ -331,14 +363,68 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
         notes.append("this zoo network has random weights (nothing can be downloaded): "
                      "accuracy figures for it are chance level")
     kept.sort(key=lambda c: c.predicted_s)
+    if len(tunings) == 2:
+        notes.append(_tuning_verdict(kept, trials))
     rec = Recommendation(name, dev.name, kept, dropped, skipped, dense_best, info, notes)
     if validate:
-        rec.validated = _validate(rec, model, dev, validate, log)
+        rec.validated = _validate(rec, model, dev, validate, log, trials, tuning_db)
     rec.seconds = time.time() - t0
     return rec
 
 
-def _validate(rec: Recommendation, model: str, dev, k: int, log=None) -> list[Candidate]:
+def _tuning_model(info: dict, models_dir: Path | None, device: str):
+    """The device's tuning-time model, or None when its corpus had no tuned record."""
+    from .costmodel import TuningTimeModel
+
+    directory = Path(models_dir) if models_dir else MODELS_STORE / device
+    if not (directory / "tuning.json").is_file():
+        return None
+    model = TuningTimeModel.load(directory)
+    info["tuning_model"] = {"tuned_kernels": model.meta.get("n_train"),
+                            "trial_share": model.trial_share}
+    return model
+
+
+def _tuning_seconds(model, X: np.ndarray, kernels: list[tuple], trials: int):
+    """Predicted search seconds of each tuned kernel row (None without a tuning model)."""
+    if model is None or not len(X):
+        return None
+    from measure.knobs import search_space
+
+    from .config import Variant
+
+    sizes = []
+    for spec, alg, comp, ratio, _tn in kernels:
+        sparse = COMPRESSION_KERNEL[comp][0]
+        sizes.append(len(search_space(spec, Variant(alg, comp, ratio or 0.5))) if sparse
+                     else 0)
+    return model.predict(X, trials, sizes)
+
+
+def _tuning_verdict(kept: list[Candidate], trials: int) -> str:
+    """Whether tuning is worth it here: the best tuned against the best untuned candidate."""
+    tuned = [c for c in kept if c.tuning is Tuning.TUNED]
+    untuned = [c for c in kept if c.tuning is Tuning.UNTUNED]
+    if not tuned or not untuned:
+        return "tuning: no candidate of one half survives the accuracy budget"
+    bt, bu = tuned[0], untuned[0]
+    gain = bu.predicted_s - bt.predicted_s
+    cost = (f"{bt.tuning_s / 60:.1f} min of search ({trials} trials per kernel)"
+            if bt.tuning_s is not None else "an unknown search time (no tuning-time model)")
+    if gain <= 0:
+        return (f"tuning is predicted not to pay off here: the best tuned candidate "
+                f"({bt.label}, {bt.predicted_s * 1e3:.2f} ms) is no faster than the best "
+                f"untuned ({bu.label}, {bu.predicted_s * 1e3:.2f} ms); it would cost {cost}")
+    text = (f"tuning is predicted to save {gain * 1e3:.2f} ms per inference "
+            f"({gain / bu.predicted_s:.0%}: {bu.label} {bu.predicted_s * 1e3:.2f} ms → "
+            f"{bt.label} {bt.predicted_s * 1e3:.2f} ms) for {cost}")
+    if bt.tuning_s is not None:
+        text += f"; it pays for itself after {bt.tuning_s / gain:,.0f} inferences"
+    return text + " (all figures predicted by models trained on measurements)"
+
+
+def _validate(rec: Recommendation, model: str, dev, k: int, log=None, trials: int = 64,
+              tuning_db: str | None = None) -> list[Candidate]:
     """Build and time the top ``k`` kept candidates as whole networks."""
     from .netmeasure import NetworkMeasurer, NetworkPlan
 
@@ -348,8 +434,13 @@ def _validate(rec: Recommendation, model: str, dev, k: int, log=None) -> list[Ca
     chosen = rec.candidates[:k]
     with NetworkMeasurer(dev, log=log) as nm:
         for c in chosen:
+            tuned = None
+            if c.tuning is Tuning.TUNED:
+                from measure.runner import TuningOptions
+
+                tuned = TuningOptions(budget=trials, db=tuning_db)
             plan = NetworkPlan(model, rec.network, c.compression, c.ratio, c.algorithm,
-                               c.layers)
+                               c.layers, tuning=tuned)
             m = nm.measure(plan)
             if m.error:
                 c.measured_note = f"failed: {m.error[:300]}"
@@ -358,4 +449,9 @@ def _validate(rec: Recommendation, model: str, dev, k: int, log=None) -> list[Ca
                 if not m.verified:
                     c.measured_note = (f"output check failed (max error {m.max_error:.3g}, "
                                        f"top-1 agreement {m.top1_agreement:.0%})")
+                elif m.untuned_layers:
+                    c.measured_note = (f"{len(m.tuned_layers or [])} of {len(c.layers)} layers "
+                                       "tuned; the tuning database holds no search for the "
+                                       "others (run `dlas-predict tune --network ...`), they "
+                                       "kept their hand schedules")
     return chosen

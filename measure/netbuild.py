@@ -53,12 +53,72 @@ class BuildError(RuntimeError):
     """The network cannot be built as planned (reported as a recorded failure)."""
 
 
+class TunedKernels:
+    """A tuned whole network's source of schedules: the tuning database the layers were tuned
+    into (``dlas-predict tune``), with the budget they were tuned with.
+
+    A dense layer gets the best MetaSchedule trace of its workload, replayed on the network's
+    own kernel (int8 layers differ from the tuned kernel only in their calibrated scale); a
+    CSR layer gets the knobs its search chose. A layer the database does not hold keeps its
+    hand schedule and is counted in ``untuned``.
+    """
+
+    def __init__(self, db: str, budget: int, fingerprint: str, target_json: dict, cores: int,
+                 pattern: str = "unstructured") -> None:
+        from measure import tuning as tn
+
+        self.db = tn.TuningDB(db)
+        self.budget, self.fingerprint, self.target_json = budget, fingerprint, target_json
+        self.target = tn.tuning_target(target_json, cores)
+        self.pattern = pattern
+        self.tuned: list[int] = []
+        self.untuned: list[int] = []
+
+    def function(self, i: int, ks: KernelSpec, w: np.ndarray) -> "tvm.tirx.PrimFunc":
+        from dataclasses import replace
+
+        from dlas_predict.netplan import kernel_ratio
+        from measure import tuning as tn
+        from measure.kernels import dense_prim_func
+        from measure.knobs import tuned_knobs
+        from measure.sparse import sparsity
+
+        comp = Compression.WEIGHT_PRUNING if ks.sparse else {
+            DType.FLOAT32: Compression.DENSE, DType.FLOAT16: Compression.FLOAT16,
+            DType.INT8: Compression.INT8}[ks.dtype]
+        ratio = kernel_ratio(sparsity(w)) if ks.sparse else 0.0
+        asked = replace(ks, scale=None, knobs=tuned_knobs(
+            ks.conv, Variant(ks.algorithm, comp, ratio), self.budget))
+        key = tn.tuning_key(self.fingerprint, asked, self.budget, self.target_json,
+                            (ratio, self.pattern) if ks.sparse else None)
+        found = self.db.lookup(key)
+        if found is None:
+            self.untuned.append(i)
+            return kernel_module(ks)["main"]
+        if ks.sparse:
+            self.tuned.append(i)
+            return kernel_module(replace(ks, knobs={**ks.knobs, **found.knobs}))["main"]
+        from tvm.s_tir import Schedule
+        from tvm.s_tir.meta_schedule.tir_integration import compile_tir
+
+        sch_key = compile_tir(self.db.metaschedule(), dense_prim_func(asked), self.target)
+        if sch_key is None:
+            self.untuned.append(i)
+            return kernel_module(ks)["main"]
+        sch = Schedule(dense_prim_func(replace(ks, knobs={**ks.knobs, **asked.knobs})))
+        sch_key.trace.apply_to_schedule(sch, remove_postproc=False)
+        self.tuned.append(i)
+        return sch.mod["main"]
+
+
 class _ConvLowering:
     """The custom legalisation of ``relax.nn.conv2d``: one call per conv, in graph order."""
 
     def __init__(self, choices: list[LayerChoice], dtype: DType,
-                 specs: list[ConvSpec] | None, scales: list[tuple[float, float]] | None):
+                 specs: list[ConvSpec] | None, scales: list[tuple[float, float]] | None,
+                 tuned: TunedKernels | None = None):
         self.choices, self.dtype, self.specs, self.scales = choices, dtype, specs, scales
+        self.tuned = tuned
         self.count = 0
 
     def __call__(self, bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
@@ -107,7 +167,10 @@ class _ConvLowering:
                 x = bb.emit_te(lambda t: te.compute(t.shape, lambda *j: t(*j).astype("float16"),
                                                     name="cast"), data)
         ks = KernelSpec(spec, choice.algorithm, choice.sparse, self.dtype, knobs, scale)
-        func = kernel_module(ks)["main"].without_attr("global_symbol")
+        if self.tuned is not None:
+            func = self.tuned.function(i, ks, w).without_attr("global_symbol")
+        else:
+            func = kernel_module(ks)["main"].without_attr("global_symbol")
         func = func.with_attr(KERNEL_ATTR, 1).with_attr("op_pattern", _OPAQUE)
         gv = bb.add_func(func, f"conv{i}_{choice.algorithm.value}"
                                f"{'_csr' if choice.sparse else ''}")
@@ -269,7 +332,8 @@ def relax_module(model, input_name: str, input_shape: tuple[int, ...]) -> tvm.IR
 
 def lower(model, input_name: str, input_shape: tuple[int, ...], dtype: DType,
           choices: list[LayerChoice], specs: list[ConvSpec] | None = None,
-          scales: list[tuple[float, float]] | None = None) -> tvm.IRModule:
+          scales: list[tuple[float, float]] | None = None,
+          tuned: TunedKernels | None = None) -> tvm.IRModule:
     """The Relax module with every conv lowered to its kernel and every other op scheduled."""
     mod = relax_module(model, input_name, input_shape)
     if dtype is DType.FLOAT16:
@@ -277,7 +341,7 @@ def lower(model, input_name: str, input_shape: tuple[int, ...], dtype: DType,
         mod = relax.transform.FoldConstant()(mod)
     if dtype is DType.INT8 and (scales is None or len(scales) != len(choices)):
         raise BuildError("int8 needs one calibrated (input, output) scale pair per conv")
-    lowering = _ConvLowering(choices, dtype, specs, scales)
+    lowering = _ConvLowering(choices, dtype, specs, scales, tuned)
     mod = relax.transform.LegalizeOps(customize_legalize_map={
         "relax.nn.conv2d": lowering, "relax.sigmoid": _fast_sigmoid})(mod)
     if lowering.count != len(choices):
@@ -291,9 +355,9 @@ def lower(model, input_name: str, input_shape: tuple[int, ...], dtype: DType,
 
 
 def build(model, input_name: str, input_shape: tuple[int, ...], dtype: DType,
-          choices: list[LayerChoice], target, specs=None, scales=None):
+          choices: list[LayerChoice], target, specs=None, scales=None, tuned=None):
     """Compile; returns a ``relax.VirtualMachine`` on the CPU."""
-    mod = lower(model, input_name, input_shape, dtype, choices, specs, scales)
+    mod = lower(model, input_name, input_shape, dtype, choices, specs, scales, tuned)
     executable = tvm.compile(mod, target=target)
     return relax.VirtualMachine(executable, tvm.cpu(0))
 
@@ -311,10 +375,18 @@ def run_network_task(task: dict[str, Any]) -> dict[str, Any]:
     specs = [ConvSpec.from_dict(d) for d in task["specs"]] if task.get("specs") else None
     scales = [tuple(s) for s in task["scales"]] if task.get("scales") else None
     shape = tuple(task["input_shape"])
+    tuned = None
+    if task.get("tuning"):
+        opts = task["tuning"]
+        tuned = TunedKernels(opts["db"], int(opts["budget"]), task.get("fingerprint", ""),
+                             task["target"], int(opts["cores"]), opts.get("pattern",
+                                                                          "unstructured"))
     t0 = time.perf_counter()
-    vm = build(model, task["input_name"], shape, dtype, choices, _target(task["target"]),
-               specs, scales)
+    vm = build(model, task["input_name"], shape, dtype, choices,
+               tuned.target if tuned else _target(task["target"]), specs, scales, tuned)
     result: dict[str, Any] = {"compile_s": time.perf_counter() - t0}
+    if tuned is not None:
+        result.update(tuned_layers=tuned.tuned, untuned_layers=tuned.untuned)
     dev = tvm.cpu(0)
     check = np.load(task["check"])
     xs, refs = check["x"], check["y"]
