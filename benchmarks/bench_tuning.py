@@ -96,17 +96,18 @@ def winner_changes(ps: list[dict]) -> dict:
 def network_winners(store: Path, ps: list[dict]) -> list[dict]:
     """Per network and compression, the conv-kernel sum of each algorithm untuned and tuned
     over the layers measured both ways; which algorithm is fastest in each."""
-    index = {(p["conv"], p["algorithm"], p["compression"]): p for p in ps}
+    index = {(p["conv"], p["algorithm"], p["compression"], p["ratio"]): p for p in ps}
     with CorpusStore(store, must_exist=True) as db:
         configs = db.network_configs()
     nets = defaultdict(list)
     for c in configs:
-        nets[(c["network"], c["config"], c["compression"])].append(c["conv"])
+        nets[(c["network"], c["config"], c["compression"])].append(
+            (c["conv"], round(c["ratio"] or 0.0, 3)))
     out = []
     for (net, config, comp), convs in sorted(nets.items()):
         sums = {}
         for alg in ("direct", "gemm", "spatial_pack"):
-            got = [index.get((conv, alg, comp)) for conv in convs]
+            got = [index.get((conv, alg, comp, ratio)) for conv, ratio in convs]
             if all(got):
                 sums[alg] = (sum(g["untuned_s"] for g in got), sum(g["tuned_s"] for g in got),
                              sum(g["tuning_s"] for g in {id(g): g for g in got}.values()))

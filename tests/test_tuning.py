@@ -226,3 +226,61 @@ def replace_tuning(plan, opts):
     from dataclasses import replace
 
     return replace(plan, tuning=opts)
+
+
+# ---- the cost of tuning, predicted ------------------------------------------------------------
+def _tuned_rows():
+    from dlas_predict.devices import get_device
+    from dlas_predict.features import KernelConfig, features
+
+    dev = get_device("local")
+    specs = [ConvSpec.parse(f"C={c},H=16,W=16,K=32,R=3,S=3,pad=1") for c in (8, 16, 32, 64)]
+    X, secs, trials, budgets, tuners = [], [], [], [], []
+    for spec in specs:
+        for alg, comp, tuner, per_trial in (("gemm", "dense", "metaschedule", 3.0),
+                                            ("direct", "weight_pruning", "knob-search", 0.2)):
+            X.append(features(KernelConfig(spec, Algorithm.parse(alg), comp,
+                                           0.5 if comp != "dense" else 0.0, Tuning.TUNED), dev))
+            n = 16 if tuner == "metaschedule" else 4
+            secs.append(per_trial * n * (spec.macs / 1e6) ** 0.1)
+            trials.append(n if tuner == "knob-search" else 8)   # MS stopped early at half
+            budgets.append(16)
+            tuners.append(tuner)
+    import numpy as np
+
+    return np.array(X), np.array(secs), np.array(trials), np.array(budgets), tuners
+
+
+def test_tuning_time_model_learns_per_trial_cost_and_round_trips(tmp_path):
+    from dlas_predict.costmodel import ModelError, TuningTimeModel
+
+    X, secs, trials, budgets, tuners = _tuned_rows()
+    model = TuningTimeModel().fit(X, secs, trials, budgets, tuners, meta={"device": "local"})
+    assert model.trial_share == {"knob-search": 0.25, "metaschedule": 0.5}
+    per = model.per_trial(X)
+    dense = [i for i, t in enumerate(tuners) if t == "metaschedule"]
+    sparse = [i for i, t in enumerate(tuners) if t == "knob-search"]
+    assert min(per[dense]) > 5 * max(per[sparse])     # a MetaSchedule trial costs far more
+    pred = model.predict(X, 64, [4] * len(X))
+    # dense: 64 trials x the observed share; CSR: the search space bounds the trials
+    assert pred[dense[0]] == pytest.approx(per[dense[0]] * 32)
+    assert pred[sparse[0]] == pytest.approx(per[sparse[0]] * 4)
+    model.save(tmp_path)
+    back = TuningTimeModel.load(tmp_path)
+    assert back.predict(X, 64, [4] * len(X)) == pytest.approx(pred)
+    with pytest.raises(ModelError, match="too few"):
+        TuningTimeModel().fit(X[:2], secs[:2], trials[:2], budgets[:2], tuners[:2])
+
+
+def test_tuning_verdict_weighs_gain_against_search_time():
+    from dlas_predict.config import Compression
+    from dlas_predict.recommend import Candidate, _tuning_verdict
+
+    def cand(tn, s, search=None):
+        return Candidate(Compression.DENSE, None, "gemm", (("gemm", False),), s, s, s,
+                         tuning=Tuning.parse(tn), tuning_s=search)
+
+    worth = _tuning_verdict([cand("tuned", 0.004, 600.0), cand("untuned", 0.005)], 64)
+    assert "save 1.00 ms" in worth and "10.0 min" in worth and "600,000 inferences" in worth
+    not_worth = _tuning_verdict([cand("untuned", 0.004), cand("tuned", 0.005, 60.0)], 64)
+    assert "not to pay off" in not_worth
