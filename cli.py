@@ -320,7 +320,7 @@ def tune(
 def _collect(networks, store, device, algorithms, compressions, ratio, retry_failures,
              max_repeats, time_budget, timeout, as_json, quiet, per_layer=True,
              whole_network=False, tuning=None):
-    from dlas_predict.config import Algorithm, Compression, Variant, check_ratio
+    from dlas_predict.config import Algorithm, Compression, Tuning, Variant, check_ratio
     from dlas_predict.netplan import network_configs
     from dlas_predict.network import read_network
     from dlas_predict.store import CorpusStore
@@ -332,7 +332,7 @@ def _collect(networks, store, device, algorithms, compressions, ratio, retry_fai
     comps = Compression.parse_list(compressions)
     check_ratio(ratio)
     proto = _protocol(max_repeats, time_budget)
-    tunings, opts = tuning or _tuning("untuned", 64, 32, None)
+    tunings, opts = tuning or ([Tuning.UNTUNED], None)
     dev = _local_device(device)
     plans = {}
     for model in networks:

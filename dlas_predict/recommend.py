@@ -241,8 +241,9 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
         raise DlasError(f"--max-accuracy-drop must be >= 0 points, got {max_accuracy_drop}")
     if validate < 0:
         raise DlasError(f"--validate must be a count >= 0 or 'all', got {validate}")
-    if not 1 <= trials <= 20000:
-        raise DlasError(f"--trials must be between 1 and 20000, got {trials}")
+    from measure.runner import TuningOptions
+
+    tuned_opts = TuningOptions(budget=trials, db=tuning_db)  # checks --trials
     tunings = Tuning.parse_list(tuning)
     dev = get_device(device, with_target=validate > 0)
     layer_model, net_model, info = load_models(dev.name, models_dir)
@@ -367,7 +368,7 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
         notes.append(_tuning_verdict(kept, trials))
     rec = Recommendation(name, dev.name, kept, dropped, skipped, dense_best, info, notes)
     if validate:
-        rec.validated = _validate(rec, model, dev, validate, log, trials, tuning_db)
+        rec.validated = _validate(rec, model, dev, validate, log, tuned_opts)
     rec.seconds = time.time() - t0
     return rec
 
@@ -423,8 +424,8 @@ def _tuning_verdict(kept: list[Candidate], trials: int) -> str:
     return text + " (all figures predicted by models trained on measurements)"
 
 
-def _validate(rec: Recommendation, model: str, dev, k: int, log=None, trials: int = 64,
-              tuning_db: str | None = None) -> list[Candidate]:
+def _validate(rec: Recommendation, model: str, dev, k: int, log=None,
+              tuned_opts=None) -> list[Candidate]:
     """Build and time the top ``k`` kept candidates as whole networks."""
     from .netmeasure import NetworkMeasurer, NetworkPlan
 
@@ -434,13 +435,9 @@ def _validate(rec: Recommendation, model: str, dev, k: int, log=None, trials: in
     chosen = rec.candidates[:k]
     with NetworkMeasurer(dev, log=log) as nm:
         for c in chosen:
-            tuned = None
-            if c.tuning is Tuning.TUNED:
-                from measure.runner import TuningOptions
-
-                tuned = TuningOptions(budget=trials, db=tuning_db)
             plan = NetworkPlan(model, rec.network, c.compression, c.ratio, c.algorithm,
-                               c.layers, tuning=tuned)
+                               c.layers,
+                               tuning=tuned_opts if c.tuning is Tuning.TUNED else None)
             m = nm.measure(plan)
             if m.error:
                 c.measured_note = f"failed: {m.error[:300]}"

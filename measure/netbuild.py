@@ -74,7 +74,8 @@ class TunedKernels:
         self.tuned: list[int] = []
         self.untuned: list[int] = []
 
-    def function(self, i: int, ks: KernelSpec, w: np.ndarray) -> "tvm.tirx.PrimFunc":
+    def function(self, i: int, ks: KernelSpec, comp: Compression,
+                 w: np.ndarray) -> "tvm.tirx.PrimFunc":
         from dataclasses import replace
 
         from dlas_predict.netplan import kernel_ratio
@@ -83,9 +84,6 @@ class TunedKernels:
         from measure.knobs import tuned_knobs
         from measure.sparse import sparsity
 
-        comp = Compression.WEIGHT_PRUNING if ks.sparse else {
-            DType.FLOAT32: Compression.DENSE, DType.FLOAT16: Compression.FLOAT16,
-            DType.INT8: Compression.INT8}[ks.dtype]
         ratio = kernel_ratio(sparsity(w)) if ks.sparse else 0.0
         asked = replace(ks, scale=None, knobs=tuned_knobs(
             ks.conv, Variant(ks.algorithm, comp, ratio), self.budget))
@@ -168,7 +166,7 @@ class _ConvLowering:
                                                     name="cast"), data)
         ks = KernelSpec(spec, choice.algorithm, choice.sparse, self.dtype, knobs, scale)
         if self.tuned is not None:
-            func = self.tuned.function(i, ks, w).without_attr("global_symbol")
+            func = self.tuned.function(i, ks, comp, w).without_attr("global_symbol")
         else:
             func = kernel_module(ks)["main"].without_attr("global_symbol")
         func = func.with_attr(KERNEL_ATTR, 1).with_attr("op_pattern", _OPAQUE)

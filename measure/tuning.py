@@ -69,8 +69,13 @@ class TuningDB:
         self.path.mkdir(parents=True, exist_ok=True)
         self.index_path = self.path / "index.jsonl"
         self._ms = None
+        self._entries: dict[str, dict[str, Any]] | None = None
 
     def entries(self) -> dict[str, dict[str, Any]]:
+        """The index, read once per instance (one worker task) and kept up to date by
+        :meth:`record`."""
+        if self._entries is not None:
+            return self._entries
         out: dict[str, dict[str, Any]] = {}
         if self.index_path.is_file():
             for line in self.index_path.read_text().splitlines():
@@ -79,6 +84,7 @@ class TuningDB:
                 except ValueError:  # a line cut by a kill: that search is simply redone
                     continue
                 out[entry["key"]] = entry
+        self._entries = out
         return out
 
     def lookup(self, key: str) -> TuneOutcome | None:
@@ -90,10 +96,11 @@ class TuningDB:
                            reused=True)
 
     def record(self, key: str, outcome: TuneOutcome, **extra: Any) -> None:
-        line = json.dumps({"key": key, **outcome.to_dict(), **extra, "recorded_at": time.time()})
+        entry = {"key": key, **outcome.to_dict(), **extra, "recorded_at": time.time()}
         with open(self.index_path, "a") as fh:
-            fh.write(line + "\n")
+            fh.write(json.dumps(entry) + "\n")
             fh.flush()
+        self.entries()[key] = entry
 
     def metaschedule(self):
         """MetaSchedule's JSON database in this directory."""
@@ -203,10 +210,11 @@ def tune_dense(ks: KernelSpec, target: "tvm.target.Target", db: TuningDB, key: s
 # ------------------------------------------------------------------------------------------
 def quick_time(func: Callable, args: list, module, dev, repeats: int = 5) -> float:
     """Median seconds per call: one warm-up, then ``repeats`` runs of at least 1 ms each."""
+    from measure.worker import Protocol, plan_timing
+
     t0 = time.perf_counter()
     func(*args)
-    single = max(time.perf_counter() - t0, 1e-7)
-    number = max(1, int(np.ceil(1e-3 / single)))
+    number, _ = plan_timing(time.perf_counter() - t0, Protocol(min_repeat_ms=1.0))
     timer = module.time_evaluator("main", dev, number=number, repeat=repeats)
     return float(np.median(list(timer(*args).results)))
 

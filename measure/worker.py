@@ -151,7 +151,7 @@ def _tuned_build(ks, task: dict[str, Any], pattern: SparsityPattern, make_args,
     result.update(tuning_seconds=outcome.seconds, trials=outcome.trials, tuner=outcome.tuner,
                   tuning_reused=outcome.reused, stopped_early=outcome.stopped_early,
                   tuner_best_s=outcome.best_s,
-                  knobs={k: v for k, v in {**ks.knobs, **outcome.knobs}.items()})
+                  knobs=dict(ks.knobs))
     return executable, ks
 
 
