@@ -87,6 +87,8 @@ def main() -> int:
     print(f"\nleave-one-network-out over {len(rows)} measured whole networks of "
           f"{len(report['networks'])} networks ({lono_s:.0f} s):")
     print(format_table(table))
+    print("(measured_conv+residual is no predictor: the network model on the held-out "
+          "network's measured conv kernels, the bound of a perfect layer model)")
     per = [{"held out": n, "configs": v["configurations"],
             "within ±10%": f"{v['lightgbm+residual']['within_10pct']:.0%}",
             "MAPE": f"{v['lightgbm+residual']['mape']:.1%}",

@@ -2,8 +2,9 @@
 
 A *configuration* of a network is one compression (pruned at one global ratio) with one
 convolution algorithm for every layer, the study's unit. Its latency here is the sum of its
-conv kernels' measured medians — **conv layers only**: whole-network latencies (non-conv
-ops, traffic between layers) come with the whole-network build, and are not in this sum.
+conv kernels' measured latencies (each the fastest timed run) — **conv layers only**:
+whole-network latencies (non-conv ops, traffic between layers) come with the whole-network
+build, and are not in this sum.
 
 Leave-one-network-out: for each network, the models are trained on every kernel that the
 network does not use (a workload shared with another network is held out too), and predict
@@ -29,6 +30,19 @@ from .errors import DlasError
 from .features import config_from_row, features
 
 MODELS = ("lightgbm", "roofline", "macs_linear")
+
+
+def modelled_seconds(row: dict) -> float:
+    """The latency the models learn from a store row (kernel or whole network): the fastest
+    timed run (:func:`~dlas_predict.records.best_of`); the median where the row keeps no
+    runs (imported TopHub costs)."""
+    import json
+
+    from .records import best_of
+
+    runs = row.get("run_secs")
+    best = best_of(json.loads(runs) if isinstance(runs, str) else (runs or []))
+    return float(best if best is not None else row["median_s"])
 
 
 def kernel_key(conv: str, algorithm: str, compression: str, ratio: float,
@@ -71,12 +85,12 @@ def load_corpus(store: Path, device: str = "local") -> Corpus:
     for r in rows:
         k = kernel_key(r["conv"], r["algorithm"], r["compression"], r["ratio"], r["tuning"])
         if k in seen:  # a repeat measurement (another fingerprint): keep the newest
-            secs[seen[k]] = r["median_s"]
+            secs[seen[k]] = modelled_seconds(r)
             continue
         seen[k] = len(keys)
         keys.append(k)
         rows_x.append(features(config_from_row(r), dev))
-        secs.append(r["median_s"])
+        secs.append(modelled_seconds(r))
     if not keys:
         raise DlasError(f"{store} holds no successful measurement for device {dev.name!r}; "
                         f"collect some with `dlas-predict collect --device {dev.name} "
@@ -278,7 +292,7 @@ def whole_rows(corpus: Corpus, store: Path) -> list[WholeRow]:
         if summaries[m["network"]] is None:
             continue
         out.append(WholeRow(m["network"], m["config"], m["algorithm"], layers[0]["compression"],
-                            float(m["median_s"]), summaries[m["network"]], tuple(idx),
+                            modelled_seconds(m), summaries[m["network"]], tuple(idx),
                             tuple((a, bool(s)) for a, s in plan),
                             tuple(float(l["ratio"]) for l in layers)))
     return out
@@ -294,18 +308,27 @@ def whole_features(rows: list[WholeRow], conv_s: np.ndarray, device: Device) -> 
                      for r, c in zip(rows, conv_s)], dtype=np.float64)
 
 
-def whole_terms(rows: list[WholeRow], conv_s: np.ndarray) -> np.ndarray:
-    """The network model's terms (:data:`~dlas_predict.netmodel.NET_TERMS`)."""
+def whole_terms(rows: list[WholeRow], layer_s: list) -> np.ndarray:
+    """The network model's terms (:data:`~dlas_predict.netmodel.NET_TERMS`); ``layer_s``:
+    per row, each conv layer's kernel seconds (measured or predicted)."""
     from .config import Compression
     from .netmodel import net_terms
 
-    return np.array([net_terms(r.summary, float(c), Compression.parse(r.compression),
-                               list(r.plan)) for r, c in zip(rows, conv_s)], dtype=np.float64)
+    return np.array([net_terms(r.summary, s, Compression.parse(r.compression), list(r.plan))
+                     for r, s in zip(rows, layer_s)], dtype=np.float64)
+
+
+def measured_layer_seconds(corpus: Corpus, rows: list[WholeRow]) -> list[np.ndarray]:
+    """Each whole row's conv layers' measured kernel seconds."""
+    return [corpus.seconds[list(r.rows)] for r in rows]
 
 
 #: Whole-network predictors compared by :func:`whole_network_lono`.
 WHOLE_MODELS = ("lightgbm+residual", "lightgbm_conv_sum", "roofline+residual",
-                "macs_linear+residual", "ranker")
+                "macs_linear+residual", "ranker", "measured_conv+residual")
+#: Not a predictor: the network model given the held-out network's *measured* conv kernels,
+#: the bound a perfect layer model would reach.
+BOUND = "measured_conv+residual"
 
 
 def _top3_gap(pred: np.ndarray, true: np.ndarray, higher_is_better: bool = False) -> float:
@@ -329,7 +352,7 @@ def whole_network_lono(corpus: Corpus, rows: list[WholeRow], seed: int = 0,
     measured_conv = np.array([sum(corpus.seconds[i] for i in r.rows) for r in rows])
     truth = np.array([r.seconds for r in rows])
     X_meas = whole_features(rows, measured_conv, dev)
-    T_meas = whole_terms(rows, measured_conv)
+    T_meas = whole_terms(rows, measured_layer_seconds(corpus, rows))
     per_net: dict[str, dict] = {}
     pooled = {m: ([], []) for m in WHOLE_MODELS}
     for net in networks:
@@ -344,14 +367,15 @@ def whole_network_lono(corpus: Corpus, rows: list[WholeRow], seed: int = 0,
         residual = NetworkCostModel().fit(T_meas[trainw], truth[trainw])
         ranker = ConfigRanker(seed=seed).fit(X_meas[trainw], truth[trainw],
                                              [rows[i].network for i in trainw])
-        preds = {}
+        preds = {BOUND: T_meas[test] @ residual.coef}
         for name, model in layer_models.items():
             lp = dict(zip(used, _predict(model, corpus.X[used])))
-            conv = np.array([sum(lp[k] for k in rows[i].rows) for i in test])
             held = [rows[i] for i in test]
+            layer_s = [[lp[k] for k in r.rows] for r in held]
+            conv = np.array([sum(s) for s in layer_s])
             label = {"lightgbm": "lightgbm+residual", "roofline": "roofline+residual",
                      "macs_linear": "macs_linear+residual"}[name]
-            preds[label] = whole_terms(held, conv) @ residual.coef
+            preds[label] = whole_terms(held, layer_s) @ residual.coef
             if name == "lightgbm":
                 preds["lightgbm_conv_sum"] = conv
                 X = whole_features(held, conv, dev)

@@ -24,7 +24,7 @@ from .costmodel import ModelError, _versions, read_sidecar, write_sidecar
 from .devices import Device
 from .network import Network
 
-NET_MODEL_FORMAT = "dlas-network-cost-2"
+NET_MODEL_FORMAT = "dlas-network-cost-3"
 
 NET_FEATURE_NAMES = (
     "log_conv_pred", "conv_layers", "layers", "log_nonconv_macs",
@@ -89,28 +89,41 @@ def net_features(summary: NetworkSummary, conv_s: float, compression: Compressio
     ]
 
 
+#: Kernel families of the network model's conv terms: each layer's kernel time is scaled by
+#: the factor of its family × algorithm (in-network effects differ: a CSR kernel's sparse
+#: weights stay cached between calls, float16 and int8 kernels sit between casts).
+CONV_FAMILIES = ("float32", "csr", "float16", "int8")
+
 #: Terms of the network model: whole ≈ Σ coef·term, coefficients ≥ 0 (so it extrapolates in
-#: scale, unlike trees). The conv terms scale the conv-kernel sum (in-network effects), the
-#: others price the non-conv work: bytes moved by non-conv ops, the casts (float16) and
-#: quantise/dequantise passes (int8) over every conv's activations, and per-layer overhead.
+#: scale, unlike trees). The conv terms are the layers' kernel times summed per family ×
+#: algorithm, so that each gets its own in-network scale, plus the kernel time of a mixed
+#: (per-layer) plan, which pays for the choice of each layer's fastest measurement and for
+#: changes of kernel between layers. The others price the non-conv work: bytes moved by
+#: non-conv ops, the casts (float16) and quantise/dequantise passes (int8) over every conv's
+#: activations, and per-layer overhead.
 NET_TERMS = (
-    "conv_s", "conv_s_float16", "conv_s_int8", "conv_s_csr", "conv_s_gemm",
-    "conv_s_spatial_pack", "nonconv_gb", "nonconv_gb_float16", "nonconv_gb_int8",
+    *(f"conv_s_{f}_{a.value}" for f in CONV_FAMILIES for a in Algorithm), "conv_s_mixed",
+    "nonconv_gb", "nonconv_gb_float16", "nonconv_gb_int8",
     "conv_io_gb_float16", "conv_io_gb_int8", "layers_k", "layers_k_float16",
 )
 
 
-def net_terms(summary: NetworkSummary, conv_s: float, compression: Compression,
+def net_terms(summary: NetworkSummary, layer_s, compression: Compression,
               layers: list[tuple[str, bool]]) -> list[float]:
-    """The :data:`NET_TERMS` of one configuration (``conv_s``: its conv-kernel sum)."""
+    """The :data:`NET_TERMS` of one configuration; ``layer_s``: each conv layer's kernel
+    seconds (measured when training, predicted when predicting), ``layers``: each layer's
+    (algorithm, sparse)."""
     _, dtype, _ = COMPRESSION_KERNEL[compression]
-    n = max(len(layers), 1)
-    csr = sum(1 for _, s in layers if s) / n
-    gemm = sum(1 for a, _ in layers if a == Algorithm.GEMM.value) / n
-    sp = sum(1 for a, _ in layers if a == Algorithm.SPATIAL_PACK.value) / n
+    algs = [a.value for a in Algorithm]
+    conv = dict.fromkeys(NET_TERMS[:len(CONV_FAMILIES) * len(algs)], 0.0)
+    for s, (alg, sparse) in zip(layer_s, layers):
+        family = "csr" if sparse else dtype.value
+        conv[f"conv_s_{family}_{alg}"] += float(s)
+    total = float(sum(layer_s))
+    mixed = len({alg for alg, _ in layers}) > 1 or len({s for _, s in layers}) > 1
     f16, i8 = float(dtype is DType.FLOAT16), float(dtype is DType.INT8)
     gb, io, lk = summary.nonconv_bytes / 1e9, summary.conv_io_bytes / 1e9, summary.layers / 1e3
-    return [conv_s, conv_s * f16, conv_s * i8, conv_s * csr, conv_s * gemm, conv_s * sp,
+    return [*conv.values(), total * mixed,
             gb, gb * f16, gb * i8, io * f16, io * i8, lk, lk * f16]
 
 

@@ -35,11 +35,24 @@ def summarise(run_secs: list[float]) -> tuple[float | None, float | None]:
 NOISY_SPREAD = 0.10
 
 
+def best_of(run_secs) -> float | None:
+    """The fastest timed run (seconds per call; each run ≥ ``min_repeat_ms`` of back-to-back
+    calls): the latency the cost models learn and predict. On a shared machine the median
+    moves with other tenants' load (10–30 % between two collections of the same network,
+    ``benchmarks/bench_repeat.py``); the fastest run is what the hardware does and repeats
+    far better."""
+    return min(run_secs) if len(run_secs) else None
+
+
 class TimedRuns:
-    """Median and spread derived from ``run_secs`` (every timed run, seconds per call): shared
-    by kernel and whole-network records."""
+    """Median, spread and best derived from ``run_secs`` (every timed run, seconds per call):
+    shared by kernel and whole-network records."""
 
     run_secs: list[float]
+
+    @property
+    def best_s(self) -> float | None:
+        return best_of(self.run_secs)
 
     @property
     def median_s(self) -> float | None:

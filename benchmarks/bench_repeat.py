@@ -1,0 +1,141 @@
+"""Repeatability: how far the same measurement moves when it is taken again.
+
+The cost models can be no more accurate than the measurements they learn from and are scored
+against. This collects one network's kernels and whole networks twice, back to back, into two
+fresh stores (a repeat within one session), and compares them with each other and, with
+``--against``, with a store measured in another session:
+
+- the share of repeat medians within ±10 % of the first, kernels and whole networks;
+- the same for the fastest timed run (what the models learn), kernels and whole networks;
+- how stable the ratio whole / sum of its conv kernels is (what the network model learns)
+  when kernels and whole networks come from one session or from two.
+
+    .venv/bin/python benchmarks/bench_repeat.py [--network zoo:resnet18-cifar]
+        [--compressions dense,weight_pruning] [--against S] [--json F]
+
+Every figure is a measurement of this run (or of the ``--against`` store); nothing is
+predicted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from dlas_predict.table import format_table  # noqa: E402
+
+
+def collect(store: Path, network: str, compressions: str, ratio: float) -> float:
+    cli = ROOT / ".venv" / "bin" / "dlas-predict"
+    t0 = time.perf_counter()
+    out = subprocess.run([str(cli), "collect", "-q", "--whole-network", "--store", str(store),
+                          "--network", network, "--compressions", compressions,
+                          "--ratio", str(ratio)], capture_output=True, text=True, cwd=ROOT)
+    if out.returncode != 0:
+        raise SystemExit(f"collect failed ({out.returncode}): {out.stderr.strip()[-500:]}")
+    return time.perf_counter() - t0
+
+
+def measured(store: Path) -> tuple[dict, dict]:
+    """(kernel key → median s, (network, config, algorithm) → (whole s, conv-sum s))."""
+    from dlas_predict.evaluation import load_corpus, whole_rows
+
+    corpus = load_corpus(store)
+    kernels = dict(zip(corpus.keys, corpus.seconds))
+    whole = {(r.network, r.config, r.algorithm):
+             (r.seconds, float(sum(corpus.seconds[i] for i in r.rows)))
+             for r in whole_rows(corpus, store)}
+    return kernels, whole
+
+
+def medians(store: Path) -> dict:
+    """Store key → the protocol's median, for kernels and whole networks."""
+    from dlas_predict.store import CorpusStore
+
+    with CorpusStore(store, must_exist=True) as db:
+        rows = [*db.rows("error IS NULL"), *db.network_measurements("error IS NULL")]
+    return {r["key"]: r["median_s"] for r in rows}
+
+
+def compare(a: tuple[dict, dict], b: tuple[dict, dict], ma: dict, mb: dict) -> dict:
+    """Figures of ``b`` against ``a`` over what both hold (``ma``, ``mb``: their medians)."""
+    (ka, wa), (kb, wb) = a, b
+    kr = np.array([kb[k] / ka[k] for k in ka if k in kb])
+    mr = np.array([mb[k] / ma[k] for k in ma if k in mb])
+    common = [k for k in wa if k in wb]
+    wr = np.array([wb[k][0] / wa[k][0] for k in common])
+    # the network model's target: whole over its conv sum, from each side's own kernels
+    ra = np.array([wa[k][0] / wa[k][1] for k in common])
+    rb = np.array([wb[k][0] / wb[k][1] for k in common])
+    # ... and mixing sessions: b's whole networks over a's kernels, against over b's own
+    rmix = np.array([wb[k][0] / wa[k][1] for k in common])
+
+    def q(x: np.ndarray) -> dict:
+        return {"n": int(len(x)), "median": float(np.median(x)),
+                "q10": float(np.quantile(x, 0.1)), "q90": float(np.quantile(x, 0.9)),
+                "within_10pct": float(np.mean(np.abs(x - 1) <= 0.1))}
+
+    return {"medians": q(mr), "kernels": q(kr), "whole": q(wr),
+            "ratio_change_same_session": q(rb / ra), "ratio_change_mixed": q(rmix / rb)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--network", default="zoo:resnet18-cifar")
+    ap.add_argument("--compressions", default="dense,weight_pruning")
+    ap.add_argument("--ratio", type=float, default=0.9)
+    ap.add_argument("--against", type=Path, help="a store measured in another session")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        stores = [Path(tmp) / "first.sqlite", Path(tmp) / "repeat.sqlite"]
+        secs = [collect(s, args.network, args.compressions, args.ratio) for s in stores]
+        first, repeat = (measured(s) for s in stores)
+        meds = [medians(s) for s in stores]
+    print(f"{args.network} ({args.compressions}, ratio {args.ratio}): collected twice, "
+          f"{secs[0]:.0f} s and {secs[1]:.0f} s, {len(first[0])} kernels and "
+          f"{len(first[1])} whole networks each")
+    report = {"network": args.network, "compressions": args.compressions,
+              "collect_s": secs, "repeat": compare(first, repeat, *meds)}
+    if args.against:
+        report["against"] = compare(measured(args.against), first, medians(args.against),
+                                    meds[0])
+
+    rows = []
+    labels = {"medians": "medians (kernels and whole networks)",
+              "kernels": "kernels, fastest run", "whole": "whole networks, fastest run",
+              "ratio_change_same_session": "whole / conv sum, both sessions' own",
+              "ratio_change_mixed": "whole / conv sum: other session's kernels over own"}
+    for scope, title in (("repeat", "repeat, same session"),
+                         ("against", f"this session over {args.against}")):
+        if scope not in report:
+            continue
+        for what, r in report[scope].items():
+            if scope == "repeat" and what == "ratio_change_mixed":
+                continue
+            if scope == "against" and what == "ratio_change_same_session":
+                continue
+            rows.append({"comparison": title, "quantity (new / old)": labels[what],
+                         "n": r["n"], "median": f"{r['median']:.3f}",
+                         "10–90 %": f"{r['q10']:.2f}–{r['q90']:.2f}",
+                         "within ±10 %": f"{r['within_10pct']:.0%}"})
+    print(format_table(rows))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
