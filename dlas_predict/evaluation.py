@@ -40,8 +40,7 @@ def modelled_seconds(row: dict) -> float:
 
     from .records import best_of
 
-    runs = row.get("run_secs")
-    best = best_of(json.loads(runs) if isinstance(runs, str) else (runs or []))
+    best = best_of(json.loads(row["run_secs"]))  # the store keeps them as JSON text
     return float(best if best is not None else row["median_s"])
 
 
@@ -349,10 +348,11 @@ def whole_network_lono(corpus: Corpus, rows: list[WholeRow], seed: int = 0,
                         "three networks (`dlas-predict collect --whole-network`)")
     fits = fits or HeldOutFits(corpus, rows, seed)
     dev = corpus.device
-    measured_conv = np.array([sum(corpus.seconds[i] for i in r.rows) for r in rows])
+    layer_meas = measured_layer_seconds(corpus, rows)
+    measured_conv = np.array([s.sum() for s in layer_meas])
     truth = np.array([r.seconds for r in rows])
     X_meas = whole_features(rows, measured_conv, dev)
-    T_meas = whole_terms(rows, measured_layer_seconds(corpus, rows))
+    T_meas = whole_terms(rows, layer_meas)
     per_net: dict[str, dict] = {}
     pooled = {m: ([], []) for m in WHOLE_MODELS}
     for net in networks:

@@ -93,6 +93,7 @@ def net_features(summary: NetworkSummary, conv_s: float, compression: Compressio
 #: the factor of its family × algorithm (in-network effects differ: a CSR kernel's sparse
 #: weights stay cached between calls, float16 and int8 kernels sit between casts).
 CONV_FAMILIES = ("float32", "csr", "float16", "int8")
+CONV_TERMS = tuple(f"conv_s_{f}_{a.value}" for f in CONV_FAMILIES for a in Algorithm)
 
 #: Terms of the network model: whole ≈ Σ coef·term, coefficients ≥ 0 (so it extrapolates in
 #: scale, unlike trees). The conv terms are the layers' kernel times summed per family ×
@@ -102,7 +103,7 @@ CONV_FAMILIES = ("float32", "csr", "float16", "int8")
 #: non-conv ops, the casts (float16) and quantise/dequantise passes (int8) over every conv's
 #: activations, and per-layer overhead.
 NET_TERMS = (
-    *(f"conv_s_{f}_{a.value}" for f in CONV_FAMILIES for a in Algorithm), "conv_s_mixed",
+    *CONV_TERMS, "conv_s_mixed",
     "nonconv_gb", "nonconv_gb_float16", "nonconv_gb_int8",
     "conv_io_gb_float16", "conv_io_gb_int8", "layers_k", "layers_k_float16",
 )
@@ -114,8 +115,7 @@ def net_terms(summary: NetworkSummary, layer_s, compression: Compression,
     seconds (measured when training, predicted when predicting), ``layers``: each layer's
     (algorithm, sparse)."""
     _, dtype, _ = COMPRESSION_KERNEL[compression]
-    algs = [a.value for a in Algorithm]
-    conv = dict.fromkeys(NET_TERMS[:len(CONV_FAMILIES) * len(algs)], 0.0)
+    conv = dict.fromkeys(CONV_TERMS, 0.0)
     for s, (alg, sparse) in zip(layer_s, layers):
         family = "csr" if sparse else dtype.value
         conv[f"conv_s_{family}_{alg}"] += float(s)

@@ -38,9 +38,8 @@ NOISY_SPREAD = 0.10
 def best_of(run_secs) -> float | None:
     """The fastest timed run (seconds per call; each run ≥ ``min_repeat_ms`` of back-to-back
     calls): the latency the cost models learn and predict. On a shared machine the median
-    moves with other tenants' load (10–30 % between two collections of the same network,
-    ``benchmarks/bench_repeat.py``); the fastest run is what the hardware does and repeats
-    far better."""
+    moves with other tenants' load (``benchmarks/bench_repeat.py`` collects a network twice
+    and compares); the fastest run is what the hardware does and repeats better."""
     return min(run_secs) if len(run_secs) else None
 
 
