@@ -93,11 +93,38 @@ def _relu6_net(path):
     return path
 
 
-def test_relu6_network_runs_in_float16(tmp_path, measurer):
+@pytest.mark.parametrize("compression", ["dense", "float16"])
+def test_relu6_network_runs_and_verifies(tmp_path, measurer, compression):
     path = _relu6_net(tmp_path / "relu6.onnx")
-    rec = measurer.measure(uniform_plan(str(path), "relu6", "float16", None, "direct", 2))
+    rec = measurer.measure(uniform_plan(str(path), "relu6", compression, None, "direct", 2))
     assert rec.error is None, rec.error
     assert rec.verified
+
+
+def test_relu6_lowers_to_elementwise_ops_with_scalar_bounds(tmp_path):
+    """The frontend's Max/Min is broadcast + stack + reduce over a full-size constant; the
+    builder turns each back into one elementwise op with a scalar bound."""
+    from measure.netbuild import relax_module
+
+    model = onnx.load(str(_relu6_net(tmp_path / "relu6.onnx")))
+    text = relax_module(model, "x", (1, 3, 12, 12)).script()
+    assert "R.stack" not in text and "R.max(" not in text and "R.min(" not in text
+    assert text.count("R.maximum(") == 1 and 'R.const(0.0, "float32")' in text
+    assert text.count("R.minimum(") == 1 and 'R.const(6.0, "float32")' in text
+
+
+def test_a_max_with_a_bound_of_many_values_keeps_its_meaning(tmp_path):
+    from measure.netbuild import relax_module
+
+    bound = np.arange(4, dtype=np.float32).reshape(1, 4, 1, 1)
+    graph = helper.make_graph(
+        [helper.make_node("Max", ["x", "c"], ["y"])], "max",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 4, 2, 2])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4, 2, 2])],
+        [numpy_helper.from_array(bound, "c")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    text = relax_module(model, "x", (1, 4, 2, 2)).script()
+    assert "R.stack" in text and "R.maximum(" not in text
 
 
 def test_int8_scales_come_from_the_float_model(small_cnn):
