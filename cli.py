@@ -130,7 +130,12 @@ _EARLY_STOP_OPT = typer.Option(32, "--early-stop", help="Tuned: stop a search af
 _TUNING_DB_OPT = typer.Option(None, "--tuning-db", help="Tuning database directory, reused "
                               "across runs (default: DLAS_HOME/tuning/DEVICE-FINGERPRINT).")
 
-def _protocol(max_repeats: int, time_budget: float):
+_QUIET_WAIT_OPT = typer.Option(10.0, "--quiet-wait", help="Seconds to wait, before each "
+                               "timing, for no other process to hold a core (0: time at once; "
+                               "the contention is probed and recorded either way).")
+
+
+def _protocol(max_repeats: int, time_budget: float, quiet_wait: float = 10.0):
     from dlas_predict.errors import ConfigError
     from measure.worker import Protocol
 
@@ -138,8 +143,10 @@ def _protocol(max_repeats: int, time_budget: float):
         raise ConfigError(f"--max-repeats must be at least 1, got {max_repeats}")
     if time_budget <= 0:
         raise ConfigError(f"--time-budget must be positive, got {time_budget}")
+    if quiet_wait < 0:
+        raise ConfigError(f"--quiet-wait must be 0 or more seconds, got {quiet_wait}")
     return Protocol(max_repeats=max_repeats, min_repeats=min(10, max_repeats),
-                    time_budget_s=time_budget)
+                    time_budget_s=time_budget, quiet_wait_s=quiet_wait)
 
 
 def _local_device(name: str):
@@ -172,6 +179,7 @@ def measure(
                                       help="Seconds of timing per variant (>= 10 runs kept)."),
     timeout: float = typer.Option(300.0, "--timeout", help="Seconds before a kernel is "
                                   "declared hung."),
+    quiet_wait: float = _QUIET_WAIT_OPT,
     tuning: str = typer.Option("untuned", "--tuning", help="untuned | tuned | all (tuned: "
                                "MetaSchedule for dense kernels, a knob search for CSR)."),
     trials: int = _TRIALS_OPT, early_stop: int = _EARLY_STOP_OPT,
@@ -189,7 +197,7 @@ def measure(
     algorithms = Algorithm.parse_list(algorithm)
     compressions = Compression.parse_list(compression)
     check_ratio(ratio)
-    proto = _protocol(max_repeats, time_budget)
+    proto = _protocol(max_repeats, time_budget, quiet_wait)
     tunings, opts = _tuning(tuning, trials, early_stop, tuning_db)
     dev = _local_device(device)
     variants = [v for t in tunings for v in variant_grid(algorithms, compressions, ratio, t)]
@@ -244,6 +252,9 @@ def _measure_row(r) -> dict:
         "median ms": None if d["median_ms"] is None else round(d["median_ms"], 4),
         "spread": None if d["spread"] is None else f"{d['spread']:.1%}",
         "runs": d["n_runs"], "GFLOP/s": None if d["gflops"] is None else round(d["gflops"], 1),
+        # the probe's parallel/serial ratio around the timing: ~1 alone, ~2 when another
+        # process held one of 2 cores
+        "contention": "" if d["contention"] is None else f"{d['contention']:.2f}",
         "verified": d["verified"], "max err": None if d["max_error"] is None
         else f"{d['max_error']:.2g}", "error": (d["error"] or "")[:70],
     }
@@ -272,6 +283,7 @@ def collect(
     max_repeats: int = typer.Option(150, "--max-repeats"),
     time_budget: float = typer.Option(3.0, "--time-budget"),
     timeout: float = typer.Option(300.0, "--timeout"),
+    quiet_wait: float = _QUIET_WAIT_OPT,
     tuning: str = typer.Option("untuned", "--tuning", help="untuned | tuned | all."),
     trials: int = _TRIALS_OPT, early_stop: int = _EARLY_STOP_OPT,
     tuning_db: Optional[Path] = _TUNING_DB_OPT,
@@ -285,7 +297,7 @@ def collect(
     _collect(network, store, device, algorithms, compressions, ratio, retry_failures,
              max_repeats, time_budget, timeout, as_json, quiet, per_layer=not uniform,
              whole_network=whole_network,
-             tuning=_tuning(tuning, trials, early_stop, tuning_db))
+             tuning=_tuning(tuning, trials, early_stop, tuning_db), quiet_wait=quiet_wait)
 
 
 @app.command()
@@ -319,7 +331,7 @@ def tune(
 
 def _collect(networks, store, device, algorithms, compressions, ratio, retry_failures,
              max_repeats, time_budget, timeout, as_json, quiet, per_layer=True,
-             whole_network=False, tuning=None):
+             whole_network=False, tuning=None, quiet_wait=10.0):
     from dlas_predict.config import Algorithm, Compression, Tuning, Variant, check_ratio
     from dlas_predict.netplan import network_configs
     from dlas_predict.network import read_network
@@ -331,7 +343,7 @@ def _collect(networks, store, device, algorithms, compressions, ratio, retry_fai
     algs = Algorithm.parse_list(algorithms)
     comps = Compression.parse_list(compressions)
     check_ratio(ratio)
-    proto = _protocol(max_repeats, time_budget)
+    proto = _protocol(max_repeats, time_budget, quiet_wait)
     tunings, opts = tuning or ([Tuning.UNTUNED], None)
     dev = _local_device(device)
     plans = {}
@@ -384,6 +396,11 @@ def _collect(networks, store, device, algorithms, compressions, ratio, retry_fai
         typer.echo(f"measured {summary.measured} ({summary.failed} failed), skipped "
                    f"{summary.skipped} already in the store, in {summary.seconds:.1f} s; "
                    f"store {store} now holds {stats['records']} records")
+        if summary.contended:
+            typer.echo(f"{summary.contended} kernels were timed while another process held a "
+                       f"core (contention probe over {proto.contention_limit:g} after waiting "
+                       f"{proto.quiet_wait_s:g} s); their records carry the ratio "
+                       "(column contention)")
     if summary.failed or whole_failed:
         _fail(f"{summary.failed} kernels and {whole_failed} whole networks failed; each "
               f"failure is recorded with its error (dlas-predict corpus stats --store {store})")
@@ -391,7 +408,8 @@ def _collect(networks, store, device, algorithms, compressions, ratio, retry_fai
 
 
 def _collect_whole(networks, plans, algs, ratio, dev, db, proto, timeout, quiet) -> int:
-    """Whole-network latencies of every (configuration, algorithm); returns the failures."""
+    """Whole-network latencies of every (configuration, algorithm); returns the failures
+    (and says how many were timed while another process held a core)."""
     from dlas_predict.config import COMPRESSION_KERNEL
     from dlas_predict.evaluation import kernel_key, modelled_seconds
     from dlas_predict.netmeasure import PER_LAYER, NetworkMeasurer, NetworkPlan, uniform_plan
@@ -428,6 +446,11 @@ def _collect_whole(networks, plans, algs, ratio, dev, db, proto, timeout, quiet)
     log = None if quiet else (lambda line: typer.echo(line, err=True))
     with NetworkMeasurer(dev, db, timeout_s=timeout, protocol=proto, log=log) as nm:
         records = nm.run(todo)
+    contended = sum(1 for r in records
+                    if r.contention is not None and r.contention > proto.contention_limit)
+    if contended:
+        typer.echo(f"{contended} whole networks were timed while another process held a core "
+                   "(contention probe); their records carry the ratio")
     return sum(1 for r in records if r.error is not None)
 
 

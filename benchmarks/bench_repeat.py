@@ -35,12 +35,14 @@ sys.path.insert(0, str(ROOT))
 from dlas_predict.table import format_table  # noqa: E402
 
 
-def collect(store: Path, network: str, compressions: str, ratio: float) -> float:
+def collect(store: Path, network: str, compressions: str, ratio: float,
+            quiet_wait: float) -> float:
     cli = ROOT / ".venv" / "bin" / "dlas-predict"
     t0 = time.perf_counter()
     out = subprocess.run([str(cli), "collect", "-q", "--whole-network", "--store", str(store),
                           "--network", network, "--compressions", compressions,
-                          "--ratio", str(ratio)], capture_output=True, text=True, cwd=ROOT)
+                          "--ratio", str(ratio), "--quiet-wait", str(quiet_wait)],
+                         capture_output=True, text=True, cwd=ROOT)
     if out.returncode != 0:
         raise SystemExit(f"collect failed ({out.returncode}): {out.stderr.strip()[-500:]}")
     return time.perf_counter() - t0
@@ -56,6 +58,19 @@ def measured(store: Path) -> tuple[dict, dict]:
              (r.seconds, float(sum(corpus.seconds[i] for i in r.rows)))
              for r in whole_rows(corpus, store)}
     return kernels, whole
+
+
+def contention(store: Path, limit: float = 1.25) -> dict:
+    """How many records were timed while another process held a core (the probe's ratio
+    over ``limit``), of how many probed."""
+    from dlas_predict.store import CorpusStore
+
+    with CorpusStore(store, must_exist=True) as db:
+        rows = [*db.rows("error IS NULL"), *db.network_measurements("error IS NULL")]
+    probed = [r["contention"] for r in rows if r.get("contention") is not None]
+    return {"records": len(rows), "probed": len(probed),
+            "contended": sum(1 for c in probed if c > limit),
+            "worst": max(probed) if probed else None}
 
 
 def medians(store: Path) -> dict:
@@ -95,19 +110,28 @@ def main() -> int:
     ap.add_argument("--compressions", default="dense,weight_pruning")
     ap.add_argument("--ratio", type=float, default=0.9)
     ap.add_argument("--against", type=Path, help="a store measured in another session")
+    ap.add_argument("--quiet-wait", type=float, default=10.0,
+                    help="collect's --quiet-wait (0: time at once, probe only)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
         stores = [Path(tmp) / "first.sqlite", Path(tmp) / "repeat.sqlite"]
-        secs = [collect(s, args.network, args.compressions, args.ratio) for s in stores]
+        secs = [collect(s, args.network, args.compressions, args.ratio, args.quiet_wait)
+                for s in stores]
         first, repeat = (measured(s) for s in stores)
         meds = [medians(s) for s in stores]
+        busy = [contention(s) for s in stores]
     print(f"{args.network} ({args.compressions}, ratio {args.ratio}): collected twice, "
           f"{secs[0]:.0f} s and {secs[1]:.0f} s, {len(first[0])} kernels and "
-          f"{len(first[1])} whole networks each")
+          f"{len(first[1])} whole networks each; --quiet-wait {args.quiet_wait:g} s")
+    for name, b in zip(("first", "repeat"), busy):
+        worst = "" if b["worst"] is None else f", worst probe ratio {b['worst']:.2f}"
+        print(f"  {name}: {b['contended']} of {b['probed']} probed records timed while another "
+              f"process held a core{worst}")
     report = {"network": args.network, "compressions": args.compressions,
-              "collect_s": secs, "repeat": compare(first, repeat, *meds)}
+              "quiet_wait_s": args.quiet_wait, "collect_s": secs, "contention": busy,
+              "repeat": compare(first, repeat, *meds)}
     if args.against:
         report["against"] = compare(measured(args.against), first, medians(args.against),
                                     meds[0])

@@ -98,6 +98,7 @@ class NetworkMeasurement(TimedRuns):
     summary: str | None = None  # JSON of the network's NetworkSummary
     tuned_layers: list[int] | None = None    # tuned builds: layers with a tuned schedule
     untuned_layers: list[int] | None = None  # ... and those the database did not hold
+    contention: float | None = None  # as MeasureResult.contention
 
     def to_row(self) -> dict:
         return {"key": self.key, "device": self.device, "fingerprint": self.fingerprint,
@@ -107,7 +108,8 @@ class NetworkMeasurement(TimedRuns):
                 "verified": None if self.verified is None else int(self.verified),
                 "max_error": self.max_error, "top1_agreement": self.top1_agreement,
                 "error": self.error, "kernels_version": NETWORK_VERSION,
-                "timestamp": self.timestamp, "summary": self.summary}
+                "timestamp": self.timestamp, "summary": self.summary,
+                "contention": self.contention}
 
 
 # ---- preparing the inputs of a build --------------------------------------------------------
@@ -282,6 +284,7 @@ class NetworkMeasurer:
         rec.top1_agreement = reply.get("top1_agreement")
         rec.tuned_layers = reply.get("tuned_layers")
         rec.untuned_layers = reply.get("untuned_layers")
+        rec.contention = reply.get("contention")
         return rec
 
     def run(self, plans: list[NetworkPlan], skip_stored: bool = True) -> list[NetworkMeasurement]:

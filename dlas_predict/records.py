@@ -99,6 +99,10 @@ class MeasureResult(TimedRuns):
     tuning_seconds: float | None = None
     trials: int | None = None
     tuner: str | None = None
+    #: The contention probe's worst parallel/serial ratio around the timing (1.0: no other
+    #: process held a core; about 2.0: one did, on 2 cores); None: not probed (one thread,
+    #: or measured before the probe existed). See :mod:`measure.contention`.
+    contention: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -130,7 +134,7 @@ class MeasureResult(TimedRuns):
             "threads": self.threads, "tvm_version": self.tvm_version,
             "kernels_version": self.kernels_version, "timestamp": self.timestamp,
             "tuning_seconds": self.tuning_seconds, "trials": self.trials, "tuner": self.tuner,
-            "run_secs": list(self.run_secs),
+            "contention": self.contention, "run_secs": list(self.run_secs),
         }
         return out
 
@@ -151,4 +155,5 @@ class MeasureResult(TimedRuns):
             tvm_version=row["tvm_version"] or "", kernels_version=row["kernels_version"] or "",
             timestamp=row["timestamp"] or 0.0, tuning_seconds=row["tuning_seconds"],
             trials=None if row.get("trials") is None else int(row["trials"]),
-            tuner=row.get("tuner"))
+            tuner=row.get("tuner"),
+            contention=None if row.get("contention") is None else float(row["contention"]))

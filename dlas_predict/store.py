@@ -57,7 +57,8 @@ CREATE TABLE IF NOT EXISTS measurements (
     threads INTEGER,
     tvm_version TEXT,
     kernels_version TEXT,
-    timestamp REAL
+    timestamp REAL,
+    contention REAL
 );
 CREATE INDEX IF NOT EXISTS idx_meas_device ON measurements(device, fingerprint);
 CREATE TABLE IF NOT EXISTS network_layers (
@@ -97,7 +98,8 @@ CREATE TABLE IF NOT EXISTS network_measurements (
     error TEXT,
     kernels_version TEXT,
     timestamp REAL,
-    summary TEXT
+    summary TEXT,
+    contention REAL
 );
 """
 
@@ -105,7 +107,7 @@ CREATE TABLE IF NOT EXISTS network_measurements (
 NETWORK_COLUMNS = (
     "key", "device", "fingerprint", "network", "config", "algorithm", "plan", "dtype",
     "run_secs", "median_s", "spread", "compile_s", "verified", "max_error", "top1_agreement",
-    "error", "kernels_version", "timestamp", "summary",
+    "error", "kernels_version", "timestamp", "summary", "contention",
 )
 
 #: Columns of a measurement row, in insert order (id excluded).
@@ -116,11 +118,14 @@ COLUMNS = (
     "pattern", "sparsity", "nnz", "tuning", "knobs", "run_secs", "n_runs", "number",
     "median_s", "spread", "noisy", "gflops", "compile_s", "tuning_seconds", "trials", "tuner",
     "verified", "max_error", "error", "threads", "tvm_version", "kernels_version", "timestamp",
+    "contention",
 )
 
 #: Columns added after the first stores were written: (table, column, type), migrated in place.
 _ADDED_COLUMNS = (("network_measurements", "summary", "TEXT"),
-                  ("measurements", "trials", "INTEGER"), ("measurements", "tuner", "TEXT"))
+                  ("measurements", "trials", "INTEGER"), ("measurements", "tuner", "TEXT"),
+                  ("measurements", "contention", "REAL"),
+                  ("network_measurements", "contention", "REAL"))
 
 
 def networks_path(path: str | Path, part: str = "networks") -> Path:
@@ -151,7 +156,7 @@ def _row(result: MeasureResult) -> tuple:
         "verified": None if result.verified is None else int(result.verified),
         "max_error": result.max_error, "error": result.error, "threads": result.threads,
         "tvm_version": result.tvm_version, "kernels_version": result.kernels_version,
-        "timestamp": result.timestamp,
+        "timestamp": result.timestamp, "contention": result.contention,
     }
     return tuple(values[c] for c in COLUMNS)
 

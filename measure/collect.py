@@ -30,12 +30,15 @@ class CollectSummary:
     skipped: int = 0
     measured: int = 0
     failed: int = 0
+    #: measured while another process held a core, even after waiting (contention probe)
+    contended: int = 0
     seconds: float = 0.0
     results: list[MeasureResult] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {"planned": self.planned, "skipped": self.skipped, "measured": self.measured,
-                "failed": self.failed, "seconds": round(self.seconds, 2)}
+                "failed": self.failed, "contended": self.contended,
+                "seconds": round(self.seconds, 2)}
 
 
 def plan_tasks(specs: Iterable[ConvSpec], variants: Iterable[Variant],
@@ -74,6 +77,8 @@ def collect(tasks: list[MeasureTask], store: CorpusStore | None, runner: Runner,
                 store.add(result, replace_failure=True)
             summary.measured += 1
             summary.failed += int(not result.ok)
+            limit = runner.protocol.contention_limit
+            summary.contended += int(result.contention is not None and result.contention > limit)
             summary.results.append(result)
             if on_result is not None:
                 on_result(result)

@@ -405,7 +405,7 @@ def run_network_task(task: dict[str, Any]) -> dict[str, Any]:
     and time it with the study's protocol."""
     import onnx
 
-    from measure.worker import Protocol, _target, plan_timing
+    from measure.worker import Protocol, _target, plan_timing, timed_fields
 
     model = onnx.load(task["onnx"])
     dtype = DType.parse(task["dtype"])
@@ -443,7 +443,9 @@ def run_network_task(task: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     vm["main"](x)
     single = time.perf_counter() - t0
-    number, repeats = plan_timing(single, Protocol(**task.get("protocol", {})))
+    proto = Protocol(**task.get("protocol", {}))
+    number, repeats = plan_timing(single, proto)
     timer = vm.time_evaluator("main", dev, number=number, repeat=repeats)
-    result.update(run_secs=list(timer(x).results), number=number, repeats=repeats)
+    result.update(number=number, repeats=repeats,
+                  **timed_fields(lambda: timer(x).results, task["target"], proto))
     return result

@@ -264,7 +264,8 @@ class LocalRunner(Runner):
             threads=self._ready.get("threads") or self.device.cores,
             tvm_version=self._ready.get("tvm_version", ""), kernels_version=KERNELS_VERSION,
             timestamp=time.time(), tuning_seconds=reply.get("tuning_seconds"),
-            trials=reply.get("trials"), tuner=reply.get("tuner"))
+            trials=reply.get("trials"), tuner=reply.get("tuner"),
+            contention=reply.get("contention"))
 
 
 def _describe_exit(code: int) -> str:

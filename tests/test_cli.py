@@ -81,6 +81,7 @@ def test_measure_table_subset():
     (["--conv", TINY, "--ratio", "1.0"], "(0, 1)"),
     (["--conv", TINY, "--ratio", "-0.2"], "(0, 1)"),
     (["--conv", TINY, "--ratio", "0"], "(0, 1)"),
+    (["--conv", TINY, "--quiet-wait", "-1"], "--quiet-wait must be 0 or more"),
 ])
 def test_measure_bad_input(args, needle):
     _assert_clean_error(_run("measure", *args), needle)
