@@ -446,8 +446,7 @@ def _collect_whole(networks, plans, algs, ratio, dev, db, proto, timeout, quiet)
     log = None if quiet else (lambda line: typer.echo(line, err=True))
     with NetworkMeasurer(dev, db, timeout_s=timeout, protocol=proto, log=log) as nm:
         records = nm.run(todo)
-    contended = sum(1 for r in records
-                    if r.contention is not None and r.contention > proto.contention_limit)
+    contended = sum(1 for r in records if r.contended(proto.contention_limit))
     if contended:
         typer.echo(f"{contended} whole networks were timed while another process held a core "
                    "(contention probe); their records carry the ratio")

@@ -48,6 +48,7 @@ class TimedRuns:
     shared by kernel and whole-network records."""
 
     run_secs: list[float]
+    contention: float | None  # measure.contention's probe ratio around the timing
 
     @property
     def best_s(self) -> float | None:
@@ -60,6 +61,11 @@ class TimedRuns:
     @property
     def spread(self) -> float | None:
         return summarise(self.run_secs)[1]
+
+    def contended(self, limit: float) -> bool:
+        """Timed while another process held a core: the contention probe's ratio over
+        ``limit``."""
+        return self.contention is not None and self.contention > limit
 
 
 @dataclass(frozen=True)

@@ -71,14 +71,14 @@ def collect(tasks: list[MeasureTask], store: CorpusStore | None, runner: Runner,
 
         bar = tqdm(total=len(todo), desc=desc, unit="kernel", dynamic_ncols=True,
                    file=sys.stderr)
+    limit = runner.protocol.contention_limit
     try:
         for result in runner.run(todo):
             if store is not None:
                 store.add(result, replace_failure=True)
             summary.measured += 1
             summary.failed += int(not result.ok)
-            limit = runner.protocol.contention_limit
-            summary.contended += int(result.contention is not None and result.contention > limit)
+            summary.contended += int(result.contended(limit))
             summary.results.append(result)
             if on_result is not None:
                 on_result(result)

@@ -346,12 +346,13 @@ def _stacked_extrema_as_binary(mod: tvm.IRModule) -> tvm.IRModule:
             arg = matches[inner]  # the broadcast is to the shape it already has
         return binary[call.op.name](arg, relax.const(bound.flat[0], str(bound.dtype)))
 
+    stacked = is_op("relax.stack")(is_tuple([x, c]) | is_tuple([c, x]))
+    patterns = [is_op(op)(stacked) for op in binary]
     for gv, func in list(mod.functions_items()):
         if not isinstance(func, relax.Function):
             continue
-        for op in binary:
-            stacked = is_op("relax.stack")(is_tuple([x, c]) | is_tuple([c, x]))
-            func = rewrite_call(is_op(op)(stacked), rewriter, func)
+        for pattern in patterns:
+            func = rewrite_call(pattern, rewriter, func)
         mod[gv] = func
     return mod
 
