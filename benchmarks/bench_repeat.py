@@ -60,25 +60,28 @@ def measured(store: Path) -> tuple[dict, dict]:
     return kernels, whole
 
 
-def contention(store: Path, limit: float = 1.25) -> dict:
-    """How many records were timed while another process held a core (the probe's ratio
-    over ``limit``), of how many probed."""
+def stored(store: Path) -> list[dict]:
+    """Every successful record of the store, kernels and whole networks."""
     from dlas_predict.store import CorpusStore
 
     with CorpusStore(store, must_exist=True) as db:
-        rows = [*db.rows("error IS NULL"), *db.network_measurements("error IS NULL")]
+        return [*db.rows("error IS NULL"), *db.network_measurements("error IS NULL")]
+
+
+def contention(rows: list[dict]) -> dict:
+    """How many records were timed while another process held a core (the probe's ratio
+    over the protocol's limit), of how many probed."""
+    from measure.worker import Protocol
+
+    limit = Protocol().contention_limit
     probed = [r["contention"] for r in rows if r.get("contention") is not None]
     return {"records": len(rows), "probed": len(probed),
             "contended": sum(1 for c in probed if c > limit),
             "worst": max(probed) if probed else None}
 
 
-def medians(store: Path) -> dict:
+def medians(rows: list[dict]) -> dict:
     """Store key → the protocol's median, for kernels and whole networks."""
-    from dlas_predict.store import CorpusStore
-
-    with CorpusStore(store, must_exist=True) as db:
-        rows = [*db.rows("error IS NULL"), *db.network_measurements("error IS NULL")]
     return {r["key"]: r["median_s"] for r in rows}
 
 
@@ -120,8 +123,9 @@ def main() -> int:
         secs = [collect(s, args.network, args.compressions, args.ratio, args.quiet_wait)
                 for s in stores]
         first, repeat = (measured(s) for s in stores)
-        meds = [medians(s) for s in stores]
-        busy = [contention(s) for s in stores]
+        rows = [stored(s) for s in stores]
+        meds = [medians(r) for r in rows]
+        busy = [contention(r) for r in rows]
     print(f"{args.network} ({args.compressions}, ratio {args.ratio}): collected twice, "
           f"{secs[0]:.0f} s and {secs[1]:.0f} s, {len(first[0])} kernels and "
           f"{len(first[1])} whole networks each; --quiet-wait {args.quiet_wait:g} s")
@@ -133,8 +137,8 @@ def main() -> int:
               "quiet_wait_s": args.quiet_wait, "collect_s": secs, "contention": busy,
               "repeat": compare(first, repeat, *meds)}
     if args.against:
-        report["against"] = compare(measured(args.against), first, medians(args.against),
-                                    meds[0])
+        report["against"] = compare(measured(args.against), first,
+                                    medians(stored(args.against)), meds[0])
 
     rows = []
     labels = {"medians": "medians (kernels and whole networks)",

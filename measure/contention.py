@@ -64,7 +64,6 @@ class ContentionProbe:
         import tvm
         from tvm.script import from_source
 
-        self.threads, self.repeats = threads, repeats
         self.timeouts = 0  # waits in a row that ended still contended
         dev = tvm.cpu(0)
         self._timers = []
@@ -135,8 +134,6 @@ def timed(run: Callable[[], list[float]], probe: ContentionProbe | None,
     limit, wait = float(protocol.contention_limit), float(protocol.quiet_wait_s)
     runs: list[float] = []
     waited = 0.0
-    worst = 1.0
-    attempts = 0
     for attempts in (1, 2):
         before, w = probe.wait_for_quiet(limit, wait)
         waited += w
