@@ -130,12 +130,13 @@ _EARLY_STOP_OPT = typer.Option(32, "--early-stop", help="Tuned: stop a search af
 _TUNING_DB_OPT = typer.Option(None, "--tuning-db", help="Tuning database directory, reused "
                               "across runs (default: DLAS_HOME/tuning/DEVICE-FINGERPRINT).")
 
-_QUIET_WAIT_OPT = typer.Option(10.0, "--quiet-wait", help="Seconds to wait, before each "
-                               "timing, for no other process to hold a core (0: time at once; "
-                               "the contention is probed and recorded either way).")
+_QUIET_WAIT_OPT = typer.Option(30.0, "--quiet-wait", help="Seconds to wait, before each "
+                               "timing, for the machine to run at its usual speed: no other "
+                               "process on a core, the canary kernel near its fastest (0: time "
+                               "at once; both are probed and recorded either way).")
 
 
-def _protocol(max_repeats: int, time_budget: float, quiet_wait: float = 10.0):
+def _protocol(max_repeats: int, time_budget: float, quiet_wait: float = 30.0):
     from dlas_predict.errors import ConfigError
     from measure.worker import Protocol
 
@@ -252,9 +253,10 @@ def _measure_row(r) -> dict:
         "median ms": None if d["median_ms"] is None else round(d["median_ms"], 4),
         "spread": None if d["spread"] is None else f"{d['spread']:.1%}",
         "runs": d["n_runs"], "GFLOP/s": None if d["gflops"] is None else round(d["gflops"], 1),
-        # the probe's parallel/serial ratio around the timing: ~1 alone, ~2 when another
-        # process held one of 2 cores
+        # the chain probe's parallel/serial ratio around the timing: ~1 alone, ~2 when
+        # another process held one of 2 cores; the canary kernel's time over its fastest
         "contention": "" if d["contention"] is None else f"{d['contention']:.2f}",
+        "slowdown": "" if d["slowdown"] is None else f"{d['slowdown']:.2f}",
         "verified": d["verified"], "max err": None if d["max_error"] is None
         else f"{d['max_error']:.2g}", "error": (d["error"] or "")[:70],
     }
@@ -331,7 +333,7 @@ def tune(
 
 def _collect(networks, store, device, algorithms, compressions, ratio, retry_failures,
              max_repeats, time_budget, timeout, as_json, quiet, per_layer=True,
-             whole_network=False, tuning=None, quiet_wait=10.0):
+             whole_network=False, tuning=None, quiet_wait=30.0):
     from dlas_predict.config import Algorithm, Compression, Tuning, Variant, check_ratio
     from dlas_predict.netplan import network_configs
     from dlas_predict.network import read_network
@@ -380,16 +382,16 @@ def _collect(networks, store, device, algorithms, compressions, ratio, retry_fai
     with LocalRunner(dev, protocol=proto, timeout_s=timeout) as runner:
         summary = run_collect(list(tasks.values()), db, runner, retry_failures=retry_failures,
                               progress=not quiet and not as_json)
-    whole_failed = 0
+    whole_failed = whole_contended = 0
     if whole_network:
-        whole_failed = _collect_whole(networks, plans, algs, ratio, dev, db, proto,
-                                      max(timeout, 600.0), quiet or as_json)
+        whole_failed, whole_contended = _collect_whole(
+            networks, plans, algs, ratio, dev, db, proto, max(timeout, 600.0), quiet or as_json)
     stats = db.stats()
     db.close()
     report = {**summary.to_dict(), "store": str(store), "records": stats["records"],
               "failures_in_store": stats["failures"],
               "network_measurements": stats["network_measurements"],
-              "network_failures": whole_failed}
+              "network_failures": whole_failed, "network_contended": whole_contended}
     if as_json:
         _print_json(report)
     else:
@@ -397,19 +399,24 @@ def _collect(networks, store, device, algorithms, compressions, ratio, retry_fai
                    f"{summary.skipped} already in the store, in {summary.seconds:.1f} s; "
                    f"store {store} now holds {stats['records']} records")
         if summary.contended:
-            typer.echo(f"{summary.contended} kernels were timed while another process held a "
-                       f"core (contention probe over {proto.contention_limit:g} after waiting "
-                       f"{proto.quiet_wait_s:g} s); their records carry the ratio "
-                       "(column contention)")
+            typer.echo(f"{summary.contended} kernels were timed on a slow machine after "
+                       f"waiting {proto.quiet_wait_s:g} s (another process on a core: chain "
+                       f"ratio over {proto.contention_limit:g}, or the canary kernel over "
+                       f"{proto.slowdown_limit:g}× its fastest); their records carry both "
+                       "(columns contention, slowdown)")
+        if whole_contended:
+            typer.echo(f"{whole_contended} whole networks were timed on a slow machine; their "
+                       "records carry both probes (contention, slowdown)")
     if summary.failed or whole_failed:
         _fail(f"{summary.failed} kernels and {whole_failed} whole networks failed; each "
               f"failure is recorded with its error (dlas-predict corpus stats --store {store})")
     return summary
 
 
-def _collect_whole(networks, plans, algs, ratio, dev, db, proto, timeout, quiet) -> int:
-    """Whole-network latencies of every (configuration, algorithm); returns the failures
-    (and says how many were timed while another process held a core)."""
+def _collect_whole(networks, plans, algs, ratio, dev, db, proto, timeout,
+                   quiet) -> tuple[int, int]:
+    """Whole-network latencies of every (configuration, algorithm); returns (failures,
+    records timed on a slow machine)."""
     from dlas_predict.config import COMPRESSION_KERNEL
     from dlas_predict.evaluation import kernel_key, modelled_seconds
     from dlas_predict.netmeasure import PER_LAYER, NetworkMeasurer, NetworkPlan, uniform_plan
@@ -446,11 +453,8 @@ def _collect_whole(networks, plans, algs, ratio, dev, db, proto, timeout, quiet)
     log = None if quiet else (lambda line: typer.echo(line, err=True))
     with NetworkMeasurer(dev, db, timeout_s=timeout, protocol=proto, log=log) as nm:
         records = nm.run(todo)
-    contended = sum(1 for r in records if r.contended(proto.contention_limit))
-    if contended:
-        typer.echo(f"{contended} whole networks were timed while another process held a core "
-                   "(contention probe); their records carry the ratio")
-    return sum(1 for r in records if r.error is not None)
+    return (sum(1 for r in records if r.error is not None),
+            sum(1 for r in records if r.contended(proto)))
 
 
 # ---- networks ---------------------------------------------------------------------------

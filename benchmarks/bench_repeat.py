@@ -69,15 +69,19 @@ def stored(store: Path) -> list[dict]:
 
 
 def contention(rows: list[dict]) -> dict:
-    """How many records were timed while another process held a core (the probe's ratio
-    over the protocol's limit), of how many probed."""
+    """How many records were timed on a slow machine (the chain probe's ratio or the
+    canary's slowdown over the protocol's limits), of how many probed."""
     from measure.worker import Protocol
 
-    limit = Protocol().contention_limit
-    probed = [r["contention"] for r in rows if r.get("contention") is not None]
+    proto = Protocol()
+    probed = [r for r in rows if r.get("contention") is not None]
+    slow = [r["slowdown"] for r in probed if r.get("slowdown") is not None]
     return {"records": len(rows), "probed": len(probed),
-            "contended": sum(1 for c in probed if c > limit),
-            "worst": max(probed) if probed else None}
+            "contended": sum(1 for r in probed
+                             if r["contention"] > proto.contention_limit
+                             or (r.get("slowdown") or 0) > proto.slowdown_limit),
+            "worst": max((r["contention"] for r in probed), default=None),
+            "worst_slowdown": max(slow, default=None)}
 
 
 def medians(rows: list[dict]) -> dict:
@@ -113,7 +117,7 @@ def main() -> int:
     ap.add_argument("--compressions", default="dense,weight_pruning")
     ap.add_argument("--ratio", type=float, default=0.9)
     ap.add_argument("--against", type=Path, help="a store measured in another session")
-    ap.add_argument("--quiet-wait", type=float, default=10.0,
+    ap.add_argument("--quiet-wait", type=float, default=30.0,
                     help="collect's --quiet-wait (0: time at once, probe only)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
@@ -130,9 +134,11 @@ def main() -> int:
           f"{secs[0]:.0f} s and {secs[1]:.0f} s, {len(first[0])} kernels and "
           f"{len(first[1])} whole networks each; --quiet-wait {args.quiet_wait:g} s")
     for name, b in zip(("first", "repeat"), busy):
-        worst = "" if b["worst"] is None else f", worst probe ratio {b['worst']:.2f}"
-        print(f"  {name}: {b['contended']} of {b['probed']} probed records timed while another "
-              f"process held a core{worst}")
+        worst = "" if b["worst"] is None else f", worst chain ratio {b['worst']:.2f}"
+        if b["worst_slowdown"] is not None:
+            worst += f", worst canary slowdown {b['worst_slowdown']:.2f}"
+        print(f"  {name}: {b['contended']} of {b['probed']} probed records timed on a slow "
+              f"machine{worst}")
     report = {"network": args.network, "compressions": args.compressions,
               "quiet_wait_s": args.quiet_wait, "collect_s": secs, "contention": busy,
               "repeat": compare(first, repeat, *meds)}

@@ -99,6 +99,7 @@ class NetworkMeasurement(TimedRuns):
     tuned_layers: list[int] | None = None    # tuned builds: layers with a tuned schedule
     untuned_layers: list[int] | None = None  # ... and those the database did not hold
     contention: float | None = None  # as MeasureResult.contention
+    slowdown: float | None = None    # as MeasureResult.slowdown
 
     def to_row(self) -> dict:
         return {"key": self.key, "device": self.device, "fingerprint": self.fingerprint,
@@ -109,7 +110,7 @@ class NetworkMeasurement(TimedRuns):
                 "max_error": self.max_error, "top1_agreement": self.top1_agreement,
                 "error": self.error, "kernels_version": NETWORK_VERSION,
                 "timestamp": self.timestamp, "summary": self.summary,
-                "contention": self.contention}
+                "contention": self.contention, "slowdown": self.slowdown}
 
 
 # ---- preparing the inputs of a build --------------------------------------------------------
@@ -285,6 +286,7 @@ class NetworkMeasurer:
         rec.tuned_layers = reply.get("tuned_layers")
         rec.untuned_layers = reply.get("untuned_layers")
         rec.contention = reply.get("contention")
+        rec.slowdown = reply.get("slowdown")
         return rec
 
     def run(self, plans: list[NetworkPlan], skip_stored: bool = True) -> list[NetworkMeasurement]:

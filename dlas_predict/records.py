@@ -48,7 +48,8 @@ class TimedRuns:
     shared by kernel and whole-network records."""
 
     run_secs: list[float]
-    contention: float | None  # measure.contention's probe ratio around the timing
+    contention: float | None  # measure.contention's chain ratio around the timing
+    slowdown: float | None    # measure.contention's canary slowdown around the timing
 
     @property
     def best_s(self) -> float | None:
@@ -62,10 +63,14 @@ class TimedRuns:
     def spread(self) -> float | None:
         return summarise(self.run_secs)[1]
 
-    def contended(self, limit: float) -> bool:
-        """Timed while another process held a core: the contention probe's ratio over
-        ``limit``."""
-        return self.contention is not None and self.contention > limit
+    def contended(self, protocol: Any) -> bool:
+        """Timed on a slow machine: another process held a core (the chain ratio over
+        ``protocol.contention_limit``) or the canary ran slow (over
+        ``protocol.slowdown_limit``). See :mod:`measure.contention`."""
+        return ((self.contention is not None
+                 and self.contention > float(protocol.contention_limit))
+                or (self.slowdown is not None
+                    and self.slowdown > float(protocol.slowdown_limit)))
 
 
 @dataclass(frozen=True)
@@ -109,6 +114,9 @@ class MeasureResult(TimedRuns):
     #: process held a core; about 2.0: one did, on 2 cores); None: not probed (one thread,
     #: or measured before the probe existed). See :mod:`measure.contention`.
     contention: float | None = None
+    #: The canary kernel's worst time around the timing over the fastest this machine has
+    #: run it (1.0: usual speed); None: not probed. See :mod:`measure.contention`.
+    slowdown: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -140,7 +148,8 @@ class MeasureResult(TimedRuns):
             "threads": self.threads, "tvm_version": self.tvm_version,
             "kernels_version": self.kernels_version, "timestamp": self.timestamp,
             "tuning_seconds": self.tuning_seconds, "trials": self.trials, "tuner": self.tuner,
-            "contention": self.contention, "run_secs": list(self.run_secs),
+            "contention": self.contention, "slowdown": self.slowdown,
+            "run_secs": list(self.run_secs),
         }
         return out
 
@@ -162,4 +171,5 @@ class MeasureResult(TimedRuns):
             timestamp=row["timestamp"] or 0.0, tuning_seconds=row["tuning_seconds"],
             trials=None if row.get("trials") is None else int(row["trials"]),
             tuner=row.get("tuner"),
-            contention=None if row.get("contention") is None else float(row["contention"]))
+            contention=None if row.get("contention") is None else float(row["contention"]),
+            slowdown=None if row.get("slowdown") is None else float(row["slowdown"]))

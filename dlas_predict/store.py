@@ -58,7 +58,8 @@ CREATE TABLE IF NOT EXISTS measurements (
     tvm_version TEXT,
     kernels_version TEXT,
     timestamp REAL,
-    contention REAL
+    contention REAL,
+    slowdown REAL
 );
 CREATE INDEX IF NOT EXISTS idx_meas_device ON measurements(device, fingerprint);
 CREATE TABLE IF NOT EXISTS network_layers (
@@ -99,7 +100,8 @@ CREATE TABLE IF NOT EXISTS network_measurements (
     kernels_version TEXT,
     timestamp REAL,
     summary TEXT,
-    contention REAL
+    contention REAL,
+    slowdown REAL
 );
 """
 
@@ -107,7 +109,7 @@ CREATE TABLE IF NOT EXISTS network_measurements (
 NETWORK_COLUMNS = (
     "key", "device", "fingerprint", "network", "config", "algorithm", "plan", "dtype",
     "run_secs", "median_s", "spread", "compile_s", "verified", "max_error", "top1_agreement",
-    "error", "kernels_version", "timestamp", "summary", "contention",
+    "error", "kernels_version", "timestamp", "summary", "contention", "slowdown",
 )
 
 #: Columns of a measurement row, in insert order (id excluded).
@@ -118,14 +120,16 @@ COLUMNS = (
     "pattern", "sparsity", "nnz", "tuning", "knobs", "run_secs", "n_runs", "number",
     "median_s", "spread", "noisy", "gflops", "compile_s", "tuning_seconds", "trials", "tuner",
     "verified", "max_error", "error", "threads", "tvm_version", "kernels_version", "timestamp",
-    "contention",
+    "contention", "slowdown",
 )
 
 #: Columns added after the first stores were written: (table, column, type), migrated in place.
 _ADDED_COLUMNS = (("network_measurements", "summary", "TEXT"),
                   ("measurements", "trials", "INTEGER"), ("measurements", "tuner", "TEXT"),
                   ("measurements", "contention", "REAL"),
-                  ("network_measurements", "contention", "REAL"))
+                  ("network_measurements", "contention", "REAL"),
+                  ("measurements", "slowdown", "REAL"),
+                  ("network_measurements", "slowdown", "REAL"))
 
 
 def networks_path(path: str | Path, part: str = "networks") -> Path:
@@ -157,6 +161,7 @@ def _row(result: MeasureResult) -> tuple:
         "max_error": result.max_error, "error": result.error, "threads": result.threads,
         "tvm_version": result.tvm_version, "kernels_version": result.kernels_version,
         "timestamp": result.timestamp, "contention": result.contention,
+        "slowdown": result.slowdown,
     }
     return tuple(values[c] for c in COLUMNS)
 

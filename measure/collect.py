@@ -30,7 +30,8 @@ class CollectSummary:
     skipped: int = 0
     measured: int = 0
     failed: int = 0
-    #: measured while another process held a core, even after waiting (contention probe)
+    #: timed on a slow machine, even after waiting (chain probe or canary; see
+    #: :mod:`measure.contention`)
     contended: int = 0
     seconds: float = 0.0
     results: list[MeasureResult] = field(default_factory=list)
@@ -71,14 +72,13 @@ def collect(tasks: list[MeasureTask], store: CorpusStore | None, runner: Runner,
 
         bar = tqdm(total=len(todo), desc=desc, unit="kernel", dynamic_ncols=True,
                    file=sys.stderr)
-    limit = runner.protocol.contention_limit
     try:
         for result in runner.run(todo):
             if store is not None:
                 store.add(result, replace_failure=True)
             summary.measured += 1
             summary.failed += int(not result.ok)
-            summary.contended += int(result.contended(limit))
+            summary.contended += int(result.contended(runner.protocol))
             summary.results.append(result)
             if on_result is not None:
                 on_result(result)

@@ -1,29 +1,51 @@
-"""Whether another process holds one of the cores our parallel kernels run on.
+"""Whether the machine runs our parallel kernels at their usual speed right now.
 
-On a shared machine with few cores, another tenant's busy thread makes a parallel kernel
-wait for its slowest thread: for as long as the neighbour runs, every timed run is slower
-(on 2 cores, about 2×). The corpus showed it as kernels whose runs fall in two groups
-exactly 2× apart, and as kernels whose every run was 2× slower than the same layer inside
-a whole network timed minutes later. The fastest run hides the first case, not the second.
+On a shared machine with few cores two things slow a parallel kernel for seconds at a time,
+and the fastest of its timed runs hides neither:
 
-The probe needs no quiet reference: it times the same chain of dependent multiply-adds once
-on one thread and once on every thread of TVM's pool (each thread a chain of the same
-length). Alone, the parallel run takes as long as the serial one (ratio 1.0). With a core
-taken it waits for the thread that shares a core (about 2.0 on this 2-core machine).
+- **Another process holds one of the cores.** A parallel kernel waits for its slowest
+  thread: about 2× on 2 cores. The corpus showed it as kernels whose runs fall in two groups
+  exactly 2× apart, and as kernels whose every run was 2× slower than the same layer inside
+  a whole network timed minutes later.
+- **The host slows our vCPUs without any process of ours in the way.** For spells of
+  seconds to tens of seconds (about one process start in five here) every parallel kernel
+  ran 1.1–2× slower: spatial pack 64×32×32 0.40 → 0.58 ms, a 1×1 conv 57 → 83 µs, an
+  im2col GEMM 0.49 → 0.99 ms, identically in every slow spell. A single-threaded probe (a
+  dependent chain, an L2, L3 or DRAM sweep) and the run queue (no steal time, no other task)
+  saw nothing. Most likely the two vCPUs then share a physical core, or a neighbour's
+  thread does. ``benchmarks/bench_probe.py`` shows it: the same kernels and probes timed
+  in one fresh process after another.
 
-Timing goes through :func:`timed`: wait (up to ``Protocol.quiet_wait_s``) for the ratio
-to fall under ``Protocol.contention_limit``, time, probe again, and time once more if a
-neighbour came during the timing. Every run is kept; the record carries the worst ratio
-seen around its timing (``contention``), so a contended record is known as such.
+Two probes, each cheap enough to run before and after every measurement:
+
+- **The chain** (no reference needed) times the same chain of dependent multiply-adds once
+  on one thread and once on every thread of TVM's pool. Alone the parallel run takes as
+  long as the serial one (ratio 1.0); with a core taken it waits for the thread that shares
+  a core (about 2.0 here). It cannot see the second kind: a latency-bound chain leaves a
+  shared core's units idle.
+- **The canary** is a real parallel kernel (spatial pack, float32, 64×32×32, 3×3; 0.4 ms
+  here), timed against the fastest this machine (device fingerprint, thread count) has ever
+  run it, kept under ``DLAS_HOME/probe/``. Its slowdown sees both kinds. Its reference only
+  improves: a machine first met during a slow spell reads 1.0 until it has seen a quiet one.
+
+Timing goes through :func:`timed`: wait (up to ``Protocol.quiet_wait_s``) until the chain
+ratio is at most ``Protocol.contention_limit`` and the canary's slowdown at most
+``Protocol.slowdown_limit``, time, probe again, and time once more if the machine slowed
+during the timing. Every run is kept; the record carries the worst of each probe around its
+timing (``contention``, ``slowdown``), so a record timed on a slow machine is known as such.
 
 This module imports TVM; it runs inside the isolated worker.
 """
 
 from __future__ import annotations
 
+import json
+import math
+import os
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 #: Dependent multiply-adds per thread: ~0.2 ms on a 3 GHz core, short enough to probe
@@ -46,25 +68,125 @@ def main(a: T.Buffer(({P}, 16), "float32")):
 '''
 
 
+#: The canary's workload: a conv layer of the CIFAR networks, spatial pack, float32.
+CANARY_CONV = "C=64,H=32,W=32,K=64,R=3,S=3,stride=1,pad=1"
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What the probes saw at one moment."""
+
+    ratio: float               # the chain: parallel over serial time (1.0: no neighbour)
+    slowdown: float | None     # the canary over its fastest time ever (None: no canary)
+
+    def quiet(self, protocol: Any) -> bool:
+        """Within the protocol's limits (``contention_limit``, ``slowdown_limit``)."""
+        return (self.ratio <= float(protocol.contention_limit)
+                and (self.slowdown is None
+                     or self.slowdown <= float(protocol.slowdown_limit)))
+
+    def worst(self, other: "Reading") -> "Reading":
+        s = [v for v in (self.slowdown, other.slowdown) if v is not None]
+        return Reading(max(self.ratio, other.ratio), max(s) if s else None)
+
+
 @dataclass(frozen=True)
 class Timed:
-    """The runs of one measurement and what the probe saw around them."""
+    """The runs of one measurement and what the probes saw around them."""
 
     runs: list[float]
-    contention: float | None   # worst probe ratio around the kept timing (None: not probed)
+    contention: float | None   # worst chain ratio around the kept timing (None: not probed)
+    slowdown: float | None     # worst canary slowdown around it (None: no canary)
     waited_s: float            # time spent waiting for a quiet machine
-    attempts: int              # timings run (2: a neighbour came during the first)
+    attempts: int              # timings run (2: the machine slowed during the first)
+
+
+class Canary:
+    """One real parallel kernel, timed against the fastest this machine has run it.
+
+    ``reference`` is the file keeping that fastest time (None: this process only). It is
+    shared by every worker of the machine; a faster time replaces it (atomically), a slower
+    one never does. A reference that cannot be written is kept in memory."""
+
+    def __init__(self, target, reference: Path | None, repeats: int = 5) -> None:
+        import numpy as np
+        import tvm
+
+        from dlas_predict.config import ConvSpec, DType, Variant
+        from measure.kernels import KernelSpec, build_kernel, output_shape, pack_weights
+        from measure.knobs import resolve_knobs
+        from measure.reference import make_inputs
+
+        spec = ConvSpec.parse(CANARY_CONV)
+        variant = Variant("spatial_pack", "dense")
+        ks = KernelSpec(conv=spec, algorithm=variant.algorithm, sparse=False,
+                        dtype=DType.FLOAT32, knobs=resolve_knobs(spec, variant))
+        x, w = make_inputs(spec, DType.FLOAT32, seed=0)
+        dev = tvm.cpu(0)
+        ex = build_kernel(ks, target)
+        self._args = [tvm.runtime.tensor(a, dev) for a in [x, *pack_weights(ks, w)]] + [
+            tvm.runtime.tensor(np.zeros(output_shape(ks), "float32"), dev)]
+        self._call = ex["main"]
+        self._timer = ex.mod.time_evaluator("main", dev, number=2, repeat=repeats)
+        self.reference = reference
+        self.best = _read_best(reference)
+
+    def seconds(self) -> float:
+        """The canary's time now (the fastest of its runs; one untimed call first)."""
+        self._call(*self._args)
+        return min(self._timer(*self._args).results)
+
+    def slowdown(self) -> float:
+        """Time now over the fastest ever (1.0 at a new fastest)."""
+        t = self.seconds()
+        if self.best is None or t < self.best:
+            self.best = min(t, _read_best(self.reference) or math.inf)
+            _write_best(self.reference, self.best)
+        return t / self.best
+
+
+def _read_best(path: Path | None) -> float | None:
+    if path is None or not path.is_file():
+        return None
+    try:
+        best = float(json.loads(path.read_text())["best_s"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return best if best > 0 else None
+
+
+def _write_best(path: Path | None, best: float) -> None:
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"best_s": best, "conv": CANARY_CONV,
+                                   "algorithm": "spatial_pack", "dtype": "float32"}))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # the reference stays in memory for this worker
+
+
+def canary_reference(fingerprint: str, threads: int) -> Path:
+    """Where the canary's fastest time is kept for a machine and a thread count."""
+    from dlas_predict.home import dlas_home
+
+    safe = "".join(c for c in fingerprint if c.isalnum() or c in "-_") or "unknown"
+    return dlas_home() / "probe" / f"canary-{safe}-{threads}t.json"
 
 
 class ContentionProbe:
-    """Compiled once per worker: the serial and the parallel chain."""
+    """Compiled once per worker: the serial and the parallel chain, and the canary."""
 
-    def __init__(self, target, threads: int, repeats: int = 5) -> None:
+    def __init__(self, target, threads: int, repeats: int = 5,
+                 canary: Canary | None = None) -> None:
         import numpy as np
         import tvm
         from tvm.script import from_source
 
         self.timeouts = 0  # waits in a row that ended still contended
+        self.canary = canary
         dev = tvm.cpu(0)
         self._timers = []
         for p in (1, threads):
@@ -83,34 +205,39 @@ class ContentionProbe:
         p = statistics.median(parallel(b).results)
         return p / s if s > 0 else 1.0
 
-    def wait_for_quiet(self, limit: float, max_wait_s: float,
-                       poll_s: float = 0.25) -> tuple[float, float]:
-        """Probe until the ratio is at most ``limit`` or ``max_wait_s`` has passed; returns
-        (last ratio, seconds waited). After ``GIVE_UP`` waits in a row that ended contended
-        the machine is taken as busy for good: no more waiting (still probed and recorded)
-        until a probe finds it quiet again, so a collection on a loaded machine is not
-        slowed by a wait per record."""
+    def reading(self) -> Reading:
+        """The chain's ratio, then (the pool awake) the canary's slowdown."""
+        ratio = self.ratio()
+        return Reading(ratio, None if self.canary is None else self.canary.slowdown())
+
+    def wait_for_quiet(self, protocol: Any, poll_s: float = 0.25) -> tuple[Reading, float]:
+        """Probe until the reading is quiet (:meth:`Reading.quiet`) or
+        ``protocol.quiet_wait_s`` has passed; returns (last reading, seconds waited). After
+        ``GIVE_UP`` waits in a row that ended on a slow machine it is taken as slow for
+        good: no more waiting (still probed and recorded) until a probe finds it quiet
+        again, so a collection on a loaded machine is not slowed by a wait per record."""
         t0 = time.perf_counter()
-        r = self.ratio()
-        if self.timeouts >= GIVE_UP:
-            max_wait_s = 0.0
-        while r > limit and time.perf_counter() - t0 < max_wait_s:
+        r = self.reading()
+        max_wait_s = 0.0 if self.timeouts >= GIVE_UP else float(protocol.quiet_wait_s)
+        while not r.quiet(protocol) and time.perf_counter() - t0 < max_wait_s:
             time.sleep(poll_s)
-            r = self.ratio()
-        self.timeouts = self.timeouts + 1 if r > limit else 0
+            r = self.reading()
+        self.timeouts = 0 if r.quiet(protocol) else self.timeouts + 1
         return r, time.perf_counter() - t0
 
 
 _PROBES: dict[tuple, ContentionProbe] = {}
 
 
-def probe_for(target, threads: int) -> ContentionProbe | None:
-    """The worker's probe (built on first use); None with one thread (nothing to contend)."""
+def probe_for(target, threads: int, fingerprint: str = "") -> ContentionProbe | None:
+    """The worker's probe (built on first use), its canary's reference kept for
+    ``fingerprint``; None with one thread (nothing to contend)."""
     if threads < 2:
         return None
-    key = (str(target), threads)
+    key = (str(target), threads, fingerprint)
     if key not in _PROBES:
-        _PROBES[key] = ContentionProbe(target, threads)
+        canary = Canary(target, canary_reference(fingerprint, threads))
+        _PROBES[key] = ContentionProbe(target, threads, canary=canary)
     return _PROBES[key]
 
 
@@ -127,19 +254,19 @@ def pool_threads() -> int:
 def timed(run: Callable[[], list[float]], probe: ContentionProbe | None,
           protocol: Any) -> Timed:
     """Time ``run`` (one call returns the timed runs) on a quiet machine where possible:
-    wait for quiet, time, probe; if the probe finds a neighbour, wait again and time once
-    more. All runs are kept (the fastest is what the models learn)."""
+    wait for quiet, time, probe; if the machine slowed during the timing, wait again and
+    time once more. All runs are kept (the fastest is what the models learn)."""
     if probe is None:
-        return Timed(list(run()), None, 0.0, 1)
-    limit, wait = float(protocol.contention_limit), float(protocol.quiet_wait_s)
+        return Timed(list(run()), None, None, 0.0, 1)
     runs: list[float] = []
     waited = 0.0
     for attempts in (1, 2):
-        before, w = probe.wait_for_quiet(limit, wait)
+        before, w = probe.wait_for_quiet(protocol)
         waited += w
         runs += list(run())
-        after = probe.ratio()
-        worst = max(before, after)
-        if after <= limit:
+        after = probe.reading()
+        worst = before.worst(after)
+        if after.quiet(protocol):
             break
-    return Timed(runs, round(worst, 3), round(waited, 3), attempts)
+    slowdown = None if worst.slowdown is None else round(worst.slowdown, 3)
+    return Timed(runs, round(worst.ratio, 3), slowdown, round(waited, 3), attempts)

@@ -448,5 +448,6 @@ def run_network_task(task: dict[str, Any]) -> dict[str, Any]:
     number, repeats = plan_timing(single, proto)
     timer = vm.time_evaluator("main", dev, number=number, repeat=repeats)
     result.update(number=number, repeats=repeats,
-                  **timed_fields(lambda: timer(x).results, task["target"], proto))
+                  **timed_fields(lambda: timer(x).results, task["target"], proto,
+                                 task.get("fingerprint", "")))
     return result

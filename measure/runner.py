@@ -265,7 +265,7 @@ class LocalRunner(Runner):
             tvm_version=self._ready.get("tvm_version", ""), kernels_version=KERNELS_VERSION,
             timestamp=time.time(), tuning_seconds=reply.get("tuning_seconds"),
             trials=reply.get("trials"), tuner=reply.get("tuner"),
-            contention=reply.get("contention"))
+            contention=reply.get("contention"), slowdown=reply.get("slowdown"))
 
 
 def _describe_exit(code: int) -> str:

@@ -32,16 +32,18 @@ class Protocol:
     ``number`` back-to-back calls lasting at least ``min_repeat_ms``; a measurement stops
     adding runs after ``time_budget_s`` seconds but keeps at least ``min_repeats``.
 
-    Before timing, wait up to ``quiet_wait_s`` for no other process to hold a core (the
-    probe's parallel/serial ratio at most ``contention_limit``; :mod:`measure.contention`),
-    and time once more if one came during the timing."""
+    Before timing, wait up to ``quiet_wait_s`` for the machine to run at its usual speed:
+    no other process holding a core (the chain probe's parallel/serial ratio at most
+    ``contention_limit``) and the canary kernel at most ``slowdown_limit`` times its fastest
+    (:mod:`measure.contention`); time once more if it slowed during the timing."""
 
     max_repeats: int = 150
     min_repeats: int = 10
     min_repeat_ms: float = 1.0
     time_budget_s: float = 3.0
-    quiet_wait_s: float = 10.0
+    quiet_wait_s: float = 30.0
     contention_limit: float = 1.25
+    slowdown_limit: float = 1.05
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -121,18 +123,20 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
     number, repeats = plan_timing(single_s, proto)
     timer = executable.mod.time_evaluator("main", dev, number=number, repeat=repeats)
     result.update(number=number, repeats=repeats,
-                  **timed_fields(lambda: timer(*args, out).results, task["target"], proto))
+                  **timed_fields(lambda: timer(*args, out).results, task["target"], proto,
+                                 task.get("fingerprint", "")))
     return result
 
 
-def timed_fields(run, target_json: dict, proto: Protocol) -> dict[str, Any]:
+def timed_fields(run, target_json: dict, proto: Protocol,
+                 fingerprint: str = "") -> dict[str, Any]:
     """Time ``run`` on a quiet machine where possible (:func:`measure.contention.timed`);
     the reply's timing fields."""
     from measure.contention import pool_threads, probe_for, timed
 
-    t = timed(run, probe_for(_target(target_json), pool_threads()), proto)
-    return {"run_secs": t.runs, "contention": t.contention, "quiet_wait_s": t.waited_s,
-            "timing_attempts": t.attempts}
+    t = timed(run, probe_for(_target(target_json), pool_threads(), fingerprint), proto)
+    return {"run_secs": t.runs, "contention": t.contention, "slowdown": t.slowdown,
+            "quiet_wait_s": t.waited_s, "timing_attempts": t.attempts}
 
 
 def _tuned_build(ks, task: dict[str, Any], pattern: SparsityPattern, make_args,

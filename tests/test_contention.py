@@ -1,5 +1,6 @@
 """The contention probe: waiting for a quiet machine, timing again when a neighbour came,
-giving up on a machine that stays busy; and the real probe against a pinned busy process."""
+giving up on a machine that stays busy; the canary's slowdown against its fastest time;
+and the real probes against a pinned busy process."""
 import os
 import subprocess
 import sys
@@ -8,22 +9,27 @@ import pytest
 
 from conftest import ROOT
 from measure import contention
-from measure.contention import GIVE_UP, ContentionProbe, timed
+from measure.contention import GIVE_UP, ContentionProbe, Reading, timed
 from measure.worker import Protocol
 
 
 class ScriptedProbe(ContentionProbe):
-    """A probe whose ratios are given in advance (no TVM)."""
+    """A probe whose chain ratios (and canary slowdowns) are given in advance (no TVM)."""
 
-    def __init__(self, ratios):
+    def __init__(self, ratios, slowdowns=None):
         self.ratios, self.calls, self.timeouts = list(ratios), 0, 0
+        self.slowdowns = None if slowdowns is None else list(slowdowns)
 
-    def ratio(self):
+    def reading(self):
         self.calls += 1
-        return self.ratios.pop(0) if len(self.ratios) > 1 else self.ratios[0]
+        r = self.ratios.pop(0) if len(self.ratios) > 1 else self.ratios[0]
+        if self.slowdowns is None:
+            return Reading(r, None)
+        s = self.slowdowns.pop(0) if len(self.slowdowns) > 1 else self.slowdowns[0]
+        return Reading(r, s)
 
 
-PROTO = Protocol(quiet_wait_s=0.05, contention_limit=1.25)
+PROTO = Protocol(quiet_wait_s=0.05, contention_limit=1.25, slowdown_limit=1.05)
 
 
 def test_quiet_machine_times_once_and_records_the_ratio():
@@ -36,6 +42,21 @@ def test_waits_for_the_neighbour_to_leave_before_timing(monkeypatch):
     probe = ScriptedProbe([2.0, 2.0, 1.0, 1.0])
     t = timed(lambda: [1.0], probe, Protocol(quiet_wait_s=60, contention_limit=1.25))
     assert probe.calls == 4 and t.attempts == 1 and t.contention == 1.0
+
+
+def test_a_slow_canary_on_a_machine_the_chain_finds_quiet_is_waited_out(monkeypatch):
+    """The host's slow spells: the chain reads 1.0, the canary 1.44× its fastest."""
+    monkeypatch.setattr(contention.time, "sleep", lambda s: None)
+    probe = ScriptedProbe([1.0], [1.44, 1.44, 1.01, 1.02])
+    t = timed(lambda: [1.0], probe, Protocol(quiet_wait_s=60, slowdown_limit=1.05))
+    assert probe.calls == 4 and t.attempts == 1
+    assert t.contention == 1.0 and t.slowdown == 1.02
+
+
+def test_a_canary_that_slowed_during_the_timing_means_a_second_timing():
+    batches = iter([[1.4], [1.0]])
+    t = timed(lambda: next(batches), ScriptedProbe([1.0], [1.0, 1.44, 1.0, 1.01]), PROTO)
+    assert t.attempts == 2 and t.runs == [1.4, 1.0] and t.slowdown == 1.01
 
 
 def test_a_neighbour_during_the_timing_means_a_second_timing_and_all_runs_kept():
@@ -56,38 +77,84 @@ def test_a_machine_busy_for_good_is_recorded_and_no_longer_waited_for():
 
 def test_without_a_probe_the_runs_pass_through():
     t = timed(lambda: [3.0], None, PROTO)
-    assert t.runs == [3.0] and t.contention is None and t.attempts == 1
+    assert t.runs == [3.0] and t.contention is None and t.slowdown is None
+    assert t.attempts == 1
+
+
+def test_the_canary_keeps_the_fastest_time_and_reads_slowdowns_against_it(tmp_path):
+    from measure.contention import Canary
+
+    class Scripted(Canary):
+        def __init__(self, times, reference):
+            self.times, self.reference = list(times), reference
+            self.best = contention._read_best(reference)
+
+        def seconds(self):
+            return self.times.pop(0)
+
+    ref = tmp_path / "probe" / "canary.json"
+    c = Scripted([2.0, 1.0, 1.5], ref)
+    assert c.slowdown() == 1.0 and c.best == 2.0          # first reading: its own reference
+    assert c.slowdown() == 1.0 and c.best == 1.0          # a faster one replaces it ...
+    assert c.slowdown() == 1.5 and c.best == 1.0          # ... a slower one reads against it
+    assert contention._read_best(ref) == 1.0
+    # another worker of the machine starts from the kept reference
+    assert Scripted([1.3], ref).slowdown() == 1.3
+    # a reference another worker lowered in the meantime is taken when writing
+    other = Scripted([0.9], ref)
+    contention._write_best(ref, 0.8)
+    assert other.slowdown() == 0.9 / 0.8 and contention._read_best(ref) == 0.8
+    # an unreadable reference is no reference; an unwritable one stays in memory
+    ref.write_text("not json")
+    assert Scripted([1.0], ref).best is None
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    c = Scripted([1.0, 2.0], blocked / "canary.json")
+    assert c.slowdown() == 1.0 and c.slowdown() == 2.0
 
 
 _PROBE_SCRIPT = """
 import os, sys
 os.sched_setaffinity(0, {0, 1})
-from measure.contention import ContentionProbe
-probe = ContentionProbe({"kind": "llvm"}, 2)
-print(max(probe.ratio() for _ in range(5)))
+from measure.contention import Canary, ContentionProbe
+probe = ContentionProbe({"kind": "llvm"}, 2, canary=Canary({"kind": "llvm"}, None))
+probe.canary.slowdown()            # its reference: a quiet moment (the busy process starts
+print("ready", flush=True)         # after this line)
+sys.stdin.readline()
+readings = [probe.reading() for _ in range(5)]
+print(max(r.ratio for r in readings), max(r.slowdown for r in readings))
 """
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
                     reason="needs two CPUs to pin to")
-def test_the_probe_sees_a_busy_process_on_one_of_its_cores():
+def test_the_probes_see_a_busy_process_on_one_of_their_cores():
+    """The chain ratio and the canary (its reference taken on the quiet machine first) both
+    see a busy process on one of the two cores."""
     cpus = sorted(os.sched_getaffinity(0))[:2]
-    # the busy process may run on either of the probe's two CPUs (pinned to one, it starves
-    # TVM's pool thread bound there for whole scheduler slices)
-    hog = subprocess.Popen([sys.executable, "-c", "import os; os.sched_setaffinity(0, {%d, %d})"
-                            "\nwhile True: pass" % tuple(cpus)])
+    env = {**os.environ, "TVM_NUM_THREADS": "2", "PYTHONPATH": str(ROOT)}
+    script = _PROBE_SCRIPT.replace("{0, 1}", "{%d, %d}" % tuple(cpus))
+    probe = subprocess.Popen([sys.executable, "-c", script], env=env, cwd=ROOT, text=True,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+    hog = None
     try:
-        env = {**os.environ, "TVM_NUM_THREADS": "2", "PYTHONPATH": str(ROOT)}
-        script = _PROBE_SCRIPT.replace("{0, 1}", "{%d, %d}" % tuple(cpus))
-        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                             text=True, timeout=120, cwd=ROOT)
+        assert probe.stdout.readline().strip() == "ready", probe.stderr.read()[-2000:]
+        # the busy process may run on either of the probe's two CPUs (pinned to one, it
+        # starves TVM's pool thread bound there for whole scheduler slices)
+        hog = subprocess.Popen([sys.executable, "-c", "import os; os.sched_setaffinity(0, "
+                                "{%d, %d})\nwhile True: pass" % tuple(cpus)])
+        out, err = probe.communicate("go\n", timeout=120)
     finally:
-        hog.kill()
-        hog.wait()
-    assert out.returncode == 0, out.stderr[-2000:]
-    ratio = float(out.stdout.strip().splitlines()[-1])
+        if hog is not None:
+            hog.kill()
+            hog.wait()
+        probe.kill()
+    assert probe.returncode == 0, err[-2000:]
+    ratio, slowdown = map(float, out.strip().splitlines()[-1].split())
     # alone: ~1.0; one of the two cores taken by the busy process: 2 or more
     assert ratio > 1.4, ratio
+    assert slowdown > 1.4, slowdown
 
 
 def test_the_probe_of_a_real_worker_is_reported_with_each_kernel():
@@ -106,5 +173,11 @@ def test_the_probe_of_a_real_worker_is_reported_with_each_kernel():
     assert result.ok
     if (result.threads or 1) >= 2:
         assert result.contention is not None and 0.5 < result.contention < 50
+        assert result.slowdown is not None and 0.5 < result.slowdown < 50
+        # the canary's reference is kept for the machine under DLAS_HOME/probe
+        from dlas_predict.home import dlas_home
+        from measure.contention import _read_best
+        (ref,) = (dlas_home() / "probe").glob(f"canary-{dev.fingerprint}-*t.json")
+        assert _read_best(ref) > 0
     else:
-        assert result.contention is None
+        assert result.contention is None and result.slowdown is None

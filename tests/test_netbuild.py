@@ -16,7 +16,8 @@ from dlas_predict.network import read_network
 from dlas_predict.store import CorpusStore
 from measure.worker import Protocol
 
-FAST = Protocol(max_repeats=3, min_repeats=2, min_repeat_ms=0.1, time_budget_s=0.05)
+FAST = Protocol(max_repeats=3, min_repeats=2, min_repeat_ms=0.1, time_budget_s=0.05,
+                quiet_wait_s=0)
 
 
 @pytest.fixture(scope="module")

@@ -47,29 +47,30 @@ def test_failure_replaced_by_retry_but_success_never_replaced(tmp_path):
         assert db.results()[0].error is None
 
 
-def test_contention_is_kept_exported_imported_and_migrated(tmp_path):
+def test_contention_and_slowdown_are_kept_exported_imported_and_migrated(tmp_path):
     from dataclasses import replace
 
     with CorpusStore(tmp_path / "c.sqlite") as db:
-        db.add(replace(_result(), contention=1.97))
-        assert db.results()[0].contention == 1.97
+        db.add(replace(_result(), contention=1.97, slowdown=1.44))
+        assert (db.results()[0].contention, db.results()[0].slowdown) == (1.97, 1.44)
         db.export(tmp_path / "c.parquet", "parquet")
     with CorpusStore(tmp_path / "d.sqlite") as db:
         db.import_snapshot(tmp_path / "c.parquet")
-        assert db.results()[0].contention == 1.97
+        assert (db.results()[0].contention, db.results()[0].slowdown) == (1.97, 1.44)
     # a store written before the column: migrated in place, its records read as not probed
     old = sqlite3.connect(tmp_path / "old.sqlite")
     with CorpusStore(tmp_path / "c.sqlite") as db:
         schema = [r[0] for r in db._db.execute("SELECT sql FROM sqlite_master WHERE sql "
                                                  "IS NOT NULL")]
     for sql in schema:
-        old.execute(sql.replace(",\n    contention REAL", ""))
+        old.execute(sql.replace(",\n    contention REAL,\n    slowdown REAL", ""))
     old.commit()
-    assert "contention" not in {r[1] for r in old.execute("PRAGMA table_info(measurements)")}
+    assert not {"contention", "slowdown"} & {
+        r[1] for r in old.execute("PRAGMA table_info(measurements)")}
     old.close()
     with CorpusStore(tmp_path / "old.sqlite") as db:
         db.add(_result())
-        assert db.results()[0].contention is None
+        assert db.results()[0].contention is None and db.results()[0].slowdown is None
 
 
 def test_fingerprint_is_part_of_the_key():

@@ -17,7 +17,7 @@ from measure.runner import LocalRunner, MeasureTask, TuningOptions
 from measure.worker import Protocol
 
 SPEC = ConvSpec.parse("C=8,H=10,W=10,K=16,R=3,S=3,stride=1,pad=1")
-QUICK = Protocol(max_repeats=5, min_repeats=3, time_budget_s=0.05)
+QUICK = Protocol(max_repeats=5, min_repeats=3, time_budget_s=0.05, quiet_wait_s=0)
 
 
 # ---- pure Python: knobs, keys, options ---------------------------------------------------------
