@@ -40,13 +40,12 @@ KERNELS = (  # name, conv, algorithm, compression, ratio
 
 def one_process(rounds: int) -> list[dict]:
     """Run inside a fresh process: build the kernels and probes, take the readings."""
-    import numpy as np
     import tvm
 
     from dlas_predict.config import ConvSpec, DType, SparsityPattern, Variant
     from dlas_predict.devices import get_device
     from measure.contention import Canary, ContentionProbe, pool_threads
-    from measure.kernels import KernelSpec, build_kernel, output_shape, pack_weights
+    from measure.kernels import KernelSpec, build_kernel, device_args
     from measure.knobs import resolve_knobs
     from measure.reference import make_inputs
     from measure.sparse import prune
@@ -62,8 +61,7 @@ def one_process(rounds: int) -> list[dict]:
         if variant.sparse:
             w = prune(w, ratio, SparsityPattern.parse("none"))
         ex = build_kernel(ks, target)
-        args = [tvm.runtime.tensor(a, dev) for a in [x, *pack_weights(ks, w)]] + [
-            tvm.runtime.tensor(np.zeros(output_shape(ks), "float32"), dev)]
+        args = device_args(ks, x, w, dev)
         ex["main"](*args)
         timers.append((name, ex.mod.time_evaluator("main", dev, number=3, repeat=30), args))
     probe = ContentionProbe(target, pool_threads(), canary=Canary(target, None))

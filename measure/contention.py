@@ -109,11 +109,10 @@ class Canary:
     one never does. A reference that cannot be written is kept in memory."""
 
     def __init__(self, target, reference: Path | None, repeats: int = 5) -> None:
-        import numpy as np
         import tvm
 
         from dlas_predict.config import ConvSpec, DType, Variant
-        from measure.kernels import KernelSpec, build_kernel, output_shape, pack_weights
+        from measure.kernels import KernelSpec, build_kernel, device_args
         from measure.knobs import resolve_knobs
         from measure.reference import make_inputs
 
@@ -124,8 +123,7 @@ class Canary:
         x, w = make_inputs(spec, DType.FLOAT32, seed=0)
         dev = tvm.cpu(0)
         ex = build_kernel(ks, target)
-        self._args = [tvm.runtime.tensor(a, dev) for a in [x, *pack_weights(ks, w)]] + [
-            tvm.runtime.tensor(np.zeros(output_shape(ks), "float32"), dev)]
+        self._args = device_args(ks, x, w, dev)
         self._call = ex["main"]
         self._timer = ex.mod.time_evaluator("main", dev, number=2, repeat=repeats)
         self.reference = reference

@@ -462,6 +462,13 @@ def output_shape(ks: KernelSpec) -> tuple[int, ...]:
     return spec.output_shape
 
 
+def device_args(ks: KernelSpec, x: np.ndarray, w: np.ndarray, dev) -> list:
+    """The kernel's call arguments on ``dev``: the input, the packed weights of ``w``, and a
+    zeroed output buffer (last)."""
+    return [tvm.runtime.tensor(a, dev) for a in [x, *pack_weights(ks, w)]] + [
+        tvm.runtime.tensor(np.zeros(output_shape(ks), dtype=ks.dtype.value), dev)]
+
+
 def dense_prim_func(ks: KernelSpec) -> "tvm.tirx.PrimFunc":
     """The unscheduled TensorIR function of a dense kernel: what MetaSchedule tunes.
 

@@ -83,7 +83,7 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
                              int(task.get("stream_mib", 256)))
     import tvm
 
-    from measure.kernels import KernelSpec, build_kernel, output_shape, pack_weights
+    from measure.kernels import KernelSpec, build_kernel, device_args
 
     spec = ConvSpec.from_dict(task["conv"])
     dtype = DType.parse(task["dtype"])
@@ -101,8 +101,7 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
     dev = tvm.cpu(0)
 
     def make_args(k: KernelSpec) -> list:
-        return [tvm.runtime.tensor(a, dev) for a in [x, *pack_weights(k, w)]] + [
-            tvm.runtime.tensor(np.zeros(output_shape(k), dtype=dtype.value), dev)]
+        return device_args(k, x, w, dev)
 
     if task.get("tuning"):
         executable, ks = _tuned_build(ks, task, pattern, make_args, result)
