@@ -278,6 +278,10 @@ def collect(
                                       "sparsity after global pruning."),
     retry_failures: bool = typer.Option(False, "--retry-failures",
                                         help="Measure again what failed before."),
+    retime_slow: bool = typer.Option(
+        False, "--retime-slow",
+        help="Time again what was timed on a slow machine (chain ratio or canary over its "
+             "limit); a new timing replaces the stored one only if the machine was quieter."),
     whole_network: bool = typer.Option(
         False, "--whole-network",
         help="Also build and time each whole network under every configuration (TVM Relax, "
@@ -299,7 +303,8 @@ def collect(
     _collect(network, store, device, algorithms, compressions, ratio, retry_failures,
              max_repeats, time_budget, timeout, as_json, quiet, per_layer=not uniform,
              whole_network=whole_network,
-             tuning=_tuning(tuning, trials, early_stop, tuning_db), quiet_wait=quiet_wait)
+             tuning=_tuning(tuning, trials, early_stop, tuning_db), quiet_wait=quiet_wait,
+             retime_slow=retime_slow)
 
 
 @app.command()
@@ -333,7 +338,7 @@ def tune(
 
 def _collect(networks, store, device, algorithms, compressions, ratio, retry_failures,
              max_repeats, time_budget, timeout, as_json, quiet, per_layer=True,
-             whole_network=False, tuning=None, quiet_wait=30.0):
+             whole_network=False, tuning=None, quiet_wait=30.0, retime_slow=False):
     from dlas_predict.config import Algorithm, Compression, Tuning, Variant, check_ratio
     from dlas_predict.netplan import network_configs
     from dlas_predict.network import read_network
@@ -381,17 +386,19 @@ def _collect(networks, store, device, algorithms, compressions, ratio, retry_fai
                    f"{dev.name}", err=True)
     with LocalRunner(dev, protocol=proto, timeout_s=timeout) as runner:
         summary = run_collect(list(tasks.values()), db, runner, retry_failures=retry_failures,
-                              progress=not quiet and not as_json)
-    whole_failed = whole_contended = 0
+                              progress=not quiet and not as_json, retime_slow=retime_slow)
+    whole = {"failed": 0, "contended": 0, "retimed": 0, "kept": 0}
     if whole_network:
-        whole_failed, whole_contended = _collect_whole(
-            networks, plans, algs, ratio, dev, db, proto, max(timeout, 600.0), quiet or as_json)
+        whole = _collect_whole(networks, plans, algs, ratio, dev, db, proto,
+                               max(timeout, 600.0), quiet or as_json, retime_slow)
+    whole_failed, whole_contended = whole["failed"], whole["contended"]
     stats = db.stats()
     db.close()
     report = {**summary.to_dict(), "store": str(store), "records": stats["records"],
               "failures_in_store": stats["failures"],
               "network_measurements": stats["network_measurements"],
-              "network_failures": whole_failed, "network_contended": whole_contended}
+              "network_failures": whole_failed, "network_contended": whole_contended,
+              "network_retimed": whole["retimed"], "network_kept": whole["kept"]}
     if as_json:
         _print_json(report)
     else:
@@ -407,6 +414,13 @@ def _collect(networks, store, device, algorithms, compressions, ratio, retry_fai
         if whole_contended:
             typer.echo(f"{whole_contended} whole networks were timed on a slow machine; their "
                        "records carry both probes (contention, slowdown)")
+        if retime_slow:
+            typer.echo(f"timed again on a slow machine's records: {summary.retimed} kernels "
+                       f"and {whole['retimed']} whole networks now timed quieter; "
+                       f"{summary.kept} kernels and {whole['kept']} whole networks no quieter "
+                       "(the stored timing kept)")
+        if summary.contended or whole_contended:
+            typer.echo("time them again later with --retime-slow")
     if summary.failed or whole_failed:
         _fail(f"{summary.failed} kernels and {whole_failed} whole networks failed; each "
               f"failure is recorded with its error (dlas-predict corpus stats --store {store})")
@@ -414,9 +428,10 @@ def _collect(networks, store, device, algorithms, compressions, ratio, retry_fai
 
 
 def _collect_whole(networks, plans, algs, ratio, dev, db, proto, timeout,
-                   quiet) -> tuple[int, int]:
-    """Whole-network latencies of every (configuration, algorithm); returns (failures,
-    records timed on a slow machine)."""
+                   quiet, retime_slow=False) -> dict[str, int]:
+    """Whole-network latencies of every (configuration, algorithm); returns the counts of
+    failures, records left timed on a slow machine, and (``retime_slow``) slow records timed
+    again that replaced the stored one or kept it."""
     from dlas_predict.config import COMPRESSION_KERNEL
     from dlas_predict.evaluation import kernel_key, modelled_seconds
     from dlas_predict.netmeasure import PER_LAYER, NetworkMeasurer, NetworkPlan, uniform_plan
@@ -452,9 +467,12 @@ def _collect_whole(networks, plans, algs, ratio, dev, db, proto, timeout,
                 todo.append(NetworkPlan(str(model), name, comp, r, PER_LAYER, tuple(plan)))
     log = None if quiet else (lambda line: typer.echo(line, err=True))
     with NetworkMeasurer(dev, db, timeout_s=timeout, protocol=proto, log=log) as nm:
-        records = nm.run(todo)
-    return (sum(1 for r in records if r.error is not None),
-            sum(1 for r in records if r.contended(proto)))
+        slow = db.slow_keys(proto, "network_measurements") if retime_slow else {}
+        records = nm.run(todo, retime_slow=retime_slow)
+        kept = nm.kept
+    return {"failed": sum(1 for r in records if r.error is not None),
+            "contended": sum(1 for r in records if r.contended(proto)) + kept,
+            "retimed": sum(1 for r in records if r.key in slow), "kept": kept}
 
 
 # ---- networks ---------------------------------------------------------------------------

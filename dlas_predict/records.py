@@ -67,10 +67,20 @@ class TimedRuns:
         """Timed on a slow machine: another process held a core (the chain ratio over
         ``protocol.contention_limit``) or the canary ran slow (over
         ``protocol.slowdown_limit``). See :mod:`measure.contention`."""
-        return ((self.contention is not None
-                 and self.contention > float(protocol.contention_limit))
-                or (self.slowdown is not None
-                    and self.slowdown > float(protocol.slowdown_limit)))
+        return slowness(self.contention, self.slowdown, protocol) > 1.0
+
+    def slowness(self, protocol: Any) -> float:
+        """How far over its limits the machine was when this was timed (see
+        :func:`slowness`)."""
+        return slowness(self.contention, self.slowdown, protocol)
+
+
+def slowness(contention: float | None, slowdown: float | None, protocol: Any) -> float:
+    """The larger of the chain ratio over ``protocol.contention_limit`` and the canary
+    slowdown over ``protocol.slowdown_limit`` (0 when neither was probed): over 1 means timed
+    on a slow machine; of two timings of one thing, the lower was the quieter."""
+    return max(0.0 if contention is None else contention / float(protocol.contention_limit),
+               0.0 if slowdown is None else slowdown / float(protocol.slowdown_limit))
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from .errors import StoreError
-from .records import MeasureResult
+from .records import MeasureResult, slowness
 
 SCHEMA_VERSION = 1
 
@@ -196,17 +196,19 @@ class CorpusStore:
             raise StoreError(f"cannot open corpus store {self.path}: {exc}") from None
 
     # ---- writing ------------------------------------------------------------------------
-    def add(self, result: MeasureResult, replace_failure: bool = True) -> bool:
+    def add(self, result: MeasureResult, replace_failure: bool = True,
+            replace: bool = False) -> bool:
         """Commit one record; returns False if its key was already stored.
 
         With ``replace_failure`` a stored failure of the same key is replaced by the new
-        record (a retried measurement); a stored success is never replaced.
+        record (a retried measurement); a stored success is replaced only with ``replace``
+        (a record timed again on a quieter machine; see :meth:`slow_keys`).
         """
         placeholders = ",".join("?" * len(COLUMNS))
         with self._db:  # one transaction: the row is there entirely or not at all
-            if replace_failure:
-                self._db.execute("DELETE FROM measurements WHERE key = ? AND error IS NOT NULL",
-                                 (result.key,))
+            if replace or replace_failure:
+                self._db.execute("DELETE FROM measurements WHERE key = ?"
+                                 + ("" if replace else " AND error IS NOT NULL"), (result.key,))
             cur = self._db.execute(
                 f"INSERT OR IGNORE INTO measurements ({','.join(COLUMNS)}) "
                 f"VALUES ({placeholders})", _row(result))
@@ -228,13 +230,14 @@ class CorpusStore:
                 "INSERT OR REPLACE INTO network_configs VALUES (?, ?, ?, ?, ?, ?, ?)",
                 [(network, config, *layer) for layer in layers])
 
-    def add_network_measurement(self, row: dict[str, Any]) -> bool:
+    def add_network_measurement(self, row: dict[str, Any], replace: bool = False) -> bool:
         """Commit one whole-network measurement (a dict of :data:`NETWORK_COLUMNS`); a stored
-        failure of the same key is replaced, a stored success never. False if already there."""
+        failure of the same key is replaced, a stored success only with ``replace``. False if
+        already there."""
         values = tuple(row.get(c) for c in NETWORK_COLUMNS)
         with self._db:
-            self._db.execute("DELETE FROM network_measurements WHERE key = ? AND error IS NOT "
-                             "NULL", (row["key"],))
+            self._db.execute("DELETE FROM network_measurements WHERE key = ?"
+                             + ("" if replace else " AND error IS NOT NULL"), (row["key"],))
             cur = self._db.execute(
                 f"INSERT OR IGNORE INTO network_measurements ({','.join(NETWORK_COLUMNS)}) "
                 f"VALUES ({','.join('?' * len(NETWORK_COLUMNS))})", values)
@@ -261,6 +264,18 @@ class CorpusStore:
         if not include_failures:
             sql += " WHERE error IS NULL"
         return {r[0] for r in self._db.execute(sql)}
+
+    def slow_keys(self, protocol: Any, table: str = "measurements") -> dict[str, float]:
+        """Successful records of ``table`` (``measurements`` or ``network_measurements``)
+        timed on a slow machine, as {key: slowness} (:func:`~dlas_predict.records.slowness`,
+        over 1): what ``collect --retime-slow`` times again."""
+        if table not in ("measurements", "network_measurements"):
+            raise StoreError(f"no table {table!r} of timed records")
+        rows = self._db.execute(
+            f"SELECT key, contention, slowdown FROM {table} WHERE error IS NULL AND "
+            "(contention > ? OR slowdown > ?)",
+            (float(protocol.contention_limit), float(protocol.slowdown_limit)))
+        return {key: slowness(c, s, protocol) for key, c, s in rows}
 
     def fingerprints(self, device: str) -> list[tuple[str, int]]:
         """(fingerprint, records) of ``device``'s measurements, most records first."""

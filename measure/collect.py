@@ -33,12 +33,17 @@ class CollectSummary:
     #: timed on a slow machine, even after waiting (chain probe or canary; see
     #: :mod:`measure.contention`)
     contended: int = 0
+    #: ``retime_slow``: records timed again that replaced a slower-machine timing, and those
+    #: whose new timing was no quieter (the stored one is kept; it stays counted contended)
+    retimed: int = 0
+    kept: int = 0
     seconds: float = 0.0
     results: list[MeasureResult] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {"planned": self.planned, "skipped": self.skipped, "measured": self.measured,
                 "failed": self.failed, "contended": self.contended,
+                "retimed": self.retimed, "kept": self.kept,
                 "seconds": round(self.seconds, 2)}
 
 
@@ -57,14 +62,19 @@ def plan_tasks(specs: Iterable[ConvSpec], variants: Iterable[Variant],
 def collect(tasks: list[MeasureTask], store: CorpusStore | None, runner: Runner,
             retry_failures: bool = False,
             on_result: Callable[[MeasureResult], None] | None = None,
-            progress: bool = True, desc: str = "measuring") -> CollectSummary:
+            progress: bool = True, desc: str = "measuring",
+            retime_slow: bool = False) -> CollectSummary:
     """Measure the tasks not yet in ``store``; commit each record as it arrives.
 
+    With ``retime_slow`` the tasks whose stored record was timed on a slow machine (see
+    :meth:`CorpusStore.slow_keys`) are timed again; the new record replaces the stored one
+    when it was timed on a quieter machine (lower slowness), else the stored one is kept.
     Without a store every task is measured and nothing is recorded (``measure``).
     """
     t0 = time.perf_counter()
     done = store.keys(include_failures=not retry_failures) if store is not None else set()
-    todo = [t for t in tasks if t.key not in done]
+    slow = store.slow_keys(runner.protocol) if store is not None and retime_slow else {}
+    todo = [t for t in tasks if t.key not in done or t.key in slow]
     summary = CollectSummary(planned=len(tasks), skipped=len(tasks) - len(todo))
     bar = None
     if progress and todo:
@@ -74,11 +84,20 @@ def collect(tasks: list[MeasureTask], store: CorpusStore | None, runner: Runner,
                    file=sys.stderr)
     try:
         for result in runner.run(todo):
-            if store is not None:
-                store.add(result, replace_failure=True)
             summary.measured += 1
-            summary.failed += int(not result.ok)
-            summary.contended += int(result.contended(runner.protocol))
+            if result.key in slow:
+                if result.ok and result.slowness(runner.protocol) < slow[result.key]:
+                    store.add(result, replace=True)
+                    summary.retimed += 1
+                    summary.contended += int(result.contended(runner.protocol))
+                else:
+                    summary.kept += 1
+                    summary.contended += 1
+            else:
+                if store is not None:
+                    store.add(result, replace_failure=True)
+                summary.failed += int(not result.ok)
+                summary.contended += int(result.contended(runner.protocol))
             summary.results.append(result)
             if on_result is not None:
                 on_result(result)

@@ -134,6 +134,21 @@ def test_collect_then_resume_then_export(tmp_path):
     again = json.loads(_run(*args).output)
     assert again["measured"] == 0 and again["skipped"] == 13
     assert again["network_measurements"] == s1["network_measurements"]  # nothing re-built
+    # one kernel and one whole network as if timed in a slow spell: --retime-slow times just
+    # those again, and the quieter timing replaces each
+    import sqlite3
+
+    with sqlite3.connect(store) as db:
+        for table in ("measurements", "network_measurements"):
+            db.execute(f"UPDATE {table} SET slowdown = 9.0 WHERE id = (SELECT MIN(id) FROM "
+                       f"{table})")
+    retime = json.loads(_run(*args, "--retime-slow").output)
+    assert (retime["measured"], retime["retimed"], retime["kept"]) == (1, 1, 0)
+    assert (retime["network_retimed"], retime["network_kept"]) == (1, 0)
+    assert retime["network_measurements"] == s1["network_measurements"]
+    with sqlite3.connect(store) as db:
+        for table in ("measurements", "network_measurements"):
+            assert db.execute(f"SELECT MAX(slowdown) FROM {table}").fetchone()[0] < 9.0
     out = tmp_path / "c.parquet"
     assert _run("corpus", "export", "--store", store, "--format", "parquet", "-o",
                 out).exit_code == 0

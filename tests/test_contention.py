@@ -1,6 +1,7 @@
 """The contention probe: waiting for a quiet machine, timing again when a neighbour came,
 giving up on a machine that stays busy; the canary's slowdown against its fastest time;
 and the real probes against a pinned busy process."""
+import json
 import os
 import subprocess
 import sys
@@ -181,3 +182,89 @@ def test_the_probe_of_a_real_worker_is_reported_with_each_kernel():
         assert _read_best(ref) > 0
     else:
         assert result.contention is None and result.slowdown is None
+
+
+# ---- collect --retime-slow ------------------------------------------------------------------
+class _ScriptedRunner:
+    """Yields, for each task, a record with the next scripted (contention, slowdown, seconds)
+    of its algorithm; counts what it was asked to time."""
+
+    protocol = Protocol(quiet_wait_s=0)
+
+    def __init__(self, script):
+        self.script, self.timed = script, []
+
+    def run(self, todo):
+        import time
+
+        from dlas_predict.records import MeasureResult
+
+        for t in todo:
+            self.timed.append(t.variant.algorithm.value)
+            c, s, sec = self.script[t.variant.algorithm.value].pop(0)
+            yield MeasureResult(key=t.key, device="local", fingerprint="f", conv=t.spec,
+                                variant=t.variant, knobs=t.knobs, run_secs=[sec],
+                                verified=True, max_error=0.0, timestamp=time.time(),
+                                contention=c, slowdown=s)
+
+
+def test_retime_slow_times_slow_records_again_and_keeps_the_quieter(tmp_path):
+    from dlas_predict.config import ConvSpec, Variant
+    from dlas_predict.devices import get_device
+    from dlas_predict.store import CorpusStore
+    from measure.collect import collect
+    from measure.runner import MeasureTask
+
+    spec = ConvSpec.parse("C=8,H=10,W=10,K=16,R=3,S=3,stride=1,pad=1")
+    tasks = [MeasureTask.make(spec, Variant(a, "dense"), get_device("local"))
+             for a in ("direct", "gemm", "spatial_pack")]
+    runner = _ScriptedRunner({
+        # quiet; slow canary then quiet; busy core then busy again (worse)
+        "direct": [(1.0, 1.0, 1e-3)], "gemm": [(1.0, 1.6, 3e-3), (1.0, 1.01, 2e-3)],
+        "spatial_pack": [(1.6, 1.0, 5e-3), (1.9, 1.0, 6e-3)]})
+    with CorpusStore(tmp_path / "c.sqlite") as db:
+        first = collect(tasks, db, runner, progress=False)
+        assert (first.measured, first.contended) == (3, 2)
+        assert set(db.slow_keys(runner.protocol)) == {tasks[1].key, tasks[2].key}
+        again = collect(tasks, db, runner, progress=False)  # plain resume: nothing to do
+        assert again.measured == 0 and again.skipped == 3
+        retime = collect(tasks, db, runner, progress=False, retime_slow=True)
+        assert runner.timed[3:] == ["gemm", "spatial_pack"]
+        assert (retime.measured, retime.retimed, retime.kept, retime.contended) == (2, 1, 1, 1)
+        best = {r.variant.algorithm.value: (r.best_s, r.slowdown, r.contention)
+                for r in db.results()}
+        assert best["gemm"] == (2e-3, 1.01, 1.0)  # replaced by the quieter timing
+        assert best["spatial_pack"] == (5e-3, 1.0, 1.6)  # the stored timing was quieter
+        assert db.stats()["records"] == 3
+        assert set(db.slow_keys(runner.protocol)) == {tasks[2].key}
+
+
+def test_retime_slow_for_whole_networks_replaces_only_by_a_quieter_timing(tmp_path,
+                                                                          monkeypatch):
+    from dlas_predict.devices import get_device
+    from dlas_predict.netmeasure import NetworkMeasurement, NetworkMeasurer, uniform_plan
+    from dlas_predict.store import CorpusStore
+
+    dev = get_device("local")
+    plan = uniform_plan("zoo:resnet18-cifar", "resnet18-cifar", "dense", None, "direct", 21)
+    # slow; timed again slower (kept); timed again quiet (replaces)
+    script = [(1.0, 1.5, 9e-3), (1.0, 1.6, 9.5e-3), (1.0, 1.02, 7e-3)]
+
+    def measure(self, p):
+        c, s, sec = script.pop(0)
+        return NetworkMeasurement(key=p.key(dev), device=dev.name, fingerprint=dev.fingerprint,
+                                  network=p.network, config=p.config, algorithm=p.algorithm,
+                                  plan=p.plan_json(), dtype=p.dtype.value, run_secs=[sec],
+                                  contention=c, slowdown=s)
+
+    monkeypatch.setattr(NetworkMeasurer, "measure", measure)
+    with CorpusStore(tmp_path / "c.sqlite") as db, \
+            NetworkMeasurer(dev, db, protocol=Protocol(quiet_wait_s=0)) as nm:
+        assert len(nm.run([plan])) == 1 and nm.run([plan]) == []  # stored, then skipped
+        assert nm.run([plan], retime_slow=True) == [] and nm.kept == 1
+        assert [r["slowdown"] for r in db.network_measurements()] == [1.5]
+        (rec,) = nm.run([plan], retime_slow=True)
+        assert nm.kept == 0 and rec.slowdown == 1.02
+        assert [(r["slowdown"], json.loads(r["run_secs"])) for r in
+                db.network_measurements()] == [(1.02, [7e-3])]
+        assert nm.run([plan], retime_slow=True) == [] and script == []  # quiet: not timed
