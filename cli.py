@@ -467,12 +467,10 @@ def _collect_whole(networks, plans, algs, ratio, dev, db, proto, timeout,
                 todo.append(NetworkPlan(str(model), name, comp, r, PER_LAYER, tuple(plan)))
     log = None if quiet else (lambda line: typer.echo(line, err=True))
     with NetworkMeasurer(dev, db, timeout_s=timeout, protocol=proto, log=log) as nm:
-        slow = db.slow_keys(proto, "network_measurements") if retime_slow else {}
         records = nm.run(todo, retime_slow=retime_slow)
-        kept = nm.kept
     return {"failed": sum(1 for r in records if r.error is not None),
-            "contended": sum(1 for r in records if r.contended(proto)) + kept,
-            "retimed": sum(1 for r in records if r.key in slow), "kept": kept}
+            "contended": sum(1 for r in records if r.contended(proto)) + nm.kept,
+            "retimed": nm.retimed, "kept": nm.kept}
 
 
 # ---- networks ---------------------------------------------------------------------------

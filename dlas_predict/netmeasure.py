@@ -193,7 +193,8 @@ class NetworkMeasurer:
         self.runner = LocalRunner(device, protocol or Protocol(), timeout_s=timeout_s)
         self._tmp = tempfile.TemporaryDirectory(prefix="dlas-net-")
         self._prepared: dict[tuple, _Prepared] = {}
-        self.kept = 0  # the last run's retimed records whose stored timing was kept
+        # the last run's records timed again that replaced the stored one / kept it
+        self.retimed = self.kept = 0
 
     def close(self) -> None:
         self.runner.close()
@@ -296,15 +297,15 @@ class NetworkMeasurer:
         the records committed.
 
         With ``retime_slow`` a stored record timed on a slow machine is timed again and
-        replaced when the new timing was quieter; otherwise the stored one is kept (counted
-        in ``self.kept``, and not returned)."""
+        replaced when the new timing was quieter (counted in ``self.retimed``); otherwise the
+        stored one is kept (counted in ``self.kept``, and not returned)."""
         done, slow = set(), {}
         if self.store is not None and skip_stored:
             done = {r["key"] for r in self.store.network_measurements("error IS NULL")}
         if self.store is not None and retime_slow:
             slow = self.store.slow_keys(self.runner.protocol, "network_measurements")
         out = []
-        self.kept = 0
+        self.retimed = self.kept = 0
         for i, plan in enumerate(plans, 1):
             key = plan.key(self.device)
             if key in done and key not in slow:
@@ -318,6 +319,7 @@ class NetworkMeasurer:
                              f"{plan.algorithm}: timed again, no quieter; the stored record "
                              "is kept")
                 continue
+            self.retimed += int(key in slow)
             if self.store is not None:
                 self.store.add_network_measurement(rec.to_row(), replace=key in slow)
             if self.log:
