@@ -311,8 +311,7 @@ class NetworkMeasurer:
             if key in done and key not in slow:
                 continue
             rec = self.measure(plan)
-            if key in slow and not (rec.error is None and
-                                    rec.slowness(self.runner.protocol) < slow[key]):
+            if key in slow and not rec.quieter_than(slow[key], self.runner.protocol):
                 self.kept += 1
                 if self.log:
                     self.log(f"[{i}/{len(plans)}] {plan.network} {plan.config} "

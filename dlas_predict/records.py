@@ -48,6 +48,7 @@ class TimedRuns:
     shared by kernel and whole-network records."""
 
     run_secs: list[float]
+    error: str | None
     contention: float | None  # measure.contention's chain ratio around the timing
     slowdown: float | None    # measure.contention's canary slowdown around the timing
 
@@ -73,6 +74,12 @@ class TimedRuns:
         """How far over its limits the machine was when this was timed (see
         :func:`slowness`)."""
         return slowness(self.contention, self.slowdown, protocol)
+
+    def quieter_than(self, stored_slowness: float, protocol: Any) -> bool:
+        """A successful timing on a quieter machine than a stored record's
+        ``stored_slowness``: what replaces it under ``collect --retime-slow``."""
+        return (self.error is None and bool(self.run_secs)
+                and self.slowness(protocol) < stored_slowness)
 
 
 def slowness(contention: float | None, slowdown: float | None, protocol: Any) -> float:

@@ -86,7 +86,7 @@ def collect(tasks: list[MeasureTask], store: CorpusStore | None, runner: Runner,
         for result in runner.run(todo):
             summary.measured += 1
             if result.key in slow:
-                if result.ok and result.slowness(runner.protocol) < slow[result.key]:
+                if result.quieter_than(slow[result.key], runner.protocol):
                     store.add(result, replace=True)
                     summary.retimed += 1
                     summary.contended += int(result.contended(runner.protocol))
