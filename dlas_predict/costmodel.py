@@ -1,7 +1,10 @@
 """Cost models learned from the corpus, and the baselines they must beat.
 
-- :class:`LayerCostModel`: LightGBM regression on log latency of one conv kernel, with a 10 %
-  and a 90 % quantile model for an interval around every prediction.
+- :class:`StageCostModel`: a kernel's time as a non-negative sum of what its loops execute
+  (:data:`~dlas_predict.features.STAGE_TERMS`), one set of costs per kernel family.
+- :class:`LayerCostModel`: LightGBM regression of the log ratio of a kernel's latency to the
+  stage-cost model's, with a 10 % and a 90 % quantile model for an interval around every
+  prediction.
 - :class:`RooflineBaseline`: max(work / peak, bytes / bandwidth), scaled by one efficiency
   factor per algorithm × compression fitted on the training rows.
 - :class:`MacsLinearBaseline`: latency = a·MACs + b per algorithm × compression.
@@ -20,9 +23,9 @@ from pathlib import Path
 import numpy as np
 
 from .errors import DlasError
-from .features import FEATURE_NAMES
+from .features import FEATURE_NAMES, STAGE_TERMS, TREE_FEATURES
 
-MODEL_FORMAT = "dlas-layer-cost-2"
+MODEL_FORMAT = "dlas-layer-cost-3"
 QUANTILES = (0.1, 0.9)
 _LGB_PARAMS = dict(n_estimators=400, learning_rate=0.05, num_leaves=31, min_child_samples=5,
                    subsample=0.9, subsample_freq=1, colsample_bytree=0.9, verbose=-1,
@@ -62,19 +65,90 @@ def read_sidecar(directory: Path, name: str, what: str, hint: str) -> tuple[Path
         raise ModelError(f"{sidecar} is not valid JSON ({exc})") from None
 
 
-def _base(X: np.ndarray) -> np.ndarray:
-    """log of the roofline time: the trees learn log(latency / roofline), an efficiency, which
-    carries over to layers larger or smaller than any seen (a tree's leaves are constants, so
-    learning log latency itself cannot extrapolate in scale)."""
-    return np.asarray(X, dtype=np.float64)[:, FEATURE_NAMES.index("log_roofline_s")]
+_TREES = len(TREE_FEATURES)
+_STAGE = slice(_TREES, _TREES + len(STAGE_TERMS))
+#: Columns that name a kernel family: algorithm, dtype, CSR, pruning pattern, tuning.
+_FAMILY = ("algo_direct", "algo_gemm", "algo_spatial_pack", "dtype_bytes", "sparse",
+           "channel_pattern", "tuned")
+#: Rows of a family with at least this many measurements of one loop structure (depthwise,
+#: strided, 1×1) get costs of their own; the others share their family's.
+MIN_STRUCTURE_ROWS = 15
+
+
+def _family_keys(X: np.ndarray) -> tuple[list[str], list[str]]:
+    """Each row's family key, and its family × loop-structure key."""
+    col = FEATURE_NAMES.index
+    fam = X[:, [col(n) for n in _FAMILY]]
+    pointwise = (X[:, col("R")] * X[:, col("S")] == 1)
+    strided = X[:, col("stage_vector_ops_strided")] > 0
+    structure = np.column_stack([X[:, col("depthwise")], strided, pointwise])
+    coarse = [",".join(f"{v:g}" for v in r) for r in fam]
+    fine = [f"{c}|{','.join(str(int(v)) for v in r)}" for c, r in zip(coarse, structure)]
+    return coarse, fine
+
+
+@dataclass
+class StageCostModel:
+    """A kernel's time as Σ cost·term over :data:`~dlas_predict.features.STAGE_TERMS`, costs
+    ≥ 0, fitted per kernel family (and per loop structure where it has enough rows) by
+    non-negative least squares on relative error. Additive in what the loops execute, so it
+    extrapolates in scale, which trees cannot; :class:`LayerCostModel`'s trees learn what it
+    misses."""
+
+    scale: list = field(default_factory=list)   # each term's largest training value
+    costs: dict = field(default_factory=dict)   # family or family|structure key → costs
+    default: list = field(default_factory=list)  # fitted on every row
+
+    def fit(self, X: np.ndarray, seconds: np.ndarray) -> "StageCostModel":
+        from scipy.optimize import nnls
+
+        X = np.asarray(X, dtype=np.float64)
+        T = X[:, _STAGE]
+        scale = np.maximum(T.max(axis=0), 1e-30)
+        A = T / scale / np.asarray(seconds)[:, None]  # relative error: each row's target 1
+
+        def fit(sel: np.ndarray) -> list[float]:
+            return [float(c) for c in nnls(A[sel], np.ones(int(sel.sum())))[0]]
+
+        coarse, fine = _family_keys(X)
+        self.scale, self.costs = [float(v) for v in scale], {}
+        for keys, least in ((coarse, 1), (fine, MIN_STRUCTURE_ROWS)):
+            arr = np.array(keys)
+            for k in sorted(set(keys)):
+                sel = arr == k
+                if sel.sum() >= least:
+                    self.costs[k] = fit(sel)
+        self.default = fit(np.ones(len(X), dtype=bool))
+        return self
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        X = np.asarray(X, dtype=np.float64)
+        T = X[:, _STAGE] / np.array(self.scale)
+        coarse, fine = _family_keys(X)
+        costs = np.array([self.costs.get(f, self.costs.get(c, self.default))
+                          for c, f in zip(coarse, fine)])
+        # a family whose costs all came out 0 would predict 0: floor at 1 ns
+        return np.maximum(np.sum(T * costs, axis=1), 1e-9)
+
+    def to_dict(self) -> dict:
+        return {"scale": self.scale, "costs": self.costs, "default": self.default}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "StageCostModel":
+        if len(d.get("scale", ())) != len(STAGE_TERMS):
+            raise ModelError("the stage-cost model has other terms than this version computes")
+        return cls(scale=d["scale"], costs=d["costs"], default=d["default"])
 
 
 @dataclass
 class LayerCostModel:
-    """Predicts a kernel's median latency (seconds) with an 80 % interval."""
+    """Predicts a kernel's median latency (seconds) with an 80 % interval: the stage-cost
+    model's time, corrected by trees trained on the log of the ratio (a tree's leaves are
+    constants, so learning log latency itself could not extrapolate in scale)."""
 
     seed: int = 0
     models: dict = field(default_factory=dict)  # "median", "q10", "q90" → LGBM booster
+    stage: StageCostModel = field(default_factory=StageCostModel)
     meta: dict = field(default_factory=dict)
 
     def fit(self, X: np.ndarray, seconds: np.ndarray, meta: dict | None = None) -> "LayerCostModel":
@@ -82,13 +156,16 @@ class LayerCostModel:
 
         if len(X) < 10:
             raise ModelError(f"too few measurements to train on ({len(X)}); collect more")
-        y = np.log(seconds) - _base(X)
+        X = np.asarray(X, dtype=np.float64)
+        self.stage = StageCostModel().fit(X, seconds)
+        y = np.log(seconds) - np.log(self.stage.predict(X))
+        trees = X[:, :_TREES]
         common = dict(_LGB_PARAMS, random_state=self.seed)
         self.models = {"median": lgb.LGBMRegressor(objective="regression", **common)
-                       .fit(X, y).booster_}
+                       .fit(trees, y).booster_}
         for q in QUANTILES:
             self.models[f"q{int(q * 100)}"] = lgb.LGBMRegressor(
-                objective="quantile", alpha=q, **common).fit(X, y).booster_
+                objective="quantile", alpha=q, **common).fit(trees, y).booster_
         self.meta = {"format": MODEL_FORMAT, "features": list(FEATURE_NAMES),
                      "versions": _versions(), "n_train": int(len(X)), **(meta or {})}
         return self
@@ -98,14 +175,14 @@ class LayerCostModel:
         if not self.models:
             raise ModelError("the cost model is not trained")
         X = np.asarray(X, dtype=np.float64)
-        base = _base(X)
-        mid = np.exp(self.models["median"].predict(X) + base)
-        low = np.exp(self.models["q10"].predict(X) + base)
-        high = np.exp(self.models["q90"].predict(X) + base)
+        base, trees = np.log(self.stage.predict(X)), X[:, :_TREES]
+        mid = np.exp(self.models["median"].predict(trees) + base)
+        low = np.exp(self.models["q10"].predict(trees) + base)
+        high = np.exp(self.models["q90"].predict(trees) + base)
         return mid, np.minimum(low, mid), np.maximum(high, mid)
 
     def save(self, directory: Path, name: str) -> Path:
-        sidecar = write_sidecar(directory, name, self.meta)
+        sidecar = write_sidecar(directory, name, {**self.meta, "stage": self.stage.to_dict()})
         for key, booster in self.models.items():
             booster.save_model(str(Path(directory) / f"{name}.{key}.txt"))
         return sidecar
@@ -122,6 +199,11 @@ class LayerCostModel:
         if meta.get("features") != list(FEATURE_NAMES):
             raise ModelError(f"{sidecar}: trained on other features than this version "
                              "computes; retrain with `dlas-predict train`")
+        try:
+            stage = StageCostModel.from_dict(meta.pop("stage"))
+        except (KeyError, TypeError, ModelError) as exc:
+            raise ModelError(f"{sidecar}: no usable stage-cost model ({exc}); retrain with "
+                             "`dlas-predict train`") from None
         models = {}
         for key in ("median", *(f"q{int(q * 100)}" for q in QUANTILES)):
             path = Path(directory) / f"{name}.{key}.txt"
@@ -129,10 +211,10 @@ class LayerCostModel:
                 models[key] = lgb.Booster(model_file=str(path))
             except Exception as exc:  # LightGBM raises its own error type for bad files
                 raise ModelError(f"cannot load {path}: {str(exc)[:200]}") from None
-            if models[key].num_feature() != len(FEATURE_NAMES):
+            if models[key].num_feature() != _TREES:
                 raise ModelError(f"{path} expects {models[key].num_feature()} features, not "
-                                 f"{len(FEATURE_NAMES)}")
-        return cls(models=models, meta=meta)
+                                 f"{_TREES}")
+        return cls(models=models, stage=stage, meta=meta)
 
 
 def _group_keys(X: np.ndarray) -> list[tuple]:

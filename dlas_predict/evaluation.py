@@ -29,7 +29,7 @@ from .devices import Device, get_device
 from .errors import DlasError
 from .features import config_from_row, features
 
-MODELS = ("lightgbm", "roofline", "macs_linear")
+MODELS = ("lightgbm", "stage", "roofline", "macs_linear")
 
 
 def modelled_seconds(row: dict) -> float:
@@ -127,7 +127,9 @@ def network_configurations(corpus: Corpus, network: str,
 
 
 def _fit_all(X: np.ndarray, y: np.ndarray, seed: int = 0) -> dict:
-    return {"lightgbm": LayerCostModel(seed=seed).fit(X, y),
+    model = LayerCostModel(seed=seed).fit(X, y)
+    return {"lightgbm": model,
+            "stage": model.stage,  # the stage-cost model alone: what the trees add to it
             "roofline": RooflineBaseline().fit(X, y),
             "macs_linear": MacsLinearBaseline().fit(X, y)}
 
@@ -323,7 +325,7 @@ def measured_layer_seconds(corpus: Corpus, rows: list[WholeRow]) -> list[np.ndar
 
 
 #: Whole-network predictors compared by :func:`whole_network_lono`.
-WHOLE_MODELS = ("lightgbm+residual", "lightgbm_conv_sum", "roofline+residual",
+WHOLE_MODELS = ("lightgbm+residual", "lightgbm_conv_sum", "stage+residual", "roofline+residual",
                 "macs_linear+residual", "ranker", "measured_conv+residual")
 #: Not a predictor: the network model given the held-out network's *measured* conv kernels,
 #: the bound a perfect layer model would reach.
@@ -373,7 +375,8 @@ def whole_network_lono(corpus: Corpus, rows: list[WholeRow], seed: int = 0,
             held = [rows[i] for i in test]
             layer_s = [[lp[k] for k in r.rows] for r in held]
             conv = np.array([sum(s) for s in layer_s])
-            label = {"lightgbm": "lightgbm+residual", "roofline": "roofline+residual",
+            label = {"lightgbm": "lightgbm+residual", "stage": "stage+residual",
+                     "roofline": "roofline+residual",
                      "macs_linear": "macs_linear+residual"}[name]
             preds[label] = whole_terms(held, layer_s) @ residual.coef
             if name == "lightgbm":

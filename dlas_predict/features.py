@@ -4,6 +4,12 @@ One row per (conv workload, algorithm, compression, layer sparsity, tuning, devi
 same function builds them for training (from corpus rows) and for prediction (from a planned
 configuration), so the two cannot drift apart. Device descriptors are included so that one
 model can later span devices.
+
+A row has two parts: :data:`TREE_FEATURES`, what the gradient-boosted trees split on, then
+:data:`STAGE_TERMS`, what the kernel's loops execute (vector instructions, sparse-index
+decodes, layout copies, parallel tasks), counted from its schedule (``measure/kernels.py``):
+the terms of the stage-cost model (:class:`~dlas_predict.costmodel.StageCostModel`), whose
+prediction the trees correct.
 """
 
 from __future__ import annotations
@@ -16,8 +22,8 @@ from .devices import Device
 
 DTYPE_BYTES = {DType.FLOAT32: 4, DType.FLOAT16: 2, DType.INT8: 1}
 
-#: Feature columns, in model order.
-FEATURE_NAMES = (
+#: The columns the trees split on.
+TREE_FEATURES = (
     # layer shape
     "C", "K", "H", "W", "R", "S", "stride", "groups", "OH", "OW", "depthwise",
     "cin_per_group", "log_macs", "log_bytes", "log_params", "intensity",
@@ -30,6 +36,26 @@ FEATURE_NAMES = (
     # schedule knobs (the untuned defaults, or a tuned record's own) and the work they waste
     "tile_k", "tile_w", "tile_h", "tile_p", "tile_waste",
 )
+
+#: What the kernel's loops execute, in units that cost about the same on every shape: the
+#: stage-cost model's terms (its time is a non-negative sum of them). Per core where the
+#: work is split over the parallel loop, times that loop's imbalance over the cores.
+STAGE_TERMS = (
+    "stage_const",        # call overhead
+    "stage_vector_ops",   # vector multiply-adds of the main loop, unit-stride loads
+    "stage_vector_ops_strided",  # the same with strided (gathered) loads
+    "stage_decodes",      # CSR nonzeros decoded (index arithmetic, scalar loads)
+    "stage_layout_elems",  # elements written by padding / im2col / packing stages
+    "stage_out_bytes",    # output written
+    "stage_tasks",        # iterations of the parallel loop
+    "stage_weight_bytes",  # weights read (nonzeros only for CSR)
+    "stage_in_bytes",     # input read
+    "stage_macs",         # multiply-adds that do work (scalar-bound loops)
+)
+
+#: Every column of a feature row, in model order.
+FEATURE_NAMES = TREE_FEATURES + STAGE_TERMS
+LANES = 16  # SIMD lanes the kernels' vector tiles are sized for (see measure/knobs.py)
 
 
 @dataclass(frozen=True)
@@ -74,6 +100,77 @@ def _waste(spec: ConvSpec, knobs: dict[str, int]) -> float:
     return w
 
 
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def loop_counts(cfg: KernelConfig, knobs: dict[str, int]) -> tuple[int, float, float, int]:
+    """(parallel tasks, vector ops, CSR decodes, layout-stage elements) of the kernel's
+    schedule with ``knobs`` (counted as ``measure/kernels.py`` builds it; a vector op is one
+    multiply-add instruction over at most :data:`LANES` lanes)."""
+    s = cfg.spec
+    sparse = COMPRESSION_KERNEL[cfg.compression][0]
+    crs = (s.C // s.groups) * s.R * s.S
+    p = s.OH * s.OW
+    padded = s.C * (s.H + s.pad_t + s.pad_b) * (s.W + s.pad_l + s.pad_r)
+    alg = cfg.algorithm
+    if not sparse:
+        if alg is Algorithm.DIRECT:
+            tk, tw = knobs["tile_k"], knobs["tile_w"]
+            return (s.K // tk) * s.OH, s.K * s.OH * _cdiv(s.OW, tw) * crs, 0.0, padded
+        if alg is Algorithm.GEMM:
+            tk, tp = knobs["tile_k"], knobs["tile_p"]
+            return (s.K // tk) * _cdiv(p, tp), s.K * _cdiv(p, tp) * crs, 0.0, s.groups * crs * p
+        kb, vh, vw = knobs["tile_k"], knobs["tile_h"], knobs["tile_w"]
+        oht, owt = _cdiv(s.OH, vh), _cdiv(s.OW, vw)
+        if kb >= 4:  # vectorised over the output-channel block
+            ops = (s.K // kb) * oht * owt * vh * vw * crs * _cdiv(kb, LANES)
+        else:        # depthwise: vectorised along the output width
+            ops = s.K * oht * owt * vh * crs * _cdiv(vw, LANES)
+        packed = oht * owt * s.C * ((vh - 1) * s.stride_h + s.R) * (vw + s.S) * s.stride_w
+        return (s.K // kb) * oht, ops, 0.0, packed
+    nnz_row = max((1.0 - cfg.sparsity) * crs, 1.0)
+    if alg is Algorithm.DIRECT:
+        vl = knobs["tile_w"]
+        tasks = s.K * s.OH
+        return tasks, tasks * nnz_row * _cdiv(s.OW, vl) * _cdiv(vl, LANES), tasks * nnz_row, \
+            padded
+    if alg is Algorithm.GEMM:
+        tp = knobs["tile_p"]
+        tasks = s.K * _cdiv(p, tp)
+        return tasks, tasks * nnz_row * _cdiv(tp, LANES), tasks * nnz_row, \
+            s.groups * crs * _cdiv(p, tp) * tp
+    vh, vw = knobs["tile_h"], knobs["tile_w"]
+    oht, owt = _cdiv(s.OH, vh), _cdiv(s.OW, vw)
+    tasks = s.K * oht
+    packed = oht * owt * s.C * ((vh - 1) * s.stride_h + s.R) * ((vw - 1) * s.stride_w + s.S)
+    return tasks, tasks * owt * nnz_row * vh * _cdiv(vw, LANES), tasks * owt * nnz_row, packed
+
+
+def stage_terms(cfg: KernelConfig, knobs: dict[str, int], device: Device) -> list[float]:
+    """The :data:`STAGE_TERMS` of one kernel on ``device``."""
+    from measure.knobs import default_knobs
+
+    from .config import Variant
+
+    s = cfg.spec
+    sparse, dtype, _ = COMPRESSION_KERNEL[cfg.compression]
+    # a tuned kernel's loop knobs are the search's result, unknown before it runs: its loops
+    # are counted as the untuned schedule's, under the layout knobs it is tuned with
+    full = default_knobs(s, Variant(cfg.algorithm, cfg.compression, 0.5 if sparse else 0.0))
+    full.update(knobs)
+    tasks, ops, decodes, layout = loop_counts(cfg, full)
+    cores = max(device.cores, 1)
+    per_core = _cdiv(tasks, cores) / tasks  # a core's share, with the loop's imbalance
+    nbytes = DTYPE_BYTES[dtype]
+    density = 1.0 - cfg.sparsity if sparse else 1.0
+    strided = s.stride_w > 1
+    return [1.0, 0.0 if strided else ops * per_core, ops * per_core if strided else 0.0,
+            decodes * per_core, layout / cores, s.K * s.OH * s.OW * nbytes, tasks / cores,
+            s.params * nbytes * density, s.C * s.H * s.W * nbytes,
+            s.macs * density * per_core]
+
+
 def features(cfg: KernelConfig, device: Device) -> list[float]:
     """The feature row of one kernel (order: :data:`FEATURE_NAMES`)."""
     s = cfg.spec
@@ -98,6 +195,7 @@ def features(cfg: KernelConfig, device: Device) -> list[float]:
         peak, bw, device.cores, device.simd_bits or 0, math.log(roofline),
         knobs.get("tile_k", 0), knobs.get("tile_w", 0), knobs.get("tile_h", 0),
         knobs.get("tile_p", 0), _waste(s, knobs),
+        *stage_terms(cfg, knobs, device),
     ]
 
 

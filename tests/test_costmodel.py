@@ -138,3 +138,85 @@ def test_leave_one_network_out_reports_every_model():
     o = report["overall"]["lightgbm"]
     assert o["mape"] < 0.3 and o["regret"] >= 1.0 and -1 <= o["kendall_tau"] <= 1
     assert report["scope"].startswith("conv layers only")
+
+
+# ---- the stage-cost model ------------------------------------------------------------------
+def _parallel_extents(cfg: KernelConfig) -> list[int]:
+    """Extents of the parallel loops of the kernel TVM builds for ``cfg`` (its TIR text)."""
+    import re
+
+    from measure.kernels import KernelSpec, kernel_module
+    from measure.knobs import default_knobs
+
+    from dlas_predict.config import COMPRESSION_KERNEL, Variant
+
+    sparse, dtype, _ = COMPRESSION_KERNEL[cfg.compression]
+    knobs = default_knobs(cfg.spec, Variant(cfg.algorithm, cfg.compression, cfg.sparsity))
+    text = kernel_module(KernelSpec(cfg.spec, cfg.algorithm, sparse, dtype, knobs)).script()
+    return [int(v) for v in re.findall(r"T\.parallel\((\d+)\)", text)]
+
+
+@pytest.mark.parametrize("alg", ALGS)
+@pytest.mark.parametrize("comp", [Compression.DENSE, Compression.WEIGHT_PRUNING])
+@pytest.mark.parametrize("conv", ["C=32,H=20,W=20,K=48,R=3,S=3,stride=1,pad=1",
+                                  "C=24,H=28,W=28,K=24,R=3,S=3,stride=2,pad=1,groups=24"])
+def test_stage_terms_count_the_built_kernels_loops(alg, comp, conv):
+    from measure.knobs import default_knobs
+
+    from dlas_predict.config import Variant
+    from dlas_predict.features import STAGE_TERMS, loop_counts
+
+    spec = ConvSpec.parse(conv)
+    ratio = 0.75 if comp is Compression.WEIGHT_PRUNING else 0.0
+    cfg = KernelConfig(spec, alg, comp, ratio)
+    tasks, ops, decodes, _ = loop_counts(cfg, default_knobs(spec, Variant(alg, comp, ratio)))
+    assert tasks in _parallel_extents(cfg)  # the main loop's extent, as TVM builds it
+    t = dict(zip(STAGE_TERMS, features(cfg, DEV)[-len(STAGE_TERMS):]))
+    per_core = -(-tasks // DEV.cores) / tasks
+    strided = spec.stride_w > 1
+    assert t["stage_vector_ops_strided" if strided else "stage_vector_ops"] == \
+        pytest.approx(ops * per_core)
+    assert t["stage_vector_ops" if strided else "stage_vector_ops_strided"] == 0
+    crs = spec.C // spec.groups * spec.R * spec.S
+    if comp is Compression.DENSE:
+        assert decodes == 0 and ops >= spec.macs / 16  # no vector op does more than 16 lanes
+    else:  # every nonzero of every row is decoded once per task (and output tile)
+        assert decodes >= tasks * (1 - ratio) * crs and ops >= decodes
+
+
+def test_stage_model_learns_an_additive_law_and_extrapolates(tmp_path):
+    """Latency = known costs × the stage terms: the stage-cost model recovers it, also on
+    layers 4× larger than any it was trained on (where trees alone predict a constant)."""
+    from dlas_predict.costmodel import StageCostModel
+    from dlas_predict.features import STAGE_TERMS
+
+    costs = {"stage_const": 2e-6, "stage_vector_ops": 1e-9, "stage_vector_ops_strided": 4e-9,
+             "stage_decodes": 2e-9, "stage_layout_elems": 5e-10}
+    cols = [FEATURE_NAMES.index(n) for n in costs]
+    law = lambda X: X[:, cols] @ np.array(list(costs.values()))  # noqa: E731
+    train = _corpus()
+    model = StageCostModel().fit(train.X, law(train.X))
+    assert len(model.scale) == len(STAGE_TERMS)
+    big = []
+    for spec in _specs(10, 3):
+        spec = ConvSpec(C=spec.C, H=spec.H * 4, W=spec.W * 4, K=spec.K, R=spec.R, S=spec.S,
+                        pad_t=spec.pad_t, pad_l=spec.pad_l, pad_b=spec.pad_b, pad_r=spec.pad_r)
+        for alg in ALGS:
+            big.append(features(KernelConfig(spec, alg, Compression.WEIGHT_PRUNING, 0.8), DEV))
+    big = np.array(big)
+    assert costmodel.mape(model.predict(big), law(big)) < 0.01
+    back = StageCostModel.from_dict(json.loads(json.dumps(model.to_dict())))
+    np.testing.assert_array_equal(back.predict(big), model.predict(big))
+
+
+def test_load_refuses_a_model_without_its_stage_costs(tmp_path):
+    corpus = _corpus()
+    LayerCostModel().fit(corpus.X, corpus.seconds).save(tmp_path, "layer")
+    sidecar = tmp_path / "layer.json"
+    meta = json.loads(sidecar.read_text())
+    sidecar.write_text(json.dumps({k: v for k, v in meta.items() if k != "stage"}))
+    with pytest.raises(ModelError, match="stage-cost"):
+        LayerCostModel.load(tmp_path, "layer")
+    sidecar.write_text(json.dumps({**meta, "stage": {**meta["stage"], "scale": [1.0]}}))
+    with pytest.raises(ModelError, match="other terms"):
+        LayerCostModel.load(tmp_path, "layer")
