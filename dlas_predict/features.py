@@ -69,22 +69,30 @@ class KernelConfig:
     tuning: Tuning = Tuning.UNTUNED
     knobs: tuple[tuple[str, int], ...] = ()  # empty: the untuned defaults for the shape
 
+    def _variant(self):
+        from .config import Variant
+
+        sparse = COMPRESSION_KERNEL[self.compression][0]
+        return Variant(self.algorithm, self.compression, 0.5 if sparse else 0.0)
+
+    def untuned_knobs(self) -> dict[str, int]:
+        """The untuned schedule's knobs for the shape (:func:`measure.knobs.default_knobs`)."""
+        from measure.knobs import default_knobs
+
+        return default_knobs(self.spec, self._variant())
+
     def resolved_knobs(self) -> dict[str, int]:
         """The knobs known before measuring: the untuned defaults; for a tuned kernel only
         the layout knobs it is tuned under (its loop schedule is the search's result, unknown
         when predicting, so training rows do not use it either)."""
-        from measure.knobs import default_knobs, tuned_knobs
-
-        from .config import Variant
+        from measure.knobs import tuned_knobs
 
         if self.knobs:
             return dict(self.knobs)
-        sparse = COMPRESSION_KERNEL[self.compression][0]
-        variant = Variant(self.algorithm, self.compression, 0.5 if sparse else 0.0)
         if self.tuning is Tuning.TUNED:
-            return {k: v for k, v in tuned_knobs(self.spec, variant, 1).items()
+            return {k: v for k, v in tuned_knobs(self.spec, self._variant(), 1).items()
                     if k != "budget"}
-        return default_knobs(self.spec, variant)
+        return self.untuned_knobs()
 
 
 def _waste(spec: ConvSpec, knobs: dict[str, int]) -> float:
@@ -148,18 +156,13 @@ def loop_counts(cfg: KernelConfig, knobs: dict[str, int]) -> tuple[int, float, f
 
 
 def stage_terms(cfg: KernelConfig, knobs: dict[str, int], device: Device) -> list[float]:
-    """The :data:`STAGE_TERMS` of one kernel on ``device``."""
-    from measure.knobs import default_knobs
-
-    from .config import Variant
-
+    """The :data:`STAGE_TERMS` of one kernel on ``device``; ``knobs``: its
+    :meth:`~KernelConfig.resolved_knobs`."""
     s = cfg.spec
     sparse, dtype, _ = COMPRESSION_KERNEL[cfg.compression]
     # a tuned kernel's loop knobs are the search's result, unknown before it runs: its loops
     # are counted as the untuned schedule's, under the layout knobs it is tuned with
-    full = default_knobs(s, Variant(cfg.algorithm, cfg.compression, 0.5 if sparse else 0.0))
-    full.update(knobs)
-    tasks, ops, decodes, layout = loop_counts(cfg, full)
+    tasks, ops, decodes, layout = loop_counts(cfg, {**cfg.untuned_knobs(), **knobs})
     cores = max(device.cores, 1)
     per_core = _cdiv(tasks, cores) / tasks  # a core's share, with the loop's imbalance
     nbytes = DTYPE_BYTES[dtype]
