@@ -67,7 +67,8 @@ def read_sidecar(directory: Path, name: str, what: str, hint: str) -> tuple[Path
 
 _TREES = len(TREE_FEATURES)
 _STAGE = slice(_TREES, _TREES + len(STAGE_TERMS))
-#: Columns that name a kernel family: algorithm, dtype, CSR, pruning pattern, tuning.
+#: Columns that name a kernel family: algorithm, dtype, CSR, pruning pattern, tuning (the
+#: stage-cost model's and the baselines' groups).
 _FAMILY = ("algo_direct", "algo_gemm", "algo_spatial_pack", "dtype_bytes", "sparse",
            "channel_pattern", "tuned")
 #: Rows of a family with at least this many measurements of one loop structure (depthwise,
@@ -78,11 +79,10 @@ MIN_STRUCTURE_ROWS = 15
 def _family_keys(X: np.ndarray) -> tuple[list[str], list[str]]:
     """Each row's family key, and its family × loop-structure key."""
     col = FEATURE_NAMES.index
-    fam = X[:, [col(n) for n in _FAMILY]]
     pointwise = (X[:, col("R")] * X[:, col("S")] == 1)
     strided = X[:, col("stage_vector_ops_strided")] > 0
     structure = np.column_stack([X[:, col("depthwise")], strided, pointwise])
-    coarse = [",".join(f"{v:g}" for v in r) for r in fam]
+    coarse = [",".join(f"{v:g}" for v in k) for k in _group_keys(X)]
     fine = [f"{c}|{','.join(str(int(v)) for v in r)}" for c, r in zip(coarse, structure)]
     return coarse, fine
 
@@ -218,10 +218,8 @@ class LayerCostModel:
 
 
 def _group_keys(X: np.ndarray) -> list[tuple]:
-    idx = [FEATURE_NAMES.index(n) for n in ("algo_direct", "algo_gemm", "algo_spatial_pack",
-                                            "dtype_bytes", "sparse", "channel_pattern",
-                                            "tuned")]
-    return [tuple(row) for row in X[:, idx]]
+    """Each row's kernel family (:data:`_FAMILY`), as a tuple of its column values."""
+    return [tuple(row) for row in X[:, [FEATURE_NAMES.index(n) for n in _FAMILY]]]
 
 
 @dataclass
