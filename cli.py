@@ -106,7 +106,8 @@ def _measure_peaks(as_json: bool, save_to: Optional[Path]) -> None:
     if not reply.get("ok"):
         _fail(f"measuring the roofs failed: {reply.get('error')}")
     entry = {"fingerprint": dev.fingerprint, "cpu_model": dev.cpu_model, "cores": dev.cores,
-             "simd_bits": dev.simd_bits, "peak_gflops": reply["peak_gflops"],
+             "simd_bits": dev.simd_bits, "caches": dev.caches,
+             "peak_gflops": reply["peak_gflops"],
              "mem_bandwidth_gbs": reply["mem_bandwidth_gbs"], "details": reply["details"],
              "tvm_version": reply.get("tvm_version"), "measured_at": time.time(),
              "method": "measure/peaks.py: FMA-bound register kernel per dtype (best of 15 "
@@ -675,7 +676,7 @@ def train(store: Path = typer.Option(..., "--store", help="Corpus store to learn
     from dlas_predict.costmodel import LayerCostModel, mape, within
     from dlas_predict.evaluation import (load_corpus, measured_layer_seconds, whole_rows,
                                          whole_terms)
-    from dlas_predict.netmodel import NetworkCostModel
+    from dlas_predict.netmodel import NetworkCostModel, last_level_cache_bytes
 
     corpus = load_corpus(store, device)
     t0 = time.time()
@@ -698,8 +699,8 @@ def train(store: Path = typer.Option(..., "--store", help="Corpus store to learn
     rows = whole_rows(corpus, store)
     if rows:
         truth = np.array([r.seconds for r in rows])
-        T = whole_terms(rows, measured_layer_seconds(corpus, rows))
-        net = NetworkCostModel().fit(T, truth, meta={
+        T = whole_terms(corpus, rows, measured_layer_seconds(corpus, rows))
+        net = NetworkCostModel().fit(T, truth, last_level_cache_bytes(corpus.device), meta={
             **meta, "networks": sorted({r.network for r in rows})})
         net.save(directory, "network")
         report["whole_networks"] = len(rows)

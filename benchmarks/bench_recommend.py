@@ -96,6 +96,23 @@ def main() -> int:
             "roofline top-3 gap": f"{v['roofline+residual']['top3_gap']:.3f}"}
            for n, v in report["networks"].items()]
     print(format_table(per))
+    from dlas_predict.zoo import ZOO
+
+    groups = {"zoo networks": [n for n in report["networks"] if n in ZOO],
+              "generated networks": [n for n in report["networks"] if n not in ZOO]}
+    split = []
+    for label, nets in groups.items():
+        count = sum(report["networks"][n]["configurations"] for n in nets)
+        if not count:
+            continue
+        for name in ("lightgbm+residual", "measured_conv+residual"):
+            def pooled(metric):  # per-network figures weighted by their configurations
+                return sum(report["networks"][n][name][metric] *
+                           report["networks"][n]["configurations"] for n in nets) / count
+            split.append({"networks": f"{label} ({len(nets)})", "configs": count,
+                          "model": name, "within ±10%": f"{pooled('within_10pct'):.1%}",
+                          "MAPE": f"{pooled('mape'):.1%}"})
+    print(format_table(split))
     ours = report["overall"]["lightgbm+residual"]
     checks = [
         ("within ±10 % ≥ 90 %", ours["within_10pct"] >= 0.90, f"{ours['within_10pct']:.1%}"),

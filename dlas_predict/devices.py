@@ -264,7 +264,7 @@ def corpus_device(name: str, fingerprint: str) -> Device:
         name=LOCAL, kind="cpu", description=f"{model}, {m.get('cores', '?')} cores",
         target={"kind": "llvm"}, cores=int(m.get("cores") or 1), clock_ghz=None,
         simd_bits=m.get("simd_bits"), peak_gflops=dict(m.get("peak_gflops") or {}),
-        mem_bandwidth_gbs=m.get("mem_bandwidth_gbs"),
+        mem_bandwidth_gbs=m.get("mem_bandwidth_gbs"), caches=dict(m.get("caches") or {}),
         source="measured" if m else "unknown", fingerprint=fingerprint, cpu_model=model)
 
 

@@ -231,12 +231,16 @@ class WholeRow:
 
 
 def _summary(network: str, text: str | None):
+    """The stored summary of a measured network; one stored before a field existed (or
+    none) is computed again from the zoo network of that name, else None (unusable)."""
     import json
+    from dataclasses import fields
 
     from .netmodel import NetworkSummary
 
-    if text:
-        return NetworkSummary(**json.loads(text))
+    stored = json.loads(text) if text else {}
+    if stored and {f.name for f in fields(NetworkSummary)} <= set(stored):
+        return NetworkSummary(**stored)
     from . import zoo
     from .network import read_network
 
@@ -309,13 +313,17 @@ def whole_features(rows: list[WholeRow], conv_s: np.ndarray, device: Device) -> 
                      for r, c in zip(rows, conv_s)], dtype=np.float64)
 
 
-def whole_terms(rows: list[WholeRow], layer_s: list) -> np.ndarray:
-    """The network model's terms (:data:`~dlas_predict.netmodel.NET_TERMS`); ``layer_s``:
-    per row, each conv layer's kernel seconds (measured or predicted)."""
+def whole_terms(corpus: Corpus, rows: list[WholeRow], layer_s: list) -> np.ndarray:
+    """The network model's terms (:data:`~dlas_predict.netmodel.NET_TERMS`) on the corpus's
+    device; ``layer_s``: per row, each conv layer's kernel seconds (measured or
+    predicted)."""
     from .config import Compression
-    from .netmodel import net_terms
+    from .features import weight_bytes
+    from .netmodel import last_level_cache_bytes, net_terms
 
-    return np.array([net_terms(r.summary, s, Compression.parse(r.compression), list(r.plan))
+    cache = last_level_cache_bytes(corpus.device)
+    return np.array([net_terms(r.summary, s, Compression.parse(r.compression), list(r.plan),
+                               weight_bytes(corpus.X[list(r.rows)]), cache)
                      for r, s in zip(rows, layer_s)], dtype=np.float64)
 
 
@@ -342,7 +350,7 @@ def whole_network_lono(corpus: Corpus, rows: list[WholeRow], seed: int = 0,
                        fits: HeldOutFits | None = None) -> dict:
     """Leave one network out over measured whole networks: per held-out network and
     overall, MAPE, share within ±10 %, Kendall τ, top-1 hit, regret and the top-3 gap."""
-    from .netmodel import ConfigRanker, NetworkCostModel
+    from .netmodel import ConfigRanker, NetworkCostModel, last_level_cache_bytes
 
     networks = sorted({r.network for r in rows})
     if len(networks) < 3:
@@ -354,7 +362,8 @@ def whole_network_lono(corpus: Corpus, rows: list[WholeRow], seed: int = 0,
     measured_conv = np.array([s.sum() for s in layer_meas])
     truth = np.array([r.seconds for r in rows])
     X_meas = whole_features(rows, measured_conv, dev)
-    T_meas = whole_terms(rows, layer_meas)
+    cache = last_level_cache_bytes(dev)
+    T_meas = whole_terms(corpus, rows, layer_meas)
     per_net: dict[str, dict] = {}
     pooled = {m: ([], []) for m in WHOLE_MODELS}
     for net in networks:
@@ -366,7 +375,7 @@ def whole_network_lono(corpus: Corpus, rows: list[WholeRow], seed: int = 0,
         layer_models = fits.models(net)
         if layer_models is None:
             continue
-        residual = NetworkCostModel().fit(T_meas[trainw], truth[trainw])
+        residual = NetworkCostModel().fit(T_meas[trainw], truth[trainw], cache)
         ranker = ConfigRanker(seed=seed).fit(X_meas[trainw], truth[trainw],
                                              [rows[i].network for i in trainw])
         preds = {BOUND: T_meas[test] @ residual.coef}
@@ -378,7 +387,7 @@ def whole_network_lono(corpus: Corpus, rows: list[WholeRow], seed: int = 0,
             label = {"lightgbm": "lightgbm+residual", "stage": "stage+residual",
                      "roofline": "roofline+residual",
                      "macs_linear": "macs_linear+residual"}[name]
-            preds[label] = whole_terms(held, layer_s) @ residual.coef
+            preds[label] = whole_terms(corpus, held, layer_s) @ residual.coef
             if name == "lightgbm":
                 preds["lightgbm_conv_sum"] = conv
                 X = whole_features(held, conv, dev)

@@ -174,6 +174,17 @@ def stage_terms(cfg: KernelConfig, knobs: dict[str, int], device: Device) -> lis
             s.macs * density * per_core]
 
 
+def weight_bytes(X):
+    """Each feature row's kernel weights as stored (an array): the values (nonzeros for
+    CSR), plus a 4-byte column index per nonzero for CSR."""
+    import numpy as np
+
+    X = np.asarray(X, dtype=np.float64)
+    values = X[:, FEATURE_NAMES.index("stage_weight_bytes")]
+    nonzeros = values / X[:, FEATURE_NAMES.index("dtype_bytes")]
+    return values + X[:, FEATURE_NAMES.index("sparse")] * 4 * nonzeros
+
+
 def features(cfg: KernelConfig, device: Device) -> list[float]:
     """The feature row of one kernel (order: :data:`FEATURE_NAMES`)."""
     s = cfg.spec

@@ -9,7 +9,8 @@ MLSys 2020):
   3×``input``×``input`` image, ``batch``; ``block`` is ``plain`` (conv-relu), ``residual``
   (conv-relu-conv, add, relu) or ``separable`` (depthwise k×k-relu, pointwise 1×1-relu);
   ``downsample`` blocks (evenly spaced) halve the resolution and double the filters. Global
-  average pool and a 10-way classifier end it.
+  average pool and a 10-way classifier end it. ``activation`` is ``relu`` or ``silu``
+  (x·sigmoid(x), EfficientNet's), after every conv and add.
 
 The ONNX graphs are built directly (no torch) with seeded He-initialised weights.
 """
@@ -28,9 +29,12 @@ from .errors import ConfigError
 FAMILIES: dict[str, dict[str, object]] = {
     "fc": {"layers": 4, "nodes": 512, "input": 784, "output": 10, "batch": 1},
     "cnn": {"layers": 4, "kernels": 64, "kernel_size": 3, "input": 32, "batch": 1,
-            "block": "plain", "downsample": 0},
+            "block": "plain", "downsample": 0, "activation": "relu"},
 }
-CHOICES = {"block": ("plain", "residual", "separable")}
+CHOICES = {"block": ("plain", "residual", "separable"), "activation": ("relu", "silu")}
+#: Parameters left out of a file name at their default, so that names written before the
+#: parameter existed still name the same network (and the same seeded weights).
+_UNNAMED_DEFAULTS = {"activation": "relu"}
 
 
 @dataclass(frozen=True)
@@ -101,7 +105,8 @@ def _check(family: str, p: dict) -> None:
 
 
 def file_name(family: str, params: dict) -> str:
-    return family + "_" + "_".join(f"{k}={v}" for k, v in params.items()) + ".onnx"
+    return family + "_" + "_".join(f"{k}={v}" for k, v in params.items()
+                                   if _UNNAMED_DEFAULTS.get(k) != v) + ".onnx"
 
 
 class _Builder:
@@ -145,6 +150,9 @@ class _Builder:
     def relu(self, x: str) -> str:
         return self.node("Relu", [x], "relu")
 
+    def silu(self, x: str) -> str:
+        return self.node("Mul", [x, self.node("Sigmoid", [x], "sigmoid")], "silu")
+
 
 def build(family: str, params: dict):
     """The ONNX ModelProto of one grid point."""
@@ -153,7 +161,10 @@ def build(family: str, params: dict):
     _family(family)
     p = dict(params)
     _check(family, p)
-    b = _Builder(seed=int(hashlib.sha256(file_name(family, p).encode()).hexdigest()[:8], 16))
+    # seeded by the name without the activation: a SiLU network has its ReLU twin's weights,
+    # so both prune to the same layer sparsities and share every conv kernel
+    twin = {k: _UNNAMED_DEFAULTS.get(k, v) for k, v in p.items()}
+    b = _Builder(seed=int(hashlib.sha256(file_name(family, twin).encode()).hexdigest()[:8], 16))
     batch = p["batch"]
     if family == "fc":
         shape = [batch, p["input"]]
@@ -164,8 +175,9 @@ def build(family: str, params: dict):
         out_shape = [batch, p["output"]]
     else:
         k, width = p["kernel_size"], p["kernels"]
+        act = b.silu if p["activation"] == "silu" else b.relu
         shape = [batch, 3, p["input"], p["input"]]
-        x = b.relu(b.conv("input", 3, width, k))
+        x = act(b.conv("input", 3, width, k))
         down_at = set()
         if p["downsample"]:
             step = p["layers"] / p["downsample"]
@@ -173,13 +185,13 @@ def build(family: str, params: dict):
         for i in range(p["layers"]):
             stride, cout = (2, width * 2) if i in down_at else (1, width)
             if p["block"] == "plain":
-                x = b.relu(b.conv(x, width, cout, k, stride))
+                x = act(b.conv(x, width, cout, k, stride))
             elif p["block"] == "separable":
-                x = b.relu(b.conv(x, width, width, k, stride, groups=width))
-                x = b.relu(b.conv(x, width, cout, 1))
+                x = act(b.conv(x, width, width, k, stride, groups=width))
+                x = act(b.conv(x, width, cout, 1))
             else:
-                y = b.conv(b.relu(b.conv(x, width, width, k)), width, width, k)
-                x = b.relu(b.node("Add", [x, y], "add"))
+                y = b.conv(act(b.conv(x, width, width, k)), width, width, k)
+                x = act(b.node("Add", [x, y], "add"))
             width = cout
         x = b.node("GlobalAveragePool", [x], "gap")
         x = b.node("Flatten", [x], "flatten", axis=1)

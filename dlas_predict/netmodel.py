@@ -24,7 +24,12 @@ from .costmodel import ModelError, _versions, read_sidecar, write_sidecar
 from .devices import Device
 from .network import Network
 
-NET_MODEL_FORMAT = "dlas-network-cost-3"
+NET_MODEL_FORMAT = "dlas-network-cost-4"
+
+#: Ops that evaluate an exponential per element (SiLU's sigmoid, tanh, softmax, ...): far
+#: dearer per element than a ReLU or an add, and dearer still in float16, which the CPU
+#: emulates through conversions.
+EXP_OPS = frozenset({"Sigmoid", "Tanh", "Softmax", "Elu", "Selu", "Softplus", "Gelu", "Erf"})
 
 NET_FEATURE_NAMES = (
     "log_conv_pred", "conv_layers", "layers", "log_nonconv_macs",
@@ -48,6 +53,7 @@ class NetworkSummary:
     elementwise_ops: int
     input_elems: int
     conv_io_bytes: int = 0  # float32 bytes of every conv's input and output activations
+    exp_elems: int = 0  # elements through the ops of EXP_OPS
 
     @classmethod
     def of(cls, net: Network) -> "NetworkSummary":
@@ -60,7 +66,9 @@ class NetworkSummary:
                    input_elems=int(np.prod(net.input_shape)),
                    conv_io_bytes=sum(4 * (int(np.prod(layer.input_shapes[0])) +
                                           int(np.prod(layer.output_shape)))
-                                     for layer in net.layers if layer.conv is not None))
+                                     for layer in net.layers if layer.conv is not None),
+                   exp_elems=sum(int(np.prod(layer.output_shape)) for layer in other
+                                 if layer.op in EXP_OPS))
 
 
 def net_features(summary: NetworkSummary, conv_s: float, compression: Compression,
@@ -101,19 +109,29 @@ CONV_TERMS = tuple(f"conv_s_{f}_{a.value}" for f in CONV_FAMILIES for a in Algor
 #: (per-layer) plan, which pays for the choice of each layer's fastest measurement and for
 #: changes of kernel between layers. The others price the non-conv work: bytes moved by
 #: non-conv ops, the casts (float16) and quantise/dequantise passes (int8) over every conv's
-#: activations, and per-layer overhead.
+#: activations, and per-layer overhead; the exponentials of SiLU-like activations (float16
+#: apart); and the conv weights that do not fit in the last-level cache, which a kernel timed
+#: alone finds cached but a whole network streams from memory at every inference.
 NET_TERMS = (
     *CONV_TERMS, "conv_s_mixed",
     "nonconv_gb", "nonconv_gb_float16", "nonconv_gb_int8",
     "conv_io_gb_float16", "conv_io_gb_int8", "layers_k", "layers_k_float16",
+    "exp_gelems", "exp_gelems_float16", "weight_gb_beyond_cache",
 )
 
 
+def last_level_cache_bytes(device: Device) -> int:
+    """The largest cache of ``device`` (0 when its caches are unknown)."""
+    return 1024 * max(device.caches.values(), default=0)
+
+
 def net_terms(summary: NetworkSummary, layer_s, compression: Compression,
-              layers: list[tuple[str, bool]]) -> list[float]:
+              layers: list[tuple[str, bool]], weight_bytes, cache_bytes: int) -> list[float]:
     """The :data:`NET_TERMS` of one configuration; ``layer_s``: each conv layer's kernel
     seconds (measured when training, predicted when predicting), ``layers``: each layer's
-    (algorithm, sparse)."""
+    (algorithm, sparse), ``weight_bytes``: each layer's kernel weights as stored
+    (:func:`~dlas_predict.features.weight_bytes`), ``cache_bytes``: the device's last-level
+    cache."""
     _, dtype, _ = COMPRESSION_KERNEL[compression]
     conv = dict.fromkeys(CONV_TERMS, 0.0)
     for s, (alg, sparse) in zip(layer_s, layers):
@@ -123,8 +141,10 @@ def net_terms(summary: NetworkSummary, layer_s, compression: Compression,
     mixed = len({alg for alg, _ in layers}) > 1 or len({s for _, s in layers}) > 1
     f16, i8 = float(dtype is DType.FLOAT16), float(dtype is DType.INT8)
     gb, io, lk = summary.nonconv_bytes / 1e9, summary.conv_io_bytes / 1e9, summary.layers / 1e3
+    exp = summary.exp_elems / 1e9
+    beyond = max(float(sum(weight_bytes)) - cache_bytes, 0.0) / 1e9
     return [*conv.values(), total * mixed,
-            gb, gb * f16, gb * i8, io * f16, io * i8, lk, lk * f16]
+            gb, gb * f16, gb * i8, io * f16, io * i8, lk, lk * f16, exp, exp * f16, beyond]
 
 
 @dataclass
@@ -137,8 +157,10 @@ class NetworkCostModel:
     coef: np.ndarray | None = None
     meta: dict = field(default_factory=dict)
 
-    def fit(self, T: np.ndarray, whole_s: np.ndarray, meta: dict | None = None
-            ) -> "NetworkCostModel":
+    def fit(self, T: np.ndarray, whole_s: np.ndarray, cache_bytes: int,
+            meta: dict | None = None) -> "NetworkCostModel":
+        """``T``: :func:`net_terms` rows built with ``cache_bytes``, the device's last-level
+        cache, which predictions must use too (:attr:`cache_bytes`)."""
         from scipy.optimize import nnls
 
         T, whole_s = np.asarray(T, dtype=np.float64), np.asarray(whole_s, dtype=np.float64)
@@ -151,11 +173,17 @@ class NetworkCostModel:
         self.coef = coef / scale
         ratio = whole_s / np.maximum(T @ self.coef, 1e-12)
         self.meta = {"format": NET_MODEL_FORMAT, "terms": list(NET_TERMS),
+                     "cache_bytes": int(cache_bytes),
                      "coef": [float(c) for c in self.coef],
                      "error_q10": float(np.quantile(ratio, 0.1)),
                      "error_q90": float(np.quantile(ratio, 0.9)),
                      "versions": _versions(), "n_train": int(len(T)), **(meta or {})}
         return self
+
+    @property
+    def cache_bytes(self) -> int:
+        """The last-level cache the model's terms were computed with."""
+        return int(self.meta["cache_bytes"])
 
     def predict(self, T: np.ndarray, conv: np.ndarray, conv_low: np.ndarray,
                 conv_high: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -184,6 +212,8 @@ class NetworkCostModel:
         if coef.shape != (len(NET_TERMS),) or not np.all(np.isfinite(coef)) or \
                 np.any(coef < 0):
             raise ModelError(f"{sidecar}: its coefficients are missing or invalid; retrain")
+        if not isinstance(meta.get("cache_bytes"), int) or meta["cache_bytes"] < 0:
+            raise ModelError(f"{sidecar}: its cache size is missing or invalid; retrain")
         return cls(coef=coef, meta=meta)
 
 

@@ -235,7 +235,7 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
     carries the predicted search time for ``trials`` trials per kernel."""
     from . import zoo
     from .devices import get_device
-    from .features import KernelConfig, features
+    from .features import KernelConfig, features, weight_bytes
     from .netmodel import NetworkSummary, net_terms
     from .netplan import config_label
     from .network import read_network
@@ -334,7 +334,9 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
     conv_mid = np.array([sum(mid[o[2]] for o in ch) for _c, _r, _a, ch, _l, _t in plans])
     conv_low = np.array([sum(low[o[2]] for o in ch) for _c, _r, _a, ch, _l, _t in plans])
     conv_high = np.array([sum(high[o[2]] for o in ch) for _c, _r, _a, ch, _l, _t in plans])
-    NX = np.array([net_terms(summary, [mid[o[2]] for o in ch], comp, [(o[0], o[1]) for o in ch])
+    wbytes = weight_bytes(np.array(X))
+    NX = np.array([net_terms(summary, [mid[o[2]] for o in ch], comp, [(o[0], o[1]) for o in ch],
+                             [wbytes[o[2]] for o in ch], net_model.cache_bytes)
                    for comp, _r, _a, ch, _l, _t in plans])
     pm, pl, ph = net_model.predict(NX, conv_mid, conv_low, conv_high)
     for (comp, ratio, alg, ch, _lr, tn), m, lo, hi in zip(plans, pm, pl, ph):

@@ -13,7 +13,8 @@ from dlas_predict.costmodel import (LayerCostModel, MacsLinearBaseline, ModelErr
                                     RooflineBaseline)
 from dlas_predict.devices import get_device
 from dlas_predict.evaluation import Corpus, kernel_key, leave_one_network_out
-from dlas_predict.features import FEATURE_NAMES, KernelConfig, config_from_row, features
+from dlas_predict.features import (FEATURE_NAMES, KernelConfig, config_from_row, features,
+                                   weight_bytes)
 
 DEV = get_device("xavier-cpu", with_target=False)
 ALGS = list(Algorithm)
@@ -76,6 +77,10 @@ def test_features_shape_and_meaning():
            "ratio": 0.9, "tuning": "untuned"}
     assert config_from_row(row) == KernelConfig(spec, Algorithm.GEMM,
                                                 Compression.WEIGHT_PRUNING, 0.9)
+    half = features(KernelConfig(spec, Algorithm.GEMM, Compression.FLOAT16, 0.0), DEV)
+    # weights as stored: 4 bytes per float32, 2 per float16, CSR nonzeros + a 4-byte index each
+    assert list(weight_bytes(np.array([dense, half, sparse]))) == pytest.approx(
+        [4 * spec.params, 2 * spec.params, (4 + 4) * 0.1 * spec.params])
 
 
 def test_metrics():

@@ -69,3 +69,37 @@ def test_batch_scales_macs_and_downsample_doubles_filters():
         onnx.save(build("cnn", {**FAMILIES["cnn"], "downsample": 2, "kernels": 8}), pa)
         convs = read_network(pa).convs()
         assert convs[-1].spec.K == 32 and convs[-1].spec.H == 8
+
+
+def test_silu_networks_share_the_relu_networks_convs_and_keep_their_names(tmp_path):
+    relu, silu = generate("cnn", ["block=plain,residual,separable", "kernels=8", "layers=2",
+                                  "activation=relu,silu"], tmp_path)[:2]
+    # a name written before the parameter existed still names the same ReLU network
+    assert file_name("cnn", relu.params) == ("cnn_layers=2_kernels=8_kernel_size=3_input=32_"
+                                             "batch=1_block=plain_downsample=0.onnx")
+    assert "_activation=silu" in silu.path.name and silu.params["activation"] == "silu"
+    a, b = read_network(relu.path), read_network(silu.path)
+    assert [c.spec for c in a.convs()] == [c.spec for c in b.convs()]
+    assert {l.op for l in a.layers} & {"Sigmoid", "Mul"} == set()
+    # with the same weights, so that pruning finds the same layer sparsities
+    import onnx
+    from onnx import numpy_helper
+
+    def weights(path):
+        return [numpy_helper.to_array(t) for t in onnx.load(str(path)).graph.initializer]
+
+    assert all(np.array_equal(u, v) for u, v in zip(weights(relu.path), weights(silu.path)))
+    # every Relu became x * sigmoid(x)
+    ops = [l.op for l in b.layers]
+    assert ops.count("Sigmoid") == ops.count("Mul") == [l.op for l in a.layers].count("Relu")
+    # the network model prices the exponentials: one per element of every sigmoid's output
+    from dlas_predict.netmodel import NetworkSummary
+
+    assert NetworkSummary.of(a).exp_elems == 0
+    assert NetworkSummary.of(b).exp_elems == sum(int(np.prod(l.output_shape))
+                                                 for l in b.layers if l.op == "Sigmoid") > 0
+    sess = ort.InferenceSession(str(silu.path))
+    x = np.random.default_rng(0).random((1, 3, 32, 32), dtype=np.float32)
+    assert np.all(np.isfinite(sess.run(None, {sess.get_inputs()[0].name: x})[0]))
+    with pytest.raises(ConfigError, match="relu, silu"):
+        parse_grid("cnn", ["activation=gelu"])

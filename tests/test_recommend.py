@@ -132,10 +132,11 @@ def test_network_model_save_load_predict_equal(tmp_path):
     true = np.zeros(len(NET_TERMS))
     true[0], true[6] = 1.1, 0.5
     whole = T @ true * np.exp(0.02 * rng.normal(size=60))
-    m = NetworkCostModel().fit(T, whole)
+    m = NetworkCostModel().fit(T, whole, 32 << 20)
     assert m.coef[0] == pytest.approx(1.1, rel=0.1) and np.all(m.coef >= 0)
     m.save(tmp_path, "network")
     back = NetworkCostModel.load(tmp_path, "network")
+    assert back.cache_bytes == 32 << 20
     conv = T[:, 0]
     for a, b in zip(m.predict(T, conv, conv * 0.9, conv * 1.1),
                     back.predict(T, conv, conv * 0.9, conv * 1.1)):
@@ -143,8 +144,11 @@ def test_network_model_save_load_predict_equal(tmp_path):
     mid, lo, hi = back.predict(T, conv, conv * 0.9, conv * 1.1)
     assert np.all(lo <= mid) and np.all(mid <= hi)
     with pytest.raises(DlasError, match="whole-network"):
-        NetworkCostModel().fit(T[:3], whole[:3])
+        NetworkCostModel().fit(T[:3], whole[:3], 0)
     meta = json.loads((tmp_path / "network.json").read_text())
+    (tmp_path / "network.json").write_text(json.dumps({**meta, "cache_bytes": None}))
+    with pytest.raises(DlasError, match="cache size"):
+        NetworkCostModel.load(tmp_path, "network")
     meta["coef"][0] = -1
     (tmp_path / "network.json").write_text(json.dumps(meta))
     with pytest.raises(DlasError, match="invalid"):
@@ -156,20 +160,30 @@ def test_network_terms_scale_each_kernel_family():
     from dlas_predict.netmodel import NET_TERMS, NetworkSummary, net_terms
 
     summary = NetworkSummary(conv_layers=3, layers=7, nonconv_macs=0, nonconv_bytes=2_000_000,
-                             activation_ops=3, elementwise_ops=1, input_elems=3072)
+                             activation_ops=3, elementwise_ops=1, input_elems=3072,
+                             exp_elems=5_000)
     terms = dict(zip(NET_TERMS, net_terms(summary, [1e-3, 2e-3, 4e-3],
                                           Compression.parse("weight_pruning"),
-                                          [("gemm", True), ("gemm", True), ("direct", False)])))
+                                          [("gemm", True), ("gemm", True), ("direct", False)],
+                                          [1e6, 2e6, 3e6], 4_500_000)))
     assert terms["conv_s_csr_gemm"] == pytest.approx(3e-3)
     assert terms["conv_s_float32_direct"] == pytest.approx(4e-3)  # a dense kernel on a pruned layer
     assert terms["conv_s_mixed"] == pytest.approx(7e-3)  # mixed plan: two algorithms, CSR and dense
     assert sum(v for k, v in terms.items() if k.startswith("conv_s_") and k != "conv_s_mixed") \
         == pytest.approx(7e-3)
     assert terms["nonconv_gb"] == pytest.approx(2e-3) and terms["nonconv_gb_int8"] == 0
+    # the weights beyond the last-level cache stream from memory; exponentials in float32
+    assert terms["weight_gb_beyond_cache"] == pytest.approx(1.5e-3)
+    assert terms["exp_gelems"] == pytest.approx(5e-6) and terms["exp_gelems_float16"] == 0
     one = dict(zip(NET_TERMS, net_terms(summary, [1e-3, 1e-3, 1e-3], Compression.parse("int8"),
-                                        [("spatial_pack", False)] * 3)))
+                                        [("spatial_pack", False)] * 3, [1e6] * 3, 4_500_000)))
     assert one["conv_s_int8_spatial_pack"] == pytest.approx(3e-3) and one["conv_s_mixed"] == 0
     assert one["nonconv_gb_int8"] == pytest.approx(2e-3)
+    assert one["weight_gb_beyond_cache"] == 0  # they fit
+    half = dict(zip(NET_TERMS, net_terms(summary, [1e-3] * 3, Compression.parse("float16"),
+                                         [("direct", False)] * 3, [1e6] * 3, 0)))
+    assert half["exp_gelems_float16"] == pytest.approx(5e-6)
+    assert half["weight_gb_beyond_cache"] == pytest.approx(3e-3)  # no cache known
 
 
 def test_ranker_orders_by_speed():
