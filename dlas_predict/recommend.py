@@ -312,8 +312,9 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
                              for a in Algorithm]
                 per_layer.append(opts)
             options.append((tn, per_layer))
-    mid, low, high = layer_model.predict(np.array(X))
-    tune_s = _tuning_seconds(tuning_model, np.array(X), kernels, trials)
+    X = np.array(X)
+    mid, low, high = layer_model.predict(X)
+    tune_s = _tuning_seconds(tuning_model, X, kernels, trials)
 
     cands: list[Candidate] = []
     plans = []
@@ -334,7 +335,7 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
     conv_mid = np.array([sum(mid[o[2]] for o in ch) for _c, _r, _a, ch, _l, _t in plans])
     conv_low = np.array([sum(low[o[2]] for o in ch) for _c, _r, _a, ch, _l, _t in plans])
     conv_high = np.array([sum(high[o[2]] for o in ch) for _c, _r, _a, ch, _l, _t in plans])
-    wbytes = weight_bytes(np.array(X))
+    wbytes = weight_bytes(X)
     NX = np.array([net_terms(summary, [mid[o[2]] for o in ch], comp, [(o[0], o[1]) for o in ch],
                              [wbytes[o[2]] for o in ch], net_model.cache_bytes)
                    for comp, _r, _a, ch, _l, _t in plans])
