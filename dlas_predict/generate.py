@@ -7,7 +7,8 @@ MLSys 2020):
   ``output`` classes, ``batch``.
 - ``cnn``: a stem conv then ``layers`` blocks of ``kernels`` filters of ``kernel_size``, on a
   3×``input``×``input`` image, ``batch``; ``block`` is ``plain`` (conv-relu), ``residual``
-  (conv-relu-conv, add, relu) or ``separable`` (depthwise k×k-relu, pointwise 1×1-relu);
+  (conv-relu-conv, add, relu; a block that downsamples adds ResNet's 1×1 stride-2
+  projection to its shortcut) or ``separable`` (depthwise k×k-relu, pointwise 1×1-relu);
   ``downsample`` blocks (evenly spaced) halve the resolution and double the filters. Global
   average pool and a 10-way classifier end it. ``activation`` is ``relu`` or ``silu``
   (x·sigmoid(x), EfficientNet's), after every conv and add.
@@ -100,8 +101,6 @@ def _check(family: str, p: dict) -> None:
             raise ConfigError(f"downsample={p['downsample']} exceeds layers={p['layers']}")
         if p["input"] >> p["downsample"] < 1:
             raise ConfigError(f"input={p['input']} cannot be halved {p['downsample']} times")
-        if p["block"] == "residual" and p["downsample"]:
-            raise ConfigError("residual blocks keep their resolution: use downsample=0")
 
 
 def file_name(family: str, params: dict) -> str:
@@ -190,7 +189,9 @@ def build(family: str, params: dict):
                 x = act(b.conv(x, width, width, k, stride, groups=width))
                 x = act(b.conv(x, width, cout, 1))
             else:
-                y = b.conv(act(b.conv(x, width, width, k)), width, width, k)
+                y = b.conv(act(b.conv(x, width, cout, k, stride)), cout, cout, k)
+                if stride > 1:  # ResNet's projection shortcut: 1×1, stride 2, to cout
+                    x = b.conv(x, width, cout, 1, stride)
                 x = act(b.node("Add", [x, y], "add"))
             width = cout
         x = b.node("GlobalAveragePool", [x], "gap")

@@ -103,3 +103,18 @@ def test_silu_networks_share_the_relu_networks_convs_and_keep_their_names(tmp_pa
     assert np.all(np.isfinite(sess.run(None, {sess.get_inputs()[0].name: x})[0]))
     with pytest.raises(ConfigError, match="relu, silu"):
         parse_grid("cnn", ["activation=gelu"])
+
+
+def test_residual_blocks_that_downsample_project_their_shortcut(tmp_path):
+    plain, down = generate("cnn", ["block=residual", "kernels=8", "layers=2", "input=16",
+                                   "downsample=0,1"], tmp_path)
+    convs = read_network(down.path).convs()
+    # stem 3->8; block 1: 3x3 s2 8->16, 3x3 16->16, shortcut 1x1 s2 8->16; block 2: 16->16
+    assert [(c.spec.C, c.spec.K, c.spec.R, c.spec.stride_h, c.spec.H) for c in convs] == [
+        (3, 8, 3, 1, 16), (8, 16, 3, 2, 16), (16, 16, 3, 1, 8), (8, 16, 1, 2, 16),
+        (16, 16, 3, 1, 8), (16, 16, 3, 1, 8)]
+    sess = ort.InferenceSession(str(down.path))
+    x = np.random.default_rng(0).random((1, 3, 16, 16), dtype=np.float32)
+    assert sess.run(None, {sess.get_inputs()[0].name: x})[0].shape == (1, 10)
+    # a residual network that keeps its resolution is built as before: no projection
+    assert all(c.spec.R == 3 and c.spec.stride_h == 1 for c in read_network(plain.path).convs())
