@@ -8,7 +8,10 @@ MLSys 2020):
 - ``cnn``: a stem conv then ``layers`` blocks of ``kernels`` filters of ``kernel_size``, on a
   3×``input``×``input`` image, ``batch``; ``block`` is ``plain`` (conv-relu), ``residual``
   (conv-relu-conv, add, relu; a block that downsamples adds ResNet's 1×1 stride-2
-  projection to its shortcut) or ``separable`` (depthwise k×k-relu, pointwise 1×1-relu);
+  projection to its shortcut), ``separable`` (depthwise k×k-relu, pointwise 1×1-relu)
+  or ``inverted`` (MobileNetV2's inverted residual: pointwise 1×1 expanding ×6-relu,
+  depthwise k×k-relu, pointwise 1×1 projection, and the shortcut add where the block keeps
+  its resolution);
   ``downsample`` blocks (evenly spaced) halve the resolution and double the filters. Global
   average pool and a 10-way classifier end it. ``activation`` is ``relu`` or ``silu``
   (x·sigmoid(x), EfficientNet's), after every conv and add.
@@ -32,7 +35,10 @@ FAMILIES: dict[str, dict[str, object]] = {
     "cnn": {"layers": 4, "kernels": 64, "kernel_size": 3, "input": 32, "batch": 1,
             "block": "plain", "downsample": 0, "activation": "relu"},
 }
-CHOICES = {"block": ("plain", "residual", "separable"), "activation": ("relu", "silu")}
+CHOICES = {"block": ("plain", "residual", "separable", "inverted"),
+           "activation": ("relu", "silu")}
+#: The inverted-residual block's expansion (MobileNetV2's and EfficientNet's 6).
+EXPAND = 6
 #: Parameters left out of a file name at their default, so that names written before the
 #: parameter existed still name the same network (and the same seeded weights).
 _UNNAMED_DEFAULTS = {"activation": "relu"}
@@ -188,6 +194,12 @@ def build(family: str, params: dict):
             elif p["block"] == "separable":
                 x = act(b.conv(x, width, width, k, stride, groups=width))
                 x = act(b.conv(x, width, cout, 1))
+            elif p["block"] == "inverted":
+                wide = width * EXPAND
+                y = act(b.conv(x, width, wide, 1))
+                y = act(b.conv(y, wide, wide, k, stride, groups=wide))
+                y = b.conv(y, wide, cout, 1)  # the linear bottleneck: no activation
+                x = b.node("Add", [x, y], "add") if stride == 1 else y
             else:
                 y = b.conv(act(b.conv(x, width, cout, k, stride)), cout, cout, k)
                 if stride > 1:  # ResNet's projection shortcut: 1×1, stride 2, to cout

@@ -18,7 +18,7 @@ def test_grid_is_the_cross_product_with_defaults():
 
 @pytest.mark.parametrize("items, needle", [
     (["width=3"], "allowed: layers"), (["layers=0"], "at least 1"), (["layers=a"], "integer"),
-    (["block=dense"], "plain, residual, separable"), (["layers"], "NAME=V1"),
+    (["block=dense"], "plain, residual, separable, inverted"), (["layers"], "NAME=V1"),
     (["kernel_size=9", "input=8"], "exceeds"), (["layers=2", "layers=3"], "twice"),
 ])
 def test_bad_params(items, needle):
@@ -118,3 +118,23 @@ def test_residual_blocks_that_downsample_project_their_shortcut(tmp_path):
     assert sess.run(None, {sess.get_inputs()[0].name: x})[0].shape == (1, 10)
     # a residual network that keeps its resolution is built as before: no projection
     assert all(c.spec.R == 3 and c.spec.stride_h == 1 for c in read_network(plain.path).convs())
+
+
+def test_inverted_residual_blocks_expand_filter_depthwise_and_project(tmp_path):
+    (m,) = generate("cnn", ["block=inverted", "kernels=8", "layers=3", "input=16",
+                            "downsample=1", "kernel_size=5"], tmp_path)
+    net = read_network(m.path)
+    convs = [(c.spec.C, c.spec.K, c.spec.R, c.spec.stride_h, c.spec.groups, c.spec.H)
+             for c in net.convs()]
+    # stem; block 1 downsamples (8 -> 16, no shortcut); blocks 2-3 keep 16 at 8x8 and add
+    assert convs == [(3, 8, 5, 1, 1, 16),
+                     (8, 48, 1, 1, 1, 16), (48, 48, 5, 2, 48, 16), (48, 16, 1, 1, 1, 8),
+                     (16, 96, 1, 1, 1, 8), (96, 96, 5, 1, 96, 8), (96, 16, 1, 1, 1, 8),
+                     (16, 96, 1, 1, 1, 8), (96, 96, 5, 1, 96, 8), (96, 16, 1, 1, 1, 8)]
+    ops = [l.op for l in net.layers]
+    assert ops.count("Add") == 2
+    # activations after the stem, each expansion and each depthwise: not after a projection
+    assert ops.count("Relu") == 1 + 2 * 3
+    sess = ort.InferenceSession(str(m.path))
+    x = np.random.default_rng(0).random((1, 3, 16, 16), dtype=np.float32)
+    assert np.all(np.isfinite(sess.run(None, {sess.get_inputs()[0].name: x})[0]))
