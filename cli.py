@@ -283,6 +283,11 @@ def collect(
         False, "--retime-slow",
         help="Time again what was timed on a slow machine (chain ratio or canary over its "
              "limit); a new timing replaces the stored one only if the machine was quieter."),
+    retime_unprobed: bool = typer.Option(
+        False, "--retime-unprobed",
+        help="As --retime-slow, and also time again what was timed before the probes were "
+             "recorded (no reading); a new timing replaces such a record only if the machine "
+             "was quiet."),
     whole_network: bool = typer.Option(
         False, "--whole-network",
         help="Also build and time each whole network under every configuration (TVM Relax, "
@@ -305,7 +310,7 @@ def collect(
              max_repeats, time_budget, timeout, as_json, quiet, per_layer=not uniform,
              whole_network=whole_network,
              tuning=_tuning(tuning, trials, early_stop, tuning_db), quiet_wait=quiet_wait,
-             retime_slow=retime_slow)
+             retime_slow=retime_slow, retime_unprobed=retime_unprobed)
 
 
 @app.command()
@@ -339,7 +344,8 @@ def tune(
 
 def _collect(networks, store, device, algorithms, compressions, ratio, retry_failures,
              max_repeats, time_budget, timeout, as_json, quiet, per_layer=True,
-             whole_network=False, tuning=None, quiet_wait=30.0, retime_slow=False):
+             whole_network=False, tuning=None, quiet_wait=30.0, retime_slow=False,
+             retime_unprobed=False):
     from dlas_predict.config import Algorithm, Compression, Tuning, Variant, check_ratio
     from dlas_predict.netplan import network_configs
     from dlas_predict.network import read_network
@@ -387,11 +393,13 @@ def _collect(networks, store, device, algorithms, compressions, ratio, retry_fai
                    f"{dev.name}", err=True)
     with LocalRunner(dev, protocol=proto, timeout_s=timeout) as runner:
         summary = run_collect(list(tasks.values()), db, runner, retry_failures=retry_failures,
-                              progress=not quiet and not as_json, retime_slow=retime_slow)
+                              progress=not quiet and not as_json, retime_slow=retime_slow,
+                              retime_unprobed=retime_unprobed)
     whole = {"failed": 0, "contended": 0, "retimed": 0, "kept": 0}
     if whole_network:
         whole = _collect_whole(networks, plans, algs, ratio, dev, db, proto,
-                               max(timeout, 600.0), quiet or as_json, retime_slow)
+                               max(timeout, 600.0), quiet or as_json, retime_slow,
+                               retime_unprobed)
     whole_failed, whole_contended = whole["failed"], whole["contended"]
     stats = db.stats()
     db.close()
@@ -415,8 +423,8 @@ def _collect(networks, store, device, algorithms, compressions, ratio, retry_fai
         if whole_contended:
             typer.echo(f"{whole_contended} whole networks were timed on a slow machine; their "
                        "records carry both probes (contention, slowdown)")
-        if retime_slow:
-            typer.echo(f"timed again on a slow machine's records: {summary.retimed} kernels "
+        if retime_slow or retime_unprobed:
+            typer.echo(f"timed again on a slow (or unprobed) machine's records: {summary.retimed} kernels "
                        f"and {whole['retimed']} whole networks now timed quieter; "
                        f"{summary.kept} kernels and {whole['kept']} whole networks no quieter "
                        "(the stored timing kept)")
@@ -429,7 +437,7 @@ def _collect(networks, store, device, algorithms, compressions, ratio, retry_fai
 
 
 def _collect_whole(networks, plans, algs, ratio, dev, db, proto, timeout,
-                   quiet, retime_slow=False) -> dict[str, int]:
+                   quiet, retime_slow=False, retime_unprobed=False) -> dict[str, int]:
     """Whole-network latencies of every (configuration, algorithm); returns the counts of
     failures, records left timed on a slow machine, and (``retime_slow``) slow records timed
     again that replaced the stored one or kept it."""
@@ -468,7 +476,7 @@ def _collect_whole(networks, plans, algs, ratio, dev, db, proto, timeout,
                 todo.append(NetworkPlan(str(model), name, comp, r, PER_LAYER, tuple(plan)))
     log = None if quiet else (lambda line: typer.echo(line, err=True))
     with NetworkMeasurer(dev, db, timeout_s=timeout, protocol=proto, log=log) as nm:
-        records = nm.run(todo, retime_slow=retime_slow)
+        records = nm.run(todo, retime_slow=retime_slow, retime_unprobed=retime_unprobed)
     return {"failed": sum(1 for r in records if r.error is not None),
             "contended": sum(1 for r in records if r.contended(proto)) + nm.kept,
             "retimed": nm.retimed, "kept": nm.kept}

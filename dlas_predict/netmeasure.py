@@ -292,18 +292,21 @@ class NetworkMeasurer:
         return rec
 
     def run(self, plans: list[NetworkPlan], skip_stored: bool = True,
-            retime_slow: bool = False) -> list[NetworkMeasurement]:
+            retime_slow: bool = False, retime_unprobed: bool = False
+            ) -> list[NetworkMeasurement]:
         """Measure each plan (skipping keys already stored), committing each record; returns
         the records committed.
 
         With ``retime_slow`` a stored record timed on a slow machine is timed again and
         replaced when the new timing was quieter (counted in ``self.retimed``); otherwise the
-        stored one is kept (counted in ``self.kept``, and not returned)."""
+        stored one is kept (counted in ``self.kept``, and not returned). ``retime_unprobed``
+        also times again the records timed before the probes were recorded."""
         done, slow = set(), {}
         if self.store is not None and skip_stored:
             done = {r["key"] for r in self.store.network_measurements("error IS NULL")}
-        if self.store is not None and retime_slow:
-            slow = self.store.slow_keys(self.runner.protocol, "network_measurements")
+        if self.store is not None and (retime_slow or retime_unprobed):
+            slow = self.store.slow_keys(self.runner.protocol, "network_measurements",
+                                        unprobed=retime_unprobed)
         out = []
         self.retimed = self.kept = 0
         for i, plan in enumerate(plans, 1):

@@ -265,17 +265,22 @@ class CorpusStore:
             sql += " WHERE error IS NULL"
         return {r[0] for r in self._db.execute(sql)}
 
-    def slow_keys(self, protocol: Any, table: str = "measurements") -> dict[str, float]:
+    def slow_keys(self, protocol: Any, table: str = "measurements",
+                  unprobed: bool = False) -> dict[str, float]:
         """Successful records of ``table`` (``measurements`` or ``network_measurements``)
         timed on a slow machine, as {key: slowness} (:func:`~dlas_predict.records.slowness`,
-        over 1): what ``collect --retime-slow`` times again."""
+        over 1): what ``collect --retime-slow`` times again. With ``unprobed`` also those
+        timed before the probes were recorded (neither reading), at slowness 1, the limit: a
+        new timing replaces one only if the machine was quiet (``--retime-unprobed``)."""
         if table not in ("measurements", "network_measurements"):
             raise StoreError(f"no table {table!r} of timed records")
         rows = self._db.execute(
             f"SELECT key, contention, slowdown FROM {table} WHERE error IS NULL AND "
-            "(contention > ? OR slowdown > ?)",
+            "(contention > ? OR slowdown > ?" + (" OR (contention IS NULL AND slowdown IS "
+                                                  "NULL))" if unprobed else ")"),
             (float(protocol.contention_limit), float(protocol.slowdown_limit)))
-        return {key: slowness(c, s, protocol) for key, c, s in rows}
+        return {key: 1.0 if c is None and s is None else slowness(c, s, protocol)
+                for key, c, s in rows}
 
     def fingerprints(self, device: str) -> list[tuple[str, int]]:
         """(fingerprint, records) of ``device``'s measurements, most records first."""

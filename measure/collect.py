@@ -63,17 +63,20 @@ def collect(tasks: list[MeasureTask], store: CorpusStore | None, runner: Runner,
             retry_failures: bool = False,
             on_result: Callable[[MeasureResult], None] | None = None,
             progress: bool = True, desc: str = "measuring",
-            retime_slow: bool = False) -> CollectSummary:
+            retime_slow: bool = False, retime_unprobed: bool = False) -> CollectSummary:
     """Measure the tasks not yet in ``store``; commit each record as it arrives.
 
     With ``retime_slow`` the tasks whose stored record was timed on a slow machine (see
     :meth:`CorpusStore.slow_keys`) are timed again; the new record replaces the stored one
     when it was timed on a quieter machine (lower slowness), else the stored one is kept.
+    ``retime_unprobed`` does the same for records timed before the probes were recorded, too
+    (replaced only by a timing on a quiet machine).
     Without a store every task is measured and nothing is recorded (``measure``).
     """
     t0 = time.perf_counter()
     done = store.keys(include_failures=not retry_failures) if store is not None else set()
-    slow = store.slow_keys(runner.protocol) if store is not None and retime_slow else {}
+    slow = (store.slow_keys(runner.protocol, unprobed=retime_unprobed)
+            if store is not None and (retime_slow or retime_unprobed) else {})
     todo = [t for t in tasks if t.key not in done or t.key in slow]
     summary = CollectSummary(planned=len(tasks), skipped=len(tasks) - len(todo))
     bar = None

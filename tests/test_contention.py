@@ -268,3 +268,54 @@ def test_retime_slow_for_whole_networks_replaces_only_by_a_quieter_timing(tmp_pa
         assert [(r["slowdown"], json.loads(r["run_secs"])) for r in
                 db.network_measurements()] == [(1.02, [7e-3])]
         assert nm.run([plan], retime_slow=True) == [] and script == []  # quiet: not timed
+
+
+def test_retime_unprobed_times_records_without_probes_and_replaces_only_by_a_quiet_one(
+        tmp_path, monkeypatch):
+    from dlas_predict.config import ConvSpec, Variant
+    from dlas_predict.devices import get_device
+    from dlas_predict.netmeasure import NetworkMeasurement, NetworkMeasurer, uniform_plan
+    from dlas_predict.store import CorpusStore
+    from measure.collect import collect
+    from measure.runner import MeasureTask
+
+    spec = ConvSpec.parse("C=8,H=10,W=10,K=16,R=3,S=3,stride=1,pad=1")
+    tasks = [MeasureTask.make(spec, Variant(a, "dense"), get_device("local"))
+             for a in ("direct", "gemm", "spatial_pack")]
+    # timed before the probes existed (no readings); then a quiet, a slow and a quiet timing
+    runner = _ScriptedRunner({"direct": [(None, None, 4e-3), (1.0, 1.01, 1e-3)],
+                              "gemm": [(None, None, 2e-3), (1.0, 1.5, 3e-3)],
+                              "spatial_pack": [(1.0, 1.0, 5e-3)]})
+    with CorpusStore(tmp_path / "c.sqlite") as db:
+        collect(tasks, db, runner, progress=False)
+        runner.script["spatial_pack"] = []  # probed and quiet: never timed again
+        assert collect(tasks, db, runner, progress=False, retime_slow=True).measured == 0
+        assert db.slow_keys(runner.protocol, unprobed=True) == {tasks[0].key: 1.0,
+                                                                tasks[1].key: 1.0}
+        again = collect(tasks, db, runner, progress=False, retime_unprobed=True)
+        assert runner.timed[3:] == ["direct", "gemm"]
+        assert (again.measured, again.retimed, again.kept) == (2, 1, 1)
+        best = {r.variant.algorithm.value: (r.best_s, r.slowdown) for r in db.results()}
+        assert best == {"direct": (1e-3, 1.01), "gemm": (2e-3, None),
+                        "spatial_pack": (5e-3, 1.0)}
+
+    # whole networks: the same rule
+    dev = get_device("local")
+    plan = uniform_plan("zoo:resnet18-cifar", "resnet18-cifar", "dense", None, "direct", 21)
+    script = [(None, None, 9e-3), (1.0, 1.02, 7e-3)]
+
+    def measure(self, p):
+        c, s, sec = script.pop(0)
+        return NetworkMeasurement(key=p.key(dev), device=dev.name, fingerprint=dev.fingerprint,
+                                  network=p.network, config=p.config, algorithm=p.algorithm,
+                                  plan=p.plan_json(), dtype=p.dtype.value, run_secs=[sec],
+                                  contention=c, slowdown=s)
+
+    monkeypatch.setattr(NetworkMeasurer, "measure", measure)
+    with CorpusStore(tmp_path / "n.sqlite") as db, \
+            NetworkMeasurer(dev, db, protocol=Protocol(quiet_wait_s=0)) as nm:
+        nm.run([plan])
+        assert nm.run([plan], retime_slow=True) == []  # no reading is not a slow reading
+        (rec,) = nm.run([plan], retime_unprobed=True)
+        assert nm.retimed == 1 and rec.slowdown == 1.02
+        assert [json.loads(r["run_secs"]) for r in db.network_measurements()] == [[7e-3]]
