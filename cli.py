@@ -424,8 +424,9 @@ def _collect(networks, store, device, algorithms, compressions, ratio, retry_fai
             typer.echo(f"{whole_contended} whole networks were timed on a slow machine; their "
                        "records carry both probes (contention, slowdown)")
         if retime_slow or retime_unprobed:
-            typer.echo(f"timed again on a slow (or unprobed) machine's records: {summary.retimed} kernels "
-                       f"and {whole['retimed']} whole networks now timed quieter; "
+            typer.echo(f"timed again on a slow (or unprobed) machine's records: "
+                       f"{summary.retimed} kernels and {whole['retimed']} whole networks now "
+                       "timed quieter; "
                        f"{summary.kept} kernels and {whole['kept']} whole networks no quieter "
                        "(the stored timing kept)")
         if summary.contended or whole_contended:

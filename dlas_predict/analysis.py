@@ -44,7 +44,8 @@ KERNEL_PARAMETERS: dict[str, str] = {
     # generated (ParaDnn-style) networks: parsed from the network name
     "net_layers": "generated: blocks", "net_kernels": "generated: filters (width)",
     "net_kernel_size": "generated: kernel size", "net_input": "generated: input size",
-    "net_batch": "generated: batch", "net_block": "generated: plain | residual | separable | inverted",
+    "net_batch": "generated: batch",
+    "net_block": "generated: plain | residual | separable | inverted",
     "net_downsample": "generated: downsampling blocks",
 }
 

@@ -239,16 +239,10 @@ def test_retime_slow_times_slow_records_again_and_keeps_the_quieter(tmp_path):
         assert set(db.slow_keys(runner.protocol)) == {tasks[2].key}
 
 
-def test_retime_slow_for_whole_networks_replaces_only_by_a_quieter_timing(tmp_path,
-                                                                          monkeypatch):
-    from dlas_predict.devices import get_device
-    from dlas_predict.netmeasure import NetworkMeasurement, NetworkMeasurer, uniform_plan
-    from dlas_predict.store import CorpusStore
-
-    dev = get_device("local")
-    plan = uniform_plan("zoo:resnet18-cifar", "resnet18-cifar", "dense", None, "direct", 21)
-    # slow; timed again slower (kept); timed again quiet (replaces)
-    script = [(1.0, 1.5, 9e-3), (1.0, 1.6, 9.5e-3), (1.0, 1.02, 7e-3)]
+def _scripted_measure(script, dev):
+    """A stand-in for NetworkMeasurer.measure: each call times the next (contention,
+    slowdown, seconds) of ``script``."""
+    from dlas_predict.netmeasure import NetworkMeasurement
 
     def measure(self, p):
         c, s, sec = script.pop(0)
@@ -257,7 +251,20 @@ def test_retime_slow_for_whole_networks_replaces_only_by_a_quieter_timing(tmp_pa
                                   plan=p.plan_json(), dtype=p.dtype.value, run_secs=[sec],
                                   contention=c, slowdown=s)
 
-    monkeypatch.setattr(NetworkMeasurer, "measure", measure)
+    return measure
+
+
+def test_retime_slow_for_whole_networks_replaces_only_by_a_quieter_timing(tmp_path,
+                                                                          monkeypatch):
+    from dlas_predict.devices import get_device
+    from dlas_predict.netmeasure import NetworkMeasurer, uniform_plan
+    from dlas_predict.store import CorpusStore
+
+    dev = get_device("local")
+    plan = uniform_plan("zoo:resnet18-cifar", "resnet18-cifar", "dense", None, "direct", 21)
+    # slow; timed again slower (kept); timed again quiet (replaces)
+    script = [(1.0, 1.5, 9e-3), (1.0, 1.6, 9.5e-3), (1.0, 1.02, 7e-3)]
+    monkeypatch.setattr(NetworkMeasurer, "measure", _scripted_measure(script, dev))
     with CorpusStore(tmp_path / "c.sqlite") as db, \
             NetworkMeasurer(dev, db, protocol=Protocol(quiet_wait_s=0)) as nm:
         assert len(nm.run([plan])) == 1 and nm.run([plan]) == []  # stored, then skipped
@@ -274,7 +281,7 @@ def test_retime_unprobed_times_records_without_probes_and_replaces_only_by_a_qui
         tmp_path, monkeypatch):
     from dlas_predict.config import ConvSpec, Variant
     from dlas_predict.devices import get_device
-    from dlas_predict.netmeasure import NetworkMeasurement, NetworkMeasurer, uniform_plan
+    from dlas_predict.netmeasure import NetworkMeasurer, uniform_plan
     from dlas_predict.store import CorpusStore
     from measure.collect import collect
     from measure.runner import MeasureTask
@@ -303,15 +310,7 @@ def test_retime_unprobed_times_records_without_probes_and_replaces_only_by_a_qui
     dev = get_device("local")
     plan = uniform_plan("zoo:resnet18-cifar", "resnet18-cifar", "dense", None, "direct", 21)
     script = [(None, None, 9e-3), (1.0, 1.02, 7e-3)]
-
-    def measure(self, p):
-        c, s, sec = script.pop(0)
-        return NetworkMeasurement(key=p.key(dev), device=dev.name, fingerprint=dev.fingerprint,
-                                  network=p.network, config=p.config, algorithm=p.algorithm,
-                                  plan=p.plan_json(), dtype=p.dtype.value, run_secs=[sec],
-                                  contention=c, slowdown=s)
-
-    monkeypatch.setattr(NetworkMeasurer, "measure", measure)
+    monkeypatch.setattr(NetworkMeasurer, "measure", _scripted_measure(script, dev))
     with CorpusStore(tmp_path / "n.sqlite") as db, \
             NetworkMeasurer(dev, db, protocol=Protocol(quiet_wait_s=0)) as nm:
         nm.run([plan])
