@@ -274,10 +274,11 @@ class CorpusStore:
         new timing replaces one only if the machine was quiet (``--retime-unprobed``)."""
         if table not in ("measurements", "network_measurements"):
             raise StoreError(f"no table {table!r} of timed records")
+        which = "contention > ? OR slowdown > ?"
+        if unprobed:
+            which += " OR (contention IS NULL AND slowdown IS NULL)"
         rows = self._db.execute(
-            f"SELECT key, contention, slowdown FROM {table} WHERE error IS NULL AND "
-            "(contention > ? OR slowdown > ?" + (" OR (contention IS NULL AND slowdown IS "
-                                                  "NULL))" if unprobed else ")"),
+            f"SELECT key, contention, slowdown FROM {table} WHERE error IS NULL AND ({which})",
             (float(protocol.contention_limit), float(protocol.slowdown_limit)))
         return {key: 1.0 if c is None and s is None else slowness(c, s, protocol)
                 for key, c, s in rows}
