@@ -22,6 +22,7 @@ from typing import Any, Iterable
 from .config import COMPRESSION_KERNEL, Compression
 from .devices import Device
 from .errors import ConfigError, DlasError
+from .generate import UNNAMED_DEFAULTS
 from .zoo import ROOT
 
 # ---- what can be asked for -----------------------------------------------------------------
@@ -47,6 +48,7 @@ KERNEL_PARAMETERS: dict[str, str] = {
     "net_batch": "generated: batch",
     "net_block": "generated: plain | residual | separable | inverted",
     "net_downsample": "generated: downsampling blocks",
+    "net_activation": "generated: relu | silu", "net_se": "generated: squeeze-excitation (0/1)",
 }
 
 #: Network-level parameters (``--level network``).
@@ -132,7 +134,10 @@ class Filters:
 
 
 # ---- generated network names ------------------------------------------------------------------
-_NET_KEYS = ("layers", "kernels", "kernel_size", "input", "batch", "block", "downsample")
+_NET_KEYS = ("layers", "kernels", "kernel_size", "input", "batch", "block", "downsample",
+             "activation", "se")
+#: Generated-network columns that hold words, not whole numbers.
+_NET_WORDS = ("net_block", "net_activation")
 
 
 def generated_params(network: str) -> dict[str, Any]:
@@ -146,6 +151,9 @@ def generated_params(network: str) -> dict[str, Any]:
         if m:
             value = m.group(1)
             out[f"net_{key}"] = int(value) if value.isdigit() else value
+    if network.startswith("cnn_"):  # parameters a name leaves out at their defaults
+        for key, value in UNNAMED_DEFAULTS.items():
+            out.setdefault(f"net_{key}", value)
     return out
 
 
@@ -157,7 +165,9 @@ def short_name(network: str) -> str:
     fam = network.split("_", 1)[0]
     keys = (("net_layers", "L"), ("net_kernels", "K"), ("net_kernel_size", "k"),
             ("net_input", "in"), ("net_block", ""), ("net_downsample", "ds"))
-    return " ".join([fam] + [f"{t}{p[k]}" for k, t in keys if k in p])
+    extra = [p["net_activation"]] if p.get("net_activation", "relu") != "relu" else []
+    extra += ["se"] if p.get("net_se") else []
+    return " ".join([fam] + [f"{t}{p[k]}" for k, t in keys if k in p] + extra)
 
 
 def _family(network: str) -> str:
@@ -273,7 +283,7 @@ def _net_columns(frame):
     for col in (k for k in KERNEL_PARAMETERS if k.startswith("net_")):
         if col not in frame:
             frame[col] = None
-        elif col != "net_block":
+        elif col not in _NET_WORDS:
             frame[col] = frame[col].astype("Int64")
     return frame
 

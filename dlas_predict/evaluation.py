@@ -232,20 +232,30 @@ class WholeRow:
 
 def _summary(network: str, text: str | None):
     """The stored summary of a measured network; one stored before a field existed (or
-    none) is computed again from the zoo network of that name, else None (unusable)."""
+    none) is computed again from the zoo network of that name, or from the generated network
+    its name describes (built again: its weights are seeded by its name), else None
+    (unusable)."""
     import json
+    import tempfile
     from dataclasses import fields
 
+    import onnx
+
+    from . import generate, zoo
     from .netmodel import NetworkSummary
+    from .network import read_network
 
     stored = json.loads(text) if text else {}
     if stored and {f.name for f in fields(NetworkSummary)} <= set(stored):
         return NetworkSummary(**stored)
-    from . import zoo
-    from .network import read_network
-
+    spec = generate.parse_name(network)
     try:
-        return NetworkSummary.of(read_network(zoo.resolve(zoo.ZOO_PREFIX + network)))
+        if spec is None:
+            return NetworkSummary.of(read_network(zoo.resolve(zoo.ZOO_PREFIX + network)))
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / f"{network}.onnx"
+            onnx.save(generate.build(*spec), str(path))
+            return NetworkSummary.of(read_network(path))
     except DlasError:
         return None
 

@@ -12,6 +12,10 @@ MLSys 2020):
   or ``inverted`` (MobileNetV2's inverted residual: pointwise 1×1 expanding ×6-relu,
   depthwise k×k-relu, pointwise 1×1 projection, and the shortcut add where the block keeps
   its resolution);
+  ``se`` (0 or 1; ``inverted`` blocks only) adds EfficientNet's squeeze-excitation after the
+  depthwise conv: global average pool, 1×1 conv down to a quarter of the block's input
+  channels with the activation, 1×1 conv back with a sigmoid, and the product with the
+  depthwise output, so that an ``activation=silu, se=1`` block is EfficientNet's MBConv;
   ``downsample`` blocks (evenly spaced) halve the resolution and double the filters. Global
   average pool and a 10-way classifier end it. ``activation`` is ``relu`` or ``silu``
   (x·sigmoid(x), EfficientNet's), after every conv and add.
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,15 +38,20 @@ from .errors import ConfigError
 FAMILIES: dict[str, dict[str, object]] = {
     "fc": {"layers": 4, "nodes": 512, "input": 784, "output": 10, "batch": 1},
     "cnn": {"layers": 4, "kernels": 64, "kernel_size": 3, "input": 32, "batch": 1,
-            "block": "plain", "downsample": 0, "activation": "relu"},
+            "block": "plain", "downsample": 0, "activation": "relu", "se": 0},
 }
 CHOICES = {"block": ("plain", "residual", "separable", "inverted"),
            "activation": ("relu", "silu")}
 #: The inverted-residual block's expansion (MobileNetV2's and EfficientNet's 6).
 EXPAND = 6
+#: The squeeze-excitation's reduction: its hidden width is the block's input channels over
+#: this (EfficientNet's 0.25).
+SE_REDUCE = 4
+#: Integer parameters that are switches (0 or 1), not sizes.
+_SWITCHES = ("se",)
 #: Parameters left out of a file name at their default, so that names written before the
 #: parameter existed still name the same network (and the same seeded weights).
-_UNNAMED_DEFAULTS = {"activation": "relu"}
+UNNAMED_DEFAULTS = {"activation": "relu", "se": 0}
 
 
 @dataclass(frozen=True)
@@ -84,7 +94,9 @@ def parse_grid(family: str, items: list[str]) -> list[dict]:
                 n = int(v)
             except ValueError:
                 raise ConfigError(f"{key}={v!r} is not an integer") from None
-            low = 0 if key == "downsample" else 1
+            if key in _SWITCHES and n not in (0, 1):
+                raise ConfigError(f"{key}={n}: must be 0 or 1")
+            low = 0 if key == "downsample" or key in _SWITCHES else 1
             if n < low:
                 raise ConfigError(f"{key}={n}: must be at least {low}")
             parsed.append(n)
@@ -107,11 +119,34 @@ def _check(family: str, p: dict) -> None:
             raise ConfigError(f"downsample={p['downsample']} exceeds layers={p['layers']}")
         if p["input"] >> p["downsample"] < 1:
             raise ConfigError(f"input={p['input']} cannot be halved {p['downsample']} times")
+        if p["se"] and p["block"] != "inverted":
+            raise ConfigError(f"se=1 needs block=inverted (squeeze-excitation sits in the "
+                              f"inverted-residual block), not block={p['block']}")
 
 
 def file_name(family: str, params: dict) -> str:
     return family + "_" + "_".join(f"{k}={v}" for k, v in params.items()
-                                   if _UNNAMED_DEFAULTS.get(k) != v) + ".onnx"
+                                   if UNNAMED_DEFAULTS.get(k) != v) + ".onnx"
+
+
+def parse_name(name: str) -> tuple[str, dict] | None:
+    """A generated network's name (its file name without ``.onnx``) → (family, params), or
+    None for a name :func:`file_name` does not write (so the network can be built again)."""
+    family = name.split("_", 1)[0]
+    if family not in FAMILIES:
+        return None
+    params = {}
+    for key, default in FAMILIES[family].items():
+        m = re.search(rf"_{key}=([A-Za-z0-9]+?)(?=_[a-z_]+=|$)", name)
+        if m is None and key not in UNNAMED_DEFAULTS:
+            return None
+        value = m.group(1) if m else UNNAMED_DEFAULTS[key]
+        params[key] = int(value) if isinstance(default, int) and str(value).isdigit() else value
+    try:
+        _check(family, params)
+    except (ConfigError, TypeError):
+        return None
+    return (family, params) if file_name(family, params) == name + ".onnx" else None
 
 
 class _Builder:
@@ -158,6 +193,13 @@ class _Builder:
     def silu(self, x: str) -> str:
         return self.node("Mul", [x, self.node("Sigmoid", [x], "sigmoid")], "silu")
 
+    def squeeze_excite(self, x: str, channels: int, hidden: int, act) -> str:
+        """x · sigmoid(conv(act(conv(pool(x))))): each channel scaled by a gate computed
+        from every channel's mean."""
+        s = act(self.conv(self.node("GlobalAveragePool", [x], "se_pool"), channels, hidden, 1))
+        gate = self.node("Sigmoid", [self.conv(s, hidden, channels, 1)], "se_gate")
+        return self.node("Mul", [x, gate], "se_scale")
+
 
 def build(family: str, params: dict):
     """The ONNX ModelProto of one grid point."""
@@ -168,7 +210,7 @@ def build(family: str, params: dict):
     _check(family, p)
     # seeded by the name without the activation: a SiLU network has its ReLU twin's weights,
     # so both prune to the same layer sparsities and share every conv kernel
-    twin = {k: _UNNAMED_DEFAULTS.get(k, v) for k, v in p.items()}
+    twin = {**p, "activation": UNNAMED_DEFAULTS["activation"]}
     b = _Builder(seed=int(hashlib.sha256(file_name(family, twin).encode()).hexdigest()[:8], 16))
     batch = p["batch"]
     if family == "fc":
@@ -198,6 +240,8 @@ def build(family: str, params: dict):
                 wide = width * EXPAND
                 y = act(b.conv(x, width, wide, 1))
                 y = act(b.conv(y, wide, wide, k, stride, groups=wide))
+                if p["se"]:
+                    y = b.squeeze_excite(y, wide, max(1, width // SE_REDUCE), act)
                 y = b.conv(y, wide, cout, 1)  # the linear bottleneck: no activation
                 x = b.node("Add", [x, y], "add") if stride == 1 else y
             else:

@@ -24,7 +24,7 @@ from .costmodel import ModelError, _versions, read_sidecar, write_sidecar
 from .devices import Device
 from .network import Network
 
-NET_MODEL_FORMAT = "dlas-network-cost-4"
+NET_MODEL_FORMAT = "dlas-network-cost-5"
 
 #: Ops that evaluate an exponential per element (SiLU's sigmoid, tanh, softmax, ...): far
 #: dearer per element than a ReLU or an add, and dearer still in float16, which the CPU
@@ -54,6 +54,7 @@ class NetworkSummary:
     input_elems: int
     conv_io_bytes: int = 0  # float32 bytes of every conv's input and output activations
     exp_elems: int = 0  # elements through the ops of EXP_OPS
+    broadcast_bytes: int = 0  # float32 bytes moved by elementwise ops that broadcast
 
     @classmethod
     def of(cls, net: Network) -> "NetworkSummary":
@@ -68,7 +69,16 @@ class NetworkSummary:
                                           int(np.prod(layer.output_shape)))
                                      for layer in net.layers if layer.conv is not None),
                    exp_elems=sum(int(np.prod(layer.output_shape)) for layer in other
-                                 if layer.op in EXP_OPS))
+                                 if layer.op in EXP_OPS),
+                   broadcast_bytes=sum(layer.bytes_moved for layer in other
+                                       if _broadcasts(layer)))
+
+
+def _broadcasts(layer) -> bool:
+    """An elementwise op on activations of different sizes (squeeze-excitation's per-channel
+    scale: a feature map times a gate of one value per channel)."""
+    sizes = {int(np.prod(s)) for s in layer.input_shapes}
+    return layer.kind == "elementwise" and len(layer.input_shapes) >= 2 and len(sizes) > 1
 
 
 def net_features(summary: NetworkSummary, conv_s: float, compression: Compression,
@@ -110,11 +120,13 @@ CONV_TERMS = tuple(f"conv_s_{f}_{a.value}" for f in CONV_FAMILIES for a in Algor
 #: changes of kernel between layers. The others price the non-conv work: bytes moved by
 #: non-conv ops, the casts (float16) and quantise/dequantise passes (int8) over every conv's
 #: activations, and per-layer overhead; the exponentials of SiLU-like activations (float16
-#: apart); and the conv weights that do not fit in the last-level cache, which a kernel timed
-#: alone finds cached but a whole network streams from memory at every inference.
+#: apart); the bytes of broadcasting elementwise ops (squeeze-excitation's per-channel scale,
+#: measured at about 5× an ordinary non-conv byte's cost), and the conv weights that do not
+#: fit in the last-level cache, which a kernel timed alone finds cached but a whole network
+#: streams from memory at every inference.
 NET_TERMS = (
     *CONV_TERMS, "conv_s_mixed",
-    "nonconv_gb", "nonconv_gb_float16", "nonconv_gb_int8",
+    "nonconv_gb", "nonconv_gb_float16", "nonconv_gb_int8", "broadcast_gb",
     "conv_io_gb_float16", "conv_io_gb_int8", "layers_k", "layers_k_float16",
     "exp_gelems", "exp_gelems_float16", "weight_gb_beyond_cache",
 )
@@ -144,7 +156,7 @@ def net_terms(summary: NetworkSummary, layer_s, compression: Compression,
     exp = summary.exp_elems / 1e9
     beyond = max(float(sum(weight_bytes)) - cache_bytes, 0.0) / 1e9
     return [*conv.values(), total * mixed,
-            gb, gb * f16, gb * i8, io * f16, io * i8, lk, lk * f16, exp, exp * f16, beyond]
+            gb, gb * f16, gb * i8, summary.broadcast_bytes / 1e9, io * f16, io * i8, lk, lk * f16, exp, exp * f16, beyond]
 
 
 @dataclass

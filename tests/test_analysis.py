@@ -53,8 +53,15 @@ def store(tmp_path):
 def test_generated_params_parse_names():
     assert A.generated_params(GEN) == {"net_layers": 2, "net_kernels": 32, "net_kernel_size": 3,
                                        "net_input": 20, "net_batch": 1,
-                                       "net_block": "residual", "net_downsample": 0}
+                                       "net_block": "residual", "net_downsample": 0,
+                                       "net_activation": "relu", "net_se": 0}
     assert A.generated_params("resnet18-cifar") == {}
+    # the parameters a name leaves out at their defaults are filled in, named ones read
+    se = GEN.replace("residual", "inverted") + "_activation=silu_se=1"
+    assert A.generated_params(se)["net_activation"] == "silu"
+    assert A.generated_params(se)["net_se"] == 1
+    assert A.short_name(GEN) == "cnn L2 K32 k3 in20 residual ds0"
+    assert A.short_name(se) == "cnn L2 K32 k3 in20 inverted ds0 silu se"
 
 
 def test_kernel_frame_derives_metrics(store):

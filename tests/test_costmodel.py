@@ -225,3 +225,24 @@ def test_load_refuses_a_model_without_its_stage_costs(tmp_path):
     sidecar.write_text(json.dumps({**meta, "stage": {**meta["stage"], "scale": [1.0]}}))
     with pytest.raises(ModelError, match="other terms"):
         LayerCostModel.load(tmp_path, "layer")
+
+
+def test_a_stored_summary_without_a_newer_field_is_computed_again(tmp_path):
+    """Whole-network rows stored before a summary field existed stay usable: a generated
+    network is built again from its name (its weights are seeded by it)."""
+    from dataclasses import asdict
+
+    from dlas_predict.evaluation import _summary
+    from dlas_predict.generate import generate
+    from dlas_predict.netmodel import NetworkSummary
+    from dlas_predict.network import read_network
+
+    (m,) = generate("cnn", ["block=inverted", "kernels=8", "layers=2", "activation=silu",
+                            "se=1"], tmp_path)
+    fresh = NetworkSummary.of(read_network(m.path))
+    assert fresh.broadcast_bytes > 0
+    old = {k: v for k, v in asdict(fresh).items() if k != "broadcast_bytes"}
+    assert _summary(m.path.stem, json.dumps(old)) == fresh
+    assert _summary(m.path.stem, json.dumps(asdict(fresh))) == fresh
+    # neither a zoo network nor a name the generator writes: unusable, not a guess
+    assert _summary("my-net", json.dumps(old)) is None

@@ -4,7 +4,7 @@ import onnxruntime as ort
 import pytest
 
 from dlas_predict.errors import ConfigError
-from dlas_predict.generate import FAMILIES, build, file_name, generate, parse_grid
+from dlas_predict.generate import FAMILIES, build, file_name, generate, parse_grid, parse_name
 from dlas_predict.network import read_network
 
 
@@ -138,3 +138,46 @@ def test_inverted_residual_blocks_expand_filter_depthwise_and_project(tmp_path):
     sess = ort.InferenceSession(str(m.path))
     x = np.random.default_rng(0).random((1, 3, 16, 16), dtype=np.float32)
     assert np.all(np.isfinite(sess.run(None, {sess.get_inputs()[0].name: x})[0]))
+
+
+def test_squeeze_excitation_gates_the_depthwise_output_and_keeps_old_names(tmp_path):
+    plain, se = generate("cnn", ["block=inverted", "kernels=8", "layers=2", "input=16",
+                                 "activation=silu", "se=0,1"], tmp_path)
+    assert "_se=" not in plain.path.name and se.path.name.endswith("_activation=silu_se=1.onnx")
+    a, b = read_network(plain.path), read_network(se.path)
+    # each block gains two 1x1 convs on the pooled 1x1 map: 48 -> 8 // 4 -> 48
+    added = [(c.spec.C, c.spec.K, c.spec.R, c.spec.H) for c in b.convs()
+             if (c.spec.C, c.spec.K, c.spec.R, c.spec.H) not in
+             {(d.spec.C, d.spec.K, d.spec.R, d.spec.H) for d in a.convs()}]
+    assert added == [(48, 2, 1, 1), (2, 48, 1, 1)] * 2
+    ops = [l.op for l in b.layers]
+    assert ops.count("GlobalAveragePool") == 2 + 1  # one per block, and the head's
+    assert ops.count("Sigmoid") == [l.op for l in a.layers].count("Sigmoid") + 2 * 2
+    # the network model prices the per-channel scale's bytes apart from other elementwise ops
+    from dlas_predict.netmodel import NetworkSummary
+
+    scale = [l for l in b.layers if l.op == "Mul" and len(set(l.input_shapes)) > 1]
+    assert len(scale) == 2 and all(l.input_shapes[1] == (1, 48, 1, 1) for l in scale)
+    assert NetworkSummary.of(b).broadcast_bytes == sum(l.bytes_moved for l in scale) > 0
+    assert NetworkSummary.of(a).broadcast_bytes == 0  # x * sigmoid(x) does not broadcast
+    sess = ort.InferenceSession(str(se.path))
+    x = np.random.default_rng(0).random((1, 3, 16, 16), dtype=np.float32)
+    assert np.all(np.isfinite(sess.run(None, {sess.get_inputs()[0].name: x})[0]))
+    with pytest.raises(ConfigError, match="se=1 needs block=inverted"):
+        parse_grid("cnn", ["se=1"])
+    with pytest.raises(ConfigError, match="0 or 1"):
+        parse_grid("cnn", ["block=inverted", "se=2"])
+
+
+def test_a_generated_name_parses_back_to_its_parameters(tmp_path):
+    written = generate("cnn", ["block=plain,inverted", "kernels=8", "layers=2",
+                               "activation=relu,silu"], tmp_path)
+    written += generate("cnn", ["block=inverted", "kernels=8", "se=1"], tmp_path)
+    written += generate("fc", ["layers=1", "nodes=32"], tmp_path)
+    for m in written:
+        assert parse_name(m.path.stem) == (m.family, m.params)
+    # names it does not write: a zoo network, a missing parameter, an impossible grid point
+    assert parse_name("resnet50") is None
+    assert parse_name("cnn_layers=2_kernels=8") is None
+    assert parse_name("cnn_layers=2_kernels=8_kernel_size=3_input=32_batch=1_block=plain_"
+                      "downsample=3") is None

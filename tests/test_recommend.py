@@ -161,7 +161,7 @@ def test_network_terms_scale_each_kernel_family():
 
     summary = NetworkSummary(conv_layers=3, layers=7, nonconv_macs=0, nonconv_bytes=2_000_000,
                              activation_ops=3, elementwise_ops=1, input_elems=3072,
-                             exp_elems=5_000)
+                             exp_elems=5_000, broadcast_bytes=1_000_000)
     terms = dict(zip(NET_TERMS, net_terms(summary, [1e-3, 2e-3, 4e-3],
                                           Compression.parse("weight_pruning"),
                                           [("gemm", True), ("gemm", True), ("direct", False)],
@@ -172,6 +172,7 @@ def test_network_terms_scale_each_kernel_family():
     assert sum(v for k, v in terms.items() if k.startswith("conv_s_") and k != "conv_s_mixed") \
         == pytest.approx(7e-3)
     assert terms["nonconv_gb"] == pytest.approx(2e-3) and terms["nonconv_gb_int8"] == 0
+    assert terms["broadcast_gb"] == pytest.approx(1e-3)  # counted in nonconv_gb too
     # the weights beyond the last-level cache stream from memory; exponentials in float32
     assert terms["weight_gb_beyond_cache"] == pytest.approx(1.5e-3)
     assert terms["exp_gelems"] == pytest.approx(5e-6) and terms["exp_gelems_float16"] == 0
