@@ -22,7 +22,7 @@ from typing import Any, Iterable
 from .config import COMPRESSION_KERNEL, Compression
 from .devices import Device
 from .errors import ConfigError, DlasError
-from .generate import UNNAMED_DEFAULTS
+from .generate import UNNAMED_DEFAULTS, name_value
 from .zoo import ROOT
 
 # ---- what can be asked for -----------------------------------------------------------------
@@ -147,9 +147,8 @@ def generated_params(network: str) -> dict[str, Any]:
         return {}
     out: dict[str, Any] = {}
     for key in _NET_KEYS:
-        m = re.search(rf"(?:^|_){key}=([A-Za-z0-9.]+?)(?=_[a-z_]+=|$)", network)
-        if m:
-            value = m.group(1)
+        value = name_value(network, key)
+        if value is not None:
             out[f"net_{key}"] = int(value) if value.isdigit() else value
     if network.startswith("cnn_"):  # parameters a name leaves out at their defaults
         for key, value in UNNAMED_DEFAULTS.items():

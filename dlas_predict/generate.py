@@ -129,6 +129,12 @@ def file_name(family: str, params: dict) -> str:
                                    if UNNAMED_DEFAULTS.get(k) != v) + ".onnx"
 
 
+def name_value(name: str, key: str) -> str | None:
+    """The value a generated network's name gives ``key`` (None: the name leaves it out)."""
+    m = re.search(rf"(?:^|_){key}=([A-Za-z0-9.]+?)(?=_[a-z_]+=|$)", name)
+    return m.group(1) if m else None
+
+
 def parse_name(name: str) -> tuple[str, dict] | None:
     """A generated network's name (its file name without ``.onnx``) → (family, params), or
     None for a name :func:`file_name` does not write (so the network can be built again)."""
@@ -137,10 +143,11 @@ def parse_name(name: str) -> tuple[str, dict] | None:
         return None
     params = {}
     for key, default in FAMILIES[family].items():
-        m = re.search(rf"_{key}=([A-Za-z0-9]+?)(?=_[a-z_]+=|$)", name)
-        if m is None and key not in UNNAMED_DEFAULTS:
-            return None
-        value = m.group(1) if m else UNNAMED_DEFAULTS[key]
+        value = name_value(name, key)
+        if value is None:
+            if key not in UNNAMED_DEFAULTS:
+                return None
+            value = UNNAMED_DEFAULTS[key]
         params[key] = int(value) if isinstance(default, int) and str(value).isdigit() else value
     try:
         _check(family, params)
