@@ -236,18 +236,20 @@ def _summary(network: str, text: str | None):
     its name describes (built again: its weights are seeded by its name), else None
     (unusable)."""
     import json
-    import tempfile
     from dataclasses import fields
 
-    import onnx
-
-    from . import generate, zoo
     from .netmodel import NetworkSummary
-    from .network import read_network
 
     stored = json.loads(text) if text else {}
     if stored and {f.name for f in fields(NetworkSummary)} <= set(stored):
         return NetworkSummary(**stored)
+    import tempfile
+
+    import onnx
+
+    from . import generate, zoo
+    from .network import read_network
+
     spec = generate.parse_name(network)
     try:
         if spec is None:

@@ -77,8 +77,7 @@ class NetworkSummary:
 def _broadcasts(layer) -> bool:
     """An elementwise op on activations of different sizes (squeeze-excitation's per-channel
     scale: a feature map times a gate of one value per channel)."""
-    sizes = {int(np.prod(s)) for s in layer.input_shapes}
-    return layer.kind == "elementwise" and len(layer.input_shapes) >= 2 and len(sizes) > 1
+    return layer.kind == "elementwise" and len({int(np.prod(s)) for s in layer.input_shapes}) > 1
 
 
 def net_features(summary: NetworkSummary, conv_s: float, compression: Compression,
@@ -153,10 +152,10 @@ def net_terms(summary: NetworkSummary, layer_s, compression: Compression,
     mixed = len({alg for alg, _ in layers}) > 1 or len({s for _, s in layers}) > 1
     f16, i8 = float(dtype is DType.FLOAT16), float(dtype is DType.INT8)
     gb, io, lk = summary.nonconv_bytes / 1e9, summary.conv_io_bytes / 1e9, summary.layers / 1e3
-    exp = summary.exp_elems / 1e9
+    exp, bc = summary.exp_elems / 1e9, summary.broadcast_bytes / 1e9
     beyond = max(float(sum(weight_bytes)) - cache_bytes, 0.0) / 1e9
     return [*conv.values(), total * mixed,
-            gb, gb * f16, gb * i8, summary.broadcast_bytes / 1e9, io * f16, io * i8, lk, lk * f16, exp, exp * f16, beyond]
+            gb, gb * f16, gb * i8, bc, io * f16, io * i8, lk, lk * f16, exp, exp * f16, beyond]
 
 
 @dataclass
