@@ -153,9 +153,12 @@ def test_the_probes_see_a_busy_process_on_one_of_their_cores():
         probe.kill()
     assert probe.returncode == 0, err[-2000:]
     ratio, slowdown = map(float, out.strip().splitlines()[-1].split())
-    # alone: ~1.0; one of the two cores taken by the busy process: 2 or more
+    # alone: ~1.0; one of the two cores taken by the busy process: the chain 2 or more. The
+    # canary keeps the fastest of its repeats, and a repeat that falls in a slice where the busy
+    # process is off the CPU runs at full speed: 1.38 in one CI run, 2 or more in most. Timing
+    # waits at 1.05, so 1.2 still shows it flags the busy process with a wide margin.
     assert ratio > 1.4, ratio
-    assert slowdown > 1.4, slowdown
+    assert slowdown > 1.2 > Protocol().slowdown_limit, slowdown
 
 
 def test_the_probe_of_a_real_worker_is_reported_with_each_kernel():
