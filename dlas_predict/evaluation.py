@@ -273,9 +273,22 @@ def layer_kernel_keys(layers: list[dict], plan: list) -> list[tuple]:
     return out
 
 
+def drop_superseded(meas: list[dict]) -> list[dict]:
+    """Whole-network records less those measured before the probes (no slowdown reading) whose
+    network, configuration and algorithm also has a probed record. ``collect
+    --retime-unprobed`` times such a configuration again, but a per-layer configuration whose
+    kernels were timed again may pick another plan, stored beside the old one (a record is
+    keyed by its plan): the old plan's unprobed time is superseded, not replaced."""
+    probed = {(m["network"], m["config"], m["algorithm"]) for m in meas
+              if m.get("slowdown") is not None}
+    return [m for m in meas if m.get("slowdown") is not None
+            or (m["network"], m["config"], m["algorithm"]) not in probed]
+
+
 def whole_rows(corpus: Corpus, store: Path) -> list[WholeRow]:
     """The whole-network measurements of ``corpus.device`` whose every conv kernel is in the
-    corpus (so the measured conv sum is known); float32 ones only when verified."""
+    corpus (so the measured conv sum is known); float32 ones only when verified; superseded
+    ones left out (:func:`drop_superseded`)."""
     import json
 
     from .store import CorpusStore
@@ -285,6 +298,7 @@ def whole_rows(corpus: Corpus, store: Path) -> list[WholeRow]:
     with CorpusStore(store, must_exist=True) as db:
         meas = db.network_measurements("error IS NULL AND device = ? AND kernels_version = ?",
                                        (corpus.device.name, NETWORK_VERSION))
+    meas = drop_superseded(meas)
     index = corpus.index()
     layers_of: dict[tuple, list[dict]] = {}
     for r in corpus.configs:

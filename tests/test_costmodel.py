@@ -246,3 +246,22 @@ def test_a_stored_summary_without_a_newer_field_is_computed_again(tmp_path):
     assert _summary(m.path.stem, json.dumps(asdict(fresh))) == fresh
     # neither a zoo network nor a name the generator writes: unusable, not a guess
     assert _summary("my-net", json.dumps(old)) is None
+
+
+def test_an_unprobed_whole_network_record_is_superseded_by_a_probed_one():
+    """A configuration timed again with the probes may have picked another per-layer plan (a
+    record of its own): the old plan's unprobed record no longer counts; an unprobed record
+    with no probed one, and every probed one, stay."""
+    from dlas_predict.evaluation import drop_superseded
+
+    def rec(config, plan, slowdown, network="n"):
+        return {"network": network, "config": config, "algorithm": "per_layer", "plan": plan,
+                "slowdown": slowdown}
+
+    old, new = rec("channel_pruning@0.5", "a", None), rec("channel_pruning@0.5", "b", 1.01)
+    alone = rec("weight_pruning@0.5", "a", None)
+    other_net = rec("channel_pruning@0.5", "a", None, network="m")
+    twice = [rec("dense", "a", 1.0), rec("dense", "b", 1.2)]
+    kept = drop_superseded([old, new, alone, other_net, *twice])
+    assert kept == [new, alone, other_net, *twice]
+    assert drop_superseded([]) == []
