@@ -46,7 +46,7 @@ def modelled_seconds(row: dict) -> float:
 
 def kernel_key(conv: str, algorithm: str, compression: str, ratio: float,
                tuning: str = "untuned") -> tuple:
-    return (conv, algorithm, compression, round(float(ratio or 0.0), 2), tuning)
+    return (conv, algorithm, compression, round(float(ratio or 0.0), 6), tuning)
 
 
 @dataclass
