@@ -23,6 +23,7 @@ from .config import COMPRESSION_KERNEL, Compression
 from .devices import Device
 from .errors import ConfigError, DlasError
 from .generate import UNNAMED_DEFAULTS, name_value
+from .netplan import ratio_key
 from .zoo import ROOT
 
 # ---- what can be asked for -----------------------------------------------------------------
@@ -230,7 +231,7 @@ def kernel_frame(store: Path, device: Device | None = None, filters: Filters = F
         raise DlasError(f"{store} holds no successful kernel measurement{what}")
     members: dict[tuple, set[str]] = {}
     for c in configs:
-        members.setdefault((c["conv"], c["compression"], round(float(c["ratio"]), 6)),
+        members.setdefault((c["conv"], c["compression"], ratio_key(c["ratio"])),
                            set()).add(c["network"])
     dense: dict[tuple, float] = {}
     for r in rows:
@@ -269,7 +270,7 @@ def kernel_frame(store: Path, device: Device | None = None, filters: Filters = F
             "roofline_fraction": (useful / sec / 1e9) / roof if roof else float("nan"),
             "tuning_seconds": r["tuning_seconds"],
         }
-        nets = members.get((r["conv"], r["compression"], round(float(r["ratio"] or 0), 6)),
+        nets = members.get((r["conv"], r["compression"], ratio_key(r["ratio"])),
                            {"-"})
         for net in sorted(nets):
             out.append({"network": net, "family": _family(net), **common,
@@ -377,7 +378,7 @@ def network_latencies(store: Path, device: Device | None = None) -> list[Network
     kernels: dict[tuple, tuple[float, float]] = {}
     for r in rows:
         k = (r["device"], r["conv"], r["algorithm"], r["compression"],
-             round(float(r["ratio"] or 0), 6), r["tuning"])
+             ratio_key(r["ratio"]), r["tuning"])
         kernels[k] = (float(r["median_s"]), float(r["sparsity"] or 0.0))
     layers: dict[tuple, list[dict]] = {}
     for c in configs:
@@ -398,7 +399,7 @@ def network_latencies(store: Path, device: Device | None = None) -> list[Network
         for dev in devices:
             for tuning in tunings:
                 for alg in ("direct", "gemm", "spatial_pack"):
-                    got = [kernels.get((dev, l["conv"], alg, comp, round(float(l["ratio"]), 6),
+                    got = [kernels.get((dev, l["conv"], alg, comp, ratio_key(l["ratio"]),
                                         tuning)) for l in ls]
                     if any(g is None for g in got):
                         continue

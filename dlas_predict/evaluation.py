@@ -28,6 +28,7 @@ from .costmodel import (LayerCostModel, MacsLinearBaseline, RooflineBaseline, ke
 from .devices import Device, get_device
 from .errors import DlasError
 from .features import config_from_row, features
+from .netplan import ratio_key
 
 MODELS = ("lightgbm", "stage", "roofline", "macs_linear")
 
@@ -46,7 +47,7 @@ def modelled_seconds(row: dict) -> float:
 
 def kernel_key(conv: str, algorithm: str, compression: str, ratio: float,
                tuning: str = "untuned") -> tuple:
-    return (conv, algorithm, compression, round(float(ratio or 0.0), 6), tuning)
+    return (conv, algorithm, compression, ratio_key(ratio), tuning)
 
 
 @dataclass

@@ -43,7 +43,13 @@ def kernel_ratio(sparsity: float) -> float:
     nothing with 1 % of its weights.)"""
     density = max(1.0 - float(sparsity), MIN_LAYER_DENSITY)
     step = 10.0 ** (math.floor(math.log10(density)) - 1)
-    return max(round(1.0 - round(density / step) * step, 6), 0.0)
+    return max(ratio_key(1.0 - round(density / step) * step), 0.0)
+
+
+def ratio_key(ratio: float | None) -> float:
+    """A stored kernel ratio as a lookup key: rounded finer than :func:`kernel_ratio`'s
+    finest step, so that every reader matches the ratios ``collect`` wrote."""
+    return round(float(ratio or 0.0), 6)
 
 
 def network_configs(model: str, compressions: list[Compression], ratio: float,
