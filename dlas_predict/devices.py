@@ -55,6 +55,9 @@ class Device:
     tvm_tag: str | None = None
     tophub_model: str | None = None
     tophub_file: str | None = None
+    #: GPUs measured here: the identity their fingerprint is made of (name, SM count,
+    #: compute capability, driver), as ``measure.gpu_run`` reads it off the GPU.
+    gpu: dict[str, Any] | None = None
 
     @property
     def local(self) -> bool:
@@ -71,10 +74,19 @@ def _registry_entries() -> list[dict[str, Any]]:
     return json.loads(text)["devices"]
 
 
+def gpu_fingerprint(gpu: dict[str, Any]) -> str:
+    """The fingerprint of a GPU identity: name, SM count, compute capability, driver."""
+    key = {k: gpu.get(k) for k in ("name", "sm_count", "compute", "driver")}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def _remote_device(entry: dict[str, Any]) -> Device:
     fields = {k: v for k, v in entry.items() if k in Device.__dataclass_fields__}
-    fp = hashlib.sha256(json.dumps({"name": entry["name"], "target": entry["target"]},
-                                   sort_keys=True).encode()).hexdigest()[:16]
+    if entry.get("gpu"):
+        fp = gpu_fingerprint(entry["gpu"])
+    else:
+        fp = hashlib.sha256(json.dumps({"name": entry["name"], "target": entry["target"]},
+                                       sort_keys=True).encode()).hexdigest()[:16]
     return Device(**fields, fingerprint=fp)
 
 

@@ -84,9 +84,17 @@ def _epilogue(acc, scale: float, dtype: DType):
     return clipped.astype("int8")
 
 
-def _mul(a, b, dtype: DType):
-    acc = ACC_DTYPE[dtype]
-    if dtype is DType.FLOAT32:
+def acc_dtype(ks: "KernelSpec") -> str:
+    """The accumulator type: float32 for float32 and float16 (the CPU kernels and the GPU's
+    default), float16 when a GPU kernel's ``acc_bits`` knob is 16, int32 for int8."""
+    if ks.dtype is DType.FLOAT16 and ks.knobs.get("acc_bits") == 16:
+        return "float16"
+    return ACC_DTYPE[ks.dtype]
+
+
+def _mul(a, b, dtype: DType, acc: str | None = None):
+    acc = acc or ACC_DTYPE[dtype]
+    if dtype is DType.FLOAT32 or acc == dtype.value:
         return a * b
     return a.astype(acc) * b.astype(acc)
 
@@ -129,7 +137,7 @@ def _direct_compute(ks: KernelSpec) -> list:
         lambda n, k, h, w: te.sum(_mul(
             pad[n, _in_channel(spec, k, rc), h * spec.stride_h + rr * spec.dilation_h,
                 w * spec.stride_w + rs * spec.dilation_w],
-            weight[k, rc, rr, rs], dt), axis=[rc, rr, rs]),
+            weight[k, rc, rr, rs], dt, acc_dtype(ks)), axis=[rc, rr, rs]),
         name="conv")
     return [data, weight, _maybe_epilogue(conv, ks.requant_scale, dt)]
 
@@ -174,7 +182,8 @@ def _gemm_compute(ks: KernelSpec) -> list:
     # Output [1, K, OH*OW]: the same memory as NCHW, the GEMM's natural shape.
     conv = te.compute(
         (1, spec.K, p),
-        lambda n, k, q: te.sum(_mul(weight[k, rj], col[k // kg, rj, q], dt), axis=[rj]),
+        lambda n, k, q: te.sum(_mul(weight[k, rj], col[k // kg, rj, q], dt, acc_dtype(ks)),
+                               axis=[rj]),
         name="conv")
     return [data, weight, _maybe_epilogue(conv, ks.requant_scale, dt)]
 
@@ -232,7 +241,7 @@ def _spatial_pack_compute(ks: KernelSpec) -> list:
         lambda ko, ho, wo, vh, vw, ki: te.sum(_mul(
             data_vec[ho, wo, in_c(ko), vh * spec.stride_h + rr * spec.dilation_h,
                      (rs * spec.dilation_w) % sw, vw + (rs * spec.dilation_w) // sw],
-            kvec[ko, rc, rr, rs, ki], dt), axis=[rc, rr, rs]),
+            kvec[ko, rc, rr, rs, ki], dt, acc_dtype(ks)), axis=[rc, rr, rs]),
         name="conv")
     out = te.compute(
         spec.output_shape,

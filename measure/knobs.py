@@ -142,3 +142,92 @@ def search_space(spec: ConvSpec, variant: Variant) -> list[dict[str, int]]:
         space = [{"tile_h": h, "tile_w": w} for h in heights for w in widths if w <= 32]
     default = default_knobs(spec, variant)
     return [default] + [k for k in space if k != default]
+
+
+# ------------------------------------------------------------------------------------------
+# GPU (CUDA) kernels: thread-block tiling knobs (see :mod:`measure.cuda`).
+# ------------------------------------------------------------------------------------------
+#: The knobs each (algorithm, sparse) CUDA kernel takes; float16 kernels add ``acc_bits``.
+GPU_KNOB_NAMES: dict[tuple[Algorithm, bool], tuple[str, ...]] = {
+    (Algorithm.DIRECT, False): ("thr_k", "reg_k", "thr_w", "reg_w", "tile_rc"),
+    (Algorithm.GEMM, False): ("thr_k", "reg_k", "thr_p", "reg_p", "tile_rc"),
+    (Algorithm.SPATIAL_PACK, False): ("tile_k", "tile_h", "tile_w", "tile_rc"),
+    (Algorithm.DIRECT, True): ("thr_w",),
+    (Algorithm.GEMM, True): ("tile_p",),
+    (Algorithm.SPATIAL_PACK, True): ("tile_h", "tile_w"),
+}
+
+#: Threads per block the untuned GPU schedules aim at.
+GPU_THREADS = 128
+
+
+def _pow2_at_most(n: int) -> int:
+    out = 1
+    while out * 2 <= n:
+        out *= 2
+    return out
+
+
+def default_gpu_knobs(spec: ConvSpec, variant: Variant) -> dict[str, int]:
+    """The untuned CUDA schedule's knobs, chosen from the shape.
+
+    A thread block computes a tile of output channels × output pixels, each thread a small
+    register tile (``reg_*``) of it, about :data:`GPU_THREADS` threads a block; the inputs of
+    ``tile_rc`` reduction channels are staged in shared memory at a time. float16 kernels
+    accumulate in float32 (``acc_bits`` 32) unless asked for 16.
+    """
+    cg = spec.C // spec.groups
+    kg = spec.K // spec.groups
+    p = spec.OH * spec.OW
+    key = (variant.algorithm, variant.sparse)
+    out: dict[str, int]
+    if key == (Algorithm.DIRECT, False):
+        reg_w = 2 if spec.OW >= 32 else 1
+        thr_w = min(16, _pow2_at_least(-(-spec.OW // reg_w)))
+        thr_k = max(1, min(GPU_THREADS // thr_w, _pow2_at_most(spec.K)))
+        reg_k = 4 if spec.K >= 4 * thr_k else 2 if spec.K >= 2 * thr_k else 1
+        out = {"thr_k": thr_k, "reg_k": reg_k, "thr_w": thr_w, "reg_w": reg_w,
+               "tile_rc": min(cg, 8)}
+    elif key == (Algorithm.GEMM, False):
+        reg_p = 4 if p >= 256 else 2 if p >= 32 else 1
+        thr_p = min(16, _pow2_at_least(-(-p // reg_p)))
+        thr_k = max(1, min(GPU_THREADS // thr_p, _pow2_at_most(spec.K)))
+        reg_k = 4 if spec.K >= 4 * thr_k else 2 if spec.K >= 2 * thr_k else 1
+        out = {"thr_k": thr_k, "reg_k": reg_k, "thr_p": thr_p, "reg_p": reg_p,
+               "tile_rc": min(cg * spec.R * spec.S, 16)}
+    elif key == (Algorithm.SPATIAL_PACK, False):
+        out = {"tile_k": _divisor_at_most(kg, 16, prefer=(16, 8, 4)),
+               "tile_h": 2 if spec.OH > 1 else 1, "tile_w": min(8, _pow2_at_least(spec.OW)),
+               "tile_rc": min(cg, 8)}
+    elif key == (Algorithm.DIRECT, True):
+        out = {"thr_w": min(256, _pow2_at_least(spec.OW))}
+    elif key == (Algorithm.GEMM, True):
+        out = {"tile_p": min(256, _pow2_at_least(p))}
+    elif key == (Algorithm.SPATIAL_PACK, True):
+        out = {"tile_h": 2 if spec.OH > 1 else 1, "tile_w": min(16, _pow2_at_least(spec.OW))}
+    else:  # pragma: no cover - every algorithm is listed above
+        raise ConfigError(f"no CUDA kernel for {variant.algorithm.value}")
+    if variant.dtype is DType.FLOAT16:
+        out["acc_bits"] = 32
+    return out
+
+
+def resolve_gpu_knobs(spec: ConvSpec, variant: Variant) -> dict[str, int]:
+    """GPU defaults overridden by the variant's own knobs; unknown names are an error."""
+    knobs = default_gpu_knobs(spec, variant)
+    names = GPU_KNOB_NAMES[(variant.algorithm, variant.sparse)] + (
+        ("acc_bits",) if variant.dtype is DType.FLOAT16 else ())
+    for name, value in variant.knobs:
+        if name not in names:
+            raise ConfigError(
+                f"unknown knob {name!r} for the CUDA {variant.algorithm.value}"
+                f"{' (sparse)' if variant.sparse else ''} kernel; allowed: {', '.join(names)}")
+        if int(value) <= 0:
+            raise ConfigError(f"knob {name} must be positive, got {value}")
+        knobs[name] = int(value)
+    if knobs.get("acc_bits", 32) not in (16, 32):
+        raise ConfigError(f"acc_bits must be 16 or 32, got {knobs['acc_bits']}")
+    if "tile_k" in knobs and (spec.K // spec.groups) % knobs["tile_k"]:
+        raise ConfigError(f"knob tile_k={knobs['tile_k']} must divide "
+                          f"{spec.K // spec.groups}")
+    return knobs

@@ -1,0 +1,303 @@
+"""Measure a kernel bundle on this machine's GPU: ``python -m measure.gpu_run BUNDLE --out R``.
+
+Needs only TVM's runtime (``TVM_USE_RUNTIME_LIB=1``), numpy and an NVIDIA driver: the bundle's
+modules carry CUDA C that the driver's NVRTC compiles when a module is loaded.
+
+Loading (NVRTC) runs in ``--workers`` processes at once; the GPU work of a kernel (warm-up,
+verification run, timing) runs under one lock, so the GPU times one kernel at a time. Every
+kernel is verified against the numpy reference (:mod:`measure.reference`) on the output of
+its warm-up run, then timed with TVM's ``time_evaluator`` (CUDA events are not used: the
+evaluator launches ``number`` calls back to back and synchronises the device around each
+timed run). A kernel that raises, crashes its process or hangs past ``--timeout`` is a
+recorded failure; its worker is replaced and the run goes on. Each result is appended to the
+results file as soon as it is known (fsync'd), and a re-run skips what is there, so a run
+killed at any moment resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+_LOCK_NAME = ".gpu.lock"
+
+
+def gpu_identity() -> dict[str, Any]:
+    """The GPU's name, SM count, compute capability and driver (its fingerprint's fields)."""
+    import tvm
+
+    dev = tvm.cuda(0)
+    if not dev.exist:
+        raise SystemExit("Error: no CUDA GPU visible to TVM's runtime on this machine")
+    driver = ""
+    try:
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version",
+                                 "--format=csv,noheader"], capture_output=True, text=True,
+                                timeout=30).stdout.strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        pass
+    return {"name": dev.device_name, "sm_count": int(dev.multi_processor_count),
+            "compute": str(dev.compute_version), "driver": driver,
+            "memory_gb": round(dev.total_global_memory / 2 ** 30, 1)}
+
+
+def _plan(single_s: float, proto: dict[str, Any]) -> tuple[int, int]:
+    import math
+
+    single_s = max(single_s, 1e-7)
+    number = max(1, math.ceil(proto["min_repeat_ms"] / 1e3 / single_s))
+    repeats = int(proto["time_budget_s"] / (number * single_s))
+    return number, max(proto["min_repeats"], min(proto["max_repeats"], repeats))
+
+
+def _measure_chunk(bundle: Path, chunk: str, lines: list[dict], proto: dict, queue) -> bool:
+    """Worker: load one chunk, then verify and time its kernels one at a time under the
+    GPU lock; every outcome goes to ``queue``. Exits on the first error (a CUDA error can
+    poison the context), after reporting it."""
+    import numpy as np
+    import tvm
+
+    from dlas_predict.config import DType, SparsityPattern
+    from measure.gpu_bundle import kernel_spec
+    from measure.kernels import device_args
+    from measure.reference import check_output, conv2d_reference, make_inputs
+    from measure.sparse import prune, sparsity
+
+    dev = tvm.cuda(0)
+    t0 = time.perf_counter()
+    mod = tvm.runtime.load_module(str(bundle / chunk))
+    load_s = time.perf_counter() - t0
+    lock = open(bundle / _LOCK_NAME, "a")
+    for line in lines:
+        queue.put(("start", line["key"], os.getpid()))
+        ks = kernel_spec(line)
+        spec, dtype = ks.conv, ks.dtype
+        x, w = make_inputs(spec, dtype, seed=int(line.get("seed", 0)))
+        if ks.sparse:
+            w = prune(w, float(line["ratio"]), SparsityPattern.parse(line["pattern"]))
+        ref = conv2d_reference(x, w, spec, dtype)
+        result: dict[str, Any] = {"key": line["key"], "sparsity": sparsity(w),
+                                  "compile_s": round(load_s / len(lines), 4)
+                                  + float(line.get("build_s", 0.0))}
+        if ks.sparse:
+            result["nnz"] = int(np.count_nonzero(w))
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                *args, out = device_args(ks, x, w, dev)
+                func = mod[line["func"]]
+                func(*args, out)  # warm-up, discarded; its output is verified
+                dev.sync()
+                t1 = time.perf_counter()
+                func(*args, out)
+                dev.sync()
+                single = time.perf_counter() - t1
+                number, repeats = _plan(single, proto)
+                timer = mod.time_evaluator(line["func"], dev, number=number, repeat=repeats)
+                runs = list(timer(*args, out).results)
+                got = out.numpy().reshape(spec.output_shape)
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+            verified, err = check_output(got, ref, dtype)
+            result.update(run_secs=runs, number=number, verified=verified, max_error=err,
+                          error=None, timestamp=time.time(), tvm_version=tvm.__version__)
+            if not verified:
+                result["error"] = f"verification failed: max error {err:.3g}"
+            queue.put(("done", line["key"], {**_payload(line), **result}))
+        except Exception as exc:  # noqa: BLE001 - the kernel's failure is data
+            text = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:500]}"
+            queue.put(("done", line["key"], {**_payload(line), **result, "error": text,
+                                             "timestamp": time.time()}))
+            return False
+    return True
+
+
+def _payload(line: dict) -> dict:
+    return {k: line[k] for k in ("key", "conv", "algorithm", "sparse", "dtype", "knobs",
+                                 "ratio", "pattern", "compression", "tuning", "seed")}
+
+
+def _worker(bundle: str, jobs: list[tuple[str, list[dict]]], proto: dict, queue) -> None:
+    os.environ.setdefault("TVM_USE_RUNTIME_LIB", "1")
+    for chunk, lines in jobs:
+        try:
+            if not _measure_chunk(Path(bundle), chunk, lines, proto, queue):
+                return  # a CUDA error may poison this process's context: start afresh
+        except Exception as exc:  # noqa: BLE001 - e.g. the chunk failed to load
+            text = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:500]}"
+            queue.put(("chunk-failed", chunk, text))
+
+
+def run_bundle(bundle: Path, results: Path, workers: int = 4, timeout_s: float = 120.0,
+               time_limit_s: float | None = None, allow_other_gpu: bool = False,
+               log=print) -> dict[str, int]:
+    """Measure every kernel of ``bundle`` not yet in ``results``. Returns counts."""
+    header = json.loads((bundle / "bundle.json").read_text())
+    gpu = gpu_identity()
+    from dlas_predict.devices import gpu_fingerprint
+
+    fp = gpu_fingerprint(gpu)
+    (results.parent / "gpu.json").write_text(json.dumps({**gpu, "fingerprint": fp}) + "\n")
+    if fp != header["fingerprint"] and not allow_other_gpu:
+        raise SystemExit(f"Error: this GPU ({gpu}) has fingerprint {fp}, the bundle was built "
+                         f"for {header['device']} with {header['fingerprint']}; its records "
+                         "would be filed under the wrong device (--allow-other-gpu to run "
+                         "anyway)")
+    done: set[str] = set()
+    if results.is_file():
+        for line in results.read_text().splitlines():
+            try:
+                done.add(json.loads(line)["key"])
+            except (ValueError, KeyError):
+                pass
+    lines = [json.loads(t) for t in (bundle / "manifest.jsonl").read_text().splitlines()]
+    todo = [ln for ln in lines if ln["key"] not in done]
+    by_chunk: dict[str, list[dict]] = {}
+    for ln in todo:
+        by_chunk.setdefault(ln["chunk"], []).append(ln)
+    pending = list(by_chunk.items())
+    log(f"{len(lines)} kernels in the bundle, {len(done)} already measured, {len(todo)} to "
+        f"go in {len(pending)} chunks on {gpu['name']} ({workers} loaders)")
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    out = open(results, "a")
+    counts = {"measured": 0, "failed": 0, "remaining": len(todo)}
+    started: dict[str, tuple[float, int]] = {}  # key -> (start time, worker pid)
+    t_start = time.time()
+
+    def write(row: dict) -> None:
+        out.write(json.dumps(row) + "\n")
+        out.flush()
+        os.fsync(out.fileno())
+        counts["measured" if row.get("error") is None else "failed"] += 1
+        counts["remaining"] -= 1
+
+    procs: list[Any] = []
+    assigned: dict[int, list[tuple[str, list[dict]]]] = {}
+
+    def spawn(jobs: list[tuple[str, list[dict]]]) -> None:
+        p = ctx.Process(target=_worker, args=(str(bundle), jobs, header["protocol"], queue),
+                        daemon=True)
+        p.start()
+        procs.append(p)
+        assigned[p.pid] = jobs
+
+    # one chunk a job, handed out as workers free up
+    def next_job():
+        if time_limit_s is not None and time.time() - t_start > time_limit_s:
+            return None
+        return pending.pop(0) if pending else None
+
+    live = 0
+    for _ in range(min(workers, len(pending))):
+        job = next_job()
+        if job:
+            spawn([job])
+            live += 1
+    written: set[str] = set()
+    last_log = time.time()
+    while live:
+        try:
+            kind, key, payload = queue.get(timeout=2.0)
+        except Exception:  # queue.Empty
+            kind = None
+        now = time.time()
+        if kind == "start":
+            started[key] = (now, payload)
+        elif kind == "done":
+            started.pop(key, None)
+            if key not in written:
+                write(payload)
+                written.add(key)
+        elif kind == "chunk-failed":
+            for ln in by_chunk.get(key, []):
+                if ln["key"] not in written:
+                    write({**_payload(ln), "error": f"load: {payload}",
+                           "timestamp": now})
+                    written.add(ln["key"])
+        # a dead worker or a hung kernel: fail the kernel in progress, replace the worker
+        for p in list(procs):
+            hung = [k for k, (t0, pid) in started.items()
+                    if pid == p.pid and now - t0 > timeout_s]
+            if p.is_alive() and not hung:
+                continue
+            if p.is_alive() and hung:
+                p.kill()
+            p.join(timeout=5)
+            if p.exitcode is None:
+                continue
+            procs.remove(p)
+            jobs = assigned.pop(p.pid, [])
+            rest = []
+            for chunk, lns in jobs:
+                left = [ln for ln in lns if ln["key"] not in written]
+                for ln in left:
+                    if ln["key"] in started and started[ln["key"]][1] == p.pid:
+                        why = (f"timeout: no result within {timeout_s:g} s; worker killed"
+                               if hung else f"worker died (exit {p.exitcode})")
+                        write({**_payload(ln), "error": why, "timestamp": now})
+                        written.add(ln["key"])
+                        started.pop(ln["key"], None)
+                left = [ln for ln in left if ln["key"] not in written]
+                if left:
+                    rest.append((chunk, left))
+            live -= 1
+            if rest:
+                spawn(rest)
+                live += 1
+            else:
+                job = next_job()
+                if job:
+                    spawn([job])
+                    live += 1
+        if now - last_log > 15:
+            last_log = now
+            log(f"  {counts['measured']} measured, {counts['failed']} failed, "
+                f"{counts['remaining']} to go, {now - t_start:.0f} s")
+    out.close()
+    counts["seconds"] = round(time.time() - t_start, 1)
+    counts["unstarted_chunks"] = len(pending)
+    return counts
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("bundle", type=Path)
+    ap.add_argument("--out", type=Path, required=True, help="results file (JSON lines)")
+    ap.add_argument("--workers", type=int, default=4, help="processes loading modules")
+    ap.add_argument("--timeout", type=float, default=120.0, help="seconds a kernel may take")
+    ap.add_argument("--time-limit", type=float, default=None,
+                    help="start no new chunk after this many seconds")
+    ap.add_argument("--allow-other-gpu", action="store_true")
+    ap.add_argument("--peaks", type=Path, default=None,
+                    help="also time the roof kernels of this bundle's peaks.so first "
+                         "(measure.gpu_peaks); writes peaks.json beside --out")
+    args = ap.parse_args(argv)
+    if not (args.bundle / "manifest.jsonl").is_file():
+        print(f"Error: {args.bundle} is not a kernel bundle (no manifest.jsonl)",
+              file=sys.stderr)
+        return 2
+    os.environ.setdefault("TVM_USE_RUNTIME_LIB", "1")
+    if args.peaks is not None:
+        from measure.gpu_peaks import peak_specs, time_peaks
+
+        gpu = gpu_identity()
+        roofs = time_peaks(str(args.peaks), peak_specs(gpu["sm_count"]))
+        (args.out.parent / "peaks.json").write_text(json.dumps({"gpu": gpu, **roofs}) + "\n")
+        print(json.dumps(roofs), flush=True)
+    counts = run_bundle(args.bundle, args.out, args.workers, args.timeout, args.time_limit,
+                        args.allow_other_gpu, log=lambda s: print(s, flush=True))
+    print(json.dumps(counts), flush=True)
+    return 1 if counts["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
