@@ -315,6 +315,34 @@ def collect(
 
 @app.command()
 @handle_errors
+def bundle(networks: List[str] = typer.Argument(..., help="ONNX files or zoo:NAME."),
+           device: str = typer.Option(..., "--device", help="A CUDA GPU of the registry."),
+           out: Path = typer.Option(..., "--out", help="Bundle directory (resumable)."),
+           algorithms: str = typer.Option("all", "--algorithms"),
+           compressions: str = typer.Option("all", "--compressions"),
+           ratio: float = typer.Option(0.9, "--ratio", help="Global pruning ratio."),
+           chunk: int = typer.Option(32, "--chunk", help="Kernels a module.")):
+    """Build the CUDA kernels of NETWORKS for a GPU no tracker reaches: measure the bundle
+    there with `python -m measure.gpu_run OUT --out results.jsonl`, then bring the results
+    back with `dlas-predict corpus import-results OUT results.jsonl --store S`."""
+    from dlas_predict.config import Algorithm, Compression, check_ratio
+    from dlas_predict.devices import get_device
+    from measure.gpu_bundle import plan_networks, save_plans, write_bundle
+
+    if chunk < 1:
+        raise DlasError(f"--chunk must be >= 1, got {chunk}")
+    dev = get_device(device, with_target=False)
+    tasks, plans = plan_networks(networks, Algorithm.parse_list(algorithms),
+                                 Compression.parse_list(compressions), check_ratio(ratio), dev)
+    out.mkdir(parents=True, exist_ok=True)
+    save_plans(out, plans)
+    counts = write_bundle(tasks, dev, out, chunk, log=lambda s: typer.echo(s, err=True))
+    typer.echo(f"{counts['built']} kernels built, {counts['failed']} failed to build, "
+               f"{counts['skipped']} already in {out}")
+
+
+@app.command()
+@handle_errors
 def tune(
     network: List[str] = typer.Option(..., "--network",
                                       help="ONNX file or zoo:NAME (repeatable)."),
@@ -968,6 +996,28 @@ def corpus_import(snapshot: Path = typer.Argument(..., help="An exported .parque
     with CorpusStore(store) as db:
         added, present = db.import_snapshot(snapshot)
     typer.echo(f"imported {added} records into {store} ({present} were already there)")
+
+
+@corpus_app.command("import-results")
+@handle_errors
+def corpus_import_results(
+        bundle: Path = typer.Argument(..., help="A kernel bundle (`dlas-predict bundle`)."),
+        results: Optional[Path] = typer.Argument(None, help="Its results file, written by "
+                                                 "`python -m measure.gpu_run` on the GPU."),
+        store: Path = typer.Option(..., "--store", help="Corpus store (created if new).")):
+    """Import a kernel bundle's results (and its build failures) as corpus records."""
+    from dlas_predict.store import CorpusStore
+    from measure.gpu_bundle import import_plans, import_results
+
+    if not (bundle / "bundle.json").is_file():
+        raise DlasError(f"{bundle} is not a kernel bundle (no bundle.json)")
+    if results is not None and not results.is_file():
+        raise DlasError(f"no results file {results}")
+    with CorpusStore(store) as db:
+        nets = import_plans(bundle, db)
+        counts = import_results(bundle, results, db)
+    typer.echo(f"imported {counts['records']} records ({counts['failed']} failures) of "
+               f"{nets} networks into {store}; {counts['skipped']} were already there")
 
 
 @corpus_app.command("import-tophub")

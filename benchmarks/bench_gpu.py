@@ -7,8 +7,8 @@ Run on the GPU machine after ``measure.gpu_run`` in the same command:
 For every 3×3 dense float32 workload measured in R (untuned, and tuned where the bundle has
 tuned kernels), it times ``torch.nn.functional.conv2d`` on the same shape with cuDNN
 (``cudnn.benchmark`` on, so cuDNN picks its fastest algorithm; TF32 off, so both sides compute
-in float32 on the CUDA cores) with CUDA events, the median of 150 timed runs of 20 launches
-after a warm-up, and prints ours / cuDNN per workload and the geometric mean. Targets: the best
+in float32 on the CUDA cores) with CUDA events around the replay of a CUDA graph of 20 convolutions (GPU time, not
+Python's launch overhead), the median of 150 replays after a warm-up, and prints ours / cuDNN per workload and the geometric mean. Targets: the best
 untuned kernel within 3× of cuDNN, tuned within 1.5×.
 """
 
@@ -40,12 +40,19 @@ def cudnn_ms(spec: dict, runs: int = 150, inner: int = 20) -> float:
     for _ in range(10):
         run()
     torch.cuda.synchronize()
+    # a CUDA graph of ``inner`` convolutions: GPU time, not Python's launch overhead
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            for _ in range(inner):
+                run()
+    torch.cuda.synchronize()
     times = []
     for _ in range(runs):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        for _ in range(inner):
-            run()
+        graph.replay()
         b.record()
         b.synchronize()
         times.append(a.elapsed_time(b) / inner)

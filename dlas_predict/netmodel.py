@@ -257,3 +257,20 @@ class ConfigRanker:
     def scores(self, X: np.ndarray) -> np.ndarray:
         """Higher is faster."""
         return self.booster.predict(np.asarray(X, dtype=np.float64))
+
+
+class ConvSumModel:
+    """The stand-in for a device with no whole-network measurements: a network's latency is
+    the sum of its predicted conv kernels, with their interval. It leaves out the other
+    operators and the launch gaps, so it is a lower bound of the whole network, and says
+    so (``meta["scope"]``)."""
+
+    cache_bytes = 0
+
+    def __init__(self) -> None:
+        self.meta = {"n_train": 0, "scope": "conv sum"}
+
+    def predict(self, T: np.ndarray, conv: np.ndarray, conv_low: np.ndarray,
+                conv_high: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        del T
+        return np.asarray(conv), np.asarray(conv_low), np.asarray(conv_high)

@@ -116,8 +116,6 @@ class Recommendation:
 def load_models(device_name: str, directory: Path | None = None):
     """The layer and network models for ``device_name``; a clear error when there are none."""
     from .costmodel import LayerCostModel
-    from .netmodel import NetworkCostModel
-
     directory = Path(directory) if directory else MODELS_STORE / device_name
     if not (directory / "layer.json").is_file():
         hint = ("collect a corpus on this machine with `dlas-predict collect --network "
@@ -128,7 +126,12 @@ def load_models(device_name: str, directory: Path | None = None):
                 f"RPC reaches it), then `dlas-predict train --device {device_name}`")
         raise DlasError(f"no cost model for device {device_name!r} in {directory}: {hint}")
     layer = LayerCostModel.load(directory, "layer")
-    network = NetworkCostModel.load(directory, "network")
+    if (directory / "network.json").is_file():
+        network = NetworkCostModel.load(directory, "network")
+    else:  # a device measured kernel by kernel only (e.g. a GPU through a bundle)
+        from .netmodel import ConvSumModel
+
+        network = ConvSumModel()
     info = {"directory": str(directory), "trained_on": layer.meta.get("device"),
             "device_fingerprint": layer.meta.get("device_fingerprint"),
             "corpus_fingerprint": layer.meta.get("corpus_fingerprint"),
@@ -250,6 +253,9 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
     tuned_opts = TuningOptions(budget=trials, db=tuning_db)  # checks --trials
     tunings = Tuning.parse_list(tuning)
     dev = get_device(device, with_target=validate > 0)
+    if validate > 0 and dev.kind == "gpu":
+        raise DlasError(f"--validate builds and times whole networks on this machine's CPU; "
+                        f"{dev.name} is a GPU, whose whole networks are not built yet")
     layer_model, net_model, info = load_models(dev.name, models_dir)
     tuning_model = _tuning_model(info, models_dir, dev.name)
     path = zoo.resolve(model)
@@ -263,6 +269,10 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
     if net.batch != 1:
         raise DlasError(f"{model} has batch {net.batch}; the models predict batch 1")
     notes, skipped, dropped = [], [], []
+    if getattr(net_model, "meta", {}).get("scope") == "conv sum":
+        notes.append(f"{dev.name} has no whole-network measurements: each latency is the sum "
+                     "of the network's conv kernels as the layer model predicts them (other "
+                     "operators and launch gaps left out, so a lower bound of the network)")
     if info.get("device_fingerprint") and dev.name == "local" and \
             info["device_fingerprint"] != dev.fingerprint:
         notes.append(f"the local model was trained on another machine (fingerprint "

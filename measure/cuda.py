@@ -112,8 +112,8 @@ def _direct_gpu(sch: Schedule, ks: KernelSpec) -> None:
     sch.compute_at(w_shared, rco)
     _cooperative_fetch(sch, w_shared, threads, rco)
     pad = sch.get_sblock("pad")
+    sch.set_scope(pad, 0, "shared")  # before compute_at: shared regions span the block
     sch.compute_at(pad, rco)
-    sch.set_scope(pad, 0, "shared")
     _cooperative_fetch(sch, pad, threads, rco)
     _finish(sch, block, tx, ks.dtype)
     sch.decompose_reduction(block, rco)
@@ -346,17 +346,13 @@ def verify(mod: tvm.IRModule, max_threads: int = 1024,
     """Problems the GPU would reject: loops not bound to threads, more threads or shared
     memory a block than ``max_threads`` / ``max_shared_bytes``. Empty: none."""
     problems = []
-    lowered = tvm.tirx.transform.LowerInitBlock()(mod)
-    lowered = tvm.s_tir.transform.ConvertBlocksToOpaque()(lowered) \
-        if hasattr(tvm.s_tir.transform, "ConvertBlocksToOpaque") else lowered
     for gv, func in mod.functions.items():
-        ok = tvm.tirx.analysis.verify_gpu_code(func, {
+        ok = tvm.s_tir.analysis.verify_gpu_code(func, {
             "max_threads_per_block": max_threads, "max_shared_memory_per_block":
             max_shared_bytes, "max_local_memory_per_block": 2 ** 31 - 1,
             "max_thread_x": max_threads, "max_thread_y": max_threads, "max_thread_z": 64})
         if not ok:
             problems.append(f"{gv.name_hint}: over the GPU's per-block limits")
-    del lowered
     return problems
 
 

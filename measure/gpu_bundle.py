@@ -240,3 +240,25 @@ def plan_networks(networks: list[str], algorithms, compressions, ratio: float,
                         t = GpuTask.make(lc.spec, v, device)
                         tasks.setdefault(t.key, t)
     return list(tasks.values()), plans
+
+
+def save_plans(out: Path, plans: dict[str, Any]) -> None:
+    """Merge the networks' layers and configurations into the bundle's ``networks.json``."""
+    path = out / "networks.json"
+    old = json.loads(path.read_text()) if path.is_file() else {}
+    old.update(plans)
+    path.write_text(json.dumps(old) + "\n")
+
+
+def import_plans(bundle: Path, store) -> int:
+    """File the bundle's networks' layers and configurations in ``store``; returns how
+    many networks."""
+    path = bundle / "networks.json"
+    if not path.is_file():
+        return 0
+    plans = json.loads(path.read_text())
+    for name, plan in plans.items():
+        store.add_network_layers(name, [tuple(x) for x in plan["layers"]])
+        for label, layers in plan["configs"].items():
+            store.add_network_config(name, label, [tuple(x) for x in layers])
+    return len(plans)

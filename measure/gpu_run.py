@@ -30,10 +30,46 @@ from typing import Any
 _LOCK_NAME = ".gpu.lock"
 
 
+def load_cuda_runtime() -> None:
+    """Load TVM's CUDA runtime plugin (``libtvm_runtime_cuda.so``): with the compiler it
+    comes along; with the runtime alone it must be loaded by hand."""
+    import ctypes
+
+    import tvm
+
+    global _LOADED
+    if _LOADED:
+        return
+    lib = Path(tvm.__file__).parent / "lib" / "libtvm_runtime_cuda.so"
+    try:
+        ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
+    except OSError as exc:
+        raise SystemExit(f"Error: no CUDA GPU usable here: cannot load TVM's CUDA "
+                         f"runtime ({lib}): {exc}") from None
+    dev = tvm.cuda(0)
+    if dev.exist:
+        # TVM's own callback asks the compiler library for the current target; name the
+        # GPU's architecture instead, and let NVRTC build the module's CUDA C into a cubin.
+        import tvm_ffi
+        from tvm.support import nvcc
+
+        arch = "sm_" + str(dev.compute_version).replace(".", "")
+
+        @tvm_ffi.register_global_func("tvm_callback_cuda_compile", override=True)
+        def _compile(code):  # noqa: ANN001 - called by TVM with the module's CUDA C
+            return nvcc.compile_cuda(code, target_format="cubin", arch=arch,
+                                     compiler="nvrtc")
+    _LOADED = True
+
+
+_LOADED = False
+
+
 def gpu_identity() -> dict[str, Any]:
     """The GPU's name, SM count, compute capability and driver (its fingerprint's fields)."""
     import tvm
 
+    load_cuda_runtime()
     dev = tvm.cuda(0)
     if not dev.exist:
         raise SystemExit("Error: no CUDA GPU visible to TVM's runtime on this machine")
@@ -71,6 +107,7 @@ def _measure_chunk(bundle: Path, chunk: str, lines: list[dict], proto: dict, que
     from measure.reference import check_output, conv2d_reference, make_inputs
     from measure.sparse import prune, sparsity
 
+    load_cuda_runtime()
     dev = tvm.cuda(0)
     t0 = time.perf_counter()
     mod = tvm.runtime.load_module(str(bundle / chunk))
