@@ -763,7 +763,8 @@ def train(store: Path = typer.Option(..., "--store", help="Corpus store to learn
                    f"{len({r.network for r in rows})} networks → {report['network_model']}")
     else:
         typer.echo("no whole-network measurements in the store: no network model (recommend "
-                   "needs one; collect with `dlas-predict collect --whole-network`)")
+                   "then sums the predicted conv kernels, a lower bound; collect whole "
+                   "networks with `dlas-predict collect --whole-network`)")
 
 
 def _train_tuning_time(store: Path, dev, directory: Path, meta: dict):

@@ -116,6 +116,8 @@ class Recommendation:
 def load_models(device_name: str, directory: Path | None = None):
     """The layer and network models for ``device_name``; a clear error when there are none."""
     from .costmodel import LayerCostModel
+    from .netmodel import NetworkCostModel
+
     directory = Path(directory) if directory else MODELS_STORE / device_name
     if not (directory / "layer.json").is_file():
         hint = ("collect a corpus on this machine with `dlas-predict collect --network "

@@ -179,3 +179,19 @@ def test_kernels_match_numpy_reference_on_the_gpu(tmp_path):
     counts = run_bundle(out, tmp_path / "r.jsonl", workers=1, allow_other_gpu=True,
                         log=lambda s: None)
     assert counts["measured"] == len(tasks) and counts["failed"] == 0
+
+
+def test_recommend_answers_for_the_gpu_from_the_shipped_model():
+    from typer.testing import CliRunner
+
+    from cli import app
+
+    res = CliRunner().invoke(app, ["recommend", "zoo:resnet18-cifar", "--device", "h100",
+                                   "--top", "3", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert out["device"] == "h100" and out["candidates"]
+    assert any("no whole-network measurements" in n for n in out["notes"])
+    bad = CliRunner().invoke(app, ["recommend", "zoo:resnet18-cifar", "--device", "h100",
+                                   "--validate", "1"])
+    assert bad.exit_code != 0 and "Error: " in bad.output and "GPU" in bad.output
