@@ -23,7 +23,7 @@ from tvm.s_tir import Schedule
 
 from dlas_predict.config import Algorithm, ConvSpec, DType
 from dlas_predict.errors import ConfigError
-from measure.kernels import _DENSE, KernelSpec, acc_dtype
+from measure.kernels import _DENSE, KernelSpec, _decode, acc_dtype
 
 #: The lowest compute capability the kernels are built for (float16 arithmetic, dp4a).
 MIN_ARCH = 61
@@ -209,15 +209,6 @@ def _pixel(spec: ConvSpec, t: dict, h: str, w: str) -> str:
     clamp = (f"data[0, c, T.max(T.min({hh}, {spec.H - 1}), 0), "
              f"T.max(T.min({ww}, {spec.W - 1}), 0)]")
     return f"T.if_then_else({inside}, {t['load'].format(x=clamp)}, {t['zero']})"
-
-
-def _decode(t: dict, indent: str) -> str:
-    return (f"{indent}jj = w_indptr[k] + j\n"
-            f"{indent}col = w_indices[jj]\n"
-            f"{indent}c = (k // {t['Kg']}) * {t['Cg']} + col // {t['RS']}\n"
-            f"{indent}r = col % {t['RS']} // {t['S']}\n"
-            f"{indent}s = col % {t['S']}\n"
-            f"{indent}val = {t['load'].format(x='w_data[jj]')}\n")
 
 
 def _direct_csr(ks: KernelSpec) -> str:

@@ -80,14 +80,16 @@ def kernel_spec(payload: dict[str, Any]):
                       knobs=dict(payload["knobs"]))
 
 
-def _done_keys(path: Path) -> set[str]:
+def done_keys(path: Path) -> set[str]:
+    """Keys of a JSON-lines file (manifest, failures or results); a line cut short by a kill
+    is ignored, so its task is done again."""
     keys: set[str] = set()
     if path.is_file():
         for line in path.read_text().splitlines():
             try:
                 keys.add(json.loads(line)["key"])
             except (ValueError, KeyError):
-                continue  # a line cut short by a kill: its task is built again
+                continue
     return keys
 
 
@@ -114,7 +116,7 @@ def write_bundle(tasks: list[GpuTask], device: Device, out: Path, chunk_size: in
               "target": device.target, "gpu": device.gpu, "protocol": GPU_PROTOCOL,
               "kernels_version": GPU_KERNELS_VERSION, "tvm_version": tvm.__version__}
     (out / "bundle.json").write_text(json.dumps(header, indent=1) + "\n")
-    done = _done_keys(manifest) | _done_keys(failures) | (skip or set())
+    done = done_keys(manifest) | done_keys(failures) | (skip or set())
     todo = [t for t in tasks if t.key not in done]
     target = cuda.cuda_target(device.target.get("arch", "sm_90"))
     chunk_no = len(list(out.glob("chunk-*.so")))

@@ -85,15 +85,6 @@ def gpu_identity() -> dict[str, Any]:
             "memory_gb": round(dev.total_global_memory / 2 ** 30, 1)}
 
 
-def _plan(single_s: float, proto: dict[str, Any]) -> tuple[int, int]:
-    import math
-
-    single_s = max(single_s, 1e-7)
-    number = max(1, math.ceil(proto["min_repeat_ms"] / 1e3 / single_s))
-    repeats = int(proto["time_budget_s"] / (number * single_s))
-    return number, max(proto["min_repeats"], min(proto["max_repeats"], repeats))
-
-
 def _measure_chunk(bundle: Path, chunk: str, lines: list[dict], proto: dict, queue) -> bool:
     """Worker: load one chunk, then verify and time its kernels one at a time under the
     GPU lock; every outcome goes to ``queue``. Exits on the first error (a CUDA error can
@@ -106,6 +97,7 @@ def _measure_chunk(bundle: Path, chunk: str, lines: list[dict], proto: dict, que
     from measure.kernels import device_args
     from measure.reference import check_output, conv2d_reference, make_inputs
     from measure.sparse import prune, sparsity
+    from measure.worker import Protocol, plan_timing
 
     load_cuda_runtime()
     dev = tvm.cuda(0)
@@ -137,7 +129,7 @@ def _measure_chunk(bundle: Path, chunk: str, lines: list[dict], proto: dict, que
                 func(*args, out)
                 dev.sync()
                 single = time.perf_counter() - t1
-                number, repeats = _plan(single, proto)
+                number, repeats = plan_timing(single, Protocol(**proto))
                 timer = mod.time_evaluator(line["func"], dev, number=number, repeat=repeats)
                 runs = list(timer(*args, out).results)
                 got = out.numpy().reshape(spec.output_shape)
@@ -177,6 +169,8 @@ def run_bundle(bundle: Path, results: Path, workers: int = 4, timeout_s: float =
                time_limit_s: float | None = None, allow_other_gpu: bool = False,
                log=print) -> dict[str, int]:
     """Measure every kernel of ``bundle`` not yet in ``results``. Returns counts."""
+    from measure.gpu_bundle import done_keys
+
     header = json.loads((bundle / "bundle.json").read_text())
     gpu = gpu_identity()
     from dlas_predict.devices import gpu_fingerprint
@@ -188,13 +182,7 @@ def run_bundle(bundle: Path, results: Path, workers: int = 4, timeout_s: float =
                          f"for {header['device']} with {header['fingerprint']}; its records "
                          "would be filed under the wrong device (--allow-other-gpu to run "
                          "anyway)")
-    done: set[str] = set()
-    if results.is_file():
-        for line in results.read_text().splitlines():
-            try:
-                done.add(json.loads(line)["key"])
-            except (ValueError, KeyError):
-                pass
+    done = done_keys(results)
     lines = [json.loads(t) for t in (bundle / "manifest.jsonl").read_text().splitlines()]
     todo = [ln for ln in lines if ln["key"] not in done]
     by_chunk: dict[str, list[dict]] = {}
