@@ -24,11 +24,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dlas_predict.config import Algorithm, Compression, ConvSpec, variant_grid  # noqa: E402
-from dlas_predict.devices import get_device  # noqa: E402
-from dlas_predict.table import format_table  # noqa: E402
-from measure.runner import LocalRunner, MeasureTask  # noqa: E402
-from measure.worker import Protocol  # noqa: E402
+from dlas_predict.space.config import Algorithm, Compression, ConvSpec, variant_grid  # noqa: E402
+from dlas_predict.space.devices import get_device  # noqa: E402
+from dlas_predict.render import format_table  # noqa: E402
+from dlas_predict.measure.runner import LocalRunner, MeasureTask  # noqa: E402
+from dlas_predict.measure.worker import Protocol  # noqa: E402
 
 SHAPES = {
     "resnet18": [

@@ -42,13 +42,13 @@ def one_process(rounds: int) -> list[dict]:
     """Run inside a fresh process: build the kernels and probes, take the readings."""
     import tvm
 
-    from dlas_predict.config import ConvSpec, DType, SparsityPattern, Variant
-    from dlas_predict.devices import get_device
-    from measure.contention import Canary, ContentionProbe, pool_threads
-    from measure.kernels import KernelSpec, build_kernel, device_args
-    from measure.knobs import resolve_knobs
-    from measure.reference import make_inputs
-    from measure.sparse import prune
+    from dlas_predict.space.config import ConvSpec, DType, SparsityPattern, Variant
+    from dlas_predict.space.devices import get_device
+    from dlas_predict.measure.contention import Canary, ContentionProbe, pool_threads
+    from dlas_predict.measure.kernels import KernelSpec, build_kernel, device_args
+    from dlas_predict.measure.knobs import resolve_knobs
+    from dlas_predict.measure.reference import make_inputs
+    from dlas_predict.measure.sparse import prune
 
     target = tvm.target.Target(get_device("local").target)
     dev = tvm.cpu(0)
@@ -86,7 +86,7 @@ def main() -> int:
         print(json.dumps(one_process(args.rounds)))
         return 0
 
-    from measure.worker import Protocol
+    from dlas_predict.measure.worker import Protocol
 
     env = {**os.environ, "TVM_NUM_THREADS": str(os.cpu_count() or 1),
            "PYTHONPATH": str(ROOT)}
@@ -114,7 +114,7 @@ def main() -> int:
                      "canary": f"{r['canary_s'] / fastest['canary_s']:.2f}",
                      **{n: f"{r[n] / fastest[n]:.2f}" for n in names},
                      "slow": "slow" if slow else ""})
-    from dlas_predict.table import format_table
+    from dlas_predict.render import format_table
 
     print("each reading over the fastest of the benchmark:")
     print(format_table(rows))

@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dlas_predict.table import format_table  # noqa: E402
+from dlas_predict.render import format_table  # noqa: E402
 
 SNAPSHOT = ROOT / "datasets" / "corpus" / "local.parquet"
 
@@ -54,8 +54,8 @@ def main() -> int:
     ap.add_argument("--json", type=Path, help="write the figures here")
     args = ap.parse_args()
 
-    from dlas_predict.evaluation import load_corpus, whole_network_lono, whole_rows
-    from dlas_predict.store import CorpusStore
+    from dlas_predict.models.evaluation import load_corpus, whole_network_lono, whole_rows
+    from dlas_predict.corpus.store import CorpusStore
 
     failures = []
     runs = [time_recommend(args.model) for _ in range(args.runs)]
@@ -102,7 +102,7 @@ def main() -> int:
             "roofline top-3 gap": f"{v['roofline+residual']['top3_gap']:.3f}"}
            for n, v in report["networks"].items()]
     print(format_table(per))
-    from dlas_predict.zoo import ZOO
+    from dlas_predict.networks.zoo import ZOO
 
     groups = {"zoo networks": [n for n in report["networks"] if n in ZOO],
               "generated networks": [n for n in report["networks"] if n not in ZOO]}

@@ -32,7 +32,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dlas_predict.table import format_table  # noqa: E402
+from dlas_predict.render import format_table  # noqa: E402
 
 
 def collect(store: Path, network: str, compressions: str, ratio: float,
@@ -50,7 +50,7 @@ def collect(store: Path, network: str, compressions: str, ratio: float,
 
 def measured(store: Path) -> tuple[dict, dict]:
     """(kernel key → median s, (network, config, algorithm) → (whole s, conv-sum s))."""
-    from dlas_predict.evaluation import load_corpus, whole_rows
+    from dlas_predict.models.evaluation import load_corpus, whole_rows
 
     corpus = load_corpus(store)
     kernels = dict(zip(corpus.keys, corpus.seconds))
@@ -62,7 +62,7 @@ def measured(store: Path) -> tuple[dict, dict]:
 
 def stored(store: Path) -> list[dict]:
     """Every successful record of the store, kernels and whole networks."""
-    from dlas_predict.store import CorpusStore
+    from dlas_predict.corpus.store import CorpusStore
 
     with CorpusStore(store, must_exist=True) as db:
         return [*db.rows("error IS NULL"), *db.network_measurements("error IS NULL")]
@@ -71,7 +71,7 @@ def stored(store: Path) -> list[dict]:
 def contention(rows: list[dict]) -> dict:
     """How many records were timed on a slow machine (the chain probe's ratio or the
     canary's slowdown over the protocol's limits), of how many probed."""
-    from measure.worker import Protocol
+    from dlas_predict.measure.worker import Protocol
 
     proto = Protocol()
     probed = [r for r in rows if r.get("contention") is not None]

@@ -23,8 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dlas_predict.store import CorpusStore  # noqa: E402
-from dlas_predict.table import format_table  # noqa: E402
+from dlas_predict.corpus.store import CorpusStore  # noqa: E402
+from dlas_predict.render import format_table  # noqa: E402
 
 
 def _geomean(values: list[float]) -> float:

@@ -22,7 +22,8 @@ sys.path.insert(0, str(ROOT))
 
 
 def main() -> int:
-    from dlas_predict import accuracy, zoo
+    from dlas_predict.compression import accuracy
+    from dlas_predict.networks import zoo
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--finetune", nargs="*", default=["mobilenetv1-cifar:1"],

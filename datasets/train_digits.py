@@ -2,7 +2,7 @@
 
     .venv/bin/python datasets/train_digits.py [--epochs 10] [NAME ...]
 
-Writes ``datasets/weights/NAME.npz.xz`` (see ``dlas_predict.zoo.save_weights`` for the compact
+Writes ``datasets/weights/NAME.npz.xz`` (see ``dlas_predict.networks.zoo.save_weights`` for the compact
 format) and records the run in ``datasets/weights/trained.json``: epochs, seconds, and the
 held-out top-1 measured on the exported ONNX model with onnxruntime (the path ``accuracy``
 uses), next to the top-1 of the torch model itself.
@@ -23,7 +23,11 @@ sys.path.insert(0, str(ROOT))
 def main() -> int:
     import torch
 
-    from dlas_predict import accuracy, digits, torchmodels, training, zoo
+    from dlas_predict.compression import accuracy
+    from dlas_predict.compression import digits
+    from dlas_predict.networks import torchmodels
+    from dlas_predict.compression import training
+    from dlas_predict.networks import zoo
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("names", nargs="*", default=list(torchmodels.CIFAR))

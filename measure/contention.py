@@ -111,10 +111,10 @@ class Canary:
     def __init__(self, target, reference: Path | None, repeats: int = 5) -> None:
         import tvm
 
-        from dlas_predict.config import ConvSpec, DType, Variant
-        from measure.kernels import KernelSpec, build_kernel, device_args
-        from measure.knobs import resolve_knobs
-        from measure.reference import make_inputs
+        from dlas_predict.space.config import ConvSpec, DType, Variant
+        from .kernels import KernelSpec, build_kernel, device_args
+        from .knobs import resolve_knobs
+        from .reference import make_inputs
 
         spec = ConvSpec.parse(CANARY_CONV)
         variant = Variant("spatial_pack", "dense")
@@ -168,7 +168,7 @@ def _write_best(path: Path | None, best: float) -> None:
 
 def canary_reference(fingerprint: str, threads: int) -> Path:
     """Where the canary's fastest time is kept for a machine and a thread count."""
-    from dlas_predict.home import dlas_home
+    from dlas_predict.paths import dlas_home
 
     safe = "".join(c for c in fingerprint if c.isalnum() or c in "-_") or "unknown"
     return dlas_home() / "probe" / f"canary-{safe}-{threads}t.json"

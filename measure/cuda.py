@@ -21,9 +21,9 @@ from typing import Any
 import tvm
 from tvm.s_tir import Schedule
 
-from dlas_predict.config import Algorithm, ConvSpec, DType
+from dlas_predict.space.config import Algorithm, ConvSpec, DType
 from dlas_predict.errors import ConfigError
-from measure.kernels import _DENSE, KernelSpec, _decode, acc_dtype
+from .kernels import _DENSE, KernelSpec, _decode, acc_dtype
 
 #: The lowest compute capability the kernels are built for (float16 arithmetic, dp4a).
 MIN_ARCH = 61

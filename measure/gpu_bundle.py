@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from dlas_predict.config import ConvSpec, Variant
-from dlas_predict.devices import Device
+from dlas_predict.space.config import ConvSpec, Variant
+from dlas_predict.space.devices import Device
 from dlas_predict.errors import DlasError
-from dlas_predict.records import MeasureResult, measurement_key
-from measure.knobs import resolve_gpu_knobs
+from dlas_predict.corpus.records import MeasureResult, measurement_key
+from .knobs import resolve_gpu_knobs
 
 #: Bump when a CUDA kernel's code changes, so stored measurements of the old code are not
 #: reused.
@@ -71,8 +71,8 @@ class GpuTask:
 
 def kernel_spec(payload: dict[str, Any]):
     """The :class:`measure.kernels.KernelSpec` of a manifest line."""
-    from dlas_predict.config import Algorithm, DType
-    from measure.kernels import KernelSpec
+    from dlas_predict.space.config import Algorithm, DType
+    from .kernels import KernelSpec
 
     return KernelSpec(conv=ConvSpec.from_dict(payload["conv"]),
                       algorithm=Algorithm.parse(payload["algorithm"]),
@@ -108,7 +108,7 @@ def write_bundle(tasks: list[GpuTask], device: Device, out: Path, chunk_size: in
     already in its manifest or failures are not built again). Returns counts."""
     import tvm
 
-    from measure import cuda
+    from . import cuda
 
     out.mkdir(parents=True, exist_ok=True)
     manifest, failures = out / "manifest.jsonl", out / "build_failures.jsonl"
@@ -157,7 +157,7 @@ def write_bundle(tasks: list[GpuTask], device: Device, out: Path, chunk_size: in
 
 def import_results(bundle: Path, results: Path | None, store) -> dict[str, int]:
     """Turn a bundle's build failures and a GPU run's results into corpus records of
-    ``store`` (a :class:`dlas_predict.store.CorpusStore`); records already there are
+    ``store`` (a :class:`dlas_predict.corpus.store.CorpusStore`); records already there are
     skipped. Returns counts."""
     header = json.loads((bundle / "bundle.json").read_text())
     rows: list[dict[str, Any]] = []
@@ -211,10 +211,10 @@ def plan_networks(networks: list[str], algorithms, compressions, ratio: float,
     measured twice with ``acc16``: accumulating in float32 and in float16."""
     from pathlib import Path as _Path
 
-    from dlas_predict import zoo
-    from dlas_predict.config import Compression, Tuning
-    from dlas_predict.netplan import network_configs
-    from dlas_predict.network import read_network
+    from dlas_predict.networks import zoo
+    from dlas_predict.space.config import Compression, Tuning
+    from dlas_predict.compression.netplan import network_configs
+    from dlas_predict.networks.graph import read_network
 
     tasks: dict[str, GpuTask] = {}
     plans: dict[str, Any] = {}

@@ -95,7 +95,7 @@ def build_peaks(sm_count: int, arch: str, path: str) -> dict[str, dict[str, Any]
     import tvm
     from tvm.script import from_source
 
-    from measure.cuda import cuda_target
+    from .cuda import cuda_target
 
     specs = peak_specs(sm_count)
     funcs = {}

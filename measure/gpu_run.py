@@ -92,12 +92,12 @@ def _measure_chunk(bundle: Path, chunk: str, lines: list[dict], proto: dict, que
     import numpy as np
     import tvm
 
-    from dlas_predict.config import DType, SparsityPattern
-    from measure.gpu_bundle import kernel_spec
-    from measure.kernels import device_args
-    from measure.reference import check_output, conv2d_reference, make_inputs
-    from measure.sparse import prune, sparsity
-    from measure.worker import Protocol, plan_timing
+    from dlas_predict.space.config import DType, SparsityPattern
+    from .gpu_bundle import kernel_spec
+    from .kernels import device_args
+    from .reference import check_output, conv2d_reference, make_inputs
+    from .sparse import prune, sparsity
+    from .worker import Protocol, plan_timing
 
     load_cuda_runtime()
     dev = tvm.cuda(0)
@@ -169,11 +169,11 @@ def run_bundle(bundle: Path, results: Path, workers: int = 4, timeout_s: float =
                time_limit_s: float | None = None, allow_other_gpu: bool = False,
                log=print) -> dict[str, int]:
     """Measure every kernel of ``bundle`` not yet in ``results``. Returns counts."""
-    from measure.gpu_bundle import done_keys
+    from .gpu_bundle import done_keys
 
     header = json.loads((bundle / "bundle.json").read_text())
     gpu = gpu_identity()
-    from dlas_predict.devices import gpu_fingerprint
+    from dlas_predict.space.devices import gpu_fingerprint
 
     fp = gpu_fingerprint(gpu)
     (results.parent / "gpu.json").write_text(json.dumps({**gpu, "fingerprint": fp}) + "\n")
@@ -312,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     os.environ.setdefault("TVM_USE_RUNTIME_LIB", "1")
     if args.peaks is not None:
-        from measure.gpu_peaks import peak_specs, time_peaks
+        from .gpu_peaks import peak_specs, time_peaks
 
         gpu = gpu_identity()
         roofs = time_peaks(str(args.peaks), peak_specs(gpu["sm_count"]))

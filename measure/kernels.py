@@ -20,9 +20,9 @@ import tvm
 from tvm import te
 from tvm.s_tir import Schedule
 
-from dlas_predict.config import Algorithm, ConvSpec, DType
-from measure.reference import int8_scale
-from measure.sparse import to_csr
+from dlas_predict.space.config import Algorithm, ConvSpec, DType
+from .reference import int8_scale
+from .sparse import to_csr
 
 ACC_DTYPE = {DType.FLOAT32: "float32", DType.FLOAT16: "float32", DType.INT8: "int32"}
 

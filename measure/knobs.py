@@ -7,7 +7,7 @@ may search over other values (see :data:`KNOB_NAMES`).
 
 from __future__ import annotations
 
-from dlas_predict.config import Algorithm, ConvSpec, DType, Variant
+from dlas_predict.space.config import Algorithm, ConvSpec, DType, Variant
 from dlas_predict.errors import ConfigError
 
 #: The knobs each (algorithm, sparse) kernel takes.

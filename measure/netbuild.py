@@ -27,9 +27,9 @@ import numpy as np
 import tvm
 from tvm import relax, te
 
-from dlas_predict.config import Algorithm, Compression, ConvSpec, DType, Variant
-from measure.kernels import KernelSpec, kernel_module, output_shape, pack_weights
-from measure.knobs import resolve_knobs
+from dlas_predict.space.config import Algorithm, Compression, ConvSpec, DType, Variant
+from .kernels import KernelSpec, kernel_module, output_shape, pack_weights
+from .knobs import resolve_knobs
 
 #: Marks our conv kernels, so the generic scheduler leaves them alone and FuseOps treats them
 #: as opaque (fusing an epilogue into a hand-scheduled kernel would unschedule it).
@@ -65,7 +65,7 @@ class TunedKernels:
 
     def __init__(self, db: str, budget: int, fingerprint: str, target_json: dict, cores: int,
                  pattern: str = "unstructured") -> None:
-        from measure import tuning as tn
+        from . import tuning as tn
 
         self.db = tn.TuningDB(db)
         self.budget, self.fingerprint, self.target_json = budget, fingerprint, target_json
@@ -78,11 +78,11 @@ class TunedKernels:
                  w: np.ndarray) -> "tvm.tirx.PrimFunc":
         from dataclasses import replace
 
-        from dlas_predict.netplan import kernel_ratio
-        from measure import tuning as tn
-        from measure.kernels import dense_prim_func
-        from measure.knobs import tuned_knobs
-        from measure.sparse import sparsity
+        from dlas_predict.compression.netplan import kernel_ratio
+        from . import tuning as tn
+        from .kernels import dense_prim_func
+        from .knobs import tuned_knobs
+        from .sparse import sparsity
 
         ratio = kernel_ratio(sparsity(w)) if ks.sparse else 0.0
         asked = replace(ks, scale=None, knobs=tuned_knobs(
@@ -406,7 +406,7 @@ def run_network_task(task: dict[str, Any]) -> dict[str, Any]:
     and time it with the study's protocol."""
     import onnx
 
-    from measure.worker import Protocol, _target, plan_timing, timed_fields
+    from .worker import Protocol, _target, plan_timing, timed_fields
 
     model = onnx.load(task["onnx"])
     dtype = DType.parse(task["dtype"])

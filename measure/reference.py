@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from dlas_predict.config import ConvSpec, DType
+from dlas_predict.space.config import ConvSpec, DType
 
 
 def int8_scale(spec: ConvSpec) -> float:

@@ -1,6 +1,6 @@
 """Runners: turn measurement tasks into records, each measurement isolated.
 
-:class:`LocalRunner` keeps one worker subprocess (``python -m measure.worker``) and sends it
+:class:`LocalRunner` keeps one worker subprocess (``python -m dlas_predict.measure.worker``) and sends it
 one task at a time. A task that raises is answered as a failure by the worker; a task that
 crashes the worker (segfault, abort) or outlives its timeout becomes a recorded failure here,
 the worker is replaced, and the run goes on with the next task.
@@ -21,15 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from dlas_predict.config import ConvSpec, Tuning, Variant
-from dlas_predict.devices import Device
+from dlas_predict.space.config import ConvSpec, Tuning, Variant
+from dlas_predict.space.devices import Device
 from dlas_predict.errors import ConfigError
-from dlas_predict.records import MeasureResult, measurement_key
-from measure import KERNELS_VERSION
-from measure.knobs import resolve_knobs, tuned_knobs
-from measure.worker import Protocol
-
-_ROOT = Path(__file__).resolve().parent.parent
+from dlas_predict.corpus.records import MeasureResult, measurement_key
+from . import KERNELS_VERSION
+from .knobs import resolve_knobs, tuned_knobs
+from .worker import Protocol
 
 #: The default trial budget of a tuned kernel, and the study's (the largest accepted).
 DEFAULT_TRIALS = 64
@@ -55,7 +53,7 @@ class TuningOptions:
     def db_path(self, device: Device) -> Path:
         if self.db:
             return Path(self.db)
-        from dlas_predict.home import dlas_home
+        from dlas_predict.paths import dlas_home
 
         return dlas_home() / "tuning" / f"{device.name}-{device.fingerprint}"
 
@@ -142,13 +140,11 @@ class LocalRunner(Runner):
     def _start(self) -> None:
         env = dict(os.environ)
         env["TVM_NUM_THREADS"] = str(self.device.cores)
-        env["PYTHONPATH"] = os.pathsep.join(
-            [str(_ROOT), *filter(None, [env.get("PYTHONPATH")])])
         self._stderr = tempfile.TemporaryFile()
         self._buf = b""
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "measure.worker"], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=self._stderr, env=env, cwd=str(_ROOT),
+            [sys.executable, "-m", "dlas_predict.measure.worker"], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=self._stderr, env=env,
             start_new_session=True)
         self._ready = self._read(self.startup_timeout_s)
         if not self._ready.get("ready"):

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dlas_predict.config import SparsityPattern
+from dlas_predict.space.config import SparsityPattern
 
 
 @dataclass(frozen=True)

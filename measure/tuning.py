@@ -26,8 +26,8 @@ from typing import Any, Callable
 import numpy as np
 import tvm
 
-from dlas_predict.config import stable_hash
-from measure.kernels import KernelSpec, build_kernel, dense_prim_func
+from dlas_predict.space.config import stable_hash
+from .kernels import KernelSpec, build_kernel, dense_prim_func
 
 METASCHEDULE = "metaschedule"
 KNOB_SEARCH = "knob-search"
@@ -210,7 +210,7 @@ def tune_dense(ks: KernelSpec, target: "tvm.target.Target", db: TuningDB, key: s
 # ------------------------------------------------------------------------------------------
 def quick_time(func: Callable, args: list, module, dev, repeats: int = 5) -> float:
     """Median seconds per call: one warm-up, then ``repeats`` runs of at least 1 ms each."""
-    from measure.worker import Protocol, plan_timing
+    from .worker import Protocol, plan_timing
 
     t0 = time.perf_counter()
     func(*args)

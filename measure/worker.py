@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from dlas_predict.config import Algorithm, ConvSpec, DType, SparsityPattern
-from measure.reference import check_output, conv2d_reference, make_inputs
-from measure.sparse import prune, sparsity
+from dlas_predict.space.config import Algorithm, ConvSpec, DType, SparsityPattern
+from .reference import check_output, conv2d_reference, make_inputs
+from .sparse import prune, sparsity
 
 
 @dataclass(frozen=True)
@@ -73,17 +73,17 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
     if fault and os.environ.get("DLAS_FAULT_INJECTION") == "1":
         _inject(fault)
     if task.get("kind") == "network":
-        from measure.netbuild import run_network_task
+        from .netbuild import run_network_task
 
         return run_network_task(task)
     if task.get("kind") == "peaks":
-        from measure.peaks import measure_peaks
+        from .peaks import measure_peaks
 
         return measure_peaks(task["target"], int(task["cores"]), int(task["simd_bits"]),
                              int(task.get("stream_mib", 256)))
     import tvm
 
-    from measure.kernels import KernelSpec, build_kernel, device_args
+    from .kernels import KernelSpec, build_kernel, device_args
 
     spec = ConvSpec.from_dict(task["conv"])
     dtype = DType.parse(task["dtype"])
@@ -131,7 +131,7 @@ def timed_fields(run, target_json: dict, proto: Protocol,
                  fingerprint: str = "") -> dict[str, Any]:
     """Time ``run`` on a quiet machine where possible (:func:`measure.contention.timed`);
     the reply's timing fields."""
-    from measure.contention import pool_threads, probe_for, timed
+    from .contention import pool_threads, probe_for, timed
 
     t = timed(run, probe_for(_target(target_json), pool_threads(), fingerprint), proto)
     return {"run_secs": t.runs, "contention": t.contention, "slowdown": t.slowdown,
@@ -144,9 +144,9 @@ def _tuned_build(ks, task: dict[str, Any], pattern: SparsityPattern, make_args,
     fields of ``result``. Returns the executable and the kernel spec it was built from."""
     import tvm
 
-    from measure import tuning as tn
-    from measure.kernels import build_kernel
-    from measure.knobs import search_space
+    from . import tuning as tn
+    from .kernels import build_kernel
+    from .knobs import search_space
 
     opts = task["tuning"]
     budget, patience = int(opts["budget"]), int(opts.get("patience") or 0)
@@ -155,7 +155,7 @@ def _tuned_build(ks, task: dict[str, Any], pattern: SparsityPattern, make_args,
     sparsity = (float(task["ratio"]), pattern.value) if ks.sparse else None
     key = tn.tuning_key(task.get("fingerprint", ""), ks, budget, task["target"], sparsity)
     if ks.sparse:
-        from dlas_predict.config import Variant
+        from dlas_predict.space.config import Variant
 
         variant = Variant(ks.algorithm, task["compression"], float(task["ratio"]))
         ks, outcome = tn.search_sparse(ks, target, db, key, budget, patience,
@@ -195,7 +195,7 @@ def main() -> int:
     channel = os.fdopen(proto_fd, "w", buffering=1)
     import tvm  # the slow import happens before the handshake, outside any task's timeout
 
-    import measure.kernels  # noqa: F401
+    import dlas_predict.measure.kernels  # noqa: F401
 
     channel.write(json.dumps({"ready": True, "tvm_version": tvm.__version__,
                               "threads": int(os.environ.get("TVM_NUM_THREADS", "0"))}) + "\n")

@@ -1,3 +1,6 @@
+"""Shared test helpers: the command runner, the clean-error check, a standard conv layer and
+a fake CPU device; and a DLAS_HOME per test session."""
+
 import os
 import sys
 from pathlib import Path
@@ -7,7 +10,60 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-DEMO = ROOT / "datasets" / "networks" / "demo-cnn.onnx"
+from dlas_predict.paths import DEMO_NETWORK as DEMO  # noqa: E402
+from dlas_predict.space.config import ConvSpec  # noqa: E402
+from dlas_predict.space.devices import Device  # noqa: E402
+
+#: A small conv layer that compiles and times in well under a second.
+TINY = "C=8,H=10,W=10,K=16,R=3,S=3,stride=1,pad=1"
+SPEC = ConvSpec.parse(TINY)
+#: A CPU device that is not this machine: nothing measures on it.
+CPU = Device(name="local", kind="cpu", description="test CPU", target={}, cores=2,
+             clock_ghz=None, simd_bits=512, peak_gflops={"float32": 100.0},
+             mem_bandwidth_gbs=20.0, source="measured")
+#: The public data of other projects, read from where the workplace keeps it.
+SHARED_DATA = ROOT.parent / "shared" / "data"
+
+
+def run_cli(*args):
+    """Invoke the ``dlas-predict`` command in-process; every argument is turned into text."""
+    from typer.testing import CliRunner
+
+    from dlas_predict.cli import app
+
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def assert_clean_error(result, needle: str) -> None:
+    """A non-zero exit, one ``Error:`` line naming ``needle``, and no traceback."""
+    assert result.exit_code != 0, result.output
+    assert "Error: " in result.output and needle in result.output, result.output
+    assert "Traceback" not in result.output, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), \
+        repr(result.exception)
+
+
+def snapshot_subset(directory: Path, networks):
+    """The shipped local snapshot cut to ``networks``: their configurations, the kernels
+    their layers use, and their whole-network records, written beside each other as a
+    snapshot in ``directory``. Returns (snapshot path, kernels frame, whole-network frame)."""
+    import pandas as pd
+
+    from dlas_predict.corpus.store import networks_path
+    from dlas_predict.paths import CORPUS_SNAPSHOTS
+
+    full = CORPUS_SNAPSHOTS / "local.parquet"
+    nets = pd.read_parquet(networks_path(full))
+    nets = nets[nets["network"].isin(networks)]
+    kernels = pd.read_parquet(full)
+    kernels = kernels[kernels["conv"].isin(set(nets["conv"]))]
+    whole = pd.read_parquet(networks_path(full, "wholenet"))
+    whole = whole[whole["network"].isin(networks)]
+    out = directory / "local.parquet"
+    kernels.to_parquet(out, index=False)
+    nets.to_parquet(networks_path(out), index=False)
+    whole.to_parquet(networks_path(out, "wholenet"), index=False)
+    return out, kernels, whole
 
 
 @pytest.fixture(autouse=True)

@@ -2,8 +2,9 @@
 import numpy as np
 import pytest
 
-from dlas_predict import accuracy, digits
-from dlas_predict.accuracy import DataError
+from dlas_predict.compression import accuracy
+from dlas_predict.compression import digits
+from dlas_predict.compression.accuracy import DataError
 
 
 def test_digits_split_is_fixed_and_sized():
@@ -78,7 +79,7 @@ def test_extreme_pruning_genuinely_drops_and_finetuning_is_refused_on_plain_onnx
     cp = accuracy.measure("zoo:mobilenetv1-cifar", compression="channel_pruning", ratio=0.9)
     assert wp.value < 0.5 and cp.value < 0.5
     assert wp.reference_top1 == dense.value
-    from dlas_predict import zoo
+    from dlas_predict.networks import zoo
     from dlas_predict.errors import ConfigError
 
     with pytest.raises(ConfigError, match="zoo:NAME"):

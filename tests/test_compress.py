@@ -4,10 +4,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from dlas_predict import accuracy, compress
-from dlas_predict.config import Compression
+from dlas_predict.compression import accuracy
+from dlas_predict.compression import compress
+from dlas_predict.space.config import Compression
 from dlas_predict.errors import ConfigError
-from dlas_predict.network import read_network
+from dlas_predict.networks.graph import read_network
 
 
 def _chain_model(bias_zero: bool = True, seed: int = 0):
@@ -115,7 +116,7 @@ def test_removing_zeroed_channels(bias_zero):
 
 
 def test_residual_channels_stay_zeroed(tmp_path):
-    from dlas_predict.generate import FAMILIES, build
+    from dlas_predict.networks.generate import FAMILIES, build
 
     m = build("cnn", {**FAMILIES["cnn"], "block": "residual", "kernels": 8, "layers": 2})
     zeroed = compress.compress_onnx(m, "channel_pruning", 0.5).model
@@ -141,7 +142,8 @@ def test_float16_and_int8():
 def test_torch_masks_hold_while_training():
     import torch
 
-    from dlas_predict import torchmodels, training
+    from dlas_predict.networks import torchmodels
+    from dlas_predict.compression import training
 
     net = torchmodels.build("mobilenetv1-cifar")
     reapply = compress.torch_masks(net, Compression.WEIGHT_PRUNING, 0.8)

@@ -1,6 +1,6 @@
 import pytest
 
-from dlas_predict.config import (Algorithm, Compression, ConvSpec, DType, Variant,
+from dlas_predict.space.config import (Algorithm, Compression, ConvSpec, DType, Variant,
                                  check_ratio, variant_grid)
 from dlas_predict.errors import ConfigError, SpecError
 

@@ -7,13 +7,13 @@ import json
 import numpy as np
 import pytest
 
-from dlas_predict import costmodel
-from dlas_predict.config import Algorithm, Compression, ConvSpec
-from dlas_predict.costmodel import (LayerCostModel, MacsLinearBaseline, ModelError,
+from dlas_predict.models import costmodel
+from dlas_predict.space.config import Algorithm, Compression, ConvSpec
+from dlas_predict.models.costmodel import (LayerCostModel, MacsLinearBaseline, ModelError,
                                     RooflineBaseline)
-from dlas_predict.devices import get_device
-from dlas_predict.evaluation import Corpus, kernel_key, leave_one_network_out
-from dlas_predict.features import (FEATURE_NAMES, KernelConfig, config_from_row, features,
+from dlas_predict.space.devices import get_device
+from dlas_predict.models.evaluation import Corpus, kernel_key, leave_one_network_out
+from dlas_predict.models.features import (FEATURE_NAMES, KernelConfig, config_from_row, features,
                                    weight_bytes)
 
 DEV = get_device("xavier-cpu", with_target=False)
@@ -130,8 +130,18 @@ def test_baselines():
     roof = RooflineBaseline().fit(corpus.X, corpus.seconds)
     # the law is roofline × a factor per algorithm × compression: the baseline recovers it
     np.testing.assert_allclose(roof.predict(corpus.X), corpus.seconds, rtol=1e-6)
-    lin = MacsLinearBaseline().fit(corpus.X, corpus.seconds)
-    assert np.all(lin.predict(corpus.X) > 0)
+    # latency linear in MACs with its own slope and intercept per algorithm × compression:
+    # the MACs baseline recovers it exactly
+    from dlas_predict.models.costmodel import _group_keys
+    from dlas_predict.models.features import FEATURE_NAMES
+
+    macs = np.exp(corpus.X[:, FEATURE_NAMES.index("log_macs")])
+    groups = sorted(set(_group_keys(corpus.X)))
+    assert len(groups) >= 3
+    law = {k: (1e-10 * (i + 1), 1e-5 * (i + 2)) for i, k in enumerate(groups)}
+    linear = np.array([law[k][0] * m + law[k][1] for k, m in zip(_group_keys(corpus.X), macs)])
+    lin = MacsLinearBaseline().fit(corpus.X, linear)
+    np.testing.assert_allclose(lin.predict(corpus.X), linear, rtol=1e-6)
 
 
 def test_leave_one_network_out_reports_every_model():
@@ -150,10 +160,10 @@ def _parallel_extents(cfg: KernelConfig) -> list[int]:
     """Extents of the parallel loops of the kernel TVM builds for ``cfg`` (its TIR text)."""
     import re
 
-    from measure.kernels import KernelSpec, kernel_module
-    from measure.knobs import default_knobs
+    from dlas_predict.measure.kernels import KernelSpec, kernel_module
+    from dlas_predict.measure.knobs import default_knobs
 
-    from dlas_predict.config import COMPRESSION_KERNEL, Variant
+    from dlas_predict.space.config import COMPRESSION_KERNEL, Variant
 
     sparse, dtype, _ = COMPRESSION_KERNEL[cfg.compression]
     knobs = default_knobs(cfg.spec, Variant(cfg.algorithm, cfg.compression, cfg.sparsity))
@@ -166,10 +176,10 @@ def _parallel_extents(cfg: KernelConfig) -> list[int]:
 @pytest.mark.parametrize("conv", ["C=32,H=20,W=20,K=48,R=3,S=3,stride=1,pad=1",
                                   "C=24,H=28,W=28,K=24,R=3,S=3,stride=2,pad=1,groups=24"])
 def test_stage_terms_count_the_built_kernels_loops(alg, comp, conv):
-    from measure.knobs import default_knobs
+    from dlas_predict.measure.knobs import default_knobs
 
-    from dlas_predict.config import Variant
-    from dlas_predict.features import STAGE_TERMS, loop_counts
+    from dlas_predict.space.config import Variant
+    from dlas_predict.models.features import STAGE_TERMS, loop_counts
 
     spec = ConvSpec.parse(conv)
     ratio = 0.75 if comp is Compression.WEIGHT_PRUNING else 0.0
@@ -192,8 +202,8 @@ def test_stage_terms_count_the_built_kernels_loops(alg, comp, conv):
 def test_stage_model_learns_an_additive_law_and_extrapolates(tmp_path):
     """Latency = known costs × the stage terms: the stage-cost model recovers it, also on
     layers 4× larger than any it was trained on (where trees alone predict a constant)."""
-    from dlas_predict.costmodel import StageCostModel
-    from dlas_predict.features import STAGE_TERMS
+    from dlas_predict.models.costmodel import StageCostModel
+    from dlas_predict.models.features import STAGE_TERMS
 
     costs = {"stage_const": 2e-6, "stage_vector_ops": 1e-9, "stage_vector_ops_strided": 4e-9,
              "stage_decodes": 2e-9, "stage_layout_elems": 5e-10}
@@ -232,10 +242,10 @@ def test_a_stored_summary_without_a_newer_field_is_computed_again(tmp_path):
     network is built again from its name (its weights are seeded by it)."""
     from dataclasses import asdict
 
-    from dlas_predict.evaluation import _summary
-    from dlas_predict.generate import generate
-    from dlas_predict.netmodel import NetworkSummary
-    from dlas_predict.network import read_network
+    from dlas_predict.models.evaluation import _summary
+    from dlas_predict.networks.generate import generate
+    from dlas_predict.models.netmodel import NetworkSummary
+    from dlas_predict.networks.graph import read_network
 
     (m,) = generate("cnn", ["block=inverted", "kernels=8", "layers=2", "activation=silu",
                             "se=1"], tmp_path)
@@ -252,7 +262,7 @@ def test_an_unprobed_whole_network_record_is_superseded_by_a_probed_one():
     """A configuration timed again with the probes may have picked another per-layer plan (a
     record of its own): the old plan's unprobed record no longer counts; an unprobed record
     with no probed one, and every probed one, stay."""
-    from dlas_predict.evaluation import drop_superseded
+    from dlas_predict.models.evaluation import drop_superseded
 
     def rec(config, plan, slowdown, network="n"):
         return {"network": network, "config": config, "algorithm": "per_layer", "plan": plan,

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from dlas_predict.config import Algorithm, Compression, ConvSpec, Variant
-from dlas_predict.devices import get_device
+from dlas_predict.space.config import Algorithm, Compression, ConvSpec, Variant
+from dlas_predict.space.devices import get_device
 from dlas_predict.errors import ConfigError, DlasError
-from measure.knobs import resolve_gpu_knobs
+from dlas_predict.measure.knobs import resolve_gpu_knobs
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ConvSpec.parse("C=8,H=9,W=9,K=16,R=3,S=3,stride=1,pad=1")
@@ -23,7 +23,7 @@ DEPTHWISE = ConvSpec.parse("C=8,H=8,W=8,K=8,R=3,S=3,stride=2,pad=1,groups=8")
 
 
 def _kernel(spec, alg, comp, **knobs):
-    from measure.kernels import KernelSpec
+    from dlas_predict.measure.kernels import KernelSpec
 
     ratio = 0.7 if comp in (Compression.WEIGHT_PRUNING, Compression.CHANNEL_PRUNING) else 0.0
     v = Variant(alg, comp, ratio, knobs=knobs)
@@ -31,7 +31,7 @@ def _kernel(spec, alg, comp, **knobs):
 
 
 def _source(kernels: dict) -> str:
-    from measure import cuda
+    from dlas_predict.measure import cuda
 
     mod = cuda.build(kernels, cuda.cuda_target("sm_90"))
     return mod.mod.imports[0].inspect_source()
@@ -60,7 +60,7 @@ def test_csr_kernels_are_row_parallel(alg):
 
 
 def test_thread_bindings_verify_within_gpu_limits():
-    from measure import cuda
+    from dlas_predict.measure import cuda
 
     kernels = {f"k{i}": _kernel(SPEC, alg, Compression.DENSE)
                for i, alg in enumerate(Algorithm)}
@@ -69,7 +69,7 @@ def test_thread_bindings_verify_within_gpu_limits():
 
 
 def test_unsupported_or_malformed_arch_is_a_clear_error():
-    from measure.cuda import check_arch
+    from dlas_predict.measure.cuda import check_arch
 
     assert check_arch("sm_90") == 90
     with pytest.raises(ConfigError, match="not supported"):
@@ -90,7 +90,7 @@ def test_gpu_knobs_are_validated():
 
 
 def test_cpu_device_gets_no_cuda_tasks():
-    from measure.gpu_bundle import GpuTask
+    from dlas_predict.measure.gpu_bundle import GpuTask
 
     with pytest.raises(DlasError, match="not a CUDA GPU"):
         GpuTask.make(SPEC, Variant(Algorithm.DIRECT, Compression.DENSE),
@@ -98,7 +98,7 @@ def test_cpu_device_gets_no_cuda_tasks():
 
 
 def _small_bundle(tmp_path: Path) -> tuple[Path, list]:
-    from measure.gpu_bundle import GpuTask, write_bundle
+    from dlas_predict.measure.gpu_bundle import GpuTask, write_bundle
 
     dev = get_device("h100")
     tasks = [GpuTask.make(SPEC, Variant(a, Compression.DENSE), dev) for a in Algorithm]
@@ -109,8 +109,8 @@ def _small_bundle(tmp_path: Path) -> tuple[Path, list]:
 
 
 def test_bundle_is_resumable_and_results_import_once(tmp_path):
-    from dlas_predict.store import CorpusStore
-    from measure.gpu_bundle import import_results, write_bundle
+    from dlas_predict.corpus.store import CorpusStore
+    from dlas_predict.measure.gpu_bundle import import_results, write_bundle
 
     out, tasks = _small_bundle(tmp_path)
     lines = [json.loads(t) for t in (out / "manifest.jsonl").read_text().splitlines()]
@@ -161,7 +161,7 @@ def _has_gpu() -> bool:
     try:
         import tvm
 
-        from measure.gpu_run import load_cuda_runtime
+        from dlas_predict.measure.gpu_run import load_cuda_runtime
 
         load_cuda_runtime()
         return bool(tvm.cuda(0).exist)
@@ -173,7 +173,7 @@ def _has_gpu() -> bool:
 @pytest.mark.skipif(not _has_gpu(), reason="no CUDA GPU on this machine: the kernels are "
                     "checked against the numpy reference on the GPU machine only")
 def test_kernels_match_numpy_reference_on_the_gpu(tmp_path):
-    from measure.gpu_run import run_bundle
+    from dlas_predict.measure.gpu_run import run_bundle
 
     out, tasks = _small_bundle(tmp_path)
     counts = run_bundle(out, tmp_path / "r.jsonl", workers=1, allow_other_gpu=True,

@@ -1,6 +1,6 @@
 import pytest
 
-from dlas_predict.devices import device_names, get_device, local_fingerprint
+from dlas_predict.space.devices import device_names, get_device, local_fingerprint
 from dlas_predict.errors import DeviceError
 
 
@@ -31,7 +31,7 @@ def test_local_is_detected_with_a_specific_target_and_stable_fingerprint():
 def test_measured_roofs_replace_the_estimate():
     import json
 
-    from dlas_predict import devices as D
+    from dlas_predict.space import devices as D
 
     fp = local_fingerprint()
     entry = {"fingerprint": fp, "cpu_model": "test", "cores": 2, "simd_bits": 512,
@@ -59,7 +59,7 @@ def test_fma_kernel_matches_numpy():
     import tvm
     from tvm.script import from_source
 
-    from measure import peaks
+    from dlas_predict.measure import peaks
 
     p, lanes = 4, 16
     ex = tvm.compile(tvm.IRModule({"main": from_source(peaks.fma_source("int8", lanes, p))}),
@@ -97,7 +97,7 @@ def test_devices_measure_peaks(tmp_path):
 
 def _isa_estimate() -> float:
     """The ISA x clock estimate of this CPU's float32 peak (an upper bound, roughly)."""
-    from dlas_predict import devices as D
+    from dlas_predict.space import devices as D
 
     model, flags, mhz = D._cpuinfo()
     simd = 512 if "avx512f" in flags else 256 if "avx2" in flags else 128

@@ -4,8 +4,8 @@ import onnxruntime as ort
 import pytest
 
 from dlas_predict.errors import ConfigError
-from dlas_predict.generate import FAMILIES, build, file_name, generate, parse_grid, parse_name
-from dlas_predict.network import read_network
+from dlas_predict.networks.generate import FAMILIES, build, file_name, generate, parse_grid, parse_name
+from dlas_predict.networks.graph import read_network
 
 
 def test_grid_is_the_cross_product_with_defaults():
@@ -93,7 +93,7 @@ def test_silu_networks_share_the_relu_networks_convs_and_keep_their_names(tmp_pa
     ops = [l.op for l in b.layers]
     assert ops.count("Sigmoid") == ops.count("Mul") == [l.op for l in a.layers].count("Relu")
     # the network model prices the exponentials: one per element of every sigmoid's output
-    from dlas_predict.netmodel import NetworkSummary
+    from dlas_predict.models.netmodel import NetworkSummary
 
     assert NetworkSummary.of(a).exp_elems == 0
     assert NetworkSummary.of(b).exp_elems == sum(int(np.prod(l.output_shape))
@@ -116,7 +116,7 @@ def test_residual_blocks_that_downsample_project_their_shortcut(tmp_path):
     sess = ort.InferenceSession(str(down.path))
     x = np.random.default_rng(0).random((1, 3, 16, 16), dtype=np.float32)
     assert sess.run(None, {sess.get_inputs()[0].name: x})[0].shape == (1, 10)
-    # a residual network that keeps its resolution is built as before: no projection
+    # a residual network that keeps its resolution has no projection
     assert all(c.spec.R == 3 and c.spec.stride_h == 1 for c in read_network(plain.path).convs())
 
 
@@ -154,7 +154,7 @@ def test_squeeze_excitation_gates_the_depthwise_output_and_keeps_old_names(tmp_p
     assert ops.count("GlobalAveragePool") == 2 + 1  # one per block, and the head's
     assert ops.count("Sigmoid") == [l.op for l in a.layers].count("Sigmoid") + 2 * 2
     # the network model prices the per-channel scale's bytes apart from other elementwise ops
-    from dlas_predict.netmodel import NetworkSummary
+    from dlas_predict.models.netmodel import NetworkSummary
 
     scale = [l for l in b.layers if l.op == "Mul" and len(set(l.input_shapes)) > 1]
     assert len(scale) == 2 and all(l.input_shapes[1] == (1, 48, 1, 1) for l in scale)

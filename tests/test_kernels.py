@@ -5,10 +5,10 @@ import json
 import numpy as np
 import pytest
 
-from dlas_predict.config import Algorithm, Compression, ConvSpec, Variant, variant_grid
-from dlas_predict.devices import get_device
-from measure.knobs import default_knobs, resolve_knobs
-from measure.worker import run_task
+from dlas_predict.space.config import Algorithm, Compression, ConvSpec, Variant, variant_grid
+from dlas_predict.space.devices import get_device
+from dlas_predict.measure.knobs import default_knobs, resolve_knobs
+from dlas_predict.measure.worker import run_task
 
 SHAPES = [
     "C=16,H=12,W=12,K=32,R=3,S=3,stride=1,pad=1",
@@ -64,7 +64,7 @@ def test_non_default_knobs_still_correct(algorithm, sparse, knobs, target):
 @pytest.mark.slow
 def test_verification_catches_a_wrong_kernel(target, monkeypatch):
     """A kernel that computes the wrong thing is reported as not verified."""
-    import measure.kernels as kernels
+    from dlas_predict.measure import kernels as kernels
 
     spec = ConvSpec.parse("C=4,H=6,W=6,K=8,R=3,S=3,stride=1,pad=1")
     variant = Variant("direct", "dense")

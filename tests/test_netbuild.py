@@ -7,14 +7,15 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
-from dlas_predict.config import Compression
-from dlas_predict.devices import get_device
-from dlas_predict.generate import FAMILIES, build
-from dlas_predict.netmeasure import (PER_LAYER, NetworkMeasurer, NetworkPlan, conv_scales,
-                                     uniform_plan)
-from dlas_predict.network import read_network
-from dlas_predict.store import CorpusStore
-from measure.worker import Protocol
+from dlas_predict.space.config import Compression
+from dlas_predict.space.devices import get_device
+from dlas_predict.networks.generate import FAMILIES, build
+from dlas_predict.corpus.collect import collect_networks
+from dlas_predict.corpus.networks import PER_LAYER, NetworkPlan, uniform_plan
+from dlas_predict.measure.netrunner import NetworkRunner, conv_scales
+from dlas_predict.networks.graph import read_network
+from dlas_predict.corpus.store import CorpusStore
+from dlas_predict.measure.worker import Protocol
 
 FAST = Protocol(max_repeats=3, min_repeats=2, min_repeat_ms=0.1, time_budget_s=0.05,
                 quiet_wait_s=0)
@@ -31,7 +32,7 @@ def small_cnn(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def measurer():
-    with NetworkMeasurer(get_device("local"), protocol=FAST, timeout_s=300) as m:
+    with NetworkRunner(get_device("local"), protocol=FAST, timeout_s=300) as m:
         yield m
 
 
@@ -105,7 +106,7 @@ def test_relu6_network_runs_and_verifies(tmp_path, measurer, compression):
 def test_relu6_lowers_to_elementwise_ops_with_scalar_bounds(tmp_path):
     """The frontend's Max/Min is broadcast + stack + reduce over a full-size constant; the
     builder turns each back into one elementwise op with a scalar bound."""
-    from measure.netbuild import relax_module
+    from dlas_predict.measure.netbuild import relax_module
 
     model = onnx.load(str(_relu6_net(tmp_path / "relu6.onnx")))
     text = relax_module(model, "x", (1, 3, 12, 12)).script()
@@ -115,7 +116,7 @@ def test_relu6_lowers_to_elementwise_ops_with_scalar_bounds(tmp_path):
 
 
 def test_a_max_with_a_bound_of_many_values_keeps_its_meaning(tmp_path):
-    from measure.netbuild import relax_module
+    from dlas_predict.measure.netbuild import relax_module
 
     bound = np.arange(4, dtype=np.float32).reshape(1, 4, 1, 1)
     graph = helper.make_graph(
@@ -141,18 +142,17 @@ def test_int8_scales_come_from_the_float_model(small_cnn):
 def test_a_crashing_build_is_a_recorded_failure_and_the_store_keeps_it(small_cnn, tmp_path,
                                                                        monkeypatch):
     monkeypatch.setenv("DLAS_FAULT_INJECTION", "1")
-    with CorpusStore(tmp_path / "s.sqlite") as db, \
-            NetworkMeasurer(get_device("local"), db, protocol=FAST) as nm:
+    dev = get_device("local")
+    plan = uniform_plan(str(small_cnn), "small", "dense", None, "direct", _n(small_cnn))
+    with CorpusStore(tmp_path / "s.sqlite") as db, NetworkRunner(dev, protocol=FAST) as nm:
         real = nm.runner.call
         nm.runner.call = lambda payload, timeout_s=None: real({**payload, "fault": "segfault"})
-        recs = nm.run([uniform_plan(str(small_cnn), "small", "dense", None, "direct",
-                                    _n(small_cnn))])
+        recs = collect_networks([plan], db, nm, dev).records
         assert recs[0].error and "worker crashed" in recs[0].error
         rows = db.network_measurements()
         assert len(rows) == 1 and rows[0]["error"]
         nm.runner.call = real  # the failure is retried on the next run, and replaced
-        recs = nm.run([uniform_plan(str(small_cnn), "small", "dense", None, "direct",
-                                    _n(small_cnn))])
+        recs = collect_networks([plan], db, nm, dev).records
         assert recs[0].error is None
         rows = db.network_measurements()
         assert len(rows) == 1 and rows[0]["error"] is None and rows[0]["verified"] == 1

@@ -2,10 +2,10 @@ import numpy as np
 import onnx
 import pytest
 
-from dlas_predict import generate
-from dlas_predict.config import Compression, SparsityPattern
-from dlas_predict.netplan import MIN_LAYER_DENSITY, kernel_ratio, network_configs
-from measure.sparse import prune, sparsity
+from dlas_predict.networks import generate
+from dlas_predict.space.config import Compression, SparsityPattern
+from dlas_predict.compression.netplan import MIN_LAYER_DENSITY, kernel_ratio, network_configs
+from dlas_predict.measure.sparse import prune, sparsity
 
 
 def test_kernel_ratio_keeps_the_hundredths_up_to_0_9():
@@ -40,7 +40,7 @@ def test_a_layer_pruned_to_nothing_is_measured_at_the_sparsest_kernel():
 
 
 def test_each_layers_kernel_keeps_the_filters_global_channel_pruning_kept(tmp_path):
-    from dlas_predict.accuracy import prepare
+    from dlas_predict.compression.accuracy import prepare
 
     # wide layers at 3x3: global pruning at 0.9 keeps 1 of 768 filters in some
     name = "cnn_layers=2_kernels=384_kernel_size=3_input=6_batch=1_block=residual_downsample=1"

@@ -3,7 +3,7 @@ import pytest
 
 from conftest import DEMO
 from dlas_predict.errors import NetworkError
-from dlas_predict.network import conv_layers, unique_specs
+from dlas_predict.networks.graph import conv_layers, unique_specs
 
 
 def test_demo_network_layers():
@@ -29,7 +29,7 @@ def test_missing_malformed_and_truncated_files(tmp_path):
 
 
 def test_demo_graph_has_every_op_with_shapes_and_costs():
-    from dlas_predict.network import read_network
+    from dlas_predict.networks.graph import read_network
 
     net = read_network(DEMO)
     kinds = [l.kind for l in net.layers]
@@ -53,7 +53,7 @@ def test_unsupported_op_is_named(tmp_path):
     import onnx
     from onnx import TensorProto, helper
 
-    from dlas_predict.network import read_network
+    from dlas_predict.networks.graph import read_network
 
     node = helper.make_node("LpNormalization", ["x"], ["y"], name="norm7")
     g = helper.make_graph([node], "g", [helper.make_tensor_value_info(

@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 import torch
 
-from dlas_predict.config import ConvSpec, DType
-from measure.reference import (check_output, conv2d_reference, int8_scale, make_inputs,
+from dlas_predict.space.config import ConvSpec, DType
+from dlas_predict.measure.reference import (check_output, conv2d_reference, int8_scale, make_inputs,
                                requantize)
 
 

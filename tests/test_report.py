@@ -8,14 +8,11 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from cli import app
-from dlas_predict import report as R
-from dlas_predict.devices import Device
+from dlas_predict.cli import app
+from dlas_predict.analysis import report as R
+from conftest import CPU
 
 runner = CliRunner()
-CPU = Device(name="local", kind="cpu", description="test CPU", target={}, cores=2,
-             clock_ghz=None, simd_bits=512, peak_gflops={"float32": 100.0},
-             mem_bandwidth_gbs=20.0, source="measured")
 
 
 def _net(latencies: dict[tuple[str, str, str], float], macs=1e6) -> pd.DataFrame:
@@ -135,15 +132,6 @@ def test_report_on_the_shipped_corpus(shipped_report):
     decided = [o for o in data["observations"] if o["verdict"] != "no data"]
     assert len(decided) >= 10
     assert page.count("data:image/png;base64,") == len(data["plots"]) >= 5
-
-
-def test_report_for_a_device_with_kernels_only(tmp_path):
-    res = runner.invoke(app, ["report", "--device", "rk3399-cpu", "--out", str(tmp_path)])
-    assert res.exit_code == 0, res.output
-    data = json.loads((tmp_path / "report.json").read_text())
-    assert data["table3"] == [] and data["counts"]["sources"] == {"tophub": 199}
-    assert all(o["verdict"] == "no data" for o in data["observations"]
-               if o["number"] not in ("IX",))
 
 
 def test_report_bad_input(tmp_path):

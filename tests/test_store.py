@@ -10,10 +10,10 @@ import pandas as pd
 import pytest
 
 from conftest import DEMO, ROOT
-from dlas_predict.config import ConvSpec, Variant
+from dlas_predict.space.config import ConvSpec, Variant
 from dlas_predict.errors import StoreError
-from dlas_predict.records import MeasureResult, measurement_key
-from dlas_predict.store import CorpusStore
+from dlas_predict.corpus.records import MeasureResult, measurement_key
+from dlas_predict.corpus.store import CorpusStore
 
 SPEC = ConvSpec.parse("C=8,H=10,W=10,K=16,R=3,S=3,stride=1,pad=1")
 

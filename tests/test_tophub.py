@@ -5,10 +5,10 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from cli import app
-from conftest import ROOT
-from dlas_predict.store import CorpusStore
-from dlas_predict.tophub import _devices_by_model, import_tophub, parse_line
+from dlas_predict.cli import app
+from conftest import SHARED_DATA, assert_clean_error, run_cli
+from dlas_predict.corpus.store import CorpusStore
+from dlas_predict.corpus.tophub import _devices_by_model, import_tophub, parse_line
 
 runner = CliRunner()
 
@@ -87,11 +87,41 @@ def test_import_is_idempotent_and_counts(tmp_path):
     assert res.exit_code == 1 and "Error: TopHub log not found" in res.output
 
 
-def test_shipped_tophub_snapshot():
-    frame = pd.read_parquet(ROOT / "datasets" / "corpus" / "tophub.parquet")
+@pytest.fixture(scope="module")
+def tophub_store(tmp_path_factory):
+    """TopHub's logs imported from the workplace's shared data (never shipped)."""
+    logs = SHARED_DATA / "tophub"
+    if not logs.is_dir():
+        pytest.skip(f"no TopHub logs at {logs}")
+    store = tmp_path_factory.mktemp("tophub") / "tophub.sqlite"
+    import_tophub([logs], store)
+    return store
+
+
+def test_import_of_the_shared_tophub_logs(tophub_store):
+    from dlas_predict.corpus.store import CorpusStore
+
+    with CorpusStore(tophub_store, must_exist=True) as db:
+        rows = list(db.rows())
+    frame = pd.DataFrame(rows)
     assert len(frame) > 1000 and frame["key"].is_unique
     assert set(frame["tuning"]) == {"tuned"}
     assert frame["kernels_version"].str.startswith("tophub-").all()
     assert {"rpi3b", "rk3399-cpu", "titanx", "1080ti", "jetson-nano", "rk3399-mali"} <= \
         set(frame["device"])
     assert set(frame["algorithm"]) <= {"direct", "spatial_pack"}
+
+
+def test_report_for_a_device_with_kernels_only(tophub_store, tmp_path):
+    res = run_cli("report", "--device", "rk3399-cpu", "--store", tophub_store,
+                  "--out", tmp_path)
+    assert res.exit_code == 0, res.output
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert data["table3"] == [] and data["counts"]["sources"] == {"tophub": 199}
+    assert all(o["verdict"] == "no data" for o in data["observations"]
+               if o["number"] not in ("IX",))
+
+
+def test_a_tophub_device_has_no_shipped_corpus():
+    res = run_cli("report", "--device", "rk3399-cpu", "--out", "/tmp/unused-report")
+    assert_clean_error(res, "corpus import-tophub")

@@ -7,14 +7,14 @@ import time
 import pytest
 from typer.testing import CliRunner
 
-from cli import app
-from dlas_predict.config import Algorithm, ConvSpec, Tuning, Variant
-from dlas_predict.devices import get_device
+from dlas_predict.cli import app
+from dlas_predict.space.config import Algorithm, ConvSpec, Tuning, Variant
+from dlas_predict.space.devices import get_device
 from dlas_predict.errors import ConfigError
-from dlas_predict.store import CorpusStore
-from measure.knobs import default_knobs, search_space, tuned_knobs
-from measure.runner import LocalRunner, MeasureTask, TuningOptions
-from measure.worker import Protocol
+from dlas_predict.corpus.store import CorpusStore
+from dlas_predict.measure.knobs import default_knobs, search_space, tuned_knobs
+from dlas_predict.measure.runner import LocalRunner, MeasureTask, TuningOptions
+from dlas_predict.measure.worker import Protocol
 
 SPEC = ConvSpec.parse("C=8,H=10,W=10,K=16,R=3,S=3,stride=1,pad=1")
 QUICK = Protocol(max_repeats=5, min_repeats=3, time_budget_s=0.05, quiet_wait_s=0)
@@ -66,7 +66,7 @@ def test_tuning_options_reject_impossible_values(tmp_path):
 
 
 def test_tuning_db_index_survives_a_cut_line(tmp_path):
-    from measure.tuning import KNOB_SEARCH, TuneOutcome, TuningDB
+    from dlas_predict.measure.tuning import KNOB_SEARCH, TuneOutcome, TuningDB
 
     db = TuningDB(tmp_path / "db")
     out = TuneOutcome(KNOB_SEARCH, 8, 5, 1.5, 1e-4, True, {"tile_w": 8})
@@ -80,7 +80,7 @@ def test_tuning_db_index_survives_a_cut_line(tmp_path):
 
 # ---- the store ------------------------------------------------------------------------------
 def test_store_keeps_tuning_fields_and_migrates_old_stores(tmp_path):
-    from dlas_predict.records import MeasureResult
+    from dlas_predict.corpus.records import MeasureResult
 
     path = tmp_path / "old.sqlite"
     CorpusStore(path).close()
@@ -186,9 +186,10 @@ def test_tune_network_then_build_it_tuned(tmp_path):
     schedule from it, verifies against onnxruntime, and says which layers it found."""
     import onnx
 
-    from dlas_predict.generate import FAMILIES, build
-    from dlas_predict.netmeasure import NetworkMeasurer, uniform_plan
-    from dlas_predict.network import read_network
+    from dlas_predict.networks.generate import FAMILIES, build
+    from dlas_predict.corpus.networks import uniform_plan
+    from dlas_predict.measure.netrunner import NetworkRunner
+    from dlas_predict.networks.graph import read_network
 
     net = tmp_path / "tiny.onnx"
     onnx.save(build("cnn", {**FAMILIES["cnn"], "layers": 1, "kernels": 8, "input": 8}), net)
@@ -208,7 +209,7 @@ def test_tune_network_then_build_it_tuned(tmp_path):
     dev = get_device("local")
     opts = TuningOptions(budget=2, db=str(db))
     n = len(read_network(net).convs())
-    with NetworkMeasurer(dev, protocol=QUICK, timeout_s=300) as nm:
+    with NetworkRunner(dev, protocol=QUICK, timeout_s=300) as nm:
         dense = nm.measure(replace_tuning(uniform_plan(str(net), "tiny", "dense", None, "gemm",
                                                        n), opts))
         pruned = nm.measure(replace_tuning(uniform_plan(str(net), "tiny", "weight_pruning",
@@ -230,8 +231,8 @@ def replace_tuning(plan, opts):
 
 # ---- the cost of tuning, predicted ------------------------------------------------------------
 def _tuned_rows():
-    from dlas_predict.devices import get_device
-    from dlas_predict.features import KernelConfig, features
+    from dlas_predict.space.devices import get_device
+    from dlas_predict.models.features import KernelConfig, features
 
     dev = get_device("local")
     specs = [ConvSpec.parse(f"C={c},H=16,W=16,K=32,R=3,S=3,pad=1") for c in (8, 16, 32, 64)]
@@ -252,7 +253,7 @@ def _tuned_rows():
 
 
 def test_tuning_time_model_learns_per_trial_cost_and_round_trips(tmp_path):
-    from dlas_predict.costmodel import ModelError, TuningTimeModel
+    from dlas_predict.models.costmodel import ModelError, TuningTimeModel
 
     X, secs, trials, budgets, tuners = _tuned_rows()
     model = TuningTimeModel().fit(X, secs, trials, budgets, tuners, meta={"device": "local"})
@@ -273,8 +274,8 @@ def test_tuning_time_model_learns_per_trial_cost_and_round_trips(tmp_path):
 
 
 def test_tuning_verdict_weighs_gain_against_search_time():
-    from dlas_predict.config import Compression
-    from dlas_predict.recommend import Candidate, _tuning_verdict
+    from dlas_predict.space.config import Compression
+    from dlas_predict.recommend.search import Candidate, _tuning_verdict
 
     def cand(tn, s, search=None):
         return Candidate(Compression.DENSE, None, "gemm", (("gemm", False),), s, s, s,

@@ -5,9 +5,10 @@ import json
 import numpy as np
 import pytest
 
-from dlas_predict import accuracy, zoo
+from dlas_predict.compression import accuracy
+from dlas_predict.networks import zoo
 from dlas_predict.errors import NetworkError
-from dlas_predict.network import read_network
+from dlas_predict.networks.graph import read_network
 
 # The study's Tables 2 and 5.
 PAPER = {
@@ -49,7 +50,7 @@ def test_shipped_weights_classify_held_out_digits(name):
 def test_weights_round_trip(tmp_path):
     import torch
 
-    from dlas_predict import torchmodels
+    from dlas_predict.networks import torchmodels
 
     model = torchmodels.build("mobilenetv1-cifar")
     zoo.save_weights(model, tmp_path / "w.npz.xz")

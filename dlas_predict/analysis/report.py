@@ -1,0 +1,713 @@
+"""The DLAS report of one device's corpus: the study's summary tables, the share of the ideal
+speedup, its 13 observations with a verdict each, and the analysis plots, as one HTML page.
+
+Every number comes from the corpus (measurements) or from the shipped accuracy curves
+(measured on digits); each table says which latency it uses: a whole-network build timed
+end to end where one was measured, else the sum of the network's measured conv kernels
+(marked †). Verdicts are computed by the rules written next to each observation; an
+observation whose data the corpus lacks says "no data" and names what is missing.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dlas_predict.analysis import frames as A
+from dlas_predict.space.devices import Device
+
+HOLDS, FAILS, NO_DATA = "holds", "does not hold", "no data"
+ALGORITHMS = ("direct", "gemm", "spatial_pack")
+
+
+@dataclass
+class Observation:
+    """One of the study's observations, checked on this corpus."""
+
+    number: str           # "I" .. "XIII"
+    claim: str            # the observation, as a testable statement
+    rule: str             # how the verdict is decided
+    verdict: str = NO_DATA
+    evidence: str = ""    # the numbers behind the verdict, in words
+    numbers: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"number": self.number, "claim": self.claim, "rule": self.rule,
+                "verdict": self.verdict, "evidence": self.evidence, "numbers": self.numbers}
+
+
+@dataclass
+class Report:
+    device: Device
+    store: Path
+    counts: dict[str, Any]
+    table3: list[dict[str, Any]]
+    table4: list[dict[str, Any]]
+    table6: list[dict[str, Any]]
+    ideal: list[dict[str, Any]]
+    observations: list[Observation]
+    plots: list[tuple[str, str, Path]]  # (title, caption, file)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"device": self.device.name, "store": str(self.store), "counts": self.counts,
+                "table3": self.table3, "table4": self.table4, "table6": self.table6,
+                "ideal_speedup": self.ideal,
+                "observations": [o.to_dict() for o in self.observations],
+                "plots": [{"title": t, "caption": c, "file": str(p)} for t, c, p in self.plots]}
+
+
+# ---- network-level summaries ---------------------------------------------------------------
+def _best(frame, keys: list[str]):
+    """The fastest row of every group of ``keys``."""
+    idx = frame.groupby(keys, observed=True)["latency_ms"].idxmin()
+    return frame.loc[idx.dropna()]
+
+
+def _cell(row) -> str:
+    mark = "" if row["latency_source"] == "whole network" else "†"
+    return f"{row['algorithm']} {row['latency_ms']:.3g}{mark}"
+
+
+def summary_tables(net) -> tuple[list, list, list]:
+    """Tables 3 (fastest algorithm per compression), 4 (fastest compression per algorithm)
+    and 6 (fastest overall), per network and tuning."""
+    if net is None or net.empty:
+        return [], [], []
+    fixed = net[net["algorithm"].isin(ALGORITHMS)]
+    t3, t4, t6 = [], [], []
+    for (network, tuning), g in sorted(fixed.groupby(["network", "tuning"]),
+                                       key=lambda kv: (_family_rank(kv[0][0]), kv[0])):
+        best = _best(g, ["config"])
+        row = {"network": A.short_name(network), "tuning": tuning}
+        for _, b in best.sort_values("config").iterrows():
+            row[b["config"]] = _cell(b)
+        t3.append(row)
+        best = _best(g, ["algorithm"])
+        row = {"network": A.short_name(network), "tuning": tuning}
+        for _, b in best.iterrows():
+            mark = "" if b["latency_source"] == "whole network" else "†"
+            row[b["algorithm"]] = f"{b['config']} {b['latency_ms']:.3g}{mark}"
+        t4.append(row)
+        whole = net[(net["network"] == network) & (net["tuning"] == tuning)]
+        top = whole.loc[whole["latency_ms"].idxmin()]
+        dense = g[g["config"] == "dense"]
+        base = dense["latency_ms"].min() if not dense.empty else float("nan")
+        mark = "" if top["latency_source"] == "whole network" else "†"
+        t6.append({"network": A.short_name(network), "tuning": tuning, "config": top["config"],
+                   "algorithm": top["algorithm"], "latency_ms": f"{top['latency_ms']:.3g}{mark}",
+                   "dense best ms": f"{base:.3g}",
+                   "speedup": f"{base / top['latency_ms']:.2f}x" if base == base else "-"})
+    return t3, t4, t6
+
+
+def _family_rank(network: str) -> int:
+    """Zoo networks before generated ones."""
+    return 1 if A.generated_params(network) else 0
+
+
+def ideal_shares(net) -> list[dict[str, Any]]:
+    """Per network and pruning configuration: achieved speedup (fastest dense over fastest
+    pruned, each on its best algorithm) against the ideal one (dense MACs over the MACs
+    left after pruning); share = achieved / ideal."""
+    if net is None or net.empty:
+        return []
+    fixed = net[net["algorithm"].isin(ALGORITHMS)]
+    out = []
+    for (network, tuning), g in sorted(fixed.groupby(["network", "tuning"]),
+                                       key=lambda kv: (_family_rank(kv[0][0]), kv[0])):
+        dense = g[g["config"] == "dense"]
+        if dense.empty:
+            continue
+        base = dense["latency_ms"].min()
+        for config, p in g[g["compression"].isin(["weight_pruning", "channel_pruning"])
+                           ].groupby("config"):
+            b = p.loc[p["latency_ms"].idxmin()]
+            ideal = b["net_macs"] / max(b["effective_macs"], 1.0)
+            achieved = base / b["latency_ms"]
+            out.append({"network": network, "tuning": tuning, "config": config,
+                        "compression": b["compression"], "ratio": float(b["ratio"]),
+                        "algorithm": b["algorithm"], "achieved": achieved, "ideal": ideal,
+                        "share": achieved / ideal,
+                        "source": b["latency_source"]})
+    return out
+
+
+# ---- observations ---------------------------------------------------------------------------
+def _spearman(a, b) -> float:
+    import pandas as pd
+
+    return float(pd.Series(list(a)).rank().corr(pd.Series(list(b)).rank()))
+
+
+def _median(values) -> float:
+    import statistics
+
+    values = [v for v in values if v == v]
+    return statistics.median(values) if values else float("nan")
+
+
+def _best_by(net, network: str, config: str, tuning: str = "untuned"):
+    g = net[(net["network"] == network) & (net["config"] == config) & (net["tuning"] == tuning)
+            & net["algorithm"].isin(ALGORITHMS)]
+    return None if g.empty else g.loc[g["latency_ms"].idxmin()]
+
+
+def _config_speedups(net, config_prefix: str) -> dict[str, float]:
+    """Per network: fastest dense over fastest configuration starting with ``config_prefix``
+    (the highest ratio measured, for pruning), untuned, best algorithm each."""
+    out = {}
+    for network in sorted(set(net["network"])):
+        dense = _best_by(net, network, "dense")
+        configs = sorted({c for c in net[net["network"] == network]["config"]
+                          if c == config_prefix or c.startswith(config_prefix + "@")})
+        if dense is None or not configs:
+            continue
+        comp = _best_by(net, network, configs[-1])
+        if comp is not None:
+            out[network] = dense["latency_ms"] / comp["latency_ms"]
+    return out
+
+
+def observations(net, kernels, curves: dict | None, device: Device) -> list[Observation]:
+    has_net = net is not None and not net.empty
+    untuned = net[net["tuning"] == "untuned"] if has_net else None
+    obs: list[Observation] = []
+
+    # I
+    o = Observation("I", "Model size, MACs and accuracy are not strongly correlated with "
+                    "inference time.",
+                    "holds when the Spearman ρ of dense latency (best algorithm) with conv "
+                    "weights or with MACs, across networks, is below 0.8; accuracy is "
+                    "checked the same way over the configurations with a shipped accuracy.")
+    if has_net:
+        rows = []
+        for network in sorted(set(untuned["network"])):
+            b = _best_by(untuned, network, "dense")
+            if b is not None:
+                rows.append((network, b["net_macs"], b["latency_ms"]))
+        params = _conv_params(kernels)
+        rows = [(n, m, l, params.get(n)) for n, m, l in rows]
+        if len(rows) >= 4:
+            rho_macs = _spearman([r[1] for r in rows], [r[2] for r in rows])
+            with_p = [r for r in rows if r[3]]
+            rho_params = _spearman([r[3] for r in with_p], [r[2] for r in with_p]) \
+                if len(with_p) >= 4 else float("nan")
+            inversions = sum(1 for a in rows for b in rows if a[1] > b[1] and a[2] < b[2])
+            pairs = len(rows) * (len(rows) - 1) // 2
+            acc = _accuracy_latency(untuned, curves)
+            o.numbers = {"networks": len(rows), "rho_macs_latency": rho_macs,
+                         "rho_params_latency": rho_params, "inverted_pairs": inversions,
+                         "pairs": pairs, **acc}
+            rhos = [abs(x) for x in (rho_macs, rho_params,
+                                     acc.get("rho_accuracy_latency", float("nan"))) if x == x]
+            if rhos:
+                o.verdict = HOLDS if min(rhos) < 0.8 else FAILS
+            o.evidence = (f"over {len(rows)} networks (dense, fastest algorithm): ρ(MACs, "
+                          f"latency) = {rho_macs:.2f}, ρ(conv weights, latency) = "
+                          f"{rho_params:.2f}; {inversions} of {pairs} network pairs have the "
+                          "network with more MACs running faster")
+            if "rho_accuracy_latency" in acc:
+                o.evidence += (f"; ρ(top-1, latency) = {acc['rho_accuracy_latency']:.2f} over "
+                               f"{acc['configs_with_accuracy']} configurations with a shipped "
+                               "accuracy")
+    _no_data(o, "no network with a dense configuration in this corpus")
+    obs.append(o)
+
+    # II
+    o = Observation("II", "Weight pruning keeps accuracy to higher ratios than channel "
+                    "pruning.",
+                    "holds when, on every network with both shipped curves, the weight-"
+                    "pruning elbow (highest ratio within 1 point of dense top-1) is at or "
+                    "above the channel-pruning elbow (none counts as 0).")
+    if curves:
+        rows = {n: ((c.get("weight_pruning") or {}).get("elbow") or 0.0,
+                    (c.get("channel_pruning") or {}).get("elbow") or 0.0)
+                for n, c in curves.items() if c.get("weight_pruning")
+                and c.get("channel_pruning")}
+        if rows:
+            o.numbers = {n: {"weight_elbow": w, "channel_elbow": c} for n, (w, c) in
+                         rows.items()}
+            o.verdict = HOLDS if all(w >= c for w, c in rows.values()) else FAILS
+            o.evidence = "elbows (weight / channel): " + "; ".join(
+                f"{n} {w:g} / {c:g}" for n, (w, c) in rows.items()) + \
+                " (shipped curves: top-1 on 360 held-out digits; accuracy does not depend " \
+                "on the device)"
+    _no_data(o, "no shipped accuracy curves")
+    obs.append(o)
+
+    # III
+    o = Observation("III", "Quantisation speedups depend on the hardware: int8 is not a "
+                    "reliable speedup on this device.",
+                    "holds when int8 (fastest algorithm) is slower than float32 dense on at "
+                    "least one network, or its median speedup is below 2x.")
+    _speedup_obs(o, untuned, "int8", lambda med, slower: slower > 0 or med < 2.0)
+    obs.append(o)
+
+    # IV
+    o = Observation("IV", "Channel pruning gives a more reliable speedup than weight "
+                    "pruning.",
+                    "holds when the median speedup over dense of channel pruning (highest "
+                    "measured ratio, fastest algorithm) is above 1 and above weight "
+                    "pruning's at the same ratio.")
+    if has_net:
+        ch = _config_speedups(untuned, "channel_pruning")
+        wp = _config_speedups(untuned, "weight_pruning")
+        common = sorted(set(ch) & set(wp))
+        if common:
+            mc, mw = _median(ch[n] for n in common), _median(wp[n] for n in common)
+            o.numbers = {"networks": len(common), "median_channel": mc, "median_weight": mw}
+            o.verdict = HOLDS if mc > 1 and mc > mw else FAILS
+            o.evidence = (f"median speedup over dense on {len(common)} networks: channel "
+                          f"pruning {mc:.2f}x, weight pruning {mw:.2f}x (our channel-pruned "
+                          "layers run CSR kernels over the zeroed channels)")
+    _no_data(o, "no network with both prunings and dense measured")
+    obs.append(o)
+
+    # V
+    o = Observation("V", "float16 slows CPUs that lack native float16 arithmetic.",
+                    "on a CPU without native float16 (no avx512_fp16 / fphp): holds when "
+                    "float16 (fastest algorithm) is slower than float32 dense on most networks.")
+    native = bool(set(device.isa_flags) & {"avx512_fp16", "fphp", "asimdhp"})
+    if device.kind != "cpu":
+        o.evidence = f"{device.name} is a {device.kind}, not a CPU"
+        o.verdict = NO_DATA
+    else:
+        _speedup_obs(o, untuned, "float16", None, majority=True)
+        if native and o.verdict != NO_DATA:
+            o.evidence += " (this CPU has native float16 arithmetic)"
+    obs.append(o)
+
+    # VI
+    o = Observation("VI", "Untuned, the fastest algorithm for a dense model is GEMM or "
+                    "direct, not spatial pack.",
+                    "holds when GEMM or direct is the fastest untuned dense algorithm on most "
+                    "networks.")
+    if has_net:
+        wins = {}
+        for network in sorted(set(untuned["network"])):
+            b = _best_by(untuned, network, "dense")
+            if b is not None:
+                wins[network] = b["algorithm"]
+        if wins:
+            counts = {a: sum(1 for v in wins.values() if v == a) for a in ALGORITHMS}
+            o.numbers = {"winners": counts}
+            o.verdict = HOLDS if counts["gemm"] + counts["direct"] > len(wins) / 2 else FAILS
+            o.evidence = "fastest untuned dense algorithm: " + ", ".join(
+                f"{a} on {n}" for a, n in counts.items()) + f" of {len(wins)} networks"
+    _no_data(o, "no untuned dense network configuration")
+    obs.append(o)
+
+    # VII, VIII
+    shares = ideal_shares(net) if has_net else []
+    for number, comp, claim, rule, test in (
+            ("VII", "weight_pruning", "Weight-pruned models reach only a small fraction of "
+             "their ideal speedup (the study: 11.5 % on the HiKey, 21.8 % on the i7, "
+             "untuned).", "holds when the median share of the ideal speedup (achieved / "
+             "(dense MACs / MACs left)) is below 50 %.", lambda s, other: s < 0.5),
+            ("VIII", "channel_pruning", "Channel-pruned models reach a larger share of their "
+             "ideal speedup than weight-pruned ones (the study: 77.9 % and 83.9 %).",
+             "holds when channel pruning's median share of its ideal speedup is above "
+             "weight pruning's.", lambda s, other: other == other and s > other)):
+        o = Observation(number, claim, rule)
+        mine = [s["share"] for s in shares if s["compression"] == comp
+                and s["tuning"] == "untuned"]
+        other_comp = "channel_pruning" if comp == "weight_pruning" else "weight_pruning"
+        other = _median(s["share"] for s in shares if s["compression"] == other_comp
+                        and s["tuning"] == "untuned")
+        if mine:
+            med = _median(mine)
+            o.numbers = {"configurations": len(mine), "median_share": med,
+                         "median_share_other": other}
+            o.verdict = HOLDS if test(med, other) else FAILS
+            o.evidence = (f"median share of the ideal speedup over {len(mine)} "
+                          f"{comp} configurations: {med:.1%} (the other pruning: "
+                          f"{other:.1%})")
+        _no_data(o, f"no {comp} network configuration with its dense baseline")
+        obs.append(o)
+
+    # IX
+    o = Observation("IX", "Sparse (CSR) kernels beat dense ones only at high sparsity.",
+                    "over weight-pruned layers, holds when CSR kernels win (faster than the "
+                    "same algorithm's dense kernel) on under half the layers below 70 % "
+                    "sparsity.")
+    if kernels is not None and not kernels.empty:
+        k = A.unique_kernels(kernels)
+        k = k[(k["compression"] == "weight_pruning") & k["speedup"].notna()]
+        if len(k):
+            bins = [(0.0, 0.5), (0.5, 0.7), (0.7, 0.9), (0.9, 1.01)]
+            table = {}
+            for lo, hi in bins:
+                part = k[(k["sparsity"] >= lo) & (k["sparsity"] < hi)]
+                if len(part):
+                    table[f"{lo:.1f}-{min(hi, 1.0):.1f}"] = {
+                        "layers": int(len(part)), "csr_wins": float((part["speedup"] > 1).mean())}
+            low = k[k["sparsity"] < 0.7]
+            o.numbers = {"by_sparsity": table}
+            if len(low):
+                o.verdict = HOLDS if (low["speedup"] > 1).mean() < 0.5 else FAILS
+            o.evidence = "share of layers where CSR beats dense, by layer sparsity: " + \
+                "; ".join(f"{b}: {v['csr_wins']:.0%} of {v['layers']}" for b, v in
+                          table.items())
+    _no_data(o, "no weight-pruned kernel with its dense counterpart")
+    obs.append(o)
+
+    # X
+    o = Observation("X", "No single algorithm is fastest everywhere: the best one depends "
+                    "on the network and the compression.",
+                    "holds when Table 3's winners include at least two algorithms.")
+    if has_net:
+        fixed = untuned[untuned["algorithm"].isin(ALGORITHMS)]
+        winners = _best(fixed, ["network", "config"])["algorithm"]
+        if len(winners):
+            counts = winners.value_counts().to_dict()
+            o.numbers = {"winners": counts, "cells": int(len(winners))}
+            o.verdict = HOLDS if len(counts) >= 2 else FAILS
+            o.evidence = f"over {len(winners)} (network, configuration) cells the fastest " \
+                         "algorithm is " + ", ".join(f"{a} {n}" for a, n in counts.items())
+    _no_data(o, "no network configuration")
+    obs.append(o)
+
+    # XI, XII, XIII: tuning
+    o = Observation("XI", "Auto-tuning changes which algorithm is fastest (the study: "
+                    "untuned GEMM or direct; tuned CPU: spatial pack for dense, direct for "
+                    "sparse).",
+                    "holds when, on some layer measured tuned and untuned with every "
+                    "algorithm, the fastest algorithm differs between the two.")
+    changed, compared = _tuning_changes(kernels)
+    if compared:
+        o.numbers = {"layers_compared": compared, "winner_changed": changed}
+        o.verdict = HOLDS if changed else FAILS
+        o.evidence = f"the fastest algorithm changes with tuning on {changed} of {compared} " \
+                     "layer configurations"
+    _no_data(o, "no layer measured both tuned and untuned with every algorithm (tuned "
+                "records come from MetaSchedule (dlas-predict tune); TopHub logs hold one tuned "
+                "algorithm per workload)")
+    obs.append(o)
+
+    o = Observation("XII", "Sparse kernels gain less from tuning than dense ones.",
+                    "holds when the median tuned-over-untuned speedup of CSR kernels is below "
+                    "that of dense kernels.")
+    gains = _tuning_gains(kernels)
+    if gains.get("sparse") and gains.get("dense"):
+        o.numbers = gains
+        o.verdict = HOLDS if gains["sparse"] < gains["dense"] else FAILS
+        o.evidence = f"median tuning speedup: CSR {gains['sparse']:.2f}x, dense " \
+                     f"{gains['dense']:.2f}x"
+    _no_data(o, "no kernel measured both tuned and untuned, sparse and dense")
+    obs.append(o)
+
+    o = Observation("XIII", "Auto-tuning is expensive: hours per network (the study: over "
+                    "140 hours per ImageNet model on the HiKey).",
+                    "holds when the recorded tuning time of a network's layers sums to over "
+                    "an hour.")
+    secs = _tuning_seconds(kernels)
+    if secs:
+        o.numbers = {"tuning_hours": secs}
+        worst = max(secs.values())
+        o.verdict = HOLDS if worst > 1.0 else FAILS
+        o.evidence = "recorded tuning time per network: " + ", ".join(
+            f"{n} {h:.2f} h" for n, h in sorted(secs.items()))
+    _no_data(o, "no tuned record with its tuning_seconds (MetaSchedule tuning: dlas-predict tune)")
+    obs.append(o)
+    return obs
+
+
+def _no_data(o: Observation, why: str) -> None:
+    if o.verdict == NO_DATA and not o.evidence:
+        o.evidence = why
+
+
+def _speedup_obs(o: Observation, untuned, config: str, test, majority: bool = False) -> None:
+    if untuned is None or untuned.empty:
+        return
+    sp = _config_speedups(untuned, config)
+    if not sp:
+        return
+    med = _median(sp.values())
+    slower = sum(1 for v in sp.values() if v < 1)
+    o.numbers = {"networks": len(sp), "median_speedup": med, "slower_on": slower,
+                 "per_network": sp}
+    if majority:
+        o.verdict = HOLDS if slower > len(sp) / 2 else FAILS
+    else:
+        o.verdict = HOLDS if test(med, slower) else FAILS
+    o.evidence = (f"{config} over float32 dense (fastest algorithm each): median "
+                  f"{med:.2f}x over {len(sp)} networks; slower on {slower}")
+
+
+def _conv_params(kernels) -> dict[str, int]:
+    if kernels is None or kernels.empty:
+        return {}
+    dense = kernels[(kernels["compression"] == "dense") & (kernels["network"] != "-")]
+    dense = dense.drop_duplicates(subset=["network", "C", "K", "H", "W", "R", "S", "stride",
+                                          "groups"])
+    return dense.groupby("network")["params"].sum().to_dict()
+
+
+def _accuracy_latency(untuned, curves: dict | None) -> dict[str, Any]:
+    if not curves:
+        return {}
+    pairs = []
+    for network, c in curves.items():
+        for config in set(untuned[untuned["network"] == network]["config"]):
+            comp, _, ratio = config.partition("@")
+            acc = None
+            if comp == "dense":
+                acc = c.get("dense")
+            elif comp in ("float16", "int8"):
+                acc = c.get(comp)
+            elif c.get(comp):
+                acc = dict((round(r, 2), a) for r, a in c[comp]["points"]).get(
+                    round(float(ratio), 2))
+            b = _best_by(untuned, network, config)
+            if acc is not None and b is not None:
+                pairs.append((acc, b["latency_ms"]))
+    if len(pairs) < 4:
+        return {}
+    return {"rho_accuracy_latency": _spearman([p[0] for p in pairs], [p[1] for p in pairs]),
+            "configs_with_accuracy": len(pairs)}
+
+
+def _tuning_pairs(kernels):
+    if kernels is None or kernels.empty or set(kernels["tuning"]) != {"tuned", "untuned"}:
+        return None
+    k = A.unique_kernels(kernels)
+    keys = ["device", "C", "K", "H", "W", "R", "S", "stride", "groups", "compression",
+            "ratio", "algorithm"]
+    return k.pivot_table(index=keys, columns="tuning", values="latency_ms",
+                         aggfunc="min").dropna()
+
+
+def _tuning_changes(kernels) -> tuple[int, int]:
+    pairs = _tuning_pairs(kernels)
+    if pairs is None or pairs.empty:
+        return 0, 0
+    flat = pairs.reset_index()
+    keys = ["device", "C", "K", "H", "W", "R", "S", "stride", "groups", "compression", "ratio"]
+    changed = compared = 0
+    for _, g in flat.groupby(keys):
+        if set(g["algorithm"]) != set(ALGORITHMS):
+            continue
+        compared += 1
+        changed += g.loc[g["tuned"].idxmin(), "algorithm"] != \
+            g.loc[g["untuned"].idxmin(), "algorithm"]
+    return int(changed), compared
+
+
+def _tuning_gains(kernels) -> dict[str, float]:
+    pairs = _tuning_pairs(kernels)
+    if pairs is None or pairs.empty:
+        return {}
+    flat = pairs.reset_index()
+    flat["gain"] = flat["untuned"] / flat["tuned"]
+    sparse = flat["compression"].isin(["weight_pruning", "channel_pruning"])
+    out = {}
+    if sparse.any():
+        out["sparse"] = float(flat.loc[sparse, "gain"].median())
+    if (~sparse).any():
+        out["dense"] = float(flat.loc[~sparse, "gain"].median())
+    return out
+
+
+def _tuning_seconds(kernels) -> dict[str, float]:
+    """Hours of recorded search per network (tuned kernels with ``tuning_seconds``)."""
+    if kernels is None or kernels.empty:
+        return {}
+    t = kernels[(kernels["tuning"] == "tuned") & kernels["tuning_seconds"].notna()
+                & (kernels["network"] != "-")]
+    return {n: float(v) / 3600 for n, v in t.groupby("network")["tuning_seconds"].sum().items()}
+
+
+# ---- building the report -------------------------------------------------------------------
+def build_report(device: str, store: Path | None, out_dir: Path) -> Report:
+    """Compute everything and write the plots into ``out_dir``."""
+    from dlas_predict.space.devices import get_device
+    from dlas_predict.errors import DlasError
+
+    get_device(device, with_target=False)
+    path = A.resolve_store(device, store)
+    dev = A.frame_device(path, device)
+    kernels = A.kernel_frame(path, dev)
+    try:
+        net = A.network_frame(path, dev)
+    except DlasError:
+        net = None
+    from dlas_predict.recommend.search import shipped_curves
+
+    curves = (shipped_curves() or None) if dev.name == "local" else None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plots: list[tuple[str, str, Path]] = []
+    unique = A.unique_kernels(kernels)
+    sub = A._subtitle(unique, " (unique kernels)")
+    A.plot_roofline(unique, dev, out_dir / "roofline.png", "compression", sub)
+    plots.append(("Roofline", f"Every kernel measurement of {dev.name} at its arithmetic "
+                  f"intensity and achieved GFLOP/s, under the device's roofs ({dev.source}).",
+                  out_dir / "roofline.png"))
+    if net is not None and len(net):
+        b, s = A.boxplot_stats(net, "speedup", "compression", "network")
+        A.plot_boxplot(b, s, out_dir / "speedup_by_compression.png", A._subtitle(net))
+        plots.append(("Speedup of each compression", "Whole-network speedup over the dense "
+                      "float32 configuration with the same algorithm, across networks, "
+                      "algorithms and ratios.", out_dir / "speedup_by_compression.png"))
+        h = A.heatmap(net, "algorithm", "compression", "speedup", "network")
+        A.plot_heatmap(h, out_dir / "heatmap_algorithm_compression.png", A._subtitle(net))
+        plots.append(("Algorithm × compression", "Median whole-network speedup over dense "
+                      "for each algorithm and compression.",
+                      out_dir / "heatmap_algorithm_compression.png"))
+    gen = kernels[kernels["family"] == "generated"]
+    if len(gen) and gen["net_kernels"].nunique() > 1 and gen["net_input"].nunique() > 1:
+        h = A.heatmap(gen, "net_kernels", "net_input", "gflops")
+        A.plot_heatmap(h, out_dir / "heatmap_generated.png", A._subtitle(gen))
+        plots.append(("Generated sweep (ParaDnn-style)", "Median achieved GFLOP/s of the "
+                      "generated networks' conv kernels by filters (width) and input size.",
+                      out_dir / "heatmap_generated.png"))
+    params = [p for p in ("C", "K", "H", "R", "stride", "depthwise", "algorithm",
+                          "compression", "sparsity") if unique[p].nunique() > 1]
+    if params:
+        r = A.regression(unique, "log_latency", params)
+        A.plot_regression(r, out_dir / "regression.png", sub)
+        plots.append(("Regression", f"Standardised coefficients of an OLS fit of log latency "
+                      f"on the layer shape and configuration (R² = {r.r2:.2f}).",
+                      out_dir / "regression.png"))
+    b, s = A.boxplot_stats(unique, "spread", "algorithm")
+    A.plot_boxplot(b, s, out_dir / "spread_by_algorithm.png", sub)
+    plots.append(("Run-to-run spread", "Inter-quartile range over the median of each "
+                  "kernel's timed runs, by algorithm.", out_dir / "spread_by_algorithm.png"))
+    t3, t4, t6 = summary_tables(net)
+    counts = {"kernel_measurements": int(len(unique)),
+              "networks": int(net["network"].nunique()) if net is not None else 0,
+              "network_configurations": int(len(net)) if net is not None else 0,
+              "whole_network_latencies": int((net["latency_source"] == "whole network").sum())
+              if net is not None else 0,
+              "sources": unique["source"].value_counts().to_dict(),
+              "tunings": unique["tuning"].value_counts().to_dict()}
+    return Report(dev, path, counts, t3, t4, t6, ideal_shares(net),
+                  observations(net, kernels, curves, dev), plots)
+
+
+# ---- HTML -----------------------------------------------------------------------------------
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;max-width:1200px;margin:2em auto;
+padding:0 1em;color:#222;line-height:1.45}
+h1{font-size:1.6em}h2{margin-top:2em;border-bottom:1px solid #ddd;padding-bottom:.2em}
+table{border-collapse:collapse;margin:1em 0;font-size:.85em}
+th,td{border:1px solid #ccc;padding:.25em .5em;text-align:left;vertical-align:top}
+th{background:#f3f3f3}.holds{color:#116611;font-weight:bold}
+.does-not-hold{color:#aa1111;font-weight:bold}.no-data{color:#777;font-weight:bold}
+figure{margin:1.5em 0}figure img{max-width:100%;border:1px solid #eee}
+figcaption{font-size:.9em;color:#555}.note{font-size:.9em;color:#555}
+.scroll{overflow-x:auto}td:first-child{white-space:nowrap}
+"""
+
+
+def _table(rows: list[dict[str, Any]], table_id: str) -> str:
+    if not rows:
+        return '<p class="note">No data in this corpus.</p>'
+    cols: list[str] = []
+    for r in rows:
+        cols.extend(c for c in r if c not in cols)
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in cols)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(r.get(c, '')))}</td>"
+                                    for c in cols) + "</tr>" for r in rows)
+    return (f'<div class="scroll"><table id="{table_id}"><thead><tr>{head}</tr></thead>'
+            f"<tbody>{body}</tbody></table></div>")
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return "" if v != v else f"{v:.3g}"
+    return str(v)
+
+
+def render_html(report: Report) -> str:
+    dev = report.device
+    peaks = ", ".join(f"{k} {v:g}" for k, v in dev.peak_gflops.items()) or "unknown"
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+             f"<title>DLAS report: {html.escape(dev.name)}</title><style>{_CSS}</style>"
+             "</head><body>",
+             f"<h1>DLAS report: {html.escape(dev.name)}</h1>",
+             f"<p>{html.escape(dev.description)}. Roofs ({html.escape(dev.source)}): peak "
+             f"GFLOP/s {html.escape(peaks)}; bandwidth {dev.mem_bandwidth_gbs or 'unknown'} "
+             f"GB/s. Corpus: <code>{html.escape(str(report.store))}</code>; "
+             f"{report.counts['kernel_measurements']} kernel measurements "
+             f"({html.escape(json.dumps(report.counts['sources']))}), "
+             f"{report.counts['network_configurations']} network configurations of "
+             f"{report.counts['networks']} networks, "
+             f"{report.counts['whole_network_latencies']} of them timed as whole networks. "
+             f"Generated {when} by <code>dlas-predict report</code>.</p>",
+             "<p class='note'>Latencies are medians of measured runs. In the tables a value "
+             "marked † is the sum of the network's measured conv kernels (no whole-network "
+             "build was timed for it); unmarked values are whole networks built and timed "
+             "end to end. Cells read <i>algorithm latency-ms</i>.</p>"]
+    parts += ["<h2 id='observations'>The study's 13 observations on this device</h2>",
+              "<p class='note'>Each observation is stated as a claim that this corpus can "
+              "test, with the rule that decides the verdict. The wording is ours; the "
+              "numbering follows the study where this project's notes cite it (V, XI).</p>",
+              "<table id='observations-table'><thead><tr><th>#</th><th>observation</th>"
+              "<th>verdict</th><th>numbers behind it</th><th>rule</th></tr></thead><tbody>"]
+    for o in report.observations:
+        cls = o.verdict.replace(" ", "-")
+        parts.append(f"<tr id='obs-{o.number}'><td>{o.number})</td><td>{html.escape(o.claim)}"
+                     f"</td><td class='{cls}'>{o.verdict}</td><td>{html.escape(o.evidence)}"
+                     f"</td><td class='note'>{html.escape(o.rule)}</td></tr>")
+    parts.append("</tbody></table>")
+    parts += ["<h2 id='table3'>Table 3: fastest algorithm per compression</h2>",
+              "<p class='note'>Per network and tuning; each cell is the fastest algorithm "
+              "for that configuration and its latency (ms).</p>",
+              _table(report.table3, "table3-data"),
+              "<h2 id='table4'>Table 4: fastest compression per algorithm</h2>",
+              _table(report.table4, "table4-data"),
+              "<h2 id='table6'>Table 6: fastest configuration overall</h2>",
+              "<p class='note'>Including the per-layer plan (each layer on its own fastest "
+              "kernel) where one was measured; speedup over the fastest dense "
+              "configuration.</p>",
+              _table(report.table6, "table6-data"),
+              "<h2 id='ideal'>Share of the ideal speedup</h2>",
+              "<p class='note'>Ideal speedup: the network's dense conv MACs over the MACs its "
+              "pruned layers keep. Achieved: the fastest dense latency over the fastest "
+              "pruned latency. Share = achieved / ideal.</p>",
+              _table(_ideal_rows(report.ideal), "ideal-data")]
+    parts.append("<h2 id='plots'>Plots</h2>")
+    for title, caption, path in report.plots:
+        data = base64.b64encode(Path(path).read_bytes()).decode()
+        parts.append(f"<figure><img alt='{html.escape(title)}' src='data:image/png;base64,"
+                     f"{data}'><figcaption><b>{html.escape(title)}.</b> "
+                     f"{html.escape(caption)} (also <code>{html.escape(Path(path).name)}"
+                     "</code>)</figcaption></figure>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def _ideal_rows(ideal: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    rows = []
+    for r in ideal:
+        rows.append({"network": A.short_name(r["network"]), "tuning": r["tuning"],
+                     "config": r["config"],
+                     "fastest algorithm": r["algorithm"],
+                     "achieved": f"{r['achieved']:.2f}x", "ideal": f"{r['ideal']:.2f}x",
+                     "share": f"{r['share']:.1%}",
+                     "latency": "whole network" if r["source"] == "whole network"
+                     else "conv kernel sum †"})
+    by_comp: dict[str, list[float]] = {}
+    for r in ideal:
+        by_comp.setdefault(r["compression"], []).append(r["share"])
+    for comp, shares in sorted(by_comp.items()):
+        rows.append({"network": "median", "config": comp,
+                     "share": f"{_median(shares):.1%}"})
+    return rows
+
+
+def write_report(device: str, store: Path | None, out_dir: Path) -> tuple[Report, Path]:
+    out_dir = Path(out_dir)
+    report = build_report(device, store, out_dir)
+    page = out_dir / "index.html"
+    page.write_text(render_html(report))
+    (out_dir / "report.json").write_text(json.dumps(report.to_dict(), indent=1, default=str))
+    return report, page
+

@@ -1,0 +1,1171 @@
+"""The ``dlas-predict`` command: a thin layer over the library.
+
+Every library error is a :class:`dlas_predict.errors.DlasError`; it is printed as one
+``Error: …`` line on stderr and the command exits non-zero. Heavy packages (TVM, torch,
+LightGBM, pandas) are imported inside the commands that need them.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Callable, List, Optional
+
+import typer
+
+from dlas_predict.space.config import DEFAULT_CURVE_RATIOS, ELBOW_DROP_PP
+from dlas_predict.errors import DlasError
+from dlas_predict.paths import DEMO_NETWORK, MODELS_STORE
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Predict the fastest accurate way to deploy a DNN (DLAS grid), "
+                       "from real TVM measurements.")
+corpus_app = typer.Typer(no_args_is_help=True, help="Inspect and export a measurement corpus.")
+app.add_typer(corpus_app, name="corpus")
+analyze_app = typer.Typer(no_args_is_help=True, help="ParaDnn's analysis toolbox over a corpus: "
+                          "heatmap, regression, roofline, boxplot (PNG/SVG/PDF plots).")
+app.add_typer(analyze_app, name="analyze")
+
+
+
+def _fail(message: str, code: int = 1) -> None:
+    typer.echo(f"Error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def handle_errors(func: Callable) -> Callable:
+    """Turn library errors into one ``Error:`` line and a non-zero exit status."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except DlasError as exc:
+            _fail(str(exc))
+        except OSError as exc:  # unwritable output, full disk, unreadable input
+            _fail(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc))
+        except KeyboardInterrupt:
+            _fail("interrupted; every record measured so far is kept in the store", 130)
+
+    return wrapper
+
+
+def _print_json(obj) -> None:
+    typer.echo(json.dumps(obj, indent=2, default=str))
+
+
+# ---- devices ----------------------------------------------------------------------------
+@app.command()
+@handle_errors
+def devices(as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+            measure_peaks: bool = typer.Option(
+                False, "--measure-peaks", help="Measure this machine's roofs (peak GFLOP/s "
+                "per dtype with an FMA-bound kernel, bandwidth with a streaming kernel) and "
+                "store them in the local device entry."),
+            save_to: Optional[Path] = typer.Option(
+                None, "--save-to", help="With --measure-peaks: also merge the result into "
+                "this JSON file (the shipped one is dlas_predict/data/measured_peaks.json).")):
+    """List the device registry (``local`` is detected on this machine)."""
+    from dlas_predict.space.devices import all_devices
+    from dlas_predict.render import format_table
+
+    if save_to is not None and not measure_peaks:
+        _fail("--save-to needs --measure-peaks", 2)
+    if measure_peaks:
+        _measure_peaks(as_json, save_to)
+        return
+    devs = all_devices()
+    if as_json:
+        _print_json([d.to_dict() for d in devs])
+        return
+    rows = [{
+        "name": d.name, "kind": d.kind, "cores": d.cores,
+        "peak fp32 GFLOP/s": d.peak_gflops.get("float32"),
+        "bandwidth GB/s": d.mem_bandwidth_gbs, "figures": d.source,
+        "target": json.dumps(d.target, separators=(",", ":")), "description": d.description,
+    } for d in devs]
+    typer.echo(format_table(rows))
+    typer.echo("\nfigures: spec = vendor specification; estimate = derived from the detected "
+               "ISA and clock (not measured); measured = `devices --measure-peaks` on this "
+               "machine.")
+
+
+def _measure_peaks(as_json: bool, save_to: Optional[Path]) -> None:
+    import time
+
+    from dlas_predict.space.devices import detect_local, save_measured_peaks
+    from dlas_predict.measure.runner import LocalRunner
+
+    dev = detect_local()
+    if not as_json:
+        typer.echo(f"measuring the roofs of {dev.description} (about 30 s) ...")
+    with LocalRunner(dev, timeout_s=600) as runner:
+        reply = runner.call({"kind": "peaks", "target": dev.target, "cores": dev.cores,
+                             "simd_bits": dev.simd_bits or 128})
+    if not reply.get("ok"):
+        _fail(f"measuring the roofs failed: {reply.get('error')}")
+    entry = {"fingerprint": dev.fingerprint, "cpu_model": dev.cpu_model, "cores": dev.cores,
+             "simd_bits": dev.simd_bits, "caches": dev.caches,
+             "peak_gflops": reply["peak_gflops"],
+             "mem_bandwidth_gbs": reply["mem_bandwidth_gbs"], "details": reply["details"],
+             "tvm_version": reply.get("tvm_version"), "measured_at": time.time(),
+             "method": "measure/peaks.py: FMA-bound register kernel per dtype (best of 15 "
+                       "runs); STREAM triad over 3 x 256 MiB (3 x 4 bytes per element)"}
+    path = save_measured_peaks(entry, str(save_to) if save_to else None)
+    if as_json:
+        _print_json(entry)
+        return
+    for dtype, value in entry["peak_gflops"].items():
+        typer.echo(f"  peak {dtype:8s} {value:8.1f} GFLOP/s (measured)")
+    typer.echo(f"  bandwidth        {entry['mem_bandwidth_gbs']:8.1f} GB/s (measured)")
+    typer.echo(f"stored in the local device entry: {path}"
+               + (f" and {save_to}" if save_to else ""))
+
+
+# ---- measure ----------------------------------------------------------------------------
+_TRIALS_OPT = typer.Option(64, "--trials", help="Tuned: trial budget per kernel (up to the "
+                           "study's 20000).")
+_EARLY_STOP_OPT = typer.Option(32, "--early-stop", help="Tuned: stop a search after this many "
+                               "trials without a 1 % gain (0: never).")
+_TUNING_DB_OPT = typer.Option(None, "--tuning-db", help="Tuning database directory, reused "
+                              "across runs (default: DLAS_HOME/tuning/DEVICE-FINGERPRINT).")
+
+_QUIET_WAIT_OPT = typer.Option(30.0, "--quiet-wait", help="Seconds to wait, before each "
+                               "timing, for the machine to run at its usual speed: no other "
+                               "process on a core, the canary kernel near its fastest (0: time "
+                               "at once; both are probed and recorded either way).")
+
+
+def _protocol(max_repeats: int, time_budget: float, quiet_wait: float = 30.0):
+    from dlas_predict.errors import ConfigError
+    from dlas_predict.measure.worker import Protocol
+
+    if max_repeats < 1:
+        raise ConfigError(f"--max-repeats must be at least 1, got {max_repeats}")
+    if time_budget <= 0:
+        raise ConfigError(f"--time-budget must be positive, got {time_budget}")
+    if quiet_wait < 0:
+        raise ConfigError(f"--quiet-wait must be 0 or more seconds, got {quiet_wait}")
+    return Protocol(max_repeats=max_repeats, min_repeats=min(10, max_repeats),
+                    time_budget_s=time_budget, quiet_wait_s=quiet_wait)
+
+
+def _local_device(name: str):
+    from dlas_predict.space.devices import LOCAL, get_device
+    from dlas_predict.errors import DeviceError
+
+    if name != LOCAL:
+        get_device(name, with_target=False)  # an unknown name raises, listing the known ones
+        raise DeviceError(f"device {name!r} is in the registry but cannot be measured from "
+                          "here: measurement runs on 'local' only (RPC runners are not built "
+                          "yet)")
+    return get_device(LOCAL)
+
+
+@app.command()
+@handle_errors
+def measure(
+    conv: str = typer.Option(..., "--conv", help="Conv workload, e.g. "
+                             "C=64,H=56,W=56,K=64,R=3,S=3,stride=1,pad=1[,groups=G]"),
+    device: str = typer.Option("local", "--device", help="Device name (see `devices`)."),
+    algorithm: str = typer.Option("all", "--algorithm",
+                                  help="all | comma list of direct,gemm,spatial_pack"),
+    compression: str = typer.Option(
+        "all", "--compression",
+        help="all | comma list of dense,weight_pruning,channel_pruning,float16,int8"),
+    ratio: float = typer.Option(0.9, "--ratio", help="Pruning ratio in (0, 1)."),
+    store: Optional[Path] = typer.Option(None, "--store", help="Also record into this corpus."),
+    max_repeats: int = typer.Option(150, "--max-repeats", help="Timed runs (at most)."),
+    time_budget: float = typer.Option(3.0, "--time-budget",
+                                      help="Seconds of timing per variant (>= 10 runs kept)."),
+    timeout: float = typer.Option(300.0, "--timeout", help="Seconds before a kernel is "
+                                  "declared hung."),
+    quiet_wait: float = _QUIET_WAIT_OPT,
+    tuning: str = typer.Option("untuned", "--tuning", help="untuned | tuned | all (tuned: "
+                               "MetaSchedule for dense kernels, a knob search for CSR)."),
+    trials: int = _TRIALS_OPT, early_stop: int = _EARLY_STOP_OPT,
+    tuning_db: Optional[Path] = _TUNING_DB_OPT,
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object per variant."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+):
+    """Measure one conv workload across algorithms × compressions (× tuning) on a device."""
+    from dlas_predict.space.config import Algorithm, Compression, ConvSpec, check_ratio, variant_grid
+    from dlas_predict.render import format_table
+    from dlas_predict.corpus.collect import collect_kernels as run_collect
+    from dlas_predict.measure.runner import LocalRunner, MeasureTask
+
+    spec = ConvSpec.parse(conv)
+    algorithms = Algorithm.parse_list(algorithm)
+    compressions = Compression.parse_list(compression)
+    check_ratio(ratio)
+    proto = _protocol(max_repeats, time_budget, quiet_wait)
+    tunings, opts = _tuning(tuning, trials, early_stop, tuning_db)
+    dev = _local_device(device)
+    variants = [v for t in tunings for v in variant_grid(algorithms, compressions, ratio, t)]
+    tasks = [MeasureTask.make(spec, v, dev, tuning=opts) for v in variants]
+    db = None
+    if store is not None:
+        from dlas_predict.corpus.store import CorpusStore
+
+        db = CorpusStore(store)
+    with LocalRunner(dev, protocol=proto, timeout_s=timeout) as runner:
+        # measure always measures: nothing is skipped; with --store each record is committed
+        # as it arrives.
+        results = run_collect(tasks, None, runner, progress=not quiet and not as_json,
+                              on_result=db.add if db is not None else None).results
+    if db is not None:
+        db.close()
+    keys = ("algorithm", "compression", "ratio", "sparse", "dtype", "tuning", "median_ms",
+            "spread", "n_runs", "gflops", "sparsity", "verified", "max_error", "compile_s",
+            "knobs", "tuning_seconds", "trials", "tuner", "error")
+    out = [{"conv": spec.to_spec(), "device": dev.name,
+            **{k: r.to_dict()[k] for k in keys}} for r in results]
+    if as_json:
+        _print_json(out)
+    else:
+        typer.echo(f"{spec.to_spec()}  on {dev.name} ({dev.description}); "
+                   f"{spec.macs / 1e6:.1f} M MACs; measured medians")
+        typer.echo(format_table([_measure_row(r) for r in results]))
+    bad = [r for r in results if not r.ok or r.verified is False]
+    if bad:
+        _fail(f"{len(bad)} of {len(results)} variants failed or did not verify "
+              "(see the error column)")
+
+
+def _tuning(tuning: str, trials: int, early_stop: int, tuning_db: Optional[Path]):
+    """(tunings to measure, tuning options) from the command's options."""
+    from dlas_predict.space.config import Tuning
+    from dlas_predict.measure.runner import TuningOptions
+
+    tunings = Tuning.parse_list(tuning)
+    return tunings, TuningOptions(budget=trials, patience=early_stop,
+                                  db=str(tuning_db) if tuning_db else None)
+
+
+def _measure_row(r) -> dict:
+    d = r.to_dict()
+    tuned = d["tuning"] == "tuned"
+    return {
+        "algorithm": d["algorithm"], "compression": d["compression"],
+        "ratio": d["ratio"] or "", "dtype": d["dtype"], "sparse": "csr" if d["sparse"] else "",
+        "tuning": f"{d['tuner']} ({d['trials']} trials)" if tuned and d["tuner"] else d["tuning"],
+        "tuning s": round(d["tuning_seconds"], 1) if d["tuning_seconds"] is not None else "",
+        "median ms": None if d["median_ms"] is None else round(d["median_ms"], 4),
+        "spread": None if d["spread"] is None else f"{d['spread']:.1%}",
+        "runs": d["n_runs"], "GFLOP/s": None if d["gflops"] is None else round(d["gflops"], 1),
+        # the chain probe's parallel/serial ratio around the timing: ~1 alone, ~2 when
+        # another process held one of 2 cores; the canary kernel's time over its fastest
+        "contention": "" if d["contention"] is None else f"{d['contention']:.2f}",
+        "slowdown": "" if d["slowdown"] is None else f"{d['slowdown']:.2f}",
+        "verified": d["verified"], "max err": None if d["max_error"] is None
+        else f"{d['max_error']:.2g}", "error": (d["error"] or "")[:70],
+    }
+
+
+# ---- collect ----------------------------------------------------------------------------
+@app.command()
+@handle_errors
+def collect(
+    network: List[str] = typer.Option(..., "--network",
+                                      help="ONNX file or zoo:NAME (repeatable)."),
+    store: Path = typer.Option(..., "--store", help="Corpus store (SQLite), created if new."),
+    device: str = typer.Option("local", "--device", help="Device name (see `devices`)."),
+    algorithms: str = typer.Option("all", "--algorithms", help="all | comma list."),
+    compressions: str = typer.Option("all", "--compressions", help="all | comma list."),
+    ratio: float = typer.Option(0.9, "--ratio", help="Global pruning ratio in (0, 1)."),
+    uniform: bool = typer.Option(False, "--uniform",
+                                 help="Measure every layer at --ratio instead of at its own "
+                                      "sparsity after global pruning."),
+    retry_failures: bool = typer.Option(False, "--retry-failures",
+                                        help="Measure again what failed before."),
+    retime_slow: bool = typer.Option(
+        False, "--retime-slow",
+        help="Time again what was timed on a slow machine (chain ratio or canary over its "
+             "limit); a new timing replaces the stored one only if the machine was quieter."),
+    retime_unprobed: bool = typer.Option(
+        False, "--retime-unprobed",
+        help="As --retime-slow, and also time again what was timed before the probes were "
+             "recorded (no reading); a new timing replaces such a record only if the machine "
+             "was quiet."),
+    whole_network: bool = typer.Option(
+        False, "--whole-network",
+        help="Also build and time each whole network under every configuration (TVM Relax, "
+             "checked against onnxruntime)."),
+    max_repeats: int = typer.Option(150, "--max-repeats"),
+    time_budget: float = typer.Option(3.0, "--time-budget"),
+    timeout: float = typer.Option(300.0, "--timeout"),
+    quiet_wait: float = _QUIET_WAIT_OPT,
+    tuning: str = typer.Option("untuned", "--tuning", help="untuned | tuned | all."),
+    trials: int = _TRIALS_OPT, early_stop: int = _EARLY_STOP_OPT,
+    tuning_db: Optional[Path] = _TUNING_DB_OPT,
+    as_json: bool = typer.Option(False, "--json", help="Print the run summary as JSON."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+):
+    """Measure the grid over every unique conv layer of the networks; resumable.
+
+    Pruned networks are pruned globally at --ratio and each layer's kernels are measured at
+    that layer's own sparsity."""
+    _collect(network, store, device, algorithms, compressions, ratio, retry_failures,
+             max_repeats, time_budget, timeout, as_json, quiet, per_layer=not uniform,
+             whole_network=whole_network,
+             tuning=_tuning(tuning, trials, early_stop, tuning_db), quiet_wait=quiet_wait,
+             retime_slow=retime_slow, retime_unprobed=retime_unprobed)
+
+
+@app.command()
+@handle_errors
+def bundle(networks: List[str] = typer.Argument(..., help="ONNX files or zoo:NAME."),
+           device: str = typer.Option(..., "--device", help="A CUDA GPU of the registry."),
+           out: Path = typer.Option(..., "--out", help="Bundle directory (resumable)."),
+           algorithms: str = typer.Option("all", "--algorithms"),
+           compressions: str = typer.Option("all", "--compressions"),
+           ratio: float = typer.Option(0.9, "--ratio", help="Global pruning ratio."),
+           chunk: int = typer.Option(32, "--chunk", help="Kernels a module.")):
+    """Build the CUDA kernels of NETWORKS for a GPU no tracker reaches: measure the bundle
+    there with `python -m measure.gpu_run OUT --out results.jsonl`, then bring the results
+    back with `dlas-predict corpus import-results OUT results.jsonl --store S`."""
+    from dlas_predict.space.config import Algorithm, Compression, check_ratio
+    from dlas_predict.space.devices import get_device
+    from dlas_predict.measure.gpu_bundle import plan_networks, save_plans, write_bundle
+
+    if chunk < 1:
+        raise DlasError(f"--chunk must be >= 1, got {chunk}")
+    dev = get_device(device, with_target=False)
+    tasks, plans = plan_networks(networks, Algorithm.parse_list(algorithms),
+                                 Compression.parse_list(compressions), check_ratio(ratio), dev)
+    out.mkdir(parents=True, exist_ok=True)
+    save_plans(out, plans)
+    counts = write_bundle(tasks, dev, out, chunk, log=lambda s: typer.echo(s, err=True))
+    typer.echo(f"{counts['built']} kernels built, {counts['failed']} failed to build, "
+               f"{counts['skipped']} already in {out}")
+
+
+@app.command()
+@handle_errors
+def tune(
+    network: List[str] = typer.Option(..., "--network",
+                                      help="ONNX file or zoo:NAME (repeatable)."),
+    device: str = typer.Option("local", "--device", help="Device name (see `devices`)."),
+    trials: int = _TRIALS_OPT, early_stop: int = _EARLY_STOP_OPT,
+    tuning_db: Optional[Path] = _TUNING_DB_OPT,
+    store: Optional[Path] = typer.Option(None, "--store", help="Corpus store the tuned "
+                                         "records go to (default: DLAS_HOME/corpus.sqlite)."),
+    algorithms: str = typer.Option("all", "--algorithms", help="all | comma list."),
+    compressions: str = typer.Option("all", "--compressions", help="all | comma list."),
+    ratio: float = typer.Option(0.9, "--ratio", help="Global pruning ratio in (0, 1)."),
+    retry_failures: bool = typer.Option(False, "--retry-failures"),
+    max_repeats: int = typer.Option(150, "--max-repeats"),
+    time_budget: float = typer.Option(3.0, "--time-budget"),
+    as_json: bool = typer.Option(False, "--json", help="Print the run summary as JSON."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+):
+    """Auto-schedule every unique conv layer of the networks: MetaSchedule for dense kernels,
+    a measured knob search for CSR kernels. Resumable: what the store or the tuning database
+    already holds is not tuned again."""
+    from dlas_predict.paths import default_store_path
+
+    _collect(network, store or default_store_path(), device, algorithms, compressions, ratio,
+             retry_failures, max_repeats, time_budget, 300.0, as_json, quiet,
+             tuning=_tuning("tuned", trials, early_stop, tuning_db))
+
+
+def _collect(networks, store, device, algorithms, compressions, ratio, retry_failures,
+             max_repeats, time_budget, timeout, as_json, quiet, per_layer=True,
+             whole_network=False, tuning=None, quiet_wait=30.0, retime_slow=False,
+             retime_unprobed=False):
+    """Wire the local runners into :func:`dlas_predict.corpus.collect.collect`; render."""
+    from dlas_predict.corpus.collect import collect as run_collect
+    from dlas_predict.measure.netrunner import NetworkRunner
+    from dlas_predict.measure.runner import LocalRunner
+    from dlas_predict.space.config import Algorithm, Compression, Tuning, check_ratio
+
+    algs = Algorithm.parse_list(algorithms)
+    comps = Compression.parse_list(compressions)
+    check_ratio(ratio)
+    proto = _protocol(max_repeats, time_budget, quiet_wait)
+    tunings, opts = tuning or ([Tuning.UNTUNED], None)
+    dev = _local_device(device)
+    chatty = not quiet and not as_json
+    log = (lambda line: typer.echo(line, err=True)) if chatty else None
+    whole = ((lambda: NetworkRunner(dev, timeout_s=max(timeout, 600.0), protocol=proto))
+             if whole_network else None)
+    with LocalRunner(dev, protocol=proto, timeout_s=timeout) as runner:
+        rep = run_collect(networks, store, dev, runner, algs, comps, ratio, tunings, opts,
+                          per_layer=per_layer, retry_failures=retry_failures,
+                          retime_slow=retime_slow, retime_unprobed=retime_unprobed,
+                          network_runner=whole, progress=chatty, log=log)
+    summary = rep.kernels
+    if as_json:
+        _print_json(rep.to_dict())
+    else:
+        typer.echo(f"measured {summary.measured} ({summary.failed} failed), skipped "
+                   f"{summary.skipped} already in the store, in {summary.seconds:.1f} s; "
+                   f"store {store} now holds {rep.records} records")
+        if summary.contended:
+            typer.echo(f"{summary.contended} kernels were timed on a slow machine after "
+                       f"waiting {proto.quiet_wait_s:g} s (another process on a core: chain "
+                       f"ratio over {proto.contention_limit:g}, or the canary kernel over "
+                       f"{proto.slowdown_limit:g}× its fastest); their records carry both "
+                       "(columns contention, slowdown)")
+        if rep.network_contended:
+            typer.echo(f"{rep.network_contended} whole networks were timed on a slow machine; "
+                       "their records carry both probes (contention, slowdown)")
+        if retime_slow or retime_unprobed:
+            typer.echo(f"timed again on a slow (or unprobed) machine's records: "
+                       f"{summary.retimed} kernels and {rep.network_retimed} whole networks "
+                       f"now timed quieter; {summary.kept} kernels and {rep.network_kept} "
+                       "whole networks no quieter (the stored timing kept)")
+        if summary.contended or rep.network_contended:
+            typer.echo("time them again later with --retime-slow")
+    if rep.failed:
+        _fail(f"{summary.failed} kernels and {rep.network_failures} whole networks failed; "
+              f"each failure is recorded with its error (dlas-predict corpus stats --store "
+              f"{store})")
+    return summary
+
+
+# ---- networks ---------------------------------------------------------------------------
+@app.command()
+@handle_errors
+def layers(model: str = typer.Argument(..., help="ONNX file or zoo:NAME."),
+           as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")):
+    """Every layer of a network: op, shapes, MACs, parameters, bytes moved; and totals."""
+    from dlas_predict.networks import zoo
+    from dlas_predict.networks.graph import read_network
+    from dlas_predict.render import format_table
+
+    path = zoo.resolve(model)
+    net = read_network(path, name=model.removeprefix(zoo.ZOO_PREFIX))
+    if as_json:
+        _print_json(net.to_dict())
+        return
+    rows = [{"#": l.index, "name": l.name[:40], "op": l.op, "kind": l.kind,
+             "input": "×".join(map(str, l.input_shapes[0])) if l.input_shapes else "",
+             "output": "×".join(map(str, l.output_shape)), "MACs": l.macs,
+             "params": l.params, "bytes": l.bytes_moved} for l in net.layers]
+    typer.echo(format_table(rows))
+    t = net.totals()
+    typer.echo(f"\n{net.name}: {len(net.layers)} layers ({t['conv_layers']} conv), "
+               f"{t['params'] / 1e6:.2f} M params, {t['macs'] / 1e6:.1f} M MACs, "
+               f"{t['bytes'] / 1e6:.1f} MB moved (fp32, batch {net.batch})")
+
+
+@app.command("zoo")
+@handle_errors
+def zoo_cmd(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")):
+    """The study's eight networks, their published size and their weights."""
+    from dlas_predict.networks import zoo
+    from dlas_predict.render import format_table
+
+    entries = [e.to_dict() for e in zoo.ZOO.values()]
+    if as_json:
+        _print_json(entries)
+        return
+    typer.echo(format_table([{
+        "name": e["name"], "dataset": e["dataset"],
+        "input": "×".join(map(str, e["input_shape"])), "classes": e["num_classes"],
+        "paper params": f"{e['paper_params'] / 1e6:.1f} M",
+        "paper MACs": f"{e['paper_macs'] / 1e6:.0f} M", "weights": e["weights"],
+    } for e in entries]))
+    typer.echo("\nUse zoo:NAME wherever a model is expected; `dlas-predict layers zoo:NAME` "
+               "prints the measured size.")
+
+
+@app.command()
+@handle_errors
+def export(name: str = typer.Argument(..., help="Zoo network (NAME or zoo:NAME)."),
+           out: Path = typer.Option(..., "-o", "--out", help="ONNX file to write."),
+           compression: str = typer.Option("dense", "--compression",
+                                           help="dense | weight_pruning | channel_pruning | "
+                                                "float16 | int8"),
+           ratio: Optional[float] = typer.Option(None, "--ratio", help="Pruning ratio [0, 1)."),
+           remove_channels: bool = typer.Option(False, "--remove-channels",
+                                                help="channel_pruning: remove the zeroed "
+                                                     "channels (a smaller dense network)."),
+           finetune_epochs: int = typer.Option(0, "--finetune-epochs")):
+    """Export a zoo network (optionally compressed) to ONNX."""
+    import onnx
+
+    from dlas_predict.compression import accuracy
+    from dlas_predict.networks import zoo
+
+    model = name if name.startswith(zoo.ZOO_PREFIX) else zoo.ZOO_PREFIX + name
+    zoo.get(model)
+    if compression == "dense" and not remove_channels:
+        path = zoo.export(model, out)
+    else:
+        calib = None
+        if compression == "int8":
+            calib = accuracy.load_data("digits", zoo.get(model).input_shape, "train").x[:128]
+        prep = accuracy.prepare(model, compression, ratio, remove_channels, finetune_epochs,
+                                calib)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        onnx.save(prep.compressed.model, str(out))
+        path = out
+        for note in prep.compressed.notes:
+            typer.echo(note)
+    typer.echo(f"wrote {path}")
+
+
+@app.command()
+@handle_errors
+def generate(family: str = typer.Argument(..., help="fc | cnn"),
+             param: List[str] = typer.Option([], "--param", help="NAME=V1,V2,.. (repeatable)"),
+             out: Path = typer.Option(..., "-o", "--out", help="Output directory.")):
+    """ParaDnn-style sweep: one ONNX file per grid point, named by its parameters."""
+    from dlas_predict.networks.generate import FAMILIES, generate as run
+
+    written = run(family, list(param), out)
+    for m in written:
+        typer.echo(str(m.path))
+    defaults = ", ".join(f"{k}={v}" for k, v in FAMILIES[family].items())
+    typer.echo(f"wrote {len(written)} model(s) to {out} (defaults: {defaults})", err=True)
+
+
+@app.command("accuracy")
+@handle_errors
+def accuracy_cmd(
+    model: str = typer.Argument(..., help="ONNX file or zoo:NAME."),
+    data: str = typer.Option("digits", "--data", help="digits | PATH (.npz or image folder)."),
+    compression: str = typer.Option("dense", "--compression",
+                                    help="dense | weight_pruning | channel_pruning | float16 "
+                                         "| int8"),
+    ratio: Optional[float] = typer.Option(None, "--ratio", help="Pruning ratio [0, 1)."),
+    remove_channels: bool = typer.Option(False, "--remove-channels"),
+    finetune_epochs: int = typer.Option(0, "--finetune-epochs",
+                                        help="Fine-tune the pruned zoo network (digits train "
+                                             "split, masks held)."),
+    curve: bool = typer.Option(False, "--curve", help="Accuracy-vs-ratio curves for both "
+                               "pruning kinds, with the elbow ratio of each."),
+    ratios: str = typer.Option(",".join(map(str, DEFAULT_CURVE_RATIOS)), "--ratios",
+                               help="Curve ratios."),
+    elbow_drop: float = typer.Option(ELBOW_DROP_PP, "--elbow-drop",
+                                     help="Elbow rule: a drop of more than this many "
+                                          "percentage points is significant."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+):
+    """Measured top-1 of a (compressed) model; without labels, the fidelity proxy."""
+    from dlas_predict.compression import accuracy
+    from dlas_predict.errors import ConfigError
+    from dlas_predict.render import format_table
+
+    log = None if as_json else (lambda s: typer.echo(s, err=True))
+    if not curve:
+        res = accuracy.measure(model, data, compression, ratio, finetune_epochs,
+                               remove_channels, log=log)
+        if as_json:
+            _print_json(res.to_dict())
+            return
+        what = res.compression + (f" at ratio {res.ratio}" if res.ratio is not None else "")
+        label = "top-1" if res.metric == "top1" else "fidelity proxy (top-1 agreement with " \
+                                                     "the uncompressed model; no labels)"
+        typer.echo(f"{res.model}, {what}: {label} {res.value:.2%} on {res.n_samples} samples "
+                   f"of {res.data} (measured)")
+        if res.reference_top1 is not None:
+            typer.echo(f"uncompressed: {res.reference_top1:.2%}; drop "
+                       f"{(res.reference_top1 - res.value) * 100:.2f} points")
+        if res.uncalibrated is not None:
+            typer.echo(f"int8 before calibration (ranges from one random input): "
+                       f"{res.uncalibrated:.2%}")
+        typer.echo(f"weights: {res.weights}")
+        for note in res.notes:
+            typer.echo(f"note: {note}")
+        return
+    try:
+        grid = sorted({float(r) for r in ratios.split(",") if r.strip()})
+    except ValueError:
+        raise ConfigError(f"--ratios {ratios!r} is not a comma list of numbers") from None
+    if not grid:
+        raise ConfigError("--ratios is empty")
+    curves, elbows, reference = {}, {}, None
+    for kind in ("weight_pruning", "channel_pruning"):
+        points = accuracy.curve(model, kind, grid, data, finetune_epochs, log=log)
+        reference = points[0].reference_top1
+        ref = reference if reference is not None else 1.0  # proxy: agreement with itself
+        curves[kind] = points
+        elbows[kind] = accuracy.elbow([(p.ratio, p.value) for p in points], ref, elbow_drop)
+    metric = curves["weight_pruning"][0].metric
+    if as_json:
+        _print_json({"model": curves["weight_pruning"][0].model, "metric": metric,
+                     "data": curves["weight_pruning"][0].data, "reference_top1": reference,
+                     "finetune_epochs": finetune_epochs, "elbow_drop_pp": elbow_drop,
+                     "curves": {k: [{"ratio": p.ratio, metric: p.value} for p in v]
+                                for k, v in curves.items()},
+                     "elbow": elbows})
+        return
+    rows = [{"ratio": r, **{k: f"{curves[k][i].value:.2%}" for k in curves}}
+            for i, r in enumerate(grid)]
+    typer.echo(f"{metric} (measured) on {curves['weight_pruning'][0].data}; uncompressed: "
+               + (f"{reference:.2%}" if reference is not None else "n/a (proxy)")
+               + (f"; fine-tuned {finetune_epochs} epochs" if finetune_epochs else ""))
+    typer.echo(format_table(rows))
+    for k, r in elbows.items():
+        typer.echo(f"elbow ({k}): " + (f"ratio {r}" if r is not None else
+                                       "none (the lowest ratio already drops)")
+                   + f" — the highest ratio within {elbow_drop} points of the uncompressed")
+
+
+# ---- cost models ------------------------------------------------------------------------
+
+
+@app.command()
+@handle_errors
+def train(store: Path = typer.Option(..., "--store", help="Corpus store to learn from."),
+          device: str = typer.Option("local", "--device"),
+          out: Optional[Path] = typer.Option(None, "--out",
+                                             help="Model directory (default: "
+                                                  "models_store/DEVICE)."),
+          seed: int = typer.Option(0, "--seed"),
+          as_json: bool = typer.Option(False, "--json")):
+    """Train the cost models on a corpus: the layer model (LightGBM, 80 % interval), and,
+    from the store's whole-network measurements, the network residual model."""
+    from dlas_predict.models.train import train as run
+
+    report = run(store, device, out, seed)
+    if as_json:
+        _print_json(report.to_dict())
+        return
+    if report.tuning_model:
+        typer.echo(f"tuning-time model: {report.tuned_records} tuned kernels "
+                   f"({report.tuning_hours:.2f} h of search), fit MAPE "
+                   f"{report.tuning_mape:.1%} → {report.tuning_model}")
+    typer.echo(f"trained on {report.kernels} kernels of {report.device} in "
+               f"{report.train_seconds} s → {report.model}")
+    typer.echo(f"fit on the training data (not a held-out figure; see `evaluate`): MAPE "
+               f"{report.mape:.1%}, within ±10 % {report.within_10pct:.1%}, 80 % "
+               f"interval covers {report.interval_coverage:.1%}")
+    if report.whole_networks:
+        typer.echo(f"network residual model: {report.whole_networks} whole-network "
+                   f"measurements of {report.networks} networks → {report.network_model}")
+    else:
+        typer.echo("no whole-network measurements in the store: no network model (recommend "
+                   "then sums the predicted conv kernels, a lower bound; collect whole "
+                   "networks with `dlas-predict collect --whole-network`)")
+
+
+@app.command()
+@handle_errors
+def evaluate(store: Path = typer.Option(..., "--store", help="Corpus store."),
+             device: str = typer.Option("local", "--device"),
+             seed: int = typer.Option(0, "--seed"),
+             as_json: bool = typer.Option(False, "--json")):
+    """Leave-one-network-out: the cost model against the roofline and MACs baselines."""
+    from dlas_predict.models.evaluation import (MODELS, WHOLE_MODELS, HeldOutFits,
+                                         leave_one_network_out, load_corpus,
+                                         whole_network_lono, whole_rows)
+    from dlas_predict.render import format_table
+
+    corpus = load_corpus(store, device)
+    wrows = whole_rows(corpus, store)
+    fits = HeldOutFits(corpus, wrows, seed)
+    report = leave_one_network_out(corpus, seed, fits)
+    whole = whole_network_lono(corpus, wrows, seed, fits) \
+        if len({r.network for r in wrows}) >= 3 else None
+    if as_json:
+        _print_json({**report, "whole_networks": whole})
+        return
+    rows = []
+    for net, res in [*report["networks"].items(), ("OVERALL", report["overall"])]:
+        for m in MODELS:
+            r = res[m]
+            rows.append({"held out": net, "model": m, "configs": res.get("configurations", ""),
+                         "layer MAPE": f"{r['layer_mape']:.1%}", "MAPE": f"{r['mape']:.1%}",
+                         "within ±10%": f"{r['within_10pct']:.0%}",
+                         "Kendall τ": f"{r['kendall_tau']:.2f}",
+                         "top-1 hit": f"{r['top1_hit']:.0%}", "regret": f"{r['regret']:.3f}"})
+    typer.echo(f"leave-one-network-out on {report['device']}; configurations are compression "
+               f"× algorithm, latency = {report['scope']}; measured vs predicted")
+    typer.echo(format_table(rows))
+    if whole is None:
+        typer.echo("\nno whole-network evaluation: it needs whole-network measurements of at "
+                   "least three networks (`dlas-predict collect --whole-network`)")
+        return
+    pct = (lambda v, f: "—" if v is None else format(v, f))
+    rows = []
+    for net, res in [*whole["networks"].items(), ("OVERALL", whole["overall"])]:
+        for m in WHOLE_MODELS:
+            r = res[m]
+            rows.append({"held out": net, "model": m, "configs": res.get("configurations", ""),
+                         "MAPE": pct(r["mape"], ".1%"),
+                         "within ±10%": pct(r["within_10pct"], ".0%"),
+                         "Kendall τ": f"{r['kendall_tau']:.2f}",
+                         "top-1 hit": f"{r['top1_hit']:.0%}", "regret": f"{r['regret']:.3f}",
+                         "top-3 gap": f"{r['top3_gap']:.3f}"})
+    typer.echo(f"\nleave-one-network-out over {len(wrows)} measured {whole['scope']}: the "
+               "held-out network's kernels and whole measurements are unseen in training; "
+               "top-3 gap = best measured of the predicted top 3 / best measured; "
+               "measured_conv+residual is no predictor: the network model on the held-out "
+               "network's measured kernels, what a perfect layer model would reach")
+    typer.echo(format_table(rows))
+
+
+# ---- recommend --------------------------------------------------------------------------
+def _network_runner(device: str):
+    """A factory of the whole-network runner that validates on ``device`` (the local CPU)."""
+    from dlas_predict.space.devices import LOCAL, get_device
+
+    if device != LOCAL:
+        return None  # recommend refuses to validate elsewhere, with the reason
+
+    def make():
+        from dlas_predict.measure.netrunner import NetworkRunner
+
+        return NetworkRunner(get_device(LOCAL))
+
+    return make
+
+
+def _show_recommendation(rec, top: int, max_accuracy_drop: float) -> None:
+    """Print a recommendation as a table with its sources; exit 1 if a validation failed."""
+    from dlas_predict.render import format_table
+
+    ms = (lambda s: "—" if s is None else f"{s * 1e3:.2f}")
+    shown = rec.candidates[:max(top, len(rec.validated))]
+    rows = []
+    for i, c in enumerate(shown, 1):
+        row = {"#": i, "compression": c.compression.value,
+               "ratio": "" if c.ratio is None else f"{c.ratio:g}", "algorithm": c.algorithm,
+               "sparse": {True: "csr", False: "dense"}.get(c.sparse, "mixed"),
+               "tuning": c.tuning.value,
+               "tuning min": "" if c.tuning_s is None else f"{c.tuning_s / 60:.1f}",
+               "predicted ms": ms(c.predicted_s),
+               "80% interval": f"{c.low_s * 1e3:.2f}–{c.high_s * 1e3:.2f}",
+               "speedup": f"{rec.dense_baseline_s / c.predicted_s:.2f}×",
+               "accuracy": "—" if c.accuracy is None else f"{c.accuracy:.1%}",
+               "accuracy source": c.accuracy_source.split(":")[0]}
+        if rec.validated:
+            row["measured ms"] = ms(c.measured_s) if c in rec.validated else ""
+            row["pred/meas"] = (f"{c.predicted_s / c.measured_s:.2f}"
+                                if c.measured_s else (c.measured_note or "")[:30])
+        rows.append(row)
+    typer.echo(f"{rec.network} on {rec.device}: {len(rec.candidates)} candidates kept, "
+               f"{len(rec.dropped)} over the accuracy budget "
+               f"({max_accuracy_drop:g} points), {len(rec.skipped)} grid points skipped; "
+               f"{rec.seconds:.1f} s")
+    typer.echo("latency: predicted by the cost models (" + str(rec.model_info["directory"])
+               + "), speedup over the fastest predicted dense configuration "
+               f"({rec.dense_baseline_s * 1e3:.2f} ms)")
+    typer.echo(format_table(rows))
+    sources = dict.fromkeys(c.accuracy_source for c in shown)
+    for src in sources:
+        typer.echo(f"accuracy source: {src}")
+    by_reason: dict[str, list[str]] = {}
+    for label, why in rec.skipped:
+        by_reason.setdefault(why, []).append(label)
+    for why, labels in by_reason.items():
+        typer.echo(f"skipped {len(labels)} ({', '.join(labels)}): {why}")
+    for note in rec.notes:
+        typer.echo(f"note: {note}")
+    if rec.validated:
+        ok = [c for c in rec.validated if c.measured_s is not None]
+        if ok:
+            win = min(ok, key=lambda c: c.measured_s)
+            typer.echo(f"validated {len(rec.validated)}: fastest measured is {win.label} at "
+                       f"{win.measured_s * 1e3:.2f} ms (predicted {win.predicted_s * 1e3:.2f})")
+        failed = [c for c in rec.validated if c.measured_s is None]
+        if failed:
+            _fail(f"{len(failed)} validated candidates failed to build or run: "
+                  + "; ".join(f"{c.label}: {c.measured_note}" for c in failed))
+
+
+@app.command()
+@handle_errors
+def recommend(
+    model: str = typer.Argument(..., help="ONNX file or zoo:NAME."),
+    device: str = typer.Option("local", "--device", help="Device name (see `devices`)."),
+    max_accuracy_drop: float = typer.Option(
+        ELBOW_DROP_PP, "--max-accuracy-drop",
+        help="Drop candidates more than this many top-1 points below dense."),
+    data: Optional[str] = typer.Option(None, "--data",
+                                       help="digits | NPZ | image folder: measure accuracy "
+                                            "on it (else the shipped curves)."),
+    top: int = typer.Option(10, "--top", help="Candidates to print."),
+    validate: str = typer.Option("0", "--validate",
+                                 help="Build and time the top K whole networks (K | all)."),
+    models_dir: Optional[Path] = typer.Option(None, "--models",
+                                              help="Model directory (default: "
+                                                   "models_store/DEVICE)."),
+    tuning: str = typer.Option("all", "--tuning", help="untuned | tuned | all: the halves "
+                               "of the grid to rank (tuned ones with their search time)."),
+    trials: int = typer.Option(64, "--trials", help="Trial budget per kernel the tuned "
+                               "candidates' search time is predicted for (and, with "
+                               "--validate, the budget their schedules were tuned with)."),
+    tuning_db: Optional[Path] = _TUNING_DB_OPT,
+    as_json: bool = typer.Option(False, "--json"),
+):
+    """The fastest accurate configuration of MODEL on DEVICE, predicted in seconds; with
+    --validate, proved by building and timing whole networks."""
+    from dlas_predict.recommend.search import recommend as run
+
+    if top < 1:
+        raise DlasError(f"--top must be >= 1, got {top}")
+    if validate.strip().lower() == "all":
+        k = 10 ** 9
+    else:
+        try:
+            k = int(validate)
+        except ValueError:
+            raise DlasError(f"--validate takes a count or 'all', got {validate!r}") from None
+    log = None if as_json else (lambda line: typer.echo(line, err=True))
+    rec = run(model, device, max_accuracy_drop, data, top, k, models_dir=models_dir, log=log,
+              tuning=tuning, trials=trials, tuning_db=str(tuning_db) if tuning_db else None,
+              network_runner=_network_runner(device) if k else None)
+    if as_json:
+        _print_json(rec.to_dict(top if not k else max(top, min(k, len(rec.candidates)))))
+        return
+    _show_recommendation(rec, top, max_accuracy_drop)
+
+
+# ---- corpus -----------------------------------------------------------------------------
+@corpus_app.command("stats")
+@handle_errors
+def corpus_stats(store: Path = typer.Option(..., "--store", help="Corpus store."),
+                 as_json: bool = typer.Option(False, "--json")):
+    """Counts of records, failures and duplicate keys, with a breakdown."""
+    from dlas_predict.corpus.store import CorpusStore
+
+    with CorpusStore(store, must_exist=True) as db:
+        stats = db.stats()
+    if as_json:
+        _print_json(stats)
+        return
+    for key, value in stats.items():
+        typer.echo(f"{key:>13}: {value}")
+
+
+@corpus_app.command("export")
+@handle_errors
+def corpus_export(store: Path = typer.Option(..., "--store", help="Corpus store."),
+                  fmt: str = typer.Option("parquet", "--format", help="parquet | csv"),
+                  out: Path = typer.Option(..., "-o", "--out", help="Output file.")):
+    """Export every measurement (all run times included) as Parquet or CSV."""
+    from dlas_predict.errors import StoreError
+    from dlas_predict.corpus.store import CorpusStore
+
+    if fmt not in ("parquet", "csv"):
+        raise StoreError(f"unknown export format {fmt!r}; allowed: parquet, csv")
+    with CorpusStore(store, must_exist=True) as db:
+        n = db.export(out, fmt)
+    from dlas_predict.corpus.store import networks_path
+
+    typer.echo(f"wrote {n} records to {out} (network configurations: {networks_path(out)})")
+
+
+@corpus_app.command("import")
+@handle_errors
+def corpus_import(snapshot: Path = typer.Argument(..., help="An exported .parquet or .csv."),
+                  store: Path = typer.Option(..., "--store", help="Corpus store (created if "
+                                             "new).")):
+    """Load an exported snapshot (and its network configurations) into a store."""
+    from dlas_predict.corpus.store import CorpusStore
+
+    with CorpusStore(store) as db:
+        added, present = db.import_snapshot(snapshot)
+    typer.echo(f"imported {added} records into {store} ({present} were already there)")
+
+
+@corpus_app.command("import-results")
+@handle_errors
+def corpus_import_results(
+        bundle: Path = typer.Argument(..., help="A kernel bundle (`dlas-predict bundle`)."),
+        results: Optional[Path] = typer.Argument(None, help="Its results file, written by "
+                                                 "`python -m measure.gpu_run` on the GPU."),
+        store: Path = typer.Option(..., "--store", help="Corpus store (created if new).")):
+    """Import a kernel bundle's results (and its build failures) as corpus records."""
+    from dlas_predict.corpus.store import CorpusStore
+    from dlas_predict.measure.gpu_bundle import import_plans, import_results
+
+    if not (bundle / "bundle.json").is_file():
+        raise DlasError(f"{bundle} is not a kernel bundle (no bundle.json)")
+    if results is not None and not results.is_file():
+        raise DlasError(f"no results file {results}")
+    with CorpusStore(store) as db:
+        nets = import_plans(bundle, db)
+        counts = import_results(bundle, results, db)
+    typer.echo(f"imported {counts['records']} records ({counts['failed']} failures) of "
+               f"{nets} networks into {store}; {counts['skipped']} were already there")
+
+
+@corpus_app.command("import-tophub")
+@handle_errors
+def corpus_import_tophub(
+        logs: List[Path] = typer.Argument(..., help="TopHub .jsonl logs, or folders of them "
+                                          "(e.g. ../shared/data/tophub)."),
+        store: Path = typer.Option(..., "--store", help="Corpus store (created if new)."),
+        as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")):
+    """Import public TVM TopHub measurements (AutoTVM-tuned convs of Arm and NVIDIA devices)."""
+    from dlas_predict.corpus.tophub import import_tophub
+
+    report = import_tophub(logs, store)
+    if as_json:
+        _print_json(report.to_dict())
+        return
+    typer.echo(f"imported {report.added} TopHub records into {store} ({report.present} were "
+               "already there)")
+    for dev, n in sorted(report.devices.items()):
+        typer.echo(f"  {dev:14s} {n:5d}")
+    for reason, n in sorted(report.skipped.items()):
+        typer.echo(f"  left out {n:4d}: {reason}")
+
+
+# ---- analyze ----------------------------------------------------------------------------
+_DEVICE_OPT = typer.Option("local", "--device", help="Whose shipped corpus to read (ignored "
+                           "rows of other devices are dropped when --store is given too).")
+_STORE_OPT = typer.Option(None, "--store", help="A corpus store instead of the shipped corpus.")
+_LEVEL_OPT = typer.Option("kernel", "--level", help="kernel (one row per conv kernel "
+                          "measurement) | network (one row per whole-network configuration).")
+_NETWORK_OPT = typer.Option(None, "--network", help="Keep these networks (comma-separated).")
+_TUNING_OPT = typer.Option(None, "--tuning", help="Keep untuned | tuned.")
+_DTYPE_OPT = typer.Option(None, "--dtype", help="Keep float32 | float16 | int8.")
+_ALG_OPT = typer.Option(None, "--algorithm", help="Keep these algorithms.")
+_COMP_OPT = typer.Option(None, "--compression", help="Keep these compressions.")
+_OUT_OPT = typer.Option(..., "--out", help="Plot file (.png, .svg or .pdf).")
+_JSON_OPT = typer.Option(False, "--json", help="Print the numbers as JSON.")
+
+
+def _analysis_frame(device, store, level, network, tuning, dtype, algorithm, compression):
+    from dlas_predict.analysis import frames as A
+    from dlas_predict.space.devices import get_device
+
+    A.check_level(level)
+    get_device(device, with_target=False)  # an unknown device is one clear error
+    path = A.resolve_store(device, store)
+    dev = A.frame_device(path, device)
+    filters = A.Filters(network=network, tuning=tuning, dtype=dtype, algorithm=algorithm,
+                        compression=compression)
+    build = A.kernel_frame if level == "kernel" else A.network_frame
+    frame = build(path, dev, filters)
+    if frame.empty:
+        _fail("no rows left after the filters")
+    return frame, dev, path
+
+
+def _wrote(out: Path, frame, path) -> None:
+    typer.echo(f"wrote {out} ({len(frame)} rows from {path})")
+
+
+@analyze_app.command("heatmap")
+@handle_errors
+def analyze_heatmap(x: str = typer.Option(..., "--x", help="Parameter on the x axis."),
+                    y: str = typer.Option(..., "--y", help="Parameter on the y axis."),
+                    metric: str = typer.Option("gflops", "--metric", help="Metric coloured."),
+                    out: Path = _OUT_OPT, device: str = _DEVICE_OPT,
+                    store: Optional[Path] = _STORE_OPT, level: str = _LEVEL_OPT,
+                    network: Optional[str] = _NETWORK_OPT, tuning: Optional[str] = _TUNING_OPT,
+                    dtype: Optional[str] = _DTYPE_OPT, algorithm: Optional[str] = _ALG_OPT,
+                    compression: Optional[str] = _COMP_OPT, as_json: bool = _JSON_OPT):
+    """Median of a metric over two parameters: their contribution and interaction."""
+    from dlas_predict.analysis import frames as A
+
+    for p in (x, y):
+        A.check_parameter(p, level)
+    A.check_metric(metric, level)
+    frame, dev, path = _analysis_frame(device, store, level, network, tuning, dtype,
+                                       algorithm, compression)
+    result = A.heatmap(frame, x, y, metric, level)
+    A.plot_heatmap(result, out, A._subtitle(frame))
+    if as_json:
+        _print_json(result.to_dict())
+        return
+    from dlas_predict.render import format_table
+
+    rows = [{result.y: yv, **{str(xv): ("" if v is None else f"{v:.4g}")
+                              for xv, v in zip(result.x_values, vals)}}
+            for yv, vals in zip(result.y_values, result.values)]
+    typer.echo(f"median {metric} ({A.METRICS[metric][1]}) by {y} (rows) x {x} (columns); "
+               "measured")
+    typer.echo(format_table(rows))
+    _wrote(out, frame, path)
+
+
+@analyze_app.command("regression")
+@handle_errors
+def analyze_regression(metric: str = typer.Option(..., "--metric", help="Metric explained."),
+                       params: Optional[str] = typer.Option(
+                           None, "--params", help="Parameters (comma-separated); default: "
+                           "the layer shape and the configuration."),
+                       out: Path = _OUT_OPT, device: str = _DEVICE_OPT,
+                       store: Optional[Path] = _STORE_OPT, level: str = _LEVEL_OPT,
+                       network: Optional[str] = _NETWORK_OPT,
+                       tuning: Optional[str] = _TUNING_OPT, dtype: Optional[str] = _DTYPE_OPT,
+                       algorithm: Optional[str] = _ALG_OPT,
+                       compression: Optional[str] = _COMP_OPT, as_json: bool = _JSON_OPT):
+    """Linear regression of a metric on parameters: standardised coefficients and R²."""
+    from dlas_predict.analysis import frames as A
+
+    A.check_metric(metric, level)
+    default = ("C,K,H,R,stride,depthwise,algorithm,compression,sparsity" if level == "kernel"
+               else "net_macs,conv_layers,algorithm,compression,ratio")
+    names = [p.strip() for p in (params or default).split(",") if p.strip()]
+    for p in names:
+        A.check_parameter(p, level)
+    frame, dev, path = _analysis_frame(device, store, level, network, tuning, dtype,
+                                       algorithm, compression)
+    result = A.regression(frame, metric, names, level)
+    A.plot_regression(result, out, A._subtitle(frame))
+    if as_json:
+        _print_json(result.to_dict())
+        return
+    from dlas_predict.render import format_table
+
+    rank = sorted(range(len(result.terms)), key=lambda i: -abs(result.coefficients[i]))
+    top = abs(result.coefficients[rank[0]]) or 1.0
+    typer.echo(f"OLS of standardised {metric} on {', '.join(names)}: R² = {result.r2:.3f} "
+               f"(in-sample), n = {result.n}; fitted on measurements")
+    typer.echo(format_table([{"term": result.terms[i],
+                              "std. coefficient": f"{result.coefficients[i]:+.3f}",
+                              "vs largest": f"{abs(result.coefficients[i]) / top:.2f}"}
+                             for i in rank]))
+    typer.echo("importance by parameter (sum of |coefficient|): " + ", ".join(
+        f"{k} {v:.3f}" for k, v in result.importance.items()))
+    _wrote(out, frame, path)
+
+
+@analyze_app.command("roofline")
+@handle_errors
+def analyze_roofline(out: Path = _OUT_OPT, device: str = _DEVICE_OPT,
+                     store: Optional[Path] = _STORE_OPT,
+                     color: str = typer.Option("algorithm", "--color",
+                                               help="Parameter that colours the points."),
+                     network: Optional[str] = _NETWORK_OPT,
+                     tuning: Optional[str] = _TUNING_OPT, dtype: Optional[str] = _DTYPE_OPT,
+                     algorithm: Optional[str] = _ALG_OPT,
+                     compression: Optional[str] = _COMP_OPT, as_json: bool = _JSON_OPT):
+    """Every kernel measurement at (arithmetic intensity, achieved GFLOP/s) under the
+    device's roofs (measured for the local CPU: `devices --measure-peaks`)."""
+    from dlas_predict.analysis import frames as A
+
+    A.check_parameter(color, "kernel")
+    frame, dev, path = _analysis_frame(device, store, "kernel", network, tuning, dtype,
+                                       algorithm, compression)
+    frame = A.unique_kernels(frame)
+    A.plot_roofline(frame, dev, out, color, A._subtitle(frame, " (unique kernels)"))
+    frac = frame["roofline_fraction"].dropna()
+    summary = {"device": dev.name, "roofs_source": dev.source,
+               "peak_gflops": dev.peak_gflops, "mem_bandwidth_gbs": dev.mem_bandwidth_gbs,
+               "kernels": len(frame),
+               "roofline_fraction": {q: float(frac.quantile(v)) for q, v in
+                                     (("p10", 0.1), ("median", 0.5), ("p90", 0.9))}
+               if len(frac) else None}
+    if as_json:
+        _print_json(summary)
+        return
+    peaks = ", ".join(f"{k} {v:g}" for k, v in dev.peak_gflops.items()) or "unknown"
+    typer.echo(f"roofs of {dev.name} ({dev.source}): peak GFLOP/s {peaks}; bandwidth "
+               f"{dev.mem_bandwidth_gbs or 'unknown'} GB/s")
+    if summary["roofline_fraction"]:
+        r = summary["roofline_fraction"]
+        typer.echo(f"share of the attainable roof reached (measured kernels): p10 "
+                   f"{r['p10']:.1%}, median {r['median']:.1%}, p90 {r['p90']:.1%}")
+    _wrote(out, frame, path)
+
+
+@analyze_app.command("boxplot")
+@handle_errors
+def analyze_boxplot(metric: str = typer.Option(..., "--metric", help="Metric distributed."),
+                    by: str = typer.Option(..., "--by", help="Parameter that groups."),
+                    out: Path = _OUT_OPT, device: str = _DEVICE_OPT,
+                    store: Optional[Path] = _STORE_OPT, level: str = _LEVEL_OPT,
+                    network: Optional[str] = _NETWORK_OPT, tuning: Optional[str] = _TUNING_OPT,
+                    dtype: Optional[str] = _DTYPE_OPT, algorithm: Optional[str] = _ALG_OPT,
+                    compression: Optional[str] = _COMP_OPT,
+                    log: Optional[bool] = typer.Option(None, "--log/--linear",
+                                                       help="y scale (default: log when the "
+                                                       "values span over 100x)."),
+                    as_json: bool = _JSON_OPT):
+    """Distribution and variability of a metric per group of a parameter."""
+    from dlas_predict.analysis import frames as A
+
+    A.check_parameter(by, level)
+    A.check_metric(metric, level)
+    frame, dev, path = _analysis_frame(device, store, level, network, tuning, dtype,
+                                       algorithm, compression)
+    result, samples = A.boxplot_stats(frame, metric, by, level)
+    A.plot_boxplot(result, samples, out, A._subtitle(frame), log)
+    if as_json:
+        _print_json(result.to_dict())
+        return
+    from dlas_predict.render import format_table
+
+    typer.echo(f"{metric} ({A.METRICS[metric][1]}) by {by}; measured")
+    typer.echo(format_table([{by: g, **{k: (v if k == "n" else f"{v:.4g}")
+                                         for k, v in st.items()}}
+                             for g, st in zip(result.groups, result.stats)]))
+    _wrote(out, frame, path)
+
+
+@app.command()
+@handle_errors
+def report(device: str = typer.Option("local", "--device", help="Whose corpus to report on."),
+           store: Optional[Path] = typer.Option(None, "--store", help="A corpus store instead "
+                                                "of the device's shipped corpus."),
+           out: Path = typer.Option(..., "--out", help="Folder for index.html, report.json "
+                                    "and the plots."),
+           as_json: bool = typer.Option(False, "--json", help="Print report.json too.")):
+    """The DLAS report: Tables 3/4/6, the share of the ideal speedup, the study's 13
+    observations with a verdict each, and the plots, as one HTML page."""
+    from dlas_predict.analysis.report import write_report
+
+    rep, page = write_report(device, store, out)
+    if as_json:
+        _print_json(rep.to_dict())
+        return
+    for o in rep.observations:
+        typer.echo(f"{o.number + ')':6s} {o.verdict:14s} {o.claim}")
+    verdicts = [o.verdict for o in rep.observations]
+    typer.echo(f"\n{verdicts.count('holds')} hold, {verdicts.count('does not hold')} do not, "
+               f"{verdicts.count('no data')} have no data on {rep.device.name}")
+    typer.echo(f"wrote {page} ({len(rep.plots)} plots embedded) and {out / 'report.json'}")
+
+
+# ---- demo -------------------------------------------------------------------------------
+@app.command()
+@handle_errors
+def demo(store: Optional[Path] = typer.Option(None, "--store",
+                                              help="Default: DLAS_HOME/demo.sqlite"),
+         quiet: bool = typer.Option(False, "--quiet", "-q"),
+         recommend_too: bool = typer.Option(True, "--recommend/--no-recommend",
+                                            help="Then recommend for zoo:resnet18-cifar "
+                                                 "and validate the top 3.")):
+    """The embedded default: the shipped demo CNN's conv layers × the whole untuned grid,
+    measured on the local CPU (the fastest algorithm per layer and compression); then a
+    recommendation for zoo:resnet18-cifar from the shipped model, its top 3 built and
+    timed."""
+    from dlas_predict.paths import dlas_home
+    from dlas_predict.corpus.store import CorpusStore
+    from dlas_predict.render import format_table
+
+    store = store or dlas_home() / "demo.sqlite"
+    _collect([str(DEMO_NETWORK)], store, "local", "all", "all", 0.9, False, 150, 1.0, 300.0,
+             False, quiet)
+    with CorpusStore(store, must_exist=True) as db:
+        rows = db.rows("error IS NULL AND device = 'local'")
+        best: dict[tuple[str, str], dict] = {}
+        for r in rows:
+            k = (r["conv"], r["compression"], r["ratio"] or 0.0)
+            if k not in best or r["median_s"] < best[k]["median_s"]:
+                best[k] = r
+    table = [{"conv": c, "compression": comp, "layer sparsity": ratio or "",
+              "fastest algorithm": r["algorithm"], "median ms": round(r["median_s"] * 1e3, 4),
+              "GFLOP/s": round(r["gflops"], 1)} for (c, comp, ratio), r in sorted(best.items())]
+    typer.echo("\nFastest algorithm per layer and compression (measured; pruned at 0.9 "
+               "globally, each layer at its own sparsity):")
+    typer.echo(format_table(table))
+    if recommend_too:
+        from dlas_predict.recommend.search import recommend as run
+
+        typer.echo("\nRecommendation for zoo:resnet18-cifar from the shipped model, the top 3 "
+                   "built and timed:")
+        log = None if quiet else (lambda line: typer.echo(line, err=True))
+        _show_recommendation(run("zoo:resnet18-cifar", "local", ELBOW_DROP_PP, None, 5, 3,
+                                 log=log, network_runner=_network_runner("local")),
+                             5, ELBOW_DROP_PP)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,347 @@
+"""Measured accuracy: top-1 of an ONNX model run by onnxruntime, and the fidelity proxy.
+
+Every figure here is measured: top-1 on labelled data (digits, an ``.npz`` or an image
+folder), or — without labels — the *fidelity proxy*: the share of inputs on which a
+compressed model's top-1 class agrees with the uncompressed model's. The proxy is always
+labelled as such.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from dlas_predict.space.config import DEFAULT_CURVE_RATIOS as DEFAULT_RATIOS, ELBOW_DROP_PP
+from dlas_predict.compression.digits import Dataset
+from dlas_predict.errors import DlasError
+
+
+class DataError(DlasError):
+    """A data set that cannot be read or does not fit the model."""
+
+
+def _session(model):
+    """An onnxruntime session on a path, bytes or ModelProto; optimisations off (so the
+    float16 emulation casts stay in place), 2 threads."""
+    import os
+
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    opts.intra_op_num_threads = len(os.sched_getaffinity(0))
+    opts.log_severity_level = 3
+    if hasattr(model, "SerializeToString"):
+        model = model.SerializeToString()
+    elif isinstance(model, Path):
+        model = str(model)
+    return ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+
+
+def input_shape(model) -> tuple[int, int, int]:
+    """The C×H×W input of a model (batch dimension dropped)."""
+    sess = _session(model)
+    shape = sess.get_inputs()[0].shape
+    if len(shape) != 4 or not all(isinstance(d, int) and d > 0 for d in shape[1:]):
+        raise DataError(f"model input shape {shape} is not a fixed N×C×H×W image input")
+    return tuple(shape[1:])
+
+
+def predict(model, x: np.ndarray) -> np.ndarray:
+    """Top-1 class of each input (N×C×H×W float32), batch by batch of the model's batch."""
+    sess = _session(model)
+    inp = sess.get_inputs()[0]
+    want = tuple(inp.shape[1:])
+    if tuple(x.shape[1:]) != want:
+        raise DataError(f"data shape {tuple(x.shape[1:])} does not match the model input "
+                        f"{want}")
+    batch = inp.shape[0] if isinstance(inp.shape[0], int) and inp.shape[0] > 0 else 64
+    out = []
+    for start in range(0, len(x), batch):
+        xb = x[start:start + batch]
+        n = len(xb)
+        if n < batch:  # fixed-batch model: pad the last batch
+            xb = np.concatenate([xb, np.zeros((batch - n, *xb.shape[1:]), xb.dtype)])
+        logits = sess.run(None, {inp.name: np.ascontiguousarray(xb, dtype=np.float32)})[0]
+        out.append(np.asarray(logits).reshape(len(xb), -1)[:n].argmax(1))
+    return np.concatenate(out) if out else np.zeros(0, np.int64)
+
+
+def evaluate_onnx(model, data: Dataset) -> float:
+    """Measured top-1 accuracy of an ONNX model on a labelled data set."""
+    return float((predict(model, data.x) == data.y).mean())
+
+
+def agreement(model, reference, x: np.ndarray) -> float:
+    """The fidelity proxy: share of inputs whose top-1 matches the reference model's."""
+    return float((predict(model, x) == predict(reference, x)).mean())
+
+
+@dataclass(frozen=True)
+class AccuracyResult:
+    """One measured accuracy, with where it came from."""
+
+    model: str
+    compression: str
+    ratio: float | None
+    metric: str  # "top1" (labelled data) or "fidelity_proxy" (agreement, no labels)
+    value: float
+    data: str
+    n_samples: int
+    reference_top1: float | None = None  # the uncompressed model on the same data
+    finetune_epochs: int = 0
+    weights: str = ""
+    notes: tuple[str, ...] = ()
+    uncalibrated: float | None = None  # int8: the same metric with ranges from one random input
+
+    def to_dict(self) -> dict:
+        d = {"model": self.model, "compression": self.compression, "ratio": self.ratio,
+             "metric": self.metric, self.metric: self.value, "data": self.data,
+             "n_samples": self.n_samples, "reference_top1": self.reference_top1,
+             "finetune_epochs": self.finetune_epochs, "weights": self.weights,
+             "notes": list(self.notes)}
+        if self.uncalibrated is not None:
+            d["uncalibrated_" + self.metric] = self.uncalibrated
+        return d
+
+
+# ---- data --------------------------------------------------------------------------------
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
+
+
+def _fit(x: np.ndarray, shape: tuple[int, int, int], source: str) -> np.ndarray:
+    """N×C×H×W float32 in the model's layout; N×H×W×C is transposed, N×H×W grey is
+    replicated over C. A shape that still does not match raises :class:`DataError`."""
+    x = np.asarray(x, dtype=np.float32)
+    if x.ndim == 3 and shape[0] in (1, 3):
+        x = np.repeat(x[:, None], shape[0], axis=1)
+    if x.ndim == 4 and tuple(x.shape[1:]) != shape and tuple(x.shape[3:] + x.shape[1:3]) == shape:
+        x = x.transpose(0, 3, 1, 2)
+    if x.ndim != 4 or tuple(x.shape[1:]) != shape:
+        raise DataError(f"{source}: images of shape {tuple(x.shape[1:])} do not match the "
+                        f"model input {shape} (C×H×W)")
+    return np.ascontiguousarray(x)
+
+
+def _npz(path: Path, shape: tuple[int, int, int]) -> Dataset:
+    try:
+        data = np.load(path)
+        keys = set(data.files)
+    except Exception as exc:
+        raise DataError(f"{path} is not a readable .npz ({exc})") from None
+    xk = next((k for k in ("x", "images", "X") if k in keys), None)
+    yk = next((k for k in ("y", "labels", "Y") if k in keys), None)
+    if xk is None:
+        raise DataError(f"{path} has no images array (named x or images); it has: "
+                        f"{', '.join(sorted(keys)) or 'nothing'}")
+    x = _fit(data[xk], shape, str(path))
+    if len(x) == 0:
+        raise DataError(f"{path} holds no images")
+    if yk is None:
+        return Dataset(path.name, x, np.full(len(x), -1, np.int64))
+    y = np.asarray(data[yk]).astype(np.int64).ravel()
+    if len(y) != len(x):
+        raise DataError(f"{path}: {len(x)} images but {len(y)} labels")
+    return Dataset(path.name, x, y)
+
+
+def _folder(path: Path, shape: tuple[int, int, int]) -> Dataset:
+    """Class-per-subfolder images (labels = sorted subfolder order), or flat unlabelled
+    images. Resized to H×W, grey or RGB by C, scaled to [-1, 1] as the digits task is."""
+    from PIL import Image
+
+    subdirs = sorted(p for p in path.iterdir() if p.is_dir())
+    if subdirs:
+        files = [(f, label) for label, d in enumerate(subdirs) for f in sorted(d.iterdir())
+                 if f.suffix.lower() in IMAGE_SUFFIXES]
+    else:
+        files = [(f, -1) for f in sorted(path.iterdir()) if f.suffix.lower() in IMAGE_SUFFIXES]
+    if not files:
+        raise DataError(f"{path} holds no images ({', '.join(sorted(IMAGE_SUFFIXES))}), "
+                        "directly or in class subfolders")
+    c, h, w = shape
+    xs = []
+    for f, _ in files:
+        try:
+            img = Image.open(f).convert("L" if c == 1 else "RGB").resize((w, h),
+                                                                     Image.BILINEAR)
+        except Exception as exc:
+            raise DataError(f"cannot read image {f}: {exc}") from None
+        a = np.asarray(img, dtype=np.float32) / 255.0 * 2.0 - 1.0
+        xs.append(a[None] if c == 1 else a.transpose(2, 0, 1))
+    return Dataset(path.name, np.stack(xs).astype(np.float32),
+                   np.array([label for _, label in files], np.int64))
+
+
+def load_data(spec: str, shape: tuple[int, int, int], split: str = "test") -> Dataset:
+    """``digits`` (its ``split``), an ``.npz`` (x/images [+ y/labels]) or an image folder."""
+    from dlas_predict.compression.digits import digits
+
+    if spec == "digits":
+        return digits(split, shape)
+    path = Path(spec)
+    if not path.exists():
+        raise DataError(f"data {spec!r} not found: give 'digits', an .npz file or an image "
+                        "folder")
+    if path.is_dir():
+        return _folder(path, shape)
+    return _npz(path, shape)
+
+
+def labelled(data: Dataset) -> bool:
+    return bool(len(data)) and bool(np.all(data.y >= 0))
+
+
+# ---- compressed models -------------------------------------------------------------------
+@dataclass
+class Prepared:
+    """A model argument resolved and compressed: what accuracy and collect work on."""
+
+    name: str
+    onnx_path: Path
+    compressed: "object"  # compress.CompressedModel
+    zoo_entry: "object | None"
+
+
+def prepare(model: str, compression: str = "dense", ratio: float | None = None,
+            remove_channels: bool = False, finetune_epochs: int = 0,
+            calibration: np.ndarray | None = None, log=None) -> Prepared:
+    """Resolve ``model`` (path or ``zoo:NAME``) and compress it.
+
+    Zoo networks are pruned on their torch definition (and fine-tuned there, on the digits
+    training split, masks held) before export; plain ONNX files are pruned on their weights.
+    """
+    import onnx
+
+    from dlas_predict.compression import compress
+    from dlas_predict.networks import zoo
+    from dlas_predict.space.config import Compression, check_ratio
+    from dlas_predict.errors import ConfigError
+
+    comp = Compression.parse(compression)
+    pruning = comp in (Compression.WEIGHT_PRUNING, Compression.CHANNEL_PRUNING)
+    if pruning:
+        if ratio is None:
+            raise ConfigError(f"{comp.value} needs --ratio in [0, 1)")
+        check_ratio(ratio, allow_zero=True)
+    elif ratio:
+        raise ConfigError(f"{comp.value} takes no ratio (got {ratio})")
+    if finetune_epochs < 0:
+        raise ConfigError(f"--finetune-epochs must be >= 0, got {finetune_epochs}")
+    if finetune_epochs and not pruning:
+        raise ConfigError("fine-tuning applies to weight_pruning and channel_pruning")
+    if remove_channels and comp is not Compression.CHANNEL_PRUNING:
+        raise ConfigError("--remove-channels needs --compression channel_pruning")
+    entry = zoo.get(model) if str(model).startswith(zoo.ZOO_PREFIX) else None
+    path = zoo.resolve(model)
+    name = entry.name if entry else path.stem
+    if pruning and entry is not None:
+        import tempfile
+
+        from dlas_predict.compression import digits
+        from dlas_predict.compression import training
+
+        net = zoo.torch_model(entry.name)
+        reapply = compress.torch_masks(net, comp, ratio)
+        if finetune_epochs:
+            train = digits.digits("train", entry.input_shape)
+            training.train(net, train.x, train.y, finetune_epochs, lr=0.01, max_shift=2,
+                           after_step=reapply, log=log)
+        with tempfile.TemporaryDirectory(prefix="dlas-") as tmp:
+            exported = zoo.export_model(net, entry.input_shape, Path(tmp) / f"{name}.onnx")
+            base = onnx.load(str(exported))
+        notes = []
+        if remove_channels:
+            base, removed, kept = compress.remove_zero_channels(base)
+            notes.append(compress.removal_note(removed, kept))
+        # already pruned in torch: read each layer's sparsity, relabel
+        done = compress.compress_onnx(base, "dense", None)
+        done.compression, done.ratio = comp, ratio
+        done.notes.extend(notes)
+        if finetune_epochs:
+            done.notes.append(f"fine-tuned {finetune_epochs} epochs on the digits training "
+                              "split with the masks held")
+    else:
+        if finetune_epochs:
+            raise ConfigError("fine-tuning needs a torch definition: use a zoo:NAME network")
+        done = compress.compress_onnx(onnx.load(str(path)), comp, ratio, calibration,
+                                      remove_channels=remove_channels)
+    return Prepared(name, path, done, entry)
+
+
+def _weights_label(prep: Prepared) -> str:
+    if prep.zoo_entry is None:
+        return "from the ONNX file"
+    if prep.zoo_entry.trained:
+        return "trained on digits (shipped)"
+    return "random (seeded; no pretrained weights can be downloaded): top-1 is chance level"
+
+
+def measure(model: str, data: str = "digits", compression: str = "dense",
+            ratio: float | None = None, finetune_epochs: int = 0,
+            remove_channels: bool = False, log=None,
+            reference: float | None = None) -> AccuracyResult:
+    """Measure the accuracy of ``model`` compressed as asked: top-1 on labelled data, else
+    the fidelity proxy (agreement with the uncompressed model on the data's images).
+    ``reference``: the uncompressed top-1 on the same data, when already measured."""
+    from dlas_predict.networks import zoo
+    from dlas_predict.space.config import Compression
+
+    comp = Compression.parse(compression)
+    path = zoo.resolve(model)
+    shape = input_shape(path)
+    test = load_data(data, shape)
+    calibration = None
+    if comp is Compression.INT8:
+        calib_src = load_data("digits", shape, "train") if data == "digits" else test
+        calibration = calib_src.x[:128]
+    prep = prepare(model, comp.value, ratio, remove_channels, finetune_epochs, calibration,
+                   log=log)
+    compressed = prep.compressed.model
+    uncal = None
+    if labelled(test):
+        metric, value = "top1", evaluate_onnx(compressed, test)
+        if reference is None:
+            reference = evaluate_onnx(path, test)
+    else:
+        metric, value, reference = "fidelity_proxy", agreement(compressed, path, test.x), None
+    if comp is Compression.INT8:
+        import onnx
+
+        from dlas_predict.compression.compress import compress_onnx
+
+        noise = np.random.default_rng(0).normal(size=(1, *shape)).astype(np.float32)
+        raw = compress_onnx(onnx.load(str(path)), "int8", calibration=noise).model
+        uncal = (evaluate_onnx(raw, test) if metric == "top1"
+                 else agreement(raw, path, test.x))
+    return AccuracyResult(
+        model=prep.name, compression=comp.value, ratio=prep.compressed.ratio, metric=metric,
+        value=value, data=test.name, n_samples=len(test), reference_top1=reference,
+        finetune_epochs=finetune_epochs, weights=_weights_label(prep),
+        notes=tuple(prep.compressed.notes), uncalibrated=uncal)
+
+
+
+
+def elbow(points: list[tuple[float, float]], reference: float,
+          max_drop_pp: float = ELBOW_DROP_PP) -> float | None:
+    """The study's elbow rule: the highest ratio before the first significant drop (more
+    than ``max_drop_pp`` points below ``reference``); None if the first ratio already drops."""
+    best = None
+    for r, value in sorted(points):
+        if (reference - value) * 100 > max_drop_pp:
+            break
+        best = r
+    return best
+
+
+def curve(model: str, kind: str, ratios=DEFAULT_RATIOS, data: str = "digits",
+          finetune_epochs: int = 0, log=None) -> list[AccuracyResult]:
+    """Accuracy against pruning ratio for one pruning kind (each point measured)."""
+    points = []
+    for r in ratios:
+        points.append(measure(model, data, kind, r, finetune_epochs, log=log,
+                              reference=points[0].reference_top1 if points else None))
+    return points

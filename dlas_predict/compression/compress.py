@@ -1,0 +1,581 @@
+"""The study's four compressions, applied to ONNX weights (and to torch models for
+fine-tuning).
+
+- ``weight_pruning``: global L1 unstructured — the ``ratio`` smallest-magnitude weights of
+  all convolutions together are zeroed, so layers end up pruned unevenly.
+- ``channel_pruning``: global L1 structured over conv output channels — channels are ranked
+  across all convolutions by their L1 norm per weight (the norm over the fan-in, so wide and
+  narrow layers compare) and the lowest ``ratio`` share of the channels of ordinary
+  convolutions gets zero weights, keeping at least one channel per layer; depthwise and
+  grouped convs keep theirs (their channels are tied to their input's). The bias (the folded
+  batch norm's shift) stays, as in the study's CSR form. ``remove_zero_channels`` then removes
+  what can be removed exactly, giving a smaller dense network (beyond the study).
+- ``float16``: weights rounded to float16 and every layer's output rounded to float16
+  (Cast pairs), which is what the float16 kernels do (fp16 storage, fp32 accumulation).
+- ``int8``: post-training static quantisation by onnxruntime (QDQ, per-tensor, MinMax),
+  calibrated on sample inputs.
+
+Where a torch definition exists (the zoo), pruning is applied to the torch model before
+export (:func:`torch_masks`): weight pruning ranks the raw conv weights (as
+``torch.nn.utils.prune.global_unstructured`` would), channel pruning ranks the effective
+weights (batch-norm scale folded in: a raw channel norm means little next to its norm's
+scale). On a plain ONNX file the weights at hand are ranked (exported networks usually have
+their batch norms folded in).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dlas_predict.space.config import Compression, ConvSpec, check_ratio
+from dlas_predict.errors import ConfigError, NetworkError
+
+
+@dataclass(frozen=True)
+class LayerSparsity:
+    """A compressed conv layer: its workload and how much of it is zero."""
+
+    name: str
+    spec: ConvSpec
+    sparsity: float  # share of zero weights (what the CSR kernels see)
+    channels_kept: int
+    channels: int
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "conv": self.spec.to_spec(),
+                "sparsity": round(self.sparsity, 6), "channels_kept": self.channels_kept,
+                "channels": self.channels}
+
+
+@dataclass
+class CompressedModel:
+    """An ONNX model after compression, with each conv layer's own sparsity."""
+
+    model: object  # onnx.ModelProto
+    compression: Compression
+    ratio: float | None
+    layers: list[LayerSparsity] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def sparsity(self) -> float:
+        """Zero weights over all conv weights."""
+        total = sum(l.spec.params for l in self.layers)
+        return sum(l.sparsity * l.spec.params for l in self.layers) / total if total else 0.0
+
+
+# ---- masks (shared by the ONNX and torch paths) ------------------------------------------
+def weight_masks(weights: list[np.ndarray], ratio: float) -> list[np.ndarray]:
+    """Global L1 unstructured: keep-masks zeroing the ``ratio`` smallest |w| overall."""
+    check_ratio(ratio, allow_zero=True)
+    flat = np.concatenate([np.abs(w).ravel() for w in weights])
+    k = int(np.floor(ratio * flat.size))
+    keep = np.ones(flat.size, bool)
+    if k:
+        keep[np.argpartition(flat, k - 1)[:k]] = False  # exactly k pruned, ties included
+    bounds = np.cumsum([0] + [w.size for w in weights])
+    return [keep[bounds[i]:bounds[i + 1]].reshape(w.shape) for i, w in enumerate(weights)]
+
+
+def channel_masks(weights: list[np.ndarray], ratio: float,
+                  prunable: list[bool] | None = None) -> list[np.ndarray]:
+    """Global L1 structured: per-layer keep-masks over output channels. Layers not
+    ``prunable`` (depthwise and grouped convs, whose channels are tied to their input's) keep
+    every channel; ``ratio`` is the share of the prunable channels removed."""
+    check_ratio(ratio, allow_zero=True)
+    if prunable is None:
+        prunable = [True] * len(weights)
+    scores = [np.abs(w).reshape(w.shape[0], -1).mean(axis=1) for w in weights]
+    scores = [s if ok else np.full(len(s), np.inf) for s, ok in zip(scores, prunable)]
+    owner = np.concatenate([np.full(len(s), i) for i, s in enumerate(scores)])
+    starts = np.cumsum([0] + [len(s) for s in scores])
+    flat = np.concatenate(scores)
+    n_prunable = sum(len(s) for s, ok in zip(scores, prunable) if ok)
+    k = int(np.floor(ratio * n_prunable))
+    keep = [np.ones(len(s), bool) for s in scores]
+    left = [len(s) for s in scores]
+    pruned = 0
+    for j in np.argsort(flat, kind="stable"):
+        if pruned >= k:
+            break
+        i = owner[j]
+        if not prunable[i] or left[i] <= 1:  # keep at least one channel per layer
+            continue
+        keep[i][j - starts[i]] = False
+        left[i] -= 1
+        pruned += 1
+    return keep
+
+
+# ---- ONNX helpers ------------------------------------------------------------------------
+def _conv_nodes(model) -> list:
+    inits = {i.name for i in model.graph.initializer}
+    return [n for n in model.graph.node if n.op_type == "Conv" and n.input[1] in inits]
+
+
+def _arrays(model) -> dict[str, np.ndarray]:
+    from onnx import numpy_helper
+
+    return {i.name: numpy_helper.to_array(i).copy() for i in model.graph.initializer}
+
+
+def _write_arrays(model, arrays: dict[str, np.ndarray]) -> None:
+    from onnx import numpy_helper
+
+    for i, init in enumerate(model.graph.initializer):
+        if init.name in arrays:
+            model.graph.initializer[i].CopyFrom(numpy_helper.from_array(arrays[init.name],
+                                                                       init.name))
+
+
+def layer_sparsity(model) -> list[LayerSparsity]:
+    """Each conv layer's workload and share of zero weights, read from the weights."""
+    import onnx
+
+    from dlas_predict.networks.graph import _conv_spec, _shapes, inline_constant_identities
+
+    model = copy.deepcopy(model)
+    inline_constant_identities(model)
+    model = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    shapes = _shapes(model)
+    arrays = _arrays(model)
+    out = []
+    for node in _conv_nodes(model):
+        w = arrays[node.input[1]]
+        name = node.name or node.output[0]
+        spec = _conv_spec(node, name, shapes.get(node.input[0]), tuple(w.shape))
+        zero_rows = ~np.any(w.reshape(w.shape[0], -1) != 0, axis=1)
+        out.append(LayerSparsity(name, spec, float((w == 0).mean()),
+                                 int((~zero_rows).sum()), int(w.shape[0])))
+    return out
+
+
+def _prune_onnx(model, kind: Compression, ratio: float):
+    arrays = _arrays(model)
+    convs = _conv_nodes(model)
+    if not convs:
+        raise NetworkError("the model has no convolution with constant weights to prune")
+    weights = [arrays[n.input[1]] for n in convs]
+    if kind is Compression.WEIGHT_PRUNING:
+        for n, w, m in zip(convs, weights, weight_masks(weights, ratio)):
+            arrays[n.input[1]] = np.where(m, w, 0).astype(w.dtype)
+    else:
+        groups = [next((a.i for a in n.attribute if a.name == "group"), 1) for n in convs]
+        for n, w, keep in zip(convs, weights,
+                              channel_masks(weights, ratio, [g == 1 for g in groups])):
+            arrays[n.input[1]] = (w * keep.reshape(-1, *[1] * (w.ndim - 1))).astype(w.dtype)
+    _write_arrays(model, arrays)
+
+
+def _float16(model) -> None:
+    """Round weights to fp16 and every compute node's float output to fp16 (Cast pairs)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    arrays = _arrays(model)
+    _write_arrays(model, {k: v.astype(np.float16).astype(np.float32)
+                          for k, v in arrays.items() if v.dtype == np.float32})
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    float_vals = {vi.name for vi in [*inferred.graph.value_info, *inferred.graph.output]
+                  if vi.type.tensor_type.elem_type == TensorProto.FLOAT}
+    nodes = []
+    for node in model.graph.node:
+        nodes.append(node)
+        if node.op_type in ("Constant", "Identity", "Shape"):
+            continue
+        for j, out in enumerate(node.output):
+            if out not in float_vals:
+                continue
+            raw = f"{out}__fp32"
+            node.output[j] = raw
+            half = f"{out}__fp16"
+            nodes.append(helper.make_node("Cast", [raw], [half], to=TensorProto.FLOAT16,
+                                          name=f"{out}/to_fp16"))
+            nodes.append(helper.make_node("Cast", [half], [out], to=TensorProto.FLOAT,
+                                          name=f"{out}/from_fp16"))
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+
+
+def _int8(model, calibration: np.ndarray):
+    """onnxruntime static QDQ quantisation (per-tensor, MinMax) calibrated on ``calibration``."""
+    import os
+    import tempfile
+
+    import onnx
+    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
+                                          quantize_static)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self, name: str, x: np.ndarray):
+            self.items = iter([{name: x[i:i + 1].astype(np.float32)} for i in range(len(x))])
+
+        def get_next(self):
+            return next(self.items, None)
+
+    import logging
+
+    logging.disable(logging.WARNING)  # onnxruntime's "consider pre-processing" advice
+    try:
+        return _quantize(model, calibration, Reader, os, tempfile, onnx, quantize_static,
+                         QuantFormat, QuantType)
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def _quantize(model, calibration, Reader, os, tempfile, onnx, quantize_static, QuantFormat,
+              QuantType):
+    with tempfile.TemporaryDirectory() as tmp:
+        src, dst = os.path.join(tmp, "in.onnx"), os.path.join(tmp, "out.onnx")
+        onnx.save(model, src)
+        name = model.graph.input[0].name
+        quantize_static(src, dst, Reader(name, calibration), quant_format=QuantFormat.QDQ,
+                        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+                        per_channel=False)
+        return onnx.load(dst)
+
+
+def removal_note(removed: int, kept_zero: int) -> str:
+    return (f"{removed} zeroed channels physically removed; {kept_zero} stay zeroed (they "
+            "reach a residual addition, a concatenation or an op the remover does not "
+            "follow, such as SiLU)")
+
+
+def compress_onnx(model, compression: Compression | str, ratio: float | None = None,
+                  calibration: np.ndarray | None = None,
+                  remove_channels: bool = False) -> CompressedModel:
+    """Compress an ONNX ModelProto (not modified); ``calibration`` feeds int8 (N×C×H×W)."""
+    from dlas_predict.networks.graph import inline_constant_identities
+
+    compression = Compression.parse(compression)
+    model = copy.deepcopy(model)
+    inline_constant_identities(model)
+    notes = []
+    if compression in (Compression.WEIGHT_PRUNING, Compression.CHANNEL_PRUNING):
+        if ratio is None:
+            raise ConfigError(f"{compression.value} needs a ratio in [0, 1)")
+        check_ratio(ratio, allow_zero=True)
+        _prune_onnx(model, compression, ratio)
+    elif ratio is not None and ratio != 0:
+        raise ConfigError(f"{compression.value} takes no ratio (got {ratio})")
+    if remove_channels:
+        if compression is not Compression.CHANNEL_PRUNING:
+            raise ConfigError("removing channels needs --compression channel_pruning")
+        model, removed, kept_zero = remove_zero_channels(model)
+        notes.append(removal_note(removed, kept_zero))
+    sparsity = layer_sparsity(model)
+    if compression is Compression.FLOAT16:
+        _float16(model)
+        notes.append("float16 emulated: weights and every layer output rounded to float16, "
+                     "fp32 accumulation (as the float16 kernels)")
+    elif compression is Compression.INT8:
+        if calibration is None or len(calibration) == 0:
+            raise ConfigError("int8 needs calibration inputs")
+        model = _int8(model, calibration)
+        notes.append(f"int8: onnxruntime static QDQ quantisation, per-tensor MinMax, "
+                     f"calibrated on {len(calibration)} inputs")
+    return CompressedModel(model, compression, ratio if compression.value.endswith("pruning")
+                           else None, sparsity, notes)
+
+
+# ---- physically removing zeroed channels ------------------------------------------------
+_PER_CHANNEL = {"Relu", "LeakyRelu", "Identity", "HardSwish", "Clip", "MaxPool",
+                "GlobalAveragePool", "GlobalMaxPool",
+                "AveragePool", "Dropout"}
+
+
+def _apply_chain(ops: list, values: np.ndarray, consts: dict) -> np.ndarray:
+    """A constant channel's value after a chain of per-channel ops."""
+    for node in ops:
+        if node.op_type == "Relu":
+            values = np.maximum(values, 0)
+        elif node.op_type == "Clip":
+            lo = consts.get(node.input[1]) if len(node.input) > 1 and node.input[1] else None
+            hi = consts.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+            values = np.clip(values, -np.inf if lo is None else float(lo),
+                             np.inf if hi is None else float(hi))
+        elif node.op_type == "LeakyRelu":
+            values = np.where(values > 0, values, values * 0.01)
+        elif node.op_type == "HardSwish":
+            values = values * np.clip(values / 6 + 0.5, 0, 1)
+        # Identity, pooling and Dropout leave a constant channel unchanged
+    return values
+
+
+def remove_zero_channels(model):
+    """Remove the output channels whose conv weights are all zero, giving a smaller dense
+    network. Such a channel outputs its bias everywhere; that constant is followed through
+    per-channel ops (ReLU, ReLU6, pooling) and folded into the biases of the consumers:
+    convolutions (their input channel goes), a depthwise conv (its channel goes too, and its
+    constant output is folded onward), or flatten-then-Gemm. The fold is exact for 1×1
+    unpadded consumers and for constants that are zero; next to a padded border it is not
+    (the border saw zeros), which is why the removed network's accuracy is measured on its
+    own. Channels feeding a residual addition or a concatenation stay (zeroed).
+    Returns ``(model, removed, kept_zero)``."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from dlas_predict.networks.graph import _shapes
+
+    from dlas_predict.networks.graph import inline_constant_identities
+
+    model = copy.deepcopy(model)
+    inline_constant_identities(model)
+    arrays = _arrays(model)
+    consts = dict(arrays)
+    for node in model.graph.node:
+        if node.op_type == "Constant":
+            consts[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+    consumers: dict[str, list] = {}
+    for node in model.graph.node:
+        for i in node.input:
+            consumers.setdefault(i, []).append(node)
+    graph_outputs = {o.name for o in model.graph.output}
+    shapes = _shapes(onnx.shape_inference.infer_shapes(model, strict_mode=False))
+
+    def attr(node, name, default):
+        for a_ in node.attribute:
+            if a_.name == name:
+                return helper.get_attribute_value(a_)
+        return default
+
+    def chain(tensor: str):
+        ops = []
+        while tensor not in graph_outputs:
+            users = consumers.get(tensor, [])
+            if len(users) == 1 and users[0].op_type in _PER_CHANNEL:
+                ops.append(users[0])
+                tensor = users[0].output[0]
+                continue
+            return ops, tensor, users
+        return None
+
+    def bias_of(node, n: int) -> str:
+        if len(node.input) > 2 and node.input[2] in arrays:
+            return node.input[2]
+        name = f"{node.name or node.output[0]}__bias"
+        arrays[name] = np.zeros(n, np.float32)
+        model.graph.initializer.append(numpy_helper.from_array(arrays[name], name))
+        if len(node.input) < 3:
+            node.input.append(name)
+        else:
+            node.input[2] = name
+        return name
+
+    def plan_for(tensor: str, n_channels: int, depth: int = 0):
+        """How to drop channels of ``tensor``: a list of (kind, node, extra), or None."""
+        traced = chain(tensor)
+        if traced is None:
+            return None
+        ops, end, users = traced
+        if not users:
+            return None
+        plan = []
+        for u in users:
+            if u.op_type == "Conv" and u.input[0] == end and u.input[1] in arrays:
+                groups = attr(u, "group", 1)
+                if groups == 1:
+                    plan.append(("conv_in", u, ops))
+                elif groups == n_channels == arrays[u.input[1]].shape[0] and depth == 0:
+                    sub = plan_for(u.output[0], n_channels, depth + 1)
+                    if sub is None:
+                        return None
+                    plan.append(("depthwise", u, (ops, sub)))
+                else:
+                    return None
+            elif u.op_type == "Flatten" and len(consumers.get(u.output[0], [])) == 1:
+                g = consumers[u.output[0]][0]
+                shp = shapes.get(end)
+                if not (g.op_type == "Gemm" and g.input[1] in arrays and shp is not None
+                        and attr(g, "transB", 0) == 1 and not attr(g, "transA", 0)):
+                    return None
+                plan.append(("gemm", g, (ops, int(np.prod(shp[2:])))))
+            else:
+                return None
+        return plan
+
+    def execute(plan, zero: np.ndarray, const: np.ndarray) -> None:
+        keep = ~zero
+        for kind, u, extra in plan:
+            if kind == "conv_in":
+                w = arrays[u.input[1]]
+                v = _apply_chain(extra, const, consts)
+                if np.any(v != 0):
+                    b = bias_of(u, w.shape[0])
+                    arrays[b] = (arrays[b] + w[:, zero].sum(axis=(2, 3)) @ v).astype(np.float32)
+                arrays[u.input[1]] = w[:, keep]
+            elif kind == "gemm":
+                ops, per = extra
+                w = arrays[u.input[1]]
+                v = np.repeat(_apply_chain(ops, const, consts), per)
+                cols = np.repeat(keep, per)
+                if np.any(v != 0):
+                    b = bias_of(u, w.shape[0])
+                    arrays[b] = (arrays[b] + w[:, ~cols] @ v).astype(np.float32)
+                arrays[u.input[1]] = w[:, cols]
+            else:
+                ops, sub = extra
+                w = arrays[u.input[1]]
+                v = _apply_chain(ops, const, consts)
+                b = arrays.get(u.input[2]) if len(u.input) > 2 else None
+                dconst = w[zero].reshape(int(zero.sum()), -1).sum(axis=1) * v
+                if b is not None:
+                    dconst = dconst + b[zero]
+                    arrays[u.input[2]] = b[keep]
+                arrays[u.input[1]] = w[keep]
+                for a_ in u.attribute:
+                    if a_.name == "group":
+                        a_.i = int(keep.sum())
+                execute(sub, zero, dconst)
+
+    removed = kept_zero = 0
+    for node in _conv_nodes(model):
+        if attr(node, "group", 1) != 1:
+            continue  # a depthwise/grouped conv's channels are tied to its input's
+        w = arrays[node.input[1]]
+        zero = ~np.any(w.reshape(w.shape[0], -1) != 0, axis=1)
+        if not zero.any() or zero.all():
+            continue
+        plan = plan_for(node.output[0], w.shape[0])
+        if plan is None:
+            kept_zero += int(zero.sum())
+            continue
+        bias_name = node.input[2] if len(node.input) > 2 and node.input[2] in arrays else None
+        const = (arrays[bias_name][zero].astype(np.float64) if bias_name
+                 else np.zeros(int(zero.sum())))
+        execute(plan, zero, const)
+        arrays[node.input[1]] = w[~zero]
+        if bias_name:
+            arrays[bias_name] = arrays[bias_name][~zero]
+        removed += int(zero.sum())
+    for i, init in enumerate(model.graph.initializer):
+        if init.name in arrays:
+            model.graph.initializer[i].CopyFrom(numpy_helper.from_array(
+                np.ascontiguousarray(arrays[init.name], dtype=np.float32), init.name))
+    del model.graph.value_info[:]  # shapes changed: let inference redo them
+    return model, removed, kept_zero
+
+
+# ---- torch path (fine-tuning) ------------------------------------------------------------
+def _masked_sparsity(weights: list[np.ndarray], compression: Compression, ratio: float,
+                     prunable: list[bool], ranked: list[np.ndarray] | None = None) -> list[float]:
+    """Each layer's share of zeros after global pruning of ``weights`` (ranked by ``ranked``,
+    default the weights themselves), without touching them."""
+    ranked = weights if ranked is None else ranked
+    if compression is Compression.WEIGHT_PRUNING:
+        masks = weight_masks(ranked, ratio)
+        return [float(((w == 0) | ~m).mean()) for w, m in zip(weights, masks)]
+    keeps = channel_masks(ranked, ratio, prunable)
+    return [float(((w * k.reshape(-1, *[1] * (w.ndim - 1))) == 0).mean())
+            for w, k in zip(weights, keeps)]
+
+
+def pruned_sparsities(model: str, grid: dict) -> dict[tuple, list[float]]:
+    """Per conv layer (graph order), its sparsity after global pruning, for every
+    (compression, ratio) of ``grid`` ({Compression: [ratios]}), pruned as
+    :func:`dlas_predict.compression.accuracy.prepare` prunes (zoo networks on their torch weights, ONNX
+    files on their initializers) but without exporting anything: what ``recommend`` uses to
+    enumerate the grid in seconds."""
+    from dlas_predict.networks import zoo
+
+    grid = {Compression.parse(c): list(r) for c, r in grid.items()}
+    for comp in grid:
+        if comp not in (Compression.WEIGHT_PRUNING, Compression.CHANNEL_PRUNING):
+            raise ConfigError(f"{comp.value} prunes nothing")
+    if str(model).startswith(zoo.ZOO_PREFIX):
+        import torch
+
+        from dlas_predict.networks.torchmodels import conv_bn_pairs
+
+        pairs = conv_bn_pairs(zoo.torch_model(zoo.get(model).name))
+        raw = [conv.weight.detach().numpy() for conv, _ in pairs]
+        folded = []  # channel pruning ranks the BN-folded weights
+        for (conv, bn), w in zip(pairs, raw):
+            if bn is None:
+                folded.append(w)
+                continue
+            scale = (bn.weight / torch.sqrt(bn.running_var + bn.eps)).detach().numpy()
+            folded.append(w * scale.reshape(-1, 1, 1, 1))
+        prunable = [conv.groups == 1 for conv, _ in pairs]
+    else:
+        import onnx
+
+        m = onnx.load(str(zoo.resolve(model)))
+        arrays = _arrays(m)
+        convs = _conv_nodes(m)
+        raw = folded = [arrays[n.input[1]] for n in convs]
+        prunable = [next((a.i for a in n.attribute if a.name == "group"), 1) == 1
+                    for n in convs]
+    out: dict[tuple, list[float]] = {}
+    for comp, ratios in grid.items():
+        if comp is Compression.WEIGHT_PRUNING:
+            out.update({(comp, r): v for r, v in _weight_sparsities(raw, ratios).items()})
+        else:
+            out.update({(comp, r): _masked_sparsity(raw, comp, r, prunable, folded)
+                        for r in ratios})
+    return out
+
+
+def _weight_sparsities(weights: list[np.ndarray], ratios: list[float]) -> dict[float, list[float]]:
+    """Global L1 unstructured pruning at several ratios at once: one partition finds every
+    ratio's threshold; weights tied at a threshold are shared out in proportion (the masks
+    of :func:`weight_masks` prune exactly ``floor(ratio·n)`` of them, ties in any order)."""
+    for r in ratios:
+        check_ratio(r, allow_zero=True)
+    mags = [np.abs(w).ravel() for w in weights]
+    flat = np.concatenate(mags)
+    ks = [int(np.floor(r * flat.size)) for r in ratios]
+    kth = sorted({k - 1 for k in ks if k > 0})
+    part = np.partition(flat, kth) if kth else flat
+    out = {}
+    for r, k in zip(ratios, ks):
+        if k == 0:
+            out[r] = [float((m == 0).mean()) for m in mags]
+            continue
+        thr = part[k - 1]
+        less = [int(np.count_nonzero(m < thr)) for m in mags]
+        ties = [int(np.count_nonzero(m == thr)) for m in mags]
+        share = (k - sum(less)) / max(sum(ties), 1)
+        out[r] = [float((l + t * share) / m.size)
+                  for m, l, t in zip(mags, less, ties)]
+    return out
+
+
+def torch_masks(model, compression: Compression | str, ratio: float):
+    """Prune a torch model in place; returns a function that re-applies the masks (call after each
+    optimiser step while fine-tuning)."""
+    import torch
+
+    from dlas_predict.networks.torchmodels import conv_bn_pairs
+
+    compression = Compression.parse(compression)
+    pairs = conv_bn_pairs(model)
+    eff = []
+    for conv, bn in pairs:
+        w = conv.weight.detach().numpy()
+        if compression is Compression.CHANNEL_PRUNING and bn is not None:
+            scale = (bn.weight / torch.sqrt(bn.running_var + bn.eps)).detach().numpy()
+            w = w * scale.reshape(-1, 1, 1, 1)
+        eff.append(w)
+    if compression is Compression.WEIGHT_PRUNING:
+        masks = [torch.from_numpy(m.astype(np.float32)) for m in weight_masks(eff, ratio)]
+
+        def apply() -> None:
+            with torch.no_grad():
+                for (conv, _), m in zip(pairs, masks):
+                    conv.weight.mul_(m)
+    elif compression is Compression.CHANNEL_PRUNING:
+        keeps = [torch.from_numpy(k.astype(np.float32)) for k in
+                 channel_masks(eff, ratio, [conv.groups == 1 for conv, _ in pairs])]
+
+        def apply() -> None:
+            with torch.no_grad():
+                for (conv, _), k in zip(pairs, keeps):
+                    conv.weight.mul_(k.view(-1, 1, 1, 1))
+    else:
+        raise ConfigError(f"fine-tuning applies to pruning, not {compression.value}")
+    apply()
+    return apply

@@ -1,0 +1,109 @@
+"""Whole-network records: the plan of a configuration to build (:class:`NetworkPlan`) and the
+record of its measurement (:class:`NetworkMeasurement`). The TVM backend builds and times
+plans (:mod:`dlas_predict.measure.netrunner`); :mod:`dlas_predict.corpus.collect` stores them.
+
+A configuration is a compression (with its ratio) and an algorithm: ``direct``, ``gemm``,
+``spatial_pack`` for every layer (the study's grid), or ``per_layer``, where each layer has
+its own algorithm and kernel format (the candidate beyond the study).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from dlas_predict.space.config import Algorithm, Compression, COMPRESSION_KERNEL, DType
+from dlas_predict.space.devices import Device
+from dlas_predict.corpus.records import TimedRuns
+
+if TYPE_CHECKING:
+    from dlas_predict.measure.runner import TuningOptions
+
+#: Algorithm label of a configuration whose layers each have their own kernel.
+PER_LAYER = "per_layer"
+NETWORK_VERSION = "2"
+
+
+@dataclass(frozen=True)
+class NetworkPlan:
+    """One whole-network configuration to build: the compressed model and each conv's kernel."""
+
+    model: str                       # path or zoo:NAME
+    network: str                     # its name
+    compression: Compression
+    ratio: float | None
+    algorithm: str                   # an Algorithm value or PER_LAYER
+    layers: tuple[tuple[str, bool], ...]  # (algorithm, sparse) per conv, graph order
+    #: tuned: each layer's schedule from the tuning database (dlas-predict tune) searched
+    #: with ``budget`` trials; None: the hand schedules
+    tuning: "TuningOptions | None" = None
+
+    @property
+    def dtype(self) -> DType:
+        return COMPRESSION_KERNEL[self.compression][1]
+
+    @property
+    def config(self) -> str:
+        from dlas_predict.compression.netplan import config_label
+
+        return config_label(self.compression, self.ratio)
+
+    def plan_json(self) -> str:
+        return json.dumps([[a, bool(s)] for a, s in self.layers])
+
+    def key(self, device: Device) -> str:
+        parts = [device.name, device.fingerprint, self.network, self.config,
+                 self.algorithm, self.plan_json(), NETWORK_VERSION]
+        if self.tuning is not None:
+            parts += ["tuned", str(self.tuning.budget)]
+        text = "|".join(parts)
+        return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def uniform_plan(model: str, network: str, compression: Compression | str,
+                 ratio: float | None, algorithm: str, n_layers: int) -> NetworkPlan:
+    """The study's configuration: one algorithm for every layer; pruned networks run the
+    CSR kernels, the others the dense ones."""
+    comp = Compression.parse(compression)
+    alg = Algorithm.parse(algorithm).value
+    sparse = COMPRESSION_KERNEL[comp][0]
+    return NetworkPlan(model, network, comp, ratio, alg, tuple([(alg, sparse)] * n_layers))
+
+
+@dataclass
+class NetworkMeasurement(TimedRuns):
+    """The record of one whole-network build and timing (``error`` set on failure)."""
+
+    key: str
+    device: str
+    fingerprint: str
+    network: str
+    config: str
+    algorithm: str
+    plan: str
+    dtype: str
+    run_secs: list[float] = field(default_factory=list)
+    compile_s: float | None = None
+    verified: bool | None = None
+    max_error: float | None = None
+    top1_agreement: float | None = None
+    error: str | None = None
+    timestamp: float = 0.0
+    summary: str | None = None  # JSON of the network's NetworkSummary
+    tuned_layers: list[int] | None = None    # tuned builds: layers with a tuned schedule
+    untuned_layers: list[int] | None = None  # ... and those the database did not hold
+    contention: float | None = None  # as MeasureResult.contention
+    slowdown: float | None = None    # as MeasureResult.slowdown
+
+    def to_row(self) -> dict:
+        return {"key": self.key, "device": self.device, "fingerprint": self.fingerprint,
+                "network": self.network, "config": self.config, "algorithm": self.algorithm,
+                "plan": self.plan, "dtype": self.dtype, "run_secs": json.dumps(self.run_secs),
+                "median_s": self.median_s, "spread": self.spread, "compile_s": self.compile_s,
+                "verified": None if self.verified is None else int(self.verified),
+                "max_error": self.max_error, "top1_agreement": self.top1_agreement,
+                "error": self.error, "kernels_version": NETWORK_VERSION,
+                "timestamp": self.timestamp, "summary": self.summary,
+                "contention": self.contention, "slowdown": self.slowdown}

@@ -1,0 +1,400 @@
+"""The corpus store: SQLite in WAL mode, one row per measurement, every run time kept.
+
+Each record is committed in its own transaction as soon as it is measured, so a collection
+killed at any moment (SIGKILL included) loses nothing it had committed and leaves no
+half-written row; the unique measurement key makes a re-run skip what is already there.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from dlas_predict.errors import StoreError
+from dlas_predict.corpus.records import MeasureResult, slowness
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE IF NOT EXISTS measurements (
+    id INTEGER PRIMARY KEY,
+    key TEXT NOT NULL UNIQUE,
+    device TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    conv TEXT NOT NULL,
+    conv_json TEXT NOT NULL,
+    C INTEGER, H INTEGER, W INTEGER, K INTEGER, R INTEGER, S INTEGER,
+    stride_h INTEGER, stride_w INTEGER, pad_t INTEGER, pad_l INTEGER, pad_b INTEGER,
+    pad_r INTEGER, groups INTEGER, dilation_h INTEGER, dilation_w INTEGER,
+    OH INTEGER, OW INTEGER, macs INTEGER,
+    dtype TEXT NOT NULL,
+    algorithm TEXT NOT NULL,
+    compression TEXT NOT NULL,
+    ratio REAL NOT NULL,
+    sparse INTEGER NOT NULL,
+    pattern TEXT NOT NULL,
+    sparsity REAL,
+    nnz INTEGER,
+    tuning TEXT NOT NULL,
+    knobs TEXT NOT NULL,
+    run_secs TEXT NOT NULL,
+    n_runs INTEGER NOT NULL,
+    number INTEGER,
+    median_s REAL,
+    spread REAL,
+    noisy INTEGER,
+    gflops REAL,
+    compile_s REAL,
+    tuning_seconds REAL,
+    trials INTEGER,
+    tuner TEXT,
+    verified INTEGER,
+    max_error REAL,
+    error TEXT,
+    threads INTEGER,
+    tvm_version TEXT,
+    kernels_version TEXT,
+    timestamp REAL,
+    contention REAL,
+    slowdown REAL
+);
+CREATE INDEX IF NOT EXISTS idx_meas_device ON measurements(device, fingerprint);
+CREATE TABLE IF NOT EXISTS network_layers (
+    network TEXT NOT NULL,
+    layer_index INTEGER NOT NULL,
+    layer_name TEXT NOT NULL,
+    conv TEXT NOT NULL,
+    PRIMARY KEY (network, layer_index)
+);
+CREATE TABLE IF NOT EXISTS network_configs (
+    network TEXT NOT NULL,
+    config TEXT NOT NULL,
+    layer_index INTEGER NOT NULL,
+    layer_name TEXT NOT NULL,
+    conv TEXT NOT NULL,
+    compression TEXT NOT NULL,
+    ratio REAL NOT NULL,
+    PRIMARY KEY (network, config, layer_index)
+);
+CREATE TABLE IF NOT EXISTS network_measurements (
+    id INTEGER PRIMARY KEY,
+    key TEXT NOT NULL UNIQUE,
+    device TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    network TEXT NOT NULL,
+    config TEXT NOT NULL,
+    algorithm TEXT NOT NULL,
+    plan TEXT NOT NULL,
+    dtype TEXT NOT NULL,
+    run_secs TEXT NOT NULL,
+    median_s REAL,
+    spread REAL,
+    compile_s REAL,
+    verified INTEGER,
+    max_error REAL,
+    top1_agreement REAL,
+    error TEXT,
+    kernels_version TEXT,
+    timestamp REAL,
+    summary TEXT,
+    contention REAL,
+    slowdown REAL
+);
+"""
+
+#: Columns of a whole-network measurement row (id excluded).
+NETWORK_COLUMNS = (
+    "key", "device", "fingerprint", "network", "config", "algorithm", "plan", "dtype",
+    "run_secs", "median_s", "spread", "compile_s", "verified", "max_error", "top1_agreement",
+    "error", "kernels_version", "timestamp", "summary", "contention", "slowdown",
+)
+
+#: Columns of a measurement row, in insert order (id excluded).
+COLUMNS = (
+    "key", "device", "fingerprint", "conv", "conv_json", "C", "H", "W", "K", "R", "S",
+    "stride_h", "stride_w", "pad_t", "pad_l", "pad_b", "pad_r", "groups", "dilation_h",
+    "dilation_w", "OH", "OW", "macs", "dtype", "algorithm", "compression", "ratio", "sparse",
+    "pattern", "sparsity", "nnz", "tuning", "knobs", "run_secs", "n_runs", "number",
+    "median_s", "spread", "noisy", "gflops", "compile_s", "tuning_seconds", "trials", "tuner",
+    "verified", "max_error", "error", "threads", "tvm_version", "kernels_version", "timestamp",
+    "contention", "slowdown",
+)
+
+#: Columns added after the first stores were written: (table, column, type), migrated in place.
+_ADDED_COLUMNS = (("network_measurements", "summary", "TEXT"),
+                  ("measurements", "trials", "INTEGER"), ("measurements", "tuner", "TEXT"),
+                  ("measurements", "contention", "REAL"),
+                  ("network_measurements", "contention", "REAL"),
+                  ("measurements", "slowdown", "REAL"),
+                  ("network_measurements", "slowdown", "REAL"))
+
+
+def networks_path(path: str | Path, part: str = "networks") -> Path:
+    """A companion file of an exported snapshot: ``corpus.parquet`` → ``corpus.networks.parquet``
+    (the networks' configurations) or, with ``part="wholenet"``, ``corpus.wholenet.parquet``
+    (whole-network latencies)."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}.{part}{path.suffix}")
+
+
+def _row(result: MeasureResult) -> tuple:
+    spec, v = result.conv, result.variant
+    values = {
+        "key": result.key, "device": result.device, "fingerprint": result.fingerprint,
+        "conv": spec.to_spec(), "conv_json": json.dumps(spec.to_dict(), sort_keys=True),
+        **{name: getattr(spec, name) for name in (
+            "C", "H", "W", "K", "R", "S", "stride_h", "stride_w", "pad_t", "pad_l", "pad_b",
+            "pad_r", "groups", "dilation_h", "dilation_w")},
+        "OH": spec.OH, "OW": spec.OW, "macs": spec.macs, "dtype": v.dtype.value,
+        "algorithm": v.algorithm.value, "compression": v.compression.value, "ratio": v.ratio,
+        "sparse": int(v.sparse), "pattern": v.pattern.value, "sparsity": result.sparsity,
+        "nnz": result.nnz, "tuning": v.tuning.value,
+        "knobs": json.dumps(dict(sorted(result.knobs.items()))),
+        "run_secs": json.dumps(list(result.run_secs)), "n_runs": len(result.run_secs),
+        "number": result.number, "median_s": result.median_s, "spread": result.spread,
+        "noisy": int(result.noisy), "gflops": result.gflops, "compile_s": result.compile_s,
+        "tuning_seconds": result.tuning_seconds, "trials": result.trials, "tuner": result.tuner,
+        "verified": None if result.verified is None else int(result.verified),
+        "max_error": result.max_error, "error": result.error, "threads": result.threads,
+        "tvm_version": result.tvm_version, "kernels_version": result.kernels_version,
+        "timestamp": result.timestamp, "contention": result.contention,
+        "slowdown": result.slowdown,
+    }
+    return tuple(values[c] for c in COLUMNS)
+
+
+class CorpusStore:
+    """A measurement corpus in one SQLite file.
+
+    Parameters
+    ----------
+    path : path of the SQLite file; created (with parents) unless ``must_exist``.
+    must_exist : raise :class:`StoreError` instead of creating a new store.
+    """
+
+    def __init__(self, path: str | Path, must_exist: bool = False) -> None:
+        self.path = Path(path)
+        if must_exist and not self.path.is_file():
+            raise StoreError(f"no corpus store at {self.path}")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(str(self.path), timeout=30, isolation_level=None)
+            self._db.row_factory = sqlite3.Row
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.executescript(_SCHEMA)
+            for table, column, kind in _ADDED_COLUMNS:  # stores written before the column
+                cols = {r[1] for r in self._db.execute(f"PRAGMA table_info({table})")}
+                if column not in cols:
+                    self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+            self._db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)",
+                             (str(SCHEMA_VERSION),))
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"cannot open corpus store {self.path}: {exc}") from None
+
+    # ---- writing ------------------------------------------------------------------------
+    def add(self, result: MeasureResult, replace_failure: bool = True,
+            replace: bool = False) -> bool:
+        """Commit one record; returns False if its key was already stored.
+
+        With ``replace_failure`` a stored failure of the same key is replaced by the new
+        record (a retried measurement); a stored success is replaced only with ``replace``
+        (a record timed again on a quieter machine; see :meth:`slow_keys`).
+        """
+        placeholders = ",".join("?" * len(COLUMNS))
+        with self._db:  # one transaction: the row is there entirely or not at all
+            if replace or replace_failure:
+                self._db.execute("DELETE FROM measurements WHERE key = ?"
+                                 + ("" if replace else " AND error IS NOT NULL"), (result.key,))
+            cur = self._db.execute(
+                f"INSERT OR IGNORE INTO measurements ({','.join(COLUMNS)}) "
+                f"VALUES ({placeholders})", _row(result))
+        return cur.rowcount == 1
+
+    def add_network_layers(self, network: str, layers: Iterable[tuple[int, str, str]]) -> None:
+        """Record which conv workloads (compact specs) make up ``network``, in order."""
+        with self._db:
+            self._db.executemany(
+                "INSERT OR REPLACE INTO network_layers VALUES (?, ?, ?, ?)",
+                [(network, i, name, conv) for i, name, conv in layers])
+
+    def add_network_config(self, network: str, config: str,
+                           layers: Iterable[tuple[int, str, str, str, float]]) -> None:
+        """Record a compressed network: each conv layer's workload, compression and the
+        ratio its kernels are measured at (its own sparsity, after global pruning)."""
+        with self._db:
+            self._db.executemany(
+                "INSERT OR REPLACE INTO network_configs VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [(network, config, *layer) for layer in layers])
+
+    def add_network_measurement(self, row: dict[str, Any], replace: bool = False) -> bool:
+        """Commit one whole-network measurement (a dict of :data:`NETWORK_COLUMNS`); a stored
+        failure of the same key is replaced, a stored success only with ``replace``. False if
+        already there."""
+        values = tuple(row.get(c) for c in NETWORK_COLUMNS)
+        with self._db:
+            self._db.execute("DELETE FROM network_measurements WHERE key = ?"
+                             + ("" if replace else " AND error IS NOT NULL"), (row["key"],))
+            cur = self._db.execute(
+                f"INSERT OR IGNORE INTO network_measurements ({','.join(NETWORK_COLUMNS)}) "
+                f"VALUES ({','.join('?' * len(NETWORK_COLUMNS))})", values)
+        return cur.rowcount == 1
+
+    def network_measurements(self, where: str = "", params: tuple = ()) -> list[dict[str, Any]]:
+        cur = self._db.execute("SELECT * FROM network_measurements"
+                               + (f" WHERE {where}" if where else "") + " ORDER BY id", params)
+        return [dict(r) for r in cur]
+
+    def network_configs(self, network: str | None = None) -> list[dict[str, Any]]:
+        sql = "SELECT * FROM network_configs"
+        params: tuple = ()
+        if network is not None:
+            sql += " WHERE network = ?"
+            params = (network,)
+        cur = self._db.execute(sql + " ORDER BY network, config, layer_index", params)
+        cols = [c[0] for c in cur.description]
+        return [dict(zip(cols, row)) for row in cur]
+
+    # ---- reading ------------------------------------------------------------------------
+    def keys(self, include_failures: bool = True) -> set[str]:
+        sql = "SELECT key FROM measurements"
+        if not include_failures:
+            sql += " WHERE error IS NULL"
+        return {r[0] for r in self._db.execute(sql)}
+
+    def slow_keys(self, protocol: Any, table: str = "measurements",
+                  unprobed: bool = False) -> dict[str, float]:
+        """Successful records of ``table`` (``measurements`` or ``network_measurements``)
+        timed on a slow machine, as {key: slowness} (:func:`~dlas_predict.corpus.records.slowness`,
+        over 1): what ``collect --retime-slow`` times again. With ``unprobed`` also those
+        timed before the probes were recorded (neither reading), at slowness 1, the limit: a
+        new timing replaces one only if the machine was quiet (``--retime-unprobed``)."""
+        if table not in ("measurements", "network_measurements"):
+            raise StoreError(f"no table {table!r} of timed records")
+        which = "contention > ? OR slowdown > ?"
+        if unprobed:
+            which += " OR (contention IS NULL AND slowdown IS NULL)"
+        rows = self._db.execute(
+            f"SELECT key, contention, slowdown FROM {table} WHERE error IS NULL AND ({which})",
+            (float(protocol.contention_limit), float(protocol.slowdown_limit)))
+        return {key: 1.0 if c is None and s is None else slowness(c, s, protocol)
+                for key, c, s in rows}
+
+    def fingerprints(self, device: str) -> list[tuple[str, int]]:
+        """(fingerprint, records) of ``device``'s measurements, most records first."""
+        return [(r[0], r[1]) for r in self._db.execute(
+            "SELECT fingerprint, COUNT(*) n FROM measurements WHERE device = ? "
+            "GROUP BY fingerprint ORDER BY n DESC", (device,))]
+
+    def rows(self, where: str = "", params: tuple = ()) -> Iterator[dict[str, Any]]:
+        sql = "SELECT * FROM measurements" + (f" WHERE {where}" if where else "") + " ORDER BY id"
+        for row in self._db.execute(sql, params):
+            yield dict(row)
+
+    def tuned_rows(self, device: str) -> Iterator[dict[str, Any]]:
+        """The device's successful tuned records that say how long their search took."""
+        return self.rows("error IS NULL AND device = ? AND tuning = 'tuned' AND tuner IS NOT "
+                         "NULL AND tuning_seconds IS NOT NULL", (device,))
+
+    def results(self, where: str = "", params: tuple = ()) -> list[MeasureResult]:
+        return [MeasureResult.from_row(r) for r in self.rows(where, params)]
+
+    def stats(self) -> dict[str, Any]:
+        """Counts for ``corpus stats``: records, failures, duplicate keys, and a breakdown."""
+        q = self._db.execute
+        records = q("SELECT COUNT(*) FROM measurements").fetchone()[0]
+        failures = q("SELECT COUNT(*) FROM measurements WHERE error IS NOT NULL").fetchone()[0]
+        duplicates = q("SELECT COUNT(*) - COUNT(DISTINCT key) FROM measurements").fetchone()[0]
+        unverified = q("SELECT COUNT(*) FROM measurements WHERE error IS NULL AND verified = 0"
+                       ).fetchone()[0]
+        noisy = q("SELECT COUNT(*) FROM measurements WHERE noisy = 1").fetchone()[0]
+
+        def group(col: str) -> dict[str, int]:
+            return {r[0]: r[1] for r in q(
+                f"SELECT {col}, COUNT(*) FROM measurements GROUP BY {col} ORDER BY {col}")}
+
+        return {
+            "store": str(self.path), "records": records, "failures": failures,
+            "duplicates": duplicates, "unverified": unverified, "noisy": noisy,
+            "workloads": q("SELECT COUNT(DISTINCT conv) FROM measurements").fetchone()[0],
+            "networks": q("SELECT COUNT(*) FROM (SELECT network FROM network_layers UNION "
+                          "SELECT network FROM network_configs)").fetchone()[0],
+            "network_measurements": q("SELECT COUNT(*) FROM network_measurements WHERE error "
+                                      "IS NULL").fetchone()[0],
+            "devices": group("device"), "algorithms": group("algorithm"),
+            "compressions": group("compression"), "tunings": group("tuning"),
+        }
+
+    def export(self, out: str | Path, fmt: str) -> int:
+        """Write every measurement to ``out`` as parquet or csv; returns the row count."""
+        import pandas as pd
+
+        frame = pd.DataFrame(list(self.rows()))
+        if frame.empty:
+            frame = pd.DataFrame(columns=["id", *COLUMNS])
+        out = Path(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if fmt not in ("parquet", "csv"):
+            raise StoreError(f"unknown export format {fmt!r}; allowed: parquet, csv")
+        configs = pd.DataFrame(self.network_configs(), columns=[
+            "network", "config", "layer_index", "layer_name", "conv", "compression", "ratio"])
+        whole = pd.DataFrame(self.network_measurements(), columns=["id", *NETWORK_COLUMNS])
+        for path, table in ((out, frame), (networks_path(out), configs),
+                            (networks_path(out, "wholenet"), whole)):
+            if fmt == "parquet":  # zstd: half snappy's size, for the snapshot in git
+                table.to_parquet(path, index=False, compression="zstd", compression_level=19)
+            else:
+                table.to_csv(path, index=False)
+        return len(frame)
+
+    def import_snapshot(self, path: str | Path) -> tuple[int, int]:
+        """Add the records of an exported snapshot (and its ``.networks`` file, if present)
+        that this store does not hold; returns (records added, records already here)."""
+        import pandas as pd
+
+        from dlas_predict.corpus.records import MeasureResult
+
+        path = Path(path)
+        if not path.is_file():
+            raise StoreError(f"snapshot not found: {path}")
+        read = pd.read_parquet if path.suffix == ".parquet" else pd.read_csv
+        try:
+            frame = read(path)
+        except Exception as exc:
+            raise StoreError(f"{path} is not a readable corpus snapshot ({exc})") from None
+        missing = {"key", "conv_json", "algorithm", "run_secs"} - set(frame.columns)
+        if missing:
+            raise StoreError(f"{path} is not a corpus snapshot: no {', '.join(sorted(missing))}")
+        have = self.keys()
+        added = 0
+        for row in frame.to_dict("records"):
+            row = {k: (None if isinstance(v, float) and v != v else v) for k, v in row.items()}
+            if row["key"] in have:
+                continue
+            self.add(MeasureResult.from_row(row))
+            added += 1
+        nets = networks_path(path)
+        if nets.is_file():
+            configs = read(nets)
+            for (network, config), group in configs.groupby(["network", "config"]):
+                self.add_network_config(network, config, [
+                    (int(r.layer_index), r.layer_name, r.conv, r.compression, float(r.ratio))
+                    for r in group.itertuples()])
+        whole = networks_path(path, "wholenet")
+        if whole.is_file():
+            for row in read(whole).to_dict("records"):
+                self.add_network_measurement(
+                    {k: (None if isinstance(v, float) and v != v else v) for k, v in row.items()})
+        return added, len(frame) - added
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> "CorpusStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,373 @@
+"""Cost models learned from the corpus, and the baselines they must beat.
+
+- :class:`StageCostModel`: a kernel's time as a non-negative sum of what its loops execute
+  (:data:`~dlas_predict.models.features.STAGE_TERMS`), one set of costs per kernel family.
+- :class:`LayerCostModel`: LightGBM regression of the log ratio of a kernel's latency to the
+  stage-cost model's, with a 10 % and a 90 % quantile model for an interval around every
+  prediction.
+- :class:`RooflineBaseline`: max(work / peak, bytes / bandwidth), scaled by one efficiency
+  factor per algorithm × compression fitted on the training rows.
+- :class:`MacsLinearBaseline`: latency = a·MACs + b per algorithm × compression.
+
+A saved model is LightGBM text files plus a JSON sidecar (feature names, package versions,
+corpus fingerprint, metrics); loading checks them. LightGBM is imported only here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from dlas_predict.errors import DlasError
+from dlas_predict.models.features import FEATURE_NAMES, STAGE_TERMS, TREE_FEATURES
+
+MODEL_FORMAT = "dlas-layer-cost-3"
+QUANTILES = (0.1, 0.9)
+#: 63 leaves: on the shipped snapshot, whole-network leave-one-network-out within ±10 % is
+#: higher than with 31, and 127 gains little for twice the training time.
+_LGB_PARAMS = dict(n_estimators=400, learning_rate=0.05, num_leaves=63, min_child_samples=5,
+                   subsample=0.9, subsample_freq=1, colsample_bytree=0.9, verbose=-1,
+                   n_jobs=2)
+
+
+class ModelError(DlasError):
+    """A missing, unreadable or incompatible saved cost model."""
+
+
+def _versions() -> dict[str, str]:
+    import lightgbm
+    import sklearn
+
+    return {"lightgbm": lightgbm.__version__, "scikit-learn": sklearn.__version__,
+            "numpy": np.__version__}
+
+
+def write_sidecar(directory: Path, name: str, meta: dict) -> Path:
+    """Write a model's JSON sidecar ``DIRECTORY/NAME.json`` (creating the directory)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    sidecar = directory / f"{name}.json"
+    sidecar.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    return sidecar
+
+
+def read_sidecar(directory: Path, name: str, what: str, hint: str) -> tuple[Path, dict]:
+    """Read ``DIRECTORY/NAME.json``; a missing or unparsable file is a :class:`ModelError`
+    (a missing one says it has no ``what`` and how to make one: ``hint``)."""
+    sidecar = Path(directory) / f"{name}.json"
+    if not sidecar.is_file():
+        raise ModelError(f"no {what} {name!r} in {directory} ({hint})")
+    try:
+        return sidecar, json.loads(sidecar.read_text())
+    except json.JSONDecodeError as exc:
+        raise ModelError(f"{sidecar} is not valid JSON ({exc})") from None
+
+
+_TREES = len(TREE_FEATURES)
+_STAGE = slice(_TREES, _TREES + len(STAGE_TERMS))
+#: Columns that name a kernel family: algorithm, dtype, CSR, pruning pattern, tuning (the
+#: stage-cost model's and the baselines' groups).
+_FAMILY = ("algo_direct", "algo_gemm", "algo_spatial_pack", "dtype_bytes", "sparse",
+           "channel_pattern", "tuned")
+#: Rows of a family with at least this many measurements of one loop structure (depthwise,
+#: strided, 1×1) get costs of their own; the others share their family's.
+MIN_STRUCTURE_ROWS = 15
+
+
+def _family_keys(X: np.ndarray) -> tuple[list[str], list[str]]:
+    """Each row's family key, and its family × loop-structure key."""
+    col = FEATURE_NAMES.index
+    pointwise = (X[:, col("R")] * X[:, col("S")] == 1)
+    strided = X[:, col("stage_vector_ops_strided")] > 0
+    structure = np.column_stack([X[:, col("depthwise")], strided, pointwise])
+    coarse = [",".join(f"{v:g}" for v in k) for k in _group_keys(X)]
+    fine = [f"{c}|{','.join(str(int(v)) for v in r)}" for c, r in zip(coarse, structure)]
+    return coarse, fine
+
+
+@dataclass
+class StageCostModel:
+    """A kernel's time as Σ cost·term over :data:`~dlas_predict.models.features.STAGE_TERMS`, costs
+    ≥ 0, fitted per kernel family (and per loop structure where it has enough rows) by
+    non-negative least squares on relative error. Additive in what the loops execute, so it
+    extrapolates in scale, which trees cannot; :class:`LayerCostModel`'s trees learn what it
+    misses."""
+
+    scale: list = field(default_factory=list)   # each term's largest training value
+    costs: dict = field(default_factory=dict)   # family or family|structure key → costs
+    default: list = field(default_factory=list)  # fitted on every row
+
+    def fit(self, X: np.ndarray, seconds: np.ndarray) -> "StageCostModel":
+        from scipy.optimize import nnls
+
+        X = np.asarray(X, dtype=np.float64)
+        T = X[:, _STAGE]
+        scale = np.maximum(T.max(axis=0), 1e-30)
+        A = T / scale / np.asarray(seconds)[:, None]  # relative error: each row's target 1
+
+        def fit(sel: np.ndarray) -> list[float]:
+            return [float(c) for c in nnls(A[sel], np.ones(int(sel.sum())))[0]]
+
+        coarse, fine = _family_keys(X)
+        self.scale, self.costs = [float(v) for v in scale], {}
+        for keys, least in ((coarse, 1), (fine, MIN_STRUCTURE_ROWS)):
+            arr = np.array(keys)
+            for k in sorted(set(keys)):
+                sel = arr == k
+                if sel.sum() >= least:
+                    self.costs[k] = fit(sel)
+        self.default = fit(np.ones(len(X), dtype=bool))
+        return self
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        X = np.asarray(X, dtype=np.float64)
+        T = X[:, _STAGE] / np.array(self.scale)
+        coarse, fine = _family_keys(X)
+        costs = np.array([self.costs.get(f, self.costs.get(c, self.default))
+                          for c, f in zip(coarse, fine)])
+        # a family whose costs all came out 0 would predict 0: floor at 1 ns
+        return np.maximum(np.sum(T * costs, axis=1), 1e-9)
+
+    def to_dict(self) -> dict:
+        return {"scale": self.scale, "costs": self.costs, "default": self.default}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "StageCostModel":
+        if len(d.get("scale", ())) != len(STAGE_TERMS):
+            raise ModelError("the stage-cost model has other terms than this version computes")
+        return cls(scale=d["scale"], costs=d["costs"], default=d["default"])
+
+
+@dataclass
+class LayerCostModel:
+    """Predicts a kernel's median latency (seconds) with an 80 % interval: the stage-cost
+    model's time, corrected by trees trained on the log of the ratio (a tree's leaves are
+    constants, so learning log latency itself could not extrapolate in scale)."""
+
+    seed: int = 0
+    models: dict = field(default_factory=dict)  # "median", "q10", "q90" → LGBM booster
+    stage: StageCostModel = field(default_factory=StageCostModel)
+    meta: dict = field(default_factory=dict)
+
+    def fit(self, X: np.ndarray, seconds: np.ndarray, meta: dict | None = None) -> "LayerCostModel":
+        import lightgbm as lgb
+
+        if len(X) < 10:
+            raise ModelError(f"too few measurements to train on ({len(X)}); collect more")
+        X = np.asarray(X, dtype=np.float64)
+        self.stage = StageCostModel().fit(X, seconds)
+        y = np.log(seconds) - np.log(self.stage.predict(X))
+        trees = X[:, :_TREES]
+        common = dict(_LGB_PARAMS, random_state=self.seed)
+        self.models = {"median": lgb.LGBMRegressor(objective="regression", **common)
+                       .fit(trees, y).booster_}
+        for q in QUANTILES:
+            self.models[f"q{int(q * 100)}"] = lgb.LGBMRegressor(
+                objective="quantile", alpha=q, **common).fit(trees, y).booster_
+        self.meta = {"format": MODEL_FORMAT, "features": list(FEATURE_NAMES),
+                     "versions": _versions(), "n_train": int(len(X)), **(meta or {})}
+        return self
+
+    def predict(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(median, low, high) seconds; low ≤ median ≤ high."""
+        if not self.models:
+            raise ModelError("the cost model is not trained")
+        X = np.asarray(X, dtype=np.float64)
+        base, trees = np.log(self.stage.predict(X)), X[:, :_TREES]
+        mid = np.exp(self.models["median"].predict(trees) + base)
+        low = np.exp(self.models["q10"].predict(trees) + base)
+        high = np.exp(self.models["q90"].predict(trees) + base)
+        return mid, np.minimum(low, mid), np.maximum(high, mid)
+
+    def save(self, directory: Path, name: str) -> Path:
+        sidecar = write_sidecar(directory, name, {**self.meta, "stage": self.stage.to_dict()})
+        for key, booster in self.models.items():
+            booster.save_model(str(Path(directory) / f"{name}.{key}.txt"))
+        return sidecar
+
+    @classmethod
+    def load(cls, directory: Path, name: str) -> "LayerCostModel":
+        import lightgbm as lgb
+
+        sidecar, meta = read_sidecar(directory, name, "cost model",
+                                     "train one with `dlas-predict train`")
+        if meta.get("format") != MODEL_FORMAT:
+            raise ModelError(f"{sidecar}: format {meta.get('format')!r}, expected "
+                             f"{MODEL_FORMAT!r}; retrain with `dlas-predict train`")
+        if meta.get("features") != list(FEATURE_NAMES):
+            raise ModelError(f"{sidecar}: trained on other features than this version "
+                             "computes; retrain with `dlas-predict train`")
+        try:
+            stage = StageCostModel.from_dict(meta.pop("stage"))
+        except (KeyError, TypeError, ModelError) as exc:
+            raise ModelError(f"{sidecar}: no usable stage-cost model ({exc}); retrain with "
+                             "`dlas-predict train`") from None
+        models = {}
+        for key in ("median", *(f"q{int(q * 100)}" for q in QUANTILES)):
+            path = Path(directory) / f"{name}.{key}.txt"
+            try:
+                models[key] = lgb.Booster(model_file=str(path))
+            except Exception as exc:  # LightGBM raises its own error type for bad files
+                raise ModelError(f"cannot load {path}: {str(exc)[:200]}") from None
+            if models[key].num_feature() != _TREES:
+                raise ModelError(f"{path} expects {models[key].num_feature()} features, not "
+                                 f"{_TREES}")
+        return cls(models=models, stage=stage, meta=meta)
+
+
+def _group_keys(X: np.ndarray) -> list[tuple]:
+    """Each row's kernel family (:data:`_FAMILY`), as a tuple of its column values."""
+    return [tuple(row) for row in X[:, [FEATURE_NAMES.index(n) for n in _FAMILY]]]
+
+
+@dataclass
+class RooflineBaseline:
+    """Roofline time × one efficiency factor per algorithm × compression (geometric mean)."""
+
+    factors: dict = field(default_factory=dict)
+    default: float = 1.0
+
+    def fit(self, X: np.ndarray, seconds: np.ndarray) -> "RooflineBaseline":
+        roof = np.exp(X[:, FEATURE_NAMES.index("log_roofline_s")])
+        ratio = np.log(seconds / roof)
+        keys = _group_keys(X)
+        self.default = float(np.exp(ratio.mean()))
+        for k in set(keys):
+            sel = np.array([kk == k for kk in keys])
+            self.factors[k] = float(np.exp(ratio[sel].mean()))
+        return self
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        roof = np.exp(X[:, FEATURE_NAMES.index("log_roofline_s")])
+        return roof * np.array([self.factors.get(k, self.default) for k in _group_keys(X)])
+
+
+@dataclass
+class MacsLinearBaseline:
+    """latency = a·MACs + b, least squares per algorithm × compression."""
+
+    coefs: dict = field(default_factory=dict)
+    default: tuple = (0.0, 0.0)
+
+    @staticmethod
+    def _fit(macs: np.ndarray, s: np.ndarray) -> tuple[float, float]:
+        if len(macs) < 2 or np.ptp(macs) == 0:
+            return float(s.mean() / max(macs.mean(), 1.0)), 0.0
+        a, b = np.polyfit(macs, s, 1)
+        return float(a), float(b)
+
+    def fit(self, X: np.ndarray, seconds: np.ndarray) -> "MacsLinearBaseline":
+        macs = np.exp(X[:, FEATURE_NAMES.index("log_macs")])
+        keys = _group_keys(X)
+        self.default = self._fit(macs, seconds)
+        for k in set(keys):
+            sel = np.array([kk == k for kk in keys])
+            self.coefs[k] = self._fit(macs[sel], seconds[sel])
+        return self
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        macs = np.exp(X[:, FEATURE_NAMES.index("log_macs")])
+        out = np.array([a * m + b for m, (a, b) in
+                        zip(macs, (self.coefs.get(k, self.default) for k in _group_keys(X)))])
+        return np.maximum(out, 1e-9)  # a line can go negative on small layers
+
+
+# ---- metrics -----------------------------------------------------------------------------
+def mape(pred: np.ndarray, true: np.ndarray) -> float:
+    return float(np.mean(np.abs(pred - true) / true))
+
+
+def within(pred: np.ndarray, true: np.ndarray, tol: float = 0.10) -> float:
+    return float(np.mean(np.abs(pred - true) / true <= tol))
+
+
+def kendall_tau(pred: np.ndarray, true: np.ndarray) -> float:
+    from scipy.stats import kendalltau
+
+    if len(pred) < 2:
+        return float("nan")
+    tau = kendalltau(pred, true).statistic
+    return float(tau) if not math.isnan(tau) else float("nan")
+
+
+def top1_hit(pred: np.ndarray, true: np.ndarray) -> float:
+    return float(int(np.argmin(pred)) == int(np.argmin(true)))
+
+
+def regret(pred: np.ndarray, true: np.ndarray) -> float:
+    """True latency of the predicted best over the true best (1.0 = no regret)."""
+    return float(true[int(np.argmin(pred))] / true.min())
+
+
+# ---- the cost of tuning ------------------------------------------------------------------
+TUNING_FORMAT = "dlas-tuning-time-1"
+
+
+def _tuning_terms(X: np.ndarray) -> np.ndarray:
+    """Per-trial cost terms: intercept, log MACs, algorithm, sparse (knob search), dtype."""
+    col = FEATURE_NAMES.index
+    X = np.asarray(X, dtype=np.float64)
+    return np.column_stack([
+        np.ones(len(X)), X[:, col("log_macs")], X[:, col("algo_gemm")],
+        X[:, col("algo_spatial_pack")], X[:, col("sparse")], X[:, col("is_float16")],
+        X[:, col("is_int8")]])
+
+
+@dataclass
+class TuningTimeModel:
+    """Seconds a tuner spends per trial on a kernel (least squares on log seconds per trial
+    over the corpus's tuned records), and the share of its budget a search runs before early
+    stopping ends it (the median over the corpus, per tuner)."""
+
+    coef: list = field(default_factory=list)
+    trial_share: dict = field(default_factory=dict)  # tuner -> median trials / budget
+    meta: dict = field(default_factory=dict)
+
+    def fit(self, X: np.ndarray, seconds: np.ndarray, trials: np.ndarray, budgets: np.ndarray,
+            tuners: list[str], meta: dict | None = None) -> "TuningTimeModel":
+        if len(seconds) < 3:
+            raise ModelError(f"{len(seconds)} tuned records: too few to learn what tuning "
+                             "costs (collect with `dlas-predict tune --network ...`)")
+        A = _tuning_terms(X)
+        y = np.log(np.asarray(seconds) / np.maximum(np.asarray(trials), 1))
+        coef, *_ = np.linalg.lstsq(A, y, rcond=None)
+        self.coef = [float(c) for c in coef]
+        for tuner in sorted(set(tuners)):
+            sel = np.array([t == tuner for t in tuners])
+            self.trial_share[tuner] = float(np.median(np.asarray(trials)[sel]
+                                                      / np.asarray(budgets)[sel]))
+        pred = np.exp(A @ coef) * np.asarray(trials)
+        self.meta = {**(meta or {}), "format": TUNING_FORMAT, "n_train": int(len(seconds)),
+                     "train_mape": mape(pred, np.asarray(seconds)),
+                     "total_tuning_hours": float(np.sum(seconds) / 3600)}
+        return self
+
+    def per_trial(self, X: np.ndarray) -> np.ndarray:
+        return np.exp(_tuning_terms(X) @ np.array(self.coef))
+
+    def predict(self, X: np.ndarray, budget: int, search_sizes: list[int]) -> np.ndarray:
+        """Seconds to tune each kernel of ``X`` with ``budget`` trials; ``search_sizes`` is
+        each CSR kernel's number of knob candidates (ignored for dense kernels)."""
+        sparse = np.asarray(X)[:, FEATURE_NAMES.index("sparse")] > 0
+        ms_share = self.trial_share.get("metaschedule", 1.0)
+        trials = np.where(sparse, np.minimum(budget, np.asarray(search_sizes)),
+                          np.maximum(1.0, budget * ms_share))
+        return self.per_trial(X) * trials
+
+    def save(self, directory: Path, name: str = "tuning") -> Path:
+        return write_sidecar(directory, name, {**self.meta, "coef": self.coef,
+                                               "trial_share": self.trial_share})
+
+    @classmethod
+    def load(cls, directory: Path, name: str = "tuning") -> "TuningTimeModel":
+        sidecar, meta = read_sidecar(directory, name, "tuning-time model",
+                                     "train on a corpus with tuned records")
+        if meta.get("format") != TUNING_FORMAT:
+            raise ModelError(f"{sidecar}: format {meta.get('format')!r}, expected "
+                             f"{TUNING_FORMAT!r}; retrain with `dlas-predict train`")
+        coef, share = meta.pop("coef"), meta.pop("trial_share")
+        return cls(coef=coef, trial_share=share, meta=meta)

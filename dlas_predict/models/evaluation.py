@@ -1,0 +1,458 @@
+"""Training data from a corpus, and leave-one-network-out evaluation of the cost models.
+
+A *configuration* of a network is one compression (pruned at one global ratio) with one
+convolution algorithm for every layer, the study's unit. Its latency here is the sum of its
+conv kernels' measured latencies (each the fastest timed run) — **conv layers only**:
+whole-network latencies (non-conv ops, traffic between layers) come with the whole-network
+build, and are not in this sum.
+
+Leave-one-network-out: for each network, the models are trained on every kernel that the
+network does not use (a workload shared with another network is held out too), and predict
+the held-out network's kernels and configurations.
+
+Whole networks (:func:`whole_network_lono`): the same, on measured whole-network latencies;
+the network-level residual and the ranker are trained on the other networks' whole
+measurements only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from dlas_predict.space.config import Algorithm
+from dlas_predict.models.costmodel import (LayerCostModel, MacsLinearBaseline, RooflineBaseline, kendall_tau,
+                        mape, regret, top1_hit, within)
+from dlas_predict.space.devices import Device, get_device
+from dlas_predict.errors import DlasError
+from dlas_predict.models.features import config_from_row, features
+from dlas_predict.compression.netplan import ratio_key
+
+MODELS = ("lightgbm", "stage", "roofline", "macs_linear")
+
+
+def modelled_seconds(row: dict) -> float:
+    """The latency the models learn from a store row (kernel or whole network): the fastest
+    timed run (:func:`~dlas_predict.corpus.records.best_of`); the median where the row keeps no
+    runs (imported TopHub costs)."""
+    import json
+
+    from dlas_predict.corpus.records import best_of
+
+    best = best_of(json.loads(row["run_secs"]))  # the store keeps them as JSON text
+    return float(best if best is not None else row["median_s"])
+
+
+def kernel_key(conv: str, algorithm: str, compression: str, ratio: float,
+               tuning: str = "untuned") -> tuple:
+    return (conv, algorithm, compression, ratio_key(ratio), tuning)
+
+
+@dataclass
+class Corpus:
+    """The successful measurements of one device, as features and targets."""
+
+    device: Device
+    keys: list[tuple]
+    X: np.ndarray
+    seconds: np.ndarray
+    configs: list[dict] = field(default_factory=list)  # network_configs rows
+    fingerprint: str = ""
+
+    def index(self) -> dict[tuple, int]:
+        return {k: i for i, k in enumerate(self.keys)}
+
+
+def load_corpus(store: Path, device: str = "local") -> Corpus:
+    """Read every verified, successful measurement of ``device`` from a corpus store."""
+    import hashlib
+
+    from dlas_predict.corpus.store import CorpusStore
+
+    from dlas_predict.analysis.frames import frame_device
+
+    get_device(device, with_target=False)  # an unknown name is one clear error
+    # the roofs of the machine that measured the corpus, whichever machine trains
+    dev = frame_device(store, device)
+    keys, rows_x, secs, fps = [], [], [], []
+    with CorpusStore(store, must_exist=True) as db:
+        rows = [r for r in db.rows("error IS NULL AND device = ?", (dev.name,))
+                if r["verified"] in (1, True, None)]
+        configs = db.network_configs()
+    seen: dict[tuple, int] = {}
+    for r in rows:
+        k = kernel_key(r["conv"], r["algorithm"], r["compression"], r["ratio"], r["tuning"])
+        if k in seen:
+            if r["fingerprint"] == fps[seen[k]]:
+                # the same configuration with other knobs on the same machine (a GPU's
+                # float16 accumulating in float32 and in float16): the faster one is what a
+                # deployment would run
+                secs[seen[k]] = min(secs[seen[k]], modelled_seconds(r))
+            else:  # a repeat measurement on another machine: keep the newest
+                secs[seen[k]] = modelled_seconds(r)
+                fps[seen[k]] = r["fingerprint"]
+            continue
+        seen[k] = len(keys)
+        keys.append(k)
+        fps.append(r["fingerprint"])
+        rows_x.append(features(config_from_row(r), dev))
+        secs.append(modelled_seconds(r))
+    if not keys:
+        raise DlasError(f"{store} holds no successful measurement for device {dev.name!r}; "
+                        f"collect some with `dlas-predict collect --device {dev.name} "
+                        f"--network zoo:resnet18-cifar --store {store}`")
+    fp = hashlib.sha256(repr(sorted(zip(keys, secs))).encode()).hexdigest()[:16]
+    return Corpus(dev, keys, np.array(rows_x, dtype=np.float64), np.array(secs), configs, fp)
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    """One configuration of one network and the corpus rows of its conv layers."""
+
+    network: str
+    config: str  # e.g. "weight_pruning@0.9"
+    algorithm: str
+    rows: tuple[int, ...]
+
+
+def network_configurations(corpus: Corpus, network: str,
+                           algorithms=tuple(a.value for a in Algorithm)) -> list[NetworkConfig]:
+    """Every configuration of ``network`` whose conv kernels are all measured."""
+    index = corpus.index()
+    by_config: dict[str, list[dict]] = {}
+    for r in corpus.configs:
+        if r["network"] == network:
+            by_config.setdefault(r["config"], []).append(r)
+    out = []
+    for label, layers in sorted(by_config.items()):
+        for alg in algorithms:
+            idx = [index.get(kernel_key(l["conv"], alg, l["compression"], l["ratio"]))
+                   for l in layers]
+            if all(i is not None for i in idx):
+                out.append(NetworkConfig(network, label, alg, tuple(idx)))
+    return out
+
+
+def _fit_all(X: np.ndarray, y: np.ndarray, seed: int = 0) -> dict:
+    model = LayerCostModel(seed=seed).fit(X, y)
+    return {"lightgbm": model,
+            "stage": model.stage,  # the stage-cost model alone: what the trees add to it
+            "roofline": RooflineBaseline().fit(X, y),
+            "macs_linear": MacsLinearBaseline().fit(X, y)}
+
+
+def _predict(model, X: np.ndarray) -> np.ndarray:
+    out = model.predict(X)
+    return out[0] if isinstance(out, tuple) else out
+
+
+class HeldOutFits:
+    """The models of each leave-one-network-out round, fitted once and shared by the
+    conv-only and the whole-network evaluations: round N trains on every kernel that network
+    N uses nowhere (neither in its configurations nor in its measured whole networks)."""
+
+    def __init__(self, corpus: Corpus, whole: list | None = None, seed: int = 0):
+        self.corpus, self.seed, self._fits = corpus, seed, {}
+        self.used: dict[str, set[int]] = {}
+        for net in {r["network"] for r in corpus.configs}:
+            self.used[net] = {i for c in network_configurations(corpus, net) for i in c.rows}
+        for r in whole or []:
+            self.used.setdefault(r.network, set()).update(r.rows)
+
+    def models(self, net: str) -> dict | None:
+        """The models trained without ``net``'s kernels (None: too little left to train)."""
+        if net not in self._fits:
+            train = np.setdiff1d(np.arange(len(self.corpus.keys)), sorted(self.used[net]))
+            self._fits[net] = (None if len(train) < 10 else
+                               _fit_all(self.corpus.X[train], self.corpus.seconds[train],
+                                        self.seed))
+        return self._fits[net]
+
+
+def leave_one_network_out(corpus: Corpus, seed: int = 0, fits: HeldOutFits | None = None
+                          ) -> dict:
+    """Per held-out network and overall, for each model: layer MAPE, and over the network's
+    configurations (conv-layer sums) MAPE, share within ±10 %, Kendall τ, top-1 hit and
+    regret."""
+    fits = fits or HeldOutFits(corpus, seed=seed)
+    networks = sorted({r["network"] for r in corpus.configs})
+    if len(networks) < 2:
+        raise DlasError("leave-one-network-out needs configurations of at least two networks "
+                        "in the corpus (collect more networks)")
+    per_net: dict[str, dict] = {}
+    pooled = {m: {"cfg_pred": [], "cfg_true": [], "layer_pred": [], "layer_true": []}
+              for m in MODELS}
+    for net in networks:
+        cfgs = network_configurations(corpus, net)
+        if len(cfgs) < 2:
+            continue
+        used = sorted({i for c in cfgs for i in c.rows})
+        models = fits.models(net)
+        if models is None:
+            continue
+        per_net[net] = {"configurations": len(cfgs), "kernels_held_out": len(fits.used[net]),
+                        "kernels_trained": int(len(corpus.keys) - len(fits.used[net]))}
+        for name, model in models.items():
+            pred = _predict(model, corpus.X[used])
+            lookup = dict(zip(used, pred))
+            p = np.array([sum(lookup[i] for i in c.rows) for c in cfgs])
+            t = np.array([sum(corpus.seconds[i] for i in c.rows) for c in cfgs])
+            per_net[net][name] = {
+                "layer_mape": mape(pred, corpus.seconds[used]), "mape": mape(p, t),
+                "within_10pct": within(p, t), "kendall_tau": kendall_tau(p, t),
+                "top1_hit": top1_hit(p, t), "regret": regret(p, t)}
+            pooled[name]["cfg_pred"] += list(p)
+            pooled[name]["cfg_true"] += list(t)
+            pooled[name]["layer_pred"] += list(pred)
+            pooled[name]["layer_true"] += list(corpus.seconds[used])
+    if not per_net:
+        raise DlasError("no network has two fully measured configurations to evaluate")
+    overall = {}
+    for name in MODELS:
+        p, t = np.array(pooled[name]["cfg_pred"]), np.array(pooled[name]["cfg_true"])
+        lp, lt = np.array(pooled[name]["layer_pred"]), np.array(pooled[name]["layer_true"])
+        nets = [v[name] for v in per_net.values()]
+        overall[name] = {
+            "layer_mape": mape(lp, lt), "mape": mape(p, t), "within_10pct": within(p, t),
+            "kendall_tau": float(np.nanmean([n["kendall_tau"] for n in nets])),
+            "top1_hit": float(np.mean([n["top1_hit"] for n in nets])),
+            "regret": float(np.mean([n["regret"] for n in nets]))}
+    return {"device": corpus.device.name, "scope": "conv layers only (sum of kernels)",
+            "networks": per_net, "overall": overall}
+
+
+# ---- whole networks ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class WholeRow:
+    """One measured whole network and the corpus rows of the kernels it runs."""
+
+    network: str
+    config: str
+    algorithm: str
+    compression: str
+    seconds: float
+    summary: object  # netmodel.NetworkSummary
+    rows: tuple[int, ...]
+    plan: tuple[tuple[str, bool], ...]   # (algorithm, sparse) per conv layer
+    ratios: tuple[float, ...]            # each conv layer's kernel ratio
+
+
+def _summary(network: str, text: str | None):
+    """The stored summary of a measured network; one stored before a field existed (or
+    none) is computed again from the zoo network of that name, or from the generated network
+    its name describes (built again: its weights are seeded by its name), else None
+    (unusable)."""
+    import json
+    from dataclasses import fields
+
+    from dlas_predict.models.netmodel import NetworkSummary
+
+    stored = json.loads(text) if text else {}
+    if stored and {f.name for f in fields(NetworkSummary)} <= set(stored):
+        return NetworkSummary(**stored)
+    import tempfile
+
+    import onnx
+
+    from dlas_predict.networks import generate
+    from dlas_predict.networks import zoo
+    from dlas_predict.networks.graph import read_network
+
+    spec = generate.parse_name(network)
+    try:
+        if spec is None:
+            return NetworkSummary.of(read_network(zoo.resolve(zoo.ZOO_PREFIX + network)))
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / f"{network}.onnx"
+            onnx.save(generate.build(*spec), str(path))
+            return NetworkSummary.of(read_network(path))
+    except DlasError:
+        return None
+
+
+def layer_kernel_keys(layers: list[dict], plan: list) -> list[tuple]:
+    """Kernel keys of a configuration's conv layers (``network_configs`` rows) under a plan
+    of (algorithm, sparse) per layer; a dense kernel on a pruned layer is the dense one."""
+    out = []
+    for layer, (alg, sparse) in zip(layers, plan):
+        pruned = layer["compression"] in ("weight_pruning", "channel_pruning")
+        comp = layer["compression"] if (sparse or not pruned) else "dense"
+        out.append(kernel_key(layer["conv"], alg, comp, layer["ratio"] if sparse else 0.0))
+    return out
+
+
+def drop_superseded(meas: list[dict]) -> list[dict]:
+    """Whole-network records less those measured before the probes (no slowdown reading) whose
+    network, configuration and algorithm also has a probed record. ``collect
+    --retime-unprobed`` times such a configuration again, but a per-layer configuration whose
+    kernels were timed again may pick another plan, stored beside the old one (a record is
+    keyed by its plan): the old plan's unprobed time is superseded, not replaced."""
+    probed = {(m["network"], m["config"], m["algorithm"]) for m in meas
+              if m.get("slowdown") is not None}
+    return [m for m in meas if m.get("slowdown") is not None
+            or (m["network"], m["config"], m["algorithm"]) not in probed]
+
+
+def whole_rows(corpus: Corpus, store: Path) -> list[WholeRow]:
+    """The whole-network measurements of ``corpus.device`` whose every conv kernel is in the
+    corpus (so the measured conv sum is known); float32 ones only when verified; superseded
+    ones left out (:func:`drop_superseded`)."""
+    import json
+
+    from dlas_predict.corpus.store import CorpusStore
+
+    from dlas_predict.corpus.networks import NETWORK_VERSION
+
+    with CorpusStore(store, must_exist=True) as db:
+        meas = db.network_measurements("error IS NULL AND device = ? AND kernels_version = ?",
+                                       (corpus.device.name, NETWORK_VERSION))
+    meas = drop_superseded(meas)
+    index = corpus.index()
+    layers_of: dict[tuple, list[dict]] = {}
+    for r in corpus.configs:
+        layers_of.setdefault((r["network"], r["config"]), []).append(r)
+    summaries: dict[str, object] = {}
+    out = []
+    for m in meas:
+        # float32 builds must match onnxruntime tightly; a float16/int8 build that loses
+        # top-1 agreement still ran our kernels (random-weight networks whose logits are
+        # ~1e-14 collapse in reduced precision), so its time is kept
+        if m["verified"] == 0 and m["dtype"] == "float32":
+            continue
+        layers = layers_of.get((m["network"], m["config"]))
+        plan = json.loads(m["plan"])
+        if not layers or len(layers) != len(plan):
+            continue
+        idx = [index.get(k) for k in layer_kernel_keys(layers, plan)]
+        if any(i is None for i in idx):
+            continue
+        if m["network"] not in summaries:
+            summaries[m["network"]] = _summary(m["network"], m.get("summary"))
+        if summaries[m["network"]] is None:
+            continue
+        out.append(WholeRow(m["network"], m["config"], m["algorithm"], layers[0]["compression"],
+                            modelled_seconds(m), summaries[m["network"]], tuple(idx),
+                            tuple((a, bool(s)) for a, s in plan),
+                            tuple(float(l["ratio"]) for l in layers)))
+    return out
+
+
+def whole_features(rows: list[WholeRow], conv_s: np.ndarray, device: Device) -> np.ndarray:
+    """The ranker's feature rows (:data:`~dlas_predict.models.netmodel.NET_FEATURE_NAMES`)."""
+    from dlas_predict.space.config import Compression
+    from dlas_predict.models.netmodel import net_features
+
+    return np.array([net_features(r.summary, float(c), Compression.parse(r.compression),
+                                  list(r.plan), list(r.ratios), device)
+                     for r, c in zip(rows, conv_s)], dtype=np.float64)
+
+
+def whole_terms(corpus: Corpus, rows: list[WholeRow], layer_s: list) -> np.ndarray:
+    """The network model's terms (:data:`~dlas_predict.models.netmodel.NET_TERMS`) on the corpus's
+    device; ``layer_s``: per row, each conv layer's kernel seconds (measured or
+    predicted)."""
+    from dlas_predict.space.config import Compression
+    from dlas_predict.models.features import weight_bytes
+    from dlas_predict.models.netmodel import last_level_cache_bytes, net_terms
+
+    cache = last_level_cache_bytes(corpus.device)
+    return np.array([net_terms(r.summary, s, Compression.parse(r.compression), list(r.plan),
+                               weight_bytes(corpus.X[list(r.rows)]), cache)
+                     for r, s in zip(rows, layer_s)], dtype=np.float64)
+
+
+def measured_layer_seconds(corpus: Corpus, rows: list[WholeRow]) -> list[np.ndarray]:
+    """Each whole row's conv layers' measured kernel seconds."""
+    return [corpus.seconds[list(r.rows)] for r in rows]
+
+
+#: Whole-network predictors compared by :func:`whole_network_lono`.
+WHOLE_MODELS = ("lightgbm+residual", "lightgbm_conv_sum", "stage+residual", "roofline+residual",
+                "macs_linear+residual", "ranker", "measured_conv+residual")
+#: Not a predictor: the network model given the held-out network's *measured* conv kernels,
+#: the bound a perfect layer model would reach.
+BOUND = "measured_conv+residual"
+
+
+def _top3_gap(pred: np.ndarray, true: np.ndarray, higher_is_better: bool = False) -> float:
+    """Best measured of the predicted top 3 over the best measured (1.0 = found)."""
+    order = np.argsort(-pred if higher_is_better else pred)[:3]
+    return float(true[order].min() / true.min())
+
+
+def whole_network_lono(corpus: Corpus, rows: list[WholeRow], seed: int = 0,
+                       fits: HeldOutFits | None = None) -> dict:
+    """Leave one network out over measured whole networks: per held-out network and
+    overall, MAPE, share within ±10 %, Kendall τ, top-1 hit, regret and the top-3 gap."""
+    from dlas_predict.models.netmodel import ConfigRanker, NetworkCostModel, last_level_cache_bytes
+
+    networks = sorted({r.network for r in rows})
+    if len(networks) < 3:
+        raise DlasError("whole-network evaluation needs whole-network measurements of at least "
+                        "three networks (`dlas-predict collect --whole-network`)")
+    fits = fits or HeldOutFits(corpus, rows, seed)
+    dev = corpus.device
+    layer_meas = measured_layer_seconds(corpus, rows)
+    measured_conv = np.array([s.sum() for s in layer_meas])
+    truth = np.array([r.seconds for r in rows])
+    X_meas = whole_features(rows, measured_conv, dev)
+    cache = last_level_cache_bytes(dev)
+    T_meas = whole_terms(corpus, rows, layer_meas)
+    per_net: dict[str, dict] = {}
+    pooled = {m: ([], []) for m in WHOLE_MODELS}
+    for net in networks:
+        test = [i for i, r in enumerate(rows) if r.network == net]
+        trainw = [i for i, r in enumerate(rows) if r.network != net]
+        if len(test) < 2:
+            continue
+        used = sorted({k for i in test for k in rows[i].rows})
+        layer_models = fits.models(net)
+        if layer_models is None:
+            continue
+        residual = NetworkCostModel().fit(T_meas[trainw], truth[trainw], cache)
+        ranker = ConfigRanker(seed=seed).fit(X_meas[trainw], truth[trainw],
+                                             [rows[i].network for i in trainw])
+        preds = {BOUND: T_meas[test] @ residual.coef}
+        for name, model in layer_models.items():
+            lp = dict(zip(used, _predict(model, corpus.X[used])))
+            held = [rows[i] for i in test]
+            layer_s = [[lp[k] for k in r.rows] for r in held]
+            conv = np.array([sum(s) for s in layer_s])
+            label = {"lightgbm": "lightgbm+residual", "stage": "stage+residual",
+                     "roofline": "roofline+residual",
+                     "macs_linear": "macs_linear+residual"}[name]
+            preds[label] = whole_terms(corpus, held, layer_s) @ residual.coef
+            if name == "lightgbm":
+                preds["lightgbm_conv_sum"] = conv
+                X = whole_features(held, conv, dev)
+                preds["ranker"] = -ranker.scores(X)  # lower is better, like a latency
+        t = truth[test]
+        per_net[net] = {"configurations": len(test)}
+        for name, p in preds.items():
+            ranking_only = name == "ranker"
+            per_net[net][name] = {
+                "mape": None if ranking_only else mape(p, t),
+                "within_10pct": None if ranking_only else within(p, t),
+                "kendall_tau": kendall_tau(p, t), "top1_hit": top1_hit(p, t),
+                "regret": regret(p, t), "top3_gap": _top3_gap(p, t)}
+            if not ranking_only:
+                pooled[name][0].extend(p)
+                pooled[name][1].extend(t)
+    if not per_net:
+        raise DlasError("no network has two measured whole-network configurations")
+    overall = {}
+    for name in WHOLE_MODELS:
+        nets = [v[name] for v in per_net.values()]
+        p, t = np.array(pooled[name][0]), np.array(pooled[name][1])
+        overall[name] = {
+            "mape": mape(p, t) if len(p) else None,
+            "within_10pct": within(p, t) if len(p) else None,
+            "kendall_tau": float(np.nanmean([n["kendall_tau"] for n in nets])),
+            "top1_hit": float(np.mean([n["top1_hit"] for n in nets])),
+            "regret": float(np.mean([n["regret"] for n in nets])),
+            "top3_gap": float(np.mean([n["top3_gap"] for n in nets])),
+            "top3_within_5pct": float(np.mean([n["top3_gap"] <= 1.05 for n in nets]))}
+    return {"device": dev.name, "scope": "whole networks (built by TVM Relax and timed)",
+            "networks": per_net, "overall": overall}

@@ -1,0 +1,276 @@
+"""Network-level cost models: whole-network latency from the layer model plus what the layer
+sum misses (non-conv ops, traffic between layers, the int8 quantise/dequantise glue).
+
+- :class:`NetworkCostModel`: predicted whole latency from the sum of the layer model's kernel
+  predictions plus what it misses, a non-negative linear model over :data:`NET_TERMS` (the
+  conv sum scaled per dtype/algorithm/format, bytes moved by non-conv ops, cast and
+  quantise passes, per-layer overhead), fitted on measured whole networks.
+- :class:`ConfigRanker`: LightGBM ``LGBMRanker`` (lambdarank) over whole configurations, one
+  group per network × device; it orders candidates but gives no milliseconds.
+
+Features of a configuration for the ranker: :data:`NET_FEATURE_NAMES`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from dlas_predict.space.config import COMPRESSION_KERNEL, Algorithm, Compression, DType
+from dlas_predict.models.costmodel import ModelError, _versions, read_sidecar, write_sidecar
+from dlas_predict.space.devices import Device
+from dlas_predict.networks.graph import Network
+
+NET_MODEL_FORMAT = "dlas-network-cost-5"
+
+#: Ops that evaluate an exponential per element (SiLU's sigmoid, tanh, softmax, ...): far
+#: dearer per element than a ReLU or an add, and dearer still in float16, which the CPU
+#: emulates through conversions.
+EXP_OPS = frozenset({"Sigmoid", "Tanh", "Softmax", "Elu", "Selu", "Softplus", "Gelu", "Erf"})
+
+NET_FEATURE_NAMES = (
+    "log_conv_pred", "conv_layers", "layers", "log_nonconv_macs",
+    "log_nonconv_bytes", "log_nonconv_bytes_per_conv_s", "activation_ops", "elementwise_ops",
+    "log_input_elems", "mean_sparsity", "is_float16", "is_int8", "sparse_share",
+    "channel_pattern",
+    "share_direct", "share_gemm", "share_spatial_pack", "mixed", "dev_peak_gflops",
+    "dev_bandwidth_gbs", "dev_cores",
+)
+
+
+@dataclass(frozen=True)
+class NetworkSummary:
+    """What a network does besides its convolutions."""
+
+    conv_layers: int
+    layers: int
+    nonconv_macs: int
+    nonconv_bytes: int
+    activation_ops: int
+    elementwise_ops: int
+    input_elems: int
+    conv_io_bytes: int = 0  # float32 bytes of every conv's input and output activations
+    exp_elems: int = 0  # elements through the ops of EXP_OPS
+    broadcast_bytes: int = 0  # float32 bytes moved by elementwise ops that broadcast
+
+    @classmethod
+    def of(cls, net: Network) -> "NetworkSummary":
+        other = [layer for layer in net.layers if layer.conv is None]
+        return cls(conv_layers=len(net.layers) - len(other), layers=len(net.layers),
+                   nonconv_macs=sum(layer.macs for layer in other),
+                   nonconv_bytes=sum(layer.bytes_moved for layer in other),
+                   activation_ops=sum(layer.kind == "activation" for layer in other),
+                   elementwise_ops=sum(layer.kind == "elementwise" for layer in other),
+                   input_elems=int(np.prod(net.input_shape)),
+                   conv_io_bytes=sum(4 * (int(np.prod(layer.input_shapes[0])) +
+                                          int(np.prod(layer.output_shape)))
+                                     for layer in net.layers if layer.conv is not None),
+                   exp_elems=sum(int(np.prod(layer.output_shape)) for layer in other
+                                 if layer.op in EXP_OPS),
+                   broadcast_bytes=sum(layer.bytes_moved for layer in other
+                                       if _broadcasts(layer)))
+
+
+def _broadcasts(layer) -> bool:
+    """An elementwise op on activations of different sizes (squeeze-excitation's per-channel
+    scale: a feature map times a gate of one value per channel)."""
+    return layer.kind == "elementwise" and len({int(np.prod(s)) for s in layer.input_shapes}) > 1
+
+
+def net_features(summary: NetworkSummary, conv_s: float, compression: Compression,
+                 layers: list[tuple[str, bool]], layer_ratios: list[float],
+                 device: Device) -> list[float]:
+    """One configuration's feature row (order: :data:`NET_FEATURE_NAMES`). ``conv_s``: the
+    sum of its conv kernels, measured when training, predicted when predicting; ``layers``:
+    each conv's (algorithm, sparse), so that a per-layer choice is described by the shares of
+    its layers on each algorithm and on CSR."""
+    _, dtype, pattern = COMPRESSION_KERNEL[compression]
+    n = max(len(layers), 1)
+    share = {a.value: sum(1 for alg, _ in layers if alg == a.value) / n for a in Algorithm}
+    sparse = sum(1 for _, s in layers if s) / n
+    mixed = float(len({alg for alg, _ in layers}) > 1 or 0 < sparse < 1)
+    sp = [r for (_, s), r in zip(layers, layer_ratios) if s]
+    return [
+        math.log(conv_s), summary.conv_layers, summary.layers, math.log1p(summary.nonconv_macs),
+        math.log1p(summary.nonconv_bytes), math.log1p(summary.nonconv_bytes / conv_s / 1e9),
+        summary.activation_ops, summary.elementwise_ops, math.log(summary.input_elems),
+        float(np.mean(sp)) if sp else 0.0, float(dtype is DType.FLOAT16),
+        float(dtype is DType.INT8), sparse, float(pattern.value == "channel"),
+        share[Algorithm.DIRECT.value], share[Algorithm.GEMM.value],
+        share[Algorithm.SPATIAL_PACK.value], mixed,
+        device.peak_gflops.get("float32") or 0.0, device.mem_bandwidth_gbs or 0.0,
+        device.cores,
+    ]
+
+
+#: Kernel families of the network model's conv terms: each layer's kernel time is scaled by
+#: the factor of its family × algorithm (in-network effects differ: a CSR kernel's sparse
+#: weights stay cached between calls, float16 and int8 kernels sit between casts).
+CONV_FAMILIES = ("float32", "csr", "float16", "int8")
+CONV_TERMS = tuple(f"conv_s_{f}_{a.value}" for f in CONV_FAMILIES for a in Algorithm)
+
+#: Terms of the network model: whole ≈ Σ coef·term, coefficients ≥ 0 (so it extrapolates in
+#: scale, unlike trees). The conv terms are the layers' kernel times summed per family ×
+#: algorithm, so that each gets its own in-network scale, plus the kernel time of a mixed
+#: (per-layer) plan, which pays for the choice of each layer's fastest measurement and for
+#: changes of kernel between layers. The others price the non-conv work: bytes moved by
+#: non-conv ops, the casts (float16) and quantise/dequantise passes (int8) over every conv's
+#: activations, and per-layer overhead; the exponentials of SiLU-like activations (float16
+#: apart); the bytes of broadcasting elementwise ops (squeeze-excitation's per-channel scale,
+#: measured at about 5× an ordinary non-conv byte's cost), and the conv weights that do not
+#: fit in the last-level cache, which a kernel timed alone finds cached but a whole network
+#: streams from memory at every inference.
+NET_TERMS = (
+    *CONV_TERMS, "conv_s_mixed",
+    "nonconv_gb", "nonconv_gb_float16", "nonconv_gb_int8", "broadcast_gb",
+    "conv_io_gb_float16", "conv_io_gb_int8", "layers_k", "layers_k_float16",
+    "exp_gelems", "exp_gelems_float16", "weight_gb_beyond_cache",
+)
+
+
+def last_level_cache_bytes(device: Device) -> int:
+    """The largest cache of ``device`` (0 when its caches are unknown)."""
+    return 1024 * max(device.caches.values(), default=0)
+
+
+def net_terms(summary: NetworkSummary, layer_s, compression: Compression,
+              layers: list[tuple[str, bool]], weight_bytes, cache_bytes: int) -> list[float]:
+    """The :data:`NET_TERMS` of one configuration; ``layer_s``: each conv layer's kernel
+    seconds (measured when training, predicted when predicting), ``layers``: each layer's
+    (algorithm, sparse), ``weight_bytes``: each layer's kernel weights as stored
+    (:func:`~dlas_predict.models.features.weight_bytes`), ``cache_bytes``: the device's last-level
+    cache."""
+    _, dtype, _ = COMPRESSION_KERNEL[compression]
+    conv = dict.fromkeys(CONV_TERMS, 0.0)
+    for s, (alg, sparse) in zip(layer_s, layers):
+        family = "csr" if sparse else dtype.value
+        conv[f"conv_s_{family}_{alg}"] += float(s)
+    total = float(sum(layer_s))
+    mixed = len({alg for alg, _ in layers}) > 1 or len({s for _, s in layers}) > 1
+    f16, i8 = float(dtype is DType.FLOAT16), float(dtype is DType.INT8)
+    gb, io, lk = summary.nonconv_bytes / 1e9, summary.conv_io_bytes / 1e9, summary.layers / 1e3
+    exp, bc = summary.exp_elems / 1e9, summary.broadcast_bytes / 1e9
+    beyond = max(float(sum(weight_bytes)) - cache_bytes, 0.0) / 1e9
+    return [*conv.values(), total * mixed,
+            gb, gb * f16, gb * i8, bc, io * f16, io * i8, lk, lk * f16, exp, exp * f16, beyond]
+
+
+@dataclass
+class NetworkCostModel:
+    """Whole-network latency = non-negative linear model over :data:`NET_TERMS`, fitted on
+    measured whole networks (with their measured conv sums) to minimise relative error. Its
+    interval: the layer model's conv interval, widened by the 10 %/90 % quantiles of the
+    model's own relative error on its training networks."""
+
+    coef: np.ndarray | None = None
+    meta: dict = field(default_factory=dict)
+
+    def fit(self, T: np.ndarray, whole_s: np.ndarray, cache_bytes: int,
+            meta: dict | None = None) -> "NetworkCostModel":
+        """``T``: :func:`net_terms` rows built with ``cache_bytes``, the device's last-level
+        cache, which predictions must use too (:attr:`cache_bytes`)."""
+        from scipy.optimize import nnls
+
+        T, whole_s = np.asarray(T, dtype=np.float64), np.asarray(whole_s, dtype=np.float64)
+        if len(T) < 8:
+            raise ModelError(f"too few whole-network measurements to learn the residual "
+                             f"({len(T)}); collect some with `dlas-predict collect "
+                             "--whole-network`")
+        scale = np.maximum(np.abs(T).max(axis=0), 1e-12)  # conditioning only
+        coef, _ = nnls(T / scale / whole_s[:, None], np.ones(len(T)))
+        self.coef = coef / scale
+        ratio = whole_s / np.maximum(T @ self.coef, 1e-12)
+        self.meta = {"format": NET_MODEL_FORMAT, "terms": list(NET_TERMS),
+                     "cache_bytes": int(cache_bytes),
+                     "coef": [float(c) for c in self.coef],
+                     "error_q10": float(np.quantile(ratio, 0.1)),
+                     "error_q90": float(np.quantile(ratio, 0.9)),
+                     "versions": _versions(), "n_train": int(len(T)), **(meta or {})}
+        return self
+
+    @property
+    def cache_bytes(self) -> int:
+        """The last-level cache the model's terms were computed with."""
+        return int(self.meta["cache_bytes"])
+
+    def predict(self, T: np.ndarray, conv: np.ndarray, conv_low: np.ndarray,
+                conv_high: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Whole-network (median, low, high) seconds; ``T`` built with the predicted conv
+        sums ``conv``, whose interval is (``conv_low``, ``conv_high``)."""
+        if self.coef is None:
+            raise ModelError("the network model is not trained")
+        T = np.asarray(T, dtype=np.float64)
+        mid = T @ self.coef
+        lo = mid * np.minimum(conv_low / conv, 1.0) * min(self.meta["error_q10"], 1.0)
+        hi = mid * np.maximum(conv_high / conv, 1.0) * max(self.meta["error_q90"], 1.0)
+        return mid, lo, hi
+
+    def save(self, directory: Path, name: str) -> Path:
+        return write_sidecar(directory, name, self.meta)
+
+    @classmethod
+    def load(cls, directory: Path, name: str) -> "NetworkCostModel":
+        sidecar, meta = read_sidecar(directory, name, "network model",
+                                     "train one with `dlas-predict train` on a store with "
+                                     "whole-network measurements")
+        if meta.get("format") != NET_MODEL_FORMAT or meta.get("terms") != list(NET_TERMS):
+            raise ModelError(f"{sidecar}: another format or term set than this version "
+                             "computes; retrain with `dlas-predict train`")
+        coef = np.asarray(meta.get("coef", []), dtype=np.float64)
+        if coef.shape != (len(NET_TERMS),) or not np.all(np.isfinite(coef)) or \
+                np.any(coef < 0):
+            raise ModelError(f"{sidecar}: its coefficients are missing or invalid; retrain")
+        if not isinstance(meta.get("cache_bytes"), int) or meta["cache_bytes"] < 0:
+            raise ModelError(f"{sidecar}: its cache size is missing or invalid; retrain")
+        return cls(coef=coef, meta=meta)
+
+
+@dataclass
+class ConfigRanker:
+    """LGBMRanker over whole configurations; a group is one network on one device."""
+
+    seed: int = 0
+    booster: object = None
+
+    def fit(self, X: np.ndarray, seconds: np.ndarray, groups: list[str]) -> "ConfigRanker":
+        import lightgbm as lgb
+
+        order = np.argsort(np.array(groups), kind="stable")
+        X, seconds = np.asarray(X)[order], np.asarray(seconds)[order]
+        g = np.array(groups)[order]
+        sizes, labels = [], np.zeros(len(g), dtype=int)
+        for name in dict.fromkeys(g):
+            sel = np.where(g == name)[0]
+            sizes.append(len(sel))
+            # relevance: 0..max by speed within the network (fastest = highest)
+            ranks = np.argsort(np.argsort(seconds[sel]))
+            labels[sel] = np.clip(len(sel) - 1 - ranks, 0, 30)
+        self.booster = lgb.LGBMRanker(
+            objective="lambdarank", n_estimators=200, learning_rate=0.05, num_leaves=7,
+            min_child_samples=5, verbose=-1, n_jobs=2, random_state=self.seed,
+            label_gain=list(range(64))).fit(X, labels, group=sizes).booster_
+        return self
+
+    def scores(self, X: np.ndarray) -> np.ndarray:
+        """Higher is faster."""
+        return self.booster.predict(np.asarray(X, dtype=np.float64))
+
+
+class ConvSumModel:
+    """The stand-in for a device with no whole-network measurements: a network's latency is
+    the sum of its predicted conv kernels, with their interval. It leaves out the other
+    operators and the launch gaps, so it is a lower bound of the whole network, and says
+    so (``meta["scope"]``)."""
+
+    cache_bytes = 0
+
+    def __init__(self) -> None:
+        self.meta = {"n_train": 0, "scope": "conv sum"}
+
+    def predict(self, T: np.ndarray, conv: np.ndarray, conv_low: np.ndarray,
+                conv_high: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        del T
+        return np.asarray(conv), np.asarray(conv_low), np.asarray(conv_high)

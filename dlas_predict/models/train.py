@@ -1,0 +1,123 @@
+"""Training: the cost models of one device from a corpus store.
+
+The layer model (LightGBM with an 80 % interval) from the kernel measurements; the network
+residual model from the whole-network measurements, when the store has them; the tuning-time
+model from the tuned records, when there are at least three. Each is saved beside the others
+in the device's model directory with its metadata (device, roofs, corpus fingerprint, metrics).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from dlas_predict.corpus.store import CorpusStore
+from dlas_predict.space.devices import Device
+
+#: Fewest tuned records a tuning-time model is fitted on.
+MIN_TUNED_RECORDS = 3
+
+
+@dataclass
+class TrainReport:
+    """What :func:`train` fitted and where it saved it. The metrics are fits on the training
+    data, not held-out figures (those are :mod:`dlas_predict.models.evaluation`'s)."""
+
+    device: str
+    model: str
+    kernels: int
+    mape: float
+    within_10pct: float
+    interval_coverage: float
+    train_seconds: float
+    whole_networks: int = 0
+    networks: int = 0
+    network_model: str | None = None
+    tuning_model: str | None = None
+    tuned_records: int | None = None
+    tuning_hours: float | None = None
+    tuning_mape: float | None = None
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("device")
+        d.pop("networks")
+        d.pop("tuning_hours")
+        d.pop("tuning_mape")
+        return {k: v for k, v in d.items() if v is not None}
+
+
+def train(store: Path, device: str = "local", out: Path | None = None,
+          seed: int = 0) -> TrainReport:
+    """Fit and save the device's cost models from ``store`` into ``out`` (default: the shipped
+    model directory of the device)."""
+    import numpy as np
+
+    from dlas_predict.models.costmodel import LayerCostModel, mape, within
+    from dlas_predict.models.evaluation import (load_corpus, measured_layer_seconds,
+                                                whole_rows, whole_terms)
+    from dlas_predict.models.netmodel import NetworkCostModel, last_level_cache_bytes
+    from dlas_predict.paths import MODELS_STORE
+
+    corpus = load_corpus(store, device)
+    t0 = time.time()
+    meta = {"device": corpus.device.name, "device_fingerprint": corpus.device.fingerprint,
+            "device_roofs": {"peak_gflops": corpus.device.peak_gflops,
+                             "mem_bandwidth_gbs": corpus.device.mem_bandwidth_gbs,
+                             "source": corpus.device.source},
+            "corpus": str(store), "corpus_fingerprint": corpus.fingerprint,
+            "tuned_kernels": sum(1 for k in corpus.keys if k[-1] == "tuned")}
+    model = LayerCostModel(seed=seed).fit(corpus.X, corpus.seconds, meta=meta)
+    pred, low, high = model.predict(corpus.X)
+    model.meta["train_metrics"] = {
+        "mape": mape(pred, corpus.seconds), "within_10pct": within(pred, corpus.seconds),
+        "interval_coverage": float(np.mean((corpus.seconds >= low) & (corpus.seconds <= high)))}
+    model.meta["train_seconds"] = round(time.time() - t0, 2)
+    directory = out or MODELS_STORE / corpus.device.name
+    sidecar = model.save(directory, "layer")
+    report = TrainReport(device=corpus.device.name, model=str(sidecar),
+                         kernels=len(corpus.keys), **model.meta["train_metrics"],
+                         train_seconds=model.meta["train_seconds"])
+    rows = whole_rows(corpus, store)
+    if rows:
+        truth = np.array([r.seconds for r in rows])
+        T = whole_terms(corpus, rows, measured_layer_seconds(corpus, rows))
+        net = NetworkCostModel().fit(T, truth, last_level_cache_bytes(corpus.device), meta={
+            **meta, "networks": sorted({r.network for r in rows})})
+        net.save(directory, "network")
+        report.whole_networks = len(rows)
+        report.networks = len({r.network for r in rows})
+        report.network_model = str(directory / "network.json")
+    tuning = train_tuning_time(store, corpus.device, directory, meta)
+    if tuning is not None:
+        report.tuning_model = str(directory / "tuning.json")
+        report.tuned_records = tuning.meta["n_train"]
+        report.tuning_hours = tuning.meta["total_tuning_hours"]
+        report.tuning_mape = tuning.meta["train_mape"]
+    return report
+
+
+def train_tuning_time(store: Path, dev: Device, directory: Path, meta: dict):
+    """Fit and save the tuning-time model when the store has tuned records (else None, and a
+    stale model in ``directory`` is removed)."""
+    import numpy as np
+
+    from dlas_predict.models.costmodel import TuningTimeModel
+    from dlas_predict.models.features import config_from_row, features
+
+    with CorpusStore(store, must_exist=True) as db:
+        rows = list(db.tuned_rows(dev.name))
+    if len(rows) < MIN_TUNED_RECORDS:
+        stale = directory / "tuning.json"
+        if stale.is_file():
+            stale.unlink()
+        return None
+    X = np.array([features(config_from_row(r), dev) for r in rows])
+    budgets = [int(json.loads(r["knobs"]).get("budget") or r["trials"]) for r in rows]
+    model = TuningTimeModel().fit(X, np.array([r["tuning_seconds"] for r in rows]),
+                                  np.array([r["trials"] for r in rows]), np.array(budgets),
+                                  [r["tuner"] for r in rows], meta=meta)
+    model.save(directory)
+    return model

@@ -1,0 +1,309 @@
+"""ONNX networks as ordered lists of layers, with shapes, MACs, parameters and bytes moved.
+
+``read_network(path)`` runs ONNX shape inference and returns a :class:`Network`: every compute
+op of the graph, in graph order, as a :class:`Layer`. ``conv_layers`` gives the convolutions
+as measurable workloads (what ``collect`` needs). An op the tool does not know raises one
+:class:`NetworkError` naming it; a malformed or truncated file raises one too.
+
+Conventions: batch 1 (a symbolic batch is read as 1); MACs are the multiply-accumulates of
+convolutions and fully connected layers (the study's Tables 2/5 convention); parameters are
+the float weights a layer owns (a batch norm owns its scale and shift, not its running
+statistics); bytes moved are the compulsory fp32 traffic: activation inputs, weights and
+output, each once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from dlas_predict.space.config import ConvSpec
+from dlas_predict.errors import NetworkError, SpecError
+
+# ONNX op → layer kind. Ops that compute nothing (Identity, Constant, shape arithmetic) are
+# not layers.
+OP_KINDS = {
+    "Conv": "conv",
+    "Gemm": "fc", "MatMul": "fc",
+    "MaxPool": "pool", "AveragePool": "pool",
+    "GlobalAveragePool": "global_pool", "GlobalMaxPool": "global_pool",
+    "ReduceMean": "global_pool",
+    "BatchNormalization": "batchnorm",
+    **{op: "activation" for op in ("Relu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish",
+                                   "LeakyRelu", "Tanh", "Softmax", "Elu", "Selu", "PRelu",
+                                   "Softplus", "Gelu", "Erf")},
+    **{op: "elementwise" for op in ("Add", "Mul", "Sub", "Div")},
+    "Concat": "concat",
+    **{op: "reshape" for op in ("Flatten", "Reshape", "Squeeze", "Unsqueeze", "Transpose",
+                                "Dropout", "Pad")},
+}
+SILENT_OPS = {"Identity", "Constant", "Shape", "Gather", "Cast", "ConstantOfShape", "Range"}
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One compute op of a network."""
+
+    index: int
+    name: str
+    op: str
+    kind: str
+    input_shapes: tuple[tuple[int, ...], ...]
+    output_shape: tuple[int, ...]
+    macs: int
+    params: int
+    bytes_moved: int
+    conv: ConvSpec | None = None
+    weight: str | None = None  # the initializer holding a conv/fc weight
+
+    def to_dict(self) -> dict:
+        d = {"index": self.index, "name": self.name, "op": self.op, "kind": self.kind,
+             "input_shapes": [list(s) for s in self.input_shapes],
+             "output_shape": list(self.output_shape), "macs": self.macs,
+             "params": self.params, "bytes": self.bytes_moved}
+        if self.conv is not None:
+            d["conv"] = self.conv.to_spec()
+        return d
+
+
+@dataclass(frozen=True)
+class ConvLayer:
+    """One Conv node of a network: its ONNX name and its workload."""
+
+    index: int
+    name: str
+    spec: ConvSpec
+
+
+@dataclass
+class Network:
+    """A network's layers in graph order, with its input and totals."""
+
+    name: str
+    input_shape: tuple[int, ...]
+    layers: list[Layer] = field(default_factory=list)
+
+    @property
+    def batch(self) -> int:
+        return self.input_shape[0] if self.input_shape else 1
+
+    @property
+    def params(self) -> int:
+        return sum(layer.params for layer in self.layers)
+
+    @property
+    def macs(self) -> int:
+        return sum(layer.macs for layer in self.layers)
+
+    @property
+    def bytes_moved(self) -> int:
+        return sum(layer.bytes_moved for layer in self.layers)
+
+    def convs(self) -> list[ConvLayer]:
+        convs = [layer for layer in self.layers if layer.conv is not None]
+        return [ConvLayer(i, layer.name, layer.conv) for i, layer in enumerate(convs)]
+
+    def totals(self) -> dict:
+        kinds: dict[str, int] = {}
+        for layer in self.layers:
+            kinds[layer.kind] = kinds.get(layer.kind, 0) + 1
+        conv_macs = sum(layer.macs for layer in self.layers if layer.conv is not None)
+        return {"params": self.params, "macs": self.macs, "conv_macs": conv_macs,
+                "bytes": self.bytes_moved, "layers": len(self.layers),
+                "conv_layers": sum(1 for layer in self.layers if layer.conv is not None),
+                "by_kind": kinds}
+
+    def to_dict(self) -> dict:
+        return {"network": self.name, "input_shape": list(self.input_shape),
+                "layers": [layer.to_dict() for layer in self.layers], "totals": self.totals()}
+
+
+def inline_constant_identities(model) -> None:
+    """Replace ``Identity(initializer)`` nodes by a copy of the initializer under the output
+    name (in place). Exporters write a repeated constant — e.g. two layers pruned to all
+    zeros — once and alias it through Identity; every conv then has its own weights again."""
+    inits = {i.name: i for i in model.graph.initializer}
+    keep = []
+    for node in model.graph.node:
+        if node.op_type == "Identity" and node.input[0] in inits:
+            copy_ = model.graph.initializer.add()
+            copy_.CopyFrom(inits[node.input[0]])
+            copy_.name = node.output[0]
+            inits[copy_.name] = copy_
+        else:
+            keep.append(node)
+    if len(keep) != len(model.graph.node):
+        del model.graph.node[:]
+        model.graph.node.extend(keep)
+
+
+def load_onnx(path: str | Path, infer: bool = True):
+    """Load an ONNX file (with shape inference); every failure is a :class:`NetworkError`."""
+    import onnx
+
+    path = Path(path)
+    if not path.is_file():
+        raise NetworkError(f"network file not found: {path}")
+    try:
+        model = onnx.load(str(path))
+    except Exception as exc:  # protobuf raises several types for garbage
+        raise NetworkError(f"{path} is not a readable ONNX model ({type(exc).__name__}: "
+                           f"{str(exc)[:200]})") from None
+    if not model.graph.node:
+        raise NetworkError(f"{path} has an empty graph (malformed or truncated ONNX file)")
+    inline_constant_identities(model)
+    if infer:
+        try:
+            model = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+        except Exception as exc:
+            raise NetworkError(f"shape inference failed on {path}: {str(exc)[:300]}") from None
+    return model
+
+
+def _shapes(model) -> dict[str, tuple[int, ...] | None]:
+    out: dict[str, tuple[int, ...] | None] = {}
+    for vi in [*model.graph.input, *model.graph.value_info, *model.graph.output]:
+        t = vi.type.tensor_type
+        if t.HasField("shape"):
+            dims = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
+            if dims and dims[0] is None:
+                dims[0] = 1  # a symbolic batch is read as batch 1
+            out[vi.name] = None if any(d is None for d in dims) else tuple(dims)
+    for init in model.graph.initializer:
+        out[init.name] = tuple(init.dims)
+    return out
+
+
+def _constants(model) -> dict[str, int]:
+    """Initializers and Constant outputs: name → element count (float tensors only)."""
+    import onnx
+
+    floats = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
+              onnx.TensorProto.BFLOAT16}
+    out = {}
+    for init in model.graph.initializer:
+        out[init.name] = int(np.prod(init.dims)) if init.data_type in floats else 0
+    for node in model.graph.node:
+        if node.op_type == "Constant":
+            for a in node.attribute:
+                if a.name == "value":
+                    out[node.output[0]] = (int(np.prod(a.t.dims))
+                                           if a.t.data_type in floats else 0)
+            out.setdefault(node.output[0], 0)
+    return out
+
+
+def _attrs(node) -> dict:
+    import onnx.helper
+
+    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _conv_spec(node, name: str, x: tuple | None, w: tuple | None) -> ConvSpec:
+    if not x or not w or len(x) != 4 or len(w) != 4:
+        raise NetworkError(f"Conv {name!r}: only 2-D convolutions with known input and "
+                           f"weight shapes are supported (got {x}, {w}); export the network "
+                           "with a fixed input size")
+    attrs = _attrs(node)
+    if attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
+        raise NetworkError(f"Conv {name!r}: auto_pad={attrs['auto_pad']!r} is not "
+                           "supported; export with explicit pads")
+    strides = list(attrs.get("strides", [1, 1]))
+    dil = list(attrs.get("dilations", [1, 1]))
+    pads = list(attrs.get("pads", [0, 0, 0, 0]))
+    try:
+        spec = ConvSpec(C=x[1], H=x[2], W=x[3], K=w[0], R=w[2], S=w[3],
+                        stride_h=strides[0], stride_w=strides[1], pad_t=pads[0],
+                        pad_l=pads[1], pad_b=pads[2], pad_r=pads[3],
+                        groups=int(attrs.get("group", 1)), dilation_h=dil[0],
+                        dilation_w=dil[1])
+    except SpecError as exc:
+        raise NetworkError(f"Conv {name!r}: {exc}") from None
+    if spec.C // spec.groups != w[1]:
+        raise NetworkError(f"Conv {name!r}: weight shape {w} does not match {spec.C} input "
+                           f"channels in {spec.groups} groups")
+    return spec
+
+
+def _fc_macs(node, name: str, ins: list, out: tuple | None) -> int:
+    if node.op_type == "Gemm":
+        a, b = ins[0], ins[1]
+        if a is None or b is None or len(a) != 2 or len(b) != 2:
+            raise NetworkError(f"Gemm {name!r}: unknown operand shapes {a}, {b}")
+        attrs = _attrs(node)
+        m, k = (a[1], a[0]) if attrs.get("transA", 0) else a
+        n = b[0] if attrs.get("transB", 0) else b[1]
+        return int(m * n * k)
+    if ins[0] is None or out is None:
+        raise NetworkError(f"MatMul {name!r}: unknown operand shapes")
+    return int(np.prod(out)) * int(ins[0][-1])
+
+
+def read_network(path: str | Path, name: str | None = None) -> Network:
+    """Every compute op of the ONNX network at ``path``, in graph order."""
+    model = load_onnx(path)
+    shapes = _shapes(model)
+    consts = _constants(model)
+    unknown = sorted({n.op_type for n in model.graph.node
+                      if n.op_type not in OP_KINDS and n.op_type not in SILENT_OPS})
+    if unknown:
+        node = next(n for n in model.graph.node if n.op_type == unknown[0])
+        raise NetworkError(
+            f"unsupported op {unknown[0]!r} (node {node.name or node.output[0]!r})"
+            + (f" and {len(unknown) - 1} more: {', '.join(unknown[1:])}" if len(unknown) > 1
+               else "") + f" in {Path(path).name}; supported ops: {', '.join(sorted(OP_KINDS))}")
+    graph_inputs = [i for i in model.graph.input if i.name not in consts]
+    if not graph_inputs:
+        raise NetworkError(f"{path} has no graph input")
+    net = Network(name or Path(path).stem, shapes.get(graph_inputs[0].name) or ())
+    for node in model.graph.node:
+        if node.op_type in SILENT_OPS:
+            continue
+        name_ = node.name or node.output[0]
+        kind = OP_KINDS[node.op_type]
+        act_in = [i for i in node.input if i and i not in consts]
+        ins = [shapes.get(i) for i in node.input if i]
+        out = shapes.get(node.output[0])
+        if kind in ("concat", "elementwise", "reshape") and out is not None and len(out) <= 1 \
+                and all(i in consts or shapes.get(i) is not None and len(shapes[i]) <= 1
+                        for i in node.input if i):
+            continue  # shape arithmetic on constant vectors, not a layer
+        owned = [i for i in node.input if i and i in consts]
+        if node.op_type == "BatchNormalization":
+            owned = owned[:2]  # scale and shift; the running statistics are not parameters
+        params = sum(consts[i] for i in owned)
+        macs, spec, weight = 0, None, None
+        if kind == "conv":
+            spec = _conv_spec(node, name_, shapes.get(node.input[0]), shapes.get(node.input[1]))
+            kind = "depthwise_conv" if spec.depthwise else ("group_conv" if spec.groups > 1
+                                                           else "conv")
+            macs = spec.macs * shapes[node.input[0]][0]  # × batch
+            weight = node.input[1] if node.input[1] in consts else None
+        elif kind == "fc":
+            macs = _fc_macs(node, name_, ins, out)
+            weight = node.input[1] if node.input[1] in consts else None
+        act_elems = sum(int(np.prod(shapes[i])) for i in act_in if shapes.get(i) is not None)
+        out_elems = int(np.prod(out)) if out is not None else 0
+        all_weights = sum(consts[i] for i in node.input if i and i in consts)
+        net.layers.append(Layer(
+            index=len(net.layers), name=name_, op=node.op_type, kind=kind,
+            input_shapes=tuple(tuple(shapes[i]) for i in act_in if shapes.get(i) is not None),
+            output_shape=tuple(out) if out is not None else (), macs=int(macs),
+            params=int(params), bytes_moved=4 * (act_elems + out_elems + all_weights),
+            conv=spec, weight=weight))
+    return net
+
+
+def conv_layers(path: str | Path) -> list[ConvLayer]:
+    """Every Conv node of the network at ``path``, in graph order, with its workload."""
+    return read_network(path).convs()
+
+
+def unique_specs(layers: list[ConvLayer]) -> list[ConvSpec]:
+    """Distinct workloads, in order of first appearance."""
+    seen: dict[ConvSpec, None] = {}
+    for layer in layers:
+        seen.setdefault(layer.spec, None)
+    return list(seen)

@@ -1,0 +1,190 @@
+"""The study's eight networks: the model zoo.
+
+CIFAR-10 (3×32×32, 10 classes): the four networks are trained here on scikit-learn's digits
+(``datasets/train_digits.py``) and their weights ship in ``datasets/weights``. ImageNet
+(3×224×224, 1000 classes): torchvision 0.28 definitions with seeded random weights — nothing
+can be downloaded here, so their accuracy is meaningless and says so.
+
+``zoo:NAME`` names a zoo network wherever a model path is accepted; it is exported to ONNX
+once and cached under ``DLAS_HOME/cache/zoo``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import lzma
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from dlas_predict.errors import NetworkError
+from dlas_predict.paths import WEIGHTS_DIR, cache_dir
+
+ZOO_PREFIX = "zoo:"
+EXPORT_VERSION = "z1"  # bump when the export changes, to invalidate cached ONNX files
+
+
+@dataclass(frozen=True)
+class ZooEntry:
+    """One zoo network and the study's published size (Tables 2 and 5)."""
+
+    name: str
+    dataset: str  # "cifar10" | "imagenet"
+    input_shape: tuple[int, int, int]
+    num_classes: int
+    paper_params: float
+    paper_macs: float
+    source: str
+
+    @property
+    def weights_path(self) -> Path:
+        return WEIGHTS_DIR / f"{self.name}.npz.xz"
+
+    @property
+    def trained(self) -> bool:
+        return self.weights_path.is_file()
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "dataset": self.dataset,
+                "input_shape": list(self.input_shape), "num_classes": self.num_classes,
+                "paper_params": self.paper_params, "paper_macs": self.paper_macs,
+                "weights": "trained on digits (shipped)" if self.trained else "random (seeded)",
+                "source": self.source}
+
+
+_CIFAR_SRC = "PyTorch CIFAR definitions (kuangliu/pytorch-cifar), as in the study"
+ZOO: dict[str, ZooEntry] = {e.name: e for e in (
+    ZooEntry("resnet18-cifar", "cifar10", (3, 32, 32), 10, 11.2e6, 557e6, _CIFAR_SRC),
+    ZooEntry("mobilenetv1-cifar", "cifar10", (3, 32, 32), 10, 3.2e6, 48e6, _CIFAR_SRC),
+    ZooEntry("mobilenetv2-cifar", "cifar10", (3, 32, 32), 10, 2.3e6, 98e6, _CIFAR_SRC),
+    ZooEntry("vgg16-cifar", "cifar10", (3, 32, 32), 10, 14.7e6, 314e6, _CIFAR_SRC),
+    ZooEntry("resnet50", "imagenet", (3, 224, 224), 1000, 25.6e6, 4.1e9,
+             "torchvision 0.28 resnet50"),
+    ZooEntry("mobilenetv2", "imagenet", (3, 224, 224), 1000, 3.5e6, 327e6,
+             "torchvision 0.28 mobilenet_v2"),
+    ZooEntry("densenet161", "imagenet", (3, 224, 224), 1000, 27.7e6, 7.8e9,
+             "torchvision 0.28 densenet161"),
+    ZooEntry("efficientnet-b0", "imagenet", (3, 224, 224), 1000, 5.3e6, 415e6,
+             "torchvision 0.28 efficientnet_b0"),
+)}
+
+
+def get(name: str) -> ZooEntry:
+    """The zoo entry ``name``; an unknown name raises, listing the known ones."""
+    name = name.removeprefix(ZOO_PREFIX)
+    if name not in ZOO:
+        raise NetworkError(f"unknown zoo network {name!r}; known: {', '.join(ZOO)}")
+    return ZOO[name]
+
+
+# ---- shipped weights ---------------------------------------------------------------------
+def save_weights(model, path: Path) -> None:
+    """Store a torch model's state compactly: conv and linear weights as int8 per output
+    channel (symmetric, one fp32 scale per channel), everything else fp32; xz-compressed.
+
+    The network the tool uses is the one loaded back from this file: every accuracy figure
+    is measured on the dequantised weights, never on the unrounded training result.
+    """
+    arrays: dict[str, np.ndarray] = {}
+    for key, tensor in model.state_dict().items():
+        a = tensor.detach().cpu().numpy()
+        if key.endswith("weight") and a.ndim in (2, 4):
+            flat = a.reshape(a.shape[0], -1)
+            scale = np.abs(flat).max(axis=1) / 127.0
+            scale[scale == 0] = 1.0
+            arrays[f"q8:{key}"] = np.round(flat / scale[:, None]).astype(np.int8).reshape(a.shape)
+            arrays[f"scale:{key}"] = scale.astype(np.float32)
+        else:
+            arrays[f"raw:{key}"] = a
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    path.write_bytes(lzma.compress(buf.getvalue(), preset=9))
+
+
+def load_weights(model, path: Path) -> None:
+    """Load :func:`save_weights`' file into a torch model (strict: every key must match)."""
+    import torch
+
+    try:
+        data = np.load(io.BytesIO(lzma.decompress(path.read_bytes())))
+    except (lzma.LZMAError, ValueError, OSError) as exc:
+        raise NetworkError(f"weights file {path} is unreadable ({exc})") from None
+    state = {}
+    for key in data.files:
+        kind, name = key.split(":", 1)
+        if kind == "q8":
+            state[name] = torch.from_numpy(
+                data[key].astype(np.float32)
+                * data[f"scale:{name}"].reshape(-1, *[1] * (data[key].ndim - 1)))
+        elif kind == "raw":
+            state[name] = torch.from_numpy(data[key].copy())
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        raise NetworkError(f"weights file {path} does not fit the network: "
+                           f"{str(exc)[:300]}") from None
+
+
+def torch_model(name: str):
+    """The torch model of zoo network ``name``: shipped weights if any, else seeded random."""
+    from dlas_predict.networks import torchmodels
+
+    entry = get(name)
+    model = torchmodels.build(entry.name)
+    if entry.trained:
+        load_weights(model, entry.weights_path)
+    return model.eval()
+
+
+# ---- ONNX export -------------------------------------------------------------------------
+def export_model(model, input_shape: tuple[int, int, int], path: Path) -> Path:
+    """Export a torch model to ONNX (batch 1, opset 17, batch norms folded in eval mode)."""
+    import warnings
+
+    import torch
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model.eval(), (torch.zeros(1, *input_shape),), str(tmp),
+                          dynamo=False, opset_version=17, input_names=["input"],
+                          output_names=["logits"])
+    tmp.replace(path)
+    return path
+
+
+def _weights_tag(entry: ZooEntry) -> str:
+    if not entry.trained:
+        return "random"
+    return hashlib.sha256(entry.weights_path.read_bytes()).hexdigest()[:12]
+
+
+def export(name: str, out: Path | None = None) -> Path:
+    """The ONNX file of zoo network ``name`` (cached), or a copy written to ``out``."""
+    import shutil
+
+    entry = get(name)
+    cached = cache_dir("zoo") / f"{entry.name}-{EXPORT_VERSION}-{_weights_tag(entry)}.onnx"
+    if not cached.is_file():
+        export_model(torch_model(entry.name), entry.input_shape, cached)
+    if out is None:
+        return cached
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(cached, out)
+    return out
+
+
+def resolve(model: str | Path) -> Path:
+    """A model argument (a path, or ``zoo:NAME``) → an ONNX file path."""
+    text = str(model)
+    if text.startswith(ZOO_PREFIX):
+        return export(text)
+    path = Path(text)
+    if not path.is_file():
+        hint = f"; zoo networks are named zoo:NAME ({', '.join(ZOO)})" if text in ZOO else ""
+        raise NetworkError(f"model file not found: {path}{hint}")
+    return path

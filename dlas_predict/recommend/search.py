@@ -1,0 +1,477 @@
+"""``recommend``: the fastest accurate configuration of a network, predicted from the learned
+cost models, and optionally proved by building and timing whole networks.
+
+The grid: dense, float16, int8, and weight and channel pruning at each ratio of
+:data:`~dlas_predict.space.config.DEFAULT_CURVE_RATIOS` (each layer at its own sparsity after
+global pruning), × the three algorithms, untuned; plus, per compression, a *per-layer*
+candidate in which every layer runs the kernel the layer model predicts fastest for it (any
+algorithm; for pruned layers dense or CSR).
+
+Every latency is a prediction of the models in ``models_store/DEVICE`` (layer model summed
+over the conv layers, times the network-level residual), with an 80 % interval; every
+accuracy says where it comes from.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from dlas_predict.space.config import (COMPRESSION_KERNEL, DEFAULT_CURVE_RATIOS, ELBOW_DROP_PP, Algorithm,
+                     Compression, Tuning)
+from dlas_predict.errors import DlasError
+from dlas_predict.corpus.networks import PER_LAYER
+
+from dlas_predict.paths import CURVES, MODELS_STORE
+
+
+@dataclass
+class Candidate:
+    """One point of the grid with its predicted (and, once validated, measured) latency."""
+
+    compression: Compression
+    ratio: float | None
+    algorithm: str                         # an Algorithm value or "per_layer"
+    layers: tuple[tuple[str, bool], ...]   # (algorithm, sparse) per conv layer
+    predicted_s: float
+    low_s: float
+    high_s: float
+    accuracy: float | None = None
+    accuracy_source: str = ""
+    accuracy_drop_pp: float | None = None
+    measured_s: float | None = None         # fastest timed run: what the models predict
+    measured_median_s: float | None = None  # the protocol's median, for reference
+    measured_note: str | None = None
+    tuning: Tuning = Tuning.UNTUNED
+    tuning_s: float | None = None          # predicted search time (tuned candidates)
+    conv_s: float | None = None            # predicted conv kernels' sum, before the network
+
+    @property
+    def sparse(self) -> bool | str:
+        kinds = {s for _, s in self.layers}
+        return kinds.pop() if len(kinds) == 1 else "mixed"
+
+    @property
+    def label(self) -> str:
+        from dlas_predict.compression.netplan import config_label
+
+        tuned = " tuned" if self.tuning is Tuning.TUNED else ""
+        return f"{config_label(self.compression, self.ratio)} {self.algorithm}{tuned}"
+
+    def to_dict(self) -> dict:
+        ms = (lambda s: None if s is None else round(s * 1e3, 4))
+        out = {"config": {"compression": self.compression.value, "ratio": self.ratio,
+                          "algorithm": self.algorithm, "sparse": self.sparse,
+                          "tuning": self.tuning.value},
+               "predicted_ms": ms(self.predicted_s), "predicted_low_ms": ms(self.low_s),
+               "predicted_high_ms": ms(self.high_s), "accuracy": self.accuracy,
+               "accuracy_source": self.accuracy_source,
+               "accuracy_drop_pp": self.accuracy_drop_pp, "measured_ms": ms(self.measured_s),
+               "measured_median_ms": ms(self.measured_median_s),
+               "predicted_tuning_s": None if self.tuning_s is None else round(self.tuning_s, 1)}
+        if self.algorithm == PER_LAYER:
+            out["config"]["layers"] = [{"algorithm": a, "sparse": s} for a, s in self.layers]
+        if self.measured_note:
+            out["measured_note"] = self.measured_note
+        return out
+
+
+@dataclass
+class Recommendation:
+    network: str
+    device: str
+    candidates: list[Candidate]            # kept, ranked by predicted latency
+    dropped: list[tuple[str, str]]         # (candidate label, why)
+    skipped: list[tuple[str, str]]         # (grid point, why)
+    dense_baseline_s: float
+    model_info: dict
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    validated: list[Candidate] = field(default_factory=list)
+
+    def to_dict(self, top: int | None = None) -> dict:
+        shown = self.candidates if top is None else self.candidates[:top]
+        extra = [c for c in self.validated if c not in shown]
+        return {"network": self.network, "device": self.device,
+                "candidates": [c.to_dict() for c in [*shown, *extra]],
+                "dense_baseline_predicted_ms": round(self.dense_baseline_s * 1e3, 4),
+                "latency_source": "predicted by the cost models in "
+                                  f"{self.model_info.get('directory')} (layer LightGBM summed "
+                                  "over conv layers × network residual) for the fastest "
+                                  "timed run; measured_ms: whole network built by TVM "
+                                  "Relax and timed here, its fastest run (measured_median_ms: "
+                                  "the median run)",
+                "model": self.model_info, "dropped": [list(d) for d in self.dropped],
+                "skipped": [list(s) for s in self.skipped], "notes": self.notes,
+                "seconds": round(self.seconds, 2)}
+
+
+# ---- models ----------------------------------------------------------------------------------
+def load_models(device_name: str, directory: Path | None = None):
+    """The layer and network models for ``device_name``; a clear error when there are none."""
+    from dlas_predict.models.costmodel import LayerCostModel
+    from dlas_predict.models.netmodel import NetworkCostModel
+
+    directory = Path(directory) if directory else MODELS_STORE / device_name
+    if not (directory / "layer.json").is_file():
+        hint = ("collect a corpus on this machine with `dlas-predict collect --network "
+                "zoo:resnet18-cifar --whole-network --store S` (repeat for more networks), "
+                "then `dlas-predict train --store S`" if device_name == "local" else
+                f"there is no corpus for {device_name!r}: its kernels must be measured on "
+                f"the device itself (`dlas-predict collect --device {device_name} ...` once "
+                f"RPC reaches it), then `dlas-predict train --device {device_name}`")
+        raise DlasError(f"no cost model for device {device_name!r} in {directory}: {hint}")
+    layer = LayerCostModel.load(directory, "layer")
+    if (directory / "network.json").is_file():
+        network = NetworkCostModel.load(directory, "network")
+    else:  # a device measured kernel by kernel only (e.g. a GPU through a bundle)
+        from dlas_predict.models.netmodel import ConvSumModel
+
+        network = ConvSumModel()
+    info = {"directory": str(directory), "trained_on": layer.meta.get("device"),
+            "device_fingerprint": layer.meta.get("device_fingerprint"),
+            "corpus_fingerprint": layer.meta.get("corpus_fingerprint"),
+            "device_roofs": layer.meta.get("device_roofs"),
+            "kernels": layer.meta.get("n_train"), "whole_networks": network.meta.get("n_train"),
+            "tuned_kernels": layer.meta.get("tuned_kernels", 0)}
+    return layer, network, info
+
+
+# ---- accuracy ----------------------------------------------------------------------------------
+def shipped_curves() -> dict:
+    """The shipped accuracy curves by network ({} when the file is absent)."""
+    return json.loads(CURVES.read_text()) if CURVES.is_file() else {}
+
+
+def _curve_lookup(name: str):
+    return shipped_curves().get(name)
+
+
+class _Accuracy:
+    """Accuracy per (compression, ratio): measured on --data, else the shipped curve."""
+
+    def __init__(self, model: str, name: str, data: str | None, log=None):
+        self.model, self.name, self.data, self.log = model, name, data, log
+        self.curve = None if data else _curve_lookup(name)
+        self.reference = None
+        self.cache: dict[tuple, tuple] = {}
+
+    def get(self, comp: Compression, ratio: float | None) -> tuple:
+        """(value, source, drop in points) or (None, why unknown, None)."""
+        key = (comp, ratio)
+        if key not in self.cache:
+            self.cache[key] = self._get(comp, ratio)
+        return self.cache[key]
+
+    def _get(self, comp: Compression, ratio: float | None) -> tuple:
+        if self.data:
+            from dlas_predict.compression.accuracy import measure
+
+            res = measure(self.model, self.data, comp.value, ratio, reference=self.reference)
+            if res.metric == "top1":
+                self.reference = res.reference_top1
+                return (res.value, f"measured: top-1 on {res.data} ({res.n_samples} images)",
+                        (res.reference_top1 - res.value) * 100)
+            return (res.value, f"measured: fidelity proxy on {res.data} (agreement with the "
+                    f"uncompressed model, {res.n_samples} images)", (1 - res.value) * 100)
+        if self.curve is None:
+            return (None, "unknown: no shipped curve for this network; pass --data to "
+                    "measure", None)
+        dense = self.curve["dense"]
+        src = (f"shipped curve: top-1 on {self.curve['data']} "
+               f"({self.curve['n_samples']} images, datasets/accuracy/curves.json)")
+        if comp is Compression.DENSE:
+            return dense, src, 0.0
+        if comp in (Compression.FLOAT16, Compression.INT8):
+            v = self.curve.get(comp.value)
+            return (v, src, (dense - v) * 100) if v is not None else (None, "unknown", None)
+        points = dict((round(r, 4), v) for r, v in self.curve[comp.value]["points"])
+        v = points.get(round(ratio, 4))
+        if v is None:
+            return None, "unknown: ratio not on the shipped curve; pass --data", None
+        return v, src, (dense - v) * 100
+
+
+# ---- the recommender ---------------------------------------------------------------------------
+def _grid(convs, model: str, ratios: tuple[float, ...], skipped: list):
+    """(compression, ratio, per-layer kernel ratios) for every point of the grid."""
+    from dlas_predict.compression.compress import pruned_sparsities
+    from dlas_predict.compression.netplan import kernel_ratio
+
+    points = [(Compression.DENSE, None, [0.0] * len(convs)),
+              (Compression.FLOAT16, None, [0.0] * len(convs)),
+              (Compression.INT8, None, [0.0] * len(convs))]
+    try:
+        sp = pruned_sparsities(model, {Compression.WEIGHT_PRUNING: ratios,
+                                       Compression.CHANNEL_PRUNING: ratios})
+    except DlasError as exc:
+        skipped.append(("weight_pruning, channel_pruning", str(exc)))
+        return points
+    for (comp, r), layer_sp in sp.items():
+        if len(layer_sp) != len(convs):
+            skipped.append((f"{comp.value}@{r:g}", f"{len(layer_sp)} conv layers with "
+                            f"constant weights, {len(convs)} conv layers: pruning needs "
+                            "constant weights"))
+            continue
+        ratios_ = [kernel_ratio(s) for s in layer_sp]
+        if not any(ratios_):
+            skipped.append((f"{comp.value}@{r:g}", "prunes no weight of any conv layer (no "
+                            "prunable layer, or the ratio rounds to nothing)"))
+            continue
+        points.append((comp, r, ratios_))
+    return points
+
+
+def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBOW_DROP_PP,
+              data: str | None = None, top: int = 10, validate: int = 0,
+              ratios: tuple[float, ...] = DEFAULT_CURVE_RATIOS, models_dir: Path | None = None,
+              log=None, tuning: str = "all", trials: int = 64,
+              tuning_db: str | None = None, network_runner=None) -> Recommendation:
+    """Predict every grid point of ``model`` on ``device``, drop what breaks the accuracy
+    budget, rank the rest; with ``validate`` > 0, build and time the top ones (local only)
+    with the whole-network runner ``network_runner()`` opens (default: the local CPU's).
+
+    ``tuning`` (untuned | tuned | all) picks the halves of the grid; a tuned candidate also
+    carries the predicted search time for ``trials`` trials per kernel."""
+    from dlas_predict.networks import zoo
+    from dlas_predict.space.devices import get_device
+    from dlas_predict.models.features import KernelConfig, features, weight_bytes
+    from dlas_predict.models.netmodel import NetworkSummary, net_terms
+    from dlas_predict.compression.netplan import config_label
+    from dlas_predict.networks.graph import read_network
+
+    t0 = time.time()
+    if max_accuracy_drop < 0:
+        raise DlasError(f"--max-accuracy-drop must be >= 0 points, got {max_accuracy_drop}")
+    if validate < 0:
+        raise DlasError(f"--validate must be a count >= 0 or 'all', got {validate}")
+    from dlas_predict.measure.runner import TuningOptions
+
+    tuned_opts = TuningOptions(budget=trials, db=tuning_db)  # checks --trials
+    tunings = Tuning.parse_list(tuning)
+    dev = get_device(device, with_target=validate > 0)
+    if validate > 0 and dev.kind == "gpu":
+        raise DlasError(f"--validate builds and times whole networks on this machine's CPU; "
+                        f"{dev.name} is a GPU, whose whole networks are not built yet")
+    layer_model, net_model, info = load_models(dev.name, models_dir)
+    tuning_model = _tuning_model(info, models_dir, dev.name)
+    path = zoo.resolve(model)
+    entry = zoo.get(model) if str(model).startswith(zoo.ZOO_PREFIX) else None
+    name = entry.name if entry else Path(path).stem
+    net = read_network(path, name)
+    convs = net.convs()
+    if not convs:
+        raise DlasError(f"{model} has no convolution: the grid (conv algorithms, pruning of "
+                        "conv weights) does not apply to it")
+    if net.batch != 1:
+        raise DlasError(f"{model} has batch {net.batch}; the models predict batch 1")
+    notes, skipped, dropped = [], [], []
+    if getattr(net_model, "meta", {}).get("scope") == "conv sum":
+        notes.append(f"{dev.name} has no whole-network measurements: each latency is the sum "
+                     "of the network's conv kernels as the layer model predicts them (other "
+                     "operators and launch gaps left out, so a lower bound of the network)")
+    if info.get("device_fingerprint") and dev.name == "local" and \
+            info["device_fingerprint"] != dev.fingerprint:
+        notes.append(f"the local model was trained on another machine (fingerprint "
+                     f"{info['device_fingerprint']}, this one {dev.fingerprint}); latencies "
+                     "are predictions for a machine like that one")
+    roofs = info.get("device_roofs")
+    feat_dev = dev
+    if roofs and (roofs["peak_gflops"] != dev.peak_gflops
+                  or roofs["mem_bandwidth_gbs"] != dev.mem_bandwidth_gbs):
+        # the model's device features are the roofs it was trained with
+        feat_dev = replace(dev, peak_gflops=dict(roofs["peak_gflops"]),
+                           mem_bandwidth_gbs=roofs["mem_bandwidth_gbs"])
+    summary = NetworkSummary.of(net)
+    points = _grid(convs, model, tuple(ratios), skipped)
+    if Tuning.TUNED in tunings and not info.get("tuned_kernels"):
+        skipped.append(("tuned", "the cost model of this device learned from no tuned kernel: "
+                        "collect some with `dlas-predict tune --network zoo:resnet18-cifar "
+                        "--store S`, then `dlas-predict train --store S`"))
+        tunings = [t for t in tunings if t is not Tuning.TUNED]
+    if not tunings:
+        raise DlasError("nothing to recommend: " + skipped[-1][1])
+
+    # one feature row per distinct (layer, algorithm, kernel) the grid needs
+    rows: dict[tuple, int] = {}
+    X = []
+
+    kernels: list[tuple] = []  # per row: (spec, alg, comp, ratio) of the kernel
+
+    def row(i: int, alg: Algorithm, comp: Compression, ratio: float, tn: Tuning) -> int:
+        key = (convs[i].spec, alg, comp, ratio, tn)
+        if key not in rows:
+            rows[key] = len(X)
+            kernels.append(key)
+            X.append(features(KernelConfig(convs[i].spec, alg, comp, ratio, tn), feat_dev))
+        return rows[key]
+
+    options = []  # per (point, tuning): per layer: list of (alg, sparse, row)
+    for tn in tunings:
+        for comp, _r, layer_r in points:
+            sparse = COMPRESSION_KERNEL[comp][0]
+            per_layer = []
+            for i, lr in enumerate(layer_r):
+                opts = [(a.value, sparse, row(i, a, comp, lr if sparse else 0.0, tn))
+                        for a in Algorithm]
+                if sparse:  # a pruned layer may also run the dense kernel on its zeros
+                    opts += [(a.value, False, row(i, a, Compression.DENSE, 0.0, tn))
+                             for a in Algorithm]
+                per_layer.append(opts)
+            options.append((tn, per_layer))
+    X = np.array(X)
+    mid, low, high = layer_model.predict(X)
+    tune_s = _tuning_seconds(tuning_model, X, kernels, trials)
+
+    cands: list[Candidate] = []
+    plans = []
+    for ((comp, ratio, layer_r), (tn, per_layer)) in zip(points * len(tunings), options):
+        sparse = COMPRESSION_KERNEL[comp][0]
+        for a in Algorithm:
+            chosen = [next(o for o in opts if o[0] == a.value and o[1] == sparse)
+                      for opts in per_layer]
+            plans.append((comp, ratio, a.value, chosen, layer_r, tn))
+        best = [min(opts, key=lambda o: mid[o[2]]) for opts in per_layer]
+        if sparse and not any(o[1] for o in best):
+            skipped.append((f"{config_label(comp, ratio)} {PER_LAYER}"
+                            + (" tuned" if tn is Tuning.TUNED else ""),
+                            "every layer is predicted fastest on a dense kernel: the same "
+                            "network as dense per_layer, less accurate"))
+        else:
+            plans.append((comp, ratio, PER_LAYER, best, layer_r, tn))
+    conv_mid = np.array([sum(mid[o[2]] for o in ch) for _c, _r, _a, ch, _l, _t in plans])
+    conv_low = np.array([sum(low[o[2]] for o in ch) for _c, _r, _a, ch, _l, _t in plans])
+    conv_high = np.array([sum(high[o[2]] for o in ch) for _c, _r, _a, ch, _l, _t in plans])
+    wbytes = weight_bytes(X)
+    NX = np.array([net_terms(summary, [mid[o[2]] for o in ch], comp, [(o[0], o[1]) for o in ch],
+                             [wbytes[o[2]] for o in ch], net_model.cache_bytes)
+                   for comp, _r, _a, ch, _l, _t in plans])
+    pm, pl, ph = net_model.predict(NX, conv_mid, conv_low, conv_high)
+    for (comp, ratio, alg, ch, _lr, tn), m, lo, hi, cs in zip(plans, pm, pl, ph, conv_mid):
+        search = None
+        if tn is Tuning.TUNED and tune_s is not None:  # each distinct kernel is tuned once
+            search = float(sum(tune_s[r] for r in {o[2] for o in ch}))
+        cands.append(Candidate(comp, ratio, alg, tuple((o[0], o[1]) for o in ch),
+                               float(m), float(lo), float(hi), tuning=tn, tuning_s=search,
+                               conv_s=float(cs)))
+    dense = [c for c in cands if c.compression is Compression.DENSE and c.algorithm != PER_LAYER
+             and c.tuning is Tuning.UNTUNED] or [
+        c for c in cands if c.compression is Compression.DENSE and c.algorithm != PER_LAYER]
+    dense_best = min(c.predicted_s for c in dense)
+
+    acc = _Accuracy(model, name, data, log)
+    kept = []
+    unknown = 0
+    for c in cands:
+        c.accuracy, c.accuracy_source, c.accuracy_drop_pp = acc.get(c.compression, c.ratio)
+        if c.accuracy_drop_pp is not None and c.accuracy_drop_pp > max_accuracy_drop + 1e-9:
+            dropped.append((c.label, f"accuracy drop {c.accuracy_drop_pp:.1f} points > "
+                                     f"{max_accuracy_drop:g}"))
+            continue
+        if c.accuracy is None and c.compression is not Compression.DENSE:
+            unknown += 1
+        kept.append(c)
+    if unknown:
+        notes.append(f"{unknown} candidates have no accuracy figure (no --data and no shipped "
+                     "curve): they are kept but unchecked against the accuracy budget; pass "
+                     "--data digits|PATH to measure")
+    if entry is not None and not entry.trained:
+        notes.append("this zoo network has random weights (nothing can be downloaded): "
+                     "accuracy figures for it are chance level")
+    kept.sort(key=lambda c: c.predicted_s)
+    if len(tunings) == 2:
+        notes.append(_tuning_verdict(kept, trials))
+    rec = Recommendation(name, dev.name, kept, dropped, skipped, dense_best, info, notes)
+    if validate:
+        rec.validated = _validate(rec, model, dev, validate, log, tuned_opts, network_runner)
+    rec.seconds = time.time() - t0
+    return rec
+
+
+def _tuning_model(info: dict, models_dir: Path | None, device: str):
+    """The device's tuning-time model, or None when its corpus had no tuned record."""
+    from dlas_predict.models.costmodel import TuningTimeModel
+
+    directory = Path(models_dir) if models_dir else MODELS_STORE / device
+    if not (directory / "tuning.json").is_file():
+        return None
+    model = TuningTimeModel.load(directory)
+    info["tuning_model"] = {"tuned_kernels": model.meta.get("n_train"),
+                            "trial_share": model.trial_share}
+    return model
+
+
+def _tuning_seconds(model, X: np.ndarray, kernels: list[tuple], trials: int):
+    """Predicted search seconds of each tuned kernel row (None without a tuning model)."""
+    if model is None or not len(X):
+        return None
+    from dlas_predict.measure.knobs import search_space
+
+    from dlas_predict.space.config import Variant
+
+    sizes = []
+    for spec, alg, comp, ratio, _tn in kernels:
+        sparse = COMPRESSION_KERNEL[comp][0]
+        sizes.append(len(search_space(spec, Variant(alg, comp, ratio or 0.5))) if sparse
+                     else 0)
+    return model.predict(X, trials, sizes)
+
+
+def _tuning_verdict(kept: list[Candidate], trials: int) -> str:
+    """Whether tuning is worth it here: the best tuned against the best untuned candidate."""
+    tuned = [c for c in kept if c.tuning is Tuning.TUNED]
+    untuned = [c for c in kept if c.tuning is Tuning.UNTUNED]
+    if not tuned or not untuned:
+        return "tuning: no candidate of one half survives the accuracy budget"
+    bt, bu = tuned[0], untuned[0]
+    gain = bu.predicted_s - bt.predicted_s
+    cost = (f"{bt.tuning_s / 60:.1f} min of search ({trials} trials per kernel)"
+            if bt.tuning_s is not None else "an unknown search time (no tuning-time model)")
+    if gain <= 0:
+        return (f"tuning is predicted not to pay off here: the best tuned candidate "
+                f"({bt.label}, {bt.predicted_s * 1e3:.2f} ms) is no faster than the best "
+                f"untuned ({bu.label}, {bu.predicted_s * 1e3:.2f} ms); it would cost {cost}")
+    text = (f"tuning is predicted to save {gain * 1e3:.2f} ms per inference "
+            f"({gain / bu.predicted_s:.0%}: {bu.label} {bu.predicted_s * 1e3:.2f} ms → "
+            f"{bt.label} {bt.predicted_s * 1e3:.2f} ms) for {cost}")
+    if bt.tuning_s is not None:
+        text += f"; it pays for itself after {bt.tuning_s / gain:,.0f} inferences"
+    return text + " (all figures predicted by models trained on measurements)"
+
+
+def _validate(rec: Recommendation, model: str, dev, k: int, log=None,
+              tuned_opts=None, network_runner=None) -> list[Candidate]:
+    """Build and time the top ``k`` kept candidates as whole networks, with the runner that
+    ``network_runner()`` opens (default: the local CPU's)."""
+    from dlas_predict.corpus.networks import NetworkPlan
+
+    if dev.name != "local":
+        raise DlasError(f"--validate builds and times here: {dev.name!r} cannot be measured "
+                        "from this machine (use --device local)")
+    if network_runner is None:
+        from dlas_predict.measure.netrunner import NetworkRunner
+
+        network_runner = (lambda: NetworkRunner(dev))
+    chosen = rec.candidates[:k]
+    plans = [NetworkPlan(model, rec.network, c.compression, c.ratio, c.algorithm, c.layers,
+                         tuning=tuned_opts if c.tuning is Tuning.TUNED else None)
+             for c in chosen]
+    with network_runner() as nr:
+        for c, m in zip(chosen, nr.run(plans)):
+            if m.error:
+                c.measured_note = f"failed: {m.error[:300]}"
+            else:
+                c.measured_s, c.measured_median_s = m.best_s, m.median_s
+                if not m.verified:
+                    c.measured_note = (f"output check failed (max error {m.max_error:.3g}, "
+                                       f"top-1 agreement {m.top1_agreement:.0%})")
+                elif m.untuned_layers:
+                    c.measured_note = (f"{len(m.tuned_layers or [])} of {len(c.layers)} layers "
+                                       "tuned; the tuning database holds no search for the "
+                                       "others (run `dlas-predict tune --network ...`), they "
+                                       "kept their hand schedules")
+    return chosen

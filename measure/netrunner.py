@@ -1,0 +1,212 @@
+"""Whole networks: prepare a compressed model, build it with TVM Relax
+(:mod:`dlas_predict.measure.netbuild`) in the isolated worker, check it against onnxruntime,
+and time it with the study's protocol.
+
+:class:`NetworkRunner` is the batch interface: plans in, one
+:class:`~dlas_predict.corpus.networks.NetworkMeasurement` per plan out, a failure being a
+record with ``error``. Storing and skipping what is stored is the corpus's job
+(:func:`dlas_predict.corpus.collect.collect_networks`).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import numpy as np
+
+from dlas_predict.corpus.networks import NetworkMeasurement, NetworkPlan
+from dlas_predict.errors import ConfigError
+from dlas_predict.space.config import COMPRESSION_KERNEL, Compression
+from dlas_predict.space.devices import Device
+
+#: How many inputs the numerical check runs (and the int8 calibration uses).
+CHECK_SAMPLES = 8
+
+
+# ---- preparing the inputs of a build --------------------------------------------------------
+def _samples(model: str, shape: tuple[int, ...], split: str) -> np.ndarray:
+    """Real digits images for the trained zoo networks, else seeded normal noise."""
+    from dlas_predict.networks import zoo
+
+    if str(model).startswith(zoo.ZOO_PREFIX) and zoo.get(model).trained:
+        from dlas_predict.compression.digits import digits
+
+        return digits(split, tuple(shape[1:])).x[:CHECK_SAMPLES].astype(np.float32)
+    seed = 0 if split == "test" else 1
+    return np.random.default_rng(seed).normal(size=(CHECK_SAMPLES, *shape[1:])).astype(np.float32)
+
+
+def conv_scales(onnx_model, x: np.ndarray) -> list[tuple[float, float]]:
+    """Per conv (graph order): the int8 scale of its input and of its output before the bias,
+    from the float model run by onnxruntime on ``x`` (per-tensor MinMax, symmetric)."""
+    import copy
+
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from dlas_predict.compression.accuracy import _session
+
+    model = copy.deepcopy(onnx_model)
+    convs = [n for n in model.graph.node if n.op_type == "Conv"]
+    have = {o.name for o in model.graph.output}
+    names = []
+    for node in convs:
+        for name in (node.input[0], node.output[0]):
+            if name not in have:
+                model.graph.output.append(helper.make_empty_tensor_value_info(name))
+                have.add(name)
+            names.append(name)
+    consts = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    sess = _session(model)
+    input_name = sess.get_inputs()[0].name
+    maxima: dict[str, float] = {}
+    for i in range(len(x)):
+        outs = sess.run(None, {input_name: x[i:i + 1]})
+        by_name = dict(zip([o.name for o in sess.get_outputs()], outs))
+        for node in convs:
+            xin = by_name[node.input[0]]
+            y = by_name[node.output[0]]
+            if len(node.input) > 2 and node.input[2] in consts:
+                y = y - consts[node.input[2]].reshape(1, -1, 1, 1)
+            for key, arr in ((node.input[0], xin), (node.output[0] + "#acc", y)):
+                maxima[key] = max(maxima.get(key, 0.0), float(np.max(np.abs(arr))))
+    del onnx
+    return [(max(maxima[n.input[0]], 1e-8) / 127.0,
+             max(maxima[n.output[0] + "#acc"], 1e-8) / 127.0) for n in convs]
+
+
+@dataclass
+class _Prepared:
+    path: Path
+    input_name: str
+    input_shape: tuple[int, ...]
+    specs: list
+    check: Path
+    scales: list | None
+    summary: str
+
+
+class NetworkRunner:
+    """Builds and times whole-network configurations on the local CPU, one worker task each.
+
+    Compressed models are prepared once per (model, compression, ratio) and shared by the
+    algorithms.
+    """
+
+    def __init__(self, device: Device, timeout_s: float = 600.0, protocol=None) -> None:
+        from .runner import LocalRunner
+        from .worker import Protocol
+
+        self.device = device
+        self.runner = LocalRunner(device, protocol or Protocol(), timeout_s=timeout_s)
+        self._tmp = tempfile.TemporaryDirectory(prefix="dlas-net-")
+        self._prepared: dict[tuple, _Prepared] = {}
+
+    @property
+    def protocol(self):
+        return self.runner.protocol
+
+    def close(self) -> None:
+        self.runner.close()
+        self._tmp.cleanup()
+
+    def __enter__(self) -> "NetworkRunner":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _prepare(self, plan: NetworkPlan) -> _Prepared:
+        key = (plan.model, plan.compression, plan.ratio)
+        if key in self._prepared:
+            return self._prepared[key]
+        import onnx
+
+        from dlas_predict.compression.accuracy import _session, prepare
+        from dlas_predict.networks.graph import read_network
+
+        pruning = plan.compression in (Compression.WEIGHT_PRUNING, Compression.CHANNEL_PRUNING)
+        # float16 and int8 are applied by the build: start from the dense float model
+        prep = prepare(plan.model, plan.compression.value if pruning else "dense",
+                       plan.ratio if pruning else None)
+        model = prep.compressed.model
+        n = len(self._prepared)
+        path = Path(self._tmp.name) / f"net{n}.onnx"
+        onnx.save(model, str(path))
+        net = read_network(path, plan.network)
+        shape = tuple(net.input_shape)
+        x = _samples(plan.model, shape, "test")
+        sess = _session(model)
+        y = np.concatenate([sess.run(None, {sess.get_inputs()[0].name: x[i:i + 1]})[0]
+                            for i in range(len(x))])
+        check = Path(self._tmp.name) / f"net{n}.check.npz"
+        np.savez(check, x=x, y=y)
+        scales = None
+        if plan.compression is Compression.INT8:
+            scales = conv_scales(model, _samples(plan.model, shape, "train"))
+        from dataclasses import asdict
+
+        from dlas_predict.models.netmodel import NetworkSummary
+
+        done = _Prepared(path, sess.get_inputs()[0].name, shape,
+                         [c.spec for c in net.convs()], check, scales,
+                         json.dumps(asdict(NetworkSummary.of(net))))
+        self._prepared[key] = done
+        return done
+
+    def measure(self, plan: NetworkPlan) -> NetworkMeasurement:
+        """Build, check and time one configuration; a failure is a record with ``error``."""
+        dev = self.device
+        key = plan.key(dev)
+        rec = NetworkMeasurement(key=key, device=dev.name, fingerprint=dev.fingerprint,
+                                 network=plan.network, config=plan.config,
+                                 algorithm=plan.algorithm, plan=plan.plan_json(),
+                                 dtype=plan.dtype.value)
+        try:
+            prep = self._prepare(plan)
+        except Exception as exc:  # noqa: BLE001 - a model that cannot be prepared is data
+            rec.error = f"prepare: {type(exc).__name__}: {exc}"[:2000]
+            rec.timestamp = time.time()
+            return rec
+        rec.summary = prep.summary
+        if len(plan.layers) != len(prep.specs):
+            raise ConfigError(f"{plan.network}: the plan has {len(plan.layers)} conv layers, "
+                              f"the network {len(prep.specs)}")
+        payload = {
+            "kind": "network", "onnx": str(prep.path), "input_name": prep.input_name,
+            "input_shape": list(prep.input_shape), "dtype": plan.dtype.value,
+            "layers": [{"algorithm": a, "sparse": s} for a, s in plan.layers],
+            "specs": [s.to_dict() for s in prep.specs], "scales": prep.scales,
+            "check": str(prep.check), "target": dev.target,
+            "protocol": self.runner.protocol.to_dict(), "fingerprint": dev.fingerprint,
+        }
+        if plan.tuning is not None:
+            pattern = COMPRESSION_KERNEL[plan.compression][2].value
+            payload["tuning"] = {"db": str(plan.tuning.db_path(dev)),
+                                 "budget": plan.tuning.budget, "cores": dev.cores,
+                                 "pattern": "unstructured" if pattern == "none" else pattern}
+        reply = self.runner.call(payload)
+        rec.timestamp = time.time()
+        if not reply.get("ok"):
+            rec.error = str(reply.get("error") or "unknown failure")
+            return rec
+        rec.run_secs = list(reply["run_secs"])
+        rec.compile_s = reply.get("compile_s")
+        rec.verified = reply.get("verified")
+        rec.max_error = reply.get("max_error")
+        rec.top1_agreement = reply.get("top1_agreement")
+        rec.tuned_layers = reply.get("tuned_layers")
+        rec.untuned_layers = reply.get("untuned_layers")
+        rec.contention = reply.get("contention")
+        rec.slowdown = reply.get("slowdown")
+        return rec
+
+    def run(self, plans: Iterable[NetworkPlan]) -> Iterator[NetworkMeasurement]:
+        """Measure each plan in order; a failure is a record with ``error``."""
+        for plan in plans:
+            yield self.measure(plan)
