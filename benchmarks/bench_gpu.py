@@ -94,11 +94,12 @@ def main() -> None:
                  + (f",groups={s['groups']}" if s["groups"] > 1 else ""))
         un = r.get("untuned_ms")
         tu = r.get("tuned_ms")
+        ur, tr = r.get("untuned_ratio"), r.get("tuned_ratio")
         print(f"{label:44s} {r['cudnn_ms']:9.4f} "
               f"{'' if un is None else f'{un:11.4f}':>11s} {r.get('untuned_algorithm', ''):>12s} "
-              f"{'' if un is None else f'{r['untuned_ratio']:6.2f}':>6s} "
+              f"{'' if un is None else f'{ur:6.2f}':>6s} "
               f"{'' if tu is None else f'{tu:9.4f}':>9s} "
-              f"{'' if tu is None else f'{r['tuned_ratio']:6.2f}':>6s}")
+              f"{'' if tu is None else f'{tr:6.2f}':>6s}")
     summary = {}
     for tn in ("untuned", "tuned"):
         ratios = [r[f"{tn}_ratio"] for r in rows if f"{tn}_ratio" in r]

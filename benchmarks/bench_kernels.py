@@ -28,7 +28,7 @@ from dlas_predict.space.config import Algorithm, Compression, ConvSpec, variant_
 from dlas_predict.space.devices import get_device  # noqa: E402
 from dlas_predict.render import format_table  # noqa: E402
 from dlas_predict.measure.runner import LocalRunner, MeasureTask  # noqa: E402
-from dlas_predict.measure.worker import Protocol  # noqa: E402
+from dlas_predict.measure.tasks import Protocol  # noqa: E402
 
 SHAPES = {
     "resnet18": [

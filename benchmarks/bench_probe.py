@@ -86,7 +86,7 @@ def main() -> int:
         print(json.dumps(one_process(args.rounds)))
         return 0
 
-    from dlas_predict.measure.worker import Protocol
+    from dlas_predict.measure.tasks import Protocol
 
     env = {**os.environ, "TVM_NUM_THREADS": str(os.cpu_count() or 1),
            "PYTHONPATH": str(ROOT)}

@@ -16,7 +16,7 @@ import typer
 
 from dlas_predict.space.config import DEFAULT_CURVE_RATIOS, ELBOW_DROP_PP
 from dlas_predict.errors import DlasError
-from dlas_predict.paths import DEMO_NETWORK, MODELS_STORE
+from dlas_predict.paths import DEMO_NETWORK
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Predict the fastest accurate way to deploy a DNN (DLAS grid), "
@@ -96,20 +96,21 @@ def _measure_peaks(as_json: bool, save_to: Optional[Path]) -> None:
 
     from dlas_predict.space.devices import detect_local, save_measured_peaks
     from dlas_predict.measure.runner import LocalRunner
+    from dlas_predict.measure.tasks import PeaksTask
 
     dev = detect_local()
     if not as_json:
         typer.echo(f"measuring the roofs of {dev.description} (about 30 s) ...")
     with LocalRunner(dev, timeout_s=600) as runner:
-        reply = runner.call({"kind": "peaks", "target": dev.target, "cores": dev.cores,
-                             "simd_bits": dev.simd_bits or 128})
-    if not reply.get("ok"):
-        _fail(f"measuring the roofs failed: {reply.get('error')}")
+        reply = runner.call(PeaksTask(target=dev.target, cores=dev.cores,
+                                      simd_bits=dev.simd_bits or 128))
+    if not reply.ok:
+        _fail(f"measuring the roofs failed: {reply.error}")
     entry = {"fingerprint": dev.fingerprint, "cpu_model": dev.cpu_model, "cores": dev.cores,
              "simd_bits": dev.simd_bits, "caches": dev.caches,
-             "peak_gflops": reply["peak_gflops"],
-             "mem_bandwidth_gbs": reply["mem_bandwidth_gbs"], "details": reply["details"],
-             "tvm_version": reply.get("tvm_version"), "measured_at": time.time(),
+             "peak_gflops": reply.peak_gflops,
+             "mem_bandwidth_gbs": reply.mem_bandwidth_gbs, "details": reply.details,
+             "tvm_version": reply.tvm_version, "measured_at": time.time(),
              "method": "measure/peaks.py: FMA-bound register kernel per dtype (best of 15 "
                        "runs); STREAM triad over 3 x 256 MiB (3 x 4 bytes per element)"}
     path = save_measured_peaks(entry, str(save_to) if save_to else None)
@@ -139,7 +140,7 @@ _QUIET_WAIT_OPT = typer.Option(30.0, "--quiet-wait", help="Seconds to wait, befo
 
 def _protocol(max_repeats: int, time_budget: float, quiet_wait: float = 30.0):
     from dlas_predict.errors import ConfigError
-    from dlas_predict.measure.worker import Protocol
+    from dlas_predict.measure.tasks import Protocol
 
     if max_repeats < 1:
         raise ConfigError(f"--max-repeats must be at least 1, got {max_repeats}")
@@ -190,7 +191,8 @@ def measure(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ):
     """Measure one conv workload across algorithms × compressions (× tuning) on a device."""
-    from dlas_predict.space.config import Algorithm, Compression, ConvSpec, check_ratio, variant_grid
+    from dlas_predict.space.config import (Algorithm, Compression, ConvSpec, check_ratio,
+                                           variant_grid)
     from dlas_predict.render import format_table
     from dlas_predict.corpus.collect import collect_kernels as run_collect
     from dlas_predict.measure.runner import LocalRunner, MeasureTask

@@ -92,12 +92,12 @@ def _measure_chunk(bundle: Path, chunk: str, lines: list[dict], proto: dict, que
     import numpy as np
     import tvm
 
-    from dlas_predict.space.config import DType, SparsityPattern
+    from dlas_predict.space.config import SparsityPattern
     from .gpu_bundle import kernel_spec
     from .kernels import device_args
     from .reference import check_output, conv2d_reference, make_inputs
     from .sparse import prune, sparsity
-    from .worker import Protocol, plan_timing
+    from .tasks import Protocol, plan_timing
 
     load_cuda_runtime()
     dev = tvm.cuda(0)

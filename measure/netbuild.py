@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import tvm
@@ -30,6 +30,9 @@ from tvm import relax, te
 from dlas_predict.space.config import Algorithm, Compression, ConvSpec, DType, Variant
 from .kernels import KernelSpec, kernel_module, output_shape, pack_weights
 from .knobs import resolve_knobs
+
+if TYPE_CHECKING:
+    from .tasks import NetworkTask
 
 #: Marks our conv kernels, so the generic scheduler leaves them alone and FuseOps treats them
 #: as opaque (fusing an epilogue into a hand-scheduled kernel would unschedule it).
@@ -401,33 +404,32 @@ def build(model, input_name: str, input_shape: tuple[int, ...], dtype: DType,
     return relax.VirtualMachine(executable, tvm.cpu(0))
 
 
-def run_network_task(task: dict[str, Any]) -> dict[str, Any]:
+def run_network_task(task: "NetworkTask") -> dict[str, Any]:
     """Worker entry: build the planned network, check it against the reference outputs,
     and time it with the study's protocol."""
     import onnx
 
-    from .worker import Protocol, _target, plan_timing, timed_fields
+    from .worker import _target, plan_timing, timed_fields
 
-    model = onnx.load(task["onnx"])
-    dtype = DType.parse(task["dtype"])
-    choices = [LayerChoice.from_dict(d) for d in task["layers"]]
-    specs = [ConvSpec.from_dict(d) for d in task["specs"]] if task.get("specs") else None
-    scales = [tuple(s) for s in task["scales"]] if task.get("scales") else None
-    shape = tuple(task["input_shape"])
+    model = onnx.load(task.onnx)
+    dtype = task.dtype
+    choices = [LayerChoice(Algorithm.parse(a), bool(s)) for a, s in task.layers]
+    specs = list(task.specs) or None
+    scales = [tuple(s) for s in task.scales] if task.scales else None
+    shape = tuple(task.input_shape)
     tuned = None
-    if task.get("tuning"):
-        opts = task["tuning"]
-        tuned = TunedKernels(opts["db"], int(opts["budget"]), task.get("fingerprint", ""),
-                             task["target"], int(opts["cores"]), opts.get("pattern",
-                                                                          "unstructured"))
+    if task.tuning is not None:
+        opts = task.tuning
+        tuned = TunedKernels(opts.db, opts.budget, task.fingerprint, task.target, opts.cores,
+                             opts.pattern)
     t0 = time.perf_counter()
-    vm = build(model, task["input_name"], shape, dtype, choices,
-               tuned.target if tuned else _target(task["target"]), specs, scales, tuned)
+    vm = build(model, task.input_name, shape, dtype, choices,
+               tuned.target if tuned else _target(task.target), specs, scales, tuned)
     result: dict[str, Any] = {"compile_s": time.perf_counter() - t0}
     if tuned is not None:
         result.update(tuned_layers=tuned.tuned, untuned_layers=tuned.untuned)
     dev = tvm.cpu(0)
-    check = np.load(task["check"])
+    check = np.load(task.check)
     xs, refs = check["x"], check["y"]
     outs = []
     for i in range(len(xs)):
@@ -444,10 +446,10 @@ def run_network_task(task: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     vm["main"](x)
     single = time.perf_counter() - t0
-    proto = Protocol(**task.get("protocol", {}))
+    proto = task.protocol
     number, repeats = plan_timing(single, proto)
     timer = vm.time_evaluator("main", dev, number=number, repeat=repeats)
     result.update(number=number, repeats=repeats,
-                  **timed_fields(lambda: timer(x).results, task["target"], proto,
-                                 task.get("fingerprint", "")))
+                  **timed_fields(lambda: timer(x).results, task.target, proto,
+                                 task.fingerprint))
     return result

@@ -24,6 +24,8 @@ from dlas_predict.errors import ConfigError
 from dlas_predict.space.config import COMPRESSION_KERNEL, Compression
 from dlas_predict.space.devices import Device
 
+from .tasks import NetworkTask, TuningRequest
+
 #: How many inputs the numerical check runs (and the int8 calibration uses).
 CHECK_SAMPLES = 8
 
@@ -100,7 +102,7 @@ class NetworkRunner:
 
     def __init__(self, device: Device, timeout_s: float = 600.0, protocol=None) -> None:
         from .runner import LocalRunner
-        from .worker import Protocol
+        from .tasks import Protocol
 
         self.device = device
         self.runner = LocalRunner(device, protocol or Protocol(), timeout_s=timeout_s)
@@ -177,33 +179,34 @@ class NetworkRunner:
         if len(plan.layers) != len(prep.specs):
             raise ConfigError(f"{plan.network}: the plan has {len(plan.layers)} conv layers, "
                               f"the network {len(prep.specs)}")
-        payload = {
-            "kind": "network", "onnx": str(prep.path), "input_name": prep.input_name,
-            "input_shape": list(prep.input_shape), "dtype": plan.dtype.value,
-            "layers": [{"algorithm": a, "sparse": s} for a, s in plan.layers],
-            "specs": [s.to_dict() for s in prep.specs], "scales": prep.scales,
-            "check": str(prep.check), "target": dev.target,
-            "protocol": self.runner.protocol.to_dict(), "fingerprint": dev.fingerprint,
-        }
+        tuning = None
         if plan.tuning is not None:
             pattern = COMPRESSION_KERNEL[plan.compression][2].value
-            payload["tuning"] = {"db": str(plan.tuning.db_path(dev)),
-                                 "budget": plan.tuning.budget, "cores": dev.cores,
-                                 "pattern": "unstructured" if pattern == "none" else pattern}
-        reply = self.runner.call(payload)
+            tuning = TuningRequest(db=str(plan.tuning.db_path(dev)), budget=plan.tuning.budget,
+                                   cores=dev.cores,
+                                   pattern="unstructured" if pattern == "none" else pattern)
+        task = NetworkTask(onnx=str(prep.path), input_name=prep.input_name,
+                           input_shape=tuple(prep.input_shape), dtype=plan.dtype,
+                           layers=tuple((a, bool(s)) for a, s in plan.layers),
+                           specs=tuple(prep.specs),
+                           scales=tuple(tuple(s) for s in prep.scales) if prep.scales else None,
+                           check=str(prep.check), target=dev.target,
+                           protocol=self.runner.protocol, fingerprint=dev.fingerprint,
+                           tuning=tuning)
+        reply = self.runner.call(task)
         rec.timestamp = time.time()
-        if not reply.get("ok"):
-            rec.error = str(reply.get("error") or "unknown failure")
+        if not reply.ok:
+            rec.error = str(reply.error or "unknown failure")
             return rec
-        rec.run_secs = list(reply["run_secs"])
-        rec.compile_s = reply.get("compile_s")
-        rec.verified = reply.get("verified")
-        rec.max_error = reply.get("max_error")
-        rec.top1_agreement = reply.get("top1_agreement")
-        rec.tuned_layers = reply.get("tuned_layers")
-        rec.untuned_layers = reply.get("untuned_layers")
-        rec.contention = reply.get("contention")
-        rec.slowdown = reply.get("slowdown")
+        rec.run_secs = list(reply.run_secs)
+        rec.compile_s = reply.compile_s
+        rec.verified = reply.verified
+        rec.max_error = reply.max_error
+        rec.top1_agreement = reply.top1_agreement
+        rec.tuned_layers = reply.tuned_layers
+        rec.untuned_layers = reply.untuned_layers
+        rec.contention = reply.contention
+        rec.slowdown = reply.slowdown
         return rec
 
     def run(self, plans: Iterable[NetworkPlan]) -> Iterator[NetworkMeasurement]:

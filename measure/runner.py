@@ -1,7 +1,7 @@
 """Runners: turn measurement tasks into records, each measurement isolated.
 
-:class:`LocalRunner` keeps one worker subprocess (``python -m dlas_predict.measure.worker``) and sends it
-one task at a time. A task that raises is answered as a failure by the worker; a task that
+:class:`LocalRunner` keeps one worker subprocess (``python -m dlas_predict.measure.worker``)
+and sends it one task at a time. A task that raises is answered as a failure by the worker; a task that
 crashes the worker (segfault, abort) or outlives its timeout becomes a recorded failure here,
 the worker is replaced, and the run goes on with the next task.
 """
@@ -27,7 +27,8 @@ from dlas_predict.errors import ConfigError
 from dlas_predict.corpus.records import MeasureResult, measurement_key
 from . import KERNELS_VERSION
 from .knobs import resolve_knobs, tuned_knobs
-from .worker import Protocol
+from .tasks import (KernelTask, Protocol, Task, TuningRequest, WorkerReply,
+                    to_wire)
 
 #: The default trial budget of a tuned kernel, and the study's (the largest accepted).
 DEFAULT_TRIALS = 64
@@ -199,22 +200,19 @@ class LocalRunner(Runner):
         return json.loads(line)
 
     # ---- measuring ----------------------------------------------------------------------
-    def _payload(self, task: MeasureTask) -> dict[str, Any]:
+    def _task(self, task: MeasureTask) -> KernelTask:
         v = task.variant
-        payload = {
-            "conv": task.spec.to_dict(), "algorithm": v.algorithm.value, "sparse": v.sparse,
-            "dtype": v.dtype.value, "knobs": task.knobs, "ratio": v.ratio,
-            "pattern": v.pattern.value, "target": self.device.target,
-            "protocol": self.protocol.to_dict(), "seed": task.seed,
-            "compression": v.compression.value, "fingerprint": self.device.fingerprint,
-        }
+        tuning = None
         if task.tuning is not None:
-            payload["tuning"] = {"budget": task.tuning.budget, "patience": task.tuning.patience,
-                                 "db": str(task.tuning.db_path(self.device)),
-                                 "cores": self.device.cores}
-        if task.fault:
-            payload["fault"] = task.fault
-        return payload
+            tuning = TuningRequest(db=str(task.tuning.db_path(self.device)),
+                                   budget=task.tuning.budget, cores=self.device.cores,
+                                   patience=task.tuning.patience)
+        return KernelTask(conv=task.spec, algorithm=v.algorithm, sparse=v.sparse,
+                          dtype=v.dtype, knobs=dict(task.knobs), ratio=v.ratio,
+                          pattern=v.pattern, compression=v.compression,
+                          target=self.device.target, protocol=self.protocol, seed=task.seed,
+                          fingerprint=self.device.fingerprint, tuning=tuning,
+                          fault=task.fault)
 
     def run(self, tasks: Iterable[MeasureTask]) -> Iterator[MeasureResult]:
         for task in tasks:
@@ -225,9 +223,9 @@ class LocalRunner(Runner):
         timeout = None
         if task.tuning is not None:
             timeout = max(self.timeout_s, task.tuning.timeout_s())
-        return self._record(task, self.call(self._payload(task), timeout))
+        return self._record(task, self.call(self._task(task), timeout))
 
-    def call(self, payload: dict[str, Any], timeout_s: float | None = None) -> dict[str, Any]:
+    def call(self, task: Task, timeout_s: float | None = None) -> WorkerReply:
         """Send one task to the worker and return its reply. A crash or a timeout is a reply
         with ``ok`` false and an ``error``; the worker is then replaced on the next call."""
         timeout = self.timeout_s if timeout_s is None else timeout_s
@@ -235,33 +233,33 @@ class LocalRunner(Runner):
             if self._proc is None or self._proc.poll() is not None:
                 self._start()
             assert self._proc is not None and self._proc.stdin is not None
-            self._proc.stdin.write((json.dumps(payload) + "\n").encode())
+            self._proc.stdin.write((json.dumps(to_wire(task)) + "\n").encode())
             self._proc.stdin.flush()
-            return self._read(timeout)
+            return WorkerReply.from_dict(self._read(timeout))
         except TimeoutError:
             self._kill()
-            return {"ok": False, "error": f"timeout: no result within {timeout:g} s "
-                                          "(kernel hung or too slow); worker killed"}
+            return WorkerReply.failure(f"timeout: no result within {timeout:g} s (kernel hung "
+                                       "or too slow); worker killed")
         except (WorkerDied, BrokenPipeError, OSError, ValueError) as exc:
             detail = self._stderr_tail()
             self._kill()
-            return {"ok": False, "error": f"worker crashed: {exc}"
-                                          + (f"; stderr: {detail}" if detail else "")}
+            return WorkerReply.failure(f"worker crashed: {exc}"
+                                       + (f"; stderr: {detail}" if detail else ""))
 
-    def _record(self, task: MeasureTask, reply: dict[str, Any]) -> MeasureResult:
+    def _record(self, task: MeasureTask, reply: WorkerReply) -> MeasureResult:
         return MeasureResult(
             key=task.key, device=self.device.name, fingerprint=self.device.fingerprint,
-            conv=task.spec, variant=task.variant, knobs=dict(reply.get("knobs") or task.knobs),
-            sparsity=float(reply.get("sparsity") or 0.0), nnz=reply.get("nnz"),
-            run_secs=list(reply.get("run_secs") or []) if reply.get("ok") else [],
-            number=reply.get("number"), compile_s=reply.get("compile_s"),
-            verified=reply.get("verified"), max_error=reply.get("max_error"),
-            error=None if reply.get("ok") else str(reply.get("error") or "unknown failure"),
+            conv=task.spec, variant=task.variant, knobs=dict(reply.knobs or task.knobs),
+            sparsity=float(reply.sparsity or 0.0), nnz=reply.nnz,
+            run_secs=list(reply.run_secs) if reply.ok else [],
+            number=reply.number, compile_s=reply.compile_s,
+            verified=reply.verified, max_error=reply.max_error,
+            error=None if reply.ok else str(reply.error or "unknown failure"),
             threads=self._ready.get("threads") or self.device.cores,
             tvm_version=self._ready.get("tvm_version", ""), kernels_version=KERNELS_VERSION,
-            timestamp=time.time(), tuning_seconds=reply.get("tuning_seconds"),
-            trials=reply.get("trials"), tuner=reply.get("tuner"),
-            contention=reply.get("contention"), slowdown=reply.get("slowdown"))
+            timestamp=time.time(), tuning_seconds=reply.tuning_seconds,
+            trials=reply.trials, tuner=reply.tuner,
+            contention=reply.contention, slowdown=reply.slowdown)
 
 
 def _describe_exit(code: int) -> str:

@@ -210,7 +210,7 @@ def tune_dense(ks: KernelSpec, target: "tvm.target.Target", db: TuningDB, key: s
 # ------------------------------------------------------------------------------------------
 def quick_time(func: Callable, args: list, module, dev, repeats: int = 5) -> float:
     """Median seconds per call: one warm-up, then ``repeats`` runs of at least 1 ms each."""
-    from .worker import Protocol, plan_timing
+    from .tasks import Protocol, plan_timing
 
     t0 = time.perf_counter()
     func(*args)

@@ -1,4 +1,4 @@
-"""The isolated measurement worker: ``python -m measure.worker``.
+"""The isolated measurement worker: ``python -m dlas_predict.measure.worker``.
 
 Reads one JSON task per line on stdin and answers one JSON result per line on the protocol
 channel (the original stdout; anything TVM or LLVM prints goes to stderr). For each task it
@@ -11,52 +11,19 @@ one task is answered as that task's error; a crash or a hang is caught by the pa
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import time
 import traceback
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from dlas_predict.space.config import Algorithm, ConvSpec, DType, SparsityPattern
+from dlas_predict.space.config import SparsityPattern
 from .reference import check_output, conv2d_reference, make_inputs
 from .sparse import prune, sparsity
-
-
-@dataclass(frozen=True)
-class Protocol:
-    """Timing protocol: warm-up discarded, then up to ``max_repeats`` timed runs, each of
-    ``number`` back-to-back calls lasting at least ``min_repeat_ms``; a measurement stops
-    adding runs after ``time_budget_s`` seconds but keeps at least ``min_repeats``.
-
-    Before timing, wait up to ``quiet_wait_s`` for the machine to run at its usual speed:
-    no other process holding a core (the chain probe's parallel/serial ratio at most
-    ``contention_limit``) and the canary kernel at most ``slowdown_limit`` times its fastest
-    (:mod:`measure.contention`); time once more if it slowed during the timing."""
-
-    max_repeats: int = 150
-    min_repeats: int = 10
-    min_repeat_ms: float = 1.0
-    time_budget_s: float = 3.0
-    quiet_wait_s: float = 30.0
-    contention_limit: float = 1.25
-    slowdown_limit: float = 1.05
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-
-def plan_timing(single_s: float, proto: Protocol) -> tuple[int, int]:
-    """(number, repeats) for a kernel whose one call takes ``single_s`` seconds."""
-    single_s = max(single_s, 1e-7)
-    number = max(1, math.ceil(proto.min_repeat_ms / 1e3 / single_s))
-    per_repeat = number * single_s
-    repeats = int(proto.time_budget_s / per_repeat)
-    repeats = max(proto.min_repeats, min(proto.max_repeats, repeats))
-    return number, repeats
+from .tasks import (KernelTask, NetworkTask, PeaksTask, Protocol, Task, WorkerReply,  # noqa: F401
+                    from_wire, plan_timing)
 
 
 def _target(target_json: dict):
@@ -65,35 +32,36 @@ def _target(target_json: dict):
     return tvm.target.Target(target_json)
 
 
-def run_task(task: dict[str, Any]) -> dict[str, Any]:
-    """Build, verify and time one kernel (or, with ``kind: network``, one whole network:
-    :func:`measure.netbuild.run_network_task`; with ``kind: peaks``, the device's roofs:
-    :func:`measure.peaks.measure_peaks`). Returns the result fields."""
-    fault = task.get("fault")
-    if fault and os.environ.get("DLAS_FAULT_INJECTION") == "1":
-        _inject(fault)
-    if task.get("kind") == "network":
+def run_task(task: Task) -> WorkerReply:
+    """Build, verify and time one kernel (a :class:`KernelTask`), one whole network (a
+    :class:`NetworkTask`: :func:`dlas_predict.measure.netbuild.run_network_task`) or the
+    machine's roofs (a :class:`PeaksTask`: :func:`dlas_predict.measure.peaks.measure_peaks`).
+    A Python exception propagates; :func:`main` answers it as the task's error."""
+    if task.fault and os.environ.get("DLAS_FAULT_INJECTION") == "1":
+        _inject(task.fault)
+    if isinstance(task, NetworkTask):
         from .netbuild import run_network_task
 
-        return run_network_task(task)
-    if task.get("kind") == "peaks":
+        return WorkerReply(ok=True, **run_network_task(task))
+    if isinstance(task, PeaksTask):
         from .peaks import measure_peaks
 
-        return measure_peaks(task["target"], int(task["cores"]), int(task["simd_bits"]),
-                             int(task.get("stream_mib", 256)))
+        return WorkerReply(ok=True, **measure_peaks(task.target, task.cores, task.simd_bits,
+                                                    task.stream_mib))
+    return WorkerReply(ok=True, **_run_kernel(task))
+
+
+def _run_kernel(task: KernelTask) -> dict[str, Any]:
     import tvm
 
     from .kernels import KernelSpec, build_kernel, device_args
 
-    spec = ConvSpec.from_dict(task["conv"])
-    dtype = DType.parse(task["dtype"])
-    ks = KernelSpec(conv=spec, algorithm=Algorithm.parse(task["algorithm"]),
-                    sparse=bool(task["sparse"]), dtype=dtype, knobs=dict(task["knobs"]))
-    proto = Protocol(**task.get("protocol", {}))
-    x, w = make_inputs(spec, dtype, seed=int(task.get("seed", 0)))
-    pattern = SparsityPattern.parse(task.get("pattern", "none"))
+    spec, dtype, pattern, proto = task.conv, task.dtype, task.pattern, task.protocol
+    ks = KernelSpec(conv=spec, algorithm=task.algorithm, sparse=task.sparse, dtype=dtype,
+                    knobs=dict(task.knobs))
+    x, w = make_inputs(spec, dtype, seed=task.seed)
     if ks.sparse:
-        w = prune(w, float(task["ratio"]), pattern)
+        w = prune(w, float(task.ratio), pattern)
     result: dict[str, Any] = {"sparsity": sparsity(w)}
     if ks.sparse:
         result["nnz"] = int(np.count_nonzero(w))
@@ -103,11 +71,11 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
     def make_args(k: KernelSpec) -> list:
         return device_args(k, x, w, dev)
 
-    if task.get("tuning"):
+    if task.tuning is not None:
         executable, ks = _tuned_build(ks, task, pattern, make_args, result)
     else:
         t0 = time.perf_counter()
-        executable = build_kernel(ks, _target(task["target"]))
+        executable = build_kernel(ks, _target(task.target))
         result["compile_s"] = time.perf_counter() - t0
 
     *args, out = make_args(ks)
@@ -116,14 +84,14 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
     func(*args, out)  # warm-up run, discarded; its output is verified
     single_s = time.perf_counter() - t0
     ref = conv2d_reference(x, w, spec, dtype)
-    result["verified"], result["max_error"] = check_output(out.numpy().reshape(spec.output_shape), ref,
-                                                                 dtype)
+    result["verified"], result["max_error"] = check_output(
+        out.numpy().reshape(spec.output_shape), ref, dtype)
 
     number, repeats = plan_timing(single_s, proto)
     timer = executable.mod.time_evaluator("main", dev, number=number, repeat=repeats)
     result.update(number=number, repeats=repeats,
-                  **timed_fields(lambda: timer(*args, out).results, task["target"], proto,
-                                 task.get("fingerprint", "")))
+                  **timed_fields(lambda: timer(*args, out).results, task.target, proto,
+                                 task.fingerprint))
     return result
 
 
@@ -138,7 +106,7 @@ def timed_fields(run, target_json: dict, proto: Protocol,
             "quiet_wait_s": t.waited_s, "timing_attempts": t.attempts}
 
 
-def _tuned_build(ks, task: dict[str, Any], pattern: SparsityPattern, make_args,
+def _tuned_build(ks, task: KernelTask, pattern: SparsityPattern, make_args,
                  result: dict[str, Any]):
     """Tune (or reuse the database's search), then compile the winner; fills the tuning
     fields of ``result``. Returns the executable and the kernel spec it was built from."""
@@ -148,16 +116,16 @@ def _tuned_build(ks, task: dict[str, Any], pattern: SparsityPattern, make_args,
     from .kernels import build_kernel
     from .knobs import search_space
 
-    opts = task["tuning"]
-    budget, patience = int(opts["budget"]), int(opts.get("patience") or 0)
-    target = tn.tuning_target(task["target"], int(opts["cores"]))
-    db = tn.TuningDB(opts["db"])
-    sparsity = (float(task["ratio"]), pattern.value) if ks.sparse else None
-    key = tn.tuning_key(task.get("fingerprint", ""), ks, budget, task["target"], sparsity)
+    opts = task.tuning
+    budget, patience = opts.budget, opts.patience
+    target = tn.tuning_target(task.target, opts.cores)
+    db = tn.TuningDB(opts.db)
+    sparsity = (float(task.ratio), pattern.value) if ks.sparse else None
+    key = tn.tuning_key(task.fingerprint, ks, budget, task.target, sparsity)
     if ks.sparse:
         from dlas_predict.space.config import Variant
 
-        variant = Variant(ks.algorithm, task["compression"], float(task["ratio"]))
+        variant = Variant(ks.algorithm, task.compression, float(task.ratio))
         ks, outcome = tn.search_sparse(ks, target, db, key, budget, patience,
                                        search_space(ks.conv, variant), make_args)
         t0 = time.perf_counter()
@@ -204,14 +172,12 @@ def main() -> int:
         line = line.strip()
         if not line:
             continue
-        task = json.loads(line)
         try:
-            reply = {"ok": True, **run_task(task)}
+            reply = run_task(from_wire(json.loads(line)))
         except Exception as exc:  # one task's failure is data, the worker goes on
             tail = traceback.format_exc(limit=3).strip().splitlines()[-1]
-            reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000],
-                     "error_detail": tail[:500]}
-        channel.write(json.dumps(reply) + "\n")
+            reply = WorkerReply.failure(f"{type(exc).__name__}: {exc}"[:2000], tail[:500])
+        channel.write(json.dumps(reply.to_dict()) + "\n")
         channel.flush()
     return 0
 

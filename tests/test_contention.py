@@ -11,7 +11,7 @@ import pytest
 from conftest import ROOT
 from dlas_predict.measure import contention
 from dlas_predict.measure.contention import GIVE_UP, ContentionProbe, Reading, timed
-from dlas_predict.measure.worker import Protocol
+from dlas_predict.measure.tasks import Protocol
 
 
 class ScriptedProbe(ContentionProbe):
@@ -127,6 +127,7 @@ print(max(r.ratio for r in readings), max(r.slowdown for r in readings))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
                     reason="needs two CPUs to pin to")
 def test_the_probes_see_a_busy_process_on_one_of_their_cores():
@@ -161,6 +162,7 @@ def test_the_probes_see_a_busy_process_on_one_of_their_cores():
     assert slowdown > 1.2 > Protocol().slowdown_limit, slowdown
 
 
+@pytest.mark.slow
 def test_the_probe_of_a_real_worker_is_reported_with_each_kernel():
     """A kernel measured by the isolated worker carries the probe's ratio (2 threads or
     more) or None (one thread: nothing to contend)."""

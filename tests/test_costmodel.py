@@ -10,6 +10,7 @@ import pytest
 from dlas_predict.models import costmodel
 from dlas_predict.space.config import Algorithm, Compression, ConvSpec
 from dlas_predict.models.costmodel import (LayerCostModel, MacsLinearBaseline, ModelError,
+                                           StageCostModel,
                                     RooflineBaseline)
 from dlas_predict.space.devices import get_device
 from dlas_predict.models.evaluation import Corpus, kernel_key, leave_one_network_out
@@ -97,12 +98,14 @@ def test_model_learns_the_law_with_an_interval_and_round_trips(tmp_path):
     corpus = _corpus()
     model = LayerCostModel().fit(corpus.X, corpus.seconds, meta={"corpus_fingerprint": "x"})
     test = _corpus(seed=7)
-    mid, low, high = model.predict(test.X)
+    mid = model.predict(test.X)
+    low, high = model.predict_interval(test.X)
     assert np.all(low <= mid) and np.all(mid <= high)
     assert costmodel.mape(mid, test.seconds) < 0.25
     model.save(tmp_path, "layer")
     back = LayerCostModel.load(tmp_path, "layer")
-    for a, b in zip(model.predict(test.X), back.predict(test.X)):
+    np.testing.assert_array_equal(model.predict(test.X), back.predict(test.X))
+    for a, b in zip(model.predict_interval(test.X), back.predict_interval(test.X)):
         np.testing.assert_array_equal(a, b)
     assert back.meta["corpus_fingerprint"] == "x" and back.meta["features"] == list(FEATURE_NAMES)
 
@@ -275,3 +278,19 @@ def test_an_unprobed_whole_network_record_is_superseded_by_a_probed_one():
     kept = drop_superseded([old, new, alone, other_net, *twice])
     assert kept == [new, alone, other_net, *twice]
     assert drop_superseded([]) == []
+
+
+@pytest.mark.parametrize("cls", [StageCostModel, RooflineBaseline, MacsLinearBaseline])
+def test_every_kernel_model_shares_one_interface_and_round_trips(cls, tmp_path):
+    corpus = _corpus()
+    model = cls().fit(corpus.X, corpus.seconds)
+    assert isinstance(model, costmodel.KernelCostModel)
+    pred = model.predict(corpus.X)
+    low, high = model.predict_interval(corpus.X)
+    assert pred.shape == (len(corpus.X),) and np.all(low <= pred) and np.all(pred <= high)
+    model.save(tmp_path, "m")
+    back = cls.load(tmp_path, "m")
+    np.testing.assert_array_equal(back.predict(corpus.X), pred)
+    with pytest.raises(ModelError, match="not a"):
+        (RooflineBaseline if cls is not RooflineBaseline else MacsLinearBaseline).load(
+            tmp_path, "m")

@@ -4,7 +4,8 @@ import onnxruntime as ort
 import pytest
 
 from dlas_predict.errors import ConfigError
-from dlas_predict.networks.generate import FAMILIES, build, file_name, generate, parse_grid, parse_name
+from dlas_predict.networks.generate import (FAMILIES, build, file_name, generate, parse_grid,
+                                            parse_name)
 from dlas_predict.networks.graph import read_network
 
 

@@ -8,6 +8,7 @@ import pytest
 from dlas_predict.space.config import Algorithm, Compression, ConvSpec, Variant, variant_grid
 from dlas_predict.space.devices import get_device
 from dlas_predict.measure.knobs import default_knobs, resolve_knobs
+from dlas_predict.measure.tasks import KernelTask, Protocol
 from dlas_predict.measure.worker import run_task
 
 SHAPES = [
@@ -16,7 +17,7 @@ SHAPES = [
     "C=24,H=9,W=10,K=36,R=1,S=1,stride=1,pad=0,groups=3",
     "C=3,H=20,W=19,K=8,R=5,S=3,stride=2x1,pad=2:1:0:1,dilation=2x1",
 ]
-FAST = {"max_repeats": 3, "min_repeats": 1, "time_budget_s": 0.01}
+FAST = Protocol(max_repeats=3, min_repeats=1, time_budget_s=0.01)
 
 
 @pytest.fixture(scope="module")
@@ -25,10 +26,10 @@ def target():
 
 
 def _task(spec, variant, target, knobs=None, seed=0):
-    return dict(conv=spec.to_dict(), algorithm=variant.algorithm.value, sparse=variant.sparse,
-                dtype=variant.dtype.value, knobs=knobs or resolve_knobs(spec, variant),
-                ratio=variant.ratio, pattern=variant.pattern.value, target=target,
-                protocol=FAST, seed=seed)
+    return KernelTask(conv=spec, algorithm=variant.algorithm, sparse=variant.sparse,
+                      dtype=variant.dtype, knobs=knobs or resolve_knobs(spec, variant),
+                      ratio=variant.ratio, pattern=variant.pattern,
+                      compression=variant.compression, target=target, protocol=FAST, seed=seed)
 
 
 @pytest.mark.slow
@@ -38,10 +39,10 @@ def _task(spec, variant, target, knobs=None, seed=0):
 def test_kernel_matches_reference(text, variant, target):
     spec = ConvSpec.parse(text)
     result = run_task(_task(spec, variant, target))
-    assert result["verified"], f"max error {result['max_error']}"
-    assert len(result["run_secs"]) >= 1 and all(t > 0 for t in result["run_secs"])
+    assert result.verified, f"max error {result.max_error}"
+    assert len(result.run_secs) >= 1 and all(t > 0 for t in result.run_secs)
     if variant.sparse:
-        assert abs(result["sparsity"] - 0.7) < 0.1
+        assert abs(result.sparsity - 0.7) < 0.1
 
 
 @pytest.mark.slow
@@ -58,7 +59,7 @@ def test_non_default_knobs_still_correct(algorithm, sparse, knobs, target):
     variant = Variant(algorithm, "weight_pruning" if sparse else "dense", 0.6 if sparse else 0)
     assert knobs != default_knobs(spec, variant)
     result = run_task(_task(spec, variant, target, knobs=knobs))
-    assert result["verified"], result["max_error"]
+    assert result.verified, result.max_error
 
 
 @pytest.mark.slow
@@ -71,4 +72,4 @@ def test_verification_catches_a_wrong_kernel(target, monkeypatch):
     real = kernels.pack_weights
     monkeypatch.setattr(kernels, "pack_weights", lambda ks, w: real(ks, w * 2))
     result = run_task(_task(spec, variant, target))
-    assert not result["verified"] and result["max_error"] > 1e-3
+    assert not result.verified and result.max_error > 1e-3

@@ -5,6 +5,7 @@ import json
 import numpy as np
 import onnx
 import pytest
+from dataclasses import replace
 from onnx import helper, numpy_helper
 
 from dlas_predict.space.config import Compression
@@ -15,7 +16,10 @@ from dlas_predict.corpus.networks import PER_LAYER, NetworkPlan, uniform_plan
 from dlas_predict.measure.netrunner import NetworkRunner, conv_scales
 from dlas_predict.networks.graph import read_network
 from dlas_predict.corpus.store import CorpusStore
-from dlas_predict.measure.worker import Protocol
+from dlas_predict.measure.tasks import Protocol
+
+#: Every test here builds whole networks with TVM Relax.
+pytestmark = pytest.mark.slow
 
 FAST = Protocol(max_repeats=3, min_repeats=2, min_repeat_ms=0.1, time_budget_s=0.05,
                 quiet_wait_s=0)
@@ -146,7 +150,7 @@ def test_a_crashing_build_is_a_recorded_failure_and_the_store_keeps_it(small_cnn
     plan = uniform_plan(str(small_cnn), "small", "dense", None, "direct", _n(small_cnn))
     with CorpusStore(tmp_path / "s.sqlite") as db, NetworkRunner(dev, protocol=FAST) as nm:
         real = nm.runner.call
-        nm.runner.call = lambda payload, timeout_s=None: real({**payload, "fault": "segfault"})
+        nm.runner.call = lambda task, timeout_s=None: real(replace(task, fault="segfault"))
         recs = collect_networks([plan], db, nm, dev).records
         assert recs[0].error and "worker crashed" in recs[0].error
         rows = db.network_measurements()

@@ -71,6 +71,7 @@ def test_accuracy_budget_drops_what_breaks_it():
     assert compared >= 5
 
 
+@pytest.mark.slow
 def test_validate_builds_and_times_the_top_candidate(tmp_path):
     res = _run("recommend", DEMO, "--validate", "1", "--top", "3", "--json")
     assert res.exit_code == 0, res.output

@@ -5,7 +5,7 @@ import pytest
 from dlas_predict.space.config import ConvSpec, Variant
 from dlas_predict.space.devices import get_device
 from dlas_predict.measure.runner import LocalRunner, MeasureTask
-from dlas_predict.measure.worker import Protocol, plan_timing
+from dlas_predict.measure.tasks import Protocol, plan_timing
 
 SPEC = ConvSpec.parse("C=8,H=10,W=10,K=16,R=3,S=3,stride=1,pad=1")
 

@@ -14,7 +14,7 @@ from dlas_predict.errors import ConfigError
 from dlas_predict.corpus.store import CorpusStore
 from dlas_predict.measure.knobs import default_knobs, search_space, tuned_knobs
 from dlas_predict.measure.runner import LocalRunner, MeasureTask, TuningOptions
-from dlas_predict.measure.worker import Protocol
+from dlas_predict.measure.tasks import Protocol
 
 SPEC = ConvSpec.parse("C=8,H=10,W=10,K=16,R=3,S=3,stride=1,pad=1")
 QUICK = Protocol(max_repeats=5, min_repeats=3, time_budget_s=0.05, quiet_wait_s=0)

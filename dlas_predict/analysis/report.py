@@ -173,12 +173,29 @@ def _config_speedups(net, config_prefix: str) -> dict[str, float]:
     return out
 
 
-def observations(net, kernels, curves: dict | None, device: Device) -> list[Observation]:
-    has_net = net is not None and not net.empty
-    untuned = net[net["tuning"] == "untuned"] if has_net else None
-    obs: list[Observation] = []
+@dataclass
+class Evidence:
+    """What the observations are judged on: the network frame, the kernel frame, the shipped
+    accuracy curves and the device."""
 
-    # I
+    net: Any
+    kernels: Any
+    curves: dict | None
+    device: Device
+
+    @property
+    def has_net(self) -> bool:
+        return self.net is not None and not self.net.empty
+
+    @property
+    def untuned(self):
+        return self.net[self.net["tuning"] == "untuned"] if self.has_net else None
+
+
+def _i(ev: Evidence) -> list[Observation]:
+    """Observation I."""
+    kernels, curves, has_net, untuned = ev.kernels, ev.curves, ev.has_net, ev.untuned
+    obs: list[Observation] = []
     o = Observation("I", "Model size, MACs and accuracy are not strongly correlated with "
                     "inference time.",
                     "holds when the Spearman ρ of dense latency (best algorithm) with conv "
@@ -217,8 +234,13 @@ def observations(net, kernels, curves: dict | None, device: Device) -> list[Obse
                                "accuracy")
     _no_data(o, "no network with a dense configuration in this corpus")
     obs.append(o)
+    return obs
 
-    # II
+
+def _ii(ev: Evidence) -> list[Observation]:
+    """Observation II."""
+    curves = ev.curves
+    obs: list[Observation] = []
     o = Observation("II", "Weight pruning keeps accuracy to higher ratios than channel "
                     "pruning.",
                     "holds when, on every network with both shipped curves, the weight-"
@@ -239,16 +261,26 @@ def observations(net, kernels, curves: dict | None, device: Device) -> list[Obse
                 "on the device)"
     _no_data(o, "no shipped accuracy curves")
     obs.append(o)
+    return obs
 
-    # III
+
+def _iii(ev: Evidence) -> list[Observation]:
+    """Observation III."""
+    untuned = ev.untuned
+    obs: list[Observation] = []
     o = Observation("III", "Quantisation speedups depend on the hardware: int8 is not a "
                     "reliable speedup on this device.",
                     "holds when int8 (fastest algorithm) is slower than float32 dense on at "
                     "least one network, or its median speedup is below 2x.")
     _speedup_obs(o, untuned, "int8", lambda med, slower: slower > 0 or med < 2.0)
     obs.append(o)
+    return obs
 
-    # IV
+
+def _iv(ev: Evidence) -> list[Observation]:
+    """Observation IV."""
+    has_net, untuned = ev.has_net, ev.untuned
+    obs: list[Observation] = []
     o = Observation("IV", "Channel pruning gives a more reliable speedup than weight "
                     "pruning.",
                     "holds when the median speedup over dense of channel pruning (highest "
@@ -267,8 +299,13 @@ def observations(net, kernels, curves: dict | None, device: Device) -> list[Obse
                           "layers run CSR kernels over the zeroed channels)")
     _no_data(o, "no network with both prunings and dense measured")
     obs.append(o)
+    return obs
 
-    # V
+
+def _v(ev: Evidence) -> list[Observation]:
+    """Observation V."""
+    device, untuned = ev.device, ev.untuned
+    obs: list[Observation] = []
     o = Observation("V", "float16 slows CPUs that lack native float16 arithmetic.",
                     "on a CPU without native float16 (no avx512_fp16 / fphp): holds when "
                     "float16 (fastest algorithm) is slower than float32 dense on most networks.")
@@ -281,8 +318,13 @@ def observations(net, kernels, curves: dict | None, device: Device) -> list[Obse
         if native and o.verdict != NO_DATA:
             o.evidence += " (this CPU has native float16 arithmetic)"
     obs.append(o)
+    return obs
 
-    # VI
+
+def _vi(ev: Evidence) -> list[Observation]:
+    """Observation VI."""
+    has_net, untuned = ev.has_net, ev.untuned
+    obs: list[Observation] = []
     o = Observation("VI", "Untuned, the fastest algorithm for a dense model is GEMM or "
                     "direct, not spatial pack.",
                     "holds when GEMM or direct is the fastest untuned dense algorithm on most "
@@ -301,8 +343,13 @@ def observations(net, kernels, curves: dict | None, device: Device) -> list[Obse
                 f"{a} on {n}" for a, n in counts.items()) + f" of {len(wins)} networks"
     _no_data(o, "no untuned dense network configuration")
     obs.append(o)
+    return obs
 
-    # VII, VIII
+
+def _vii_viii(ev: Evidence) -> list[Observation]:
+    """Observations VII, VIII."""
+    net, has_net = ev.net, ev.has_net
+    obs: list[Observation] = []
     shares = ideal_shares(net) if has_net else []
     for number, comp, claim, rule, test in (
             ("VII", "weight_pruning", "Weight-pruned models reach only a small fraction of "
@@ -329,8 +376,13 @@ def observations(net, kernels, curves: dict | None, device: Device) -> list[Obse
                           f"{other:.1%})")
         _no_data(o, f"no {comp} network configuration with its dense baseline")
         obs.append(o)
+    return obs
 
-    # IX
+
+def _ix(ev: Evidence) -> list[Observation]:
+    """Observation IX."""
+    kernels = ev.kernels
+    obs: list[Observation] = []
     o = Observation("IX", "Sparse (CSR) kernels beat dense ones only at high sparsity.",
                     "over weight-pruned layers, holds when CSR kernels win (faster than the "
                     "same algorithm's dense kernel) on under half the layers below 70 % "
@@ -355,8 +407,13 @@ def observations(net, kernels, curves: dict | None, device: Device) -> list[Obse
                           table.items())
     _no_data(o, "no weight-pruned kernel with its dense counterpart")
     obs.append(o)
+    return obs
 
-    # X
+
+def _x(ev: Evidence) -> list[Observation]:
+    """Observation X."""
+    has_net, untuned = ev.has_net, ev.untuned
+    obs: list[Observation] = []
     o = Observation("X", "No single algorithm is fastest everywhere: the best one depends "
                     "on the network and the compression.",
                     "holds when Table 3's winners include at least two algorithms.")
@@ -371,8 +428,13 @@ def observations(net, kernels, curves: dict | None, device: Device) -> list[Obse
                          "algorithm is " + ", ".join(f"{a} {n}" for a, n in counts.items())
     _no_data(o, "no network configuration")
     obs.append(o)
+    return obs
 
-    # XI, XII, XIII: tuning
+
+def _xi(ev: Evidence) -> list[Observation]:
+    """Observation XI."""
+    kernels = ev.kernels
+    obs: list[Observation] = []
     o = Observation("XI", "Auto-tuning changes which algorithm is fastest (the study: "
                     "untuned GEMM or direct; tuned CPU: spatial pack for dense, direct for "
                     "sparse).",
@@ -385,10 +447,16 @@ def observations(net, kernels, curves: dict | None, device: Device) -> list[Obse
         o.evidence = f"the fastest algorithm changes with tuning on {changed} of {compared} " \
                      "layer configurations"
     _no_data(o, "no layer measured both tuned and untuned with every algorithm (tuned "
-                "records come from MetaSchedule (dlas-predict tune); TopHub logs hold one tuned "
+                "records come from MetaSchedule: dlas-predict tune; TopHub logs hold one tuned "
                 "algorithm per workload)")
     obs.append(o)
+    return obs
 
+
+def _xii(ev: Evidence) -> list[Observation]:
+    """Observation XII."""
+    kernels = ev.kernels
+    obs: list[Observation] = []
     o = Observation("XII", "Sparse kernels gain less from tuning than dense ones.",
                     "holds when the median tuned-over-untuned speedup of CSR kernels is below "
                     "that of dense kernels.")
@@ -400,7 +468,13 @@ def observations(net, kernels, curves: dict | None, device: Device) -> list[Obse
                      f"{gains['dense']:.2f}x"
     _no_data(o, "no kernel measured both tuned and untuned, sparse and dense")
     obs.append(o)
+    return obs
 
+
+def _xiii(ev: Evidence) -> list[Observation]:
+    """Observation XIII."""
+    kernels = ev.kernels
+    obs: list[Observation] = []
     o = Observation("XIII", "Auto-tuning is expensive: hours per network (the study: over "
                     "140 hours per ImageNet model on the HiKey).",
                     "holds when the recorded tuning time of a network's layers sums to over "
@@ -415,6 +489,17 @@ def observations(net, kernels, curves: dict | None, device: Device) -> list[Obse
     _no_data(o, "no tuned record with its tuning_seconds (MetaSchedule tuning: dlas-predict tune)")
     obs.append(o)
     return obs
+
+
+#: The study's 13 observations, in its order: each rule reads the evidence and returns its
+#: observations, each with a verdict, its numbers and the rule it was judged by.
+OBSERVATION_RULES = (_i, _ii, _iii, _iv, _v, _vi, _vii_viii, _ix, _x, _xi, _xii, _xiii)
+
+
+def observations(net, kernels, curves: dict | None, device: Device) -> list[Observation]:
+    """Every observation of the study with its verdict on ``device``."""
+    ev = Evidence(net, kernels, curves, device)
+    return [o for rule in OBSERVATION_RULES for o in rule(ev)]
 
 
 def _no_data(o: Observation, why: str) -> None:

@@ -15,6 +15,7 @@ corpus fingerprint, metrics); loading checks them. LightGBM is imported only her
 
 from __future__ import annotations
 
+import abc
 import json
 import math
 from dataclasses import dataclass, field
@@ -89,10 +90,54 @@ def _family_keys(X: np.ndarray) -> tuple[list[str], list[str]]:
     return coarse, fine
 
 
+class KernelCostModel(abc.ABC):
+    """The interface every kernel-latency model shares, baselines included: ``fit`` on
+    features and measured seconds (returns the model), ``predict`` seconds,
+    ``predict_interval`` (low, high) seconds, ``save`` to a directory under a name, and
+    ``load`` it back. A model without an interval of its own gives its point prediction as
+    both ends."""
+
+    @abc.abstractmethod
+    def fit(self, X: np.ndarray, seconds: np.ndarray) -> "KernelCostModel":
+        ...
+
+    @abc.abstractmethod
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        ...
+
+    def predict_interval(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        pred = self.predict(X)
+        return pred, pred
+
+    def to_dict(self) -> dict:
+        raise NotImplementedError
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "KernelCostModel":
+        raise NotImplementedError
+
+    def save(self, directory: Path, name: str) -> Path:
+        """A JSON sidecar holding the fitted state (``to_dict``)."""
+        return write_sidecar(directory, name, {"format": type(self).__name__,
+                                               "state": self.to_dict(),
+                                               "versions": _versions()})
+
+    @classmethod
+    def load(cls, directory: Path, name: str) -> "KernelCostModel":
+        sidecar, meta = read_sidecar(directory, name, cls.__name__,
+                                     "fit one and save it first")
+        if meta.get("format") != cls.__name__:
+            raise ModelError(f"{sidecar}: a {meta.get('format')!r}, not a {cls.__name__}")
+        try:
+            return cls.from_dict(meta["state"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ModelError(f"{sidecar}: unusable state ({exc})") from None
+
+
 @dataclass
-class StageCostModel:
-    """A kernel's time as Σ cost·term over :data:`~dlas_predict.models.features.STAGE_TERMS`, costs
-    ≥ 0, fitted per kernel family (and per loop structure where it has enough rows) by
+class StageCostModel(KernelCostModel):
+    """A kernel's time as Σ cost·term over
+    :data:`~dlas_predict.models.features.STAGE_TERMS`, costs ≥ 0, fitted per kernel family (and per loop structure where it has enough rows) by
     non-negative least squares on relative error. Additive in what the loops execute, so it
     extrapolates in scale, which trees cannot; :class:`LayerCostModel`'s trees learn what it
     misses."""
@@ -143,7 +188,7 @@ class StageCostModel:
 
 
 @dataclass
-class LayerCostModel:
+class LayerCostModel(KernelCostModel):
     """Predicts a kernel's median latency (seconds) with an 80 % interval: the stage-cost
     model's time, corrected by trees trained on the log of the ratio (a tree's leaves are
     constants, so learning log latency itself could not extrapolate in scale)."""
@@ -172,16 +217,21 @@ class LayerCostModel:
                      "versions": _versions(), "n_train": int(len(X)), **(meta or {})}
         return self
 
-    def predict(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(median, low, high) seconds; low ≤ median ≤ high."""
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        """Median seconds."""
+        return self._predict(X, ("median",))[0]
+
+    def predict_interval(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The 80 % interval (low, high) seconds; low ≤ median ≤ high."""
+        mid, low, high = self._predict(X, ("median", "q10", "q90"))
+        return np.minimum(low, mid), np.maximum(high, mid)
+
+    def _predict(self, X: np.ndarray, keys: tuple[str, ...]) -> list[np.ndarray]:
         if not self.models:
             raise ModelError("the cost model is not trained")
         X = np.asarray(X, dtype=np.float64)
         base, trees = np.log(self.stage.predict(X)), X[:, :_TREES]
-        mid = np.exp(self.models["median"].predict(trees) + base)
-        low = np.exp(self.models["q10"].predict(trees) + base)
-        high = np.exp(self.models["q90"].predict(trees) + base)
-        return mid, np.minimum(low, mid), np.maximum(high, mid)
+        return [np.exp(self.models[k].predict(trees) + base) for k in keys]
 
     def save(self, directory: Path, name: str) -> Path:
         sidecar = write_sidecar(directory, name, {**self.meta, "stage": self.stage.to_dict()})
@@ -225,7 +275,7 @@ def _group_keys(X: np.ndarray) -> list[tuple]:
 
 
 @dataclass
-class RooflineBaseline:
+class RooflineBaseline(KernelCostModel):
     """Roofline time × one efficiency factor per algorithm × compression (geometric mean)."""
 
     factors: dict = field(default_factory=dict)
@@ -245,9 +295,18 @@ class RooflineBaseline:
         roof = np.exp(X[:, FEATURE_NAMES.index("log_roofline_s")])
         return roof * np.array([self.factors.get(k, self.default) for k in _group_keys(X)])
 
+    def to_dict(self) -> dict:
+        return {"default": self.default,
+                "factors": [[list(k), v] for k, v in self.factors.items()]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RooflineBaseline":
+        return cls(factors={tuple(k): float(v) for k, v in d["factors"]},
+                   default=float(d["default"]))
+
 
 @dataclass
-class MacsLinearBaseline:
+class MacsLinearBaseline(KernelCostModel):
     """latency = a·MACs + b, least squares per algorithm × compression."""
 
     coefs: dict = field(default_factory=dict)
@@ -274,6 +333,15 @@ class MacsLinearBaseline:
         out = np.array([a * m + b for m, (a, b) in
                         zip(macs, (self.coefs.get(k, self.default) for k in _group_keys(X)))])
         return np.maximum(out, 1e-9)  # a line can go negative on small layers
+
+    def to_dict(self) -> dict:
+        return {"default": list(self.default),
+                "coefs": [[list(k), list(v)] for k, v in self.coefs.items()]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "MacsLinearBaseline":
+        return cls(coefs={tuple(k): (float(v[0]), float(v[1])) for k, v in d["coefs"]},
+                   default=(float(d["default"][0]), float(d["default"][1])))
 
 
 # ---- metrics -----------------------------------------------------------------------------

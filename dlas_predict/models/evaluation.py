@@ -23,8 +23,9 @@ from pathlib import Path
 import numpy as np
 
 from dlas_predict.space.config import Algorithm
-from dlas_predict.models.costmodel import (LayerCostModel, MacsLinearBaseline, RooflineBaseline, kendall_tau,
-                        mape, regret, top1_hit, within)
+from dlas_predict.models.costmodel import (LayerCostModel, MacsLinearBaseline,
+                                           RooflineBaseline, kendall_tau, mape, regret,
+                                           top1_hit, within)
 from dlas_predict.space.devices import Device, get_device
 from dlas_predict.errors import DlasError
 from dlas_predict.models.features import config_from_row, features
@@ -144,8 +145,7 @@ def _fit_all(X: np.ndarray, y: np.ndarray, seed: int = 0) -> dict:
 
 
 def _predict(model, X: np.ndarray) -> np.ndarray:
-    out = model.predict(X)
-    return out[0] if isinstance(out, tuple) else out
+    return model.predict(X)
 
 
 class HeldOutFits:

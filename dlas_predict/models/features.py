@@ -17,7 +17,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from dlas_predict.space.config import COMPRESSION_KERNEL, Algorithm, Compression, ConvSpec, DType, Tuning
+from dlas_predict.space.config import (COMPRESSION_KERNEL, Algorithm, Compression, ConvSpec,
+                                       DType, Tuning)
 from dlas_predict.space.devices import Device
 
 DTYPE_BYTES = {DType.FLOAT32: 4, DType.FLOAT16: 2, DType.INT8: 1}

@@ -70,7 +70,8 @@ def train(store: Path, device: str = "local", out: Path | None = None,
             "corpus": str(store), "corpus_fingerprint": corpus.fingerprint,
             "tuned_kernels": sum(1 for k in corpus.keys if k[-1] == "tuned")}
     model = LayerCostModel(seed=seed).fit(corpus.X, corpus.seconds, meta=meta)
-    pred, low, high = model.predict(corpus.X)
+    pred = model.predict(corpus.X)
+    low, high = model.predict_interval(corpus.X)
     model.meta["train_metrics"] = {
         "mape": mape(pred, corpus.seconds), "within_10pct": within(pred, corpus.seconds),
         "interval_coverage": float(np.mean((corpus.seconds >= low) & (corpus.seconds <= high)))}

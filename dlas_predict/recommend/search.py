@@ -18,11 +18,12 @@ import json
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from dlas_predict.space.config import (COMPRESSION_KERNEL, DEFAULT_CURVE_RATIOS, ELBOW_DROP_PP, Algorithm,
-                     Compression, Tuning)
+from dlas_predict.space.config import (COMPRESSION_KERNEL, DEFAULT_CURVE_RATIOS, ELBOW_DROP_PP,
+                                       Algorithm, Compression, Tuning)
 from dlas_predict.errors import DlasError
 from dlas_predict.corpus.networks import PER_LAYER
 
@@ -226,6 +227,45 @@ def _grid(convs, model: str, ratios: tuple[float, ...], skipped: list):
     return points
 
 
+@dataclass(frozen=True)
+class LayerOption:
+    """One kernel a layer may run: its algorithm, whether it is the CSR kernel, and the row
+    of its features in the prediction batch."""
+
+    algorithm: str
+    sparse: bool
+    row: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A candidate's kernels, layer by layer, before the network model prices them."""
+
+    compression: Compression
+    ratio: float | None
+    algorithm: str                  # an Algorithm value or PER_LAYER
+    layers: tuple[LayerOption, ...]
+    tuning: Tuning
+
+
+@dataclass
+class _Setup:
+    """What the stages of :func:`recommend` share: the device, its models, the network."""
+
+    dev: Any
+    feat_dev: Any                   # the device as the layer model's features see it
+    layer_model: Any
+    net_model: Any
+    info: dict
+    tuning_model: Any
+    net: Any
+    name: str
+    entry: Any                      # the zoo entry, for zoo networks
+    tunings: list[Tuning]
+    notes: list[str] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+
 def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBOW_DROP_PP,
               data: str | None = None, top: int = 10, validate: int = 0,
               ratios: tuple[float, ...] = DEFAULT_CURVE_RATIOS, models_dir: Path | None = None,
@@ -237,21 +277,56 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
 
     ``tuning`` (untuned | tuned | all) picks the halves of the grid; a tuned candidate also
     carries the predicted search time for ``trials`` trials per kernel."""
-    from dlas_predict.networks import zoo
-    from dlas_predict.space.devices import get_device
-    from dlas_predict.models.features import KernelConfig, features, weight_bytes
-    from dlas_predict.models.netmodel import NetworkSummary, net_terms
-    from dlas_predict.compression.netplan import config_label
-    from dlas_predict.networks.graph import read_network
+    from dlas_predict.measure.runner import TuningOptions
 
     t0 = time.time()
     if max_accuracy_drop < 0:
         raise DlasError(f"--max-accuracy-drop must be >= 0 points, got {max_accuracy_drop}")
     if validate < 0:
         raise DlasError(f"--validate must be a count >= 0 or 'all', got {validate}")
-    from dlas_predict.measure.runner import TuningOptions
-
     tuned_opts = TuningOptions(budget=trials, db=tuning_db)  # checks --trials
+    su = _setup(model, device, validate, models_dir, tuning)
+    convs = su.net.convs()
+    points = _grid(convs, model, tuple(ratios), su.skipped)
+    if Tuning.TUNED in su.tunings and not su.info.get("tuned_kernels"):
+        su.skipped.append(("tuned", "the cost model of this device learned from no tuned "
+                           "kernel: collect some with `dlas-predict tune --network "
+                           "zoo:resnet18-cifar --store S`, then `dlas-predict train --store S`"))
+        su.tunings = [t for t in su.tunings if t is not Tuning.TUNED]
+    if not su.tunings:
+        raise DlasError("nothing to recommend: " + su.skipped[-1][1])
+    X, kernels, options = _kernel_rows(convs, points, su.tunings, su.feat_dev)
+    mid = su.layer_model.predict(X)
+    low, high = su.layer_model.predict_interval(X)
+    tune_s = _tuning_seconds(su.tuning_model, X, kernels, trials)
+    plans = _plans(points, su.tunings, options, mid, su.skipped)
+    cands = _price(plans, su, X, (mid, low, high), tune_s)
+    dense = [c for c in cands if c.compression is Compression.DENSE and c.algorithm != PER_LAYER
+             and c.tuning is Tuning.UNTUNED] or [
+        c for c in cands if c.compression is Compression.DENSE and c.algorithm != PER_LAYER]
+    dense_best = min(c.predicted_s for c in dense)
+    dropped: list[tuple[str, str]] = []
+    kept = _within_budget(cands, _Accuracy(model, su.name, data, log), max_accuracy_drop,
+                          dropped, su)
+    kept.sort(key=lambda c: c.predicted_s)
+    if len(su.tunings) == 2:
+        su.notes.append(_tuning_verdict(kept, trials))
+    rec = Recommendation(su.name, su.dev.name, kept, dropped, su.skipped, dense_best, su.info,
+                         su.notes)
+    if validate:
+        rec.validated = _validate(rec, model, su.dev, validate, log, tuned_opts,
+                                  network_runner)
+    rec.seconds = time.time() - t0
+    return rec
+
+
+def _setup(model: str, device: str, validate: int, models_dir: Path | None,
+           tuning: str) -> _Setup:
+    """Stage 1: the device and its models, the network, and the notes they call for."""
+    from dlas_predict.networks import zoo
+    from dlas_predict.networks.graph import read_network
+    from dlas_predict.space.devices import get_device
+
     tunings = Tuning.parse_list(tuning)
     dev = get_device(device, with_target=validate > 0)
     if validate > 0 and dev.kind == "gpu":
@@ -263,13 +338,12 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
     entry = zoo.get(model) if str(model).startswith(zoo.ZOO_PREFIX) else None
     name = entry.name if entry else Path(path).stem
     net = read_network(path, name)
-    convs = net.convs()
-    if not convs:
+    if not net.convs():
         raise DlasError(f"{model} has no convolution: the grid (conv algorithms, pruning of "
                         "conv weights) does not apply to it")
     if net.batch != 1:
         raise DlasError(f"{model} has batch {net.batch}; the models predict batch 1")
-    notes, skipped, dropped = [], [], []
+    notes = []
     if getattr(net_model, "meta", {}).get("scope") == "conv sum":
         notes.append(f"{dev.name} has no whole-network measurements: each latency is the sum "
                      "of the network's conv kernels as the layer model predicts them (other "
@@ -286,21 +360,20 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
         # the model's device features are the roofs it was trained with
         feat_dev = replace(dev, peak_gflops=dict(roofs["peak_gflops"]),
                            mem_bandwidth_gbs=roofs["mem_bandwidth_gbs"])
-    summary = NetworkSummary.of(net)
-    points = _grid(convs, model, tuple(ratios), skipped)
-    if Tuning.TUNED in tunings and not info.get("tuned_kernels"):
-        skipped.append(("tuned", "the cost model of this device learned from no tuned kernel: "
-                        "collect some with `dlas-predict tune --network zoo:resnet18-cifar "
-                        "--store S`, then `dlas-predict train --store S`"))
-        tunings = [t for t in tunings if t is not Tuning.TUNED]
-    if not tunings:
-        raise DlasError("nothing to recommend: " + skipped[-1][1])
+    return _Setup(dev, feat_dev, layer_model, net_model, info, tuning_model, net, name, entry,
+                  tunings, notes)
 
-    # one feature row per distinct (layer, algorithm, kernel) the grid needs
+
+def _kernel_rows(convs, points, tunings: list[Tuning], feat_dev):
+    """Stage 2: one feature row per distinct (layer, algorithm, kernel) the grid needs.
+
+    Returns the feature matrix, each row's (spec, algorithm, compression, ratio, tuning),
+    and per (grid point, tuning) the options of every layer."""
+    from dlas_predict.models.features import KernelConfig, features
+
     rows: dict[tuple, int] = {}
-    X = []
-
-    kernels: list[tuple] = []  # per row: (spec, alg, comp, ratio) of the kernel
+    X: list = []
+    kernels: list[tuple] = []
 
     def row(i: int, alg: Algorithm, comp: Compression, ratio: float, tn: Tuning) -> int:
         key = (convs[i].spec, alg, comp, ratio, tn)
@@ -310,60 +383,78 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
             X.append(features(KernelConfig(convs[i].spec, alg, comp, ratio, tn), feat_dev))
         return rows[key]
 
-    options = []  # per (point, tuning): per layer: list of (alg, sparse, row)
+    options: list[tuple[Tuning, list[list[LayerOption]]]] = []
     for tn in tunings:
         for comp, _r, layer_r in points:
             sparse = COMPRESSION_KERNEL[comp][0]
             per_layer = []
             for i, lr in enumerate(layer_r):
-                opts = [(a.value, sparse, row(i, a, comp, lr if sparse else 0.0, tn))
+                opts = [LayerOption(a.value, sparse, row(i, a, comp, lr if sparse else 0.0, tn))
                         for a in Algorithm]
                 if sparse:  # a pruned layer may also run the dense kernel on its zeros
-                    opts += [(a.value, False, row(i, a, Compression.DENSE, 0.0, tn))
+                    opts += [LayerOption(a.value, False, row(i, a, Compression.DENSE, 0.0, tn))
                              for a in Algorithm]
                 per_layer.append(opts)
             options.append((tn, per_layer))
-    X = np.array(X)
-    mid, low, high = layer_model.predict(X)
-    tune_s = _tuning_seconds(tuning_model, X, kernels, trials)
+    return np.array(X), kernels, options
 
-    cands: list[Candidate] = []
+
+def _plans(points, tunings: list[Tuning], options, mid: np.ndarray,
+           skipped: list[tuple[str, str]]) -> list[Plan]:
+    """Stage 3: each grid point's uniform plans (one algorithm everywhere) and its per-layer
+    plan (each layer on its fastest predicted kernel)."""
+    from dlas_predict.compression.netplan import config_label
+
     plans = []
-    for ((comp, ratio, layer_r), (tn, per_layer)) in zip(points * len(tunings), options):
+    for ((comp, ratio, _layer_r), (tn, per_layer)) in zip(points * len(tunings), options):
         sparse = COMPRESSION_KERNEL[comp][0]
         for a in Algorithm:
-            chosen = [next(o for o in opts if o[0] == a.value and o[1] == sparse)
-                      for opts in per_layer]
-            plans.append((comp, ratio, a.value, chosen, layer_r, tn))
-        best = [min(opts, key=lambda o: mid[o[2]]) for opts in per_layer]
-        if sparse and not any(o[1] for o in best):
+            chosen = tuple(next(o for o in opts if o.algorithm == a.value and o.sparse == sparse)
+                           for opts in per_layer)
+            plans.append(Plan(comp, ratio, a.value, chosen, tn))
+        best = tuple(min(opts, key=lambda o: mid[o.row]) for opts in per_layer)
+        if sparse and not any(o.sparse for o in best):
             skipped.append((f"{config_label(comp, ratio)} {PER_LAYER}"
                             + (" tuned" if tn is Tuning.TUNED else ""),
                             "every layer is predicted fastest on a dense kernel: the same "
                             "network as dense per_layer, less accurate"))
         else:
-            plans.append((comp, ratio, PER_LAYER, best, layer_r, tn))
-    conv_mid = np.array([sum(mid[o[2]] for o in ch) for _c, _r, _a, ch, _l, _t in plans])
-    conv_low = np.array([sum(low[o[2]] for o in ch) for _c, _r, _a, ch, _l, _t in plans])
-    conv_high = np.array([sum(high[o[2]] for o in ch) for _c, _r, _a, ch, _l, _t in plans])
-    wbytes = weight_bytes(X)
-    NX = np.array([net_terms(summary, [mid[o[2]] for o in ch], comp, [(o[0], o[1]) for o in ch],
-                             [wbytes[o[2]] for o in ch], net_model.cache_bytes)
-                   for comp, _r, _a, ch, _l, _t in plans])
-    pm, pl, ph = net_model.predict(NX, conv_mid, conv_low, conv_high)
-    for (comp, ratio, alg, ch, _lr, tn), m, lo, hi, cs in zip(plans, pm, pl, ph, conv_mid):
-        search = None
-        if tn is Tuning.TUNED and tune_s is not None:  # each distinct kernel is tuned once
-            search = float(sum(tune_s[r] for r in {o[2] for o in ch}))
-        cands.append(Candidate(comp, ratio, alg, tuple((o[0], o[1]) for o in ch),
-                               float(m), float(lo), float(hi), tuning=tn, tuning_s=search,
-                               conv_s=float(cs)))
-    dense = [c for c in cands if c.compression is Compression.DENSE and c.algorithm != PER_LAYER
-             and c.tuning is Tuning.UNTUNED] or [
-        c for c in cands if c.compression is Compression.DENSE and c.algorithm != PER_LAYER]
-    dense_best = min(c.predicted_s for c in dense)
+            plans.append(Plan(comp, ratio, PER_LAYER, best, tn))
+    return plans
 
-    acc = _Accuracy(model, name, data, log)
+
+def _price(plans: list[Plan], su: _Setup, X: np.ndarray, layer_pred, tune_s) -> list[Candidate]:
+    """Stage 4: the network model's latency (and interval) of every plan, and the predicted
+    search time of the tuned ones."""
+    from dlas_predict.models.features import weight_bytes
+    from dlas_predict.models.netmodel import NetworkSummary, net_terms
+
+    mid, low, high = layer_pred
+    conv_mid = np.array([sum(mid[o.row] for o in p.layers) for p in plans])
+    conv_low = np.array([sum(low[o.row] for o in p.layers) for p in plans])
+    conv_high = np.array([sum(high[o.row] for o in p.layers) for p in plans])
+    wbytes = weight_bytes(X)
+    summary = NetworkSummary.of(su.net)
+    NX = np.array([net_terms(summary, [mid[o.row] for o in p.layers], p.compression,
+                             [(o.algorithm, o.sparse) for o in p.layers],
+                             [wbytes[o.row] for o in p.layers], su.net_model.cache_bytes)
+                   for p in plans])
+    pm, pl, ph = su.net_model.predict(NX, conv_mid, conv_low, conv_high)
+    cands = []
+    for p, m, lo, hi, cs in zip(plans, pm, pl, ph, conv_mid):
+        search = None
+        if p.tuning is Tuning.TUNED and tune_s is not None:  # each distinct kernel tuned once
+            search = float(sum(tune_s[r] for r in {o.row for o in p.layers}))
+        cands.append(Candidate(p.compression, p.ratio, p.algorithm,
+                               tuple((o.algorithm, o.sparse) for o in p.layers),
+                               float(m), float(lo), float(hi), tuning=p.tuning,
+                               tuning_s=search, conv_s=float(cs)))
+    return cands
+
+
+def _within_budget(cands: list[Candidate], acc: "_Accuracy", max_accuracy_drop: float,
+                   dropped: list[tuple[str, str]], su: _Setup) -> list[Candidate]:
+    """Stage 5: each candidate's accuracy; those over the budget are dropped with the reason."""
     kept = []
     unknown = 0
     for c in cands:
@@ -376,20 +467,13 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
             unknown += 1
         kept.append(c)
     if unknown:
-        notes.append(f"{unknown} candidates have no accuracy figure (no --data and no shipped "
-                     "curve): they are kept but unchecked against the accuracy budget; pass "
-                     "--data digits|PATH to measure")
-    if entry is not None and not entry.trained:
-        notes.append("this zoo network has random weights (nothing can be downloaded): "
-                     "accuracy figures for it are chance level")
-    kept.sort(key=lambda c: c.predicted_s)
-    if len(tunings) == 2:
-        notes.append(_tuning_verdict(kept, trials))
-    rec = Recommendation(name, dev.name, kept, dropped, skipped, dense_best, info, notes)
-    if validate:
-        rec.validated = _validate(rec, model, dev, validate, log, tuned_opts, network_runner)
-    rec.seconds = time.time() - t0
-    return rec
+        su.notes.append(f"{unknown} candidates have no accuracy figure (no --data and no "
+                        "shipped curve): they are kept but unchecked against the accuracy "
+                        "budget; pass --data digits|PATH to measure")
+    if su.entry is not None and not su.entry.trained:
+        su.notes.append("this zoo network has random weights (nothing can be downloaded): "
+                        "accuracy figures for it are chance level")
+    return kept
 
 
 def _tuning_model(info: dict, models_dir: Path | None, device: str):
