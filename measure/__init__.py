@@ -1,8 +1,12 @@
-"""The TVM measurement backend: kernels, builders, runners, the grid collector.
+"""The TVM measurement backend, installed as ``dlas_predict.measure``: kernels and their
+knobs, the numpy reference, the isolated worker and the typed tasks it runs, the runners
+(batch in, batch out), whole-network builds, tuning, the roofs' kernels, and the CUDA kernels
+with their bundles and GPU runner.
 
-Only the modules that compile or run kernels (``measure.kernels``, ``measure.worker``) import
-TVM, and they run inside an isolated worker process. Everything importable from this package's
-top level is pure Python.
+It depends on the library (``dlas_predict``) one way: the library imports it only inside the
+functions that measure. Only the modules that compile or run kernels (``kernels``,
+``netbuild``, ``tuning``, ``worker``'s task code) import TVM, and they run inside the isolated
+worker process. Everything importable from this package's top level is pure Python.
 """
 
 #: Bump when a kernel's code changes, so stored measurements of the old code are not reused.

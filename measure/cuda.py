@@ -1,6 +1,6 @@
 """The study's convolution kernels for NVIDIA GPUs (CUDA), beside the CPU ones.
 
-Dense kernels reuse the CPU kernels' TE compute definitions (:mod:`measure.kernels`) with
+Dense kernels reuse the CPU kernels' TE compute definitions (:mod:`dlas_predict.measure.kernels`) with
 hand-written GPU schedules: a thread block computes a tile of output channels × output pixels,
 each thread a register tile of it; the inputs of ``tile_rc`` reduction channels are staged in
 shared memory, fetched cooperatively by the block's threads. Layout stages (im2col's column

@@ -70,7 +70,7 @@ class GpuTask:
 
 
 def kernel_spec(payload: dict[str, Any]):
-    """The :class:`measure.kernels.KernelSpec` of a manifest line."""
+    """The :class:`dlas_predict.measure.kernels.KernelSpec` of a manifest line."""
     from dlas_predict.space.config import Algorithm, DType
     from .kernels import KernelSpec
 

@@ -5,7 +5,7 @@ modules carry CUDA C that the driver's NVRTC compiles when a module is loaded.
 
 Loading (NVRTC) runs in ``--workers`` processes at once; the GPU work of a kernel (warm-up,
 verification run, timing) runs under one lock, so the GPU times one kernel at a time. Every
-kernel is verified against the numpy reference (:mod:`measure.reference`) on the output of
+kernel is verified against the numpy reference (:mod:`dlas_predict.measure.reference`) on the output of
 its warm-up run, then timed with TVM's ``time_evaluator`` (CUDA events are not used: the
 evaluator launches ``number`` calls back to back and synchronises the device around each
 timed run). A kernel that raises, crashes its process or hangs past ``--timeout`` is a

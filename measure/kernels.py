@@ -4,9 +4,9 @@ dense (TE compute + hand schedule) and CSR-sparse (TensorIR loops, data-dependen
 NCHW, batch 1, any stride, padding, dilation and groups. Data types: float32; float16 inputs,
 weights and outputs with float32 accumulation (as Relax's ToMixedPrecision; fp16 accumulation
 over a 4608-long reduction loses too much to verify); int8 inputs and weights with int32
-accumulation and requantisation to int8 (see :func:`measure.reference.requantize`).
+accumulation and requantisation to int8 (see :func:`dlas_predict.measure.reference.requantize`).
 
-Every kernel is built by :func:`build_kernel` from its knobs (:mod:`measure.knobs`); weights
+Every kernel is built by :func:`build_kernel` from its knobs (:mod:`dlas_predict.measure.knobs`); weights
 are packed offline by :func:`pack_weights` into the layout the kernel reads, so packing is not
 part of the timed run. This module imports TVM and runs inside the isolated worker.
 """
@@ -37,7 +37,7 @@ class KernelSpec:
     dtype: DType
     knobs: dict
     #: int8 only: the requantisation scale (accumulator -> int8 output). None: the scale of
-    #: :func:`measure.reference.int8_scale`, for random inputs; whole networks pass their
+    #: :func:`dlas_predict.measure.reference.int8_scale`, for random inputs; whole networks pass their
     #: calibrated ``s_in * s_w / s_out``.
     scale: float | None = None
 

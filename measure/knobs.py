@@ -145,7 +145,7 @@ def search_space(spec: ConvSpec, variant: Variant) -> list[dict[str, int]]:
 
 
 # ------------------------------------------------------------------------------------------
-# GPU (CUDA) kernels: thread-block tiling knobs (see :mod:`measure.cuda`).
+# GPU (CUDA) kernels: thread-block tiling knobs (see :mod:`dlas_predict.measure.cuda`).
 # ------------------------------------------------------------------------------------------
 #: The knobs each (algorithm, sparse) CUDA kernel takes; float16 kernels add ``acc_bits``.
 GPU_KNOB_NAMES: dict[tuple[Algorithm, bool], tuple[str, ...]] = {

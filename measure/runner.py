@@ -81,7 +81,7 @@ class MeasureTask:
              fault: str | None = None,
              tuning: TuningOptions | None = None) -> "MeasureTask":
         """A tuned variant's knobs are its budget and layout (see
-        :func:`measure.knobs.tuned_knobs`): the key says what was asked, the record the
+        :func:`dlas_predict.measure.knobs.tuned_knobs`): the key says what was asked, the record the
         knobs the search chose."""
         if variant.tuning is Tuning.TUNED:
             tuning = tuning or TuningOptions()

@@ -5,7 +5,7 @@ channel (the original stdout; anything TVM or LLVM prints goes to stderr). For e
 builds the kernel, runs it once on random inputs (the discarded warm-up), checks the output
 against the numpy reference, then times it with the study's protocol. A Python exception in
 one task is answered as that task's error; a crash or a hang is caught by the parent
-(:mod:`measure.runner`), which restarts the worker.
+(:mod:`dlas_predict.measure.runner`), which restarts the worker.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def _run_kernel(task: KernelTask) -> dict[str, Any]:
 
 def timed_fields(run, target_json: dict, proto: Protocol,
                  fingerprint: str = "") -> dict[str, Any]:
-    """Time ``run`` on a quiet machine where possible (:func:`measure.contention.timed`);
+    """Time ``run`` on a quiet machine where possible (:func:`dlas_predict.measure.contention.timed`);
     the reply's timing fields."""
     from .contention import pool_threads, probe_for, timed
 

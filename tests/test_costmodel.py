@@ -265,11 +265,14 @@ def test_an_unprobed_whole_network_record_is_superseded_by_a_probed_one():
     """A configuration timed again with the probes may have picked another per-layer plan (a
     record of its own): the old plan's unprobed record no longer counts; an unprobed record
     with no probed one, and every probed one, stay."""
+    from dlas_predict.corpus.networks import NetworkMeasurement
     from dlas_predict.models.evaluation import drop_superseded
 
     def rec(config, plan, slowdown, network="n"):
-        return {"network": network, "config": config, "algorithm": "per_layer", "plan": plan,
-                "slowdown": slowdown}
+        return NetworkMeasurement(key=f"{network}{config}{plan}", device="local",
+                                  fingerprint="f", network=network, config=config,
+                                  algorithm="per_layer", plan=plan, dtype="float32",
+                                  run_secs=[1e-3], slowdown=slowdown)
 
     old, new = rec("channel_pruning@0.5", "a", None), rec("channel_pruning@0.5", "b", 1.01)
     alone = rec("weight_pruning@0.5", "a", None)

@@ -118,7 +118,8 @@ def test_sigkill_mid_collection_loses_nothing_and_resume_completes(tmp_path):
     store = tmp_path / "kill.sqlite"
     cmd = [sys.executable, str(ROOT / "cli.py"), "collect", "--network", str(DEMO),
            "--store", str(store), "--algorithms", "direct,gemm", "--compressions",
-           "dense,int8", "--max-repeats", "3", "--time-budget", "0.01", "--quiet", "--json"]
+           "dense,int8", "--max-repeats", "3", "--time-budget", "0.01", "--quiet-wait", "0",
+           "--quiet", "--json"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
     deadline = time.time() + 240

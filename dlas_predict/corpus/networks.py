@@ -97,6 +97,20 @@ class NetworkMeasurement(TimedRuns):
     contention: float | None = None  # as MeasureResult.contention
     slowdown: float | None = None    # as MeasureResult.slowdown
 
+    @classmethod
+    def from_row(cls, row: dict) -> "NetworkMeasurement":
+        """Rebuild from a store row (:meth:`CorpusStore.network_records`)."""
+        return cls(key=row["key"], device=row["device"], fingerprint=row["fingerprint"],
+                   network=row["network"], config=row["config"], algorithm=row["algorithm"],
+                   plan=row["plan"], dtype=row["dtype"],
+                   run_secs=list(json.loads(row["run_secs"] or "[]")),
+                   compile_s=row.get("compile_s"),
+                   verified=None if row.get("verified") is None else bool(row["verified"]),
+                   max_error=row.get("max_error"), top1_agreement=row.get("top1_agreement"),
+                   error=row.get("error"), timestamp=row.get("timestamp") or 0.0,
+                   summary=row.get("summary"), contention=row.get("contention"),
+                   slowdown=row.get("slowdown"))
+
     def to_row(self) -> dict:
         return {"key": self.key, "device": self.device, "fingerprint": self.fingerprint,
                 "network": self.network, "config": self.config, "algorithm": self.algorithm,

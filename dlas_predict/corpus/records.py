@@ -67,7 +67,7 @@ class TimedRuns:
     def contended(self, protocol: Any) -> bool:
         """Timed on a slow machine: another process held a core (the chain ratio over
         ``protocol.contention_limit``) or the canary ran slow (over
-        ``protocol.slowdown_limit``). See :mod:`measure.contention`."""
+        ``protocol.slowdown_limit``). See :mod:`dlas_predict.measure.contention`."""
         return slowness(self.contention, self.slowdown, protocol) > 1.0
 
     def slowness(self, protocol: Any) -> float:
@@ -129,10 +129,10 @@ class MeasureResult(TimedRuns):
     tuner: str | None = None
     #: The contention probe's worst parallel/serial ratio around the timing (1.0: no other
     #: process held a core; about 2.0: one did, on 2 cores); None: not probed (one thread,
-    #: or measured before the probe existed). See :mod:`measure.contention`.
+    #: or measured before the probe existed). See :mod:`dlas_predict.measure.contention`.
     contention: float | None = None
     #: The canary kernel's worst time around the timing over the fastest this machine has
-    #: run it (1.0: usual speed); None: not probed. See :mod:`measure.contention`.
+    #: run it (1.0: usual speed); None: not probed. See :mod:`dlas_predict.measure.contention`.
     slowdown: float | None = None
 
     @property

@@ -10,10 +10,13 @@ from __future__ import annotations
 import json
 import sqlite3
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from dlas_predict.errors import StoreError
 from dlas_predict.corpus.records import MeasureResult, slowness
+
+if TYPE_CHECKING:
+    from dlas_predict.corpus.networks import NetworkMeasurement
 
 SCHEMA_VERSION = 1
 
@@ -247,6 +250,12 @@ class CorpusStore:
         cur = self._db.execute("SELECT * FROM network_measurements"
                                + (f" WHERE {where}" if where else "") + " ORDER BY id", params)
         return [dict(r) for r in cur]
+
+    def network_records(self, where: str = "", params: tuple = ()) -> list["NetworkMeasurement"]:
+        """The whole-network measurements as records."""
+        from dlas_predict.corpus.networks import NetworkMeasurement
+
+        return [NetworkMeasurement.from_row(r) for r in self.network_measurements(where, params)]
 
     def network_configs(self, network: str | None = None) -> list[dict[str, Any]]:
         sql = "SELECT * FROM network_configs"

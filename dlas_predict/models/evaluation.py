@@ -283,16 +283,15 @@ def layer_kernel_keys(layers: list[dict], plan: list) -> list[tuple]:
     return out
 
 
-def drop_superseded(meas: list[dict]) -> list[dict]:
+def drop_superseded(meas: list) -> list:
     """Whole-network records less those measured before the probes (no slowdown reading) whose
     network, configuration and algorithm also has a probed record. ``collect
     --retime-unprobed`` times such a configuration again, but a per-layer configuration whose
     kernels were timed again may pick another plan, stored beside the old one (a record is
     keyed by its plan): the old plan's unprobed time is superseded, not replaced."""
-    probed = {(m["network"], m["config"], m["algorithm"]) for m in meas
-              if m.get("slowdown") is not None}
-    return [m for m in meas if m.get("slowdown") is not None
-            or (m["network"], m["config"], m["algorithm"]) not in probed]
+    probed = {(m.network, m.config, m.algorithm) for m in meas if m.slowdown is not None}
+    return [m for m in meas if m.slowdown is not None
+            or (m.network, m.config, m.algorithm) not in probed]
 
 
 def whole_rows(corpus: Corpus, store: Path) -> list[WholeRow]:
@@ -306,8 +305,8 @@ def whole_rows(corpus: Corpus, store: Path) -> list[WholeRow]:
     from dlas_predict.corpus.networks import NETWORK_VERSION
 
     with CorpusStore(store, must_exist=True) as db:
-        meas = db.network_measurements("error IS NULL AND device = ? AND kernels_version = ?",
-                                       (corpus.device.name, NETWORK_VERSION))
+        meas = db.network_records("error IS NULL AND device = ? AND kernels_version = ?",
+                                  (corpus.device.name, NETWORK_VERSION))
     meas = drop_superseded(meas)
     index = corpus.index()
     layers_of: dict[tuple, list[dict]] = {}
@@ -319,21 +318,22 @@ def whole_rows(corpus: Corpus, store: Path) -> list[WholeRow]:
         # float32 builds must match onnxruntime tightly; a float16/int8 build that loses
         # top-1 agreement still ran our kernels (random-weight networks whose logits are
         # ~1e-14 collapse in reduced precision), so its time is kept
-        if m["verified"] == 0 and m["dtype"] == "float32":
+        if m.verified is False and m.dtype == "float32":
             continue
-        layers = layers_of.get((m["network"], m["config"]))
-        plan = json.loads(m["plan"])
+        layers = layers_of.get((m.network, m.config))
+        plan = json.loads(m.plan)
         if not layers or len(layers) != len(plan):
             continue
         idx = [index.get(k) for k in layer_kernel_keys(layers, plan)]
         if any(i is None for i in idx):
             continue
-        if m["network"] not in summaries:
-            summaries[m["network"]] = _summary(m["network"], m.get("summary"))
-        if summaries[m["network"]] is None:
+        if m.network not in summaries:
+            summaries[m.network] = _summary(m.network, m.summary)
+        if summaries[m.network] is None:
             continue
-        out.append(WholeRow(m["network"], m["config"], m["algorithm"], layers[0]["compression"],
-                            modelled_seconds(m), summaries[m["network"]], tuple(idx),
+        seconds = m.best_s if m.best_s is not None else m.median_s
+        out.append(WholeRow(m.network, m.config, m.algorithm, layers[0]["compression"],
+                            seconds, summaries[m.network], tuple(idx),
                             tuple((a, bool(s)) for a, s in plan),
                             tuple(float(l["ratio"]) for l in layers)))
     return out
