@@ -1142,15 +1142,11 @@ def demo(store: Optional[Path] = typer.Option(None, "--store",
     _collect([str(DEMO_NETWORK)], store, "local", "all", "all", 0.9, False, 150, 1.0, 300.0,
              False, quiet)
     with CorpusStore(store, must_exist=True) as db:
-        rows = db.rows("error IS NULL AND device = 'local'")
-        best: dict[tuple[str, str], dict] = {}
-        for r in rows:
-            k = (r["conv"], r["compression"], r["ratio"] or 0.0)
-            if k not in best or r["median_s"] < best[k]["median_s"]:
-                best[k] = r
-    table = [{"conv": c, "compression": comp, "layer sparsity": ratio or "",
-              "fastest algorithm": r["algorithm"], "median ms": round(r["median_s"] * 1e3, 4),
-              "GFLOP/s": round(r["gflops"], 1)} for (c, comp, ratio), r in sorted(best.items())]
+        fastest = db.fastest_per_layer("local")
+    table = [{"conv": r.conv.to_spec(), "compression": r.variant.compression.value,
+              "layer sparsity": r.variant.ratio or "", "fastest algorithm":
+              r.variant.algorithm.value, "median ms": round(r.median_s * 1e3, 4),
+              "GFLOP/s": round(r.gflops, 1)} for r in fastest]
     typer.echo("\nFastest algorithm per layer and compression (measured; pruned at 0.9 "
                "globally, each layer at its own sparsity):")
     typer.echo(format_table(table))

@@ -104,8 +104,8 @@ def test_removing_zeroed_channels(bias_zero):
     a, b = _run(zeroed, x), _run(removed, x)
     if bias_zero:  # zero constants: removal is exact
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
-    else:  # constants folded; only the padded borders differ
-        assert np.abs(a - b).max() < np.abs(a).max()
+    else:  # constants folded; only the padded borders differ, by a few % of the output
+        assert np.abs(a - b).max() < 0.1 * np.abs(a).max()
     import tempfile, os
 
     with tempfile.TemporaryDirectory() as d:

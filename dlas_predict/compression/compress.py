@@ -315,37 +315,81 @@ def remove_zero_channels(model):
     (the border saw zeros), which is why the removed network's accuracy is measured on its
     own. Channels feeding a residual addition or a concatenation stay (zeroed).
     Returns ``(model, removed, kept_zero)``."""
-    import onnx
-    from onnx import helper, numpy_helper
+    return _ChannelRemover(model).run()
 
-    from dlas_predict.networks.graph import _shapes
 
-    from dlas_predict.networks.graph import inline_constant_identities
+def _attr(node, name: str, default):
+    from onnx import helper
 
-    model = copy.deepcopy(model)
-    inline_constant_identities(model)
-    arrays = _arrays(model)
-    consts = dict(arrays)
-    for node in model.graph.node:
-        if node.op_type == "Constant":
-            consts[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
-    consumers: dict[str, list] = {}
-    for node in model.graph.node:
-        for i in node.input:
-            consumers.setdefault(i, []).append(node)
-    graph_outputs = {o.name for o in model.graph.output}
-    shapes = _shapes(onnx.shape_inference.infer_shapes(model, strict_mode=False))
+    for a_ in node.attribute:
+        if a_.name == name:
+            return helper.get_attribute_value(a_)
+    return default
 
-    def attr(node, name, default):
-        for a_ in node.attribute:
-            if a_.name == name:
-                return helper.get_attribute_value(a_)
-        return default
 
-    def chain(tensor: str):
+class _ChannelRemover:
+    """:func:`remove_zero_channels` on a copy of ``model``: for each conv with zeroed output
+    channels, plan how its consumers drop them (:meth:`plan_for`), then do it
+    (:meth:`execute`)."""
+
+    def __init__(self, model) -> None:
+        import onnx
+        from onnx import numpy_helper
+
+        from dlas_predict.networks.graph import _shapes, inline_constant_identities
+
+        self.model = copy.deepcopy(model)
+        inline_constant_identities(self.model)
+        self.arrays = _arrays(self.model)
+        self.consts = dict(self.arrays)
+        for node in self.model.graph.node:
+            if node.op_type == "Constant":
+                self.consts[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+        self.consumers: dict[str, list] = {}
+        for node in self.model.graph.node:
+            for i in node.input:
+                self.consumers.setdefault(i, []).append(node)
+        self.graph_outputs = {o.name for o in self.model.graph.output}
+        self.shapes = _shapes(onnx.shape_inference.infer_shapes(self.model, strict_mode=False))
+
+    def run(self):
+        from onnx import numpy_helper
+
+        arrays = self.arrays
+        removed = kept_zero = 0
+        for node in _conv_nodes(self.model):
+            if _attr(node, "group", 1) != 1:
+                continue  # a depthwise/grouped conv's channels are tied to its input's
+            w = arrays[node.input[1]]
+            zero = ~np.any(w.reshape(w.shape[0], -1) != 0, axis=1)
+            if not zero.any() or zero.all():
+                continue
+            plan = self.plan_for(node.output[0], w.shape[0])
+            if plan is None:
+                kept_zero += int(zero.sum())
+                continue
+            bias_name = (node.input[2] if len(node.input) > 2 and node.input[2] in arrays
+                         else None)
+            const = (arrays[bias_name][zero].astype(np.float64) if bias_name
+                     else np.zeros(int(zero.sum())))
+            self.execute(plan, zero, const)
+            arrays[node.input[1]] = w[~zero]
+            if bias_name:
+                arrays[bias_name] = arrays[bias_name][~zero]
+            removed += int(zero.sum())
+        for i, init in enumerate(self.model.graph.initializer):
+            if init.name in arrays:
+                self.model.graph.initializer[i].CopyFrom(numpy_helper.from_array(
+                    np.ascontiguousarray(arrays[init.name], dtype=np.float32), init.name))
+        del self.model.graph.value_info[:]  # shapes changed: let inference redo them
+        return self.model, removed, kept_zero
+
+    def chain(self, tensor: str):
+        """The per-channel ops after ``tensor``, the tensor they end at, and its consumers;
+        None when the chain reaches a graph output."""
         ops = []
-        while tensor not in graph_outputs:
-            users = consumers.get(tensor, [])
+        while tensor not in self.graph_outputs:
+            users = self.consumers.get(tensor, [])
             if len(users) == 1 and users[0].op_type in _PER_CHANNEL:
                 ops.append(users[0])
                 tensor = users[0].output[0]
@@ -353,21 +397,24 @@ def remove_zero_channels(model):
             return ops, tensor, users
         return None
 
-    def bias_of(node, n: int) -> str:
-        if len(node.input) > 2 and node.input[2] in arrays:
+    def bias_of(self, node, n: int) -> str:
+        """The name of ``node``'s bias, adding a zero one of ``n`` channels if it has none."""
+        from onnx import numpy_helper
+
+        if len(node.input) > 2 and node.input[2] in self.arrays:
             return node.input[2]
         name = f"{node.name or node.output[0]}__bias"
-        arrays[name] = np.zeros(n, np.float32)
-        model.graph.initializer.append(numpy_helper.from_array(arrays[name], name))
+        self.arrays[name] = np.zeros(n, np.float32)
+        self.model.graph.initializer.append(numpy_helper.from_array(self.arrays[name], name))
         if len(node.input) < 3:
             node.input.append(name)
         else:
             node.input[2] = name
         return name
 
-    def plan_for(tensor: str, n_channels: int, depth: int = 0):
+    def plan_for(self, tensor: str, n_channels: int, depth: int = 0):
         """How to drop channels of ``tensor``: a list of (kind, node, extra), or None."""
-        traced = chain(tensor)
+        arrays, traced = self.arrays, self.chain(tensor)
         if traced is None:
             return None
         ops, end, users = traced
@@ -376,35 +423,37 @@ def remove_zero_channels(model):
         plan = []
         for u in users:
             if u.op_type == "Conv" and u.input[0] == end and u.input[1] in arrays:
-                groups = attr(u, "group", 1)
+                groups = _attr(u, "group", 1)
                 if groups == 1:
                     plan.append(("conv_in", u, ops))
                 elif groups == n_channels == arrays[u.input[1]].shape[0] and depth == 0:
-                    sub = plan_for(u.output[0], n_channels, depth + 1)
+                    sub = self.plan_for(u.output[0], n_channels, depth + 1)
                     if sub is None:
                         return None
                     plan.append(("depthwise", u, (ops, sub)))
                 else:
                     return None
-            elif u.op_type == "Flatten" and len(consumers.get(u.output[0], [])) == 1:
-                g = consumers[u.output[0]][0]
-                shp = shapes.get(end)
+            elif u.op_type == "Flatten" and len(self.consumers.get(u.output[0], [])) == 1:
+                g = self.consumers[u.output[0]][0]
+                shp = self.shapes.get(end)
                 if not (g.op_type == "Gemm" and g.input[1] in arrays and shp is not None
-                        and attr(g, "transB", 0) == 1 and not attr(g, "transA", 0)):
+                        and _attr(g, "transB", 0) == 1 and not _attr(g, "transA", 0)):
                     return None
                 plan.append(("gemm", g, (ops, int(np.prod(shp[2:])))))
             else:
                 return None
         return plan
 
-    def execute(plan, zero: np.ndarray, const: np.ndarray) -> None:
-        keep = ~zero
+    def execute(self, plan, zero: np.ndarray, const: np.ndarray) -> None:
+        """Drop the ``zero`` channels from each consumer of ``plan``, folding their constant
+        output ``const`` (after the per-channel ops) into the consumers' biases."""
+        arrays, consts, keep = self.arrays, self.consts, ~zero
         for kind, u, extra in plan:
             if kind == "conv_in":
                 w = arrays[u.input[1]]
                 v = _apply_chain(extra, const, consts)
                 if np.any(v != 0):
-                    b = bias_of(u, w.shape[0])
+                    b = self.bias_of(u, w.shape[0])
                     arrays[b] = (arrays[b] + w[:, zero].sum(axis=(2, 3)) @ v).astype(np.float32)
                 arrays[u.input[1]] = w[:, keep]
             elif kind == "gemm":
@@ -413,7 +462,7 @@ def remove_zero_channels(model):
                 v = np.repeat(_apply_chain(ops, const, consts), per)
                 cols = np.repeat(keep, per)
                 if np.any(v != 0):
-                    b = bias_of(u, w.shape[0])
+                    b = self.bias_of(u, w.shape[0])
                     arrays[b] = (arrays[b] + w[:, ~cols] @ v).astype(np.float32)
                 arrays[u.input[1]] = w[:, cols]
             else:
@@ -429,34 +478,7 @@ def remove_zero_channels(model):
                 for a_ in u.attribute:
                     if a_.name == "group":
                         a_.i = int(keep.sum())
-                execute(sub, zero, dconst)
-
-    removed = kept_zero = 0
-    for node in _conv_nodes(model):
-        if attr(node, "group", 1) != 1:
-            continue  # a depthwise/grouped conv's channels are tied to its input's
-        w = arrays[node.input[1]]
-        zero = ~np.any(w.reshape(w.shape[0], -1) != 0, axis=1)
-        if not zero.any() or zero.all():
-            continue
-        plan = plan_for(node.output[0], w.shape[0])
-        if plan is None:
-            kept_zero += int(zero.sum())
-            continue
-        bias_name = node.input[2] if len(node.input) > 2 and node.input[2] in arrays else None
-        const = (arrays[bias_name][zero].astype(np.float64) if bias_name
-                 else np.zeros(int(zero.sum())))
-        execute(plan, zero, const)
-        arrays[node.input[1]] = w[~zero]
-        if bias_name:
-            arrays[bias_name] = arrays[bias_name][~zero]
-        removed += int(zero.sum())
-    for i, init in enumerate(model.graph.initializer):
-        if init.name in arrays:
-            model.graph.initializer[i].CopyFrom(numpy_helper.from_array(
-                np.ascontiguousarray(arrays[init.name], dtype=np.float32), init.name))
-    del model.graph.value_info[:]  # shapes changed: let inference redo them
-    return model, removed, kept_zero
+                self.execute(sub, zero, dconst)
 
 
 # ---- torch path (fine-tuning) ------------------------------------------------------------

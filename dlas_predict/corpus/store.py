@@ -311,6 +311,16 @@ class CorpusStore:
     def results(self, where: str = "", params: tuple = ()) -> list[MeasureResult]:
         return [MeasureResult.from_row(r) for r in self.rows(where, params)]
 
+    def fastest_per_layer(self, device: str) -> list[MeasureResult]:
+        """The device's fastest successful kernel (by median) per (workload, compression,
+        ratio), sorted by those."""
+        best: dict[tuple, dict[str, Any]] = {}
+        for r in self.rows("error IS NULL AND device = ?", (device,)):
+            k = (r["conv"], r["compression"], r["ratio"] or 0.0)
+            if k not in best or r["median_s"] < best[k]["median_s"]:
+                best[k] = r
+        return [MeasureResult.from_row(best[k]) for k in sorted(best)]
+
     def stats(self) -> dict[str, Any]:
         """Counts for ``corpus stats``: records, failures, duplicate keys, and a breakdown."""
         q = self._db.execute
