@@ -549,7 +549,6 @@ def accuracy_cmd(
 ):
     """Measured top-1 of a (compressed) model; without labels, the fidelity proxy."""
     from dlas_predict.compression import accuracy
-    from dlas_predict.errors import ConfigError
     from dlas_predict.render import format_table
 
     log = None if as_json else (lambda s: typer.echo(s, err=True))
@@ -574,28 +573,12 @@ def accuracy_cmd(
         for note in res.notes:
             typer.echo(f"note: {note}")
         return
-    try:
-        grid = sorted({float(r) for r in ratios.split(",") if r.strip()})
-    except ValueError:
-        raise ConfigError(f"--ratios {ratios!r} is not a comma list of numbers") from None
-    if not grid:
-        raise ConfigError("--ratios is empty")
-    curves, elbows, reference = {}, {}, None
-    for kind in ("weight_pruning", "channel_pruning"):
-        points = accuracy.curve(model, kind, grid, data, finetune_epochs, log=log)
-        reference = points[0].reference_top1
-        ref = reference if reference is not None else 1.0  # proxy: agreement with itself
-        curves[kind] = points
-        elbows[kind] = accuracy.elbow([(p.ratio, p.value) for p in points], ref, elbow_drop)
-    metric = curves["weight_pruning"][0].metric
+    rep = accuracy.pruning_curves(model, ratios, data, finetune_epochs, elbow_drop, log=log)
     if as_json:
-        _print_json({"model": curves["weight_pruning"][0].model, "metric": metric,
-                     "data": curves["weight_pruning"][0].data, "reference_top1": reference,
-                     "finetune_epochs": finetune_epochs, "elbow_drop_pp": elbow_drop,
-                     "curves": {k: [{"ratio": p.ratio, metric: p.value} for p in v]
-                                for k, v in curves.items()},
-                     "elbow": elbows})
+        _print_json(rep.to_dict())
         return
+    curves, elbows, reference, metric, grid = (rep.curves, rep.elbows, rep.reference,
+                                               rep.metric, rep.ratios)
     rows = [{"ratio": r, **{k: f"{curves[k][i].value:.2%}" for k in curves}}
             for i, r in enumerate(grid)]
     typer.echo(f"{metric} (measured) on {curves['weight_pruning'][0].data}; uncompressed: "

@@ -91,3 +91,21 @@ def test_int8_reports_before_and_after_calibration():
     res = accuracy.measure("zoo:mobilenetv1-cifar", compression="int8")
     assert res.uncalibrated is not None and res.value >= 0.9
     assert "uncalibrated_top1" in res.to_dict()
+
+
+def test_the_shipped_curves_load_as_records_and_round_trip():
+    import json
+
+    from dlas_predict.compression.accuracy import load_curves
+    from dlas_predict.paths import CURVES
+
+    curves = load_curves()
+    raw = json.loads(CURVES.read_text())
+    assert set(curves) == set(raw) and len(curves) == 4
+    for name, c in curves.items():
+        assert c.to_dict() == raw[name]
+        assert c.accuracy("dense") == raw[name]["dense"]
+        r, v = raw[name]["weight_pruning"]["points"][2]
+        assert c.accuracy("weight_pruning", r) == v
+        assert c.accuracy("weight_pruning", 0.123) is None
+    assert "weight_pruning+finetune1" in curves["mobilenetv1-cifar"].pruning

@@ -290,3 +290,14 @@ def test_train_and_evaluate_bad_input(tmp_path):
                         "no successful measurement")
     _assert_clean_error(_run("train", "--store", tmp_path / "empty.sqlite", "--device",
                              "pentium"), "unknown device")
+
+
+def test_accuracy_curve_json_and_bad_ratios():
+    res = _run("accuracy", "zoo:mobilenetv1-cifar", "--curve", "--ratios", "0.3", "--json")
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.output)
+    assert set(d["curves"]) == {"weight_pruning", "channel_pruning"} == set(d["elbow"])
+    assert [p["ratio"] for p in d["curves"]["weight_pruning"]] == [0.3]
+    assert d["metric"] == "top1" and 0.9 <= d["reference_top1"] <= 1.0
+    _assert_clean_error(_run("accuracy", "zoo:mobilenetv1-cifar", "--curve", "--ratios", "a,b"),
+                        "not a comma list")

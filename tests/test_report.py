@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 from dlas_predict.cli import app
 from dlas_predict.analysis import report as R
 from conftest import CPU
+from dlas_predict.compression.accuracy import AccuracyCurve
 
 runner = CliRunner()
 
@@ -81,10 +82,16 @@ def test_verdicts_follow_their_rules():
     obs = _by_number(R.observations(_net(_grid(lambda n, c, a: spatial[a] * fast16[c])),
                                     None, None, CPU))
     assert obs["V"].verdict == R.FAILS and obs["VI"].verdict == R.FAILS
-    curves = {"a": {"weight_pruning": {"elbow": 0.4}, "channel_pruning": {"elbow": None}}}
-    assert _by_number(R.observations(None, None, curves, CPU))["II"].verdict == R.HOLDS
-    curves["a"]["channel_pruning"]["elbow"] = 0.6
-    assert _by_number(R.observations(None, None, curves, CPU))["II"].verdict == R.FAILS
+    def curves(weight_elbow, channel_elbow):
+        return {"a": AccuracyCurve.from_dict("a", {
+            "metric": "top1", "data": "d", "n_samples": 10, "dense": 0.9, "elbow_drop_pp": 1.0,
+            "source": "test", "weight_pruning": {"points": [[0.4, 0.9]], "elbow": weight_elbow},
+            "channel_pruning": {"points": [[0.6, 0.9]], "elbow": channel_elbow}})}
+
+    assert _by_number(R.observations(None, None, curves(0.4, None), CPU))["II"].verdict \
+        == R.HOLDS
+    assert _by_number(R.observations(None, None, curves(0.4, 0.6), CPU))["II"].verdict \
+        == R.FAILS
 
 
 def test_tuning_observations_use_tuned_records():

@@ -247,10 +247,10 @@ def _ii(ev: Evidence) -> list[Observation]:
                     "pruning elbow (highest ratio within 1 point of dense top-1) is at or "
                     "above the channel-pruning elbow (none counts as 0).")
     if curves:
-        rows = {n: ((c.get("weight_pruning") or {}).get("elbow") or 0.0,
-                    (c.get("channel_pruning") or {}).get("elbow") or 0.0)
-                for n, c in curves.items() if c.get("weight_pruning")
-                and c.get("channel_pruning")}
+        rows = {n: (c.pruning["weight_pruning"].elbow or 0.0,
+                    c.pruning["channel_pruning"].elbow or 0.0)
+                for n, c in curves.items()
+                if {"weight_pruning", "channel_pruning"} <= set(c.pruning)}
         if rows:
             o.numbers = {n: {"weight_elbow": w, "channel_elbow": c} for n, (w, c) in
                          rows.items()}
@@ -541,14 +541,7 @@ def _accuracy_latency(untuned, curves: dict | None) -> dict[str, Any]:
     for network, c in curves.items():
         for config in set(untuned[untuned["network"] == network]["config"]):
             comp, _, ratio = config.partition("@")
-            acc = None
-            if comp == "dense":
-                acc = c.get("dense")
-            elif comp in ("float16", "int8"):
-                acc = c.get(comp)
-            elif c.get(comp):
-                acc = dict((round(r, 2), a) for r, a in c[comp]["points"]).get(
-                    round(float(ratio), 2))
+            acc = c.accuracy(comp, float(ratio) if ratio else None, digits=2)
             b = _best_by(untuned, network, config)
             if acc is not None and b is not None:
                 pairs.append((acc, b["latency_ms"]))

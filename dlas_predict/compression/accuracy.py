@@ -15,7 +15,7 @@ import numpy as np
 
 from dlas_predict.space.config import DEFAULT_CURVE_RATIOS as DEFAULT_RATIOS, ELBOW_DROP_PP
 from dlas_predict.compression.digits import Dataset
-from dlas_predict.errors import DlasError
+from dlas_predict.errors import ConfigError, DlasError
 
 
 class DataError(DlasError):
@@ -345,3 +345,127 @@ def curve(model: str, kind: str, ratios=DEFAULT_RATIOS, data: str = "digits",
         points.append(measure(model, data, kind, r, finetune_epochs, log=log,
                               reference=points[0].reference_top1 if points else None))
     return points
+
+
+@dataclass
+class PruningCurves:
+    """Accuracy against ratio under weight and channel pruning, each with its elbow: the
+    highest ratio within ``elbow_drop_pp`` points of the uncompressed model."""
+
+    model: str
+    metric: str
+    data: str
+    reference: float | None
+    finetune_epochs: int
+    elbow_drop_pp: float
+    ratios: list[float]
+    curves: dict[str, list[AccuracyResult]]
+    elbows: dict[str, float | None]
+
+    def to_dict(self) -> dict:
+        return {"model": self.model, "metric": self.metric, "data": self.data,
+                "reference_top1": self.reference, "finetune_epochs": self.finetune_epochs,
+                "elbow_drop_pp": self.elbow_drop_pp,
+                "curves": {k: [{"ratio": p.ratio, self.metric: p.value} for p in v]
+                           for k, v in self.curves.items()},
+                "elbow": self.elbows}
+
+
+def pruning_curves(model: str, ratios: str, data: str | None, finetune_epochs: int,
+                   elbow_drop: float, log=None) -> PruningCurves:
+    """Measure both pruning curves of ``model`` at ``ratios`` (a comma list)."""
+    try:
+        grid = sorted({float(r) for r in ratios.split(",") if r.strip()})
+    except ValueError:
+        raise ConfigError(f"--ratios {ratios!r} is not a comma list of numbers") from None
+    if not grid:
+        raise ConfigError("--ratios is empty")
+    curves, elbows, reference = {}, {}, None
+    for kind in ("weight_pruning", "channel_pruning"):
+        points = curve(model, kind, grid, data, finetune_epochs, log=log)
+        reference = points[0].reference_top1
+        ref = reference if reference is not None else 1.0  # proxy: agreement with itself
+        curves[kind] = points
+        elbows[kind] = elbow([(p.ratio, p.value) for p in points], ref, elbow_drop)
+    first = curves["weight_pruning"][0]
+    return PruningCurves(first.model, first.metric, first.data, reference, finetune_epochs,
+                         elbow_drop, grid, curves, elbows)
+
+
+# ---- the shipped accuracy curves (datasets/accuracy/curves.json) -------------------------------
+@dataclass(frozen=True)
+class PrunedCurve:
+    """Accuracy at each pruning ratio, and the elbow (the highest ratio within the entry's
+    ``elbow_drop_pp`` of dense; None when the lowest ratio already drops more)."""
+
+    points: tuple[tuple[float, float], ...]
+    elbow: float | None
+
+    def at(self, ratio: float, digits: int = 4) -> float | None:
+        """The accuracy measured at ``ratio`` (matched to ``digits`` decimals), else None."""
+        return dict((round(r, digits), v) for r, v in self.points).get(round(ratio, digits))
+
+
+@dataclass(frozen=True)
+class AccuracyCurve:
+    """One network's entry of the shipped curves: top-1 of the uncompressed, float16 and
+    int8 networks, and the pruning curves (``weight_pruning``, ``channel_pruning``, and
+    fine-tuned ones such as ``weight_pruning+finetune1``), all measured on ``data``."""
+
+    network: str
+    metric: str
+    data: str
+    n_samples: int
+    dense: float
+    elbow_drop_pp: float
+    source: str
+    pruning: dict[str, PrunedCurve]
+    float16: float | None = None
+    int8: float | None = None
+    int8_uncalibrated: float | None = None
+    seconds: float | None = None
+
+    @classmethod
+    def from_dict(cls, network: str, d: dict) -> "AccuracyCurve":
+        scalar = {"metric", "data", "n_samples", "dense", "elbow_drop_pp", "source", "float16",
+                  "int8", "int8_uncalibrated", "seconds"}
+        pruning = {k: PrunedCurve(tuple((float(r), float(v)) for r, v in e["points"]),
+                                  e.get("elbow"))
+                   for k, e in d.items() if k not in scalar}
+        return cls(network=network, pruning=pruning,
+                   **{k: d.get(k) for k in scalar if k in d})
+
+    def to_dict(self) -> dict:
+        out = {k: getattr(self, k) for k in ("metric", "data", "n_samples", "dense",
+                                             "elbow_drop_pp", "source", "float16", "int8",
+                                             "int8_uncalibrated")
+               if getattr(self, k) is not None}
+        for k, c in self.pruning.items():
+            out[k] = {"points": [list(p) for p in c.points], "elbow": c.elbow}
+        if self.seconds is not None:
+            out["seconds"] = self.seconds
+        return out
+
+    def accuracy(self, compression: str, ratio: float | None = None,
+                 digits: int = 4) -> float | None:
+        """The curve's accuracy of ``compression`` (at ``ratio`` when pruned), else None."""
+        if compression == "dense":
+            return self.dense
+        if compression in ("float16", "int8"):
+            return getattr(self, compression)
+        curve = self.pruning.get(compression)
+        return curve.at(float(ratio), digits) if curve is not None and ratio is not None \
+            else None
+
+
+def load_curves(path: Path | None = None) -> dict[str, AccuracyCurve]:
+    """The accuracy curves by network ({} when the file is absent); default: the shipped ones."""
+    import json
+
+    from dlas_predict.paths import CURVES
+
+    path = Path(path or CURVES)
+    if not path.is_file():
+        return {}
+    return {name: AccuracyCurve.from_dict(name, d)
+            for name, d in json.loads(path.read_text()).items()}

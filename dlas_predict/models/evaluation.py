@@ -18,6 +18,7 @@ measurements only.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 from pathlib import Path
 
 import numpy as np
@@ -46,9 +47,20 @@ def modelled_seconds(row: dict) -> float:
     return float(best if best is not None else row["median_s"])
 
 
+class KernelKey(NamedTuple):
+    """One kernel of the corpus: the workload, its algorithm and compression, the layer
+    ratio it was measured at (rounded as :func:`ratio_key`), and tuning."""
+
+    conv: str
+    algorithm: str
+    compression: str
+    ratio: float
+    tuning: str = "untuned"
+
+
 def kernel_key(conv: str, algorithm: str, compression: str, ratio: float,
-               tuning: str = "untuned") -> tuple:
-    return (conv, algorithm, compression, ratio_key(ratio), tuning)
+               tuning: str = "untuned") -> KernelKey:
+    return KernelKey(conv, algorithm, compression, ratio_key(ratio), tuning)
 
 
 @dataclass
@@ -56,13 +68,13 @@ class Corpus:
     """The successful measurements of one device, as features and targets."""
 
     device: Device
-    keys: list[tuple]
+    keys: list[KernelKey]
     X: np.ndarray
     seconds: np.ndarray
     configs: list[dict] = field(default_factory=list)  # network_configs rows
     fingerprint: str = ""
 
-    def index(self) -> dict[tuple, int]:
+    def index(self) -> dict[KernelKey, int]:
         return {k: i for i, k in enumerate(self.keys)}
 
 
@@ -272,7 +284,7 @@ def _summary(network: str, text: str | None):
         return None
 
 
-def layer_kernel_keys(layers: list[dict], plan: list) -> list[tuple]:
+def layer_kernel_keys(layers: list[dict], plan: list) -> list[KernelKey]:
     """Kernel keys of a configuration's conv layers (``network_configs`` rows) under a plan
     of (algorithm, sparse) per layer; a dense kernel on a pruned layer is the dense one."""
     out = []

@@ -68,7 +68,7 @@ def train(store: Path, device: str = "local", out: Path | None = None,
                              "mem_bandwidth_gbs": corpus.device.mem_bandwidth_gbs,
                              "source": corpus.device.source},
             "corpus": str(store), "corpus_fingerprint": corpus.fingerprint,
-            "tuned_kernels": sum(1 for k in corpus.keys if k[-1] == "tuned")}
+            "tuned_kernels": sum(1 for k in corpus.keys if k.tuning == "tuned")}
     model = LayerCostModel(seed=seed).fit(corpus.X, corpus.seconds, meta=meta)
     pred = model.predict(corpus.X)
     low, high = model.predict_interval(corpus.X)

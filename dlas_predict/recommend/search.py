@@ -14,7 +14,6 @@ accuracy says where it comes from.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -145,7 +144,9 @@ def load_models(device_name: str, directory: Path | None = None):
 # ---- accuracy ----------------------------------------------------------------------------------
 def shipped_curves() -> dict:
     """The shipped accuracy curves by network ({} when the file is absent)."""
-    return json.loads(CURVES.read_text()) if CURVES.is_file() else {}
+    from dlas_predict.compression.accuracy import load_curves
+
+    return load_curves(CURVES)
 
 
 def _curve_lookup(name: str):
@@ -182,16 +183,15 @@ class _Accuracy:
         if self.curve is None:
             return (None, "unknown: no shipped curve for this network; pass --data to "
                     "measure", None)
-        dense = self.curve["dense"]
-        src = (f"shipped curve: top-1 on {self.curve['data']} "
-               f"({self.curve['n_samples']} images, datasets/accuracy/curves.json)")
+        dense = self.curve.dense
+        src = (f"shipped curve: top-1 on {self.curve.data} "
+               f"({self.curve.n_samples} images, datasets/accuracy/curves.json)")
         if comp is Compression.DENSE:
             return dense, src, 0.0
         if comp in (Compression.FLOAT16, Compression.INT8):
-            v = self.curve.get(comp.value)
+            v = self.curve.accuracy(comp.value)
             return (v, src, (dense - v) * 100) if v is not None else (None, "unknown", None)
-        points = dict((round(r, 4), v) for r, v in self.curve[comp.value]["points"])
-        v = points.get(round(ratio, 4))
+        v = self.curve.accuracy(comp.value, ratio, digits=4)
         if v is None:
             return None, "unknown: ratio not on the shipped curve; pass --data", None
         return v, src, (dense - v) * 100
