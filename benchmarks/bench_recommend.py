@@ -78,7 +78,7 @@ def main() -> int:
         corpus = load_corpus(store)
         rows = whole_rows(corpus, store)
         t0 = time.perf_counter()
-        report = whole_network_lono(corpus, rows)
+        report = whole_network_lono(corpus, rows).to_dict()
         lono_s = time.perf_counter() - t0
     table = []
     for name, r in report["overall"].items():

@@ -648,19 +648,21 @@ def evaluate(store: Path = typer.Option(..., "--store", help="Corpus store."),
     whole = whole_network_lono(corpus, wrows, seed, fits) \
         if len({r.network for r in wrows}) >= 3 else None
     if as_json:
-        _print_json({**report, "whole_networks": whole})
+        _print_json({**report.to_dict(),
+                     "whole_networks": whole.to_dict() if whole is not None else None})
         return
     rows = []
-    for net, res in [*report["networks"].items(), ("OVERALL", report["overall"])]:
+    for net, scores, n in [*((k, h.scores, h.configurations) for k, h in report.networks.items()),
+                           ("OVERALL", report.overall, "")]:
         for m in MODELS:
-            r = res[m]
-            rows.append({"held out": net, "model": m, "configs": res.get("configurations", ""),
-                         "layer MAPE": f"{r['layer_mape']:.1%}", "MAPE": f"{r['mape']:.1%}",
-                         "within ±10%": f"{r['within_10pct']:.0%}",
-                         "Kendall τ": f"{r['kendall_tau']:.2f}",
-                         "top-1 hit": f"{r['top1_hit']:.0%}", "regret": f"{r['regret']:.3f}"})
-    typer.echo(f"leave-one-network-out on {report['device']}; configurations are compression "
-               f"× algorithm, latency = {report['scope']}; measured vs predicted")
+            r = scores[m]
+            rows.append({"held out": net, "model": m, "configs": n,
+                         "layer MAPE": f"{r.layer_mape:.1%}", "MAPE": f"{r.mape:.1%}",
+                         "within ±10%": f"{r.within_10pct:.0%}",
+                         "Kendall τ": f"{r.kendall_tau:.2f}",
+                         "top-1 hit": f"{r.top1_hit:.0%}", "regret": f"{r.regret:.3f}"})
+    typer.echo(f"leave-one-network-out on {report.device}; configurations are compression "
+               f"× algorithm, latency = {report.scope}; measured vs predicted")
     typer.echo(format_table(rows))
     if whole is None:
         typer.echo("\nno whole-network evaluation: it needs whole-network measurements of at "
@@ -668,16 +670,16 @@ def evaluate(store: Path = typer.Option(..., "--store", help="Corpus store."),
         return
     pct = (lambda v, f: "—" if v is None else format(v, f))
     rows = []
-    for net, res in [*whole["networks"].items(), ("OVERALL", whole["overall"])]:
+    for net, scores, n in [*((k, h.scores, h.configurations) for k, h in whole.networks.items()),
+                           ("OVERALL", whole.overall, "")]:
         for m in WHOLE_MODELS:
-            r = res[m]
-            rows.append({"held out": net, "model": m, "configs": res.get("configurations", ""),
-                         "MAPE": pct(r["mape"], ".1%"),
-                         "within ±10%": pct(r["within_10pct"], ".0%"),
-                         "Kendall τ": f"{r['kendall_tau']:.2f}",
-                         "top-1 hit": f"{r['top1_hit']:.0%}", "regret": f"{r['regret']:.3f}",
-                         "top-3 gap": f"{r['top3_gap']:.3f}"})
-    typer.echo(f"\nleave-one-network-out over {len(wrows)} measured {whole['scope']}: the "
+            r = scores[m]
+            rows.append({"held out": net, "model": m, "configs": n,
+                         "MAPE": pct(r.mape, ".1%"), "within ±10%": pct(r.within_10pct, ".0%"),
+                         "Kendall τ": f"{r.kendall_tau:.2f}",
+                         "top-1 hit": f"{r.top1_hit:.0%}", "regret": f"{r.regret:.3f}",
+                         "top-3 gap": f"{r.top3_gap:.3f}"})
+    typer.echo(f"\nleave-one-network-out over {len(wrows)} measured {whole.scope}: the "
                "held-out network's kernels and whole measurements are unseen in training; "
                "top-3 gap = best measured of the predicted top 3 / best measured; "
                "measured_conv+residual is no predictor: the network model on the held-out "

@@ -149,13 +149,18 @@ def test_baselines():
 
 def test_leave_one_network_out_reports_every_model():
     report = leave_one_network_out(_corpus())
-    assert set(report["networks"]) == {"netA", "netB", "netC", "netD"}
-    for res in report["networks"].values():
-        assert res["configurations"] == len(COMPS) * len(ALGS)
-        assert set(res) >= {"lightgbm", "roofline", "macs_linear"}
-    o = report["overall"]["lightgbm"]
-    assert o["mape"] < 0.3 and o["regret"] >= 1.0 and -1 <= o["kendall_tau"] <= 1
-    assert report["scope"].startswith("conv layers only")
+    assert set(report.networks) == {"netA", "netB", "netC", "netD"}
+    for res in report.networks.values():
+        assert res.configurations == len(COMPS) * len(ALGS)
+        assert set(res.scores) >= {"lightgbm", "roofline", "macs_linear"}
+        assert res.kernels_held_out > 0 and res.kernels_trained > 0
+    o = report.overall["lightgbm"]
+    assert o.mape < 0.3 and o.regret >= 1.0 and -1 <= o.kendall_tau <= 1
+    assert report.scope.startswith("conv layers only")
+    d = report.to_dict()  # the JSON shape `evaluate --json` prints
+    assert set(d["networks"]["netA"]) >= {"configurations", "kernels_held_out", "lightgbm"}
+    assert set(d["overall"]["lightgbm"]) == {"layer_mape", "mape", "within_10pct",
+                                             "kendall_tau", "top1_hit", "regret"}
 
 
 # ---- the stage-cost model ------------------------------------------------------------------

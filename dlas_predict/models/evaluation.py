@@ -183,8 +183,67 @@ class HeldOutFits:
         return self._fits[net]
 
 
+@dataclass
+class Scores:
+    """One predictor's figures on held-out networks: MAPE and share within ±10 % (None for a
+    ranker, which gives no seconds), Kendall τ, top-1 hit and regret; conv-level reports add
+    the per-kernel MAPE, whole-network ones the top-3 gap (and, overall, the share of
+    networks whose predicted top 3 holds a configuration within 5 % of the best)."""
+
+    mape: float | None
+    within_10pct: float | None
+    kendall_tau: float
+    top1_hit: float
+    regret: float
+    layer_mape: float | None = None
+    top3_gap: float | None = None
+    top3_within_5pct: float | None = None
+
+    def to_dict(self) -> dict:
+        out = {} if self.layer_mape is None else {"layer_mape": self.layer_mape}
+        out.update(mape=self.mape, within_10pct=self.within_10pct,
+                   kendall_tau=self.kendall_tau, top1_hit=self.top1_hit, regret=self.regret)
+        if self.top3_gap is not None:
+            out["top3_gap"] = self.top3_gap
+        if self.top3_within_5pct is not None:
+            out["top3_within_5pct"] = self.top3_within_5pct
+        return out
+
+
+@dataclass
+class HeldOutNetwork:
+    """One held-out network: its configurations, and each predictor's scores on them."""
+
+    configurations: int
+    scores: dict[str, Scores]
+    kernels_held_out: int | None = None
+    kernels_trained: int | None = None
+
+    def to_dict(self) -> dict:
+        out: dict = {"configurations": self.configurations}
+        if self.kernels_held_out is not None:
+            out.update(kernels_held_out=self.kernels_held_out,
+                       kernels_trained=self.kernels_trained)
+        return {**out, **{m: s.to_dict() for m, s in self.scores.items()}}
+
+
+@dataclass
+class EvaluationReport:
+    """Leave-one-network-out on one device: per held-out network and pooled overall."""
+
+    device: str
+    scope: str
+    networks: dict[str, HeldOutNetwork]
+    overall: dict[str, Scores]
+
+    def to_dict(self) -> dict:
+        return {"device": self.device, "scope": self.scope,
+                "networks": {n: h.to_dict() for n, h in self.networks.items()},
+                "overall": {m: s.to_dict() for m, s in self.overall.items()}}
+
+
 def leave_one_network_out(corpus: Corpus, seed: int = 0, fits: HeldOutFits | None = None
-                          ) -> dict:
+                          ) -> EvaluationReport:
     """Per held-out network and overall, for each model: layer MAPE, and over the network's
     configurations (conv-layer sums) MAPE, share within ±10 %, Kendall τ, top-1 hit and
     regret."""
@@ -193,7 +252,7 @@ def leave_one_network_out(corpus: Corpus, seed: int = 0, fits: HeldOutFits | Non
     if len(networks) < 2:
         raise DlasError("leave-one-network-out needs configurations of at least two networks "
                         "in the corpus (collect more networks)")
-    per_net: dict[str, dict] = {}
+    per_net: dict[str, HeldOutNetwork] = {}
     pooled = {m: {"cfg_pred": [], "cfg_true": [], "layer_pred": [], "layer_true": []}
               for m in MODELS}
     for net in networks:
@@ -204,17 +263,17 @@ def leave_one_network_out(corpus: Corpus, seed: int = 0, fits: HeldOutFits | Non
         models = fits.models(net)
         if models is None:
             continue
-        per_net[net] = {"configurations": len(cfgs), "kernels_held_out": len(fits.used[net]),
-                        "kernels_trained": int(len(corpus.keys) - len(fits.used[net]))}
+        per_net[net] = HeldOutNetwork(len(cfgs), {}, len(fits.used[net]),
+                                      int(len(corpus.keys) - len(fits.used[net])))
         for name, model in models.items():
             pred = _predict(model, corpus.X[used])
             lookup = dict(zip(used, pred))
             p = np.array([sum(lookup[i] for i in c.rows) for c in cfgs])
             t = np.array([sum(corpus.seconds[i] for i in c.rows) for c in cfgs])
-            per_net[net][name] = {
-                "layer_mape": mape(pred, corpus.seconds[used]), "mape": mape(p, t),
-                "within_10pct": within(p, t), "kendall_tau": kendall_tau(p, t),
-                "top1_hit": top1_hit(p, t), "regret": regret(p, t)}
+            per_net[net].scores[name] = Scores(
+                mape=mape(p, t), within_10pct=within(p, t), kendall_tau=kendall_tau(p, t),
+                top1_hit=top1_hit(p, t), regret=regret(p, t),
+                layer_mape=mape(pred, corpus.seconds[used]))
             pooled[name]["cfg_pred"] += list(p)
             pooled[name]["cfg_true"] += list(t)
             pooled[name]["layer_pred"] += list(pred)
@@ -225,14 +284,14 @@ def leave_one_network_out(corpus: Corpus, seed: int = 0, fits: HeldOutFits | Non
     for name in MODELS:
         p, t = np.array(pooled[name]["cfg_pred"]), np.array(pooled[name]["cfg_true"])
         lp, lt = np.array(pooled[name]["layer_pred"]), np.array(pooled[name]["layer_true"])
-        nets = [v[name] for v in per_net.values()]
-        overall[name] = {
-            "layer_mape": mape(lp, lt), "mape": mape(p, t), "within_10pct": within(p, t),
-            "kendall_tau": float(np.nanmean([n["kendall_tau"] for n in nets])),
-            "top1_hit": float(np.mean([n["top1_hit"] for n in nets])),
-            "regret": float(np.mean([n["regret"] for n in nets]))}
-    return {"device": corpus.device.name, "scope": "conv layers only (sum of kernels)",
-            "networks": per_net, "overall": overall}
+        nets = [v.scores[name] for v in per_net.values()]
+        overall[name] = Scores(
+            mape=mape(p, t), within_10pct=within(p, t),
+            kendall_tau=float(np.nanmean([n.kendall_tau for n in nets])),
+            top1_hit=float(np.mean([n.top1_hit for n in nets])),
+            regret=float(np.mean([n.regret for n in nets])), layer_mape=mape(lp, lt))
+    return EvaluationReport(corpus.device.name, "conv layers only (sum of kernels)", per_net,
+                            overall)
 
 
 # ---- whole networks ------------------------------------------------------------------------
@@ -395,7 +454,7 @@ def _top3_gap(pred: np.ndarray, true: np.ndarray, higher_is_better: bool = False
 
 
 def whole_network_lono(corpus: Corpus, rows: list[WholeRow], seed: int = 0,
-                       fits: HeldOutFits | None = None) -> dict:
+                       fits: HeldOutFits | None = None) -> EvaluationReport:
     """Leave one network out over measured whole networks: per held-out network and
     overall, MAPE, share within ±10 %, Kendall τ, top-1 hit, regret and the top-3 gap."""
     from dlas_predict.models.netmodel import ConfigRanker, NetworkCostModel, last_level_cache_bytes
@@ -412,7 +471,7 @@ def whole_network_lono(corpus: Corpus, rows: list[WholeRow], seed: int = 0,
     X_meas = whole_features(rows, measured_conv, dev)
     cache = last_level_cache_bytes(dev)
     T_meas = whole_terms(corpus, rows, layer_meas)
-    per_net: dict[str, dict] = {}
+    per_net: dict[str, HeldOutNetwork] = {}
     pooled = {m: ([], []) for m in WHOLE_MODELS}
     for net in networks:
         test = [i for i, r in enumerate(rows) if r.network == net]
@@ -441,14 +500,14 @@ def whole_network_lono(corpus: Corpus, rows: list[WholeRow], seed: int = 0,
                 X = whole_features(held, conv, dev)
                 preds["ranker"] = -ranker.scores(X)  # lower is better, like a latency
         t = truth[test]
-        per_net[net] = {"configurations": len(test)}
+        per_net[net] = HeldOutNetwork(len(test), {})
         for name, p in preds.items():
             ranking_only = name == "ranker"
-            per_net[net][name] = {
-                "mape": None if ranking_only else mape(p, t),
-                "within_10pct": None if ranking_only else within(p, t),
-                "kendall_tau": kendall_tau(p, t), "top1_hit": top1_hit(p, t),
-                "regret": regret(p, t), "top3_gap": _top3_gap(p, t)}
+            per_net[net].scores[name] = Scores(
+                mape=None if ranking_only else mape(p, t),
+                within_10pct=None if ranking_only else within(p, t),
+                kendall_tau=kendall_tau(p, t), top1_hit=top1_hit(p, t), regret=regret(p, t),
+                top3_gap=_top3_gap(p, t))
             if not ranking_only:
                 pooled[name][0].extend(p)
                 pooled[name][1].extend(t)
@@ -456,15 +515,15 @@ def whole_network_lono(corpus: Corpus, rows: list[WholeRow], seed: int = 0,
         raise DlasError("no network has two measured whole-network configurations")
     overall = {}
     for name in WHOLE_MODELS:
-        nets = [v[name] for v in per_net.values()]
+        nets = [v.scores[name] for v in per_net.values()]
         p, t = np.array(pooled[name][0]), np.array(pooled[name][1])
-        overall[name] = {
-            "mape": mape(p, t) if len(p) else None,
-            "within_10pct": within(p, t) if len(p) else None,
-            "kendall_tau": float(np.nanmean([n["kendall_tau"] for n in nets])),
-            "top1_hit": float(np.mean([n["top1_hit"] for n in nets])),
-            "regret": float(np.mean([n["regret"] for n in nets])),
-            "top3_gap": float(np.mean([n["top3_gap"] for n in nets])),
-            "top3_within_5pct": float(np.mean([n["top3_gap"] <= 1.05 for n in nets]))}
-    return {"device": dev.name, "scope": "whole networks (built by TVM Relax and timed)",
-            "networks": per_net, "overall": overall}
+        overall[name] = Scores(
+            mape=mape(p, t) if len(p) else None,
+            within_10pct=within(p, t) if len(p) else None,
+            kendall_tau=float(np.nanmean([n.kendall_tau for n in nets])),
+            top1_hit=float(np.mean([n.top1_hit for n in nets])),
+            regret=float(np.mean([n.regret for n in nets])),
+            top3_gap=float(np.mean([n.top3_gap for n in nets])),
+            top3_within_5pct=float(np.mean([n.top3_gap <= 1.05 for n in nets])))
+    return EvaluationReport(dev.name, "whole networks (built by TVM Relax and timed)", per_net,
+                            overall)
