@@ -3,8 +3,8 @@
     .venv/bin/python datasets/train_digits.py [--epochs 10] [NAME ...]
 
 Writes ``datasets/weights/NAME.npz.xz`` (see ``dlas_predict.networks.zoo.save_weights``
-for the compact format) and records the run in ``datasets/weights/trained.json``: epochs, seconds, and the
-held-out top-1 measured on the exported ONNX model with onnxruntime (the path ``accuracy``
+for the compact format) and records the run in ``datasets/weights/trained.json``: epochs, seconds,
+and the held-out top-1 measured on the exported ONNX model with onnxruntime (the path ``accuracy``
 uses), next to the top-1 of the torch model itself.
 """
 

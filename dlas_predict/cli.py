@@ -359,6 +359,7 @@ def tune(
     retry_failures: bool = typer.Option(False, "--retry-failures"),
     max_repeats: int = typer.Option(150, "--max-repeats"),
     time_budget: float = typer.Option(3.0, "--time-budget"),
+    quiet_wait: float = _QUIET_WAIT_OPT,
     as_json: bool = typer.Option(False, "--json", help="Print the run summary as JSON."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ):
@@ -369,7 +370,7 @@ def tune(
 
     _collect(network, store or default_store_path(), device, algorithms, compressions, ratio,
              retry_failures, max_repeats, time_budget, 300.0, as_json, quiet,
-             tuning=_tuning("tuned", trials, early_stop, tuning_db))
+             tuning=_tuning("tuned", trials, early_stop, tuning_db), quiet_wait=quiet_wait)
 
 
 def _collect(networks, store, device, algorithms, compressions, ratio, retry_failures,
@@ -637,8 +638,8 @@ def evaluate(store: Path = typer.Option(..., "--store", help="Corpus store."),
              as_json: bool = typer.Option(False, "--json")):
     """Leave-one-network-out: the cost model against the roofline and MACs baselines."""
     from dlas_predict.models.evaluation import (MODELS, WHOLE_MODELS, HeldOutFits,
-                                         leave_one_network_out, load_corpus,
-                                         whole_network_lono, whole_rows)
+                                                leave_one_network_out, load_corpus,
+                                                whole_network_lono, whole_rows)
     from dlas_predict.render import format_table
 
     corpus = load_corpus(store, device)

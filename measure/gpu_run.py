@@ -5,13 +5,13 @@ modules carry CUDA C that the driver's NVRTC compiles when a module is loaded.
 
 Loading (NVRTC) runs in ``--workers`` processes at once; the GPU work of a kernel (warm-up,
 verification run, timing) runs under one lock, so the GPU times one kernel at a time. Every
-kernel is verified against the numpy reference (:mod:`dlas_predict.measure.reference`) on the output of
-its warm-up run, then timed with TVM's ``time_evaluator`` (CUDA events are not used: the
-evaluator launches ``number`` calls back to back and synchronises the device around each
-timed run). A kernel that raises, crashes its process or hangs past ``--timeout`` is a
-recorded failure; its worker is replaced and the run goes on. Each result is appended to the
-results file as soon as it is known (fsync'd), and a re-run skips what is there, so a run
-killed at any moment resumes where it stopped.
+kernel is verified against the numpy reference (:mod:`dlas_predict.measure.reference`) on the
+output of its warm-up run, then timed with TVM's ``time_evaluator`` (CUDA events are not used: the
+evaluator launches ``number`` calls back to back and synchronises the device around each timed
+run). A kernel that raises, crashes its process or hangs past ``--timeout`` is a recorded failure;
+its worker is replaced and the run goes on. Each result is appended to the results file as soon as
+it is known (fsync'd), and a re-run skips what is there, so a run killed at any moment resumes
+where it stopped.
 """
 
 from __future__ import annotations

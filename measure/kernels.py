@@ -6,9 +6,9 @@ weights and outputs with float32 accumulation (as Relax's ToMixedPrecision; fp16
 over a 4608-long reduction loses too much to verify); int8 inputs and weights with int32
 accumulation and requantisation to int8 (see :func:`dlas_predict.measure.reference.requantize`).
 
-Every kernel is built by :func:`build_kernel` from its knobs (:mod:`dlas_predict.measure.knobs`); weights
-are packed offline by :func:`pack_weights` into the layout the kernel reads, so packing is not
-part of the timed run. This module imports TVM and runs inside the isolated worker.
+Every kernel is built by :func:`build_kernel` from its knobs (:mod:`dlas_predict.measure.knobs`);
+weights are packed offline by :func:`pack_weights` into the layout the kernel reads, so packing is
+not part of the timed run. This module imports TVM and runs inside the isolated worker.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ class KernelSpec:
     dtype: DType
     knobs: dict
     #: int8 only: the requantisation scale (accumulator -> int8 output). None: the scale of
-    #: :func:`dlas_predict.measure.reference.int8_scale`, for random inputs; whole networks pass their
-    #: calibrated ``s_in * s_w / s_out``.
+    #: :func:`dlas_predict.measure.reference.int8_scale`, for random inputs; whole networks pass
+    #: their calibrated ``s_in * s_w / s_out``.
     scale: float | None = None
 
     @property

@@ -2,8 +2,8 @@
 
 The ONNX network is imported with Relax's frontend. Each ``relax.nn.conv2d`` is replaced
 (``LegalizeOps`` with a custom map) by a ``call_tir`` to the scheduled kernel of
-:mod:`dlas_predict.measure.kernels` that the plan names for that layer. Weights are packed offline, in
-numpy, into the kernel's layout: CSR for sparse layers, with the layer's own (pruned) zeros.
+:mod:`dlas_predict.measure.kernels` that the plan names for that layer. Weights are packed offline,
+in numpy, into the kernel's layout: CSR for sparse layers, with the layer's own (pruned) zeros.
 
 - float16: ``ToMixedPrecision`` first, so the network runs in float16; convs use the float16
   kernels (float32 accumulation).

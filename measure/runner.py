@@ -1,8 +1,8 @@
 """Runners: turn measurement tasks into records, each measurement isolated.
 
 :class:`LocalRunner` keeps one worker subprocess (``python -m dlas_predict.measure.worker``)
-and sends it one task at a time. A task that raises is answered as a failure by the worker; a task that
-crashes the worker (segfault, abort) or outlives its timeout becomes a recorded failure here,
+and sends it one task at a time. A task that raises is answered as a failure by the worker; a task
+that crashes the worker (segfault, abort) or outlives its timeout becomes a recorded failure here,
 the worker is replaced, and the run goes on with the next task.
 """
 

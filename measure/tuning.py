@@ -1,10 +1,11 @@
 """Auto-scheduling: the tuned half of the grid.
 
 Dense kernels are tuned by MetaSchedule (TVM 0.27's successor of the Ansor auto-scheduler
-the study used) from their unscheduled TensorIR (:func:`dlas_predict.measure.kernels.dense_prim_func`).
-CSR kernels have data-dependent loops that MetaSchedule cannot sample, so their tuned variant
-is a measured search over the hand schedule's knobs (:func:`dlas_predict.measure.knobs.search_space`), the
-counterpart of the study's "sparse sketch rules".
+the study used) from their unscheduled TensorIR
+(:func:`dlas_predict.measure.kernels.dense_prim_func`). CSR kernels have data-dependent loops that
+MetaSchedule cannot sample, so their tuned variant is a measured search over the hand schedule's
+knobs (:func:`dlas_predict.measure.knobs.search_space`), the counterpart of the study's "sparse
+sketch rules".
 
 Every search is written to a :class:`TuningDB` (a directory: MetaSchedule's JSON database of
 tuning records, plus an index of what was tuned with which budget and what it cost), so the

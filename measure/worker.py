@@ -97,8 +97,8 @@ def _run_kernel(task: KernelTask) -> dict[str, Any]:
 
 def timed_fields(run, target_json: dict, proto: Protocol,
                  fingerprint: str = "") -> dict[str, Any]:
-    """Time ``run`` on a quiet machine where possible (:func:`dlas_predict.measure.contention.timed`);
-    the reply's timing fields."""
+    """Time ``run`` on a quiet machine where possible
+    (:func:`dlas_predict.measure.contention.timed`); the reply's timing fields."""
     from .contention import pool_threads, probe_for, timed
 
     t = timed(run, probe_for(_target(target_json), pool_threads(), fingerprint), proto)

@@ -1,7 +1,7 @@
 import pytest
 
 from dlas_predict.space.config import (Algorithm, Compression, ConvSpec, DType, Variant,
-                                 check_ratio, variant_grid)
+                                       check_ratio, variant_grid)
 from dlas_predict.errors import ConfigError, SpecError
 
 

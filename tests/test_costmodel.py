@@ -11,11 +11,11 @@ from dlas_predict.models import costmodel
 from dlas_predict.space.config import Algorithm, Compression, ConvSpec
 from dlas_predict.models.costmodel import (LayerCostModel, MacsLinearBaseline, ModelError,
                                            StageCostModel,
-                                    RooflineBaseline)
+                                           RooflineBaseline)
 from dlas_predict.space.devices import get_device
 from dlas_predict.models.evaluation import Corpus, kernel_key, leave_one_network_out
 from dlas_predict.models.features import (FEATURE_NAMES, KernelConfig, config_from_row, features,
-                                   weight_bytes)
+                                          weight_bytes)
 
 DEV = get_device("xavier-cpu", with_target=False)
 ALGS = list(Algorithm)

@@ -5,7 +5,7 @@ import torch
 
 from dlas_predict.space.config import ConvSpec, DType
 from dlas_predict.measure.reference import (check_output, conv2d_reference, int8_scale, make_inputs,
-                               requantize)
+                                            requantize)
 
 
 @pytest.mark.parametrize("text", [

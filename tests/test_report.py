@@ -124,6 +124,7 @@ def shipped_report(tmp_path_factory):
     return out, res.output
 
 
+@pytest.mark.slow  # the whole shipped snapshot
 def test_report_on_the_shipped_corpus(shipped_report):
     out, text = shipped_report
     page = (out / "index.html").read_text()
@@ -169,6 +170,7 @@ def _browser():
     return webdriver.Chrome(service=Service(driver), options=opts)
 
 
+@pytest.mark.slow  # the browser, on the whole shipped snapshot's report
 def test_report_page_in_a_headless_browser(shipped_report, tmp_path):
     out, _ = shipped_report
     browser = _browser()

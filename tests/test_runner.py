@@ -27,7 +27,7 @@ def test_crash_hang_and_exception_are_recorded_and_run_goes_on(monkeypatch):
              MeasureTask.make(SPEC, Variant("gemm", "int8"), dev, fault="raise"),
              MeasureTask.make(SPEC, Variant("spatial_pack", "dense"), dev, fault="exit"),
              MeasureTask.make(SPEC, Variant("gemm", "weight_pruning", 0.5), dev)]
-    proto = Protocol(max_repeats=5, min_repeats=2, time_budget_s=0.05)
+    proto = Protocol(max_repeats=5, min_repeats=2, time_budget_s=0.05, quiet_wait_s=0)
     # 20 s: a fresh worker imports TVM and compiles the healthy kernel within the limit, with
     # room for a loaded machine
     with LocalRunner(dev, protocol=proto, timeout_s=20) as runner:
@@ -48,7 +48,7 @@ def test_faults_are_ignored_without_the_test_switch(monkeypatch):
     monkeypatch.delenv("DLAS_FAULT_INJECTION", raising=False)
     dev = get_device("local")
     task = MeasureTask.make(SPEC, Variant("direct", "dense"), dev, fault="segfault")
-    with LocalRunner(dev, protocol=Protocol(max_repeats=3, min_repeats=1,
-                                            time_budget_s=0.01)) as runner:
+    with LocalRunner(dev, protocol=Protocol(max_repeats=3, min_repeats=1, time_budget_s=0.01,
+                                            quiet_wait_s=0)) as runner:
         (result,) = runner.run([task])
     assert result.ok and result.verified

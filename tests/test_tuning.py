@@ -167,7 +167,7 @@ def test_measure_tuned_json_has_tuning_fields(tmp_path):
         "measure", "--conv", "C=8,H=10,W=10,K=16,R=3,S=3,pad=1", "--algorithm", "gemm",
         "--compression", "weight_pruning", "--ratio", "0.6", "--tuning", "all", "--trials",
         "2", "--tuning-db", str(tmp_path / "tdb"), "--max-repeats", "5", "--time-budget",
-        "0.05", "--json", "--store", str(tmp_path / "s.sqlite")])
+        "0.05", "--quiet-wait", "0", "--json", "--store", str(tmp_path / "s.sqlite")])
     assert res.exit_code == 0, res.output
     rows = json.loads(res.stdout)
     assert [r["tuning"] for r in rows] == ["untuned", "tuned"]
@@ -192,11 +192,13 @@ def test_tune_network_then_build_it_tuned(tmp_path):
     from dlas_predict.networks.graph import read_network
 
     net = tmp_path / "tiny.onnx"
-    onnx.save(build("cnn", {**FAMILIES["cnn"], "layers": 1, "kernels": 8, "input": 8}), net)
+    # one conv layer (the stem): each dense layer costs a MetaSchedule search
+    onnx.save(build("cnn", {**FAMILIES["cnn"], "layers": 0, "kernels": 8, "input": 8}), net)
     db, store = tmp_path / "tdb", tmp_path / "s.sqlite"
     args = ["tune", "--network", str(net), "--algorithms", "gemm", "--compressions",
             "dense,weight_pruning", "--ratio", "0.5", "--trials", "2", "--tuning-db", str(db),
-            "--store", str(store), "--max-repeats", "3", "--time-budget", "0.05", "-q"]
+            "--store", str(store), "--max-repeats", "3", "--time-budget", "0.05",
+            "--quiet-wait", "0", "-q"]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     with CorpusStore(store) as s:

@@ -19,7 +19,12 @@ PAPER = {
 }
 
 
-@pytest.mark.parametrize("name", list(PAPER))
+#: The largest ImageNet networks take seconds each to build in torch: the full suite checks them.
+_BIG = {"resnet50", "densenet161"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in _BIG else n
+                                  for n in PAPER])
 def test_params_and_macs_match_the_paper_within_10_percent(name):
     net = read_network(zoo.export(name))
     params, macs = PAPER[name]

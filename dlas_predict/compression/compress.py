@@ -499,8 +499,8 @@ def pruned_sparsities(model: str, grid: dict) -> dict[tuple, list[float]]:
     """Per conv layer (graph order), its sparsity after global pruning, for every
     (compression, ratio) of ``grid`` ({Compression: [ratios]}), pruned as
     :func:`dlas_predict.compression.accuracy.prepare` prunes (zoo networks on their torch
-    weights, ONNX files on their initializers) but without exporting anything: what ``recommend`` uses to
-    enumerate the grid in seconds."""
+    weights, ONNX files on their initializers) but without exporting anything: what ``recommend``
+    uses to enumerate the grid in seconds."""
     from dlas_predict.networks import zoo
 
     grid = {Compression.parse(c): list(r) for c, r in grid.items()}

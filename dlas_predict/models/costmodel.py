@@ -137,10 +137,10 @@ class KernelCostModel(abc.ABC):
 @dataclass
 class StageCostModel(KernelCostModel):
     """A kernel's time as Σ cost·term over
-    :data:`~dlas_predict.models.features.STAGE_TERMS`, costs ≥ 0, fitted per kernel family (and per loop structure where it has enough rows) by
-    non-negative least squares on relative error. Additive in what the loops execute, so it
-    extrapolates in scale, which trees cannot; :class:`LayerCostModel`'s trees learn what it
-    misses."""
+    :data:`~dlas_predict.models.features.STAGE_TERMS`, costs ≥ 0, fitted per kernel family (and per
+    loop structure where it has enough rows) by non-negative least squares on relative error.
+    Additive in what the loops execute, so it extrapolates in scale, which trees cannot;
+    :class:`LayerCostModel`'s trees learn what it misses."""
 
     scale: list = field(default_factory=list)   # each term's largest training value
     costs: dict = field(default_factory=dict)   # family or family|structure key → costs

@@ -77,7 +77,8 @@ class KernelConfig:
         return Variant(self.algorithm, self.compression, 0.5 if sparse else 0.0)
 
     def untuned_knobs(self) -> dict[str, int]:
-        """The untuned schedule's knobs for the shape (:func:`dlas_predict.measure.knobs.default_knobs`)."""
+        """The untuned schedule's knobs for the shape
+        (:func:`dlas_predict.measure.knobs.default_knobs`)."""
         from dlas_predict.measure.knobs import default_knobs
 
         return default_knobs(self.spec, self._variant())
