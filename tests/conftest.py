@@ -21,8 +21,9 @@ SPEC = ConvSpec.parse(TINY)
 CPU = Device(name="local", kind="cpu", description="test CPU", target={}, cores=2,
              clock_ghz=None, simd_bits=512, peak_gflops={"float32": 100.0},
              mem_bandwidth_gbs=20.0, source="measured")
-#: The public data of other projects, read from where the workplace keeps it.
-SHARED_DATA = ROOT.parent / "shared" / "data"
+#: The public data of other projects (TopHub, HELP), read from where the workplace keeps it:
+#: ``../shared/data`` beside the checkout, or ``DLAS_SHARED_DATA``.
+SHARED_DATA = Path(os.environ.get("DLAS_SHARED_DATA") or ROOT.parent / "shared" / "data")
 
 
 def run_cli(*args):
