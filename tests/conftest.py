@@ -10,7 +10,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dlas_predict.paths import DEMO_NETWORK as DEMO  # noqa: E402
+from dlas_predict.paths import DEMO_NETWORK as DEMO  # noqa: E402,F401 (for the tests)
 from dlas_predict.space.config import ConvSpec  # noqa: E402
 from dlas_predict.space.devices import Device  # noqa: E402
 

@@ -4,9 +4,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
 
-from dlas_predict.cli import app
 from conftest import assert_clean_error, run_cli
 from dlas_predict.analysis import frames as A
 from dlas_predict.space.config import ConvSpec, Variant
@@ -14,7 +12,6 @@ from dlas_predict.errors import ConfigError, DlasError
 from dlas_predict.corpus.records import MeasureResult, measurement_key
 from dlas_predict.corpus.store import CorpusStore
 
-runner = CliRunner()
 GEN = "cnn_layers=2_kernels=32_kernel_size=3_input=20_batch=1_block=residual_downsample=0"
 
 

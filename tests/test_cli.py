@@ -2,12 +2,9 @@
 import json
 
 import pytest
-from typer.testing import CliRunner
 
-from dlas_predict.cli import app
 from conftest import DEMO, TINY, assert_clean_error, run_cli
 
-runner = CliRunner()
 # correctness, not timing: no waiting for a quiet machine (the probes still run)
 FAST = ["--max-repeats", "3", "--time-budget", "0.01", "--quiet-wait", "0"]
 

@@ -1,8 +1,6 @@
 """Every kernel (3 algorithms x dense/CSR x 3 dtypes) against the numpy reference, compiled
 and run with TVM on this CPU, on shapes covering stride, padding, groups and dilation."""
-import json
 
-import numpy as np
 import pytest
 
 from dlas_predict.space.config import Algorithm, Compression, ConvSpec, Variant, variant_grid

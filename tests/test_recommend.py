@@ -3,16 +3,12 @@ building and timing, the JSON schema, and one clear error for bad input."""
 import json
 
 import numpy as np
-import onnx
 import pytest
-from typer.testing import CliRunner
 
-from dlas_predict.cli import app
-from conftest import DEMO, ROOT, assert_clean_error, run_cli
+from conftest import DEMO, assert_clean_error, run_cli
 from dlas_predict.errors import DlasError
 from dlas_predict.recommend.search import MODELS_STORE, PER_LAYER, recommend
 
-runner = CliRunner()
 SHIPPED = MODELS_STORE / "local"
 
 
@@ -130,7 +126,7 @@ def test_corrupt_network_model_is_refused(tmp_path):
 
 
 def test_network_model_save_load_predict_equal(tmp_path):
-    from dlas_predict.models.netmodel import NET_TERMS, NetworkCostModel
+    from dlas_predict.models.netmodel import NET_TERMS, NetworkCostModel, NetworkInputs
 
     rng = np.random.default_rng(0)
     T = np.abs(rng.normal(size=(60, len(NET_TERMS)))) * 1e-3
@@ -143,10 +139,11 @@ def test_network_model_save_load_predict_equal(tmp_path):
     back = NetworkCostModel.load(tmp_path, "network")
     assert back.cache_bytes == 32 << 20
     conv = T[:, 0]
-    for a, b in zip(m.predict(T, conv, conv * 0.9, conv * 1.1),
-                    back.predict(T, conv, conv * 0.9, conv * 1.1)):
+    X = NetworkInputs(T, conv, conv * 0.9, conv * 1.1)
+    assert np.allclose(m.predict(X), back.predict(X))
+    for a, b in zip(m.predict_interval(X), back.predict_interval(X)):
         assert np.allclose(a, b)
-    mid, lo, hi = back.predict(T, conv, conv * 0.9, conv * 1.1)
+    mid, (lo, hi) = back.predict(X), back.predict_interval(X)
     assert np.all(lo <= mid) and np.all(mid <= hi)
     with pytest.raises(DlasError, match="whole-network"):
         NetworkCostModel().fit(T[:3], whole[:3], 0)

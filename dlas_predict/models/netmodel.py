@@ -158,6 +158,17 @@ def net_terms(summary: NetworkSummary, layer_s, compression: Compression,
             gb, gb * f16, gb * i8, bc, io * f16, io * i8, lk, lk * f16, exp, exp * f16, beyond]
 
 
+@dataclass(frozen=True)
+class NetworkInputs:
+    """What a whole-network model predicts from: each configuration's :func:`net_terms` row,
+    and the layer model's conv-kernel sum with its interval (low, high)."""
+
+    terms: np.ndarray
+    conv: np.ndarray
+    conv_low: np.ndarray
+    conv_high: np.ndarray
+
+
 @dataclass
 class NetworkCostModel:
     """Whole-network latency = non-negative linear model over :data:`NET_TERMS`, fitted on
@@ -196,17 +207,19 @@ class NetworkCostModel:
         """The last-level cache the model's terms were computed with."""
         return int(self.meta["cache_bytes"])
 
-    def predict(self, T: np.ndarray, conv: np.ndarray, conv_low: np.ndarray,
-                conv_high: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Whole-network (median, low, high) seconds; ``T`` built with the predicted conv
-        sums ``conv``, whose interval is (``conv_low``, ``conv_high``)."""
+    def predict(self, X: NetworkInputs) -> np.ndarray:
+        """Whole-network seconds; ``X.terms`` built with the predicted conv sums ``X.conv``."""
         if self.coef is None:
             raise ModelError("the network model is not trained")
-        T = np.asarray(T, dtype=np.float64)
-        mid = T @ self.coef
-        lo = mid * np.minimum(conv_low / conv, 1.0) * min(self.meta["error_q10"], 1.0)
-        hi = mid * np.maximum(conv_high / conv, 1.0) * max(self.meta["error_q90"], 1.0)
-        return mid, lo, hi
+        return np.asarray(X.terms, dtype=np.float64) @ self.coef
+
+    def predict_interval(self, X: NetworkInputs) -> tuple[np.ndarray, np.ndarray]:
+        """The interval (low, high) seconds: the conv sums' interval, widened by the model's
+        own 10 %/90 % error on its training networks."""
+        mid = self.predict(X)
+        lo = mid * np.minimum(X.conv_low / X.conv, 1.0) * min(self.meta["error_q10"], 1.0)
+        hi = mid * np.maximum(X.conv_high / X.conv, 1.0) * max(self.meta["error_q90"], 1.0)
+        return lo, hi
 
     def save(self, directory: Path, name: str) -> Path:
         return write_sidecar(directory, name, self.meta)
@@ -270,7 +283,8 @@ class ConvSumModel:
     def __init__(self) -> None:
         self.meta = {"n_train": 0, "scope": "conv sum"}
 
-    def predict(self, T: np.ndarray, conv: np.ndarray, conv_low: np.ndarray,
-                conv_high: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        del T
-        return np.asarray(conv), np.asarray(conv_low), np.asarray(conv_high)
+    def predict(self, X: NetworkInputs) -> np.ndarray:
+        return np.asarray(X.conv)
+
+    def predict_interval(self, X: NetworkInputs) -> tuple[np.ndarray, np.ndarray]:
+        return np.asarray(X.conv_low), np.asarray(X.conv_high)

@@ -427,7 +427,7 @@ def _price(plans: list[Plan], su: _Setup, X: np.ndarray, layer_pred, tune_s) -> 
     """Stage 4: the network model's latency (and interval) of every plan, and the predicted
     search time of the tuned ones."""
     from dlas_predict.models.features import weight_bytes
-    from dlas_predict.models.netmodel import NetworkSummary, net_terms
+    from dlas_predict.models.netmodel import NetworkInputs, NetworkSummary, net_terms
 
     mid, low, high = layer_pred
     conv_mid = np.array([sum(mid[o.row] for o in p.layers) for p in plans])
@@ -439,7 +439,9 @@ def _price(plans: list[Plan], su: _Setup, X: np.ndarray, layer_pred, tune_s) -> 
                              [(o.algorithm, o.sparse) for o in p.layers],
                              [wbytes[o.row] for o in p.layers], su.net_model.cache_bytes)
                    for p in plans])
-    pm, pl, ph = su.net_model.predict(NX, conv_mid, conv_low, conv_high)
+    inputs = NetworkInputs(NX, conv_mid, conv_low, conv_high)
+    pm = su.net_model.predict(inputs)
+    pl, ph = su.net_model.predict_interval(inputs)
     cands = []
     for p, m, lo, hi, cs in zip(plans, pm, pl, ph, conv_mid):
         search = None
