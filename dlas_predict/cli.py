@@ -652,40 +652,39 @@ def evaluate(store: Path = typer.Option(..., "--store", help="Corpus store."),
         _print_json({**report.to_dict(),
                      "whole_networks": whole.to_dict() if whole is not None else None})
         return
-    rows = []
-    for net, scores, n in [*((k, h.scores, h.configurations) for k, h in report.networks.items()),
-                           ("OVERALL", report.overall, "")]:
-        for m in MODELS:
-            r = scores[m]
-            rows.append({"held out": net, "model": m, "configs": n,
-                         "layer MAPE": f"{r.layer_mape:.1%}", "MAPE": f"{r.mape:.1%}",
-                         "within ±10%": f"{r.within_10pct:.0%}",
-                         "Kendall τ": f"{r.kendall_tau:.2f}",
-                         "top-1 hit": f"{r.top1_hit:.0%}", "regret": f"{r.regret:.3f}"})
     typer.echo(f"leave-one-network-out on {report.device}; configurations are compression "
                f"× algorithm, latency = {report.scope}; measured vs predicted")
-    typer.echo(format_table(rows))
+    typer.echo(format_table(_score_rows(report, MODELS)))
     if whole is None:
         typer.echo("\nno whole-network evaluation: it needs whole-network measurements of at "
                    "least three networks (`dlas-predict collect --whole-network`)")
         return
-    pct = (lambda v, f: "—" if v is None else format(v, f))
-    rows = []
-    for net, scores, n in [*((k, h.scores, h.configurations) for k, h in whole.networks.items()),
-                           ("OVERALL", whole.overall, "")]:
-        for m in WHOLE_MODELS:
-            r = scores[m]
-            rows.append({"held out": net, "model": m, "configs": n,
-                         "MAPE": pct(r.mape, ".1%"), "within ±10%": pct(r.within_10pct, ".0%"),
-                         "Kendall τ": f"{r.kendall_tau:.2f}",
-                         "top-1 hit": f"{r.top1_hit:.0%}", "regret": f"{r.regret:.3f}",
-                         "top-3 gap": f"{r.top3_gap:.3f}"})
     typer.echo(f"\nleave-one-network-out over {len(wrows)} measured {whole.scope}: the "
                "held-out network's kernels and whole measurements are unseen in training; "
                "top-3 gap = best measured of the predicted top 3 / best measured; "
                "measured_conv+residual is no predictor: the network model on the held-out "
                "network's measured kernels, what a perfect layer model would reach")
-    typer.echo(format_table(rows))
+    typer.echo(format_table(_score_rows(whole, WHOLE_MODELS)))
+
+
+def _score_rows(report, models) -> list[dict]:
+    """One table row per (held-out network or OVERALL, model) of an evaluation report."""
+    pct = (lambda v, f: "—" if v is None else format(v, f))
+    rows = []
+    for net, scores, n in [*((k, h.scores, h.configurations) for k, h in report.networks.items()),
+                           ("OVERALL", report.overall, "")]:
+        for m in models:
+            r = scores[m]
+            row = {"held out": net, "model": m, "configs": n}
+            if r.layer_mape is not None:
+                row["layer MAPE"] = f"{r.layer_mape:.1%}"
+            row.update({"MAPE": pct(r.mape, ".1%"), "within ±10%": pct(r.within_10pct, ".0%"),
+                        "Kendall τ": f"{r.kendall_tau:.2f}", "top-1 hit": f"{r.top1_hit:.0%}",
+                        "regret": f"{r.regret:.3f}"})
+            if r.top3_gap is not None:
+                row["top-3 gap"] = f"{r.top3_gap:.3f}"
+            rows.append(row)
+    return rows
 
 
 # ---- recommend --------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from tvm.s_tir import Schedule
 
 from dlas_predict.space.config import Algorithm, ConvSpec, DType
 from dlas_predict.errors import ConfigError
-from .kernels import _DENSE, KernelSpec, _decode, acc_dtype
+from .kernels import _DENSE, _SPARSE_HEADER, KernelSpec, _decode, acc_dtype
 
 #: The lowest compute capability the kernels are built for (float16 arithmetic, dp4a).
 MIN_ARCH = 61
@@ -167,21 +167,8 @@ _DENSE_GPU = {Algorithm.DIRECT: _direct_gpu, Algorithm.GEMM: _gemm_gpu,
 
 
 # ------------------------------------------------------------------------------------------
-# CSR kernels (TVMScript; a TE reduction cannot depend on data)
+# CSR kernels (TVMScript; a TE reduction cannot depend on data), with the CPU kernels' header
 # ------------------------------------------------------------------------------------------
-_HEADER = '''
-# from tvm.script import tirx as T
-@T.prim_func
-def main(data: T.Buffer((1, {C}, {H}, {W}), "{dt}"), w_data_h: T.handle,
-         w_indices_h: T.handle, w_indptr: T.Buffer(({K1},), "int32"),
-         out: T.Buffer((1, {K}, {OH}, {OW}), "{dt}")):
-    T.func_attr({{"tirx.noalias": True}})
-    nnz = T.int32()
-    w_data = T.match_buffer(w_data_h, (nnz,), "{dt}")
-    w_indices = T.match_buffer(w_indices_h, (nnz,), "int32")
-'''
-
-
 def _terms(ks: KernelSpec) -> dict[str, Any]:
     spec, dt = ks.conv, ks.dtype
     acc = acc_dtype(ks)
@@ -193,7 +180,7 @@ def _terms(ks: KernelSpec) -> dict[str, Any]:
     else:
         epi = "{x}"
     load = "{x}" if acc == dt.value else f'T.Cast("{acc}", {{x}})'
-    return {"C": spec.C, "H": spec.H, "W": spec.W, "K": spec.K, "K1": spec.K + 1,
+    return {"C_": 1, "C": spec.C, "H": spec.H, "W": spec.W, "K": spec.K, "K1": spec.K + 1,
             "OH": spec.OH, "OW": spec.OW, "dt": dt.value, "acc": acc,
             "zero": f"T.{acc}(0)", "RS": spec.R * spec.S, "S": spec.S,
             "Cg": spec.C // spec.groups, "Kg": spec.K // spec.groups, "epi": epi,
@@ -214,7 +201,7 @@ def _direct_csr(ks: KernelSpec) -> str:
     spec, t = ks.conv, _terms(ks)
     tw = ks.knobs["thr_w"]
     nw = -(-spec.OW // tw)
-    return _HEADER.format(**t) + f'''
+    return _SPARSE_HEADER.format(**t) + f'''
     for kh in T.thread_binding({spec.K * spec.OH}, thread="blockIdx.x"):
         for tx in T.thread_binding({tw}, thread="threadIdx.x"):
             acc = T.alloc_buffer(({nw},), "{t["acc"]}", scope="local")
@@ -240,7 +227,7 @@ def _gemm_csr(ks: KernelSpec) -> str:
     rows = spec.groups * crs
     col_fill = ELEMENTWISE_THREADS
     n_col = rows * p
-    return _HEADER.format(**t) + f'''
+    return _SPARSE_HEADER.format(**t) + f'''
     colbuf = T.alloc_buffer(({rows}, {p}), "{t["dt"]}")
     for bx in T.thread_binding({-(-n_col // col_fill)}, thread="blockIdx.x"):
         for tx in T.thread_binding({col_fill}, thread="threadIdx.x"):
@@ -282,7 +269,7 @@ def _spatial_pack_csr(ks: KernelSpec) -> str:
     spec, t = ks.conv, _terms(ks)
     vh_, vw_ = ks.knobs["tile_h"], ks.knobs["tile_w"]
     oht, owt = -(-spec.OH // vh_), -(-spec.OW // vw_)
-    return _HEADER.format(**t) + f'''
+    return _SPARSE_HEADER.format(**t) + f'''
     for kt in T.thread_binding({spec.K * oht * owt}, thread="blockIdx.x"):
         for tx in T.thread_binding({vh_ * vw_}, thread="threadIdx.x"):
             acc = T.alloc_buffer((1,), "{t["acc"]}", scope="local")

@@ -79,18 +79,24 @@ def _pow2_at_least(n: int) -> int:
     return out
 
 
-def resolve_knobs(spec: ConvSpec, variant: Variant) -> dict[str, int]:
-    """Defaults overridden by the variant's own knobs; unknown knob names are an error."""
-    knobs = default_knobs(spec, variant)
-    names = KNOB_NAMES[(variant.algorithm, variant.sparse)]
+def _override(knobs: dict[str, int], variant: Variant, names, kernel: str) -> dict[str, int]:
+    """``knobs`` with the variant's own knobs set over them; an unknown name (for ``kernel``,
+    allowed ``names``) or a value under 1 is an error."""
     for name, value in variant.knobs:
         if name not in names:
-            raise ConfigError(
-                f"unknown knob {name!r} for {variant.algorithm.value}"
-                f"{' (sparse)' if variant.sparse else ''}; allowed: {', '.join(names)}")
+            raise ConfigError(f"unknown knob {name!r} for {kernel}; allowed: "
+                              f"{', '.join(names)}")
         if int(value) <= 0:
             raise ConfigError(f"knob {name} must be positive, got {value}")
         knobs[name] = int(value)
+    return knobs
+
+
+def resolve_knobs(spec: ConvSpec, variant: Variant) -> dict[str, int]:
+    """Defaults overridden by the variant's own knobs; unknown knob names are an error."""
+    knobs = _override(default_knobs(spec, variant), variant,
+                      KNOB_NAMES[(variant.algorithm, variant.sparse)],
+                      f"{variant.algorithm.value}{' (sparse)' if variant.sparse else ''}")
     kg = spec.K // spec.groups
     if "tile_k" in knobs:
         divides = kg if variant.algorithm is Algorithm.SPATIAL_PACK else spec.K
@@ -214,17 +220,11 @@ def default_gpu_knobs(spec: ConvSpec, variant: Variant) -> dict[str, int]:
 
 def resolve_gpu_knobs(spec: ConvSpec, variant: Variant) -> dict[str, int]:
     """GPU defaults overridden by the variant's own knobs; unknown names are an error."""
-    knobs = default_gpu_knobs(spec, variant)
     names = GPU_KNOB_NAMES[(variant.algorithm, variant.sparse)] + (
         ("acc_bits",) if variant.dtype is DType.FLOAT16 else ())
-    for name, value in variant.knobs:
-        if name not in names:
-            raise ConfigError(
-                f"unknown knob {name!r} for the CUDA {variant.algorithm.value}"
-                f"{' (sparse)' if variant.sparse else ''} kernel; allowed: {', '.join(names)}")
-        if int(value) <= 0:
-            raise ConfigError(f"knob {name} must be positive, got {value}")
-        knobs[name] = int(value)
+    knobs = _override(default_gpu_knobs(spec, variant), variant, names,
+                      f"the CUDA {variant.algorithm.value}"
+                      f"{' (sparse)' if variant.sparse else ''} kernel")
     if knobs.get("acc_bits", 32) not in (16, 32):
         raise ConfigError(f"acc_bits must be 16 or 32, got {knobs['acc_bits']}")
     if "tile_k" in knobs and (spec.K // spec.groups) % knobs["tile_k"]:

@@ -409,7 +409,8 @@ def run_network_task(task: "NetworkTask") -> dict[str, Any]:
     and time it with the study's protocol."""
     import onnx
 
-    from .worker import _target, plan_timing, timed_fields
+    from .tasks import plan_timing
+    from .worker import _target, timed_fields
 
     model = onnx.load(task.onnx)
     dtype = task.dtype

@@ -144,8 +144,8 @@ def from_wire(d: dict[str, Any]) -> Task:
     """The task :func:`to_wire` encoded."""
     d = dict(d)
     kind = d.pop("kind", "kernel")
-    tuning = TuningRequest(**d.pop("tuning")) if d.get("tuning") else None
-    d.pop("tuning", None)
+    raw = d.pop("tuning", None)
+    tuning = TuningRequest(**raw) if raw else None
     if kind == "peaks":
         return PeaksTask(**d)
     proto = Protocol(**d.pop("protocol", {}))

@@ -22,7 +22,7 @@ import numpy as np
 from dlas_predict.space.config import SparsityPattern
 from .reference import check_output, conv2d_reference, make_inputs
 from .sparse import prune, sparsity
-from .tasks import (KernelTask, NetworkTask, PeaksTask, Protocol, Task, WorkerReply,  # noqa: F401
+from .tasks import (KernelTask, NetworkTask, PeaksTask, Protocol, Task, WorkerReply,
                     from_wire, plan_timing)
 
 

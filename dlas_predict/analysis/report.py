@@ -15,6 +15,7 @@ import html
 import json
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -191,11 +192,15 @@ class Evidence:
     def untuned(self):
         return self.net[self.net["tuning"] == "untuned"] if self.has_net else None
 
+    @cached_property
+    def ideal_shares(self) -> list[dict[str, Any]]:
+        """:func:`ideal_shares` of the network frame, computed once for VII and VIII."""
+        return ideal_shares(self.net) if self.has_net else []
 
-def _i(ev: Evidence) -> list[Observation]:
+
+def _i(ev: Evidence) -> Observation:
     """Observation I."""
     kernels, curves, has_net, untuned = ev.kernels, ev.curves, ev.has_net, ev.untuned
-    obs: list[Observation] = []
     o = Observation("I", "Model size, MACs and accuracy are not strongly correlated with "
                     "inference time.",
                     "holds when the Spearman ρ of dense latency (best algorithm) with conv "
@@ -233,14 +238,12 @@ def _i(ev: Evidence) -> list[Observation]:
                                f"{acc['configs_with_accuracy']} configurations with a shipped "
                                "accuracy")
     _no_data(o, "no network with a dense configuration in this corpus")
-    obs.append(o)
-    return obs
+    return o
 
 
-def _ii(ev: Evidence) -> list[Observation]:
+def _ii(ev: Evidence) -> Observation:
     """Observation II."""
     curves = ev.curves
-    obs: list[Observation] = []
     o = Observation("II", "Weight pruning keeps accuracy to higher ratios than channel "
                     "pruning.",
                     "holds when, on every network with both shipped curves, the weight-"
@@ -260,27 +263,23 @@ def _ii(ev: Evidence) -> list[Observation]:
                 " (shipped curves: top-1 on 360 held-out digits; accuracy does not depend " \
                 "on the device)"
     _no_data(o, "no shipped accuracy curves")
-    obs.append(o)
-    return obs
+    return o
 
 
-def _iii(ev: Evidence) -> list[Observation]:
+def _iii(ev: Evidence) -> Observation:
     """Observation III."""
     untuned = ev.untuned
-    obs: list[Observation] = []
     o = Observation("III", "Quantisation speedups depend on the hardware: int8 is not a "
                     "reliable speedup on this device.",
                     "holds when int8 (fastest algorithm) is slower than float32 dense on at "
                     "least one network, or its median speedup is below 2x.")
     _speedup_obs(o, untuned, "int8", lambda med, slower: slower > 0 or med < 2.0)
-    obs.append(o)
-    return obs
+    return o
 
 
-def _iv(ev: Evidence) -> list[Observation]:
+def _iv(ev: Evidence) -> Observation:
     """Observation IV."""
     has_net, untuned = ev.has_net, ev.untuned
-    obs: list[Observation] = []
     o = Observation("IV", "Channel pruning gives a more reliable speedup than weight "
                     "pruning.",
                     "holds when the median speedup over dense of channel pruning (highest "
@@ -298,14 +297,12 @@ def _iv(ev: Evidence) -> list[Observation]:
                           f"pruning {mc:.2f}x, weight pruning {mw:.2f}x (our channel-pruned "
                           "layers run CSR kernels over the zeroed channels)")
     _no_data(o, "no network with both prunings and dense measured")
-    obs.append(o)
-    return obs
+    return o
 
 
-def _v(ev: Evidence) -> list[Observation]:
+def _v(ev: Evidence) -> Observation:
     """Observation V."""
     device, untuned = ev.device, ev.untuned
-    obs: list[Observation] = []
     o = Observation("V", "float16 slows CPUs that lack native float16 arithmetic.",
                     "on a CPU without native float16 (no avx512_fp16 / fphp): holds when "
                     "float16 (fastest algorithm) is slower than float32 dense on most networks.")
@@ -317,14 +314,12 @@ def _v(ev: Evidence) -> list[Observation]:
         _speedup_obs(o, untuned, "float16", None, majority=True)
         if native and o.verdict != NO_DATA:
             o.evidence += " (this CPU has native float16 arithmetic)"
-    obs.append(o)
-    return obs
+    return o
 
 
-def _vi(ev: Evidence) -> list[Observation]:
+def _vi(ev: Evidence) -> Observation:
     """Observation VI."""
     has_net, untuned = ev.has_net, ev.untuned
-    obs: list[Observation] = []
     o = Observation("VI", "Untuned, the fastest algorithm for a dense model is GEMM or "
                     "direct, not spatial pack.",
                     "holds when GEMM or direct is the fastest untuned dense algorithm on most "
@@ -342,47 +337,51 @@ def _vi(ev: Evidence) -> list[Observation]:
             o.evidence = "fastest untuned dense algorithm: " + ", ".join(
                 f"{a} on {n}" for a, n in counts.items()) + f" of {len(wins)} networks"
     _no_data(o, "no untuned dense network configuration")
-    obs.append(o)
-    return obs
+    return o
 
 
-def _vii_viii(ev: Evidence) -> list[Observation]:
-    """Observations VII, VIII."""
-    net, has_net = ev.net, ev.has_net
-    obs: list[Observation] = []
-    shares = ideal_shares(net) if has_net else []
-    for number, comp, claim, rule, test in (
-            ("VII", "weight_pruning", "Weight-pruned models reach only a small fraction of "
-             "their ideal speedup (the study: 11.5 % on the HiKey, 21.8 % on the i7, "
-             "untuned).", "holds when the median share of the ideal speedup (achieved / "
-             "(dense MACs / MACs left)) is below 50 %.", lambda s, other: s < 0.5),
-            ("VIII", "channel_pruning", "Channel-pruned models reach a larger share of their "
-             "ideal speedup than weight-pruned ones (the study: 77.9 % and 83.9 %).",
-             "holds when channel pruning's median share of its ideal speedup is above "
-             "weight pruning's.", lambda s, other: other == other and s > other)):
-        o = Observation(number, claim, rule)
-        mine = [s["share"] for s in shares if s["compression"] == comp
-                and s["tuning"] == "untuned"]
-        other_comp = "channel_pruning" if comp == "weight_pruning" else "weight_pruning"
-        other = _median(s["share"] for s in shares if s["compression"] == other_comp
-                        and s["tuning"] == "untuned")
-        if mine:
-            med = _median(mine)
-            o.numbers = {"configurations": len(mine), "median_share": med,
-                         "median_share_other": other}
-            o.verdict = HOLDS if test(med, other) else FAILS
-            o.evidence = (f"median share of the ideal speedup over {len(mine)} "
-                          f"{comp} configurations: {med:.1%} (the other pruning: "
-                          f"{other:.1%})")
-        _no_data(o, f"no {comp} network configuration with its dense baseline")
-        obs.append(o)
-    return obs
+def _ideal_share(ev: Evidence, number: str, comp: str, claim: str, rule: str,
+                 test) -> Observation:
+    """VII and VIII: the median share of the ideal speedup one pruning reaches, judged by
+    ``test(share, other pruning's share)``."""
+    o = Observation(number, claim, rule)
+    shares = ev.ideal_shares
+    mine = [s["share"] for s in shares if s["compression"] == comp
+            and s["tuning"] == "untuned"]
+    other_comp = "channel_pruning" if comp == "weight_pruning" else "weight_pruning"
+    other = _median(s["share"] for s in shares if s["compression"] == other_comp
+                    and s["tuning"] == "untuned")
+    if mine:
+        med = _median(mine)
+        o.numbers = {"configurations": len(mine), "median_share": med,
+                     "median_share_other": other}
+        o.verdict = HOLDS if test(med, other) else FAILS
+        o.evidence = (f"median share of the ideal speedup over {len(mine)} "
+                      f"{comp} configurations: {med:.1%} (the other pruning: "
+                      f"{other:.1%})")
+    _no_data(o, f"no {comp} network configuration with its dense baseline")
+    return o
 
 
-def _ix(ev: Evidence) -> list[Observation]:
+def _vii(ev: Evidence) -> Observation:
+    return _ideal_share(
+        ev, "VII", "weight_pruning", "Weight-pruned models reach only a small fraction of "
+        "their ideal speedup (the study: 11.5 % on the HiKey, 21.8 % on the i7, untuned).",
+        "holds when the median share of the ideal speedup (achieved / (dense MACs / MACs "
+        "left)) is below 50 %.", lambda s, other: s < 0.5)
+
+
+def _viii(ev: Evidence) -> Observation:
+    return _ideal_share(
+        ev, "VIII", "channel_pruning", "Channel-pruned models reach a larger share of their "
+        "ideal speedup than weight-pruned ones (the study: 77.9 % and 83.9 %).",
+        "holds when channel pruning's median share of its ideal speedup is above weight "
+        "pruning's.", lambda s, other: other == other and s > other)
+
+
+def _ix(ev: Evidence) -> Observation:
     """Observation IX."""
     kernels = ev.kernels
-    obs: list[Observation] = []
     o = Observation("IX", "Sparse (CSR) kernels beat dense ones only at high sparsity.",
                     "over weight-pruned layers, holds when CSR kernels win (faster than the "
                     "same algorithm's dense kernel) on under half the layers below 70 % "
@@ -406,14 +405,12 @@ def _ix(ev: Evidence) -> list[Observation]:
                 "; ".join(f"{b}: {v['csr_wins']:.0%} of {v['layers']}" for b, v in
                           table.items())
     _no_data(o, "no weight-pruned kernel with its dense counterpart")
-    obs.append(o)
-    return obs
+    return o
 
 
-def _x(ev: Evidence) -> list[Observation]:
+def _x(ev: Evidence) -> Observation:
     """Observation X."""
     has_net, untuned = ev.has_net, ev.untuned
-    obs: list[Observation] = []
     o = Observation("X", "No single algorithm is fastest everywhere: the best one depends "
                     "on the network and the compression.",
                     "holds when Table 3's winners include at least two algorithms.")
@@ -427,14 +424,12 @@ def _x(ev: Evidence) -> list[Observation]:
             o.evidence = f"over {len(winners)} (network, configuration) cells the fastest " \
                          "algorithm is " + ", ".join(f"{a} {n}" for a, n in counts.items())
     _no_data(o, "no network configuration")
-    obs.append(o)
-    return obs
+    return o
 
 
-def _xi(ev: Evidence) -> list[Observation]:
+def _xi(ev: Evidence) -> Observation:
     """Observation XI."""
     kernels = ev.kernels
-    obs: list[Observation] = []
     o = Observation("XI", "Auto-tuning changes which algorithm is fastest (the study: "
                     "untuned GEMM or direct; tuned CPU: spatial pack for dense, direct for "
                     "sparse).",
@@ -449,14 +444,12 @@ def _xi(ev: Evidence) -> list[Observation]:
     _no_data(o, "no layer measured both tuned and untuned with every algorithm (tuned "
                 "records come from MetaSchedule: dlas-predict tune; TopHub logs hold one tuned "
                 "algorithm per workload)")
-    obs.append(o)
-    return obs
+    return o
 
 
-def _xii(ev: Evidence) -> list[Observation]:
+def _xii(ev: Evidence) -> Observation:
     """Observation XII."""
     kernels = ev.kernels
-    obs: list[Observation] = []
     o = Observation("XII", "Sparse kernels gain less from tuning than dense ones.",
                     "holds when the median tuned-over-untuned speedup of CSR kernels is below "
                     "that of dense kernels.")
@@ -467,14 +460,12 @@ def _xii(ev: Evidence) -> list[Observation]:
         o.evidence = f"median tuning speedup: CSR {gains['sparse']:.2f}x, dense " \
                      f"{gains['dense']:.2f}x"
     _no_data(o, "no kernel measured both tuned and untuned, sparse and dense")
-    obs.append(o)
-    return obs
+    return o
 
 
-def _xiii(ev: Evidence) -> list[Observation]:
+def _xiii(ev: Evidence) -> Observation:
     """Observation XIII."""
     kernels = ev.kernels
-    obs: list[Observation] = []
     o = Observation("XIII", "Auto-tuning is expensive: hours per network (the study: over "
                     "140 hours per ImageNet model on the HiKey).",
                     "holds when the recorded tuning time of a network's layers sums to over "
@@ -487,19 +478,18 @@ def _xiii(ev: Evidence) -> list[Observation]:
         o.evidence = "recorded tuning time per network: " + ", ".join(
             f"{n} {h:.2f} h" for n, h in sorted(secs.items()))
     _no_data(o, "no tuned record with its tuning_seconds (MetaSchedule tuning: dlas-predict tune)")
-    obs.append(o)
-    return obs
+    return o
 
 
 #: The study's 13 observations, in its order: each rule reads the evidence and returns its
-#: observations, each with a verdict, its numbers and the rule it was judged by.
-OBSERVATION_RULES = (_i, _ii, _iii, _iv, _v, _vi, _vii_viii, _ix, _x, _xi, _xii, _xiii)
+#: observation, with a verdict, its numbers and the rule it was judged by.
+OBSERVATION_RULES = (_i, _ii, _iii, _iv, _v, _vi, _vii, _viii, _ix, _x, _xi, _xii, _xiii)
 
 
 def observations(net, kernels, curves: dict | None, device: Device) -> list[Observation]:
     """Every observation of the study with its verdict on ``device``."""
     ev = Evidence(net, kernels, curves, device)
-    return [o for rule in OBSERVATION_RULES for o in rule(ev)]
+    return [rule(ev) for rule in OBSERVATION_RULES]
 
 
 def _no_data(o: Observation, why: str) -> None:

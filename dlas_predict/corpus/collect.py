@@ -154,8 +154,9 @@ def collect_networks(plans: list[NetworkPlan], store: CorpusStore | None, runner
     if store is not None and (retime_slow or retime_unprobed):
         slow = store.slow_keys(runner.protocol, "network_measurements",
                                unprobed=retime_unprobed)
-    todo = [(i, p) for i, p in enumerate(plans, 1)
-            if not (p.key(device) in done and p.key(device) not in slow)]
+    keys = [p.key(device) for p in plans]
+    todo = [(i, p) for i, (p, k) in enumerate(zip(plans, keys), 1)
+            if k not in done or k in slow]
     out = NetworkCollectSummary()
     for (i, plan), rec in zip(todo, runner.run([p for _, p in todo])):
         key = rec.key

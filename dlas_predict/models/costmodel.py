@@ -109,12 +109,28 @@ class KernelCostModel(abc.ABC):
         pred = self.predict(X)
         return pred, pred
 
-    def to_dict(self) -> dict:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def save(self, directory: Path, name: str) -> Path:
+        ...
 
     @classmethod
-    def from_dict(cls, d: dict) -> "KernelCostModel":
-        raise NotImplementedError
+    @abc.abstractmethod
+    def load(cls, directory: Path, name: str) -> "KernelCostModel":
+        ...
+
+
+class _JsonStateModel(KernelCostModel):
+    """A kernel cost model whose fitted state is small JSON (``to_dict``/``from_dict``),
+    saved as one sidecar."""
+
+    @abc.abstractmethod
+    def to_dict(self) -> dict:
+        ...
+
+    @classmethod
+    @abc.abstractmethod
+    def from_dict(cls, d: dict) -> "_JsonStateModel":
+        ...
 
     def save(self, directory: Path, name: str) -> Path:
         """A JSON sidecar holding the fitted state (``to_dict``)."""
@@ -123,7 +139,7 @@ class KernelCostModel(abc.ABC):
                                                "versions": _versions()})
 
     @classmethod
-    def load(cls, directory: Path, name: str) -> "KernelCostModel":
+    def load(cls, directory: Path, name: str) -> "_JsonStateModel":
         sidecar, meta = read_sidecar(directory, name, cls.__name__,
                                      "fit one and save it first")
         if meta.get("format") != cls.__name__:
@@ -135,7 +151,7 @@ class KernelCostModel(abc.ABC):
 
 
 @dataclass
-class StageCostModel(KernelCostModel):
+class StageCostModel(_JsonStateModel):
     """A kernel's time as Σ cost·term over
     :data:`~dlas_predict.models.features.STAGE_TERMS`, costs ≥ 0, fitted per kernel family (and per
     loop structure where it has enough rows) by non-negative least squares on relative error.
@@ -275,7 +291,7 @@ def _group_keys(X: np.ndarray) -> list[tuple]:
 
 
 @dataclass
-class RooflineBaseline(KernelCostModel):
+class RooflineBaseline(_JsonStateModel):
     """Roofline time × one efficiency factor per algorithm × compression (geometric mean)."""
 
     factors: dict = field(default_factory=dict)
@@ -306,7 +322,7 @@ class RooflineBaseline(KernelCostModel):
 
 
 @dataclass
-class MacsLinearBaseline(KernelCostModel):
+class MacsLinearBaseline(_JsonStateModel):
     """latency = a·MACs + b, least squares per algorithm × compression."""
 
     coefs: dict = field(default_factory=dict)

@@ -156,10 +156,6 @@ def _fit_all(X: np.ndarray, y: np.ndarray, seed: int = 0) -> dict:
             "macs_linear": MacsLinearBaseline().fit(X, y)}
 
 
-def _predict(model, X: np.ndarray) -> np.ndarray:
-    return model.predict(X)
-
-
 class HeldOutFits:
     """The models of each leave-one-network-out round, fitted once and shared by the
     conv-only and the whole-network evaluations: round N trains on every kernel that network
@@ -266,7 +262,7 @@ def leave_one_network_out(corpus: Corpus, seed: int = 0, fits: HeldOutFits | Non
         per_net[net] = HeldOutNetwork(len(cfgs), {}, len(fits.used[net]),
                                       int(len(corpus.keys) - len(fits.used[net])))
         for name, model in models.items():
-            pred = _predict(model, corpus.X[used])
+            pred = model.predict(corpus.X[used])
             lookup = dict(zip(used, pred))
             p = np.array([sum(lookup[i] for i in c.rows) for c in cfgs])
             t = np.array([sum(corpus.seconds[i] for i in c.rows) for c in cfgs])
@@ -487,7 +483,7 @@ def whole_network_lono(corpus: Corpus, rows: list[WholeRow], seed: int = 0,
                                              [rows[i].network for i in trainw])
         preds = {BOUND: T_meas[test] @ residual.coef}
         for name, model in layer_models.items():
-            lp = dict(zip(used, _predict(model, corpus.X[used])))
+            lp = dict(zip(used, model.predict(corpus.X[used])))
             held = [rows[i] for i in test]
             layer_s = [[lp[k] for k in r.rows] for r in held]
             conv = np.array([sum(s) for s in layer_s])
