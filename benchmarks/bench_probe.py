@@ -50,7 +50,8 @@ def one_process(rounds: int) -> list[dict]:
     from dlas_predict.measure.reference import make_inputs
     from dlas_predict.measure.sparse import prune
 
-    target = tvm.target.Target(get_device("local").target)
+    target_json = get_device("local").target
+    target = tvm.target.Target(target_json)
     dev = tvm.cpu(0)
     timers = []
     for name, conv, alg, comp, ratio in KERNELS:
@@ -64,7 +65,7 @@ def one_process(rounds: int) -> list[dict]:
         args = device_args(ks, x, w, dev)
         ex["main"](*args)
         timers.append((name, ex.mod.time_evaluator("main", dev, number=3, repeat=30), args))
-    probe = ContentionProbe(target, pool_threads(), canary=Canary(target, None))
+    probe = ContentionProbe(target_json, pool_threads(), canary=Canary(target_json, None))
     out = []
     for _ in range(rounds):
         row = {"chain": probe.ratio(), "canary_s": probe.canary.seconds()}

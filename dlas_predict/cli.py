@@ -55,25 +55,56 @@ def _print_json(obj) -> None:
     typer.echo(json.dumps(obj, indent=2, default=str))
 
 
+_TRACKER_OPT = typer.Option(None, "--tracker", help="Measure on boards of this TVM RPC "
+                            "tracker (HOST:PORT; default $DLAS_TRACKER). Loopback only "
+                            "unless --allow-remote-tracker.")
+_RPC_KEY_OPT = typer.Option(None, "--rpc-key", help="Tracker key of the boards (default: the "
+                            "device's rpc_key in the registry).")
+_ALLOW_REMOTE_OPT = typer.Option(False, "--allow-remote-tracker", help="Allow a tracker that "
+                                 "is not on loopback. TVM RPC has no authentication: anyone "
+                                 "on that network can run code on the boards.")
+_BOARDS_OPT = typer.Option(None, "--boards", help="RPC: boards to use at once (default: "
+                           "every board under the key).")
+_TRIES_OPT = typer.Option(3, "--tries", help="RPC: boards a task is given (after a board "
+                          "drops off, crashes or hangs) before its failure is recorded.")
+
+
 # ---- devices ----------------------------------------------------------------------------
-@app.command()
+devices_app = typer.Typer(invoke_without_command=True,
+                          help="The device registry: list, measure roofs, add, remove.")
+app.add_typer(devices_app, name="devices")
+
+
+@devices_app.callback()
 @handle_errors
-def devices(as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+def devices(ctx: typer.Context,
+            as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
             measure_peaks: bool = typer.Option(
-                False, "--measure-peaks", help="Measure this machine's roofs (peak GFLOP/s "
+                False, "--measure-peaks", help="Measure the device's roofs (peak GFLOP/s "
                 "per dtype with an FMA-bound kernel, bandwidth with a streaming kernel) and "
-                "store them in the local device entry."),
+                "store them with its entry."),
+            device: str = typer.Option("local", "--device", help="With --measure-peaks: "
+                                       "the device (this machine, a profile, or a board "
+                                       "through --tracker)."),
             save_to: Optional[Path] = typer.Option(
                 None, "--save-to", help="With --measure-peaks: also merge the result into "
-                "this JSON file (the shipped one is dlas_predict/data/measured_peaks.json).")):
-    """List the device registry (``local`` is detected on this machine)."""
+                "this JSON file (the shipped one is dlas_predict/data/measured_peaks.json)."),
+            tracker: Optional[str] = _TRACKER_OPT, rpc_key: Optional[str] = _RPC_KEY_OPT,
+            allow_remote_tracker: bool = _ALLOW_REMOTE_OPT,
+            timeout: float = typer.Option(300.0, "--timeout", help="RPC: seconds to wait "
+                                          "for a free board.")):
+    """List the device registry: ``local`` and its profiles are detected on this machine,
+    the others are shipped or added with ``devices add``."""
     from dlas_predict.space.devices import all_devices
     from dlas_predict.render import format_table
 
+    if ctx.invoked_subcommand is not None:
+        return
     if save_to is not None and not measure_peaks:
         _fail("--save-to needs --measure-peaks", 2)
     if measure_peaks:
-        _measure_peaks(as_json, save_to)
+        _measure_peaks(as_json, save_to, device, tracker, rpc_key, allow_remote_tracker,
+                       timeout)
         return
     devs = all_devices()
     if as_json:
@@ -82,35 +113,79 @@ def devices(as_json: bool = typer.Option(False, "--json", help="Machine-readable
     rows = [{
         "name": d.name, "kind": d.kind, "cores": d.cores,
         "peak fp32 GFLOP/s": d.peak_gflops.get("float32"),
-        "bandwidth GB/s": d.mem_bandwidth_gbs, "figures": d.source,
+        "bandwidth GB/s": d.mem_bandwidth_gbs, "figures": d.source, "origin": d.origin,
         "target": json.dumps(d.target, separators=(",", ":")), "description": d.description,
     } for d in devs]
     typer.echo(format_table(rows))
-    typer.echo("\nfigures: spec = vendor specification; estimate = derived from the detected "
-               "ISA and clock (not measured); measured = `devices --measure-peaks` on this "
-               "machine.")
+    typer.echo("\nfigures: spec = vendor or user specification; estimate = derived from the "
+               "detected ISA and clock (not measured); measured = `devices --measure-peaks`. "
+               "origin: detected = this machine and its profiles (the same CPU, measured with "
+               "other code generation and threads), shipped = the registry, user = "
+               "`devices add`.")
 
 
-def _measure_peaks(as_json: bool, save_to: Optional[Path]) -> None:
+@devices_app.command("add")
+@handle_errors
+def devices_add(name: str = typer.Argument(..., help="The new device's name."),
+                kind: str = typer.Option(..., "--kind", help="cpu | gpu"),
+                target: str = typer.Option(..., "--target", help="TVM target as JSON, e.g. "
+                                           '{"kind":"llvm","mtriple":"aarch64-linux-gnu",'
+                                           '"mcpu":"cortex-a72"}'),
+                cores: int = typer.Option(..., "--cores", help="Cores (or GPU cores)."),
+                peak_gflops: float = typer.Option(..., "--peak-gflops",
+                                                  help="Peak float32 GFLOP/s (spec)."),
+                bandwidth_gbs: float = typer.Option(..., "--bandwidth-gbs",
+                                                    help="Memory bandwidth, GB/s (spec)."),
+                rpc_key: Optional[str] = typer.Option(None, "--rpc-key",
+                                                      help="Its boards' tracker key."),
+                description: Optional[str] = typer.Option(None, "--description")):
+    """Register a device in DLAS_HOME; its figures are labelled ``spec``."""
+    from dlas_predict.space.devices import add_device, user_registry_path
+
+    dev = add_device(name, kind, target, cores, peak_gflops, bandwidth_gbs, rpc_key,
+                     description)
+    typer.echo(f"added {dev.name} ({dev.kind}, {dev.cores} cores, "
+               f"{dev.peak_gflops['float32']:g} GFLOP/s and {dev.mem_bandwidth_gbs:g} GB/s "
+               f"as given: spec) to {user_registry_path()}")
+
+
+@devices_app.command("remove")
+@handle_errors
+def devices_remove(name: str = typer.Argument(..., help="A device `devices add` added.")):
+    """Remove a device that ``devices add`` registered."""
+    from dlas_predict.space.devices import remove_device, user_registry_path
+
+    remove_device(name)
+    typer.echo(f"removed {name} from {user_registry_path()}")
+
+
+def _measure_peaks(as_json: bool, save_to: Optional[Path], device: str, tracker, rpc_key,
+                   allow_remote, timeout) -> None:
     import time
 
-    from dlas_predict.space.devices import detect_local, save_measured_peaks
+    from dlas_predict.space.devices import get_device, save_measured_peaks
     from dlas_predict.measure.runner import LocalRunner
     from dlas_predict.measure.tasks import PeaksTask
 
-    dev = detect_local()
+    dev = get_device(device)
+    rpc = _rpc(dev, tracker, rpc_key, allow_remote, 1, 1, timeout)
+    _check_rpc(rpc)
     if not as_json:
-        typer.echo(f"measuring the roofs of {dev.description} (about 30 s) ...")
-    with LocalRunner(dev, timeout_s=600) as runner:
+        where = f" through {rpc.tracker} (key {rpc.key})" if rpc else ""
+        typer.echo(f"measuring the roofs of {dev.name} ({dev.description}){where}, about "
+                   "30 s ...")
+    with LocalRunner(dev, timeout_s=600, rpc=rpc) as runner:
         reply = runner.call(PeaksTask(target=dev.target, cores=dev.cores,
                                       simd_bits=dev.simd_bits or 128))
+        board = runner.board
     if not reply.ok:
         _fail(f"measuring the roofs failed: {reply.error}")
-    entry = {"fingerprint": dev.fingerprint, "cpu_model": dev.cpu_model, "cores": dev.cores,
-             "simd_bits": dev.simd_bits, "caches": dev.caches,
+    entry = {"fingerprint": dev.fingerprint, "device": dev.name, "cpu_model": dev.cpu_model,
+             "cores": dev.cores, "simd_bits": dev.simd_bits, "caches": dev.caches,
              "peak_gflops": reply.peak_gflops,
              "mem_bandwidth_gbs": reply.mem_bandwidth_gbs, "details": reply.details,
              "tvm_version": reply.tvm_version, "measured_at": time.time(),
+             "board": board.to_dict() if board else None,
              "method": "measure/peaks.py: FMA-bound register kernel per dtype (best of 15 "
                        "runs); STREAM triad over 3 x 256 MiB (3 x 4 bytes per element)"}
     path = save_measured_peaks(entry, str(save_to) if save_to else None)
@@ -120,7 +195,7 @@ def _measure_peaks(as_json: bool, save_to: Optional[Path]) -> None:
     for dtype, value in entry["peak_gflops"].items():
         typer.echo(f"  peak {dtype:8s} {value:8.1f} GFLOP/s (measured)")
     typer.echo(f"  bandwidth        {entry['mem_bandwidth_gbs']:8.1f} GB/s (measured)")
-    typer.echo(f"stored in the local device entry: {path}"
+    typer.echo(f"stored with the {dev.name} entry: {path}"
                + (f" and {save_to}" if save_to else ""))
 
 
@@ -152,16 +227,38 @@ def _protocol(max_repeats: int, time_budget: float, quiet_wait: float = 30.0):
                     time_budget_s=time_budget, quiet_wait_s=quiet_wait)
 
 
-def _local_device(name: str):
-    from dlas_predict.space.devices import LOCAL, get_device
-    from dlas_predict.errors import DeviceError
+def _measured_device(name: str):
+    """The device a measuring command measures: this machine, one of its profiles, or a
+    CPU reached through a tracker (``_rpc`` says which)."""
+    from dlas_predict.space.devices import get_device
 
-    if name != LOCAL:
-        get_device(name, with_target=False)  # an unknown name raises, listing the known ones
-        raise DeviceError(f"device {name!r} is in the registry but cannot be measured from "
-                          "here: measurement runs on 'local' only (RPC runners are not built "
-                          "yet)")
-    return get_device(LOCAL)
+    return get_device(name, with_target=True)
+
+
+def _rpc(device, tracker, rpc_key, allow_remote, boards=None, tries=3, timeout=300.0):
+    """The RPC options of a measuring command (None: measure on this machine)."""
+    from dlas_predict.measure.rpcopts import rpc_options
+
+    return rpc_options(tracker, rpc_key, device, allow_remote,
+                       warn=lambda line: typer.echo(line, err=True), boards=boards,
+                       tries=tries, request_timeout_s=timeout)
+
+
+def _check_rpc(rpc) -> None:
+    """Fail early, with one clear line, on an unreachable tracker or an unknown key."""
+    if rpc is not None:
+        from dlas_predict.measure.remote import boards_under
+
+        boards_under(rpc.host, rpc.port, rpc.key)
+
+
+def _board_lines(runner) -> None:
+    """Per-board progress of a farm run."""
+    progress = getattr(runner, "progress", None)
+    for p in (progress() if progress else []):
+        typer.echo(f"board {p['board']}: {p['done']} measured ({p['failed']} failed), "
+                   f"{p['requeued']} given back after the board dropped off, crashed or hung; "
+                   f"busy {p['busy_s']:.1f} s", err=True)
 
 
 @app.command()
@@ -189,13 +286,17 @@ def measure(
     tuning_db: Optional[Path] = _TUNING_DB_OPT,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per variant."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    tracker: Optional[str] = _TRACKER_OPT, rpc_key: Optional[str] = _RPC_KEY_OPT,
+    allow_remote_tracker: bool = _ALLOW_REMOTE_OPT, boards: Optional[int] = _BOARDS_OPT,
+    tries: int = _TRIES_OPT,
 ):
     """Measure one conv workload across algorithms × compressions (× tuning) on a device."""
     from dlas_predict.space.config import (Algorithm, Compression, ConvSpec, check_ratio,
                                            variant_grid)
     from dlas_predict.render import format_table
     from dlas_predict.corpus.collect import collect_kernels as run_collect
-    from dlas_predict.measure.runner import LocalRunner, MeasureTask
+    from dlas_predict.measure.farm import kernel_runner
+    from dlas_predict.measure.runner import MeasureTask
 
     spec = ConvSpec.parse(conv)
     algorithms = Algorithm.parse_list(algorithm)
@@ -203,7 +304,9 @@ def measure(
     check_ratio(ratio)
     proto = _protocol(max_repeats, time_budget, quiet_wait)
     tunings, opts = _tuning(tuning, trials, early_stop, tuning_db)
-    dev = _local_device(device)
+    dev = _measured_device(device)
+    rpc = _rpc(dev, tracker, rpc_key, allow_remote_tracker, boards, tries, timeout)
+    _check_rpc(rpc)
     variants = [v for t in tunings for v in variant_grid(algorithms, compressions, ratio, t)]
     tasks = [MeasureTask.make(spec, v, dev, tuning=opts) for v in variants]
     db = None
@@ -211,11 +314,15 @@ def measure(
         from dlas_predict.corpus.store import CorpusStore
 
         db = CorpusStore(store)
-    with LocalRunner(dev, protocol=proto, timeout_s=timeout) as runner:
+    log = None if quiet or as_json else (lambda line: typer.echo(line, err=True))
+    with kernel_runner(dev, proto, timeout, rpc, log) as runner:
         # measure always measures: nothing is skipped; with --store each record is committed
         # as it arrives.
         results = run_collect(tasks, None, runner, progress=not quiet and not as_json,
                               on_result=db.add if db is not None else None).results
+    _board_lines(runner) if log else None
+    order = {t.key: i for i, t in enumerate(tasks)}
+    results.sort(key=lambda r: order.get(r.key, 0))
     if db is not None:
         db.close()
     keys = ("algorithm", "compression", "ratio", "sparse", "dtype", "tuning", "median_ms",
@@ -226,7 +333,8 @@ def measure(
     if as_json:
         _print_json(out)
     else:
-        typer.echo(f"{spec.to_spec()}  on {dev.name} ({dev.description}); "
+        where = (f" through {rpc.tracker} (key {rpc.key})" if rpc else "")
+        typer.echo(f"{spec.to_spec()}  on {dev.name} ({dev.description}){where}; "
                    f"{spec.macs / 1e6:.1f} M MACs; measured medians")
         typer.echo(format_table([_measure_row(r) for r in results]))
     bad = [r for r in results if not r.ok or r.verified is False]
@@ -303,6 +411,9 @@ def collect(
     tuning_db: Optional[Path] = _TUNING_DB_OPT,
     as_json: bool = typer.Option(False, "--json", help="Print the run summary as JSON."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    tracker: Optional[str] = _TRACKER_OPT, rpc_key: Optional[str] = _RPC_KEY_OPT,
+    allow_remote_tracker: bool = _ALLOW_REMOTE_OPT, boards: Optional[int] = _BOARDS_OPT,
+    tries: int = _TRIES_OPT,
 ):
     """Measure the grid over every unique conv layer of the networks; resumable.
 
@@ -312,7 +423,8 @@ def collect(
              max_repeats, time_budget, timeout, as_json, quiet, per_layer=not uniform,
              whole_network=whole_network,
              tuning=_tuning(tuning, trials, early_stop, tuning_db), quiet_wait=quiet_wait,
-             retime_slow=retime_slow, retime_unprobed=retime_unprobed)
+             retime_slow=retime_slow, retime_unprobed=retime_unprobed,
+             remote=(tracker, rpc_key, allow_remote_tracker, boards, tries))
 
 
 @app.command()
@@ -362,6 +474,11 @@ def tune(
     quiet_wait: float = _QUIET_WAIT_OPT,
     as_json: bool = typer.Option(False, "--json", help="Print the run summary as JSON."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    tracker: Optional[str] = _TRACKER_OPT, rpc_key: Optional[str] = _RPC_KEY_OPT,
+    allow_remote_tracker: bool = _ALLOW_REMOTE_OPT, boards: Optional[int] = _BOARDS_OPT,
+    tries: int = _TRIES_OPT,
+    timeout: float = typer.Option(300.0, "--timeout", help="RPC: seconds to wait for a free "
+                                  "board."),
 ):
     """Auto-schedule every unique conv layer of the networks: MetaSchedule for dense kernels,
     a measured knob search for CSR kernels. Resumable: what the store or the tuning database
@@ -369,18 +486,19 @@ def tune(
     from dlas_predict.paths import default_store_path
 
     _collect(network, store or default_store_path(), device, algorithms, compressions, ratio,
-             retry_failures, max_repeats, time_budget, 300.0, as_json, quiet,
-             tuning=_tuning("tuned", trials, early_stop, tuning_db), quiet_wait=quiet_wait)
+             retry_failures, max_repeats, time_budget, timeout, as_json, quiet,
+             tuning=_tuning("tuned", trials, early_stop, tuning_db), quiet_wait=quiet_wait,
+             remote=(tracker, rpc_key, allow_remote_tracker, boards, tries))
 
 
 def _collect(networks, store, device, algorithms, compressions, ratio, retry_failures,
              max_repeats, time_budget, timeout, as_json, quiet, per_layer=True,
              whole_network=False, tuning=None, quiet_wait=30.0, retime_slow=False,
-             retime_unprobed=False):
-    """Wire the local runners into :func:`dlas_predict.corpus.collect.collect`; render."""
+             retime_unprobed=False, remote=(None, None, False, None, 3)):
+    """Wire the runners (this machine's, or a farm of boards) into
+    :func:`dlas_predict.corpus.collect.collect`; render."""
     from dlas_predict.corpus.collect import collect as run_collect
-    from dlas_predict.measure.netrunner import NetworkRunner
-    from dlas_predict.measure.runner import LocalRunner
+    from dlas_predict.measure.farm import kernel_runner, network_runner
     from dlas_predict.space.config import Algorithm, Compression, Tuning, check_ratio
 
     algs = Algorithm.parse_list(algorithms)
@@ -388,16 +506,21 @@ def _collect(networks, store, device, algorithms, compressions, ratio, retry_fai
     check_ratio(ratio)
     proto = _protocol(max_repeats, time_budget, quiet_wait)
     tunings, opts = tuning or ([Tuning.UNTUNED], None)
-    dev = _local_device(device)
+    dev = _measured_device(device)
+    tracker, rpc_key, allow_remote, boards, tries = remote
+    rpc = _rpc(dev, tracker, rpc_key, allow_remote, boards, tries, timeout)
+    _check_rpc(rpc)
     chatty = not quiet and not as_json
     log = (lambda line: typer.echo(line, err=True)) if chatty else None
-    whole = ((lambda: NetworkRunner(dev, timeout_s=max(timeout, 600.0), protocol=proto))
+    whole = ((lambda: network_runner(dev, proto, max(timeout, 600.0), rpc, log))
              if whole_network else None)
-    with LocalRunner(dev, protocol=proto, timeout_s=timeout) as runner:
+    with kernel_runner(dev, proto, timeout, rpc, log) as runner:
         rep = run_collect(networks, store, dev, runner, algs, comps, ratio, tunings, opts,
                           per_layer=per_layer, retry_failures=retry_failures,
                           retime_slow=retime_slow, retime_unprobed=retime_unprobed,
                           network_runner=whole, progress=chatty, log=log)
+    if chatty:
+        _board_lines(runner)
     summary = rep.kernels
     if as_json:
         _print_json(rep.to_dict())
@@ -688,17 +811,21 @@ def _score_rows(report, models) -> list[dict]:
 
 
 # ---- recommend --------------------------------------------------------------------------
-def _network_runner(device: str):
-    """A factory of the whole-network runner that validates on ``device`` (the local CPU)."""
-    from dlas_predict.space.devices import LOCAL, get_device
+def _network_runner(device: str, rpc=None):
+    """A factory of the whole-network runner that validates on ``device``: this machine
+    (or its profile), or the boards of ``rpc``."""
+    from dlas_predict.space.devices import get_device
 
-    if device != LOCAL:
+    dev = get_device(device, with_target=False)
+    if rpc is None and not dev.measured_here:
         return None  # recommend refuses to validate elsewhere, with the reason
 
     def make():
-        from dlas_predict.measure.netrunner import NetworkRunner
+        from dlas_predict.measure.farm import network_runner
+        from dlas_predict.measure.tasks import Protocol
 
-        return NetworkRunner(get_device(LOCAL))
+        log = lambda line: typer.echo(line, err=True)  # noqa: E731
+        return network_runner(get_device(device), Protocol(), 600.0, rpc, log)
 
     return make
 
@@ -780,6 +907,11 @@ def recommend(
                                "--validate, the budget their schedules were tuned with)."),
     tuning_db: Optional[Path] = _TUNING_DB_OPT,
     as_json: bool = typer.Option(False, "--json"),
+    tracker: Optional[str] = _TRACKER_OPT, rpc_key: Optional[str] = _RPC_KEY_OPT,
+    allow_remote_tracker: bool = _ALLOW_REMOTE_OPT, boards: Optional[int] = _BOARDS_OPT,
+    tries: int = _TRIES_OPT,
+    timeout: float = typer.Option(300.0, "--timeout", help="--validate through RPC: seconds "
+                                  "to wait for a free board."),
 ):
     """The fastest accurate configuration of MODEL on DEVICE, predicted in seconds; with
     --validate, proved by building and timing whole networks."""
@@ -795,9 +927,14 @@ def recommend(
         except ValueError:
             raise DlasError(f"--validate takes a count or 'all', got {validate!r}") from None
     log = None if as_json else (lambda line: typer.echo(line, err=True))
+    rpc = None
+    if k and (tracker or __import__("os").environ.get("DLAS_TRACKER")):
+        rpc = _rpc(_measured_device(device), tracker, rpc_key, allow_remote_tracker, boards,
+                   tries, timeout)
+        _check_rpc(rpc)
     rec = run(model, device, max_accuracy_drop, data, top, k, models_dir=models_dir, log=log,
               tuning=tuning, trials=trials, tuning_db=str(tuning_db) if tuning_db else None,
-              network_runner=_network_runner(device) if k else None)
+              network_runner=_network_runner(device, rpc) if k else None)
     if as_json:
         _print_json(rec.to_dict(top if not k else max(top, min(k, len(rec.candidates)))))
         return
@@ -1114,7 +1251,12 @@ def demo(store: Optional[Path] = typer.Option(None, "--store",
          quiet: bool = typer.Option(False, "--quiet", "-q"),
          recommend_too: bool = typer.Option(True, "--recommend/--no-recommend",
                                             help="Then recommend for zoo:resnet18-cifar "
-                                                 "and validate the top 3.")):
+                                                 "and validate the top 3."),
+         device: str = typer.Option("local", "--device", help="Where to measure (a device "
+                                    "other than this machine needs --tracker)."),
+         tracker: Optional[str] = _TRACKER_OPT, rpc_key: Optional[str] = _RPC_KEY_OPT,
+         allow_remote_tracker: bool = _ALLOW_REMOTE_OPT,
+         boards: Optional[int] = _BOARDS_OPT, tries: int = _TRIES_OPT):
     """The embedded default: the shipped demo CNN's conv layers × the whole untuned grid,
     measured on the local CPU (the fastest algorithm per layer and compression); then a
     recommendation for zoo:resnet18-cifar from the shipped model, its top 3 built and
@@ -1124,10 +1266,11 @@ def demo(store: Optional[Path] = typer.Option(None, "--store",
     from dlas_predict.render import format_table
 
     store = store or dlas_home() / "demo.sqlite"
-    _collect([str(DEMO_NETWORK)], store, "local", "all", "all", 0.9, False, 150, 1.0, 300.0,
-             False, quiet)
+    remote = (tracker, rpc_key, allow_remote_tracker, boards, tries)
+    _collect([str(DEMO_NETWORK)], store, device, "all", "all", 0.9, False, 150, 1.0, 300.0,
+             False, quiet, remote=remote)
     with CorpusStore(store, must_exist=True) as db:
-        fastest = db.fastest_per_layer("local")
+        fastest = db.fastest_per_layer(device)
     table = [{"conv": r.conv.to_spec(), "compression": r.variant.compression.value,
               "layer sparsity": r.variant.ratio or "", "fastest algorithm":
               r.variant.algorithm.value, "median ms": round(r.median_s * 1e3, 4),
@@ -1135,14 +1278,20 @@ def demo(store: Optional[Path] = typer.Option(None, "--store",
     typer.echo("\nFastest algorithm per layer and compression (measured; pruned at 0.9 "
                "globally, each layer at its own sparsity):")
     typer.echo(format_table(table))
-    if recommend_too:
+    if recommend_too and device != "local":
+        typer.echo(f"\nno recommendation: the shipped cost model is local's, not {device}'s")
+    elif recommend_too:
         from dlas_predict.recommend.search import recommend as run
+
+        rpc = None
+        if tracker or __import__("os").environ.get("DLAS_TRACKER"):
+            rpc = _rpc(_measured_device(device), *remote, 300.0)
 
         typer.echo("\nRecommendation for zoo:resnet18-cifar from the shipped model, the top 3 "
                    "built and timed:")
         log = None if quiet else (lambda line: typer.echo(line, err=True))
         _show_recommendation(run("zoo:resnet18-cifar", "local", ELBOW_DROP_PP, None, 5, 3,
-                                 log=log, network_runner=_network_runner("local")),
+                                 log=log, network_runner=_network_runner("local", rpc)),
                              5, ELBOW_DROP_PP)
 
 

@@ -27,3 +27,13 @@ class StoreError(DlasError):
 
 class NetworkError(DlasError):
     """A network file that cannot be read (missing, malformed, unsupported)."""
+
+
+class BoardError(DlasError):
+    """A tracker or board that cannot be used: ``code`` is ``unreachable``, ``unknown_key``,
+    ``no_board`` (none came free in time), ``lost`` (the session died) or ``mismatch`` (the
+    board is not the device)."""
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code

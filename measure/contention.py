@@ -108,9 +108,10 @@ class Canary:
     shared by every worker of the machine; a faster time replaces it (atomically), a slower
     one never does. A reference that cannot be written is kept in memory."""
 
-    def __init__(self, target, reference: Path | None, repeats: int = 5) -> None:
+    def __init__(self, target_json: dict, reference: Path | None, repeats: int = 5) -> None:
         import tvm
 
+        from .remote import execution
         from dlas_predict.space.config import ConvSpec, DType, Variant
         from .kernels import KernelSpec, build_kernel, device_args
         from .knobs import resolve_knobs
@@ -121,11 +122,12 @@ class Canary:
         ks = KernelSpec(conv=spec, algorithm=variant.algorithm, sparse=False,
                         dtype=DType.FLOAT32, knobs=resolve_knobs(spec, variant))
         x, w = make_inputs(spec, DType.FLOAT32, seed=0)
-        dev = tvm.cpu(0)
-        ex = build_kernel(ks, target)
+        run = execution()
+        dev = run.dev
+        mod = run.load(build_kernel(ks, tvm.target.Target(target_json)), target_json)
         self._args = device_args(ks, x, w, dev)
-        self._call = ex["main"]
-        self._timer = ex.mod.time_evaluator("main", dev, number=2, repeat=repeats)
+        self._call = mod["main"]
+        self._timer = mod.time_evaluator("main", dev, number=2, repeat=repeats)
         self.reference = reference
         self.best = _read_best(reference)
 
@@ -177,21 +179,26 @@ def canary_reference(fingerprint: str, threads: int) -> Path:
 class ContentionProbe:
     """Compiled once per worker: the serial and the parallel chain, and the canary."""
 
-    def __init__(self, target, threads: int, repeats: int = 5,
+    def __init__(self, target_json: dict, threads: int, repeats: int = 5,
                  canary: Canary | None = None) -> None:
         import numpy as np
         import tvm
         from tvm.script import from_source
 
+        from .remote import execution
+
         self.timeouts = 0  # waits in a row that ended still contended
         self.canary = canary
-        dev = tvm.cpu(0)
+        run = execution()
+        dev = run.dev
+        target = tvm.target.Target(target_json)
         self._timers = []
         for p in (1, threads):
-            lib = tvm.compile(from_source(_SRC.format(P=p, N=CHAIN)), target=target)
+            lib = run.load(tvm.compile(from_source(_SRC.format(P=p, N=CHAIN)), target=target),
+                           target_json)
             buf = tvm.runtime.tensor(np.ones((p, 16), "float32"), dev)
-            timer = lib.mod.time_evaluator("main", dev, number=1, repeat=repeats)
-            self._timers.append((timer, lib.mod["main"], buf))
+            timer = lib.time_evaluator("main", dev, number=1, repeat=repeats)
+            self._timers.append((timer, lib["main"], buf))
 
     def ratio(self) -> float:
         """Parallel over serial time of the same chain: 1.0 alone, up to ``threads`` when
@@ -227,12 +234,14 @@ class ContentionProbe:
 _PROBES: dict[tuple, ContentionProbe] = {}
 
 
-def probe_for(target, threads: int, fingerprint: str = "") -> ContentionProbe | None:
+def probe_for(target: dict, threads: int, fingerprint: str = "") -> ContentionProbe | None:
     """The worker's probe (built on first use), its canary's reference kept for
     ``fingerprint``; None with one thread (nothing to contend)."""
     if threads < 2:
         return None
-    key = (str(target), threads, fingerprint)
+    import json as _json
+
+    key = (_json.dumps(target, sort_keys=True), threads, fingerprint)
     if key not in _PROBES:
         canary = Canary(target, canary_reference(fingerprint, threads))
         _PROBES[key] = ContentionProbe(target, threads, canary=canary)

@@ -398,10 +398,41 @@ def lower(model, input_name: str, input_shape: tuple[int, ...], dtype: DType,
 
 def build(model, input_name: str, input_shape: tuple[int, ...], dtype: DType,
           choices: list[LayerChoice], target, specs=None, scales=None, tuned=None):
-    """Compile; returns a ``relax.VirtualMachine`` on the CPU."""
+    """Compile; returns the executable (run it with :class:`_Runnable`)."""
     mod = lower(model, input_name, input_shape, dtype, choices, specs, scales, tuned)
-    executable = tvm.compile(mod, target=target)
-    return relax.VirtualMachine(executable, tvm.cpu(0))
+    return tvm.compile(mod, target=target)
+
+
+class _Runnable:
+    """A compiled network where the worker runs code: a Relax VM on this CPU, or on a
+    board (uploaded, loaded there, and driven through ``set_input`` and
+    ``invoke_stateful``: a VM called directly over RPC fails on the argument types)."""
+
+    def __init__(self, executable, target_json: dict) -> None:
+        from .remote import execution
+
+        run = execution()
+        self.dev, self.remote = run.dev, run.remote
+        self.vm = relax.VirtualMachine(run.load(executable, target_json), self.dev)
+
+    def __call__(self, x):
+        if not self.remote:
+            return self.vm["main"](x)
+        self.vm.set_input("main", x)
+        self.vm.invoke_stateful("main")
+        return self.vm.get_outputs("main")
+
+    def timer(self, number: int, repeat: int):
+        if not self.remote:
+            t = self.vm.time_evaluator("main", self.dev, number=number, repeat=repeat)
+            return lambda x: t(x).results
+        t = self.vm.time_evaluator("invoke_stateful", self.dev, number=number, repeat=repeat)
+
+        def run(x):
+            self.vm.set_input("main", x)
+            return t("main").results
+
+        return run
 
 
 def run_network_task(task: "NetworkTask") -> dict[str, Any]:
@@ -424,17 +455,18 @@ def run_network_task(task: "NetworkTask") -> dict[str, Any]:
         tuned = TunedKernels(opts.db, opts.budget, task.fingerprint, task.target, opts.cores,
                              opts.pattern)
     t0 = time.perf_counter()
-    vm = build(model, task.input_name, shape, dtype, choices,
-               tuned.target if tuned else _target(task.target), specs, scales, tuned)
+    executable = build(model, task.input_name, shape, dtype, choices,
+                       tuned.target if tuned else _target(task.target), specs, scales, tuned)
     result: dict[str, Any] = {"compile_s": time.perf_counter() - t0}
     if tuned is not None:
         result.update(tuned_layers=tuned.tuned, untuned_layers=tuned.untuned)
-    dev = tvm.cpu(0)
+    vm = _Runnable(executable, task.target)
+    dev = vm.dev
     check = np.load(task.check)
     xs, refs = check["x"], check["y"]
     outs = []
     for i in range(len(xs)):
-        out = vm["main"](tvm.runtime.tensor(xs[i:i + 1].astype(np.float32), dev))
+        out = vm(tvm.runtime.tensor(xs[i:i + 1].astype(np.float32), dev))
         outs.append(np.asarray(out.numpy(), dtype=np.float64).reshape(-1))
     outs_a, refs_a = np.stack(outs), refs.reshape(len(refs), -1).astype(np.float64)
     err = float(np.max(np.abs(outs_a - refs_a)))
@@ -445,12 +477,11 @@ def run_network_task(task: "NetworkTask") -> dict[str, Any]:
                   verified=bool(err <= tol * scale) if tol else bool(agree >= 0.9))
     x = tvm.runtime.tensor(xs[:1].astype(np.float32), dev)
     t0 = time.perf_counter()
-    vm["main"](x)
+    vm(x)
     single = time.perf_counter() - t0
     proto = task.protocol
     number, repeats = plan_timing(single, proto)
-    timer = vm.time_evaluator("main", dev, number=number, repeat=repeats)
+    timer = vm.timer(number, repeats)
     result.update(number=number, repeats=repeats,
-                  **timed_fields(lambda: timer(x).results, task.target, proto,
-                                 task.fingerprint))
+                  **timed_fields(lambda: timer(x), task.target, proto, task.fingerprint))
     return result

@@ -100,18 +100,30 @@ class NetworkRunner:
     algorithms.
     """
 
-    def __init__(self, device: Device, timeout_s: float = 600.0, protocol=None) -> None:
+    def __init__(self, device: Device, timeout_s: float = 600.0, protocol=None,
+                 rpc=None) -> None:
         from .runner import LocalRunner
         from .tasks import Protocol
 
         self.device = device
-        self.runner = LocalRunner(device, protocol or Protocol(), timeout_s=timeout_s)
+        self.runner = LocalRunner(device, protocol or Protocol(), timeout_s=timeout_s,
+                                  rpc=rpc)
         self._tmp = tempfile.TemporaryDirectory(prefix="dlas-net-")
         self._prepared: dict[tuple, _Prepared] = {}
 
     @property
     def protocol(self):
         return self.runner.protocol
+
+    @property
+    def board(self):
+        """The board the worker holds (RPC only)."""
+        return self.runner.board
+
+    @property
+    def last_lost(self) -> bool:
+        """The last measurement failed because its board dropped off (RPC only)."""
+        return self.runner.last_lost
 
     def close(self) -> None:
         self.runner.close()
@@ -197,6 +209,7 @@ class NetworkRunner:
         rec.timestamp = time.time()
         if not reply.ok:
             rec.error = str(reply.error or "unknown failure")
+            rec.board = self.runner.board_json()
             return rec
         rec.run_secs = list(reply.run_secs)
         rec.compile_s = reply.compile_s
@@ -207,7 +220,10 @@ class NetworkRunner:
         rec.untuned_layers = reply.untuned_layers
         rec.contention = reply.contention
         rec.slowdown = reply.slowdown
+        rec.board = self.runner.board_json()
         return rec
+
+    run_one = measure
 
     def run(self, plans: Iterable[NetworkPlan]) -> Iterator[NetworkMeasurement]:
         """Measure each plan in order; a failure is a record with ``error``."""

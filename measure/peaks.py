@@ -85,19 +85,17 @@ def fma_source(dtype: str, lanes: int, parallel: int) -> str:
                        init=init, bl=bl, al=al, total=out, out_dt=OUT[dtype])
 
 
-def _time(func, args, min_ms: float = 50.0, repeats: int = 15) -> list[float]:
+def _time(module, dev, args, min_ms: float = 50.0, repeats: int = 15) -> list[float]:
+    """Seconds per call of ``module``'s main: runs of at least ``min_ms``, timed by
+    ``time_evaluator`` where the module runs (this CPU or a board)."""
+    func = module["main"]
     func(*args)  # warm-up, discarded
     t0 = time.perf_counter()
     func(*args)
     single = max(time.perf_counter() - t0, 1e-6)
     number = max(1, int(min_ms / 1e3 / single))
-    runs = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(number):
-            func(*args)
-        runs.append((time.perf_counter() - t0) / number)
-    return runs
+    timer = module.time_evaluator("main", dev, number=number, repeat=repeats)
+    return list(timer(*args).results)
 
 
 def measure_peaks(target_json: dict[str, Any], cores: int, simd_bits: int,
@@ -107,15 +105,18 @@ def measure_peaks(target_json: dict[str, Any], cores: int, simd_bits: int,
     import tvm
     from tvm.script import from_source
 
+    from .remote import execution
+
     target = tvm.target.Target(target_json)
-    dev = tvm.cpu(0)
+    run = execution()
+    dev = run.dev
     rng = np.random.default_rng(0)
     peaks, details = {}, {}
     parallel = cores * 8  # enough chunks to keep every core busy
     for dtype in ("float32", "float16", "int8"):
         lanes = max(simd_bits // 32, 4)  # lanes of the 32-bit accumulators
         mod = tvm.IRModule({"main": from_source(fma_source(dtype, lanes, parallel))})
-        ex = tvm.compile(mod, target=target)
+        ex = run.load(tvm.compile(mod, target=target), target_json)
         if dtype == "int8":
             a = rng.integers(-3, 3, (parallel, lanes), dtype=np.int8)
             b = np.ones((BROWS, lanes), dtype=np.int8)
@@ -124,7 +125,7 @@ def measure_peaks(target_json: dict[str, Any], cores: int, simd_bits: int,
             b = np.full((BROWS, lanes), 0.999, dtype=dtype)
         out = np.zeros((parallel, lanes), dtype=OUT[dtype])
         args = [tvm.runtime.tensor(x, dev) for x in (a, b, out)]
-        runs = _time(ex["main"], args)
+        runs = _time(ex, dev, args)
         flops = 2.0 * parallel * ITERS * ACCS * lanes
         peaks[dtype] = round(flops / min(runs) / 1e9, 1)
         details[dtype] = {"lanes": lanes, "flops_per_call": flops,
@@ -136,10 +137,10 @@ def measure_peaks(target_json: dict[str, Any], cores: int, simd_bits: int,
     i = n // (o * v)
     n = o * i * v
     mod = tvm.IRModule({"main": from_source(_TRIAD.format(N=n, O=o, I=i, V=v))})
-    ex = tvm.compile(mod, target=target)
+    ex = run.load(tvm.compile(mod, target=target), target_json)
     arrays = [tvm.runtime.tensor(rng.standard_normal(n).astype("float32"), dev)
               for _ in range(3)]
-    runs = _time(ex["main"], arrays, min_ms=100.0, repeats=10)
+    runs = _time(ex, dev, arrays, min_ms=100.0, repeats=10)
     nbytes = 3.0 * 4 * n
     bandwidth = round(nbytes / min(runs) / 1e9, 1)
     details["stream"] = {"elements": n, "bytes_per_call": nbytes,

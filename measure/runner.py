@@ -27,6 +27,8 @@ from dlas_predict.errors import ConfigError
 from dlas_predict.corpus.records import MeasureResult, measurement_key
 from . import KERNELS_VERSION
 from .knobs import resolve_knobs, tuned_knobs
+from .remote import BoardError, BoardInfo, board_mismatch
+from .rpcopts import RpcOptions
 from .tasks import (KernelTask, Protocol, Task, TuningRequest, WorkerReply,
                     to_wire)
 
@@ -132,6 +134,13 @@ class LocalRunner(Runner):
     protocol: Protocol = field(default_factory=Protocol)
     timeout_s: float = 300.0
     startup_timeout_s: float = 180.0
+    #: measure on a board of an RPC tracker instead of this machine
+    rpc: RpcOptions | None = None
+    #: the board the worker holds (RPC only), as it reported itself
+    board: BoardInfo | None = field(default=None, init=False)
+    #: the last call failed because its board dropped off, crashed or hung (RPC only):
+    #: not the task's fault, so a farm gives it to another board
+    last_lost: bool = field(default=False, init=False)
     _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
     _stderr: Any = field(default=None, init=False, repr=False)
     _buf: bytes = field(default=b"", init=False, repr=False)
@@ -143,13 +152,26 @@ class LocalRunner(Runner):
         env["TVM_NUM_THREADS"] = str(self.device.cores)
         self._stderr = tempfile.TemporaryFile()
         self._buf = b""
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "dlas_predict.measure.worker"], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=self._stderr, env=env,
-            start_new_session=True)
-        self._ready = self._read(self.startup_timeout_s)
+        cmd = [sys.executable, "-m", "dlas_predict.measure.worker"]
+        startup = self.startup_timeout_s
+        if self.rpc is not None:
+            cmd += self.rpc.worker_args(self.device.cores)
+            startup += self.rpc.request_timeout_s
+        self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=self._stderr, env=env, start_new_session=True)
+        self._ready = self._read(startup)
         if not self._ready.get("ready"):
+            self._kill()
+            if self._ready.get("code"):
+                raise BoardError(str(self._ready.get("error")), self._ready["code"])
             raise WorkerDied(f"worker did not start: {self._ready}")
+        if self.rpc is not None:
+            self.board = BoardInfo.from_dict(self._ready["board"])
+            why = board_mismatch(self.device.target, self.board)
+            if why:
+                self._kill()
+                raise BoardError(f"{why}: not a {self.device.name} (check --rpc-key)",
+                                 "mismatch")
 
     def _stderr_tail(self, n: int = 600) -> str:
         if self._stderr is None:
@@ -229,22 +251,46 @@ class LocalRunner(Runner):
         """Send one task to the worker and return its reply. A crash or a timeout is a reply
         with ``ok`` false and an ``error``; the worker is then replaced on the next call."""
         timeout = self.timeout_s if timeout_s is None else timeout_s
+        self.last_lost = False
+        if self._proc is None or self._proc.poll() is not None:
+            try:
+                self._start_or_fail()
+            except WorkerDied as exc:
+                self.last_lost = self.rpc is not None
+                return WorkerReply.failure(f"worker crashed: {exc}")
+        where = f" on the board at {self.board.address}" if self.board else ""
         try:
-            if self._proc is None or self._proc.poll() is not None:
-                self._start()
             assert self._proc is not None and self._proc.stdin is not None
             self._proc.stdin.write((json.dumps(to_wire(task)) + "\n").encode())
             self._proc.stdin.flush()
-            return WorkerReply.from_dict(self._read(timeout))
+            reply = WorkerReply.from_dict(self._read(timeout))
         except TimeoutError:
             self._kill()
-            return WorkerReply.failure(f"timeout: no result within {timeout:g} s (kernel hung "
-                                       "or too slow); worker killed")
+            reply = WorkerReply.failure(f"timeout: no result within {timeout:g} s{where} "
+                                        "(kernel hung or too slow); worker killed")
         except (WorkerDied, BrokenPipeError, OSError, ValueError) as exc:
             detail = self._stderr_tail()
             self._kill()
-            return WorkerReply.failure(f"worker crashed: {exc}"
-                                       + (f"; stderr: {detail}" if detail else ""))
+            reply = WorkerReply.failure(f"worker crashed{where}: {exc}"
+                                        + (f"; stderr: {detail}" if detail else ""))
+        if reply.board_lost:
+            self._kill()  # the worker gave up its board and exits: start afresh next call
+        # through RPC a crash, a hang or a lost session is the board's, not the task's
+        self.last_lost = self.rpc is not None and (bool(reply.board_lost) or (
+            not reply.ok and self._proc is None))
+        return reply
+
+    def _start_or_fail(self) -> None:
+        """Start the worker; a worker that cannot start is a :class:`WorkerDied` here
+        (answered as the task's failure by :meth:`call`'s caller) unless it is a board
+        problem, which is raised as :class:`BoardError`."""
+        try:
+            self._start()
+        except (TimeoutError, OSError, ValueError) as exc:
+            detail = self._stderr_tail()
+            self._kill()
+            raise WorkerDied(f"the worker did not start ({type(exc).__name__}: {exc})"
+                             + (f"; stderr: {detail}" if detail else "")) from None
 
     def _record(self, task: MeasureTask, reply: WorkerReply) -> MeasureResult:
         return MeasureResult(
@@ -259,7 +305,14 @@ class LocalRunner(Runner):
             tvm_version=self._ready.get("tvm_version", ""), kernels_version=KERNELS_VERSION,
             timestamp=time.time(), tuning_seconds=reply.tuning_seconds,
             trials=reply.trials, tuner=reply.tuner,
-            contention=reply.contention, slowdown=reply.slowdown)
+            contention=reply.contention, slowdown=reply.slowdown,
+            board=self.board_json())
+
+    def board_json(self) -> str | None:
+        """The board a record was measured on (RPC only): what it reported, its tracker
+        key and address, as JSON."""
+        return None if self.board is None else json.dumps(self.board.to_dict(),
+                                                          sort_keys=True)
 
 
 def _describe_exit(code: int) -> str:

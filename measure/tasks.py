@@ -208,6 +208,8 @@ class WorkerReply:
     mem_bandwidth_gbs: float | None = None
     details: dict[str, Any] | None = None
     tvm_version: str | None = None
+    #: measured through RPC: the board's session died during the task (not the task's fault)
+    board_lost: bool | None = None
 
     @classmethod
     def failure(cls, error: str, detail: str | None = None) -> "WorkerReply":

@@ -230,15 +230,18 @@ def search_sparse(ks: KernelSpec, target: "tvm.target.Target", db: TuningDB, key
 
     outcome = db.lookup(key)
     if outcome is None:
-        dev = tvm.cpu(0)
+        from .remote import execution
+
+        run = execution()
+        dev = run.dev
         t0 = time.perf_counter()
         best_s, best_knobs, since, trials, stopped = float("inf"), None, 0, 0, False
         for knobs in candidates[:budget]:
             trials += 1
             cand = replace(ks, knobs={**ks.knobs, **knobs})
             try:
-                ex = build_kernel(cand, target)
-                secs = quick_time(ex["main"], make_args(cand), ex.mod, dev)
+                mod = run.load(build_kernel(cand, target), dict(target.export()))
+                secs = quick_time(mod["main"], make_args(cand), mod, dev)
             except Exception:  # a candidate that does not build or run is a failed trial
                 secs = float("inf")
             if secs < best_s * (1 - MIN_GAIN):

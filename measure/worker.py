@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from dlas_predict.space.config import SparsityPattern
+from .remote import BoardError, RemoteExecution, execution, use
 from .reference import check_output, conv2d_reference, make_inputs
 from .sparse import prune, sparsity
 from .tasks import (KernelTask, NetworkTask, PeaksTask, Protocol, Task, WorkerReply,
@@ -66,20 +67,23 @@ def _run_kernel(task: KernelTask) -> dict[str, Any]:
     if ks.sparse:
         result["nnz"] = int(np.count_nonzero(w))
 
-    dev = tvm.cpu(0)
+    ex = execution()
+    dev = ex.dev
 
     def make_args(k: KernelSpec) -> list:
-        return device_args(k, x, w, dev)
+        return device_args(k, x, w, ex.dev)
 
     if task.tuning is not None:
         executable, ks = _tuned_build(ks, task, pattern, make_args, result)
+        dev = ex.dev  # a tuning search on a board may hold another session after it
     else:
         t0 = time.perf_counter()
         executable = build_kernel(ks, _target(task.target))
         result["compile_s"] = time.perf_counter() - t0
+    module = ex.load(executable, task.target)
 
     *args, out = make_args(ks)
-    func = executable["main"]
+    func = module["main"]
     t0 = time.perf_counter()
     func(*args, out)  # warm-up run, discarded; its output is verified
     single_s = time.perf_counter() - t0
@@ -88,7 +92,7 @@ def _run_kernel(task: KernelTask) -> dict[str, Any]:
         out.numpy().reshape(spec.output_shape), ref, dtype)
 
     number, repeats = plan_timing(single_s, proto)
-    timer = executable.mod.time_evaluator("main", dev, number=number, repeat=repeats)
+    timer = module.time_evaluator("main", dev, number=number, repeat=repeats)
     result.update(number=number, repeats=repeats,
                   **timed_fields(lambda: timer(*args, out).results, task.target, proto,
                                  task.fingerprint))
@@ -99,9 +103,12 @@ def timed_fields(run, target_json: dict, proto: Protocol,
                  fingerprint: str = "") -> dict[str, Any]:
     """Time ``run`` on a quiet machine where possible
     (:func:`dlas_predict.measure.contention.timed`); the reply's timing fields."""
-    from .contention import pool_threads, probe_for, timed
+    from .contention import probe_for, timed
 
-    t = timed(run, probe_for(_target(target_json), pool_threads(), fingerprint), proto)
+    ex = execution()
+    if ex.board is not None:  # the probes run on the board, their canary kept per board
+        fingerprint = ex.board.fingerprint
+    t = timed(run, probe_for(target_json, ex.threads(), fingerprint), proto)
     return {"run_secs": t.runs, "contention": t.contention, "slowdown": t.slowdown,
             "quiet_wait_s": t.waited_s, "timing_attempts": t.attempts}
 
@@ -156,7 +163,26 @@ def _inject(fault: str) -> None:
         raise RuntimeError("injected failure")
 
 
-def main() -> int:
+def _execution_from_argv(argv: list[str]):
+    """``--tracker HOST:PORT --key K [--request-timeout S] [--threads N]``: measure on a
+    board of that tracker; no arguments: on this machine."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m dlas_predict.measure.worker")
+    parser.add_argument("--tracker")
+    parser.add_argument("--key")
+    parser.add_argument("--request-timeout", type=float, default=60.0)
+    parser.add_argument("--session-timeout", type=float, default=0.0)
+    parser.add_argument("--threads", type=int, default=0)
+    args = parser.parse_args(argv)
+    if not args.tracker:
+        return None
+    host, _, port = args.tracker.rpartition(":")
+    return RemoteExecution((host, int(port)), args.key, args.request_timeout,
+                           args.threads or None, args.session_timeout)
+
+
+def main(argv: list[str] | None = None) -> int:
     proto_fd = os.dup(1)          # the protocol channel
     os.dup2(2, 1)                 # everything else printed goes to stderr
     sys.stdout = sys.stderr
@@ -165,9 +191,20 @@ def main() -> int:
 
     import dlas_predict.measure.kernels  # noqa: F401
 
-    channel.write(json.dumps({"ready": True, "tvm_version": tvm.__version__,
-                              "threads": int(os.environ.get("TVM_NUM_THREADS", "0"))}) + "\n")
-    channel.flush()
+    def send(obj: dict) -> None:
+        channel.write(json.dumps(obj) + "\n")
+        channel.flush()
+
+    try:
+        remote = _execution_from_argv(sys.argv[1:] if argv is None else argv)
+    except BoardError as exc:
+        send({"ready": False, "error": str(exc), "code": exc.code})
+        return 1
+    if remote is not None:
+        use(remote)
+    ex = execution()
+    send({"ready": True, "tvm_version": tvm.__version__, "threads": ex.threads(),
+          "board": ex.board.to_dict() if ex.board else None})
     for line in sys.stdin:
         line = line.strip()
         if not line:
@@ -177,8 +214,13 @@ def main() -> int:
         except Exception as exc:  # one task's failure is data, the worker goes on
             tail = traceback.format_exc(limit=3).strip().splitlines()[-1]
             reply = WorkerReply.failure(f"{type(exc).__name__}: {exc}"[:2000], tail[:500])
-        channel.write(json.dumps(reply.to_dict()) + "\n")
-        channel.flush()
+            if ex.remote and not ex.alive():
+                # the board dropped off: the task is not at fault, another board may run it
+                reply.error = f"board lost ({ex.board.address}): {reply.error}"[:2000]
+                reply.board_lost = True
+                send(reply.to_dict())
+                return 2
+        send(reply.to_dict())
     return 0
 
 

@@ -158,8 +158,10 @@ def collect_networks(plans: list[NetworkPlan], store: CorpusStore | None, runner
     todo = [(i, p) for i, (p, k) in enumerate(zip(plans, keys), 1)
             if k not in done or k in slow]
     out = NetworkCollectSummary()
-    for (i, plan), rec in zip(todo, runner.run([p for _, p in todo])):
+    by_key = {p.key(device): (i, p) for i, p in todo}  # a farm answers as boards finish
+    for rec in runner.run([p for _, p in todo]):
         key = rec.key
+        i, plan = by_key[key]
         where = f"[{i}/{len(plans)}] {plan.network} {plan.config} {plan.algorithm}"
         if key in slow and not rec.quieter_than(slow[key], runner.protocol):
             out.kept += 1

@@ -96,6 +96,7 @@ class NetworkMeasurement(TimedRuns):
     untuned_layers: list[int] | None = None  # ... and those the database did not hold
     contention: float | None = None  # as MeasureResult.contention
     slowdown: float | None = None    # as MeasureResult.slowdown
+    board: str | None = None         # as MeasureResult.board
 
     @classmethod
     def from_row(cls, row: dict) -> "NetworkMeasurement":
@@ -109,7 +110,7 @@ class NetworkMeasurement(TimedRuns):
                    max_error=row.get("max_error"), top1_agreement=row.get("top1_agreement"),
                    error=row.get("error"), timestamp=row.get("timestamp") or 0.0,
                    summary=row.get("summary"), contention=row.get("contention"),
-                   slowdown=row.get("slowdown"))
+                   slowdown=row.get("slowdown"), board=row.get("board"))
 
     def to_row(self) -> dict:
         return {"key": self.key, "device": self.device, "fingerprint": self.fingerprint,
@@ -120,4 +121,5 @@ class NetworkMeasurement(TimedRuns):
                 "max_error": self.max_error, "top1_agreement": self.top1_agreement,
                 "error": self.error, "kernels_version": NETWORK_VERSION,
                 "timestamp": self.timestamp, "summary": self.summary,
-                "contention": self.contention, "slowdown": self.slowdown}
+                "contention": self.contention, "slowdown": self.slowdown,
+                "board": self.board}

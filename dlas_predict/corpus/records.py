@@ -134,6 +134,9 @@ class MeasureResult(TimedRuns):
     #: The canary kernel's worst time around the timing over the fastest this machine has
     #: run it (1.0: usual speed); None: not probed. See :mod:`dlas_predict.measure.contention`.
     slowdown: float | None = None
+    #: Measured through RPC: the board as it reported itself (LLVM CPU, triple, cores,
+    #: threads, fingerprint), its tracker key and address, as JSON; None: this machine.
+    board: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -166,7 +169,7 @@ class MeasureResult(TimedRuns):
             "kernels_version": self.kernels_version, "timestamp": self.timestamp,
             "tuning_seconds": self.tuning_seconds, "trials": self.trials, "tuner": self.tuner,
             "contention": self.contention, "slowdown": self.slowdown,
-            "run_secs": list(self.run_secs),
+            "board": self.board, "run_secs": list(self.run_secs),
         }
         return out
 
@@ -189,4 +192,5 @@ class MeasureResult(TimedRuns):
             trials=None if row.get("trials") is None else int(row["trials"]),
             tuner=row.get("tuner"),
             contention=None if row.get("contention") is None else float(row["contention"]),
-            slowdown=None if row.get("slowdown") is None else float(row["slowdown"]))
+            slowdown=None if row.get("slowdown") is None else float(row["slowdown"]),
+            board=row.get("board"))

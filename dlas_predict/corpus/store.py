@@ -62,7 +62,8 @@ CREATE TABLE IF NOT EXISTS measurements (
     kernels_version TEXT,
     timestamp REAL,
     contention REAL,
-    slowdown REAL
+    slowdown REAL,
+    board TEXT
 );
 CREATE INDEX IF NOT EXISTS idx_meas_device ON measurements(device, fingerprint);
 CREATE TABLE IF NOT EXISTS network_layers (
@@ -104,7 +105,8 @@ CREATE TABLE IF NOT EXISTS network_measurements (
     timestamp REAL,
     summary TEXT,
     contention REAL,
-    slowdown REAL
+    slowdown REAL,
+    board TEXT
 );
 """
 
@@ -112,7 +114,7 @@ CREATE TABLE IF NOT EXISTS network_measurements (
 NETWORK_COLUMNS = (
     "key", "device", "fingerprint", "network", "config", "algorithm", "plan", "dtype",
     "run_secs", "median_s", "spread", "compile_s", "verified", "max_error", "top1_agreement",
-    "error", "kernels_version", "timestamp", "summary", "contention", "slowdown",
+    "error", "kernels_version", "timestamp", "summary", "contention", "slowdown", "board",
 )
 
 #: Columns of a measurement row, in insert order (id excluded).
@@ -123,7 +125,7 @@ COLUMNS = (
     "pattern", "sparsity", "nnz", "tuning", "knobs", "run_secs", "n_runs", "number",
     "median_s", "spread", "noisy", "gflops", "compile_s", "tuning_seconds", "trials", "tuner",
     "verified", "max_error", "error", "threads", "tvm_version", "kernels_version", "timestamp",
-    "contention", "slowdown",
+    "contention", "slowdown", "board",
 )
 
 #: Columns added after the first stores were written: (table, column, type), migrated in place.
@@ -132,7 +134,9 @@ _ADDED_COLUMNS = (("network_measurements", "summary", "TEXT"),
                   ("measurements", "contention", "REAL"),
                   ("network_measurements", "contention", "REAL"),
                   ("measurements", "slowdown", "REAL"),
-                  ("network_measurements", "slowdown", "REAL"))
+                  ("network_measurements", "slowdown", "REAL"),
+                  ("measurements", "board", "TEXT"),
+                  ("network_measurements", "board", "TEXT"))
 
 
 def networks_path(path: str | Path, part: str = "networks") -> Path:
@@ -164,7 +168,7 @@ def _row(result: MeasureResult) -> tuple:
         "max_error": result.max_error, "error": result.error, "threads": result.threads,
         "tvm_version": result.tvm_version, "kernels_version": result.kernels_version,
         "timestamp": result.timestamp, "contention": result.contention,
-        "slowdown": result.slowdown,
+        "slowdown": result.slowdown, "board": result.board,
     }
     return tuple(values[c] for c in COLUMNS)
 

@@ -535,9 +535,9 @@ def _validate(rec: Recommendation, model: str, dev, k: int, log=None,
     ``network_runner()`` opens (default: the local CPU's)."""
     from dlas_predict.corpus.networks import NetworkPlan
 
-    if dev.name != "local":
-        raise DlasError(f"--validate builds and times here: {dev.name!r} cannot be measured "
-                        "from this machine (use --device local)")
+    if network_runner is None and not dev.measured_here:
+        raise DlasError(f"--validate builds and times the candidates on the device: "
+                        f"{dev.name!r} is reached through a tracker (--tracker HOST:PORT)")
     if network_runner is None:
         from dlas_predict.measure.netrunner import NetworkRunner
 
@@ -547,7 +547,9 @@ def _validate(rec: Recommendation, model: str, dev, k: int, log=None,
                          tuning=tuned_opts if c.tuning is Tuning.TUNED else None)
              for c in chosen]
     with network_runner() as nr:
-        for c, m in zip(chosen, nr.run(plans)):
+        by_key = {p.key(dev): c for p, c in zip(plans, chosen)}  # a farm answers as boards
+        for m in nr.run(plans):                                  # finish
+            c = by_key[m.key]
             if m.error:
                 c.measured_note = f"failed: {m.error[:300]}"
             else:

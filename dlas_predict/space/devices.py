@@ -14,7 +14,8 @@ import os
 import platform
 import subprocess
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from importlib import resources
 from typing import Any
 
@@ -58,10 +59,22 @@ class Device:
     #: GPUs measured here: the identity their fingerprint is made of (name, SM count,
     #: compute capability, driver), as ``measure.gpu_run`` reads it off the GPU.
     gpu: dict[str, Any] | None = None
+    #: a profile of another device (``local``): the same CPU with its own code generation
+    #: and thread count, measured here
+    profile_of: str | None = None
+    #: where the entry comes from: ``shipped`` (the registry), ``user`` (``devices add``),
+    #: ``detected`` (``local`` and its profiles)
+    origin: str = "shipped"
 
     @property
     def local(self) -> bool:
         return self.name == LOCAL
+
+    @property
+    def measured_here(self) -> bool:
+        """Measured by this machine's own runner (``local`` and its profiles); any other
+        device is measured through an RPC tracker."""
+        return self.name == LOCAL or self.profile_of == LOCAL
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -87,7 +100,12 @@ def _remote_device(entry: dict[str, Any]) -> Device:
     else:
         fp = hashlib.sha256(json.dumps({"name": entry["name"], "target": entry["target"]},
                                        sort_keys=True).encode()).hexdigest()[:16]
-    return Device(**fields, fingerprint=fp)
+    dev = Device(**fields, fingerprint=fp)
+    measured = measured_peaks(fp)
+    if measured:  # `devices --measure-peaks --device NAME --tracker ...` measured its roofs
+        dev = replace(dev, peak_gflops=dict(measured["peak_gflops"]),
+                      mem_bandwidth_gbs=measured["mem_bandwidth_gbs"], source="measured")
+    return dev
 
 
 # ---- local detection ---------------------------------------------------------------------
@@ -259,39 +277,255 @@ def detect_local(with_target: bool = True) -> Device:
         name=LOCAL, kind="cpu", description=f"this machine: {model}, {cores} cores",
         target=target, cores=cores, clock_ghz=ghz, simd_bits=simd, peak_gflops=peak,
         mem_bandwidth_gbs=bandwidth, caches=_local_caches(), rpc_key=None, source=source,
-        fingerprint=fp, cpu_model=model, isa_flags=tuple(vnni))
+        fingerprint=fp, cpu_model=model, isa_flags=tuple(vnni), origin="detected")
 
 
-def corpus_device(name: str, fingerprint: str) -> Device:
-    """The device that measured a corpus row: this machine when the fingerprint is ours;
-    for another machine's ``local`` rows, its shipped measured roofs (or an unknown CPU
-    with no roofs); a registry device otherwise."""
-    if name != LOCAL:
-        return get_device(name, with_target=False)
-    if fingerprint == local_fingerprint():
-        return detect_local(with_target=False)
+# ---- profiles of the local CPU -----------------------------------------------------------
+@dataclass(frozen=True)
+class IsaLevel:
+    """Code generation a profile uses: an LLVM CPU (None: the host's own) and the host flags
+    it needs."""
+
+    name: str
+    mcpu: str | None
+    needs: tuple[str, ...]
+    simd_bits: int
+    label: str
+
+
+#: The x86-64 micro-architecture levels profiles generate code for, and the host's own ISA.
+ISA_LEVELS = (
+    IsaLevel("sse42", "x86-64-v2", ("sse4_2",), 128, "x86-64-v2 (SSE4.2)"),
+    IsaLevel("avx2", "x86-64-v3", ("avx2", "fma"), 256, "x86-64-v3 (AVX2, FMA)"),
+    IsaLevel("native", None, (), 0, "its native ISA"),
+)
+
+
+def _profile_specs() -> list[tuple[str, IsaLevel, int]]:
+    """(name, ISA level, threads) of every profile this machine can run: each level its
+    flags allow, at 1 thread and at every core (the native ISA at every core is ``local``)."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        levels = [lv for lv in ISA_LEVELS if lv.mcpu is None]
+    else:
+        _, flags, _ = _cpuinfo()
+        levels = [lv for lv in ISA_LEVELS if all(f in flags for f in lv.needs)]
+    cores = local_cores()
+    out = []
+    for lv in levels:
+        for threads in sorted({1, cores}):
+            if lv.mcpu is None and threads == cores:
+                continue  # that is `local`
+            out.append((f"{LOCAL}-{lv.name}-{threads}t", lv, threads))
+    return out
+
+
+def profile_names() -> list[str]:
+    return [name for name, _, _ in _profile_specs()]
+
+
+def profile_fingerprint(local_fp: str, level: IsaLevel, threads: int) -> str:
+    key = {"local": local_fp, "isa": level.name, "mcpu": level.mcpu, "threads": threads}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _profile(name: str, level: IsaLevel, threads: int, with_target: bool) -> Device:
+    base = detect_local(with_target=with_target)
+    fp = profile_fingerprint(base.fingerprint, level, threads)
+    target = {k: v for k, v in base.target.items() if k != "num-cores"}
+    if level.mcpu is not None:
+        target["mcpu"] = level.mcpu
+        target.pop("mattr", None)
+    target["num-cores"] = threads
+    simd = level.simd_bits or base.simd_bits
+    ghz = base.clock_ghz
+    peak: dict[str, float] = {}
+    if ghz and simd:
+        fp32 = threads * ghz * (simd // 32) * 2 * (2 if level.name != "sse42" else 1)
+        peak = {"float32": round(fp32, 1), "float16": round(fp32, 1),
+                "int8": round(fp32 * 2, 1)}
+    bandwidth, source = None, "estimate"
+    measured = measured_peaks(fp)
+    if measured:
+        peak = dict(measured["peak_gflops"])
+        bandwidth, source = measured["mem_bandwidth_gbs"], "measured"
+    flags = base.isa_flags if level.mcpu is None else tuple(
+        f for f in base.isa_flags if f in _LEVEL_FLAGS[level.name])
+    threads_word = "thread" if threads == 1 else "threads"
+    return Device(
+        name=name, kind="cpu",
+        description=f"profile of this machine ({base.cpu_model}): code for {level.label}, "
+                    f"{threads} {threads_word}",
+        target=target, cores=threads, clock_ghz=ghz, simd_bits=simd, peak_gflops=peak,
+        mem_bandwidth_gbs=bandwidth, caches=base.caches, rpc_key=None, source=source,
+        fingerprint=fp, cpu_model=base.cpu_model, isa_flags=flags, profile_of=LOCAL,
+        origin="detected")
+
+
+#: Fingerprint flags each ISA level's code may use.
+_LEVEL_FLAGS = {"sse42": {"sse4_2"}, "avx2": {"sse4_2", "avx", "avx2", "fma", "f16c"}}
+
+
+def _other_machine(name: str, fingerprint: str, profile_of: str | None = None) -> Device:
+    """A device measured on another machine, known by its shipped measured roofs (or an
+    unknown CPU with no roofs)."""
     m = measured_peaks(fingerprint) or {}
     model = m.get("cpu_model") or f"another machine (fingerprint {fingerprint})"
     return Device(
-        name=LOCAL, kind="cpu", description=f"{model}, {m.get('cores', '?')} cores",
+        name=name, kind="cpu", description=f"{model}, {m.get('cores', '?')} cores",
         target={"kind": "llvm"}, cores=int(m.get("cores") or 1), clock_ghz=None,
         simd_bits=m.get("simd_bits"), peak_gflops=dict(m.get("peak_gflops") or {}),
         mem_bandwidth_gbs=m.get("mem_bandwidth_gbs"), caches=dict(m.get("caches") or {}),
-        source="measured" if m else "unknown", fingerprint=fingerprint, cpu_model=model)
+        source="measured" if m else "unknown", fingerprint=fingerprint, cpu_model=model,
+        profile_of=profile_of, origin="detected")
+
+
+def corpus_device(name: str, fingerprint: str) -> Device:
+    """The device that measured a corpus row: this machine (or its profile) when the
+    fingerprint is ours; for another machine's ``local`` or profile rows, its shipped
+    measured roofs (or an unknown CPU with no roofs); a registry device otherwise."""
+    if name == LOCAL:
+        if fingerprint == local_fingerprint():
+            return detect_local(with_target=False)
+        return _other_machine(name, fingerprint)
+    if is_profile_name(name):
+        if name in profile_names():
+            dev = get_device(name, with_target=False)
+            if dev.fingerprint == fingerprint:
+                return dev
+        return _other_machine(name, fingerprint, profile_of=LOCAL)
+    return get_device(name, with_target=False)
+
+
+def is_profile_name(name: str) -> bool:
+    """A name of the form ``local-LEVEL-Nt`` (a profile here or on another machine)."""
+    parts = name.split("-")
+    return (len(parts) == 3 and parts[0] == LOCAL
+            and parts[1] in {lv.name for lv in ISA_LEVELS}
+            and parts[2].endswith("t") and parts[2][:-1].isdigit())
+
+
+# ---- devices the user adds ---------------------------------------------------------------
+def user_registry_path() -> Path:
+    from dlas_predict.paths import dlas_home
+
+    return dlas_home() / "devices.json"
+
+
+def _user_entries() -> list[dict[str, Any]]:
+    path = user_registry_path()
+    if not path.is_file():
+        return []
+    try:
+        data = json.loads(path.read_text())
+        entries = data["devices"]
+        if not isinstance(entries, list):
+            raise TypeError("'devices' is not a list")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise DeviceError(f"the user device registry {path} is unreadable ({exc}); fix or "
+                          "remove it") from None
+    return entries
+
+
+def _write_user_entries(entries: list[dict[str, Any]]) -> None:
+    path = user_registry_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"devices": entries}, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def _check_target(target: Any, kind: str) -> dict[str, Any]:
+    """A TVM target as a JSON dict that TVM accepts, of the right kind for ``kind``."""
+    if isinstance(target, str):
+        try:
+            target = json.loads(target)
+        except ValueError as exc:
+            raise DeviceError(f"--target is not JSON ({exc}); give a TVM target dict such as "
+                              '\'{"kind": "llvm", "mtriple": "aarch64-linux-gnu", '
+                              '"mcpu": "cortex-a72"}\'') from None
+    if not isinstance(target, dict) or "kind" not in target:
+        raise DeviceError(f"--target must be a JSON object with a 'kind', got {target!r}")
+    cpu_kinds, gpu_kinds = {"llvm", "c"}, {"cuda", "opencl", "vulkan", "metal", "rocm"}
+    if kind == "cpu" and target["kind"] not in cpu_kinds:
+        raise DeviceError(f"a cpu device needs an llvm target, got kind {target['kind']!r}")
+    if kind == "gpu" and target["kind"] not in gpu_kinds:
+        raise DeviceError(f"a gpu device needs one of {sorted(gpu_kinds)} as its target "
+                          f"kind, got {target['kind']!r}")
+    try:
+        import tvm
+
+        tvm.target.Target(target)
+    except Exception as exc:  # noqa: BLE001 - TVM's own message says what is wrong
+        msg = str(exc).strip().splitlines()
+        raise DeviceError(f"TVM rejects the target {json.dumps(target)}: "
+                          f"{msg[-1] if msg else type(exc).__name__}") from None
+    return target
+
+
+def add_device(name: str, kind: str, target: Any, cores: int, peak_gflops: float,
+               bandwidth_gbs: float, rpc_key: str | None = None,
+               description: str | None = None) -> Device:
+    """Register a device in ``DLAS_HOME/devices.json``; its figures are labelled ``spec``."""
+    import re
+
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", name or ""):
+        raise DeviceError(f"device name {name!r}: use letters, digits, '.', '_' and '-' "
+                          "(at most 64 characters)")
+    if name == LOCAL or is_profile_name(name) or name in profile_names():
+        raise DeviceError(f"{name!r} is the name of this machine or one of its profiles")
+    if name in {e["name"] for e in _registry_entries()}:
+        raise DeviceError(f"{name!r} is a shipped device; choose another name")
+    if kind not in ("cpu", "gpu"):
+        raise DeviceError(f"--kind must be cpu or gpu, got {kind!r}")
+    if cores < 1:
+        raise DeviceError(f"--cores must be a positive number, got {cores}")
+    for flag, value in (("--peak-gflops", peak_gflops), ("--bandwidth-gbs", bandwidth_gbs)):
+        if not (value > 0) or value != value or value == float("inf"):
+            raise DeviceError(f"{flag} must be a positive figure, got {value}")
+    target = _check_target(target, kind)
+    entry = {"name": name, "kind": kind,
+             "description": description or f"user device ({kind}, {cores} cores)",
+             "target": target, "cores": int(cores), "clock_ghz": None, "simd_bits": None,
+             "peak_gflops": {"float32": float(peak_gflops)},
+             "mem_bandwidth_gbs": float(bandwidth_gbs), "rpc_key": rpc_key or None,
+             "source": "spec"}
+    entries = [e for e in _user_entries() if e.get("name") != name]
+    entries.append(entry)
+    _write_user_entries(entries)
+    return get_device(name)
+
+
+def remove_device(name: str) -> None:
+    """Remove a device ``add_device`` registered; shipped and detected ones cannot be."""
+    entries = _user_entries()
+    if name not in {e.get("name") for e in entries}:
+        if name in device_names():
+            raise DeviceError(f"{name!r} is not a user device (shipped and detected devices "
+                              "cannot be removed)")
+        raise DeviceError(f"no user device {name!r}; user devices: "
+                          f"{', '.join(e['name'] for e in entries) or 'none'}")
+    _write_user_entries([e for e in entries if e.get("name") != name])
 
 
 # ---- lookup ------------------------------------------------------------------------------
 def device_names() -> list[str]:
-    return [LOCAL] + [e["name"] for e in _registry_entries()]
+    return ([LOCAL] + profile_names() + [e["name"] for e in _registry_entries()]
+            + [e["name"] for e in _user_entries()])
 
 
 def get_device(name: str, with_target: bool = True) -> Device:
     """Look a device up by name; an unknown name lists the known ones."""
     if name == LOCAL:
         return detect_local(with_target=with_target)
+    for pname, level, threads in _profile_specs():
+        if pname == name:
+            return _profile(name, level, threads, with_target)
     for entry in _registry_entries():
         if entry["name"] == name:
             return _remote_device(entry)
+    for entry in _user_entries():
+        if entry.get("name") == name:
+            return replace(_remote_device(entry), origin="user")
     raise DeviceError(f"unknown device {name!r}; known devices: {', '.join(device_names())}")
 
 

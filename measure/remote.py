@@ -1,0 +1,379 @@
+"""Where built code runs: this process's CPU, or a board reached through a TVM RPC tracker.
+
+The worker builds every kernel and network here, for the device's target, and hands the
+result to an :class:`Execution`:
+
+- :class:`LocalExecution` runs it in this process (``tvm.cpu(0)``);
+- :class:`RemoteExecution` links it into a shared library (natively for x86, with Debian's
+  cross g++ for aarch64 and armv7), uploads it to the board its session holds, loads it
+  there and runs it on the board's CPU; the numpy or onnxruntime check and the timing's
+  ``time_evaluator`` run on the board.
+
+:func:`request_board` asks a tracker for a board under a key and tells which board it got
+(its address) and what it is (:class:`BoardInfo`, read off the board: LLVM's name for its
+CPU, its triple, its cores and TVM's thread count). Imports TVM; runs in the worker. The
+tracker's own wire protocol (a magic number, then length-prefixed JSON) is spoken here so
+that a request can time out and the board's address is known.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import socket
+import struct
+import tempfile
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from dlas_predict.errors import BoardError
+
+#: TVM RPC's tracker protocol constants (``tvm.rpc.base``).
+_TRACKER_MAGIC = 0x2F271
+_CODE_SUCCESS, _CODE_PING, _CODE_REQUEST, _CODE_SUMMARY = 0, 1, 4, 6
+
+
+
+
+# ---- the tracker's protocol ----------------------------------------------------------------
+def _send(sock: socket.socket, obj: Any) -> None:
+    data = json.dumps(obj).encode()
+    sock.sendall(struct.pack("<i", len(data)) + data)
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("the tracker closed the connection")
+        buf += chunk
+    return buf
+
+
+def _recv(sock: socket.socket) -> Any:
+    size = struct.unpack("<i", _recv_exact(sock, 4))[0]
+    return json.loads(_recv_exact(sock, size).decode())
+
+
+def tracker_connect(host: str, port: int, timeout_s: float = 10.0) -> socket.socket:
+    """A socket to the tracker after its handshake; :class:`BoardError` if unreachable."""
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout_s)
+        sock.sendall(struct.pack("<i", _TRACKER_MAGIC))
+        magic = struct.unpack("<i", _recv_exact(sock, 4))[0]
+    except (OSError, ConnectionError, struct.error) as exc:
+        raise BoardError(f"cannot reach the RPC tracker at {host}:{port} ({exc})",
+                         "unreachable") from None
+    if magic != _TRACKER_MAGIC:
+        sock.close()
+        raise BoardError(f"{host}:{port} is not a TVM RPC tracker", "unreachable")
+    return sock
+
+
+def tracker_summary(host: str, port: int, timeout_s: float = 10.0) -> dict[str, Any]:
+    """The tracker's queues: ``{"queue_info": {key: {"free": n, "pending": m}}, ...}``."""
+    sock = tracker_connect(host, port, timeout_s)
+    try:
+        _send(sock, [_CODE_SUMMARY])
+        value = _recv(sock)
+    except (OSError, ConnectionError, ValueError) as exc:
+        raise BoardError(f"the RPC tracker at {host}:{port} did not answer ({exc})",
+                         "unreachable") from None
+    finally:
+        sock.close()
+    if value[0] != _CODE_SUCCESS:
+        raise BoardError(f"the tracker at {host}:{port} refused a summary: {value}",
+                         "unreachable")
+    return value[1]
+
+
+def boards_under(host: str, port: int, key: str, timeout_s: float = 10.0) -> int:
+    """How many boards are registered under ``key`` (free or busy); :class:`BoardError`
+    ``unknown_key`` when none, listing the keys the tracker has."""
+    summary = tracker_summary(host, port, timeout_s)
+    servers = [s for s in summary.get("server_info", [])
+               if str(s.get("key", "")).split(":", 1)[-1] == key]
+    queue = summary.get("queue_info", {}).get(key)
+    if not servers and not queue:
+        keys = sorted(summary.get("queue_info", {}))
+        raise BoardError(f"the tracker at {host}:{port} has no board under the key {key!r} "
+                         f"(keys it has: {', '.join(keys) or 'none'})", "unknown_key")
+    return max(len(servers), int((queue or {}).get("free", 0)))
+
+
+def request_board(host: str, port: int, key: str, timeout_s: float,
+                  session_timeout_s: float = 0.0):
+    """Ask the tracker for a free board under ``key``; wait at most ``timeout_s``.
+
+    Returns ``(session, "addr:port")``. :class:`BoardError` ``no_board`` when none came free
+    in time, ``unreachable`` when the tracker or the board cannot be reached."""
+    import time
+
+    from tvm import rpc
+
+    # Wait for a free board before asking: the tracker cannot cancel a request, and one
+    # left behind by a client that gave up would take the next board that comes free.
+    deadline = time.monotonic() + timeout_s
+    while True:
+        queue = tracker_summary(host, port).get("queue_info", {}).get(key, {})
+        if int(queue.get("free", 0)) > int(queue.get("pending", 0)):
+            break
+        if time.monotonic() >= deadline:
+            raise BoardError(f"no free board under the key {key!r} within {timeout_s:g} s "
+                             "(--timeout)", "no_board")
+        time.sleep(0.25)
+    sock = tracker_connect(host, port)
+    try:
+        sock.settimeout(max(1.0, deadline - time.monotonic()))
+        _send(sock, [_CODE_REQUEST, key, "", 1])
+        value = _recv(sock)
+    except socket.timeout:
+        raise BoardError(f"no free board under the key {key!r} within {timeout_s:g} s "
+                         "(--timeout)", "no_board") from None
+    except (OSError, ConnectionError, ValueError) as exc:
+        raise BoardError(f"the tracker dropped the request for {key!r} ({exc})",
+                         "unreachable") from None
+    finally:
+        sock.close()
+    if value[0] != _CODE_SUCCESS:
+        raise BoardError(f"the tracker refused the request for {key!r}: {value}",
+                         "unreachable")
+    url, bport, matchkey = value[1]
+    try:
+        session = rpc.connect(url, bport, matchkey, session_timeout=session_timeout_s)
+    except Exception as exc:  # noqa: BLE001 - TVM raises its own error types
+        raise BoardError(f"the board at {url}:{bport} did not accept a session: "
+                         f"{_last_line(exc)}", "unreachable") from None
+    return session, f"{url}:{bport}"
+
+
+def _last_line(exc: BaseException) -> str:
+    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+    return lines[-1][:300] if lines else type(exc).__name__
+
+
+# ---- what a board is -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class BoardInfo:
+    """A board as it reports itself: LLVM's name for its CPU (``znver3``,
+    ``cortex-a73``), its LLVM triple, its logical cores, the threads of TVM's pool on it,
+    plus the tracker key it was found under and its address."""
+
+    cpu: str
+    triple: str
+    cores: int
+    threads: int | None
+    key: str
+    address: str
+
+    @property
+    def fingerprint(self) -> str:
+        ident = {"cpu": self.cpu, "triple": self.triple, "cores": self.cores,
+                 "threads": self.threads}
+        return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "fingerprint": self.fingerprint}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "BoardInfo":
+        return cls(**{k: d[k] for k in ("cpu", "triple", "cores", "threads", "key",
+                                        "address")})
+
+
+def read_board(session, key: str, address: str) -> BoardInfo:
+    """Ask the board what it is. Its thread pool is left as the board's server set it:
+    TVM's ``runtime.config_threadpool`` pins the session to one core (seen on loopback
+    servers), and TVM reports no pool size, so ``threads`` is None (the server's default)."""
+    def call(name: str, *args):
+        return session.get_function(name)(*args)
+
+    return BoardInfo(cpu=str(call("target.llvm_get_system_cpu")),
+                     triple=str(call("target.llvm_get_system_triple")),
+                     cores=int(call("s_tir.meta_schedule.cpu_count", True)), threads=None,
+                     key=key, address=address)
+
+
+#: LLVM CPU names that are ISA levels, not a particular CPU: any CPU of the arch runs them.
+_GENERIC_CPUS = ("generic", "x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4")
+
+
+def _arch(triple: str) -> str:
+    arch = triple.split("-", 1)[0].lower()
+    if arch in ("x86_64", "amd64"):
+        return "x86_64"
+    if arch in ("aarch64", "arm64"):
+        return "aarch64"
+    if arch.startswith("arm") or arch.startswith("thumb"):
+        return "arm"
+    return arch
+
+
+def board_mismatch(target: dict[str, Any], board: BoardInfo) -> str | None:
+    """Why ``board`` is not the device of ``target`` (None when it matches): another
+    architecture, or (for a target naming a particular CPU) another CPU."""
+    host = target.get("host") if target.get("kind") != "llvm" else target
+    host = host if isinstance(host, dict) else {}
+    triple = host.get("mtriple")
+    if triple and _arch(triple) != _arch(board.triple):
+        return (f"the board at {board.address} is {board.triple} ({board.cpu}); the device's "
+                f"target is {triple}")
+    mcpu = host.get("mcpu")
+    if mcpu and mcpu not in _GENERIC_CPUS and mcpu != board.cpu:
+        return (f"the board at {board.address} reports CPU {board.cpu!r}; the device's target "
+                f"is for {mcpu!r}")
+    return None
+
+
+# ---- linking for a board ---------------------------------------------------------------------
+#: Debian's cross compilers, by architecture (``setup.sh`` installs them).
+CROSS_CXX = {"aarch64": "aarch64-linux-gnu-g++", "arm": "arm-linux-gnueabihf-g++"}
+
+
+def linker_for(target: dict[str, Any]):
+    """The ``fcompile`` that links a shared library for ``target``'s architecture: None
+    (TVM's default, the native g++) for this machine's, else Debian's cross g++."""
+    host = target.get("host") if target.get("kind") != "llvm" else target
+    triple = (host or {}).get("mtriple") if isinstance(host, dict) else None
+    arch = _arch(triple) if triple else _arch(os.uname().machine)
+    if arch == _arch(os.uname().machine):
+        return None
+    cxx = CROSS_CXX.get(arch)
+    if cxx is None:
+        raise RuntimeError(f"no cross compiler known for {triple}")
+    if shutil.which(cxx) is None:
+        raise RuntimeError(f"{cxx} is not installed (setup.sh installs Debian's "
+                           f"g++-{cxx.rsplit('-g++', 1)[0]} as root)")
+    from tvm.support import cc
+
+    return cc.cross_compiler(cxx)
+
+
+def export_shared(executable, path: str, target: dict[str, Any]) -> str:
+    """Link a compiled module (``tvm.compile``'s result) into the shared library ``path``
+    for ``target``'s architecture."""
+    fcompile = linker_for(target)
+    if fcompile is None:
+        executable.export_library(path)
+    else:
+        executable.export_library(path, fcompile=fcompile)
+    return path
+
+
+# ---- where code runs -------------------------------------------------------------------------
+class LocalExecution:
+    """Built code runs in this process."""
+
+    remote = False
+    board: BoardInfo | None = None
+
+    def __init__(self) -> None:
+        import tvm
+
+        self.dev = tvm.cpu(0)
+
+    def load(self, executable, target: dict[str, Any] | None = None):
+        """The runnable module of ``executable`` (``tvm.compile``'s result)."""
+        return getattr(executable, "mod", executable)
+
+    def threads(self) -> int:
+        env = os.environ.get("TVM_NUM_THREADS")
+        if env and env.isdigit() and int(env) > 0:
+            return int(env)
+        return os.cpu_count() or 1
+
+    def alive(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        pass
+
+
+class RemoteExecution:
+    """Built code is linked here, uploaded to a board and run there.
+
+    ``tracker`` is (host, port); the session is requested under ``key`` and kept for the
+    worker's life (one board, one measurement at a time); :meth:`release` gives the board
+    back (MetaSchedule's RPC runner then requests boards itself) and :meth:`reacquire`
+    takes one again."""
+
+    remote = True
+
+    def __init__(self, tracker: tuple[str, int], key: str, timeout_s: float,
+                 threads: int | None, session_timeout_s: float = 0.0) -> None:
+        self.tracker, self.key, self.timeout_s = tracker, key, timeout_s
+        self.want_threads, self.session_timeout_s = threads, session_timeout_s
+        self._dir = tempfile.mkdtemp(prefix="dlas-rpc-")
+        self._count = 0
+        self.session = None
+        self.board: BoardInfo | None = None
+        self.reacquire()
+
+    def reacquire(self) -> None:
+        session, address = request_board(*self.tracker, self.key, self.timeout_s,
+                                          self.session_timeout_s)
+        try:
+            self.board = read_board(session, self.key, address)
+        except Exception as exc:  # noqa: BLE001
+            raise BoardError(f"the board at {address} did not say what it is: "
+                             f"{_last_line(exc)}", "lost") from None
+        self.session = session
+        self.dev = session.cpu(0)
+
+    def release(self) -> None:
+        self.session = None
+        self.dev = None
+
+    def load(self, executable, target: dict[str, Any]):
+        """Link ``executable`` for the board, upload it, load it there."""
+        self._count += 1
+        name = f"m{os.getpid()}_{self._count}.so"
+        path = export_shared(executable, os.path.join(self._dir, name), target)
+        try:
+            self.session.upload(path)
+            module = self.session.load_module(name)
+        except Exception as exc:  # noqa: BLE001
+            raise RuntimeError(f"upload or load on the board at {self.board.address} "
+                               f"failed: {_last_line(exc)}") from None
+        finally:
+            os.remove(path)
+        return module
+
+    def threads(self) -> int:
+        if self.board is None:
+            return 1
+        return self.board.threads or self.board.cores
+
+    def alive(self) -> bool:
+        """Whether the board still answers (a short call through the session)."""
+        if self.session is None:
+            return False
+        try:
+            self.session.get_function("runtime.NumThreads")()
+            return True
+        except Exception:  # noqa: BLE001 - any failure means the session is gone
+            return False
+
+    def close(self) -> None:
+        self.session = None
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+_EXECUTION: LocalExecution | RemoteExecution | None = None
+
+
+def execution() -> LocalExecution | RemoteExecution:
+    """Where this worker's built code runs (local unless :func:`use` chose a board)."""
+    global _EXECUTION
+    if _EXECUTION is None:
+        _EXECUTION = LocalExecution()
+    return _EXECUTION
+
+
+def use(ex: LocalExecution | RemoteExecution) -> None:
+    global _EXECUTION
+    _EXECUTION = ex
+

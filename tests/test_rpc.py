@@ -1,0 +1,323 @@
+"""Measuring through TVM RPC, against a real tracker and real servers on loopback.
+
+Each test starts ``python -m tvm.exec.rpc_tracker`` and two ``python -m tvm.exec.rpc_server``
+processes on free loopback ports, bounded in time, and stops them. No other address is
+contacted.
+"""
+
+import json
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import assert_clean_error, run_cli
+
+from dlas_predict.space.config import ConvSpec, Variant
+
+KEY = "dlas-loopback"
+CONVS = ("C=8,H=10,W=10,K=16,R=3,S=3,stride=1,pad=1", "C=16,H=8,W=8,K=8,R=1,S=1,stride=1,pad=0",
+         "C=8,H=12,W=12,K=8,R=3,S=3,stride=2,pad=1")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(args, log: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", *args], stdout=open(log, "w"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait(timeout=30)
+
+
+def _wait_for_boards(port: int, n: int, deadline_s: float = 90.0) -> None:
+    from dlas_predict.measure.remote import tracker_summary
+
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < deadline_s:
+        try:
+            queue = tracker_summary("127.0.0.1", port).get("queue_info", {}).get(KEY, {})
+            if int(queue.get("free", 0)) >= n:
+                return
+        except Exception:  # the tracker is still starting
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"{n} boards did not register within {deadline_s} s")
+
+
+class Farm:
+    """A tracker and its servers on loopback."""
+
+    def __init__(self, tmp: Path, boards: int = 2) -> None:
+        self.tmp = tmp
+        self.port = _free_port()
+        self.tracker = _start(["tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port",
+                               str(self.port), "--port-end", str(self.port + 1)],
+                              tmp / "tracker.log")
+        self.servers: list[subprocess.Popen] = []
+        for i in range(boards):
+            self.add_server()
+        _wait_for_boards(self.port, boards)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def add_server(self) -> subprocess.Popen:
+        p = _free_port()
+        proc = _start(["tvm.exec.rpc_server", "--host", "127.0.0.1", "--port", str(p),
+                       "--port-end", str(p + 1), "--tracker", self.address, "--key", KEY],
+                      self.tmp / f"server{len(self.servers)}.log")
+        proc.rpc_port = p
+        self.servers.append(proc)
+        return proc
+
+    def close(self) -> None:
+        for proc in [*self.servers, self.tracker]:
+            _stop(proc)
+
+
+@pytest.fixture(scope="module")
+def farm(tmp_path_factory):
+    """One tracker and two boards for the module (starting them takes seconds); a test that
+    stops a board starts another before it ends."""
+    f = Farm(tmp_path_factory.mktemp("farm"))
+    try:
+        yield f
+    finally:
+        f.close()
+
+
+@pytest.fixture
+def boards(farm):
+    """The module's farm, with both boards free again when the test ends."""
+    yield farm
+    alive = [p for p in farm.servers if p.poll() is None]
+    for _ in range(2 - len(alive)):
+        farm.add_server()
+    _wait_for_boards(farm.port, 2)
+
+
+def _protocol():
+    from dlas_predict.measure.tasks import Protocol
+
+    return Protocol(max_repeats=12, min_repeats=3, time_budget_s=0.05, quiet_wait_s=0.0)
+
+
+def _tasks(device):
+    from dlas_predict.measure.runner import MeasureTask
+
+    return [MeasureTask.make(ConvSpec.parse(c), Variant(alg, comp, 0.9) if comp != "dense"
+                             else Variant(alg, comp), device)
+            for c in CONVS for alg in ("direct", "gemm")
+            for comp in ("dense", "weight_pruning")]
+
+
+def _rpc(farm, **kw):
+    from dlas_predict.measure.rpcopts import RpcOptions
+
+    return RpcOptions(host="127.0.0.1", port=farm.port, key=KEY, request_timeout_s=15.0, **kw)
+
+
+@pytest.mark.slow
+def test_a_farm_measures_on_both_boards_and_survives_a_killed_one(boards, tmp_path):
+    farm = boards
+    from dlas_predict.corpus.store import CorpusStore
+    from dlas_predict.measure.farm import kernel_runner
+    from dlas_predict.space.devices import get_device
+
+    dev = get_device("local")
+    tasks = _tasks(dev)
+    lines: list[str] = []
+    store = CorpusStore(tmp_path / "c.sqlite")
+    with kernel_runner(dev, _protocol(), 120.0, _rpc(farm), lines.append) as runner:
+        for n, rec in enumerate(runner.run(tasks), 1):
+            store.add(rec)
+            if n == 3:  # a board drops off mid-run: its task goes to the other board
+                _stop(farm.servers[0])
+    rows = list(store.rows())
+    store.close()
+    (tmp_path / "lines.txt").write_text("\n".join(lines))
+    assert sorted(r["key"] for r in rows) == sorted(t.key for t in tasks), tmp_path
+    assert all(r["error"] is None and r["verified"] == 1 for r in rows), \
+        [r["error"] for r in rows if r["error"]]
+    boards = {json.loads(r["board"])["address"] for r in rows}
+    assert len(boards) == 2, boards  # both boards measured
+    board = json.loads(rows[0]["board"])
+    assert board["key"] == KEY and board["cores"] >= 1 and board["triple"]
+    assert any("done here" in line for line in lines)
+
+
+@pytest.mark.slow
+def test_a_task_that_hangs_every_board_is_a_recorded_failure_after_n_tries(boards, monkeypatch):
+    farm = boards
+    from dataclasses import replace
+
+    from dlas_predict.measure.farm import kernel_runner
+    from dlas_predict.space.devices import get_device
+
+    monkeypatch.setenv("DLAS_FAULT_INJECTION", "1")
+    dev = get_device("local")
+    good, *_ = _tasks(dev)
+    hung = replace(_tasks(dev)[1], fault="hang")
+    lines: list[str] = []
+    with kernel_runner(dev, _protocol(), 5.0, _rpc(farm, tries=2), lines.append) as runner:
+        recs = {r.key: r for r in runner.run([hung, good])}
+        progress = runner.progress()
+    assert recs[good.key].ok
+    assert recs[hung.key].error.startswith("failed on 2 boards"), recs[hung.key].error
+    assert "timeout" in recs[hung.key].error
+    assert sum(p["requeued"] for p in progress) == 1
+    assert any("back in the queue" in line for line in lines)
+
+
+@pytest.mark.slow
+def test_whole_networks_are_built_here_and_checked_and_timed_on_the_board(boards, tmp_path):
+    farm = boards
+    from dlas_predict.corpus.networks import uniform_plan
+    from dlas_predict.measure.farm import network_runner
+    from dlas_predict.networks.generate import FAMILIES, build
+    from dlas_predict.space.devices import get_device
+    import onnx
+
+    net = tmp_path / "net.onnx"
+    onnx.save(build("cnn", {**FAMILIES["cnn"], "layers": 1, "kernels": 8, "input": 8}), net)
+    from dlas_predict.networks.graph import read_network
+
+    plan = uniform_plan(str(net), "net", "dense", None, "gemm", len(read_network(net).convs()))
+    dev = get_device("local")
+    with network_runner(dev, _protocol(), 300.0, _rpc(farm, boards=1)) as runner:
+        (rec,) = list(runner.run([plan]))
+    assert rec.error is None, rec.error
+    assert rec.verified and rec.best_s > 0
+    assert json.loads(rec.board)["key"] == KEY
+
+
+@pytest.mark.slow
+def test_collect_killed_with_sigkill_resumes_to_every_record_once(boards, tmp_path):
+    farm = boards
+    store = tmp_path / "s.sqlite"
+    net = tmp_path / "net.onnx"
+    from dlas_predict.networks.generate import FAMILIES, build
+    import onnx
+
+    onnx.save(build("cnn", {**FAMILIES["cnn"], "layers": 2, "kernels": 8, "input": 8}), net)
+    cmd = [sys.executable, "-m", "dlas_predict.cli", "collect", "--network", str(net),
+           "--store", str(store), "--tracker", farm.address, "--rpc-key", KEY,
+           "--algorithms", "direct,gemm", "--compressions", "dense,weight_pruning",
+           "--quiet-wait", "0", "--time-budget", "0.05", "--max-repeats", "12", "-q"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    t0 = time.monotonic()
+    count = 0
+    while time.monotonic() - t0 < 240 and proc.poll() is None:
+        time.sleep(0.2)
+        if store.is_file():
+            try:
+                count = sqlite3.connect(store).execute(
+                    "SELECT COUNT(*) FROM measurements").fetchone()[0]
+            except sqlite3.OperationalError:
+                continue
+            if count >= 2:
+                break
+    assert proc.poll() is None, "collect finished before it could be killed"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = sqlite3.connect(store).execute("SELECT key, error FROM measurements").fetchall()
+    keys = [k for k, _ in rows]
+    assert len(keys) == len(set(keys)) and all(e is None for _, e in rows)
+    assert f"skipped {count}" in done.stdout or count <= len(keys)
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
+    assert again.returncode == 0 and "measured 0 (0 failed)" in again.stdout, again.stdout
+    assert sqlite3.connect(store).execute(
+        "SELECT COUNT(*) FROM measurements").fetchone()[0] == len(keys)
+
+
+# ---- clean errors -------------------------------------------------------------------------
+def test_an_unreachable_tracker_is_one_clean_error():
+    port = _free_port()
+    assert_clean_error(run_cli("measure", "--conv", CONVS[0], "--tracker",
+                               f"127.0.0.1:{port}", "--rpc-key", KEY), "cannot reach")
+
+
+@pytest.mark.slow
+def test_an_unknown_key_is_one_clean_error_naming_the_keys(boards):
+    farm = boards
+    r = run_cli("measure", "--conv", CONVS[0], "--tracker", farm.address, "--rpc-key", "nope")
+    assert_clean_error(r, "no board under the key 'nope'")
+    assert KEY in r.output
+
+
+@pytest.mark.slow
+def test_a_board_that_is_not_the_device_is_refused(boards):
+    farm = boards
+    # i7-8700's target is for a Skylake CPU; the loopback boards are this machine's CPU
+    from dlas_predict.space.devices import get_device
+
+    if get_device("local").target.get("mcpu") == "skylake":
+        pytest.skip("this machine is a Skylake")
+    r = run_cli("measure", "--conv", CONVS[0], "--device", "i7-8700", "--tracker",
+                farm.address, "--rpc-key", KEY, "--algorithm", "gemm", "--compression",
+                "dense")
+    assert_clean_error(r, "not a i7-8700")
+
+
+@pytest.mark.slow
+def test_no_free_board_within_the_timeout_is_one_clean_error(boards):
+    farm = boards
+    from dlas_predict.measure.remote import request_board
+
+    held = [request_board("127.0.0.1", farm.port, KEY, 30.0)
+            for p in farm.servers if p.poll() is None]
+    r = run_cli("measure", "--conv", CONVS[0], "--tracker", farm.address, "--rpc-key", KEY,
+                "--timeout", "3", "--algorithm", "gemm", "--compression", "dense")
+    assert_clean_error(r, "no free board")
+    held.clear()  # the sessions end; the boards register as free again
+    import gc
+
+    gc.collect()
+
+
+def test_a_tracker_off_loopback_needs_the_flag_and_is_warned_about():
+    from dlas_predict.errors import ConfigError
+    from dlas_predict.measure.rpcopts import REMOTE_WARNING, rpc_options
+    from dlas_predict.space.devices import get_device
+
+    dev = get_device("xavier-cpu", with_target=False)
+    r = run_cli("measure", "--conv", CONVS[0], "--device", "xavier-cpu", "--tracker",
+                "192.0.2.1:9190")  # TEST-NET-1: never contacted, refused before any socket
+    assert_clean_error(r, "--allow-remote-tracker")
+    warned: list[str] = []
+    opts = rpc_options("192.0.2.1:9190", None, dev, allow_remote=True, warn=warned.append)
+    assert opts.key == "xavier" and warned == [REMOTE_WARNING.format(addr="192.0.2.1:9190")]
+    with pytest.raises(ConfigError, match="not this machine"):
+        rpc_options(None, None, dev)
+    with pytest.raises(ConfigError, match="HOST:PORT"):
+        rpc_options("nohost", None, dev)
+
+
+def test_the_tracker_comes_from_the_environment(monkeypatch):
+    from dlas_predict.measure.rpcopts import rpc_options
+    from dlas_predict.space.devices import get_device
+
+    monkeypatch.setenv("DLAS_TRACKER", "127.0.0.1:9555")
+    opts = rpc_options(None, "k", get_device("local", with_target=False))
+    assert (opts.host, opts.port, opts.key) == ("127.0.0.1", 9555, "k")
