@@ -8,17 +8,17 @@ contacted.
 import json
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from conftest import assert_clean_error, run_cli
 
+from dlas_predict.measure.loopback import LoopbackFarm as Farm, free_port as _free_port
+from dlas_predict.measure.loopback import stop as _stop, wait_for_boards
 from dlas_predict.space.config import ConvSpec, Variant
 
 KEY = "dlas-loopback"
@@ -26,78 +26,11 @@ CONVS = ("C=8,H=10,W=10,K=16,R=3,S=3,stride=1,pad=1", "C=16,H=8,W=8,K=8,R=1,S=1,
          "C=8,H=12,W=12,K=8,R=3,S=3,stride=2,pad=1")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start(args, log: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", *args], stdout=open(log, "w"),
-                            stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    proc.wait(timeout=30)
-
-
-def _wait_for_boards(port: int, n: int, deadline_s: float = 90.0) -> None:
-    from dlas_predict.measure.remote import tracker_summary
-
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < deadline_s:
-        try:
-            queue = tracker_summary("127.0.0.1", port).get("queue_info", {}).get(KEY, {})
-            if int(queue.get("free", 0)) >= n:
-                return
-        except Exception:  # the tracker is still starting
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"{n} boards did not register within {deadline_s} s")
-
-
-class Farm:
-    """A tracker and its servers on loopback."""
-
-    def __init__(self, tmp: Path, boards: int = 2) -> None:
-        self.tmp = tmp
-        self.port = _free_port()
-        self.tracker = _start(["tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port",
-                               str(self.port), "--port-end", str(self.port + 1)],
-                              tmp / "tracker.log")
-        self.servers: list[subprocess.Popen] = []
-        for i in range(boards):
-            self.add_server()
-        _wait_for_boards(self.port, boards)
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def add_server(self) -> subprocess.Popen:
-        p = _free_port()
-        proc = _start(["tvm.exec.rpc_server", "--host", "127.0.0.1", "--port", str(p),
-                       "--port-end", str(p + 1), "--tracker", self.address, "--key", KEY],
-                      self.tmp / f"server{len(self.servers)}.log")
-        proc.rpc_port = p
-        self.servers.append(proc)
-        return proc
-
-    def close(self) -> None:
-        for proc in [*self.servers, self.tracker]:
-            _stop(proc)
-
-
 @pytest.fixture(scope="module")
 def farm(tmp_path_factory):
     """One tracker and two boards for the module (starting them takes seconds); a test that
     stops a board starts another before it ends."""
-    f = Farm(tmp_path_factory.mktemp("farm"))
+    f = Farm(tmp_path_factory.mktemp("farm"), KEY)
     try:
         yield f
     finally:
@@ -111,7 +44,7 @@ def boards(farm):
     alive = [p for p in farm.servers if p.poll() is None]
     for _ in range(2 - len(alive)):
         farm.add_server()
-    _wait_for_boards(farm.port, 2)
+    wait_for_boards(farm.port, KEY, 2)
 
 
 def _protocol():
@@ -321,3 +254,8 @@ def test_the_tracker_comes_from_the_environment(monkeypatch):
     monkeypatch.setenv("DLAS_TRACKER", "127.0.0.1:9555")
     opts = rpc_options(None, "k", get_device("local", with_target=False))
     assert (opts.host, opts.port, opts.key) == ("127.0.0.1", 9555, "k")
+
+
+def test_tuning_through_a_tracker_is_refused_as_not_built():
+    assert_clean_error(run_cli("tune", "--network", "zoo:resnet18-cifar", "--tracker",
+                               "127.0.0.1:9", "--rpc-key", KEY), "not built yet")

@@ -1,0 +1,92 @@
+"""A TVM RPC tracker and its servers on loopback, for the tests and the benchmarks:
+``python -m tvm.exec.rpc_tracker`` and ``python -m tvm.exec.rpc_server`` processes bound to
+127.0.0.1 on free ports, each in its own process group, stopped with :meth:`close`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(args: list[str], log: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", *args], stdout=open(log, "w"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """SIGKILL a process and its group; wait for it."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait(timeout=30)
+
+
+def wait_for_boards(port: int, key: str, n: int, deadline_s: float = 90.0) -> None:
+    """Until ``n`` boards under ``key`` are free at the tracker on ``port``."""
+    from .remote import tracker_summary
+
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < deadline_s:
+        try:
+            queue = tracker_summary("127.0.0.1", port).get("queue_info", {}).get(key, {})
+            if int(queue.get("free", 0)) >= n:
+                return
+        except Exception:  # noqa: BLE001 - the tracker is still starting
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"{n} boards did not register within {deadline_s} s")
+
+
+class LoopbackFarm:
+    """A tracker and ``boards`` servers under ``key``, all on 127.0.0.1; logs in ``tmp``."""
+
+    def __init__(self, tmp: Path, key: str, boards: int = 2) -> None:
+        self.tmp, self.key = Path(tmp), key
+        self.port = free_port()
+        self.tracker = _start(["tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port",
+                               str(self.port), "--port-end", str(self.port + 1)],
+                              self.tmp / "tracker.log")
+        self.servers: list[subprocess.Popen] = []
+        try:
+            for _ in range(boards):
+                self.add_server()
+            wait_for_boards(self.port, key, boards)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def add_server(self) -> subprocess.Popen:
+        p = free_port()
+        proc = _start(["tvm.exec.rpc_server", "--host", "127.0.0.1", "--port", str(p),
+                       "--port-end", str(p + 1), "--tracker", self.address, "--key", self.key],
+                      self.tmp / f"server{len(self.servers)}.log")
+        self.servers.append(proc)
+        return proc
+
+    def close(self) -> None:
+        for proc in [*self.servers, self.tracker]:
+            stop(proc)
+
+    def __enter__(self) -> "LoopbackFarm":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
