@@ -296,6 +296,9 @@ def measure(
     tracker: Optional[str] = _TRACKER_OPT, rpc_key: Optional[str] = _RPC_KEY_OPT,
     allow_remote_tracker: bool = _ALLOW_REMOTE_OPT, boards: Optional[int] = _BOARDS_OPT,
     tries: int = _TRIES_OPT,
+    emulated: bool = typer.Option(False, "--emulated", help="RPC: the boards are emulators "
+                                  "(qemu-user): outputs are verified, timings are labelled "
+                                  "emulated and never stored."),
 ):
     """Measure one conv workload across algorithms × compressions (× tuning) on a device."""
     from dlas_predict.space.config import (Algorithm, Compression, ConvSpec, check_ratio,
@@ -313,6 +316,15 @@ def measure(
     tunings, opts = _tuning(tuning, trials, early_stop, tuning_db)
     dev = _measured_device(device)
     rpc = _rpc(dev, tracker, rpc_key, allow_remote_tracker, boards, tries, timeout)
+    if emulated:
+        if rpc is None:
+            raise DlasError("--emulated is for boards reached through --tracker")
+        if store is not None:
+            raise DlasError("timings on an emulated board are not the device's: the corpus "
+                            "refuses them (drop --store)")
+        from dataclasses import replace as _replace
+
+        rpc = _replace(rpc, emulated=True)
     _check_rpc(rpc, tunings)
     variants = [v for t in tunings for v in variant_grid(algorithms, compressions, ratio, t)]
     tasks = [MeasureTask.make(spec, v, dev, tuning=opts) for v in variants]
@@ -337,13 +349,25 @@ def measure(
             "knobs", "tuning_seconds", "trials", "tuner", "error")
     out = [{"conv": spec.to_spec(), "device": dev.name,
             **{k: r.to_dict()[k] for k in keys}} for r in results]
+    if emulated:  # an emulator's timings are labelled, never given as the device's figures
+        for o in out:
+            o["emulated"] = True
+            o["emulated_median_ms"] = o.pop("median_ms")
+            o["gflops"] = None
     if as_json:
         _print_json(out)
     else:
         where = (f" through {rpc.tracker} (key {rpc.key})" if rpc else "")
         typer.echo(f"{spec.to_spec()}  on {dev.name} ({dev.description}){where}; "
                    f"{spec.macs / 1e6:.1f} M MACs; measured medians")
-        typer.echo(format_table([_measure_row(r) for r in results]))
+        rows = [_measure_row(r) for r in results]
+        if emulated:
+            for row in rows:
+                row["emulated ms"] = row.pop("median ms")
+                row["GFLOP/s"] = "—"
+            typer.echo("boards are emulated: outputs verified there, timings are the "
+                       "emulator's, not the device's")
+        typer.echo(format_table(rows))
     bad = [r for r in results if not r.ok or r.verified is False]
     if bad:
         _fail(f"{len(bad)} of {len(results)} variants failed or did not verify "

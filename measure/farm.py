@@ -177,7 +177,8 @@ class Farm:
         label = label.to_spec() if hasattr(label, "to_spec") else str(label)
         if record.error is not None:
             return f"{label}: FAILED {record.error[:120]}"
-        return f"{label}: {record.best_s * 1e3:.3f} ms"
+        emulated = bool(record.board and '"emulated": true' in record.board)
+        return f"{label}: {'emulated ' if emulated else ''}{record.best_s * 1e3:.3f} ms"
 
     def progress(self) -> list[dict[str, Any]]:
         """Per board: tasks done, failed and given back, and seconds busy."""

@@ -32,7 +32,7 @@ from dlas_predict.errors import BoardError
 
 #: TVM RPC's tracker protocol constants (``tvm.rpc.base``).
 _TRACKER_MAGIC = 0x2F271
-_CODE_SUCCESS, _CODE_PING, _CODE_REQUEST, _CODE_SUMMARY = 0, 1, 4, 6
+_CODE_SUCCESS, _CODE_REQUEST, _CODE_SUMMARY = 0, 4, 6
 
 
 
@@ -168,6 +168,8 @@ class BoardInfo:
     threads: int | None
     key: str
     address: str
+    #: declared an emulator by the user (``--emulated``): its timings are not a device's
+    emulated: bool = False
 
     @property
     def fingerprint(self) -> str:
@@ -181,10 +183,10 @@ class BoardInfo:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "BoardInfo":
         return cls(**{k: d[k] for k in ("cpu", "triple", "cores", "threads", "key",
-                                        "address")})
+                                        "address")}, emulated=bool(d.get("emulated")))
 
 
-def read_board(session, key: str, address: str) -> BoardInfo:
+def read_board(session, key: str, address: str, emulated: bool = False) -> BoardInfo:
     """Ask the board what it is. Its thread pool is left as the board's server set it:
     TVM's ``runtime.config_threadpool`` pins the session to one core (seen on loopback
     servers), and TVM reports no pool size, so ``threads`` is None (the server's default)."""
@@ -194,7 +196,7 @@ def read_board(session, key: str, address: str) -> BoardInfo:
     return BoardInfo(cpu=str(call("target.llvm_get_system_cpu")),
                      triple=str(call("target.llvm_get_system_triple")),
                      cores=int(call("s_tir.meta_schedule.cpu_count", True)), threads=None,
-                     key=key, address=address)
+                     key=key, address=address, emulated=emulated)
 
 
 #: LLVM CPU names that are ISA levels, not a particular CPU: any CPU of the arch runs them.
@@ -222,6 +224,8 @@ def board_mismatch(target: dict[str, Any], board: BoardInfo) -> str | None:
         return (f"the board at {board.address} is {board.triple} ({board.cpu}); the device's "
                 f"target is {triple}")
     mcpu = host.get("mcpu")
+    if board.emulated:
+        return None  # an emulator runs any CPU of its architecture, and names none
     if mcpu and mcpu not in _GENERIC_CPUS and mcpu != board.cpu:
         return (f"the board at {board.address} reports CPU {board.cpu!r}; the device's target "
                 f"is for {mcpu!r}")
@@ -296,36 +300,30 @@ class RemoteExecution:
     """Built code is linked here, uploaded to a board and run there.
 
     ``tracker`` is (host, port); the session is requested under ``key`` and kept for the
-    worker's life (one board, one measurement at a time); :meth:`release` gives the board
-    back (MetaSchedule's RPC runner then requests boards itself) and :meth:`reacquire`
-    takes one again."""
+    worker's life (one board, one measurement at a time)."""
 
     remote = True
 
     def __init__(self, tracker: tuple[str, int], key: str, timeout_s: float,
-                 threads: int | None, session_timeout_s: float = 0.0) -> None:
+                 session_timeout_s: float = 0.0, emulated: bool = False) -> None:
         self.tracker, self.key, self.timeout_s = tracker, key, timeout_s
-        self.want_threads, self.session_timeout_s = threads, session_timeout_s
+        self.session_timeout_s, self.emulated = session_timeout_s, emulated
         self._dir = tempfile.mkdtemp(prefix="dlas-rpc-")
         self._count = 0
         self.session = None
         self.board: BoardInfo | None = None
-        self.reacquire()
+        self._connect()
 
-    def reacquire(self) -> None:
+    def _connect(self) -> None:
         session, address = request_board(*self.tracker, self.key, self.timeout_s,
                                           self.session_timeout_s)
         try:
-            self.board = read_board(session, self.key, address)
+            self.board = read_board(session, self.key, address, self.emulated)
         except Exception as exc:  # noqa: BLE001
             raise BoardError(f"the board at {address} did not say what it is: "
                              f"{_last_line(exc)}", "lost") from None
         self.session = session
         self.dev = session.cpu(0)
-
-    def release(self) -> None:
-        self.session = None
-        self.dev = None
 
     def load(self, executable, target: dict[str, Any]):
         """Link ``executable`` for the board, upload it, load it there."""

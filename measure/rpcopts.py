@@ -60,6 +60,9 @@ class RpcOptions:
     tries: int = 3
     request_timeout_s: float = 60.0
     session_timeout_s: float = 0.0
+    #: the boards are emulators (e.g. ``qemu-user``): outputs are verified, timings are
+    #: labelled ``emulated``, never stored and never shown as the device's figures
+    emulated: bool = False
 
     def __post_init__(self) -> None:
         if self.boards is not None and self.boards < 1:
@@ -75,11 +78,12 @@ class RpcOptions:
     def tracker(self) -> str:
         return f"{self.host}:{self.port}"
 
-    def worker_args(self, threads: int) -> list[str]:
+    def worker_args(self) -> list[str]:
         """The worker's command-line arguments that make it measure on a board."""
         return ["--tracker", self.tracker, "--key", self.key,
                 "--request-timeout", str(self.request_timeout_s),
-                "--session-timeout", str(self.session_timeout_s), "--threads", str(threads)]
+                "--session-timeout", str(self.session_timeout_s),
+                *(["--emulated"] if self.emulated else [])]
 
 
 def rpc_options(tracker: str | None, key: str | None, device, allow_remote: bool = False,

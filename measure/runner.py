@@ -155,7 +155,7 @@ class LocalRunner(Runner):
         cmd = [sys.executable, "-m", "dlas_predict.measure.worker"]
         startup = self.startup_timeout_s
         if self.rpc is not None:
-            cmd += self.rpc.worker_args(self.device.cores)
+            cmd += self.rpc.worker_args()
             startup += self.rpc.request_timeout_s
         self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       stderr=self._stderr, env=env, start_new_session=True)

@@ -164,8 +164,8 @@ def _inject(fault: str) -> None:
 
 
 def _execution_from_argv(argv: list[str]):
-    """``--tracker HOST:PORT --key K [--request-timeout S] [--threads N]``: measure on a
-    board of that tracker; no arguments: on this machine."""
+    """``--tracker HOST:PORT --key K [--request-timeout S] [--session-timeout S]``: measure
+    on a board of that tracker; no arguments: on this machine."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m dlas_predict.measure.worker")
@@ -173,13 +173,13 @@ def _execution_from_argv(argv: list[str]):
     parser.add_argument("--key")
     parser.add_argument("--request-timeout", type=float, default=60.0)
     parser.add_argument("--session-timeout", type=float, default=0.0)
-    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--emulated", action="store_true")
     args = parser.parse_args(argv)
     if not args.tracker:
         return None
     host, _, port = args.tracker.rpartition(":")
     return RemoteExecution((host, int(port)), args.key, args.request_timeout,
-                           args.threads or None, args.session_timeout)
+                           args.session_timeout, args.emulated)
 
 
 def main(argv: list[str] | None = None) -> int:

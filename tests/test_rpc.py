@@ -259,3 +259,34 @@ def test_the_tracker_comes_from_the_environment(monkeypatch):
 def test_tuning_through_a_tracker_is_refused_as_not_built():
     assert_clean_error(run_cli("tune", "--network", "zoo:resnet18-cifar", "--tracker",
                                "127.0.0.1:9", "--rpc-key", KEY), "not built yet")
+
+
+def test_emulated_timings_are_refused_by_the_corpus(tmp_path):
+    from dlas_predict.corpus.records import MeasureResult
+    from dlas_predict.corpus.store import CorpusStore
+    from dlas_predict.errors import StoreError
+
+    board = json.dumps({"cpu": "generic", "triple": "aarch64-linux-gnu", "emulated": True})
+    rec = MeasureResult(key="k", device="hikey970-cpu", fingerprint="f",
+                        conv=ConvSpec.parse(CONVS[0]), variant=Variant("gemm", "dense"),
+                        knobs={}, run_secs=[1e-3], board=board)
+    with CorpusStore(tmp_path / "s.sqlite") as store:
+        with pytest.raises(StoreError, match="emulated"):
+            store.add(rec)
+        assert list(store.rows()) == []
+    assert_clean_error(run_cli("measure", "--conv", CONVS[0], "--emulated"), "--tracker")
+    assert_clean_error(run_cli("measure", "--conv", CONVS[0], "--device", "hikey970-cpu",
+                               "--tracker", "127.0.0.1:9", "--emulated", "--store",
+                               tmp_path / "x.sqlite"), "refuses them")
+
+
+def test_an_emulated_board_matches_any_cpu_of_its_architecture():
+    from dlas_predict.measure.remote import BoardInfo, board_mismatch
+    from dlas_predict.space.devices import get_device
+
+    target = get_device("hikey970-cpu", with_target=False).target
+    board = BoardInfo("generic", "aarch64-unknown-linux-gnu", 2, None, KEY, "127.0.0.1:1")
+    assert "cortex-a73" in board_mismatch(target, board)
+    assert board_mismatch(target, BoardInfo(**{**board.__dict__, "emulated": True})) is None
+    x86 = BoardInfo("znver3", "x86_64-pc-linux-gnu", 2, None, KEY, "127.0.0.1:1", True)
+    assert "aarch64" in board_mismatch(target, x86)

@@ -173,6 +173,12 @@ def _row(result: MeasureResult) -> tuple:
     return tuple(values[c] for c in COLUMNS)
 
 
+def _refuse_emulated(board: str | None) -> None:
+    """Timings on an emulated board are not a device's: the corpus never holds them."""
+    if board and json.loads(board).get("emulated"):
+        raise StoreError("a timing on an emulated board cannot go into a corpus")
+
+
 class CorpusStore:
     """A measurement corpus in one SQLite file.
 
@@ -211,6 +217,7 @@ class CorpusStore:
         record (a retried measurement); a stored success is replaced only with ``replace``
         (a record timed again on a quieter machine; see :meth:`slow_keys`).
         """
+        _refuse_emulated(result.board)
         placeholders = ",".join("?" * len(COLUMNS))
         with self._db:  # one transaction: the row is there entirely or not at all
             if replace or replace_failure:
@@ -241,6 +248,7 @@ class CorpusStore:
         """Commit one whole-network measurement (a dict of :data:`NETWORK_COLUMNS`); a stored
         failure of the same key is replaced, a stored success only with ``replace``. False if
         already there."""
+        _refuse_emulated(row.get("board"))
         values = tuple(row.get(c) for c in NETWORK_COLUMNS)
         with self._db:
             self._db.execute("DELETE FROM network_measurements WHERE key = ?"
