@@ -244,15 +244,8 @@ def _rpc(device, tracker, rpc_key, allow_remote, boards=None, tries=3, timeout=3
                        tries=tries, request_timeout_s=timeout)
 
 
-def _check_rpc(rpc, tunings=()) -> None:
-    """Fail early, with one clear line, on an unreachable tracker or an unknown key (and on
-    tuning through a tracker, which is not built)."""
-    from dlas_predict.space.config import Tuning
-
-    if rpc is not None and Tuning.TUNED in tunings:
-        raise DlasError("tuning through an RPC tracker is not built yet (MetaSchedule's RPC "
-                        "runner is not wired in): measure untuned kernels on boards, or tune "
-                        "on this machine")
+def _check_rpc(rpc) -> None:
+    """Fail early, with one clear line, on an unreachable tracker or an unknown key."""
     if rpc is not None:
         from dlas_predict.measure.remote import boards_under
 
@@ -325,7 +318,7 @@ def measure(
         from dataclasses import replace as _replace
 
         rpc = _replace(rpc, emulated=True)
-    _check_rpc(rpc, tunings)
+    _check_rpc(rpc)
     variants = [v for t in tunings for v in variant_grid(algorithms, compressions, ratio, t)]
     tasks = [MeasureTask.make(spec, v, dev, tuning=opts) for v in variants]
     db = None
@@ -540,7 +533,7 @@ def _collect(networks, store, device, algorithms, compressions, ratio, retry_fai
     dev = _measured_device(device)
     tracker, rpc_key, allow_remote, boards, tries = remote
     rpc = _rpc(dev, tracker, rpc_key, allow_remote, boards, tries, timeout)
-    _check_rpc(rpc, tunings)
+    _check_rpc(rpc)
     chatty = not quiet and not as_json
     log = (lambda line: typer.echo(line, err=True)) if chatty else None
     whole = ((lambda: network_runner(dev, proto, max(timeout, 600.0), rpc, log))

@@ -475,6 +475,9 @@ def run_network_task(task: "NetworkTask") -> dict[str, Any]:
     tol = {DType.FLOAT32: 1e-3}.get(dtype)
     result.update(max_error=err, relative_error=err / scale, top1_agreement=agree,
                   verified=bool(err <= tol * scale) if tol else bool(agree >= 0.9))
+    if vm.remote and not result["verified"]:
+        raise RuntimeError(f"wrong results on the board: max error {err:.3g}, top-1 "
+                           f"agreement {agree:.0%} against onnxruntime (not timed)")
     x = tvm.runtime.tensor(xs[:1].astype(np.float32), dev)
     t0 = time.perf_counter()
     vm(x)

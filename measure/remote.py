@@ -312,9 +312,10 @@ class RemoteExecution:
         self._count = 0
         self.session = None
         self.board: BoardInfo | None = None
-        self._connect()
+        self.connect()
 
-    def _connect(self) -> None:
+    def connect(self) -> None:
+        """Request a board from the tracker and hold its session."""
         session, address = request_board(*self.tracker, self.key, self.timeout_s,
                                           self.session_timeout_s)
         try:
@@ -324,6 +325,17 @@ class RemoteExecution:
                              f"{_last_line(exc)}", "lost") from None
         self.session = session
         self.dev = session.cpu(0)
+
+    def release(self) -> None:
+        """Give the board back: drop the session and everything on it (the probes' modules
+        and tensors), so the server ends the session and registers again."""
+        import gc
+
+        from . import contention
+
+        contention._PROBES.clear()
+        self.session, self.dev = None, None
+        gc.collect()
 
     def load(self, executable, target: dict[str, Any]):
         """Link ``executable`` for the board, upload it, load it there."""

@@ -181,17 +181,20 @@ def tune_dense(ks: KernelSpec, target: "tvm.target.Target", db: TuningDB, key: s
         work = tempfile.mkdtemp(prefix="dlas-ms-")
         logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
         t0 = time.perf_counter()
+        builder, runner, board = _board_tuning(target)
         try:
             ms.tune_tir(func, target, work, max_trials_global=budget,
                         num_trials_per_iter=min(per_iter, budget),
                         database=db.metaschedule(),
                         # LLVM builds of unrolled candidates take seconds; on a loaded
                         # two-core machine the default 30 s limit fails good candidates
-                        builder=ms.builder.LocalBuilder(timeout_sec=BUILD_TIMEOUT_S),
+                        builder=builder, runner=runner,
                         measure_callbacks=[*ms.measure_callback.MeasureCallback.create(
                             "default"), _early_stop_callback(patience, budget, counter)])
         finally:
             shutil.rmtree(work, ignore_errors=True)
+            if board is not None:
+                board.connect()  # the worker's own session again, for the final timing
         best = counter["best"] if counter["best"] != float("inf") else None
         outcome = TuneOutcome(METASCHEDULE, budget, counter["trials"],
                               time.perf_counter() - t0, best, counter["stopped"])
@@ -204,6 +207,44 @@ def tune_dense(ks: KernelSpec, target: "tvm.target.Target", db: TuningDB, key: s
         raise RuntimeError(f"the tuning database has no schedule for this kernel although "
                            f"its index lists a search ({outcome.trials} trials)")
     return sch.mod, outcome
+
+
+def _board_tuning(target: "tvm.target.Target"):
+    """MetaSchedule's builder and runner, and the board execution to reconnect afterwards.
+
+    Here: TVM's local runner. Through a tracker: candidates are linked into shared
+    libraries for the board's architecture and timed by MetaSchedule's RPC runner on boards
+    of the same key; the worker gives its own board back for the search (on a one-board
+    farm the runner would otherwise wait for it forever) and takes one again after."""
+    import functools
+
+    from tvm.s_tir import meta_schedule as ms
+
+    from .remote import execution
+
+    builder_kw: dict[str, Any] = {"timeout_sec": BUILD_TIMEOUT_S}
+    ex = execution()
+    if not ex.remote:
+        return ms.builder.LocalBuilder(**builder_kw), "local", None
+    target_json = {k: v for k, v in target.export().items() if k in ("kind", "mtriple")}
+    builder = ms.builder.LocalBuilder(f_export=functools.partial(_export_board, target_json),
+                                      **builder_kw)
+    runner = ms.runner.RPCRunner(
+        ms.runner.RPCConfig(tracker_host=ex.tracker[0], tracker_port=ex.tracker[1],
+                            tracker_key=ex.key, session_timeout_sec=600),
+        ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=100),
+        max_workers=1)
+    ex.release()
+    return builder, runner, ex
+
+
+def _export_board(target_json: dict, mod) -> str:
+    """MetaSchedule's export of a candidate for a board: a shared library linked for the
+    board's architecture (the board has no compiler to link a tar)."""
+    from .remote import export_shared
+
+    path = Path(tempfile.mkdtemp(prefix="dlas-ms-")) / "candidate.so"
+    return export_shared(mod, str(path), target_json)
 
 
 # ------------------------------------------------------------------------------------------

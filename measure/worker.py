@@ -38,7 +38,7 @@ def run_task(task: Task) -> WorkerReply:
     :class:`NetworkTask`: :func:`dlas_predict.measure.netbuild.run_network_task`) or the
     machine's roofs (a :class:`PeaksTask`: :func:`dlas_predict.measure.peaks.measure_peaks`).
     A Python exception propagates; :func:`main` answers it as the task's error."""
-    if task.fault and os.environ.get("DLAS_FAULT_INJECTION") == "1":
+    if task.fault and task.fault != "wrong" and os.environ.get("DLAS_FAULT_INJECTION") == "1":
         _inject(task.fault)
     if isinstance(task, NetworkTask):
         from .netbuild import run_network_task
@@ -53,7 +53,6 @@ def run_task(task: Task) -> WorkerReply:
 
 
 def _run_kernel(task: KernelTask) -> dict[str, Any]:
-    import tvm
 
     from .kernels import KernelSpec, build_kernel, device_args
 
@@ -86,10 +85,15 @@ def _run_kernel(task: KernelTask) -> dict[str, Any]:
     func = module["main"]
     t0 = time.perf_counter()
     func(*args, out)  # warm-up run, discarded; its output is verified
+    if task.fault == "wrong" and os.environ.get("DLAS_FAULT_INJECTION") == "1":
+        out.copyfrom(np.zeros(out.shape, out.dtype))  # test hook: a board that computes wrong
     single_s = time.perf_counter() - t0
     ref = conv2d_reference(x, w, spec, dtype)
     result["verified"], result["max_error"] = check_output(
         out.numpy().reshape(spec.output_shape), ref, dtype)
+    if ex.remote and not result["verified"]:
+        raise RuntimeError(f"wrong results on the board at {ex.board.address}: max error "
+                           f"{result['max_error']:.3g} against the numpy reference (not timed)")
 
     number, repeats = plan_timing(single_s, proto)
     timer = module.time_evaluator("main", dev, number=number, repeat=repeats)

@@ -121,6 +121,23 @@ def test_a_task_that_hangs_every_board_is_a_recorded_failure_after_n_tries(board
 
 
 @pytest.mark.slow
+def test_a_board_that_returns_wrong_results_is_a_recorded_failure_never_a_timing(boards,
+                                                                                 monkeypatch):
+    from dataclasses import replace
+
+    from dlas_predict.measure.farm import kernel_runner
+    from dlas_predict.space.devices import get_device
+
+    monkeypatch.setenv("DLAS_FAULT_INJECTION", "1")
+    dev = get_device("local")
+    wrong = replace(_tasks(dev)[0], fault="wrong")
+    with kernel_runner(dev, _protocol(), 60.0, _rpc(boards)) as runner:
+        (rec,) = list(runner.run([wrong]))
+    assert not rec.ok and rec.run_secs == [] and "wrong results on the board" in rec.error
+    assert runner.progress()[0]["requeued"] == 0  # the task's failure, not the board's
+
+
+@pytest.mark.slow
 def test_whole_networks_are_built_here_and_checked_and_timed_on_the_board(boards, tmp_path):
     farm = boards
     from dlas_predict.corpus.networks import uniform_plan
@@ -256,9 +273,75 @@ def test_the_tracker_comes_from_the_environment(monkeypatch):
     assert (opts.host, opts.port, opts.key) == ("127.0.0.1", 9555, "k")
 
 
-def test_tuning_through_a_tracker_is_refused_as_not_built():
-    assert_clean_error(run_cli("tune", "--network", "zoo:resnet18-cifar", "--tracker",
-                               "127.0.0.1:9", "--rpc-key", KEY), "not built yet")
+@pytest.mark.slow
+def test_tune_through_the_tracker_then_build_the_network_tuned(boards, tmp_path):
+    """`tune --network` through a tracker: MetaSchedule's candidates are linked here and
+    timed on a board by its RPC runner (the worker gives its own board back meanwhile), the
+    CSR knob search times its candidates on the worker's board; the records are verified on
+    the board. The database then serves a tuned whole-network build, which takes every
+    layer's schedule from it, verifies against onnxruntime, and says which layers it found."""
+    import onnx
+
+    from dlas_predict.corpus.networks import uniform_plan
+    from dlas_predict.measure.netrunner import NetworkRunner
+    from dlas_predict.measure.runner import LocalRunner, MeasureTask, TuningOptions
+    from dlas_predict.networks.generate import FAMILIES, build
+    from dlas_predict.networks.graph import read_network
+    from dlas_predict.space.devices import get_device
+
+    farm = boards
+    net = tmp_path / "one.onnx"
+    # one conv layer (the stem): each dense layer costs a MetaSchedule search
+    onnx.save(build("cnn", {**FAMILIES["cnn"], "layers": 0, "kernels": 8, "input": 8}), net)
+    store, db = tmp_path / "t.sqlite", tmp_path / "db"
+    args = ["tune", "--network", net, "--algorithms", "gemm", "--compressions",
+            "dense,weight_pruning", "--ratio", "0.5", "--trials", "2", "--tuning-db", db,
+            "--store", store, "--max-repeats", "3", "--time-budget", "0.05", "--quiet-wait",
+            "0", "-q", "--tracker", farm.address, "--rpc-key", KEY, "--boards", "1"]
+    r = run_cli(*args)
+    assert r.exit_code == 0, r.output
+    rows = sqlite3.connect(store).execute(
+        "SELECT tuner, trials, verified, error, board, knobs, tuning_seconds "
+        "FROM measurements").fetchall()
+    assert sorted(t for t, *_ in rows) == ["knob-search", "metaschedule"]
+    for tuner, trials, verified, error, board, knobs, secs in rows:
+        assert error is None and verified == 1 and 1 <= trials <= 2 and secs > 0
+        assert json.loads(board)["key"] == KEY
+        if tuner == "metaschedule":
+            assert json.loads(knobs) == {"budget": 2}
+    assert (db / "records.json").stat().st_size > 0 and (db / "workloads.json").is_file()
+    # resumable: a second run finds everything in the store and tunes nothing
+    again = run_cli(*args, "--json")
+    assert again.exit_code == 0 and json.loads(again.stdout)["skipped"] == len(rows)
+
+    dev = get_device("local")
+    opts = TuningOptions(budget=2, db=str(db))
+    quick = _protocol()
+    # measured again here without the store, the database's search is reused, not run again
+    from dlas_predict.corpus.store import CorpusStore
+
+    with CorpusStore(store) as s:
+        (ms,) = [rec for rec in s.results() if rec.tuner == "metaschedule"]
+    with LocalRunner(dev, protocol=quick) as runner:
+        reused = runner.run_one(MeasureTask.make(ms.conv, ms.variant, dev, tuning=opts))
+    assert reused.ok and reused.verified and reused.tuning_seconds == ms.tuning_seconds
+
+    n = len(read_network(net).convs())
+
+    def plan(comp, ratio, alg):
+        from dataclasses import replace
+
+        return replace(uniform_plan(str(net), "one", comp, ratio, alg, n), tuning=opts)
+
+    with NetworkRunner(dev, protocol=quick, timeout_s=300) as nm:
+        dense = nm.measure(plan("dense", None, "gemm"))
+        pruned = nm.measure(plan("weight_pruning", 0.5, "gemm"))
+        missing = nm.measure(plan("dense", None, "direct"))
+    for rec in (dense, pruned):
+        assert rec.error is None and rec.verified, rec.error
+        assert rec.tuned_layers == list(range(n)) and rec.untuned_layers == []
+    assert missing.error is None and missing.tuned_layers == []
+    assert missing.untuned_layers == list(range(n))
 
 
 def test_emulated_timings_are_refused_by_the_corpus(tmp_path):

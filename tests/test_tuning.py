@@ -163,66 +163,8 @@ def test_measure_tuned_json_has_tuning_fields(tmp_path):
         assert sorted(r.variant.tuning.value for r in db.results()) == ["tuned", "untuned"]
 
 
-# ---- tuned whole networks ------------------------------------------------------------------
-@pytest.mark.slow
-def test_tune_network_then_build_it_tuned(tmp_path):
-    """`tune --network` fills the database; a tuned whole-network build takes every layer's
-    schedule from it, verifies against onnxruntime, and says which layers it found."""
-    import onnx
-
-    from dlas_predict.networks.generate import FAMILIES, build
-    from dlas_predict.corpus.networks import uniform_plan
-    from dlas_predict.measure.netrunner import NetworkRunner
-    from dlas_predict.networks.graph import read_network
-
-    net = tmp_path / "tiny.onnx"
-    # one conv layer (the stem): each dense layer costs a MetaSchedule search
-    onnx.save(build("cnn", {**FAMILIES["cnn"], "layers": 0, "kernels": 8, "input": 8}), net)
-    db, store = tmp_path / "tdb", tmp_path / "s.sqlite"
-    args = ["tune", "--network", str(net), "--algorithms", "gemm", "--compressions",
-            "dense,weight_pruning", "--ratio", "0.5", "--trials", "2", "--tuning-db", str(db),
-            "--store", str(store), "--max-repeats", "3", "--time-budget", "0.05",
-            "--quiet-wait", "0", "-q"]
-    res = CliRunner().invoke(app, args)
-    assert res.exit_code == 0, res.output
-    with CorpusStore(store) as s:
-        recs = s.results()
-    assert recs and all(r.variant.tuning is Tuning.TUNED and r.tuner for r in recs)
-    # the dense kernel: MetaSchedule's schedule, checked against the numpy reference
-    (ms,) = [r for r in recs if r.tuner == "metaschedule"]
-    assert ms.ok and ms.verified and 1 <= ms.trials <= 2 and ms.tuning_seconds > 0
-    assert ms.knobs == {"budget": 2}
-    assert (db / "records.json").stat().st_size > 0 and (db / "workloads.json").is_file()
-    # resumable: a second run finds everything in the store and tunes nothing
-    again = CliRunner().invoke(app, [*args, "--json"])
-    assert again.exit_code == 0 and json.loads(again.stdout)["skipped"] == len(recs)
-
-    dev = get_device("local")
-    opts = TuningOptions(budget=2, db=str(db))
-    # measured again without the store, the database's search is reused, not run again
-    task = MeasureTask.make(ms.conv, ms.variant, dev, tuning=opts)
-    with LocalRunner(dev, protocol=QUICK) as runner:
-        reused = runner.run_one(task)
-    assert reused.ok and reused.verified and reused.tuning_seconds == ms.tuning_seconds
-    n = len(read_network(net).convs())
-    with NetworkRunner(dev, protocol=QUICK, timeout_s=300) as nm:
-        dense = nm.measure(replace_tuning(uniform_plan(str(net), "tiny", "dense", None, "gemm",
-                                                       n), opts))
-        pruned = nm.measure(replace_tuning(uniform_plan(str(net), "tiny", "weight_pruning",
-                                                        0.5, "gemm", n), opts))
-        missing = nm.measure(replace_tuning(uniform_plan(str(net), "tiny", "dense", None,
-                                                         "direct", n), opts))
-    for rec in (dense, pruned):
-        assert rec.error is None and rec.verified, rec.error
-        assert rec.tuned_layers == list(range(n)) and rec.untuned_layers == []
-    assert missing.error is None and missing.tuned_layers == []
-    assert missing.untuned_layers == list(range(n))
-
-
-def replace_tuning(plan, opts):
-    from dataclasses import replace
-
-    return replace(plan, tuning=opts)
+# `tune --network` and a tuned whole-network build from its database are tested in
+# tests/test_rpc.py, where the search runs through a loopback tracker.
 
 
 # ---- the cost of tuning, predicted ------------------------------------------------------------
