@@ -53,7 +53,6 @@ def run_task(task: Task) -> WorkerReply:
 
 
 def _run_kernel(task: KernelTask) -> dict[str, Any]:
-
     from .kernels import KernelSpec, build_kernel, device_args
 
     spec, dtype, pattern, proto = task.conv, task.dtype, task.pattern, task.protocol
