@@ -169,7 +169,6 @@ def _measure_peaks(as_json: bool, save_to: Optional[Path], device: str, tracker,
 
     dev = get_device(device)
     rpc = _rpc(dev, tracker, rpc_key, allow_remote, 1, 1, timeout)
-    _check_rpc(rpc)
     if not as_json:
         where = f" through {rpc.tracker} (key {rpc.key})" if rpc else ""
         typer.echo(f"measuring the roofs of {dev.name} ({dev.description}){where}, about "
@@ -227,29 +226,19 @@ def _protocol(max_repeats: int, time_budget: float, quiet_wait: float = 30.0):
                     time_budget_s=time_budget, quiet_wait_s=quiet_wait)
 
 
-def _measured_device(name: str):
-    """The device a measuring command measures: this machine, one of its profiles, or a
-    CPU reached through a tracker (``_rpc`` says which)."""
-    from dlas_predict.space.devices import get_device
-
-    return get_device(name, with_target=True)
-
-
-def _rpc(device, tracker, rpc_key, allow_remote, boards=None, tries=3, timeout=300.0):
-    """The RPC options of a measuring command (None: measure on this machine)."""
+def _rpc(device, tracker, rpc_key, allow_remote, boards=None, tries=3, timeout=300.0,
+         emulated=False):
+    """The RPC options of a measuring command (None: measure on this machine); an
+    unreachable tracker or an unknown key fails here, with one clear line."""
+    from dlas_predict.measure.remote import boards_under
     from dlas_predict.measure.rpcopts import rpc_options
 
-    return rpc_options(tracker, rpc_key, device, allow_remote,
-                       warn=lambda line: typer.echo(line, err=True), boards=boards,
-                       tries=tries, request_timeout_s=timeout)
-
-
-def _check_rpc(rpc) -> None:
-    """Fail early, with one clear line, on an unreachable tracker or an unknown key."""
+    rpc = rpc_options(tracker, rpc_key, device, allow_remote,
+                      warn=lambda line: typer.echo(line, err=True), boards=boards,
+                      tries=tries, request_timeout_s=timeout, emulated=emulated)
     if rpc is not None:
-        from dlas_predict.measure.remote import boards_under
-
         boards_under(rpc.host, rpc.port, rpc.key)
+    return rpc
 
 
 def _board_lines(runner) -> None:
@@ -300,6 +289,7 @@ def measure(
     from dlas_predict.corpus.collect import collect_kernels as run_collect
     from dlas_predict.measure.farm import kernel_runner
     from dlas_predict.measure.runner import MeasureTask
+    from dlas_predict.space.devices import get_device
 
     spec = ConvSpec.parse(conv)
     algorithms = Algorithm.parse_list(algorithm)
@@ -307,18 +297,13 @@ def measure(
     check_ratio(ratio)
     proto = _protocol(max_repeats, time_budget, quiet_wait)
     tunings, opts = _tuning(tuning, trials, early_stop, tuning_db)
-    dev = _measured_device(device)
-    rpc = _rpc(dev, tracker, rpc_key, allow_remote_tracker, boards, tries, timeout)
-    if emulated:
-        if rpc is None:
-            raise DlasError("--emulated is for boards reached through --tracker")
-        if store is not None:
-            raise DlasError("timings on an emulated board are not the device's: the corpus "
-                            "refuses them (drop --store)")
-        from dataclasses import replace as _replace
-
-        rpc = _replace(rpc, emulated=True)
-    _check_rpc(rpc)
+    dev = get_device(device)
+    if emulated and store is not None:
+        raise DlasError("timings on an emulated board are not the device's: the corpus "
+                        "refuses them (drop --store)")
+    rpc = _rpc(dev, tracker, rpc_key, allow_remote_tracker, boards, tries, timeout, emulated)
+    if emulated and rpc is None:
+        raise DlasError("--emulated is for boards reached through --tracker")
     variants = [v for t in tunings for v in variant_grid(algorithms, compressions, ratio, t)]
     tasks = [MeasureTask.make(spec, v, dev, tuning=opts) for v in variants]
     db = None
@@ -332,7 +317,8 @@ def measure(
         # as it arrives.
         results = run_collect(tasks, None, runner, progress=not quiet and not as_json,
                               on_result=db.add if db is not None else None).results
-    _board_lines(runner) if log else None
+    if log:
+        _board_lines(runner)
     order = {t.key: i for i, t in enumerate(tasks)}
     results.sort(key=lambda r: order.get(r.key, 0))
     if db is not None:
@@ -524,16 +510,15 @@ def _collect(networks, store, device, algorithms, compressions, ratio, retry_fai
     from dlas_predict.corpus.collect import collect as run_collect
     from dlas_predict.measure.farm import kernel_runner, network_runner
     from dlas_predict.space.config import Algorithm, Compression, Tuning, check_ratio
+    from dlas_predict.space.devices import get_device
 
     algs = Algorithm.parse_list(algorithms)
     comps = Compression.parse_list(compressions)
     check_ratio(ratio)
     proto = _protocol(max_repeats, time_budget, quiet_wait)
     tunings, opts = tuning or ([Tuning.UNTUNED], None)
-    dev = _measured_device(device)
-    tracker, rpc_key, allow_remote, boards, tries = remote
-    rpc = _rpc(dev, tracker, rpc_key, allow_remote, boards, tries, timeout)
-    _check_rpc(rpc)
+    dev = get_device(device)
+    rpc = _rpc(dev, *remote, timeout)
     chatty = not quiet and not as_json
     log = (lambda line: typer.echo(line, err=True)) if chatty else None
     whole = ((lambda: network_runner(dev, proto, max(timeout, 600.0), rpc, log))
@@ -939,7 +924,9 @@ def recommend(
 ):
     """The fastest accurate configuration of MODEL on DEVICE, predicted in seconds; with
     --validate, proved by building and timing whole networks."""
+    from dlas_predict.measure.rpcopts import tracker_given
     from dlas_predict.recommend.search import recommend as run
+    from dlas_predict.space.devices import get_device
 
     if top < 1:
         raise DlasError(f"--top must be >= 1, got {top}")
@@ -952,10 +939,9 @@ def recommend(
             raise DlasError(f"--validate takes a count or 'all', got {validate!r}") from None
     log = None if as_json else (lambda line: typer.echo(line, err=True))
     rpc = None
-    if k and (tracker or __import__("os").environ.get("DLAS_TRACKER")):
-        rpc = _rpc(_measured_device(device), tracker, rpc_key, allow_remote_tracker, boards,
-                   tries, timeout)
-        _check_rpc(rpc)
+    if k and tracker_given(tracker):
+        rpc = _rpc(get_device(device), tracker, rpc_key, allow_remote_tracker, boards, tries,
+                   timeout)
     rec = run(model, device, max_accuracy_drop, data, top, k, models_dir=models_dir, log=log,
               tuning=tuning, trials=trials, tuning_db=str(tuning_db) if tuning_db else None,
               network_runner=_network_runner(device, rpc) if k else None)
@@ -1307,9 +1293,9 @@ def demo(store: Optional[Path] = typer.Option(None, "--store",
     elif recommend_too:
         from dlas_predict.recommend.search import recommend as run
 
-        rpc = None
-        if tracker or __import__("os").environ.get("DLAS_TRACKER"):
-            rpc = _rpc(_measured_device(device), *remote, 300.0)
+        from dlas_predict.space.devices import get_device
+
+        rpc = _rpc(get_device(device), *remote, 300.0)  # None without a tracker
 
         typer.echo("\nRecommendation for zoo:resnet18-cifar from the shipped model, the top 3 "
                    "built and timed:")

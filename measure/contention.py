@@ -239,13 +239,17 @@ def probe_for(target: dict, threads: int, fingerprint: str = "") -> ContentionPr
     ``fingerprint``; None with one thread (nothing to contend)."""
     if threads < 2:
         return None
-    import json as _json
-
-    key = (_json.dumps(target, sort_keys=True), threads, fingerprint)
+    key = (json.dumps(target, sort_keys=True), threads, fingerprint)
     if key not in _PROBES:
         canary = Canary(target, canary_reference(fingerprint, threads))
         _PROBES[key] = ContentionProbe(target, threads, canary=canary)
     return _PROBES[key]
+
+
+def drop_probes() -> None:
+    """Forget the worker's probes (and their modules and tensors, which may live on a
+    board whose session is being given back)."""
+    _PROBES.clear()
 
 
 def pool_threads() -> int:

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Iterator
 
+from dlas_predict.corpus.records import board_emulated
 from .remote import BoardError, boards_under
 from .rpcopts import RpcOptions
 
@@ -40,7 +41,6 @@ class BoardProgress:
 
 @dataclass
 class _Item:
-    index: int
     task: Any
     tries: int = 0
     errors: list[str] = field(default_factory=list)
@@ -77,7 +77,7 @@ class Farm:
 
     def run(self, tasks: Iterable[Any]) -> Iterator[Any]:
         """One record per task, as boards finish them (not in task order)."""
-        items = [_Item(i, t) for i, t in enumerate(tasks)]
+        items = [_Item(t) for t in tasks]
         if not items:
             return
         todo: queue.Queue = queue.Queue()
@@ -177,8 +177,8 @@ class Farm:
         label = label.to_spec() if hasattr(label, "to_spec") else str(label)
         if record.error is not None:
             return f"{label}: FAILED {record.error[:120]}"
-        emulated = bool(record.board and '"emulated": true' in record.board)
-        return f"{label}: {'emulated ' if emulated else ''}{record.best_s * 1e3:.3f} ms"
+        emulated = "emulated " if board_emulated(record.board) else ""
+        return f"{label}: {emulated}{record.best_s * 1e3:.3f} ms"
 
     def progress(self) -> list[dict[str, Any]]:
         """Per board: tasks done, failed and given back, and seconds busy."""

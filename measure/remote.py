@@ -73,27 +73,39 @@ def tracker_connect(host: str, port: int, timeout_s: float = 10.0) -> socket.soc
     return sock
 
 
-def tracker_summary(host: str, port: int, timeout_s: float = 10.0) -> dict[str, Any]:
-    """The tracker's queues: ``{"queue_info": {key: {"free": n, "pending": m}}, ...}``."""
-    sock = tracker_connect(host, port, timeout_s)
+def _ask(host: str, port: int, message: list, what: str,
+         reply_timeout_s: float | None = None) -> Any:
+    """One exchange with the tracker: send ``message``, return the value of its success
+    reply. :class:`BoardError` ``unreachable`` when the tracker does not answer or refuses
+    (``what`` names the exchange); :class:`socket.timeout` when ``reply_timeout_s`` passes."""
+    sock = tracker_connect(host, port)
     try:
-        _send(sock, [_CODE_SUMMARY])
+        if reply_timeout_s is not None:
+            sock.settimeout(reply_timeout_s)
+        _send(sock, message)
         value = _recv(sock)
+    except socket.timeout:
+        raise
     except (OSError, ConnectionError, ValueError) as exc:
-        raise BoardError(f"the RPC tracker at {host}:{port} did not answer ({exc})",
+        raise BoardError(f"the RPC tracker at {host}:{port} dropped {what} ({exc})",
                          "unreachable") from None
     finally:
         sock.close()
     if value[0] != _CODE_SUCCESS:
-        raise BoardError(f"the tracker at {host}:{port} refused a summary: {value}",
+        raise BoardError(f"the tracker at {host}:{port} refused {what}: {value}",
                          "unreachable")
     return value[1]
 
 
-def boards_under(host: str, port: int, key: str, timeout_s: float = 10.0) -> int:
+def tracker_summary(host: str, port: int) -> dict[str, Any]:
+    """The tracker's queues: ``{"queue_info": {key: {"free": n, "pending": m}}, ...}``."""
+    return _ask(host, port, [_CODE_SUMMARY], "a summary")
+
+
+def boards_under(host: str, port: int, key: str) -> int:
     """How many boards are registered under ``key`` (free or busy); :class:`BoardError`
     ``unknown_key`` when none, listing the keys the tracker has."""
-    summary = tracker_summary(host, port, timeout_s)
+    summary = tracker_summary(host, port)
     servers = [s for s in summary.get("server_info", [])
                if str(s.get("key", "")).split(":", 1)[-1] == key]
     queue = summary.get("queue_info", {}).get(key)
@@ -116,32 +128,21 @@ def request_board(host: str, port: int, key: str, timeout_s: float,
 
     # Wait for a free board before asking: the tracker cannot cancel a request, and one
     # left behind by a client that gave up would take the next board that comes free.
+    none_free = f"no free board under the key {key!r} within {timeout_s:g} s (--timeout)"
     deadline = time.monotonic() + timeout_s
     while True:
         queue = tracker_summary(host, port).get("queue_info", {}).get(key, {})
         if int(queue.get("free", 0)) > int(queue.get("pending", 0)):
             break
         if time.monotonic() >= deadline:
-            raise BoardError(f"no free board under the key {key!r} within {timeout_s:g} s "
-                             "(--timeout)", "no_board")
+            raise BoardError(none_free, "no_board")
         time.sleep(0.25)
-    sock = tracker_connect(host, port)
     try:
-        sock.settimeout(max(1.0, deadline - time.monotonic()))
-        _send(sock, [_CODE_REQUEST, key, "", 1])
-        value = _recv(sock)
+        url, bport, matchkey = _ask(host, port, [_CODE_REQUEST, key, "", 1],
+                                    f"the request for {key!r}",
+                                    max(1.0, deadline - time.monotonic()))
     except socket.timeout:
-        raise BoardError(f"no free board under the key {key!r} within {timeout_s:g} s "
-                         "(--timeout)", "no_board") from None
-    except (OSError, ConnectionError, ValueError) as exc:
-        raise BoardError(f"the tracker dropped the request for {key!r} ({exc})",
-                         "unreachable") from None
-    finally:
-        sock.close()
-    if value[0] != _CODE_SUCCESS:
-        raise BoardError(f"the tracker refused the request for {key!r}: {value}",
-                         "unreachable")
-    url, bport, matchkey = value[1]
+        raise BoardError(none_free, "no_board") from None
     try:
         session = rpc.connect(url, bport, matchkey, session_timeout=session_timeout_s)
     except Exception as exc:  # noqa: BLE001 - TVM raises its own error types
@@ -159,13 +160,13 @@ def _last_line(exc: BaseException) -> str:
 @dataclass(frozen=True)
 class BoardInfo:
     """A board as it reports itself: LLVM's name for its CPU (``znver3``,
-    ``cortex-a73``), its LLVM triple, its logical cores, the threads of TVM's pool on it,
-    plus the tracker key it was found under and its address."""
+    ``cortex-a73``), its LLVM triple and its logical cores, plus the tracker key it was
+    found under and its address. TVM reports no thread-pool size over RPC: the board's
+    kernels run on its server's default pool."""
 
     cpu: str
     triple: str
     cores: int
-    threads: int | None
     key: str
     address: str
     #: declared an emulator by the user (``--emulated``): its timings are not a device's
@@ -173,8 +174,7 @@ class BoardInfo:
 
     @property
     def fingerprint(self) -> str:
-        ident = {"cpu": self.cpu, "triple": self.triple, "cores": self.cores,
-                 "threads": self.threads}
+        ident = {"cpu": self.cpu, "triple": self.triple, "cores": self.cores}
         return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
     def to_dict(self) -> dict[str, Any]:
@@ -182,21 +182,21 @@ class BoardInfo:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "BoardInfo":
-        return cls(**{k: d[k] for k in ("cpu", "triple", "cores", "threads", "key",
-                                        "address")}, emulated=bool(d.get("emulated")))
+        return cls(**{k: d[k] for k in ("cpu", "triple", "cores", "key", "address")},
+                   emulated=bool(d.get("emulated")))
 
 
 def read_board(session, key: str, address: str, emulated: bool = False) -> BoardInfo:
     """Ask the board what it is. Its thread pool is left as the board's server set it:
     TVM's ``runtime.config_threadpool`` pins the session to one core (seen on loopback
-    servers), and TVM reports no pool size, so ``threads`` is None (the server's default)."""
+    servers)."""
     def call(name: str, *args):
         return session.get_function(name)(*args)
 
     return BoardInfo(cpu=str(call("target.llvm_get_system_cpu")),
                      triple=str(call("target.llvm_get_system_triple")),
-                     cores=int(call("s_tir.meta_schedule.cpu_count", True)), threads=None,
-                     key=key, address=address, emulated=emulated)
+                     cores=int(call("s_tir.meta_schedule.cpu_count", True)), key=key,
+                     address=address, emulated=emulated)
 
 
 #: LLVM CPU names that are ISA levels, not a particular CPU: any CPU of the arch runs them.
@@ -214,11 +214,16 @@ def _arch(triple: str) -> str:
     return arch
 
 
+def _host(target: dict[str, Any]) -> dict[str, Any]:
+    """The CPU part of a target: the target itself for ``llvm``, else its ``host``."""
+    host = target if target.get("kind") == "llvm" else target.get("host")
+    return host if isinstance(host, dict) else {}
+
+
 def board_mismatch(target: dict[str, Any], board: BoardInfo) -> str | None:
     """Why ``board`` is not the device of ``target`` (None when it matches): another
     architecture, or (for a target naming a particular CPU) another CPU."""
-    host = target.get("host") if target.get("kind") != "llvm" else target
-    host = host if isinstance(host, dict) else {}
+    host = _host(target)
     triple = host.get("mtriple")
     if triple and _arch(triple) != _arch(board.triple):
         return (f"the board at {board.address} is {board.triple} ({board.cpu}); the device's "
@@ -240,8 +245,7 @@ CROSS_CXX = {"aarch64": "aarch64-linux-gnu-g++", "arm": "arm-linux-gnueabihf-g++
 def linker_for(target: dict[str, Any]):
     """The ``fcompile`` that links a shared library for ``target``'s architecture: None
     (TVM's default, the native g++) for this machine's, else Debian's cross g++."""
-    host = target.get("host") if target.get("kind") != "llvm" else target
-    triple = (host or {}).get("mtriple") if isinstance(host, dict) else None
+    triple = _host(target).get("mtriple")
     arch = _arch(triple) if triple else _arch(os.uname().machine)
     if arch == _arch(os.uname().machine):
         return None
@@ -259,11 +263,7 @@ def linker_for(target: dict[str, Any]):
 def export_shared(executable, path: str, target: dict[str, Any]) -> str:
     """Link a compiled module (``tvm.compile``'s result) into the shared library ``path``
     for ``target``'s architecture."""
-    fcompile = linker_for(target)
-    if fcompile is None:
-        executable.export_library(path)
-    else:
-        executable.export_library(path, fcompile=fcompile)
+    executable.export_library(path, fcompile=linker_for(target))
     return path
 
 
@@ -284,16 +284,12 @@ class LocalExecution:
         return getattr(executable, "mod", executable)
 
     def threads(self) -> int:
-        env = os.environ.get("TVM_NUM_THREADS")
-        if env and env.isdigit() and int(env) > 0:
-            return int(env)
-        return os.cpu_count() or 1
+        from .contention import pool_threads
+
+        return pool_threads()
 
     def alive(self) -> bool:
         return True
-
-    def close(self) -> None:
-        pass
 
 
 class RemoteExecution:
@@ -308,7 +304,6 @@ class RemoteExecution:
                  session_timeout_s: float = 0.0, emulated: bool = False) -> None:
         self.tracker, self.key, self.timeout_s = tracker, key, timeout_s
         self.session_timeout_s, self.emulated = session_timeout_s, emulated
-        self._dir = tempfile.mkdtemp(prefix="dlas-rpc-")
         self._count = 0
         self.session = None
         self.board: BoardInfo | None = None
@@ -331,9 +326,9 @@ class RemoteExecution:
         and tensors), so the server ends the session and registers again."""
         import gc
 
-        from . import contention
+        from .contention import drop_probes
 
-        contention._PROBES.clear()
+        drop_probes()
         self.session, self.dev = None, None
         gc.collect()
 
@@ -341,21 +336,17 @@ class RemoteExecution:
         """Link ``executable`` for the board, upload it, load it there."""
         self._count += 1
         name = f"m{os.getpid()}_{self._count}.so"
-        path = export_shared(executable, os.path.join(self._dir, name), target)
-        try:
-            self.session.upload(path)
-            module = self.session.load_module(name)
-        except Exception as exc:  # noqa: BLE001
-            raise RuntimeError(f"upload or load on the board at {self.board.address} "
-                               f"failed: {_last_line(exc)}") from None
-        finally:
-            os.remove(path)
-        return module
+        with tempfile.TemporaryDirectory(prefix="dlas-rpc-") as tmp:
+            path = export_shared(executable, os.path.join(tmp, name), target)
+            try:
+                self.session.upload(path)
+                return self.session.load_module(name)
+            except Exception as exc:  # noqa: BLE001
+                raise RuntimeError(f"upload or load on the board at {self.board.address} "
+                                   f"failed: {_last_line(exc)}") from None
 
     def threads(self) -> int:
-        if self.board is None:
-            return 1
-        return self.board.threads or self.board.cores
+        return self.board.cores
 
     def alive(self) -> bool:
         """Whether the board still answers (a short call through the session)."""
@@ -366,10 +357,6 @@ class RemoteExecution:
             return True
         except Exception:  # noqa: BLE001 - any failure means the session is gone
             return False
-
-    def close(self) -> None:
-        self.session = None
-        shutil.rmtree(self._dir, ignore_errors=True)
 
 
 _EXECUTION: LocalExecution | RemoteExecution | None = None

@@ -86,6 +86,13 @@ class RpcOptions:
                 *(["--emulated"] if self.emulated else [])]
 
 
+def tracker_given(tracker: str | None) -> str | None:
+    """``--tracker``, else ``$DLAS_TRACKER``; None when neither is set."""
+    import os
+
+    return tracker or os.environ.get(TRACKER_ENV) or None
+
+
 def rpc_options(tracker: str | None, key: str | None, device, allow_remote: bool = False,
                 warn=None, **kwargs) -> RpcOptions | None:
     """The RPC options of a command, or None to measure on this machine.
@@ -93,9 +100,7 @@ def rpc_options(tracker: str | None, key: str | None, device, allow_remote: bool
     ``tracker`` falls back on ``$DLAS_TRACKER``; ``key`` on the device's ``rpc_key``. A
     device that is not this machine (or its profile) needs a tracker. A tracker off
     loopback needs ``allow_remote`` and is warned about through ``warn``."""
-    import os
-
-    tracker = tracker or os.environ.get(TRACKER_ENV) or None
+    tracker = tracker_given(tracker)
     if tracker is None:
         if not device.measured_here:
             raise ConfigError(

@@ -66,18 +66,17 @@ def _run_kernel(task: KernelTask) -> dict[str, Any]:
         result["nnz"] = int(np.count_nonzero(w))
 
     ex = execution()
-    dev = ex.dev
 
     def make_args(k: KernelSpec) -> list:
         return device_args(k, x, w, ex.dev)
 
     if task.tuning is not None:
         executable, ks = _tuned_build(ks, task, pattern, make_args, result)
-        dev = ex.dev  # a tuning search on a board may hold another session after it
     else:
         t0 = time.perf_counter()
         executable = build_kernel(ks, _target(task.target))
         result["compile_s"] = time.perf_counter() - t0
+    dev = ex.dev  # after a search on boards: the session the worker holds again
     module = ex.load(executable, task.target)
 
     *args, out = make_args(ks)

@@ -368,8 +368,8 @@ def test_an_emulated_board_matches_any_cpu_of_its_architecture():
     from dlas_predict.space.devices import get_device
 
     target = get_device("hikey970-cpu", with_target=False).target
-    board = BoardInfo("generic", "aarch64-unknown-linux-gnu", 2, None, KEY, "127.0.0.1:1")
+    board = BoardInfo("generic", "aarch64-unknown-linux-gnu", 2, KEY, "127.0.0.1:1")
     assert "cortex-a73" in board_mismatch(target, board)
     assert board_mismatch(target, BoardInfo(**{**board.__dict__, "emulated": True})) is None
-    x86 = BoardInfo("znver3", "x86_64-pc-linux-gnu", 2, None, KEY, "127.0.0.1:1", True)
+    x86 = BoardInfo("znver3", "x86_64-pc-linux-gnu", 2, KEY, "127.0.0.1:1", True)
     assert "aarch64" in board_mismatch(target, x86)

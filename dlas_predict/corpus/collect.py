@@ -154,14 +154,13 @@ def collect_networks(plans: list[NetworkPlan], store: CorpusStore | None, runner
     if store is not None and (retime_slow or retime_unprobed):
         slow = store.slow_keys(runner.protocol, "network_measurements",
                                unprobed=retime_unprobed)
-    keys = [p.key(device) for p in plans]
-    todo = [(i, p) for i, (p, k) in enumerate(zip(plans, keys), 1)
-            if k not in done or k in slow]
+    # by key: a farm answers as its boards finish, not in plan order
+    todo = {k: (i, p) for i, p in enumerate(plans, 1)
+            if (k := p.key(device)) not in done or k in slow}
     out = NetworkCollectSummary()
-    by_key = {p.key(device): (i, p) for i, p in todo}  # a farm answers as boards finish
-    for rec in runner.run([p for _, p in todo]):
+    for rec in runner.run([p for _, p in todo.values()]):
         key = rec.key
-        i, plan = by_key[key]
+        i, plan = todo[key]
         where = f"[{i}/{len(plans)}] {plan.network} {plan.config} {plan.algorithm}"
         if key in slow and not rec.quieter_than(slow[key], runner.protocol):
             out.kept += 1

@@ -20,6 +20,12 @@ def measurement_key(device: str, fingerprint: str, spec: ConvSpec, variant: Vari
     })
 
 
+def board_emulated(board: str | None) -> bool:
+    """Whether a record's ``board`` (JSON, RPC only) was declared an emulator: its timings
+    are not the device's."""
+    return bool(board) and bool(json.loads(board).get("emulated"))
+
+
 def summarise(run_secs: list[float]) -> tuple[float | None, float | None]:
     """(median seconds, spread) where spread is the inter-quartile range over the median."""
     if not run_secs:
@@ -135,7 +141,7 @@ class MeasureResult(TimedRuns):
     #: run it (1.0: usual speed); None: not probed. See :mod:`dlas_predict.measure.contention`.
     slowdown: float | None = None
     #: Measured through RPC: the board as it reported itself (LLVM CPU, triple, cores,
-    #: threads, fingerprint), its tracker key and address, as JSON; None: this machine.
+    #: fingerprint), its tracker key and address, as JSON; None: this machine.
     board: str | None = None
 
     @property

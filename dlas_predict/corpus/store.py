@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from dlas_predict.errors import StoreError
-from dlas_predict.corpus.records import MeasureResult, slowness
+from dlas_predict.corpus.records import MeasureResult, board_emulated, slowness
 
 if TYPE_CHECKING:
     from dlas_predict.corpus.networks import NetworkMeasurement
@@ -175,7 +175,7 @@ def _row(result: MeasureResult) -> tuple:
 
 def _refuse_emulated(board: str | None) -> None:
     """Timings on an emulated board are not a device's: the corpus never holds them."""
-    if board and json.loads(board).get("emulated"):
+    if board_emulated(board):
         raise StoreError("a timing on an emulated board cannot go into a corpus")
 
 

@@ -100,12 +100,30 @@ def _remote_device(entry: dict[str, Any]) -> Device:
     else:
         fp = hashlib.sha256(json.dumps({"name": entry["name"], "target": entry["target"]},
                                        sort_keys=True).encode()).hexdigest()[:16]
-    dev = Device(**fields, fingerprint=fp)
-    measured = measured_peaks(fp)
-    if measured:  # `devices --measure-peaks --device NAME --tracker ...` measured its roofs
-        dev = replace(dev, peak_gflops=dict(measured["peak_gflops"]),
-                      mem_bandwidth_gbs=measured["mem_bandwidth_gbs"], source="measured")
-    return dev
+    return _with_measured_roofs(Device(**fields, fingerprint=fp))
+
+
+def _with_measured_roofs(dev: Device) -> Device:
+    """``dev`` with its measured roofs (``devices --measure-peaks --device NAME``, cached or
+    shipped by fingerprint) in place of its specification or estimate, once measured."""
+    measured = measured_peaks(dev.fingerprint)
+    if not measured:
+        return dev
+    return replace(dev, peak_gflops=dict(measured["peak_gflops"]),
+                   mem_bandwidth_gbs=measured["mem_bandwidth_gbs"], source="measured")
+
+
+def _estimated_peaks(cores: int, ghz: float | None, simd: int | None,
+                     flags) -> dict[str, float]:
+    """Peak GFLOP/s per dtype from the ISA flags the code may use, the SIMD width and the
+    clock: an estimate (empty without a clock or a SIMD width)."""
+    if not (ghz and simd):
+        return {}
+    fma_units = 2 if ("fma" in flags or "asimd" in flags) else 1
+    fp32 = cores * ghz * (simd // 32) * 2 * fma_units
+    return {"float32": round(fp32, 1),
+            "float16": round(fp32 * (2 if "avx512_fp16" in flags else 1), 1),
+            "int8": round(fp32 * (4 if set(flags) & {"avx512_vnni", "avx_vnni"} else 2), 1)}
 
 
 # ---- local detection ---------------------------------------------------------------------
@@ -256,28 +274,17 @@ def detect_local(with_target: bool = True) -> Device:
     else:
         simd = None
     ghz = mhz / 1000 if mhz else None
-    peak: dict[str, float] = {}
-    if ghz and simd:
-        fma_units = 2 if ("fma" in flags or "asimd" in flags) else 1
-        fp32 = cores * ghz * (simd // 32) * 2 * fma_units
-        peak = {"float32": round(fp32, 1),
-                "float16": round(fp32 * (2 if "avx512_fp16" in flags else 1), 1),
-                "int8": round(fp32 * (4 if flags & {"avx512_vnni", "avx_vnni"} else 2), 1)}
-    bandwidth, source = None, "estimate"
-    measured = measured_peaks(fp)
-    if measured:
-        peak = dict(measured["peak_gflops"])
-        bandwidth, source = measured["mem_bandwidth_gbs"], "measured"
     target: dict[str, Any] = {"kind": "llvm"}
     if with_target:
         target = dict(_host_target(fp))
     target["num-cores"] = cores
     vnni = sorted(flags & set(_FINGERPRINT_FLAGS))
-    return Device(
+    return _with_measured_roofs(Device(
         name=LOCAL, kind="cpu", description=f"this machine: {model}, {cores} cores",
-        target=target, cores=cores, clock_ghz=ghz, simd_bits=simd, peak_gflops=peak,
-        mem_bandwidth_gbs=bandwidth, caches=_local_caches(), rpc_key=None, source=source,
-        fingerprint=fp, cpu_model=model, isa_flags=tuple(vnni), origin="detected")
+        target=target, cores=cores, clock_ghz=ghz, simd_bits=simd,
+        peak_gflops=_estimated_peaks(cores, ghz, simd, flags), mem_bandwidth_gbs=None,
+        caches=_local_caches(), rpc_key=None, source="estimate", fingerprint=fp,
+        cpu_model=model, isa_flags=tuple(vnni), origin="detected"))
 
 
 # ---- profiles of the local CPU -----------------------------------------------------------
@@ -291,13 +298,16 @@ class IsaLevel:
     needs: tuple[str, ...]
     simd_bits: int
     label: str
+    #: fingerprint flags its code may use (None: all the host's)
+    uses: tuple[str, ...] | None
 
 
 #: The x86-64 micro-architecture levels profiles generate code for, and the host's own ISA.
 ISA_LEVELS = (
-    IsaLevel("sse42", "x86-64-v2", ("sse4_2",), 128, "x86-64-v2 (SSE4.2)"),
-    IsaLevel("avx2", "x86-64-v3", ("avx2", "fma"), 256, "x86-64-v3 (AVX2, FMA)"),
-    IsaLevel("native", None, (), 0, "its native ISA"),
+    IsaLevel("sse42", "x86-64-v2", ("sse4_2",), 128, "x86-64-v2 (SSE4.2)", ("sse4_2",)),
+    IsaLevel("avx2", "x86-64-v3", ("avx2", "fma"), 256, "x86-64-v3 (AVX2, FMA)",
+             ("sse4_2", "avx", "avx2", "fma", "f16c")),
+    IsaLevel("native", None, (), 0, "its native ISA", None),
 )
 
 
@@ -337,32 +347,18 @@ def _profile(name: str, level: IsaLevel, threads: int, with_target: bool) -> Dev
         target.pop("mattr", None)
     target["num-cores"] = threads
     simd = level.simd_bits or base.simd_bits
-    ghz = base.clock_ghz
-    peak: dict[str, float] = {}
-    if ghz and simd:
-        fp32 = threads * ghz * (simd // 32) * 2 * (2 if level.name != "sse42" else 1)
-        peak = {"float32": round(fp32, 1), "float16": round(fp32, 1),
-                "int8": round(fp32 * 2, 1)}
-    bandwidth, source = None, "estimate"
-    measured = measured_peaks(fp)
-    if measured:
-        peak = dict(measured["peak_gflops"])
-        bandwidth, source = measured["mem_bandwidth_gbs"], "measured"
-    flags = base.isa_flags if level.mcpu is None else tuple(
-        f for f in base.isa_flags if f in _LEVEL_FLAGS[level.name])
+    flags = base.isa_flags if level.uses is None else tuple(
+        f for f in base.isa_flags if f in level.uses)
     threads_word = "thread" if threads == 1 else "threads"
-    return Device(
+    return _with_measured_roofs(Device(
         name=name, kind="cpu",
         description=f"profile of this machine ({base.cpu_model}): code for {level.label}, "
                     f"{threads} {threads_word}",
-        target=target, cores=threads, clock_ghz=ghz, simd_bits=simd, peak_gflops=peak,
-        mem_bandwidth_gbs=bandwidth, caches=base.caches, rpc_key=None, source=source,
+        target=target, cores=threads, clock_ghz=base.clock_ghz, simd_bits=simd,
+        peak_gflops=_estimated_peaks(threads, base.clock_ghz, simd, flags),
+        mem_bandwidth_gbs=None, caches=base.caches, rpc_key=None, source="estimate",
         fingerprint=fp, cpu_model=base.cpu_model, isa_flags=flags, profile_of=LOCAL,
-        origin="detected")
-
-
-#: Fingerprint flags each ISA level's code may use.
-_LEVEL_FLAGS = {"sse42": {"sse4_2"}, "avx2": {"sse4_2", "avx", "avx2", "fma", "f16c"}}
+        origin="detected"))
 
 
 def _other_machine(name: str, fingerprint: str, profile_of: str | None = None) -> Device:
@@ -471,7 +467,7 @@ def add_device(name: str, kind: str, target: Any, cores: int, peak_gflops: float
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", name or ""):
         raise DeviceError(f"device name {name!r}: use letters, digits, '.', '_' and '-' "
                           "(at most 64 characters)")
-    if name == LOCAL or is_profile_name(name) or name in profile_names():
+    if name == LOCAL or is_profile_name(name):
         raise DeviceError(f"{name!r} is the name of this machine or one of its profiles")
     if name in {e["name"] for e in _registry_entries()}:
         raise DeviceError(f"{name!r} is a shipped device; choose another name")
