@@ -61,6 +61,7 @@ class LoopbackFarm:
                                str(self.port), "--port-end", str(self.port + 1)],
                               self.tmp / "tracker.log")
         self.servers: list[subprocess.Popen] = []
+        self._by_address: dict[str, subprocess.Popen] = {}
         try:
             for _ in range(boards):
                 self.add_server()
@@ -79,7 +80,12 @@ class LoopbackFarm:
                        "--port-end", str(p + 1), "--tracker", self.address, "--key", self.key],
                       self.tmp / f"server{len(self.servers)}.log")
         self.servers.append(proc)
+        self._by_address[f"127.0.0.1:{p}"] = proc
         return proc
+
+    def server_at(self, address: str) -> subprocess.Popen:
+        """The server process a board's ``address`` (``127.0.0.1:PORT``) names."""
+        return self._by_address[address]
 
     def close(self) -> None:
         for proc in [*self.servers, self.tracker]:

@@ -332,12 +332,16 @@ class RemoteExecution:
         self.session, self.dev = None, None
         gc.collect()
 
-    def load(self, executable, target: dict[str, Any]):
-        """Link ``executable`` for the board, upload it, load it there."""
+    def load(self, executable, target: dict[str, Any], truncate: bool = False):
+        """Link ``executable`` for the board, upload it, load it there. ``truncate`` (a test
+        hook) cuts the library to its first 64 bytes before the upload, so the board's load
+        fails as it does on a corrupted transfer."""
         self._count += 1
         name = f"m{os.getpid()}_{self._count}.so"
         with tempfile.TemporaryDirectory(prefix="dlas-rpc-") as tmp:
             path = export_shared(executable, os.path.join(tmp, name), target)
+            if truncate:
+                os.truncate(path, 64)
             try:
                 self.session.upload(path)
                 return self.session.load_module(name)

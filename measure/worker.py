@@ -38,7 +38,8 @@ def run_task(task: Task) -> WorkerReply:
     :class:`NetworkTask`: :func:`dlas_predict.measure.netbuild.run_network_task`) or the
     machine's roofs (a :class:`PeaksTask`: :func:`dlas_predict.measure.peaks.measure_peaks`).
     A Python exception propagates; :func:`main` answers it as the task's error."""
-    if task.fault and task.fault != "wrong" and os.environ.get("DLAS_FAULT_INJECTION") == "1":
+    if (task.fault and task.fault not in ("wrong", "truncate")
+            and os.environ.get("DLAS_FAULT_INJECTION") == "1"):
         _inject(task.fault)
     if isinstance(task, NetworkTask):
         from .netbuild import run_network_task
@@ -77,7 +78,10 @@ def _run_kernel(task: KernelTask) -> dict[str, Any]:
         executable = build_kernel(ks, _target(task.target))
         result["compile_s"] = time.perf_counter() - t0
     dev = ex.dev  # after a search on boards: the session the worker holds again
-    module = ex.load(executable, task.target)
+    if ex.remote and task.fault == "truncate" and os.environ.get("DLAS_FAULT_INJECTION") == "1":
+        module = ex.load(executable, task.target, truncate=True)  # test hook: a bad upload
+    else:
+        module = ex.load(executable, task.target)
 
     *args, out = make_args(ks)
     func = module["main"]

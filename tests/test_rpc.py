@@ -82,8 +82,8 @@ def test_a_farm_measures_on_both_boards_and_survives_a_killed_one(boards, tmp_pa
     with kernel_runner(dev, _protocol(), 120.0, _rpc(farm), lines.append) as runner:
         for n, rec in enumerate(runner.run(tasks), 1):
             store.add(rec)
-            if n == 3:  # a board drops off mid-run: its task goes to the other board
-                _stop(farm.servers[0])
+            if n == 3:  # the board that measured it drops off: the rest go to the other
+                _stop(farm.server_at(json.loads(rec.board)["address"]))
     rows = list(store.rows())
     store.close()
     (tmp_path / "lines.txt").write_text("\n".join(lines))
@@ -135,6 +135,24 @@ def test_a_board_that_returns_wrong_results_is_a_recorded_failure_never_a_timing
         (rec,) = list(runner.run([wrong]))
     assert not rec.ok and rec.run_secs == [] and "wrong results on the board" in rec.error
     assert runner.progress()[0]["requeued"] == 0  # the task's failure, not the board's
+
+
+@pytest.mark.slow
+def test_a_library_the_board_cannot_load_is_a_recorded_failure(boards, monkeypatch):
+    from dataclasses import replace
+
+    from dlas_predict.measure.farm import kernel_runner
+    from dlas_predict.space.devices import get_device
+
+    monkeypatch.setenv("DLAS_FAULT_INJECTION", "1")
+    dev = get_device("local")
+    good, other, *_ = _tasks(dev)
+    bad = replace(other, fault="truncate")
+    with kernel_runner(dev, _protocol(), 60.0, _rpc(boards, boards=1)) as runner:
+        recs = {r.key: r for r in runner.run([bad, good])}
+    assert recs[good.key].ok  # the board still measures after the failed load
+    assert not recs[bad.key].ok and recs[bad.key].run_secs == []
+    assert "upload or load on the board at 127.0.0.1:" in recs[bad.key].error, recs[bad.key].error
 
 
 @pytest.mark.slow
