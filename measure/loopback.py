@@ -20,9 +20,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start(args: list[str], log: Path) -> subprocess.Popen:
+def _start(args: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", *args], stdout=open(log, "w"),
-                            stderr=subprocess.STDOUT, start_new_session=True)
+                            stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, **(env or {})})
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -52,10 +53,15 @@ def wait_for_boards(port: int, key: str, n: int, deadline_s: float = 90.0) -> No
 
 
 class LoopbackFarm:
-    """A tracker and ``boards`` servers under ``key``, all on 127.0.0.1; logs in ``tmp``."""
+    """A tracker and ``boards`` servers under ``key``, all on 127.0.0.1; logs in ``tmp``.
+    Each server's TVM pool runs ``threads`` threads (default: this machine's cores, the
+    ``local`` device's; TVM's own default halves them on x86)."""
 
-    def __init__(self, tmp: Path, key: str, boards: int = 2) -> None:
+    def __init__(self, tmp: Path, key: str, boards: int = 2, threads: int | None = None) -> None:
+        from dlas_predict.space.devices import local_cores
+
         self.tmp, self.key = Path(tmp), key
+        self.threads = threads or local_cores()
         self.port = free_port()
         self.tracker = _start(["tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port",
                                str(self.port), "--port-end", str(self.port + 1)],
@@ -78,7 +84,8 @@ class LoopbackFarm:
         p = free_port()
         proc = _start(["tvm.exec.rpc_server", "--host", "127.0.0.1", "--port", str(p),
                        "--port-end", str(p + 1), "--tracker", self.address, "--key", self.key],
-                      self.tmp / f"server{len(self.servers)}.log")
+                      self.tmp / f"server{len(self.servers)}.log",
+                      {"TVM_NUM_THREADS": str(self.threads)})
         self.servers.append(proc)
         self._by_address[f"127.0.0.1:{p}"] = proc
         return proc

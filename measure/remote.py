@@ -160,9 +160,9 @@ def _last_line(exc: BaseException) -> str:
 @dataclass(frozen=True)
 class BoardInfo:
     """A board as it reports itself: LLVM's name for its CPU (``znver3``,
-    ``cortex-a73``), its LLVM triple and its logical cores, plus the tracker key it was
-    found under and its address. TVM reports no thread-pool size over RPC: the board's
-    kernels run on its server's default pool."""
+    ``cortex-a73``), its LLVM triple, its logical cores and the threads of its server's TVM
+    pool (``runtime.NumThreads``; 0: not reported), plus the tracker key it was found under
+    and its address."""
 
     cpu: str
     triple: str
@@ -171,6 +171,7 @@ class BoardInfo:
     address: str
     #: declared an emulator by the user (``--emulated``): its timings are not a device's
     emulated: bool = False
+    threads: int = 0
 
     @property
     def fingerprint(self) -> str:
@@ -183,20 +184,22 @@ class BoardInfo:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "BoardInfo":
         return cls(**{k: d[k] for k in ("cpu", "triple", "cores", "key", "address")},
-                   emulated=bool(d.get("emulated")))
+                   emulated=bool(d.get("emulated")), threads=int(d.get("threads") or 0))
 
 
 def read_board(session, key: str, address: str, emulated: bool = False) -> BoardInfo:
-    """Ask the board what it is. Its thread pool is left as the board's server set it:
-    TVM's ``runtime.config_threadpool`` pins the session to one core (seen on loopback
-    servers)."""
+    """Ask the board what it is. Its thread pool is the one its server started with: TVM
+    sizes it from ``TVM_NUM_THREADS``, else from the cores (halved on x86 for
+    hyper-threads), and ``runtime.config_threadpool`` through a session pinned it to one
+    core (seen on loopback servers), so the pool is checked, not set."""
     def call(name: str, *args):
         return session.get_function(name)(*args)
 
     return BoardInfo(cpu=str(call("target.llvm_get_system_cpu")),
                      triple=str(call("target.llvm_get_system_triple")),
                      cores=int(call("s_tir.meta_schedule.cpu_count", True)), key=key,
-                     address=address, emulated=emulated)
+                     address=address, emulated=emulated,
+                     threads=int(call("runtime.NumThreads")))
 
 
 #: LLVM CPU names that are ISA levels, not a particular CPU: any CPU of the arch runs them.
@@ -220,9 +223,10 @@ def _host(target: dict[str, Any]) -> dict[str, Any]:
     return host if isinstance(host, dict) else {}
 
 
-def board_mismatch(target: dict[str, Any], board: BoardInfo) -> str | None:
+def board_mismatch(target: dict[str, Any], board: BoardInfo, threads: int = 0) -> str | None:
     """Why ``board`` is not the device of ``target`` (None when it matches): another
-    architecture, or (for a target naming a particular CPU) another CPU."""
+    architecture, (for a target naming a particular CPU) another CPU, or (given the
+    device's ``threads``) a server whose TVM pool runs another number of threads."""
     host = _host(target)
     triple = host.get("mtriple")
     if triple and _arch(triple) != _arch(board.triple):
@@ -234,6 +238,10 @@ def board_mismatch(target: dict[str, Any], board: BoardInfo) -> str | None:
     if mcpu and mcpu not in _GENERIC_CPUS and mcpu != board.cpu:
         return (f"the board at {board.address} reports CPU {board.cpu!r}; the device's target "
                 f"is for {mcpu!r}")
+    if threads and board.threads and board.threads != threads:
+        return (f"the server of the board at {board.address} runs TVM kernels on "
+                f"{board.threads} thread(s), the device on {threads}: start it with "
+                f"TVM_NUM_THREADS={threads}")
     return None
 
 
@@ -350,7 +358,7 @@ class RemoteExecution:
                                    f"failed: {_last_line(exc)}") from None
 
     def threads(self) -> int:
-        return self.board.cores
+        return self.board.threads or self.board.cores
 
     def alive(self) -> bool:
         """Whether the board still answers (a short call through the session)."""

@@ -167,7 +167,7 @@ class LocalRunner(Runner):
             raise WorkerDied(f"worker did not start: {self._ready}")
         if self.rpc is not None:
             self.board = BoardInfo.from_dict(self._ready["board"])
-            why = board_mismatch(self.device.target, self.board)
+            why = board_mismatch(self.device.target, self.board, self.device.cores)
             if why:
                 self._kill()
                 raise BoardError(f"{why}: not a {self.device.name} (check --rpc-key)",

@@ -249,6 +249,21 @@ def test_a_board_that_is_not_the_device_is_refused(boards):
 
 
 @pytest.mark.slow
+def test_a_board_whose_server_runs_another_thread_count_is_refused(boards):
+    """The loopback servers run TVM on every core; the one-thread profile needs a server
+    started with TVM_NUM_THREADS=1."""
+    from dlas_predict.space.devices import local_cores
+
+    if local_cores() < 2:
+        pytest.skip("one core: every server runs one thread")
+    r = run_cli("measure", "--conv", CONVS[0], "--device", "local-native-1t", "--tracker",
+                boards.address, "--rpc-key", KEY, "--algorithm", "gemm", "--compression",
+                "dense")
+    assert_clean_error(r, f"runs TVM kernels on {local_cores()} thread(s), the device on 1: "
+                          "start it with TVM_NUM_THREADS=1")
+
+
+@pytest.mark.slow
 def test_no_free_board_within_the_timeout_is_one_clean_error(boards):
     farm = boards
     from dlas_predict.measure.remote import request_board
@@ -391,3 +406,15 @@ def test_an_emulated_board_matches_any_cpu_of_its_architecture():
     assert board_mismatch(target, BoardInfo(**{**board.__dict__, "emulated": True})) is None
     x86 = BoardInfo("znver3", "x86_64-pc-linux-gnu", 2, KEY, "127.0.0.1:1", True)
     assert "aarch64" in board_mismatch(target, x86)
+
+
+def test_a_board_is_checked_for_its_thread_pool_unless_unknown_or_emulated():
+    from dlas_predict.measure.remote import BoardInfo, board_mismatch
+
+    target = {"kind": "llvm", "mtriple": "x86_64-linux-gnu"}
+    board = BoardInfo("znver3", "x86_64-pc-linux-gnu", 2, KEY, "127.0.0.1:1", threads=1)
+    assert "TVM_NUM_THREADS=2" in board_mismatch(target, board, 2)
+    assert board_mismatch(target, board, 1) is None
+    assert board_mismatch(target, BoardInfo(**{**board.__dict__, "threads": 0}), 2) is None
+    assert board_mismatch(target, BoardInfo(**{**board.__dict__, "emulated": True}), 2) is None
+    assert BoardInfo.from_dict(board.to_dict()) == board
