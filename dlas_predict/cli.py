@@ -820,9 +820,9 @@ def _score_rows(report, models) -> list[dict]:
 
 
 # ---- recommend --------------------------------------------------------------------------
-def _network_runner(device: str, rpc=None):
+def _network_runner(device: str, rpc=None, quiet_wait: float = 30.0):
     """A factory of the whole-network runner that validates on ``device``: this machine
-    (or its profile), or the boards of ``rpc``."""
+    (or its profile), or the boards of ``rpc``, waiting up to ``quiet_wait`` s for quiet."""
     from dlas_predict.space.devices import get_device
 
     dev = get_device(device, with_target=False)
@@ -834,7 +834,8 @@ def _network_runner(device: str, rpc=None):
         from dlas_predict.measure.tasks import Protocol
 
         log = lambda line: typer.echo(line, err=True)  # noqa: E731
-        return network_runner(get_device(device), Protocol(), 600.0, rpc, log)
+        return network_runner(get_device(device), Protocol(quiet_wait_s=quiet_wait), 600.0,
+                              rpc, log)
 
     return make
 
@@ -921,6 +922,7 @@ def recommend(
     tries: int = _TRIES_OPT,
     timeout: float = typer.Option(300.0, "--timeout", help="--validate through RPC: seconds "
                                   "to wait for a free board."),
+    quiet_wait: float = _QUIET_WAIT_OPT,
 ):
     """The fastest accurate configuration of MODEL on DEVICE, predicted in seconds; with
     --validate, proved by building and timing whole networks."""
@@ -937,6 +939,8 @@ def recommend(
             k = int(validate)
         except ValueError:
             raise DlasError(f"--validate takes a count or 'all', got {validate!r}") from None
+    if quiet_wait < 0:
+        raise DlasError(f"--quiet-wait must be 0 or more seconds, got {quiet_wait}")
     log = None if as_json else (lambda line: typer.echo(line, err=True))
     rpc = None
     if k and tracker_given(tracker):
@@ -944,7 +948,7 @@ def recommend(
                    timeout)
     rec = run(model, device, max_accuracy_drop, data, top, k, models_dir=models_dir, log=log,
               tuning=tuning, trials=trials, tuning_db=str(tuning_db) if tuning_db else None,
-              network_runner=_network_runner(device, rpc) if k else None)
+              network_runner=_network_runner(device, rpc, quiet_wait) if k else None)
     if as_json:
         _print_json(rec.to_dict(top if not k else max(top, min(k, len(rec.candidates)))))
         return

@@ -69,7 +69,7 @@ def test_accuracy_budget_drops_what_breaks_it():
 
 @pytest.mark.slow
 def test_validate_builds_and_times_the_top_candidate(tmp_path):
-    res = _run("recommend", DEMO, "--validate", "1", "--top", "3", "--json")
+    res = _run("recommend", DEMO, "--validate", "1", "--top", "3", "--json", "--quiet-wait", "0")
     assert res.exit_code == 0, res.output
     rec = json.loads(res.output)
     measured = [c for c in rec["candidates"] if c["measured_ms"] is not None]

@@ -65,7 +65,7 @@ def _tasks(device):
 def _rpc(farm, **kw):
     from dlas_predict.measure.rpcopts import RpcOptions
 
-    return RpcOptions(host="127.0.0.1", port=farm.port, key=KEY, request_timeout_s=15.0, **kw)
+    return RpcOptions(host="127.0.0.1", port=farm.port, key=KEY, request_timeout_s=8.0, **kw)
 
 
 @pytest.mark.slow
