@@ -71,6 +71,7 @@ def test_proxy_without_labels(tmp_path):
     assert pruned.to_dict()["fidelity_proxy"] == pruned.value
 
 
+@pytest.mark.slow
 def test_extreme_pruning_genuinely_drops_and_finetuning_is_refused_on_plain_onnx(tmp_path):
     dense = accuracy.measure("zoo:mobilenetv1-cifar")
     assert dense.metric == "top1" and dense.value >= 0.9

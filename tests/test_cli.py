@@ -248,6 +248,7 @@ def test_collect_measures_each_layer_at_its_own_sparsity(tmp_path):
 SUBSET = ("resnet18-cifar", "mobilenetv1-cifar", "mobilenetv2-cifar")
 
 
+@pytest.mark.slow
 def test_train_and_evaluate_on_a_subset_of_the_shipped_snapshot(tmp_path):
     """Train, then leave one network out, on the shipped snapshot cut to three networks, the
     fewest a whole-network evaluation takes (the full snapshot's figures:
