@@ -212,6 +212,13 @@ _QUIET_WAIT_OPT = typer.Option(30.0, "--quiet-wait", help="Seconds to wait, befo
                                "at once; both are probed and recorded either way).")
 
 
+def _check_quiet_wait(quiet_wait: float) -> None:
+    from dlas_predict.errors import ConfigError
+
+    if quiet_wait < 0:
+        raise ConfigError(f"--quiet-wait must be 0 or more seconds, got {quiet_wait}")
+
+
 def _protocol(max_repeats: int, time_budget: float, quiet_wait: float = 30.0):
     from dlas_predict.errors import ConfigError
     from dlas_predict.measure.tasks import Protocol
@@ -220,8 +227,7 @@ def _protocol(max_repeats: int, time_budget: float, quiet_wait: float = 30.0):
         raise ConfigError(f"--max-repeats must be at least 1, got {max_repeats}")
     if time_budget <= 0:
         raise ConfigError(f"--time-budget must be positive, got {time_budget}")
-    if quiet_wait < 0:
-        raise ConfigError(f"--quiet-wait must be 0 or more seconds, got {quiet_wait}")
+    _check_quiet_wait(quiet_wait)
     return Protocol(max_repeats=max_repeats, min_repeats=min(10, max_repeats),
                     time_budget_s=time_budget, quiet_wait_s=quiet_wait)
 
@@ -939,8 +945,7 @@ def recommend(
             k = int(validate)
         except ValueError:
             raise DlasError(f"--validate takes a count or 'all', got {validate!r}") from None
-    if quiet_wait < 0:
-        raise DlasError(f"--quiet-wait must be 0 or more seconds, got {quiet_wait}")
+    _check_quiet_wait(quiet_wait)
     log = None if as_json else (lambda line: typer.echo(line, err=True))
     rpc = None
     if k and tracker_given(tracker):

@@ -38,9 +38,9 @@ def run_task(task: Task) -> WorkerReply:
     :class:`NetworkTask`: :func:`dlas_predict.measure.netbuild.run_network_task`) or the
     machine's roofs (a :class:`PeaksTask`: :func:`dlas_predict.measure.peaks.measure_peaks`).
     A Python exception propagates; :func:`main` answers it as the task's error."""
-    if (task.fault and task.fault not in ("wrong", "truncate")
-            and os.environ.get("DLAS_FAULT_INJECTION") == "1"):
-        _inject(task.fault)
+    fault = _fault(task)
+    if fault and fault not in _KERNEL_FAULTS:
+        _inject(fault)
     if isinstance(task, NetworkTask):
         from .netbuild import run_network_task
 
@@ -78,7 +78,7 @@ def _run_kernel(task: KernelTask) -> dict[str, Any]:
         executable = build_kernel(ks, _target(task.target))
         result["compile_s"] = time.perf_counter() - t0
     dev = ex.dev  # after a search on boards: the session the worker holds again
-    if ex.remote and task.fault == "truncate" and os.environ.get("DLAS_FAULT_INJECTION") == "1":
+    if ex.remote and _fault(task) == "truncate":
         module = ex.load(executable, task.target, truncate=True)  # test hook: a bad upload
     else:
         module = ex.load(executable, task.target)
@@ -87,7 +87,7 @@ def _run_kernel(task: KernelTask) -> dict[str, Any]:
     func = module["main"]
     t0 = time.perf_counter()
     func(*args, out)  # warm-up run, discarded; its output is verified
-    if task.fault == "wrong" and os.environ.get("DLAS_FAULT_INJECTION") == "1":
+    if _fault(task) == "wrong":
         out.copyfrom(np.zeros(out.shape, out.dtype))  # test hook: a board that computes wrong
     single_s = time.perf_counter() - t0
     ref = conv2d_reference(x, w, spec, dtype)
@@ -153,6 +153,16 @@ def _tuned_build(ks, task: KernelTask, pattern: SparsityPattern, make_args,
                   tuner_best_s=outcome.best_s,
                   knobs=dict(ks.knobs))
     return executable, ks
+
+
+#: Test faults the kernel run itself reproduces: a board that computes wrong results, and an
+#: upload the board cannot load.
+_KERNEL_FAULTS = ("wrong", "truncate")
+
+
+def _fault(task: Task) -> str | None:
+    """The task's test fault, honoured only with DLAS_FAULT_INJECTION=1."""
+    return task.fault if os.environ.get("DLAS_FAULT_INJECTION") == "1" else None
 
 
 def _inject(fault: str) -> None:
