@@ -651,10 +651,34 @@ def export(name: str = typer.Argument(..., help="Zoo network (NAME or zoo:NAME).
 
 @app.command()
 @handle_errors
-def generate(family: str = typer.Argument(..., help="fc | cnn"),
-             param: List[str] = typer.Option([], "--param", help="NAME=V1,V2,.. (repeatable)"),
+def generate(family: str = typer.Argument(..., help="fc | cnn | nasbench201"),
+             param: List[str] = typer.Option([], "--param", help="NAME=V1,V2,.. (repeatable; "
+                                             "fc and cnn)"),
+             arch: List[str] = typer.Option([], "--arch", help="nasbench201: an architecture "
+                                            "string |op~0|+|op~0|op~1|+|op~0|op~1|op~2| "
+                                            "(repeatable)."),
+             index_file: Optional[Path] = typer.Option(None, "--index-file", help="nasbench201:"
+                                                       " architectures one a line (strings, or "
+                                                       "benchmark indices)."),
              out: Path = typer.Option(..., "-o", "--out", help="Output directory.")):
-    """ParaDnn-style sweep: one ONNX file per grid point, named by its parameters."""
+    """ParaDnn-style sweep (fc, cnn): one ONNX file per grid point, named by its parameters;
+    or NAS-Bench-201 networks from their architecture strings."""
+    if family == "nasbench201":
+        from dlas_predict.networks import nasbench201 as nb
+
+        if param:
+            _fail("nasbench201 takes --arch or --index-file, not --param")
+        if not arch and index_file is None:
+            _fail("nasbench201 needs --arch STR or --index-file FILE")
+        archs = [nb.parse_arch(a) for a in arch]
+        if index_file is not None:
+            archs += nb.read_index_file(index_file)
+        for path in nb.generate(archs, out):
+            typer.echo(str(path))
+        typer.echo(f"wrote {len(set(archs))} NAS-Bench-201 network(s) to {out}", err=True)
+        return
+    if arch or index_file is not None:
+        _fail("--arch and --index-file are for nasbench201")
     from dlas_predict.networks.generate import FAMILIES, generate as run
 
     written = run(family, list(param), out)
@@ -770,11 +794,35 @@ def train(store: Path = typer.Option(..., "--store", help="Corpus store to learn
 
 @app.command()
 @handle_errors
-def evaluate(store: Path = typer.Option(..., "--store", help="Corpus store."),
-             device: str = typer.Option("local", "--device"),
+def evaluate(store: Optional[Path] = typer.Option(None, "--store", help="Corpus store "
+                                                  "(leave-one-network-out)."),
+             device: Optional[str] = typer.Option(None, "--device", help="The device "
+                                                  "evaluated (default local); with "
+                                                  "--leave-one-device-out, the one held out "
+                                                  "(default: each in turn)."),
              seed: int = typer.Option(0, "--seed"),
+             lodo: bool = typer.Option(False, "--leave-one-device-out",
+                                       help="Hold out each device of --source in turn and "
+                                            "predict it from the others and N of its own "
+                                            "measurements."),
+             source: Optional[str] = typer.Option(None, "--source", help="help | tophub | "
+                                                  "profiles (default: help at network "
+                                                  "level, profiles at kernel level)."),
+             level: str = typer.Option("kernel", "--level", help="kernel | network"),
+             shots: Optional[str] = typer.Option(None, "--shots", help="Comma-separated "
+                                                 "measurement counts (default 0,5,10,20,50)."),
+             draws: int = typer.Option(5, "--draws", help="Random draws of the shots."),
+             data: Optional[Path] = typer.Option(None, "--data", help="Folder of the public "
+                                                 "data (default $DLAS_SHARED_DATA or "
+                                                 "../shared/data)."),
              as_json: bool = typer.Option(False, "--json")):
-    """Leave-one-network-out: the cost model against the roofline and MACs baselines."""
+    """Leave-one-network-out: the cost model against the roofline and MACs baselines; or
+    leave-one-device-out (--leave-one-device-out): the cross-device model by shots."""
+    if lodo:
+        return _evaluate_devices(source, level, shots, draws, data, device, seed, as_json)
+    if store is None:
+        _fail("--store is needed (or --leave-one-device-out)")
+    device = device or "local"
     from dlas_predict.models.evaluation import (MODELS, WHOLE_MODELS, HeldOutFits,
                                                 leave_one_network_out, load_corpus,
                                                 whole_network_lono, whole_rows)
@@ -803,6 +851,63 @@ def evaluate(store: Path = typer.Option(..., "--store", help="Corpus store."),
                "measured_conv+residual is no predictor: the network model on the held-out "
                "network's measured kernels, what a perfect layer model would reach")
     typer.echo(format_table(_score_rows(whole, WHOLE_MODELS)))
+
+
+def _evaluate_devices(source, level, shots, draws, data, device, seed, as_json) -> None:
+    from dlas_predict.crossdev import sources
+    from dlas_predict.crossdev.evaluate import DEFAULT_SHOTS, leave_one_device_out
+    from dlas_predict.render import format_table
+
+    if level not in sources.LEVELS:
+        _fail(f"unknown --level {level!r}; allowed: " + ", ".join(sources.LEVELS))
+    source = source or ("help" if level == "network" else "profiles")
+    if source in ("help", "tophub") and level != {"help": "network", "tophub": "kernel"}[source]:
+        _fail(f"{source} has {'networks' if source == 'help' else 'kernels'} only; use "
+              f"--level {'network' if source == 'help' else 'kernel'}")
+    try:
+        counts = tuple(int(x) for x in shots.split(",") if x.strip()) if shots else DEFAULT_SHOTS
+    except ValueError:
+        _fail(f"--shots takes comma-separated counts, e.g. 0,5,10 (got {shots!r})")
+    if not counts:
+        _fail("--shots is empty")
+    if draws < 1:
+        _fail("--draws must be at least 1")
+    mat = sources.load(source, level, data)
+    log = None if as_json else (lambda m: typer.echo(m, err=True))
+    rep = leave_one_device_out(mat, counts, draws, seed, [device] if device else None, log=log)
+    if as_json:
+        _print_json(rep.to_dict())
+        return
+    pct = (lambda v: "—" if v is None else f"{v:.0%}")
+    rows = []
+    for h in rep.devices:
+        for n, sc in h.by_shots.items():
+            b = h.macs[n]
+            rows.append({"held out": h.device, "shots": n, "targets": h.measured,
+                         "Spearman": f"{sc.spearman:.3f}", "Kendall τ": f"{sc.kendall:.3f}",
+                         "MAPE": pct(sc.mape), "within ±10%": pct(sc.within_10pct),
+                         "within ±25%": pct(sc.within_25pct),
+                         "MACs Spearman": f"{b.spearman:.3f}",
+                         "MACs ±10%": pct(b.within_10pct)})
+        if h.roofline is not None:
+            rows.append({"held out": h.device, "shots": "roofline (spec)",
+                         "Spearman": f"{h.roofline.spearman:.3f}",
+                         "MAPE": pct(h.roofline.mape),
+                         "within ±10%": pct(h.roofline.within_10pct)})
+        c = h.ceiling
+        rows.append({"held out": h.device, "shots": "ceiling (own data, 5-fold)",
+                     "Spearman": f"{c.spearman:.3f}", "Kendall τ": f"{c.kendall:.3f}",
+                     "MAPE": pct(c.mape), "within ±10%": pct(c.within_10pct),
+                     "within ±25%": pct(c.within_25pct)})
+    typer.echo(f"leave-one-device-out on {rep.source} ({rep.level} level): each device "
+               f"predicted from the others and N of its own measurements (random, "
+               f"{rep.draws} draws, seed {seed}); 0 shots = zero-shot from the device's "
+               "spec (or the mean device where it has none); MACs: log-linear fit on the "
+               "shots")
+    typer.echo(format_table(rows))
+    means = "; ".join(f"{n} shots {rep.mean('model', n):.3f} (MACs {rep.mean('macs', n):.3f})"
+                      for n in rep.shots)
+    typer.echo(f"\nmean Spearman: {means}")
 
 
 def _score_rows(report, models) -> list[dict]:

@@ -39,6 +39,13 @@ WEIGHTS_DIR = DATASETS / "weights"
 DEMO_NETWORK = DATASETS / "networks" / "demo-cnn.onnx"
 
 
+#: Public measurements of other projects (TopHub, HELP): read where they lie, never shipped.
+#: ``DLAS_SHARED_DATA``, else ``shared/data`` beside the checkout.
+def shared_data() -> Path:
+    env = os.environ.get("DLAS_SHARED_DATA")
+    return Path(env).expanduser() if env else _PACKAGE.parent.parent / "shared" / "data"
+
+
 def dlas_home() -> Path:
     """Return the DLAS_HOME directory, creating it if needed."""
     env = os.environ.get("DLAS_HOME")

@@ -65,7 +65,8 @@ class GeneratedModel:
 
 def _family(name: str) -> dict[str, object]:
     if name not in FAMILIES:
-        raise ConfigError(f"unknown model family {name!r}; known: {', '.join(FAMILIES)}")
+        raise ConfigError(f"unknown model family {name!r}; known: {', '.join(FAMILIES)}, "
+                          "nasbench201")
     return FAMILIES[name]
 
 

@@ -1,0 +1,1 @@
+"""Cross-device cost models: one latency model over many devices, zero-shot from a spec and few-shot from a handful of measurements."""

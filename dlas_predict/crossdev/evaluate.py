@@ -1,0 +1,232 @@
+"""Leave-one-device-out: each device held out in turn, predicted from the others plus N of
+its own measurements (N = 0: zero-shot), against the MACs and roofline baselines and the
+ceiling (a model trained on the held-out device's own data).
+
+For every held-out device the cross-device model is refitted on the other devices alone,
+including its choice of latent dimension and noise, so nothing of the held-out device
+reaches the model except the shots. Shots are drawn at random (``draws`` times, seeded) from
+the device's measured targets; the scores are over the targets that were not shots.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from dlas_predict.crossdev.latent import LatentModel, spearman
+from dlas_predict.crossdev.sources import LatencyMatrix
+from dlas_predict.errors import DlasError
+
+DEFAULT_SHOTS = (0, 5, 10, 20, 50)
+
+
+@dataclass
+class Scores:
+    """Prediction quality over the evaluated targets (means over the draws)."""
+
+    spearman: float
+    kendall: float
+    mape: float | None
+    within_10pct: float | None
+    within_25pct: float | None
+
+
+@dataclass
+class HeldOutDevice:
+    device: str
+    measured: int
+    #: the device's spec was used for the zero-shot prior (else the training devices' mean)
+    zero_shot_from: str
+    k: int
+    by_shots: dict[int, Scores] = field(default_factory=dict)
+    macs: dict[int, Scores] = field(default_factory=dict)
+    roofline: Scores | None = None
+    ceiling: Scores | None = None
+
+
+@dataclass
+class DeviceReport:
+    source: str
+    level: str
+    shots: list[int]
+    draws: int
+    devices: list[HeldOutDevice]
+
+    def mean(self, what: str, shots: int | None = None, metric: str = "spearman") -> float:
+        vals = []
+        for h in self.devices:
+            s = (h.by_shots.get(shots) if what == "model" else h.macs.get(shots)
+                 if what == "macs" else getattr(h, what))
+            v = getattr(s, metric) if s is not None else None
+            if v is not None and np.isfinite(v):
+                vals.append(v)
+        return float(np.mean(vals)) if vals else float("nan")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _kendall(a: np.ndarray, b: np.ndarray) -> float:
+    from scipy.stats import kendalltau
+
+    return float(kendalltau(a, b).statistic) if len(a) >= 3 else float("nan")
+
+
+def score(pred_log: np.ndarray, true_log: np.ndarray, absolute: bool = True) -> Scores:
+    """Rank and (``absolute``) error scores of log-ms predictions."""
+    if not absolute:
+        return Scores(spearman(pred_log, true_log), _kendall(pred_log, true_log), None, None,
+                      None)
+    err = np.abs(np.exp(pred_log - true_log) - 1)
+    return Scores(spearman(pred_log, true_log), _kendall(pred_log, true_log),
+                  float(np.mean(err)), float(np.mean(err <= 0.10)), float(np.mean(err <= 0.25)))
+
+
+def _mean_scores(items: list[Scores]) -> Scores:
+    def m(name):
+        v = [getattr(s, name) for s in items if getattr(s, name) is not None]
+        v = [x for x in v if np.isfinite(x)]
+        return float(np.mean(v)) if v else None
+    return Scores(m("spearman") or float("nan"), m("kendall") or float("nan"), m("mape"),
+                  m("within_10pct"), m("within_25pct"))
+
+
+def device_spec(name: str) -> np.ndarray | None:
+    """A device's spec vector (log peaks per dtype, bandwidth, cores, SIMD width, GPU), or
+    None for a device outside the registry (HELP's devices are names only)."""
+    from dlas_predict.space.devices import device_names, get_device
+
+    if name not in device_names():
+        return None
+    d = get_device(name, with_target=False)
+    p = d.peak_gflops
+    bw = d.mem_bandwidth_gbs
+    return np.array([np.log(p.get("float32", np.nan)), np.log(p.get("int8", np.nan)),
+                     np.log(p.get("float16", np.nan)), np.log(bw) if bw else np.nan,
+                     np.log(d.cores), np.log(d.simd_bits or 32), float(d.kind == "gpu")])
+
+
+def zero_shot_prior(model: LatentModel, device: str):
+    """The zero-shot loading of ``device``: from its spec when it and every training device
+    have one (missing spec entries take the mean of the others), else the prior mean."""
+    specs = [device_spec(d) for d in model.devices]
+    own = device_spec(device)
+    if own is None or any(s is None for s in specs):
+        return model.zero_shot(), "prior"
+    S = np.vstack(specs + [own])
+    fill = np.nanmean(S, axis=0)
+    S = np.where(np.isnan(S), np.where(np.isnan(fill), 0.0, fill), S)
+    return model.zero_shot(S[-1], S[:-1]), "spec"
+
+
+def _roofline(mat: LatencyMatrix, rows: np.ndarray, device: str) -> np.ndarray | None:
+    """Roofline time (log ms) of kernel targets on the device's spec, uncalibrated."""
+    from dlas_predict.space.devices import device_names, get_device
+
+    if mat.level != "kernel" or not mat.features.size or device not in device_names():
+        return None
+    d = get_device(device, with_target=False)
+    if not d.mem_bandwidth_gbs:
+        return None
+    F = mat.features[rows]
+    flops = 2 * np.exp(F[:, 0])
+    bytes_ = 4 * (np.exp(F[:, 1]) + np.exp(F[:, 2]))
+    t = np.maximum(flops / (d.peak_gflops["float32"] * 1e9), bytes_ / (d.mem_bandwidth_gbs * 1e9))
+    return np.log(t * 1e3)
+
+
+def _ceiling(model: LatentModel, F: np.ndarray, Z: np.ndarray, y: np.ndarray,
+             seed: int) -> Scores:
+    """5-fold cross-validation of a model of the device's own data: LightGBM on the
+    target features and z where the source has features, else the latent model adapted to
+    every training fold's measurement."""
+    from sklearn.model_selection import KFold
+
+    pred = np.zeros(len(y))
+    folds = KFold(5, shuffle=True, random_state=seed).split(Z)
+    for tr, te in folds:
+        if F.size:
+            import lightgbm as lgb
+            X = np.c_[Z, F]
+            g = lgb.LGBMRegressor(n_estimators=300, learning_rate=0.05, min_child_samples=5,
+                                  verbose=-1, random_state=seed).fit(X[tr], y[tr])
+            pred[te] = g.predict(X[te])
+        else:
+            post = model.adapt(Z[tr], y[tr])
+            pred[te] = Z[te] @ post.mean
+    return score(pred, y)
+
+
+def leave_one_device_out(mat: LatencyMatrix, shots: tuple[int, ...] = DEFAULT_SHOTS,
+                         draws: int = 5, seed: int = 0, devices: list[str] | None = None,
+                         min_targets: int = 12, log=None) -> DeviceReport:
+    """Hold out each device (or those named) in turn; see the module doc."""
+    shots = tuple(sorted(set(int(s) for s in shots)))
+    if any(s < 0 for s in shots):
+        raise DlasError("--shots must be 0 or more")
+    names = devices or list(mat.devices)
+    unknown = [d for d in names if d not in mat.devices]
+    if unknown:
+        raise DlasError(f"no data of device {unknown[0]!r} in {mat.source}; devices: "
+                        + ", ".join(mat.devices))
+    rng = np.random.default_rng(seed)
+    out = []
+    for d in names:
+        y_all = mat.column(d)
+        rest = mat.without(d)
+        if len(rest.devices) < 2:
+            raise DlasError(f"leave-one-device-out needs at least three devices in "
+                            f"{mat.source} ({len(mat.devices)} have data)")
+        model = LatentModel.fit(rest, seed=seed)
+        rows = mat.measured(d)
+        if not mat.features.size:
+            rows = rows[np.isfinite(model.Z[rows]).all(axis=1)]
+        if len(rows) < min_targets:
+            if log:
+                log(f"{d}: {len(rows)} targets shared with the other devices, too few; skipped")
+            continue
+        too_many = [s for s in shots if s > len(rows) - 3]
+        if too_many and (devices or too_many[0] == shots[0]):
+            raise DlasError(f"--shots {too_many[0]} is larger than device {d}'s data "
+                            f"({len(rows)} targets; at most {len(rows) - 3} shots leave three "
+                            "to score)")
+        Z = model.z_rows(rows, mat.features)
+        y = y_all[rows]
+        prior, how = zero_shot_prior(model, d)
+        h = HeldOutDevice(d, len(rows), how, model.k)
+        logmacs = np.log(np.maximum(mat.macs[rows], 1))
+        if too_many and log:
+            log(f"{d}: {len(rows)} targets, too few for " + ", ".join(map(str, too_many))
+                + " shots")
+        for s in shots:
+            if s in too_many:
+                continue
+            got, base = [], []
+            for _ in range(draws if s else 1):
+                pick = rng.choice(len(rows), s, replace=False) if s else np.zeros(0, int)
+                rest_i = np.setdiff1d(np.arange(len(rows)), pick)
+                post = model.adapt(Z[pick], y[pick], prior) if s else prior
+                got.append(score(Z[rest_i] @ post.mean, y[rest_i]))
+                if s >= 2:
+                    A = np.c_[np.ones(s), logmacs[pick]]
+                    coef = np.linalg.lstsq(A, y[pick], rcond=None)[0]
+                    base.append(score(np.c_[np.ones(len(rest_i)), logmacs[rest_i]] @ coef,
+                                      y[rest_i]))
+                else:
+                    base.append(score(logmacs[rest_i], y[rest_i], absolute=False))
+            h.by_shots[s] = _mean_scores(got)
+            h.macs[s] = _mean_scores(base)
+        roof = _roofline(mat, rows, d)
+        if roof is not None:
+            h.roofline = score(roof, y)
+        F = mat.features[rows] if mat.features.size else np.zeros((len(rows), 0))
+        h.ceiling = _ceiling(model, F, Z, y, seed)
+        if log:
+            top = max(h.by_shots)
+            log(f"{d}: {len(rows)} targets, {top} shots: Spearman "
+                f"{h.by_shots[top].spearman:.3f}")
+        out.append(h)
+    if not out:
+        raise DlasError(f"no device of {mat.source} has enough targets shared with the others")
+    return DeviceReport(mat.source, mat.level, list(shots), draws, out)
