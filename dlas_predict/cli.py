@@ -910,6 +910,65 @@ def _evaluate_devices(source, level, shots, draws, data, device, seed, as_json) 
     typer.echo(f"\nmean Spearman: {means}")
 
 
+@app.command()
+@handle_errors
+def predict(targets: List[str] = typer.Argument(..., help="conv:C=..,H=..,W=..,K=..,R=..,S=.."
+                                                "[,stride=..][,pad=..][,groups=..], "
+                                                "nasbench201:ARCH, or a `generate "
+                                                "nasbench201` file."),
+            device: str = typer.Option(..., "--device", help="Any registry device, a HELP "
+                                       "device, or one `adapt` fitted."),
+            config: Optional[str] = typer.Option(None, "--config", help="COMPRESSION[@RATIO]"
+                                                 "[/ALGORITHM][/tuned]; an omitted part: the "
+                                                 "fastest predicted."),
+            data: Optional[Path] = typer.Option(None, "--data", help="Folder of the public "
+                                                "data (default $DLAS_SHARED_DATA or "
+                                                "../shared/data)."),
+            as_json: bool = typer.Option(False, "--json")):
+    """Batch prediction on any device from the cross-device models: the latency, its 80 %
+    interval and where it comes from (trained, adapted or zero-shot)."""
+    from dlas_predict.crossdev.predictor import predict as run
+    from dlas_predict.render import format_table
+
+    preds = run(list(targets), device, config, data)
+    if as_json:
+        _print_json([{k: v for k, v in p.to_dict().items() if k != "basis"} for p in preds])
+        return
+    typer.echo(format_table([{"target": p.target, "config": p.config,
+                              "predicted ms": f"{p.predicted_ms:.4g}",
+                              "80% interval": f"{p.low_ms:.4g}–{p.high_ms:.4g}",
+                              "source": p.source, "model": p.basis} for p in preds]))
+    if any(p.source == "zero-shot" for p in preds):
+        typer.echo(f"zero-shot: {device} has no measurement here; `dlas-predict adapt --device "
+                   f"{device} --measurements FILE.csv` (or active-learn) makes it better")
+
+
+@app.command()
+@handle_errors
+def adapt(device: str = typer.Option(..., "--device", help="A registry device, or a new "
+                                     "name (registered by its measurements alone)."),
+          measurements: Path = typer.Option(..., "--measurements", help="CSV: target, "
+                                            "config (default dense), latency_ms."),
+          data: Optional[Path] = typer.Option(None, "--data", help="Folder of the public "
+                                              "data."),
+          as_json: bool = typer.Option(False, "--json")):
+    """Few-shot calibration: fit a device's loading on latencies measured on it, in any
+    runtime; saved under DLAS_HOME (never over the shipped models)."""
+    from dlas_predict.crossdev.predictor import adapt as run
+
+    rep = run(device, measurements, data)
+    if as_json:
+        _print_json(rep.__dict__)
+        return
+    what = "new device, known by these measurements alone" if rep.registered else "registry device"
+    typer.echo(f"adapted {rep.device} ({what}) on {rep.rows} measurement(s) against "
+               f"{rep.source}'s devices; saved {rep.path}")
+    typer.echo(f"fitted loading (intercept, mean-device slope, latent terms): "
+               + ", ".join(f"{v:.3f}" for v in rep.loading))
+    typer.echo(f"expected error (leave-one-out over your rows): Spearman "
+               f"{rep.loo_spearman:.3f}, median error {rep.loo_median_error:.0%}")
+
+
 def _score_rows(report, models) -> list[dict]:
     """One table row per (held-out network or OVERALL, model) of an evaluation report."""
     pct = (lambda v, f: "—" if v is None else format(v, f))

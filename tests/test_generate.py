@@ -182,3 +182,44 @@ def test_a_generated_name_parses_back_to_its_parameters(tmp_path):
     assert parse_name("cnn_layers=2_kernels=8") is None
     assert parse_name("cnn_layers=2_kernels=8_kernel_size=3_input=32_batch=1_block=plain_"
                       "downsample=3") is None
+
+
+def test_nasbench201_networks_run_and_have_the_promised_convs_and_macs(tmp_path):
+    """Architecture strings round-trip through file names; every cell's convs (5 cells ×
+    3 stages), the stem and the two reduction blocks are in the graph, and its MACs are the
+    analytic count."""
+    from dlas_predict.networks import nasbench201 as nb
+
+    arch = nb.parse_arch("|nor_conv_3x3~0|+|nor_conv_3x3~0|avg_pool_3x3~1|"
+                         "+|skip_connect~0|nor_conv_1x1~1|none~2|")
+    assert nb.parse_arch(arch.code) == arch and nb.parse_arch(arch.file_name) == arch
+    empty = nb.parse_arch("nnnnnn")
+    written = nb.generate([arch, empty, arch], tmp_path)
+    assert len(written) == 2
+    for path, a in zip(written, (arch, empty)):
+        net = read_network(path)
+        convs = [l for l in net.layers if l.kind == "conv"]
+        per_cell = sum(op.startswith("nor_conv") for op in a.ops)
+        assert len(convs) == 1 + 15 * per_cell + 2 * 3
+        assert sum(l.macs for l in net.layers if l.kind in ("conv", "fc")) == nb.arch_macs(a)
+        sess = ort.InferenceSession(str(path))
+        out = sess.run(None, {"input": np.random.rand(1, 3, 32, 32).astype(np.float32)})[0]
+        assert out.shape == (1, 10) and np.isfinite(out).all()
+    with pytest.raises(ConfigError, match="allowed: none, skip_connect"):
+        nb.parse_arch("|conv_5x5~0|+|none~0|none~1|+|none~0|none~1|none~2|")
+
+
+def test_generate_nasbench201_cli(tmp_path):
+    from conftest import assert_clean_error, run_cli
+
+    idx = tmp_path / "archs.txt"
+    idx.write_text("# two cells\n|none~0|+|none~0|none~1|+|none~0|none~1|none~2|\nnasbench201-333333.onnx\n")
+    r = run_cli("generate", "nasbench201", "--index-file", idx, "-o", tmp_path / "out")
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "nasbench201-333333.onnx", "nasbench201-nnnnnn.onnx"]
+    assert_clean_error(run_cli("generate", "nasbench201", "-o", tmp_path), "--arch STR")
+    assert_clean_error(run_cli("generate", "nasbench201", "--arch", "|x~0|", "-o", tmp_path),
+                       "not a NAS-Bench-201 architecture")
+    assert_clean_error(run_cli("generate", "cnn", "--arch", "333333", "-o", tmp_path),
+                       "for nasbench201")

@@ -31,9 +31,11 @@ from dlas_predict.errors import DlasError
 #: Candidate latent dimensions and observation-noise multipliers for the inner selection.
 K_CHOICES = (1, 2, 3, 4, 5, 6)
 NOISE_CHOICES = (1.0, 4.0, 16.0)
+#: Targets the inner selection scores on (a seeded sample of larger matrices).
+SELECT_ROWS = 3000
 
 
-def _complete(Y: np.ndarray, rank: int, iters: int = 30) -> np.ndarray:
+def _complete(Y: np.ndarray, rank: int, iters: int = 100) -> np.ndarray:
     """Fill the NaNs of Y by iterated rank-``rank`` SVD (soft-impute style)."""
     miss = ~np.isfinite(Y)
     if not miss.any():
@@ -212,6 +214,12 @@ def select(mat: LatencyMatrix, shots: int = 10, draws: int = 3, seed: int = 0
     """(k, noise multiplier) with the best mean Spearman when each training device in turn
     is left out and adapted from ``shots`` random measured targets."""
     rng = np.random.default_rng(seed)
+    if len(mat.targets) > SELECT_ROWS:  # the choice needs the shape, not every target
+        keep = np.sort(rng.choice(len(mat.targets), SELECT_ROWS, replace=False))
+        mat = LatencyMatrix(mat.source, mat.level, [mat.targets[i] for i in keep],
+                            mat.devices, mat.log_ms[keep], mat.macs[keep],
+                            mat.features[keep] if mat.features.size else mat.features,
+                            [mat.groups[i] for i in keep] if mat.groups else [])
     best, best_score = (1, 4.0), -np.inf
     ks = [k for k in K_CHOICES if k <= len(mat.devices) - 3] or [0]
     for k in ks:

@@ -1,0 +1,446 @@
+"""Batch prediction on any device, and few-shot adaptation from a user's measurements.
+
+A device is answered from the cross-device model of the data source its targets belong to:
+
+- single convolutions (``conv:C=..,H=..``) from the kernel corpora: the profiles of this
+  CPU (untuned kernels of our three algorithms) for x86 devices, TopHub (tuned kernels) for
+  the others;
+- NAS-Bench-201 networks (``nasbench201:ARCH``, or a file ``generate nasbench201`` wrote)
+  from HELP's 21 devices.
+
+The latency's source says how the device is known: ``trained`` (the device is one of the
+source's devices: its loading was fitted on its own data), ``adapted`` (``adapt`` fitted it
+from the user's measurements; saved under ``DLAS_HOME/adapted``) or ``zero-shot`` (its
+spec, or the mean device). Whole networks other than NAS-Bench-201 are answered by
+``recommend`` on devices with a trained model; cross-device prediction of arbitrary
+networks is not built yet, and asking for it is an error that says so.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import json
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from dlas_predict.crossdev.latent import DevicePosterior, LatentModel, select
+from dlas_predict.crossdev.sources import LatencyMatrix, load
+from dlas_predict.errors import ConfigError, DeviceError, DlasError
+from dlas_predict.paths import cache_dir, dlas_home
+
+#: Two-sided 80 % interval of a Gaussian in log space.
+Z80 = 1.2816
+MIN_ROWS = 3
+DISAGREE = 2.0
+_CONFIG_RE = re.compile(r"^(?P<comp>[a-z_0-9]+)(@(?P<ratio>[0-9.]+))?"
+                        r"(/(?P<alg>[a-z_]+))?(/(?P<tuned>tuned|untuned))?$")
+
+
+@dataclass(frozen=True)
+class Target:
+    """What to predict: a conv (``kind = conv``) or a NAS-Bench-201 network."""
+
+    text: str
+    kind: str       # "conv" | "nasbench201"
+    key: str        # the conv's canonical spec, or the architecture string
+
+
+@dataclass(frozen=True)
+class ConfigChoice:
+    """``COMPRESSION[@RATIO][/ALGORITHM][/tuned]``; None parts are chosen (the fastest)."""
+
+    compression: str | None = None
+    ratio: float | None = None
+    algorithm: str | None = None
+    tuning: str | None = None
+
+    @property
+    def text(self) -> str:
+        out = self.compression or "*"
+        if self.ratio:
+            out += f"@{self.ratio:g}"
+        return out + f"/{self.algorithm or '*'}" + (f"/{self.tuning}" if self.tuning else "")
+
+
+@dataclass
+class Prediction:
+    target: str
+    config: str
+    predicted_ms: float
+    low_ms: float
+    high_ms: float
+    source: str
+    basis: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def parse_target(text: str) -> Target:
+    """``conv:SPEC``, ``nasbench201:ARCH`` or a ``generate nasbench201`` file; anything
+    else is named as not (yet) predictable across devices."""
+    from dlas_predict.space.config import ConvSpec
+    from dlas_predict.networks.nasbench201 import parse_arch
+
+    t = text.strip()
+    if t.startswith("conv:"):
+        return Target(text, "conv", ConvSpec.parse(t[5:]).to_spec())
+    if t.startswith("nasbench201:"):
+        return Target(text, "nasbench201", parse_arch(t[len("nasbench201:"):]).string)
+    name = Path(t).name
+    if name.startswith("nasbench201-") and name.endswith(".onnx"):
+        arch = _arch_of_file(Path(t))
+        return Target(text, "nasbench201", arch)
+    raise ConfigError(f"cannot predict {text!r} across devices: targets are conv:C=..,H=..,"
+                      "W=..,K=..,R=..,S=..[,stride=..][,pad=..][,groups=..], "
+                      "nasbench201:ARCH or a file `generate nasbench201` wrote (other networks: "
+                      "`recommend NET --device D` on a device with a trained model)")
+
+
+def _arch_of_file(path: Path) -> str:
+    from dlas_predict.networks.nasbench201 import parse_arch
+
+    if path.is_file():
+        try:
+            import onnx
+            doc = onnx.load(str(path), load_external_data=False).graph.doc_string
+            if doc:
+                return parse_arch(doc).string
+        except Exception:  # noqa: BLE001 - an unreadable file falls back to its name
+            pass
+    return parse_arch(path.name).string
+
+
+def parse_config(text: str | None) -> ConfigChoice:
+    """``COMPRESSION[@RATIO][/ALGORITHM][/tuned]``; ``*`` or an omitted part: choose."""
+    from dlas_predict.space.config import Algorithm, Compression
+
+    if text is None or not text.strip():
+        return ConfigChoice()
+    t = text.strip().lower()
+    parts = t.split("/")
+    comp = parts[0]
+    ratio = None
+    if "@" in comp:
+        comp, r = comp.split("@", 1)
+        try:
+            ratio = float(r)
+        except ValueError:
+            raise ConfigError(f"config {text!r}: ratio {r!r} is not a number") from None
+        if not 0 < ratio < 1:
+            raise ConfigError(f"config {text!r}: a pruning ratio lies in (0, 1)")
+    alg = tuning = None
+    for p in parts[1:]:
+        if p in ("tuned", "untuned"):
+            tuning = p
+        elif p in ("*", ""):
+            continue
+        else:
+            alg = Algorithm.parse(p).value
+    comp_v = None if comp in ("*", "") else Compression.parse(comp).value
+    if ratio is not None and comp_v not in ("weight_pruning", "channel_pruning"):
+        raise ConfigError(f"config {text!r}: only weight_pruning and channel_pruning take a "
+                          "ratio")
+    return ConfigChoice(comp_v, ratio, alg, tuning)
+
+
+# ---- the bases ------------------------------------------------------------------------------
+def _basis_of(target: Target, device: str) -> tuple[str, str]:
+    """(source, level) that answers ``target`` on ``device``."""
+    if target.kind == "nasbench201":
+        return "help", "network"
+    adapted = _read_adapted(device)
+    if adapted is not None and adapted["level"] == "kernel":
+        return adapted["source"], adapted["level"]
+    return ("profiles" if _is_x86(device) else "tophub"), "kernel"
+
+
+def _is_x86(device: str) -> bool:
+    from dlas_predict.space.devices import device_names, get_device
+
+    if device not in device_names():
+        return True
+    d = get_device(device, with_target=False)
+    triple = str(d.target.get("mtriple", "")) or str(d.target.get("host", {}).get("mtriple", ""))
+    return d.kind == "cpu" and (triple.startswith("x86") or d.measured_here)
+
+
+@functools.lru_cache(maxsize=8)
+def basis(source: str, level: str, data: str | None = None) -> tuple[LatencyMatrix, LatentModel]:
+    """The source's matrix and its model fitted on every device; the inner choice of (k,
+    noise) is cached under DLAS_HOME by the data's shape."""
+    mat = load(source, level, Path(data) if data else None)
+    key = f"{source}-{level}-{len(mat.targets)}x{len(mat.devices)}-{int(np.isfinite(mat.log_ms).sum())}"
+    path = cache_dir("crossdev") / "selection.json"
+    try:
+        chosen = json.loads(path.read_text())
+    except (OSError, ValueError):
+        chosen = {}
+    if key not in chosen:
+        chosen[key] = list(select(mat))
+        path.write_text(json.dumps(chosen, indent=1))
+    k, noise = chosen[key]
+    return mat, LatentModel._fit(mat, int(k), float(noise))
+
+
+# ---- adapted devices ----------------------------------------------------------------------
+def adapted_dir() -> Path:
+    path = dlas_home() / "adapted"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _safe(device: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9_.@+-]{1,64}", device):
+        raise DeviceError(f"device name {device!r}: use letters, digits and _ . @ + -")
+    return device
+
+
+def _read_adapted(device: str) -> dict | None:
+    path = adapted_dir() / f"{_safe(device)}.json"
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except ValueError:
+        raise DlasError(f"adapted model {path} is unreadable; run `adapt` again") from None
+
+
+def _posterior(device: str, source: str, level: str, mat: LatencyMatrix,
+               model: LatentModel) -> DevicePosterior:
+    adapted = _read_adapted(device)
+    if adapted is not None and adapted["source"] == source:
+        rows, y = _rows_of(mat, model, adapted["targets"]), np.array(adapted["log_ms"])
+        return model.adapt(rows, y, _prior(device, model))
+    if device in model.devices:
+        j = model.devices.index(device)
+        return DevicePosterior(model.loadings[j], np.zeros_like(model.prior_cov), "trained",
+                               int(np.isfinite(mat.column(device)).sum()))
+    from dlas_predict.space.devices import device_names
+
+    if device not in device_names():
+        if adapted is not None:
+            raise DeviceError(f"device {device!r} was adapted on {adapted['source']}'s "
+                              f"{adapted['level']}s only; adapt it on {source}'s "
+                              f"{level}s too (`adapt --device {device} --measurements "
+                              "FILE.csv`)")
+        raise DeviceError(f"unknown device {device!r}: it has neither a spec (`devices add`) "
+                          f"nor measurements (`adapt --device {device} --measurements "
+                          "FILE.csv`)")
+    return _prior(device, model)
+
+
+def _prior(device: str, model: LatentModel) -> DevicePosterior:
+    from dlas_predict.crossdev.evaluate import zero_shot_prior
+
+    return zero_shot_prior(model, device)[0]
+
+
+def _rows_of(mat: LatencyMatrix, model: LatentModel, keys: list[str]) -> np.ndarray:
+    """z of target keys: learned rows where the matrix has them, else from features."""
+    idx = [model.index.get(k) for k in keys]
+    if all(i is not None and np.isfinite(model.Z[i]).all() for i in idx):
+        return model.Z[np.array(idx)]
+    if mat.level != "kernel":
+        missing = next(k for k, i in zip(keys, idx) if i is None)
+        raise DlasError(f"{missing!r} is not in {mat.source}'s data")
+    return np.vstack([model.Z[i] if i is not None and np.isfinite(model.Z[i]).all()
+                      else _kernel_z(model, k) for k, i in zip(keys, idx)])
+
+
+def _kernel_z(model: LatentModel, key: str) -> np.ndarray:
+    from dlas_predict.crossdev.sources import _kernel_features
+    from dlas_predict.space.config import ConvSpec
+
+    conv, alg, comp, tuning = key.split("|")
+    comp, _, ratio = comp.partition("@")
+    spec = ConvSpec.parse(conv)
+    f = _kernel_features([spec], [alg if alg != "tuned" else "direct"], [comp],
+                         [float(ratio or 0)])
+    z = model.z_from_features(f)[0]
+    group = f"{comp}/{alg}" if model.source == "profiles" else comp
+    g = [float(group == n) for n in model.group_names[1:]]
+    return np.r_[z, g]
+
+
+# ---- predict ------------------------------------------------------------------------------
+def _kernel_keys(mat: LatencyMatrix, spec: str, cfg: ConfigChoice) -> list[str]:
+    """The kernel targets ``cfg`` allows for one conv: every (algorithm, compression,
+    tuning) the source knows; pruning at the ratio named, else the study's 0.9."""
+    from dlas_predict.space.config import DEFAULT_RATIO
+
+    variants = sorted({(alg, comp.partition("@")[0], tuning) for alg, comp, tuning in
+                       (t.split("|")[1:] for t in mat.targets)})
+    out = []
+    for alg, comp, tuning in variants:
+        if cfg.compression and comp != cfg.compression:
+            continue
+        if cfg.algorithm and alg not in (cfg.algorithm, "tuned"):
+            continue
+        if cfg.tuning and tuning != cfg.tuning:
+            continue
+        tag = f"{comp}@{cfg.ratio or DEFAULT_RATIO:g}" if comp.endswith("_pruning") else comp
+        out.append(f"{spec}|{alg}|{tag}|{tuning}")
+    if not out:
+        raise ConfigError(f"config {cfg.text} is not in {mat.source}'s grid; it has: "
+                          + ", ".join(sorted({_config_of("|".join(v)) for v in variants})))
+    return out
+
+
+def _config_of(variant: str) -> str:
+    alg, comp, tuning = variant.split("|")
+    return f"{comp}/{alg}/{tuning}" if alg != "tuned" else f"{comp}/tuned"
+
+
+def predict(targets: list[str], device: str, config: str | None = None,
+            data: Path | None = None) -> list[Prediction]:
+    """Predicted latency of each target on ``device`` (the fastest allowed configuration
+    where ``config`` leaves a part open)."""
+    cfg = parse_config(config)
+    parsed = [parse_target(t) for t in targets]
+    out: list[Prediction | None] = [None] * len(parsed)
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i, t in enumerate(parsed):
+        groups.setdefault(_basis_of(t, device), []).append(i)
+    for (source, level), idx in groups.items():
+        mat, model = basis(source, level, str(data) if data else None)
+        post = _posterior(device, source, level, mat, model)
+        if level == "network":
+            if cfg.compression not in (None, "dense") or cfg.algorithm or cfg.tuning:
+                raise ConfigError("NAS-Bench-201 latencies (HELP) are of dense float32 "
+                                  "networks in their framework; the config is dense")
+            keys = [parsed[i].key for i in idx]
+            Z = _rows_of(mat, model, keys)
+            mean, sd = model.predict(post, Z=Z)
+            for j, i in enumerate(idx):
+                out[i] = _prediction(parsed[i].text, "dense", mean[j], sd[j], post, source)
+            continue
+        for i in idx:
+            keys = _kernel_keys(mat, parsed[i].key, cfg)
+            mean, sd = model.predict(post, Z=_rows_of(mat, model, keys))
+            b = int(np.argmin(mean))
+            out[i] = _prediction(parsed[i].text, _config_of(keys[b].split("|", 1)[1]),
+                                 mean[b], sd[b], post, source)
+    return [p for p in out if p is not None]
+
+
+def _prediction(text, config, mean, sd, post, source) -> Prediction:
+    return Prediction(text, config, float(np.exp(mean)), float(np.exp(mean - Z80 * sd)),
+                      float(np.exp(mean + Z80 * sd)), post.source, source)
+
+
+# ---- adapt --------------------------------------------------------------------------------
+@dataclass
+class AdaptReport:
+    device: str
+    source: str
+    rows: int
+    registered: bool
+    path: str
+    #: leave-one-out over the user's rows: Spearman and median absolute error
+    loo_spearman: float
+    loo_median_error: float
+    loading: list[float]
+
+
+def read_measurements(path: Path) -> list[tuple[Target, ConfigChoice, float, int]]:
+    """The CSV's rows (target, config, latency_ms); every bad row is an error naming it."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise DlasError(f"cannot read {path}: {exc.strerror}") from None
+    reader = csv.DictReader(text.splitlines())
+    cols = reader.fieldnames or []
+    if "target" not in cols or "latency_ms" not in cols:
+        raise DlasError(f"{path}: the header needs target and latency_ms (and optionally "
+                        f"config); found {', '.join(cols) or 'nothing'}")
+    rows = []
+    for n, r in enumerate(reader, start=2):
+        if r.get(None):
+            raise DlasError(f"{path}:{n}: more fields than the header; quote targets that "
+                            'contain commas ("conv:C=64,H=56,...")')
+        try:
+            t = parse_target(r.get("target") or "")
+            c = parse_config(r.get("config") or "dense")
+        except DlasError as exc:
+            raise DlasError(f"{path}:{n}: {exc}") from None
+        if c.compression is None:
+            raise DlasError(f"{path}:{n}: the config must name its compression")
+        lat = (r.get("latency_ms") or "").strip()
+        try:
+            v = float(lat)
+        except ValueError:
+            raise DlasError(f"{path}:{n}: latency_ms {lat!r} is missing or not a number")
+        if not np.isfinite(v) or v <= 0:
+            raise DlasError(f"{path}:{n}: latency_ms must be positive (got {lat})")
+        rows.append((t, c, v, n))
+    if len(rows) < MIN_ROWS:
+        raise DlasError(f"{path}: {len(rows)} measurement(s); adapt needs at least {MIN_ROWS}")
+    kinds = {t.kind for t, *_ in rows}
+    if len(kinds) > 1:
+        raise DlasError(f"{path}: mixes convs and NAS-Bench-201 networks; adapt one kind at "
+                        "a time")
+    seen: dict[tuple, tuple[float, int]] = {}
+    for t, c, v, n in rows:
+        k = (t.key, c)
+        if k in seen and max(v, seen[k][0]) / min(v, seen[k][0]) > DISAGREE:
+            raise DlasError(f"{path}:{n}: {t.text} ({c.text}) disagrees with line {seen[k][1]}"
+                            f" by more than {DISAGREE:g}x ({v} vs {seen[k][0]} ms)")
+        seen.setdefault(k, (v, n))
+    return rows
+
+
+def adapt(device: str, measurements: Path, data: Path | None = None) -> AdaptReport:
+    """Fit ``device``'s loading on its measurements and save it under DLAS_HOME."""
+    from dlas_predict.space.devices import device_names
+
+    _safe(device)
+    rows = read_measurements(measurements)
+    kind = rows[0][0].kind
+    source, level = ("help", "network") if kind == "nasbench201" else \
+        (("profiles" if _is_x86(device) else "tophub"), "kernel")
+    mat, model = basis(source, level, str(data) if data else None)
+    keys = []
+    for t, c, _, n in rows:
+        if level == "network":
+            if c.compression != "dense" or c.algorithm:
+                raise DlasError(f"{measurements}:{n}: NAS-Bench-201 rows are dense")
+            keys.append(t.key)
+        else:
+            alg = c.algorithm or ("tuned" if source == "tophub" else None)
+            if alg is None:
+                raise DlasError(f"{measurements}:{n}: name the algorithm of a conv "
+                                "(e.g. dense/direct)")
+            tag = f"{c.compression}@{c.ratio:g}" if c.ratio else c.compression
+            tuning = c.tuning or ("tuned" if source == "tophub" else "untuned")
+            keys.append(f"{t.key}|{alg}|{tag}|{tuning}")
+    Z = _rows_of(mat, model, keys)
+    y = np.log([v for _, _, v, _ in rows])
+    # aggregate duplicates (geometric mean), then fit
+    uniq: dict[str, list[int]] = {}
+    for i, k in enumerate(keys):
+        uniq.setdefault(k, []).append(i)
+    Zu = np.vstack([Z[v[0]] for v in uniq.values()])
+    yu = np.array([y[v].mean() for v in uniq.values()])
+    prior = _prior(device, model) if device in device_names() else model.zero_shot()
+    post = model.adapt(Zu, yu, prior)
+    loo = np.array([Zu[i] @ model.adapt(np.delete(Zu, i, 0), np.delete(yu, i), prior).mean
+                    for i in range(len(yu))])
+    from dlas_predict.crossdev.latent import spearman
+    registered = device not in device_names()  # known by these measurements alone
+    path = adapted_dir() / f"{device}.json"
+    path.write_text(json.dumps({
+        "device": device, "source": source, "level": level, "targets": list(uniq),
+        "log_ms": yu.tolist(), "k": model.k, "noise_var": model.noise_var,
+        "loading": post.mean.tolist(), "measurements": str(measurements)}, indent=1))
+    return AdaptReport(device, source, len(rows), registered, str(path),
+                       spearman(loo, yu) if len(yu) >= 3 else float("nan"),
+                       float(np.median(np.abs(np.exp(loo - yu) - 1))), post.mean.tolist())
+
+
+def adapted_devices() -> list[str]:
+    return sorted(p.stem for p in adapted_dir().glob("*.json"))

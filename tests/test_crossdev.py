@@ -1,0 +1,232 @@
+"""Cross-device models: the latent model on known structure, leave-one-device-out, predict
+and adapt (save → load → predict equality, bad input), and HELP's data where it lies."""
+import hashlib
+import json
+
+import numpy as np
+import pytest
+
+from conftest import SHARED_DATA, assert_clean_error, run_cli
+from dlas_predict.crossdev.evaluate import leave_one_device_out
+from dlas_predict.crossdev.latent import LatentModel, _complete, spearman
+from dlas_predict.crossdev.sources import LatencyMatrix
+from dlas_predict.errors import DlasError
+
+HELP = SHARED_DATA / "help_nb201" / "latency.csv.gz"
+needs_help = pytest.mark.skipif(not HELP.is_file(), reason=f"HELP's data not at {HELP}")
+
+
+def synthetic(n_targets=400, n_devices=9, k=2, noise=0.02, seed=0) -> LatencyMatrix:
+    """Devices that are exact low-rank mixtures of target factors, plus noise."""
+    rng = np.random.default_rng(seed)
+    macs = rng.uniform(1e5, 1e8, n_targets)
+    base = np.log(macs) - 14
+    U = rng.normal(0, 1, (n_targets, k))
+    Y = np.array([rng.normal(0, 1) + rng.uniform(0.7, 1.3) * base + U @ rng.normal(0, 0.5, k)
+                  for _ in range(n_devices)]).T + rng.normal(0, noise, (n_targets, n_devices))
+    return LatencyMatrix("synthetic", "kernel", [f"t{i}" for i in range(n_targets)],
+                         [f"d{j}" for j in range(n_devices)], Y, macs)
+
+
+def test_completion_recovers_missing_entries_of_a_low_rank_matrix():
+    mat = synthetic(noise=0.0)
+    rng = np.random.default_rng(1)
+    Y = mat.log_ms.copy()
+    hole = rng.random(Y.shape) < 0.2
+    Y[hole] = np.nan
+    X = _complete(Y, rank=3)
+    err = np.abs(X[hole] - mat.log_ms[hole])
+    assert np.percentile(err, 95) < 0.02 and np.median(err) < 0.005
+    # against filling each hole with its device's mean
+    assert np.median(err) < 0.1 * np.median(np.abs(np.nanmean(Y, axis=0) - mat.log_ms)[hole])
+
+
+def test_ten_shots_rank_a_held_out_device_and_beat_its_zero_shot_prior():
+    mat = synthetic()
+    held = "d4"
+    model = LatentModel.fit(mat.without(held))
+    y = mat.column(held)
+    shots = np.arange(10)
+    post = model.adapt(shots, y[shots])
+    rest = np.arange(10, len(y))
+    pred, sd = model.predict(post, rest)
+    zero = model.predict(model.zero_shot(), rest)[0]
+    assert spearman(pred, y[rest]) > 0.97
+    assert np.median(np.abs(pred - y[rest])) < np.median(np.abs(zero - y[rest]))
+    # the interval shrinks with measurements
+    assert sd.mean() < model.predict(model.zero_shot(), rest)[1].mean()
+    # with every target measured the posterior is the device's least-squares loading
+    full = model.adapt(np.arange(len(y)), y)
+    assert np.median(np.abs(model.predict(full, rest)[0] - y[rest])) < 0.03
+
+
+def test_leave_one_device_out_reports_every_device_and_refuses_too_many_shots():
+    mat = synthetic(n_devices=7)
+    rep = leave_one_device_out(mat, shots=(0, 10), draws=2)
+    assert [h.device for h in rep.devices] == mat.devices
+    for h in rep.devices:
+        assert set(h.by_shots) == {0, 10}
+        assert h.by_shots[10].spearman > 0.9
+        assert 0 <= h.by_shots[10].within_10pct <= 1
+        assert h.ceiling is not None and h.roofline is None  # no spec for synthetic devices
+    assert rep.mean("model", 10) > rep.mean("macs", 10)
+    with pytest.raises(DlasError, match="larger than device d1's data"):
+        leave_one_device_out(mat, shots=(500,), devices=["d1"])
+    with pytest.raises(DlasError, match="no data of device 'nope'"):
+        leave_one_device_out(mat, devices=["nope"])
+
+
+def test_an_unquoted_conv_target_is_named(tmp_path):
+    path = tmp_path / "m.csv"
+    path.write_text(f"target,config,latency_ms\n{C1},dense/gemm,1.0\n")
+    assert_clean_error(run_cli("adapt", "--device", "q", "--measurements", path),
+                       "quote")
+
+
+@pytest.mark.parametrize("text, expect", [
+    ("dense", ("dense", None, None, None)),
+    ("int8/spatial_pack", ("int8", None, "spatial_pack", None)),
+    ("weight_pruning@0.9/gemm/tuned", ("weight_pruning", 0.9, "gemm", "tuned")),
+    ("*/direct", (None, None, "direct", None)),
+])
+def test_config_syntax(text, expect):
+    from dlas_predict.crossdev.predictor import parse_config
+
+    c = parse_config(text)
+    assert (c.compression, c.ratio, c.algorithm, c.tuning) == expect
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("sparse", "allowed: dense"), ("dense@0.5", "only weight_pruning"),
+    ("weight_pruning@1.5", "(0, 1)"), ("dense/winograd", "allowed: direct"),
+])
+def test_bad_configs(text, needle):
+    from dlas_predict.crossdev.predictor import parse_config
+
+    with pytest.raises(DlasError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+        parse_config(text)
+
+
+def _write(path, rows):
+    """Rows ``TARGET,CONFIG,MS``; the target is quoted (a conv's spec holds commas)."""
+    lines = []
+    for r in rows:
+        t, c, v = r.rsplit(",", 2)
+        lines.append(f'"{t}",{c},{v}\n')
+    path.write_text("target,config,latency_ms\n" + "".join(lines))
+    return path
+
+
+C1, C2, C3 = ("conv:C=64,H=56,W=56,K=64,R=3,S=3,pad=1", "conv:C=32,H=28,W=28,K=64,R=1,S=1",
+              "conv:C=128,H=14,W=14,K=128,R=3,S=3,pad=1,groups=128")
+
+
+@pytest.mark.parametrize("rows, needle", [
+    ([f"{C1},dense/gemm,1.0", f"{C2},dense/gemm,2.0", "zoo:resnet50,dense,3"],
+     "cannot predict 'zoo:resnet50'"),
+    ([f"{C1},dense/gemm,1.0", f"{C2},dense/gemm,2.0", f"{C3},fp8/gemm,3"], "allowed: dense"),
+    ([f"{C1},dense/gemm,1.0", f"{C2},dense/gemm,-2", f"{C3},dense/gemm,3"], "must be positive"),
+    ([f"{C1},dense/gemm,1.0", f"{C2},dense/gemm,", f"{C3},dense/gemm,3"], "missing"),
+    ([f"{C1},dense/gemm,1.0", f"{C1},dense/gemm,2.5", f"{C3},dense/gemm,3"],
+     "disagrees with line 2"),
+    ([f"{C1},dense/gemm,1.0", f"{C2},dense/gemm,2.0"], "at least 3"),
+])
+def test_adapt_refuses_bad_measurements(tmp_path, rows, needle):
+    r = run_cli("adapt", "--device", "bad-dev", "--measurements", _write(tmp_path / "m.csv", rows))
+    assert_clean_error(r, needle)
+
+
+def test_predict_refuses_a_device_with_neither_spec_nor_measurements():
+    assert_clean_error(run_cli("predict", C1, "--device", "never-seen"),
+                       "neither a spec")
+
+
+def _tree_hash(root) -> str:
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*")):
+        if p.is_file():
+            h.update(p.name.encode() + p.read_bytes())
+    return h.hexdigest()
+
+
+def test_adapt_on_convs_saves_under_dlas_home_and_predicts_the_same_after_reload(tmp_path):
+    """A new x86 device adapted from six conv latencies of the avx2 profile's corpus: saved
+    under DLAS_HOME, the shipped models and corpora untouched, and a fresh process-state
+    load predicts exactly what the adapt-time model did."""
+    import pandas as pd
+
+    from dlas_predict.crossdev import predictor
+    from dlas_predict.paths import CORPUS_SNAPSHOTS, MODELS_STORE, dlas_home
+
+    df = pd.read_parquet(CORPUS_SNAPSHOTS / "local-avx2-1t.parquet")
+    df = df[(df.compression == "dense") & df.error.isna()].drop_duplicates("conv").head(6)
+    rows = [f"conv:{c},dense/{a},{m * 1e3:.6f}" for c, a, m in
+            zip(df.conv, df.algorithm, df.median_s)]
+    before = _tree_hash(MODELS_STORE), _tree_hash(CORPUS_SNAPSHOTS)
+    r = run_cli("adapt", "--device", "my-avx2-box", "--measurements",
+                _write(tmp_path / "m.csv", rows), "--json")
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.output)
+    assert rep["registered"] and rep["source"] == "profiles" and rep["rows"] == 6
+    assert (dlas_home() / "adapted" / "my-avx2-box.json").is_file()
+    assert (_tree_hash(MODELS_STORE), _tree_hash(CORPUS_SNAPSHOTS)) == before
+    targets = [f"conv:{c}" for c in df.conv] + [C3]
+    first = predictor.predict(targets, "my-avx2-box", "dense/gemm")
+    predictor.basis.cache_clear()
+    again = predictor.predict(targets, "my-avx2-box", "dense/gemm")
+    assert [p.to_dict() for p in first] == [p.to_dict() for p in again]
+    assert {p.source for p in first} == {"adapted"}
+    # the measured convs come back near their latencies (the fit, not a lookup)
+    meas = df.median_s.to_numpy() * 1e3
+    pred = np.array([p.predicted_ms for p in first[:6]])
+    assert np.median(np.abs(pred / meas - 1)) < 0.5
+    r = run_cli("predict", *targets[:2], "--device", "my-avx2-box", "--config", "dense/gemm",
+                "--json")
+    out = json.loads(r.output)
+    assert r.exit_code == 0 and [o["target"] for o in out] == targets[:2]
+    assert set(out[0]) == {"target", "config", "predicted_ms", "low_ms", "high_ms", "source"}
+    assert out[0]["low_ms"] < out[0]["predicted_ms"] < out[0]["high_ms"]
+
+
+def test_a_registry_device_without_data_is_zero_shot_and_says_so():
+    r = run_cli("predict", C1, "--device", "i7-8700", "--config", "dense")
+    assert r.exit_code == 0, r.output
+    assert "zero-shot" in r.output and "adapt --device i7-8700" in r.output
+
+
+@needs_help
+def test_help_ten_shots_rank_a_device_left_out(tmp_path):
+    """titanx (its three batch sizes) left out of HELP's devices: titanx_1's ten
+    hardware-embedding latencies, then Spearman over architectures 900-1899 far above the
+    MACs baseline (kernel launches, not MACs, set a GPU's batch-1 latency)."""
+    from dlas_predict.crossdev.sources import help_matrix
+
+    mat = help_matrix()
+    train = mat.without("titanx_1").without("titanx_32").without("titanx_256")
+    model = LatentModel.fit(train, k=4, noise=4.0)
+    shots = np.array([11982, 431, 55, 9, 14451, 8636, 9881, 13479, 6196, 1462])
+    y = mat.column("titanx_1")
+    post = model.adapt(shots, y[shots])
+    ev = np.arange(900, 1900)
+    rho = spearman(model.predict(post, ev)[0], y[ev])
+    assert rho > 0.9
+    assert rho > spearman(mat.macs[ev], y[ev]) + 0.1
+
+
+@needs_help
+def test_adapt_a_new_device_on_nasbench201_latencies(tmp_path):
+    from dlas_predict.crossdev.sources import help_matrix
+
+    mat = help_matrix()
+    y = np.exp(mat.column("silver_4114"))
+    idx = [11982, 431, 55, 9, 14451, 8636, 9881, 13479, 6196, 1462]
+    rows = [f"nasbench201:{mat.targets[i]},dense,{y[i]:.4f}" for i in idx]
+    r = run_cli("adapt", "--device", "xeon-like", "--measurements",
+                _write(tmp_path / "nb.csv", rows))
+    assert r.exit_code == 0 and "new device" in r.output, r.output
+    ev = list(range(900, 960))
+    r = run_cli("predict", *[f"nasbench201:{mat.targets[i]}" for i in ev], "--device",
+                "xeon-like", "--json")
+    pred = [o["predicted_ms"] for o in json.loads(r.output)]
+    assert spearman(np.array(pred), y[ev]) > 0.8
+    assert_clean_error(run_cli("predict", C1, "--device", "xeon-like"), "adapted on help")
