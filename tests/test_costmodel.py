@@ -302,3 +302,24 @@ def test_every_kernel_model_shares_one_interface_and_round_trips(cls, tmp_path):
     with pytest.raises(ModelError, match="not a"):
         (RooflineBaseline if cls is not RooflineBaseline else MacsLinearBaseline).load(
             tmp_path, "m")
+
+
+def test_the_numpy_tree_walk_predicts_what_lightgbm_predicts():
+    """Every shipped layer model, read by models.trees, gives LightGBM's own predictions
+    (NaN inputs too), so predicting need not import LightGBM."""
+    import lightgbm as lgb
+
+    from dlas_predict.models.trees import TreeFormatError, TreeModel
+    from dlas_predict.paths import MODELS_STORE
+
+    rng = np.random.default_rng(0)
+    files = sorted(MODELS_STORE.glob("*/layer.*.txt"))
+    assert files
+    for path in files:
+        ours, theirs = TreeModel.load(path), lgb.Booster(model_file=str(path))
+        X = rng.normal(size=(500, ours.num_feature())) * 4 + 4
+        X[::9, 2] = np.nan
+        X[::11, 5] = 0.0
+        assert np.array_equal(ours.predict(X), theirs.predict(X)), path
+    with pytest.raises(TreeFormatError, match="not a LightGBM text model"):
+        TreeModel.parse("hello", "x.txt")

@@ -541,6 +541,37 @@ def pruned_sparsities(model: str, grid: dict) -> dict[tuple, list[float]]:
     return out
 
 
+#: Bump when the pruning rules change, so cached sparsities are recomputed.
+_SPARSITY_RULES = "1"
+
+
+def cached_pruned_sparsities(model: str, grid: dict) -> dict[tuple, list[float]]:
+    """:func:`pruned_sparsities`, remembered under DLAS_HOME per model file (path, size,
+    modification time) and grid: the zoo's torch weights are loaded once, not per call."""
+    import hashlib
+    import json
+
+    from dlas_predict.networks import zoo
+    from dlas_predict.paths import cache_dir
+
+    path = zoo.resolve(model)
+    st = path.stat()
+    key = json.dumps([str(model), str(path.resolve()), st.st_size, st.st_mtime_ns,
+                      _SPARSITY_RULES, sorted((Compression.parse(c).value, sorted(r))
+                                              for c, r in grid.items())])
+    file = cache_dir("sparsities") / (hashlib.sha256(key.encode()).hexdigest()[:24] + ".json")
+    try:
+        rows = json.loads(file.read_text())
+        return {(Compression(c), r): v for c, r, v in rows}
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    out = pruned_sparsities(model, grid)
+    tmp = file.with_suffix(".tmp")
+    tmp.write_text(json.dumps([[c.value, r, v] for (c, r), v in out.items()]))
+    tmp.replace(file)
+    return out
+
+
 def _weight_sparsities(weights: list[np.ndarray], ratios: list[float]) -> dict[float, list[float]]:
     """Global L1 unstructured pruning at several ratios at once: one partition finds every
     ratio's threshold; weights tied at a threshold are shared out in proportion (the masks

@@ -10,7 +10,8 @@
 - :class:`MacsLinearBaseline`: latency = a·MACs + b per algorithm × compression.
 
 A saved model is LightGBM text files plus a JSON sidecar (feature names, package versions,
-corpus fingerprint, metrics); loading checks them. LightGBM is imported only here.
+corpus fingerprint, metrics); loading checks them. LightGBM is imported only here, to
+train: saved models are evaluated with numpy (:mod:`dlas_predict.models.trees`).
 """
 
 from __future__ import annotations
@@ -247,7 +248,19 @@ class LayerCostModel(KernelCostModel):
             raise ModelError("the cost model is not trained")
         X = np.asarray(X, dtype=np.float64)
         base, trees = np.log(self.stage.predict(X)), X[:, :_TREES]
-        return [np.exp(self.models[k].predict(trees) + base) for k in keys]
+        return [np.exp(self._raw(k, trees) + base) for k in keys]
+
+    def _raw(self, key: str, trees: np.ndarray) -> np.ndarray:
+        """One booster's output; the last input's outputs are remembered, so a median and
+        then its interval walk the trees once."""
+        digest = (trees.shape, hash(trees.tobytes()))
+        memo = self.__dict__.setdefault("_memo", {})
+        if memo.get("digest") != digest:
+            memo.clear()
+            memo["digest"] = digest
+        if key not in memo:
+            memo[key] = self.models[key].predict(trees)
+        return memo[key]
 
     def save(self, directory: Path, name: str) -> Path:
         sidecar = write_sidecar(directory, name, {**self.meta, "stage": self.stage.to_dict()})
@@ -257,7 +270,7 @@ class LayerCostModel(KernelCostModel):
 
     @classmethod
     def load(cls, directory: Path, name: str) -> "LayerCostModel":
-        import lightgbm as lgb
+        from dlas_predict.models.trees import TreeFormatError, TreeModel
 
         sidecar, meta = read_sidecar(directory, name, "cost model",
                                      "train one with `dlas-predict train`")
@@ -275,14 +288,24 @@ class LayerCostModel(KernelCostModel):
         models = {}
         for key in ("median", *(f"q{int(q * 100)}" for q in QUANTILES)):
             path = Path(directory) / f"{name}.{key}.txt"
-            try:
-                models[key] = lgb.Booster(model_file=str(path))
-            except Exception as exc:  # LightGBM raises its own error type for bad files
-                raise ModelError(f"cannot load {path}: {str(exc)[:200]}") from None
+            try:  # numpy walks the trees: predicting never imports LightGBM
+                models[key] = TreeModel.load(path)
+            except TreeFormatError:
+                models[key] = _lightgbm_booster(path)
             if models[key].num_feature() != _TREES:
                 raise ModelError(f"{path} expects {models[key].num_feature()} features, not "
                                  f"{_TREES}")
         return cls(models=models, stage=stage, meta=meta)
+
+
+def _lightgbm_booster(path: Path):
+    """LightGBM's own reader, for a model :class:`TreeModel` does not handle."""
+    import lightgbm as lgb
+
+    try:
+        return lgb.Booster(model_file=str(path))
+    except Exception as exc:  # LightGBM raises its own error type for bad files
+        raise ModelError(f"cannot load {path}: {str(exc)[:200]}") from None
 
 
 def _group_keys(X: np.ndarray) -> list[tuple]:

@@ -156,10 +156,34 @@ def load_onnx(path: str | Path, infer: bool = True):
     inline_constant_identities(model)
     if infer:
         try:
-            model = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+            _infer_shapes(model)
         except Exception as exc:
             raise NetworkError(f"shape inference failed on {path}: {str(exc)[:300]}") from None
     return model
+
+
+#: Initializers larger than this (elements) are left out of shape inference: weights, whose
+#: shapes are in their dims; shape-like tensors (Reshape targets, Slice bounds) are small.
+_INFER_KEEP = 1024
+
+
+def _infer_shapes(model) -> None:
+    """ONNX shape inference into ``model.graph.value_info``, without serialising the weights
+    (inference copies the model through protobuf: for ResNet-50 that is most of the time)."""
+    import onnx
+
+    held = []
+    for init in model.graph.initializer:
+        if init.HasField("raw_data") and int(np.prod(init.dims)) > _INFER_KEEP:
+            held.append((init, init.raw_data))
+            init.ClearField("raw_data")
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    finally:
+        for init, raw in held:
+            init.raw_data = raw
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(inferred.graph.value_info)
 
 
 def _shapes(model) -> dict[str, tuple[int, ...] | None]:

@@ -200,14 +200,14 @@ class _Accuracy:
 # ---- the recommender ---------------------------------------------------------------------------
 def _grid(convs, model: str, ratios: tuple[float, ...], skipped: list):
     """(compression, ratio, per-layer kernel ratios) for every point of the grid."""
-    from dlas_predict.compression.compress import pruned_sparsities
+    from dlas_predict.compression.compress import cached_pruned_sparsities
     from dlas_predict.compression.netplan import kernel_ratio
 
     points = [(Compression.DENSE, None, [0.0] * len(convs)),
               (Compression.FLOAT16, None, [0.0] * len(convs)),
               (Compression.INT8, None, [0.0] * len(convs))]
     try:
-        sp = pruned_sparsities(model, {Compression.WEIGHT_PRUNING: ratios,
+        sp = cached_pruned_sparsities(model, {Compression.WEIGHT_PRUNING: ratios,
                                        Compression.CHANNEL_PRUNING: ratios})
     except DlasError as exc:
         skipped.append(("weight_pruning, channel_pruning", str(exc)))

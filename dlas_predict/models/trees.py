@@ -1,0 +1,153 @@
+"""LightGBM text models evaluated with numpy, so predicting never imports LightGBM.
+
+Importing LightGBM pulls in scikit-learn, SciPy and pandas (about 2 s on the project's
+machine), which is most of what `recommend` spent before it predicted anything. A saved
+model is plain text (LightGBM's own ``save_model`` format); :class:`TreeModel` reads its
+trees into arrays and walks every tree for every row level by level. It handles numerical
+splits with LightGBM's three missing-value rules; a model with categorical splits is
+refused (our features are numbers), and the caller falls back to LightGBM.
+
+Equality with LightGBM's own ``predict`` is tested on the shipped models.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from dlas_predict.errors import DlasError
+
+_ZERO = 1e-35  # LightGBM's kZeroThreshold
+
+
+class TreeFormatError(DlasError):
+    """A model file this reader does not handle (categorical splits, unknown format)."""
+
+
+@dataclass
+class TreeModel:
+    """Every tree of one LightGBM regression model, padded into arrays."""
+
+    n_features: int
+    feature: np.ndarray      # trees × internal nodes (int32)
+    threshold: np.ndarray    # trees × internal nodes (float64)
+    left: np.ndarray         # trees × internal nodes: child; ~leaf for a leaf
+    right: np.ndarray
+    default_left: np.ndarray  # bool
+    missing: np.ndarray      # 0 none, 1 zero, 2 NaN
+    leaf: np.ndarray         # trees × leaves (float64)
+    text: str = ""
+
+    @classmethod
+    def load(cls, path: Path) -> "TreeModel":
+        try:
+            text = Path(path).read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise TreeFormatError(f"cannot read {path}: {exc}") from None
+        return cls.parse(text, str(path))
+
+    @classmethod
+    def parse(cls, text: str, where: str = "model") -> "TreeModel":
+        head, _, body = text.partition("\nTree=")
+        if not body or "max_feature_idx=" not in head:
+            raise TreeFormatError(f"{where}: not a LightGBM text model")
+        kv = dict(line.split("=", 1) for line in head.splitlines() if "=" in line)
+        if kv.get("num_class", "1") != "1" or kv.get("num_tree_per_iteration", "1") != "1":
+            raise TreeFormatError(f"{where}: only single-output regression models")
+        if not kv.get("objective", "").split(" ")[0] in ("regression", "quantile"):
+            raise TreeFormatError(f"{where}: objective {kv.get('objective')!r}")
+        n_features = int(kv["max_feature_idx"]) + 1
+        trees = []
+        for block in ("Tree=" + body).split("\nTree=")[0:]:
+            block = block.split("end of trees", 1)[0]
+            fields = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
+            if "leaf_value" not in fields:
+                continue
+            trees.append(fields)
+        if not trees:
+            raise TreeFormatError(f"{where}: no tree")
+        n_int = max(int(t["num_leaves"]) - 1 for t in trees) or 1
+        n_leaf = max(int(t["num_leaves"]) for t in trees)
+        T = len(trees)
+        feat = np.zeros((T, n_int), np.int32)
+        thr = np.zeros((T, n_int))
+        left = np.full((T, n_int), -1, np.int32)
+        right = np.full((T, n_int), -1, np.int32)
+        dleft = np.zeros((T, n_int), bool)
+        miss = np.zeros((T, n_int), np.int8)
+        leaf = np.zeros((T, n_leaf))
+        for i, t in enumerate(trees):
+            lv = np.array(t["leaf_value"].split(), float)
+            leaf[i, :len(lv)] = lv
+            if int(t["num_leaves"]) == 1:
+                continue  # a single leaf: the root is leaf 0 (left stays ~0 = -1)
+            dt = np.array(t["decision_type"].split(), np.int32)
+            if (dt & 1).any():
+                raise TreeFormatError(f"{where}: categorical splits")
+            n = len(dt)
+            feat[i, :n] = np.array(t["split_feature"].split(), np.int32)
+            thr[i, :n] = np.array(t["threshold"].split(), float)
+            left[i, :n] = np.array(t["left_child"].split(), np.int32)
+            right[i, :n] = np.array(t["right_child"].split(), np.int32)
+            dleft[i, :n] = (dt & 2) > 0
+            miss[i, :n] = (dt >> 2) & 3
+        single = np.array([int(t["num_leaves"]) == 1 for t in trees])
+        # a single-leaf tree: route the root to leaf 0 whatever the row
+        left[single, 0] = right[single, 0] = -1
+        return cls(n_features, feat, thr, left, right, dleft, miss, leaf, text)
+
+    def num_feature(self) -> int:
+        return self.n_features
+
+    def save_model(self, path: str) -> None:
+        Path(path).write_text(self.text)
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        X = np.asarray(X, dtype=np.float64)
+        if X.ndim != 2 or X.shape[1] != self.n_features:
+            raise DlasError(f"expected {self.n_features} features, got {X.shape}")
+        uniq, inverse = np.unique(X, axis=0, return_inverse=True)
+        out = self._predict(uniq)
+        return out[inverse.reshape(-1)]
+
+    def _predict(self, X: np.ndarray) -> np.ndarray:
+        T, N = len(self.leaf), len(X)
+        width = self.feature.shape[1]
+        feat, thr = self.feature.ravel().astype(np.int32), self.threshold.ravel()
+        # children interleaved: [left, right] of node i at 2i, 2i + 1 (one gather a level)
+        kids = np.stack([self.left.ravel(), self.right.ravel()], axis=1).ravel()
+        leaf = self.leaf.ravel()
+        special = bool((self.missing != 0).any() or np.isnan(X).any())
+        Xf = X.ravel()
+        nf = X.shape[1]
+        n_leaf = self.leaf.shape[1]
+        tree = np.repeat(np.arange(T, dtype=np.int32), N)
+        r = np.tile(np.arange(N, dtype=np.int32), T)
+        node = tree * np.int32(width)                 # flat index of the current node
+        rows = r * np.int32(nf)                       # each entry's row offset in Xf
+        values = np.empty((T, N))
+        while len(r):
+            x = Xf[rows + feat[node]]
+            th = thr[node]
+            if special:
+                m = self.missing.ravel()[node]
+                nan = np.isnan(x)
+                go_left = np.where(nan, 0.0, x) <= th
+                dflt = self.default_left.ravel()[node]
+                side = ((m == 1) & (nan | (np.abs(x) <= _ZERO))) | ((m == 2) & nan)
+                go_left = np.where(side, dflt, go_left)
+            else:
+                go_left = x <= th
+            child = kids[2 * node + (~go_left)]
+            done = child < 0
+            if done.any():
+                values[tree[done], r[done]] = leaf[tree[done] * n_leaf + ~child[done]]
+                keep = ~done
+                r, rows, tree, child = r[keep], rows[keep], tree[keep], child[keep]
+            node = tree * np.int32(width) + child
+        total = np.zeros(N)
+        for v in values:  # tree by tree, in order: LightGBM's own sum, to the last bit
+            total += v
+        return total
