@@ -969,6 +969,119 @@ def adapt(device: str = typer.Option(..., "--device", help="A registry device, o
                f"{rep.loo_spearman:.3f}, median error {rep.loo_median_error:.0%}")
 
 
+@app.command("active-learn")
+@handle_errors
+def active_learn(device: str = typer.Option(..., "--device", help="The device to learn."),
+                 budget: int = typer.Option(..., "--budget", help="Kernel measurements."),
+                 network: List[str] = typer.Option([], "--network", help="The networks that "
+                                                   "matter (ONNX or zoo:NAME; repeatable; "
+                                                   "with --replay of a snapshot, default: "
+                                                   "its networks)."),
+                 replay: Optional[Path] = typer.Option(None, "--replay", help="Recorded "
+                                                       "measurements instead of the device: "
+                                                       "a snapshot .parquet, a store .sqlite "
+                                                       "or a CSV (target,config,latency_ms)."),
+                 target_interval: Optional[float] = typer.Option(
+                     None, "--target-interval", help="Stop when every plan's 80 % interval "
+                     "is narrower than this high/low ratio (e.g. 1.2)."),
+                 plot: Optional[Path] = typer.Option(None, "--plot", help="Learning curve PNG "
+                                                     "(default DLAS_HOME/active-learn/DEVICE"
+                                                     ".png)."),
+                 random_runs: int = typer.Option(3, "--random-runs", help="--replay: runs of "
+                                                 "the random baseline (seeds 0..N-1)."),
+                 seed: int = typer.Option(0, "--seed"),
+                 store: Optional[Path] = typer.Option(None, "--store", help="Live: also record "
+                                                      "each measurement into this corpus."),
+                 max_repeats: int = typer.Option(150, "--max-repeats"),
+                 time_budget: float = typer.Option(3.0, "--time-budget"),
+                 timeout: float = typer.Option(300.0, "--timeout"),
+                 quiet_wait: float = _QUIET_WAIT_OPT,
+                 tracker: Optional[str] = _TRACKER_OPT, rpc_key: Optional[str] = _RPC_KEY_OPT,
+                 allow_remote_tracker: bool = _ALLOW_REMOTE_OPT,
+                 as_json: bool = typer.Option(False, "--json")):
+    """Measure the kernels that most reduce the uncertainty about your networks, refit, and
+    repeat; draws the learning curve against random choice (with --replay)."""
+    from dataclasses import asdict
+
+    import numpy as np
+
+    from dlas_predict.crossdev import active
+    from dlas_predict.paths import dlas_home
+
+    if budget < 1:
+        _fail("--budget must be at least 1")
+    if target_interval is not None and target_interval <= 1:
+        _fail("--target-interval is a high/low ratio above 1 (e.g. 1.2)")
+    log = None if as_json else (lambda m: typer.echo(m, err=True))
+    curves: dict[str, list] = {}
+    if replay is not None:
+        if store is not None or tracker:
+            _fail("--replay measures nothing: drop --store and --tracker")
+        pool, oracle = active.replay_source(replay, list(network) or None, device)
+        if budget > len(pool.kernels):
+            _fail(f"--budget {budget} is more than the {len(pool.kernels)} kernels of "
+                  "these networks")
+        main = active.run(device, pool, oracle, budget, "uncertainty", seed, target_interval,
+                          log=log)
+        curves["uncertainty"] = [main]
+        curves["random"] = [active.run(device, pool, oracle, budget, "random", s,
+                                       target_interval) for s in range(random_runs)]
+    else:
+        from dlas_predict.measure.farm import kernel_runner
+        from dlas_predict.space.devices import get_device
+
+        if not network:
+            _fail("--network is needed (the networks whose kernels to measure)")
+        dev = get_device(device)
+        proto = _protocol(max_repeats, time_budget, quiet_wait)
+        rpc = _rpc(dev, tracker, rpc_key, allow_remote_tracker, None, 3, timeout)
+        if rpc is None and not dev.measured_here:
+            _fail(f"{device} is measured through a tracker: pass --tracker HOST:PORT (or "
+                  "--replay recorded measurements)")
+        pool = active.pool_from_networks(list(network))
+        db = None
+        if store is not None:
+            from dlas_predict.corpus.store import CorpusStore
+            db = CorpusStore(store)
+        try:
+            with kernel_runner(dev, proto, timeout, rpc, log) as runner:
+                oracle = active.Live(runner, dev, db)
+                main = active.run(device, pool, oracle, min(budget, len(pool.kernels)),
+                                  "uncertainty", seed, target_interval, log=log)
+        finally:
+            if db is not None:
+                db.close()
+        curves["uncertainty"] = [main]
+    measured = {s.picked: None for s in main.steps if s.picked}
+    saved = active.save_adapted(device, main, pool, list(measured))
+    out = plot or dlas_home() / "active-learn" / f"{device}.png"
+    active.plot(curves, out, f"{device}: {len(pool.plans)} plans of "
+                f"{len({p[0] for p in pool.plans})} network(s), reference {main.reference}")
+    res = {k: [[asdict(s) for s in c.steps] for c in v] for k, v in curves.items()}
+    if as_json:
+        _print_json({"device": device, "reference": main.reference, "plans": len(pool.plans),
+                     "kernels": len(pool.kernels), "curves": res, "plot": str(out),
+                     "saved": str(saved)})
+        return
+    last = main.steps[-1]
+    typer.echo(f"{device}: {last.measured} kernel measurements (reference model "
+               f"{main.reference}); plans' mean 80% interval ×{last.mean_interval:.2f}")
+    if replay is not None:
+        for name, runs in curves.items():
+            reach = [c.first_reaching(0.9) for c in runs]
+            final = np.mean([c.steps[-1].within_10pct for c in runs])
+            typer.echo(f"  {name:12s} plans within ±10%: {final:.0%} after {last.measured}; "
+                       "90% reached after "
+                       + ", ".join("never" if r is None else str(r) for r in reach))
+    typer.echo(f"learning curve: {out}")
+    from dlas_predict.crossdev.transfer import trained_devices
+
+    typer.echo(f"saved the adapted map: {saved} ("
+               + (f"{device} has trained models, which recommend uses; the map is kept for "
+                  "reference" if device in trained_devices() else
+                  f"recommend --device {device} uses it") + ")")
+
+
 def _score_rows(report, models) -> list[dict]:
     """One table row per (held-out network or OVERALL, model) of an evaluation report."""
     pct = (lambda v, f: "—" if v is None else format(v, f))
@@ -1025,6 +1138,7 @@ def _show_recommendation(rec, top: int, max_accuracy_drop: float) -> None:
                "tuning min": "" if c.tuning_s is None else f"{c.tuning_s / 60:.1f}",
                "predicted ms": ms(c.predicted_s),
                "80% interval": f"{c.low_s * 1e3:.2f}–{c.high_s * 1e3:.2f}",
+               "source": c.source,
                "speedup": f"{rec.dense_baseline_s / c.predicted_s:.2f}×",
                "accuracy": "—" if c.accuracy is None else f"{c.accuracy:.1%}",
                "accuracy source": c.accuracy_source.split(":")[0]}
@@ -1037,8 +1151,14 @@ def _show_recommendation(rec, top: int, max_accuracy_drop: float) -> None:
                f"{len(rec.dropped)} over the accuracy budget "
                f"({max_accuracy_drop:g} points), {len(rec.skipped)} grid points skipped; "
                f"{rec.seconds:.1f} s")
-    typer.echo("latency: predicted by the cost models (" + str(rec.model_info["directory"])
-               + "), speedup over the fastest predicted dense configuration "
+    if rec.source == "trained":
+        how = "predicted by the cost models (" + str(rec.model_info["directory"]) + ")"
+    else:
+        m = rec.mapping
+        how = (f"{rec.source}: {m['reference']}'s cost models ({rec.model_info['directory']}) "
+               f"mapped to {rec.device}" + (" by its spec" if rec.source == "zero-shot" else
+                                            f" by {m['shots']} of its conv measurements"))
+    typer.echo(f"latency: {how}, speedup over the fastest predicted dense configuration "
                f"({rec.dense_baseline_s * 1e3:.2f} ms)")
     typer.echo(format_table(rows))
     sources = dict.fromkeys(c.accuracy_source for c in shown)

@@ -213,7 +213,7 @@ def _read_adapted(device: str) -> dict | None:
 def _posterior(device: str, source: str, level: str, mat: LatencyMatrix,
                model: LatentModel) -> DevicePosterior:
     adapted = _read_adapted(device)
-    if adapted is not None and adapted["source"] == source:
+    if adapted is not None and adapted["source"] == source and adapted.get("targets"):
         rows, y = _rows_of(mat, model, adapted["targets"]), np.array(adapted["log_ms"])
         return model.adapt(rows, y, _prior(device, model))
     if device in model.devices:
@@ -432,14 +432,49 @@ def adapt(device: str, measurements: Path, data: Path | None = None) -> AdaptRep
                     for i in range(len(yu))])
     from dlas_predict.crossdev.latent import spearman
     registered = device not in device_names()  # known by these measurements alone
+    saved = {"device": device, "source": source, "level": level, "targets": list(uniq),
+             "log_ms": yu.tolist(), "k": model.k, "noise_var": model.noise_var,
+             "loading": post.mean.tolist(), "measurements": str(measurements)}
+    if level == "kernel":
+        saved["recommend_map"] = _recommend_map(device, list(uniq), yu)
     path = adapted_dir() / f"{device}.json"
-    path.write_text(json.dumps({
-        "device": device, "source": source, "level": level, "targets": list(uniq),
-        "log_ms": yu.tolist(), "k": model.k, "noise_var": model.noise_var,
-        "loading": post.mean.tolist(), "measurements": str(measurements)}, indent=1))
+    path.write_text(json.dumps(saved, indent=1))
     return AdaptReport(device, source, len(rows), registered, str(path),
                        spearman(loo, yu) if len(yu) >= 3 else float("nan"),
                        float(np.median(np.abs(np.exp(loo - yu) - 1))), post.mean.tolist())
+
+
+def _recommend_map(device: str, keys: list[str], log_ms: np.ndarray) -> dict | None:
+    """The map `recommend` uses for ``device``: a trained reference's kernel latencies
+    fitted to these measurements (TopHub's tuned templates have no reference: None)."""
+    from dlas_predict.crossdev import transfer
+    from dlas_predict.space.config import ConvSpec
+    from dlas_predict.space.devices import device_names, get_device
+
+    rows = []
+    for k in keys:
+        conv, alg, comp, tuning = k.split("|")
+        if alg == "tuned":
+            return None
+        c, _, r = comp.partition("@")
+        rows.append((ConvSpec.parse(conv), alg, c, float(r or 0), tuning))
+    if device in device_names():
+        dev = get_device(device, with_target=False)
+        ref = transfer.reference_for(dev)
+    else:
+        dev, ref = None, "local"
+    log_ref = transfer.reference_log_latency(ref, rows) + np.log(1e3)
+    ref_dev = get_device(ref, with_target=False)
+    if dev is not None:
+        m0 = transfer.zero_shot_map(dev, ref)
+        scale = np.array([m0.log_scale(ref_dev, dev, r[2]) for r in rows])
+        m = transfer.adapted_map(dev, ref, log_ref, scale, log_ms,
+                                 [transfer.group_of(r[2], r[1]) for r in rows], m0)
+    else:
+        stub = ref_dev.__class__(**{**ref_dev.__dict__, "name": device, "peak_gflops": {}})
+        m = transfer.adapted_map(stub, ref, log_ref, np.zeros(len(rows)), log_ms,
+                                 [transfer.group_of(r[2], r[1]) for r in rows])
+    return m.to_dict()
 
 
 def adapted_devices() -> list[str]:

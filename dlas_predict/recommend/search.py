@@ -49,6 +49,7 @@ class Candidate:
     tuning: Tuning = Tuning.UNTUNED
     tuning_s: float | None = None          # predicted search time (tuned candidates)
     conv_s: float | None = None            # predicted conv kernels' sum, before the network
+    source: str = "trained"                # the prediction's: trained | adapted | zero-shot
 
     @property
     def sparse(self) -> bool | str:
@@ -68,7 +69,8 @@ class Candidate:
                           "algorithm": self.algorithm, "sparse": self.sparse,
                           "tuning": self.tuning.value},
                "predicted_ms": ms(self.predicted_s), "predicted_low_ms": ms(self.low_s),
-               "predicted_high_ms": ms(self.high_s), "accuracy": self.accuracy,
+               "predicted_high_ms": ms(self.high_s), "source": self.source,
+               "accuracy": self.accuracy,
                "accuracy_source": self.accuracy_source,
                "accuracy_drop_pp": self.accuracy_drop_pp, "measured_ms": ms(self.measured_s),
                "measured_median_ms": ms(self.measured_median_s),
@@ -92,6 +94,10 @@ class Recommendation:
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
     validated: list[Candidate] = field(default_factory=list)
+    #: trained (the device's own models), adapted or zero-shot (a reference device's
+    #: models mapped to this one: :mod:`dlas_predict.crossdev.transfer`)
+    source: str = "trained"
+    mapping: dict | None = None
 
     def to_dict(self, top: int | None = None) -> dict:
         shown = self.candidates if top is None else self.candidates[:top]
@@ -105,6 +111,7 @@ class Recommendation:
                                   "timed run; measured_ms: whole network built by TVM "
                                   "Relax and timed here, its fastest run (measured_median_ms: "
                                   "the median run)",
+                "source": self.source, "mapping": self.mapping,
                 "model": self.model_info, "dropped": [list(d) for d in self.dropped],
                 "skipped": [list(s) for s in self.skipped], "notes": self.notes,
                 "seconds": round(self.seconds, 2)}
@@ -264,6 +271,8 @@ class _Setup:
     tunings: list[Tuning]
     notes: list[str] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)
+    mapping: Any = None             # a DeviceMap when the models are a reference device's
+    ref_dev: Any = None
 
 
 def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBOW_DROP_PP,
@@ -298,7 +307,10 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
     X, kernels, options = _kernel_rows(convs, points, su.tunings, su.feat_dev)
     mid = su.layer_model.predict(X)
     low, high = su.layer_model.predict_interval(X)
-    tune_s = _tuning_seconds(su.tuning_model, X, kernels, trials)
+    if su.mapping is not None:
+        mid, low, high = _mapped(su, kernels, mid, low, high)
+    tune_s = _tuning_seconds(su.tuning_model, X, kernels, trials) \
+        if su.mapping is None else None
     plans = _plans(points, su.tunings, options, mid, su.skipped)
     cands = _price(plans, su, X, (mid, low, high), tune_s)
     dense = [c for c in cands if c.compression is Compression.DENSE and c.algorithm != PER_LAYER
@@ -313,6 +325,10 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
         su.notes.append(_tuning_verdict(kept, trials))
     rec = Recommendation(su.name, su.dev.name, kept, dropped, su.skipped, dense_best, su.info,
                          su.notes)
+    if su.mapping is not None:
+        rec.source, rec.mapping = su.mapping.source, su.mapping.to_dict()
+        for c in cands:
+            c.source = su.mapping.source
     if validate:
         rec.validated = _validate(rec, model, su.dev, validate, log, tuned_opts,
                                   network_runner)
@@ -327,12 +343,25 @@ def _setup(model: str, device: str, validate: int, models_dir: Path | None,
     from dlas_predict.networks.graph import read_network
     from dlas_predict.space.devices import get_device
 
+    from dlas_predict.crossdev.transfer import device_map
+
     tunings = Tuning.parse_list(tuning)
-    dev = get_device(device, with_target=validate > 0)
+    mapping = ref_dev = None
+    if models_dir is None and not (MODELS_STORE / device / "layer.json").is_file():
+        # no model of its own: a reference device's models, mapped (zero-shot or adapted)
+        mapping, dev, ref_dev = device_map(device)
+        if validate > 0 and not dev.target:
+            raise DlasError(f"--validate measures on the device; {device} is known by "
+                            "measurements alone (no target to build for)")
+        if validate > 0:
+            dev = get_device(device, with_target=True)
+    else:
+        dev = get_device(device, with_target=validate > 0)
     if validate > 0 and dev.kind == "gpu":
         raise DlasError(f"--validate builds and times whole networks on this machine's CPU; "
                         f"{dev.name} is a GPU, whose whole networks are not built yet")
-    layer_model, net_model, info = load_models(dev.name, models_dir)
+    layer_model, net_model, info = load_models(ref_dev.name if ref_dev else dev.name,
+                                               models_dir)
     tuning_model = _tuning_model(info, models_dir, dev.name)
     path = zoo.resolve(model)
     entry = zoo.get(model) if str(model).startswith(zoo.ZOO_PREFIX) else None
@@ -353,15 +382,44 @@ def _setup(model: str, device: str, validate: int, models_dir: Path | None,
         notes.append(f"the local model was trained on another machine (fingerprint "
                      f"{info['device_fingerprint']}, this one {dev.fingerprint}); latencies "
                      "are predictions for a machine like that one")
+    if mapping is not None:
+        what = ("its spec (zero-shot: no measurement of it here; intervals from the map's "
+                "leave-one-device-out error)" if mapping.source == "zero-shot" else
+                f"{mapping.shots} conv measurements (adapted)")
+        notes.append(f"{dev.name} has no trained model: {ref_dev.name}'s models price the "
+                     f"grid and each kernel is mapped to {dev.name} by {what}")
+        if mapping.source == "zero-shot":
+            notes.append(f"zero-shot: `dlas-predict active-learn --device {dev.name}` (or "
+                         f"`adapt --device {dev.name} --measurements FILE.csv`) makes it "
+                         "better")
     roofs = info.get("device_roofs")
-    feat_dev = dev
+    feat_dev = ref_dev or dev
     if roofs and (roofs["peak_gflops"] != dev.peak_gflops
                   or roofs["mem_bandwidth_gbs"] != dev.mem_bandwidth_gbs):
         # the model's device features are the roofs it was trained with
-        feat_dev = replace(dev, peak_gflops=dict(roofs["peak_gflops"]),
+        feat_dev = replace(feat_dev, peak_gflops=dict(roofs["peak_gflops"]),
                            mem_bandwidth_gbs=roofs["mem_bandwidth_gbs"])
     return _Setup(dev, feat_dev, layer_model, net_model, info, tuning_model, net, name, entry,
-                  tunings, notes)
+                  tunings, notes, mapping=mapping, ref_dev=ref_dev)
+
+
+def _mapped(su: _Setup, kernels: list[tuple], mid, low, high):
+    """The reference device's kernel latencies mapped to the device, the interval widened
+    by the map's own error."""
+    m = su.mapping
+    scale = {}
+    for k in kernels:
+        comp = k[2].value
+        if comp not in scale:
+            scale[comp] = m.log_scale(su.ref_dev, su.dev, comp) if su.dev.peak_gflops else 0.0
+    ls = np.array([scale[k[2].value] for k in kernels])
+    from dlas_predict.crossdev.transfer import group_of
+
+    groups = [group_of(k[2].value, k[1].value) for k in kernels]
+    convs = [k[0].to_spec() for k in kernels]
+    return (np.exp(m.apply(np.log(mid), ls, groups, convs)),
+            np.exp(m.apply(np.log(low), ls, groups, convs) + m.q10),
+            np.exp(m.apply(np.log(high), ls, groups, convs) + m.q90))
 
 
 def _kernel_rows(convs, points, tunings: list[Tuning], feat_dev):

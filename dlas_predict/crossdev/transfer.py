@@ -1,0 +1,311 @@
+"""A device without a trained model, answered from a reference device that has one.
+
+``recommend NET --device D`` needs a layer and a network model. Where ``D`` has none, the
+models of a reference device ``R`` (the nearest trained device of the same kind, by spec)
+price the grid, and every kernel's latency is mapped to ``D``:
+
+    log t_D = a + log t_R + α · log(peak_R[dtype] / peak_D[dtype]) + β · log(bw_R / bw_D)
+
+- **zero-shot**: ``a = 0``; α and β are fitted on every pair of devices that measured the
+  same kernels (the local CPU and its profiles, shipped; TopHub's devices where the public
+  data lies), and the interval is the 10-90 % range of the leave-one-device-out error of
+  that fit (each device's pairs predicted with α, β fitted without it);
+- **adapted**: ``a`` and a slope on ``log t_R`` are fitted on the user's conv measurements
+  (``adapt``), shrunk towards the zero-shot map, with the interval of its leave-one-out
+  residuals;
+- **trained**: the device's own models; no map.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from dlas_predict.errors import DlasError
+from dlas_predict.paths import MODELS_STORE, cache_dir
+
+#: Compression → the data type whose peak scales it.
+DTYPE = {"dense": "float32", "weight_pruning": "float32", "channel_pruning": "float32",
+         "float16": "float16", "int8": "int8"}
+
+
+#: The zero-shot map's prior (α, β): a kernel half compute-, half bandwidth-bound.
+PRIOR = np.array([0.5, 0.5])
+
+
+@dataclass
+class TransferFit:
+    """α, β of the zero-shot map, and its leave-one-device-out error (log ratios)."""
+
+    alpha: float
+    beta: float
+    q10: float
+    q90: float
+    within_25pct: float
+    pairs: int
+    devices: list[str]
+    per_device: dict[str, dict] = field(default_factory=dict)
+
+
+@dataclass
+class DeviceMap:
+    """How a reference device's kernel latencies become ``device``'s."""
+
+    device: str
+    reference: str
+    source: str            # "zero-shot" | "adapted"
+    alpha: float
+    beta: float
+    q10: float
+    q90: float
+    offset: float = 0.0
+    slope: float = 1.0
+    shots: int = 0
+    #: adapted: an offset per kernel group (``compression/algorithm``)
+    group_offsets: dict[str, float] = field(default_factory=dict)
+    #: adapted on these conv shapes: an offset per shape, for every group of it
+    conv_offsets: dict[str, float] = field(default_factory=dict)
+
+    def log_scale(self, ref, dev, compression: str) -> float:
+        dt = DTYPE.get(compression, "float32")
+        peak = np.log(_peak(ref, dt) / _peak(dev, dt))
+        bw = np.log(ref.mem_bandwidth_gbs / dev.mem_bandwidth_gbs) \
+            if ref.mem_bandwidth_gbs and dev.mem_bandwidth_gbs else 0.0
+        return float(self.alpha * peak + self.beta * bw)
+
+    def apply(self, log_t_ref: np.ndarray, log_scale: np.ndarray,
+              groups: list[str] | None = None, convs: list[str] | None = None) -> np.ndarray:
+        out = self.offset + self.slope * log_t_ref + log_scale
+        if self.group_offsets and groups is not None:
+            out = out + np.array([self.group_offsets.get(g, 0.0) for g in groups])
+        if self.conv_offsets and convs is not None:
+            out = out + np.array([self.conv_offsets.get(c, 0.0) for c in convs])
+        return out
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _peak(dev, dtype: str) -> float:
+    p = dev.peak_gflops
+    return float(p.get(dtype) or p.get("float32"))
+
+
+def trained_devices() -> list[str]:
+    return sorted(p.parent.name for p in MODELS_STORE.glob("*/layer.json"))
+
+
+def reference_for(device) -> str:
+    """The trained device nearest ``device`` in spec (same kind: CPU or GPU)."""
+    from dlas_predict.space.devices import get_device
+
+    best, best_d = None, np.inf
+    for name in trained_devices():
+        ref = get_device(name, with_target=False)
+        if ref.kind != device.kind:
+            continue
+        d = abs(np.log(_peak(ref, "float32") / _peak(device, "float32")))
+        if ref.mem_bandwidth_gbs and device.mem_bandwidth_gbs:
+            d += abs(np.log(ref.mem_bandwidth_gbs / device.mem_bandwidth_gbs))
+        if d < best_d:
+            best, best_d = name, d
+    if best is None:
+        raise DlasError(f"no trained {device.kind} model to answer {device.name} from; "
+                        f"trained: {', '.join(trained_devices())}")
+    return best
+
+
+def _pairs(mat, specs: dict) -> list[tuple[str, str, np.ndarray, np.ndarray, np.ndarray]]:
+    """(R, D, y = log t_D - log t_R, peak term, bandwidth term) per ordered device pair."""
+    comps = [t.split("|")[2].split("@")[0] for t in mat.targets]
+    dts = np.array([DTYPE.get(c, "float32") for c in comps])
+    out = []
+    for r, d in itertools.permutations([x for x in mat.devices if x in specs], 2):
+        R, D = specs[r], specs[d]
+        if not (R.mem_bandwidth_gbs and D.mem_bandwidth_gbs):
+            continue
+        rows = np.flatnonzero(np.isfinite(mat.column(r)) & np.isfinite(mat.column(d)))
+        if len(rows) < 10:
+            continue
+        peak = np.array([np.log(_peak(R, t) / _peak(D, t)) for t in dts[rows]])
+        bw = np.full(len(rows), np.log(R.mem_bandwidth_gbs / D.mem_bandwidth_gbs))
+        out.append((r, d, mat.column(d)[rows] - mat.column(r)[rows], peak, bw))
+    return out
+
+
+def fit_transfer(kind: str = "cpu", data: Path | None = None,
+                 exclude: str | None = None) -> TransferFit:
+    """α, β on every device pair of ``kind`` with shared kernels, and the map's
+    leave-one-device-out error; cached under DLAS_HOME by the data's shape."""
+    from dlas_predict.crossdev import sources
+    from dlas_predict.space.devices import device_names, get_device
+
+    mats = [sources.profiles_matrix("kernel")]
+    try:
+        mats.append(sources.tophub_matrix(data))
+    except DlasError:
+        pass  # the public data is optional: the shipped profiles alone
+    names = set(device_names())
+    pairs = []
+    for mat in mats:
+        specs = {d: get_device(d, with_target=False) for d in mat.devices if d in names}
+        specs = {d: s for d, s in specs.items() if s.kind == kind}
+        pairs += _pairs(mat, specs)
+    pairs = [p for p in pairs if exclude not in (p[0], p[1])]
+    key = json.dumps([kind, [(r, d, len(y)) for r, d, y, _, _ in pairs]])
+    path = cache_dir("crossdev") / "transfer.json"
+    try:
+        cached = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cached = {}
+    if key in cached:
+        return TransferFit(**cached[key])
+    if not pairs:
+        raise DlasError(f"no pair of {kind} devices measured the same kernels: no zero-shot "
+                        "map can be fitted")
+    devices = sorted({r for r, *_ in pairs} | {d for _, d, *_ in pairs})
+
+    def fit(use):
+        y = np.concatenate([p[2] for p in use])
+        X = np.c_[np.concatenate([p[3] for p in use]), np.concatenate([p[4] for p in use])]
+        w = np.concatenate([np.full(len(p[2]), 1.0 / len(p[2])) for p in use])  # pairs equal
+        A = X * w[:, None]
+        # a prior as strong as one device pair: half compute-, half bandwidth-bound, which
+        # pairs of near-identical devices (whose spec ratios are ~0) leave in place
+        return np.linalg.solve(X.T @ A + np.eye(2), A.T @ y + PRIOR)
+
+    alpha, beta = fit(pairs)
+    errs, per = [], {}
+    for dev in devices:
+        rest = [p for p in pairs if dev not in (p[0], p[1])]
+        mine = [p for p in pairs if p[1] == dev]
+        if not rest or not mine:
+            continue
+        a, b = fit(rest)
+        e = np.concatenate([p[3] * a + p[4] * b - p[2] for p in mine])
+        # each held-out device weighs the same in the interval
+        errs.append(np.quantile(e, np.linspace(0.005, 0.995, 200)))
+        per[dev] = {"median_log_error": float(np.median(e)),
+                    "within_25pct": float(np.mean(np.abs(np.exp(e) - 1) <= 0.25))}
+    if not errs:
+        raise DlasError(f"too few {kind} devices with shared kernels for a "
+                        "leave-one-device-out interval")
+    allq = np.concatenate(errs)
+    q10, q90 = np.quantile(allq, [0.1, 0.9])
+    fitres = TransferFit(float(alpha), float(beta), float(q10), float(q90),
+                         float(np.mean(np.abs(np.exp(allq) - 1) <= 0.25)),
+                         int(sum(len(p[2]) for p in pairs)), devices, per)
+    cached[key] = asdict(fitres)
+    path.write_text(json.dumps(cached, indent=1))
+    return fitres
+
+
+def zero_shot_map(device, reference: str, data: Path | None = None) -> DeviceMap:
+    t = fit_transfer(device.kind, data)
+    return DeviceMap(device.name, reference, "zero-shot", t.alpha, t.beta, t.q10, t.q90)
+
+
+def group_of(compression: str, algorithm: str) -> str:
+    return f"{compression}/{algorithm}"
+
+
+def adapted_map(device, reference: str, log_ref: np.ndarray, log_scale: np.ndarray,
+                log_meas: np.ndarray, groups: list[str], base: DeviceMap | None = None,
+                data: Path | None = None, convs: list[str] | None = None) -> DeviceMap:
+    """An offset, a slope on the reference's log latency and an offset per kernel group
+    (compression/algorithm: a device may run float16 or one algorithm unlike the
+    reference), fitted on the user's measurements; the slope is shrunk to 1 and the group
+    offsets to 0 by priors as strong as three and two rows. With ``convs``, each measured
+    conv shape also gets an offset (shrunk to 0 as strongly as one row), shared by its
+    kernels of every group: what one measurement of a layer says about its other
+    configurations."""
+    if base is None:
+        base = zero_shot_map(device, reference, data) if device.peak_gflops else \
+            DeviceMap(device.name, reference, "zero-shot", 0.0, 0.0, -1.0, 1.0)
+    x, y = log_ref, log_meas - log_scale
+    extra = sorted(set(groups))
+    shapes = sorted(set(convs)) if convs else []
+    xm = x.mean()
+
+    def design(idx):
+        return np.c_[np.ones(len(idx)), x[idx] - xm,
+                     [[float(groups[i] == g) for g in extra] for i in idx],
+                     [[float(convs[i] == c) for c in shapes] for i in idx]
+                     if shapes else np.zeros((len(idx), 0))]
+
+    def fit(idx):
+        A = design(idx)
+        P = np.diag([5.0, 5.0 * max(np.var(x), 1e-3)] + [2.0] * len(extra)
+                    + [0.5] * len(shapes))
+        target = np.r_[0.0, 1.0, np.zeros(len(extra) + len(shapes))]
+        return np.linalg.solve(A.T @ A + P, A.T @ y[idx] + P @ target)
+
+    every = np.arange(len(x))
+    coef = fit(every)
+    loo = np.array([design([i])[0] @ fit(np.delete(every, i)) for i in every]) - y
+    q10, q90 = (np.quantile(loo, [0.1, 0.9]) if len(loo) >= 5 else (base.q10, base.q90))
+    return DeviceMap(device.name, reference, "adapted", base.alpha, base.beta,
+                     float(min(q10, -0.05)), float(max(q90, 0.05)),
+                     float(coef[0] - coef[1] * xm), float(coef[1]), len(x),
+                     {g: float(v) for g, v in zip(extra, coef[2:2 + len(extra)])},
+                     {c: float(v) for c, v in zip(shapes, coef[2 + len(extra):])})
+
+
+def reference_log_latency(reference: str, kernels: list[tuple]) -> np.ndarray:
+    """log seconds of (spec, algorithm, compression, ratio, tuning) rows as ``reference``'s
+    trained layer model predicts them (its features see the roofs it was trained with)."""
+    from dataclasses import replace
+
+    from dlas_predict.models.features import KernelConfig, features
+    from dlas_predict.recommend.search import load_models
+    from dlas_predict.space.config import Algorithm, Compression, Tuning
+    from dlas_predict.space.devices import get_device
+
+    layer, _, info = load_models(reference)
+    dev = get_device(reference, with_target=False)
+    roofs = info.get("device_roofs")
+    if roofs:
+        dev = replace(dev, peak_gflops=dict(roofs["peak_gflops"]),
+                      mem_bandwidth_gbs=roofs["mem_bandwidth_gbs"])
+    X = np.array([features(KernelConfig(spec, Algorithm.parse(a), Compression.parse(c),
+                                        float(r), Tuning.parse(t)), dev)
+                  for spec, a, c, r, t in kernels])
+    return np.log(layer.predict(X))
+
+
+def device_map(name: str):
+    """(map, device, reference device) of a device with no trained model: the map ``adapt``
+    fitted, else the zero-shot map from its spec."""
+    from dataclasses import replace
+
+    from dlas_predict.crossdev.predictor import _read_adapted
+    from dlas_predict.errors import DeviceError
+    from dlas_predict.space.devices import device_names, get_device
+
+    adapted = _read_adapted(name)
+    saved = (adapted or {}).get("recommend_map")
+    if name in device_names():
+        dev = get_device(name, with_target=False)
+        if saved:
+            m = DeviceMap(**saved)
+            return m, dev, get_device(m.reference, with_target=False)
+        ref = reference_for(dev)
+        return zero_shot_map(dev, ref), dev, get_device(ref, with_target=False)
+    if saved:
+        m = DeviceMap(**saved)
+        ref = get_device(m.reference, with_target=False)
+        dev = replace(ref, name=name, description=f"known by {m.shots} measurements (adapt)",
+                      target={}, peak_gflops={}, mem_bandwidth_gbs=None, fingerprint="",
+                      origin="adapted", profile_of=None, rpc_key=None)
+        return m, dev, ref
+    if adapted:
+        raise DeviceError(f"device {name!r} was adapted on {adapted['source']}'s "
+                          f"{adapted['level']}s; `recommend` needs conv measurements (`adapt "
+                          f"--device {name} --measurements FILE.csv` with conv: targets)")
+    raise DeviceError(f"unknown device {name!r}: it has neither a spec (`devices add`) nor "
+                      f"measurements (`adapt --device {name} --measurements FILE.csv`); "
+                      f"known: {', '.join(device_names())}")
