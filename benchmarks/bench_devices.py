@@ -10,7 +10,14 @@
 3. **The profiles of this CPU left out one at a time**: zero-shot (from the spec) and
    10-shot, whole networks and kernels: share within ±25 % and ±10 %.
 4. **Speed**: ``predict`` of 1,000 NAS-Bench-201 networks (one call, the cached model),
-   and its cold start.
+   and its cold start; ``recommend zoo:resnet50`` (its own reported seconds and the
+   process's wall clock, first call on a fresh DLAS_HOME and the next one).
+5. **The zero-shot map** ``recommend`` uses for a device without a model: kernels of each
+   CPU device predicted from the others' by the spec scaling, α and β fitted without it.
+6. **Active learning, replayed** on each one-thread profile (its shipped corpus is the
+   device; its own trained model is no reference): plans (network × configuration ×
+   algorithm, conv time) within ±10 % after 10, 25 and 50 kernel measurements, the
+   uncertainty criterion against random choice (3 seeds), one network at a time.
 
 The public data is read from ``$DLAS_SHARED_DATA`` (default ``../shared/data``).
 
@@ -98,6 +105,57 @@ def predict_speed() -> dict:
     return {"cold_start_s": cold, "seconds_for_1000": warm, "networks_per_minute": 60000 / warm}
 
 
+def recommend_speed() -> dict:
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    exe = str(Path(sys.executable).with_name("dlas-predict"))
+    out = {}
+    with tempfile.TemporaryDirectory() as home:
+        env = {**os.environ, "DLAS_HOME": home}
+        for run in ("first", "second"):
+            t = time.perf_counter()
+            p = subprocess.run([exe, "recommend", "zoo:resnet50", "--top", "3"], env=env,
+                               capture_output=True, text=True)
+            wall = time.perf_counter() - t
+            m = re.search(r"; ([0-9.]+) s\n", p.stdout)
+            out[run] = {"wall_s": wall, "reported_s": float(m.group(1)) if m else None,
+                        "rc": p.returncode}
+    return out
+
+
+def zero_shot_map() -> dict:
+    from dlas_predict.crossdev.transfer import fit_transfer
+
+    f = fit_transfer("cpu")
+    return {"alpha": f.alpha, "beta": f.beta, "q10": f.q10, "q90": f.q90,
+            "within_25pct": f.within_25pct, "per_device": f.per_device, "pairs": f.pairs}
+
+
+def active_learning(budget: int = 50, seeds: int = 3) -> dict:
+    from dlas_predict.crossdev import active
+    from dlas_predict.paths import CORPUS_SNAPSHOTS
+
+    out = {}
+    for dev in ("local-avx2-1t", "local-native-1t", "local-sse42-1t"):
+        for net in ("resnet18-cifar", "mobilenetv2-cifar", "vgg16-cifar",
+                    "mobilenetv1-cifar"):
+            pool, replay = active.replay_source(CORPUS_SNAPSHOTS / f"{dev}.parquet", [net], dev)
+            u = active.run(dev, pool, replay, budget, "uncertainty")
+            rs = [active.run(dev, pool, replay, budget, "random", seed=i) for i in range(seeds)]
+            at = (lambda c, n: c.steps[min(n, len(c.steps) - 1)].within_10pct)
+            out[f"{dev} {net}"] = {
+                "plans": len(pool.plans), "kernels": len(pool.kernels),
+                "reference": u.reference,
+                "uncertainty": {n: at(u, n) for n in (0, 10, 25, budget)},
+                "random": {n: float(np.mean([at(r, n) for r in rs])) for n in (0, 10, 25, budget)},
+                "uncertainty_reaches_90": u.first_reaching(0.9),
+                "random_reaches_90": [r.first_reaching(0.9) for r in rs]}
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", type=Path)
@@ -128,6 +186,24 @@ def main() -> int:
     res["predict"] = sp = predict_speed()
     print(f"4. predict: 1,000 NAS-Bench-201 networks in {sp['seconds_for_1000']:.3f} s = "
           f"{sp['networks_per_minute']:,.0f} networks/min (first call {sp['cold_start_s']:.1f} s)")
+    res["recommend"] = rs = recommend_speed()
+    print("   recommend zoo:resnet50: " + "; ".join(
+        f"{k} call {v['reported_s']} s reported, {v['wall_s']:.1f} s wall (rc {v['rc']})"
+        for k, v in rs.items()))
+    res["zero_shot_map"] = zm = zero_shot_map()
+    print(f"5. zero-shot map (CPU kernels): α={zm['alpha']:.2f} β={zm['beta']:.2f}, "
+          f"held-out 80% interval ×{np.exp(zm['q10']):.2f}–×{np.exp(zm['q90']):.2f}, "
+          f"{zm['within_25pct']:.0%} within ±25% ({zm['pairs']} kernel pairs)")
+    for d, v in zm["per_device"].items():
+        print(f"   {d:16s} within ±25% {v['within_25pct']:.0%}, median error "
+              f"×{np.exp(v['median_log_error']):.2f}")
+    res["active_learning"] = al = active_learning()
+    print("6. active learning replayed (plans within ±10% after 0/10/25/50 measurements)")
+    for k, v in al.items():
+        u, r = v["uncertainty"], v["random"]
+        print(f"   {k:34s} uncertainty " + "/".join(f"{u[n]:.0%}" for n in u)
+              + "  random " + "/".join(f"{r[n]:.0%}" for n in r)
+              + f"  90% after: {v['uncertainty_reaches_90']} vs {v['random_reaches_90']}")
     print(f"total {time.perf_counter() - t0:.0f} s")
     if args.json:
         args.json.write_text(json.dumps(res, indent=1, default=float))

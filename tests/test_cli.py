@@ -292,6 +292,7 @@ def test_train_and_evaluate_bad_input(tmp_path):
                              "pentium"), "unknown device")
 
 
+@pytest.mark.slow
 def test_accuracy_curve_json_and_bad_ratios():
     res = _run("accuracy", "zoo:mobilenetv1-cifar", "--curve", "--ratios", "0.3", "--json")
     assert res.exit_code == 0, res.output

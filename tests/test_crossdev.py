@@ -149,6 +149,7 @@ def _tree_hash(root) -> str:
     return h.hexdigest()
 
 
+@pytest.mark.slow
 def test_adapt_on_convs_saves_under_dlas_home_and_predicts_the_same_after_reload(tmp_path):
     """A new x86 device adapted from six conv latencies of the avx2 profile's corpus: saved
     under DLAS_HOME, the shipped models and corpora untouched, and a fresh process-state
@@ -186,6 +187,10 @@ def test_adapt_on_convs_saves_under_dlas_home_and_predicts_the_same_after_reload
     assert r.exit_code == 0 and [o["target"] for o in out] == targets[:2]
     assert set(out[0]) == {"target", "config", "predicted_ms", "low_ms", "high_ms", "source"}
     assert out[0]["low_ms"] < out[0]["predicted_ms"] < out[0]["high_ms"]
+    # recommend answers the new device from the map adapt fitted
+    rec = json.loads(run_cli("recommend", "zoo:resnet18-cifar", "--device", "my-avx2-box",
+                             "--json").output)
+    assert rec["source"] == "adapted" and rec["mapping"]["shots"] == 6
 
 
 def test_a_registry_device_without_data_is_zero_shot_and_says_so():
@@ -213,6 +218,7 @@ def test_help_ten_shots_rank_a_device_left_out(tmp_path):
     assert rho > spearman(mat.macs[ev], y[ev]) + 0.1
 
 
+@pytest.mark.slow
 @needs_help
 def test_adapt_a_new_device_on_nasbench201_latencies(tmp_path):
     from dlas_predict.crossdev.sources import help_matrix
@@ -230,3 +236,76 @@ def test_adapt_a_new_device_on_nasbench201_latencies(tmp_path):
     pred = [o["predicted_ms"] for o in json.loads(r.output)]
     assert spearman(np.array(pred), y[ev]) > 0.8
     assert_clean_error(run_cli("predict", C1, "--device", "xeon-like"), "adapted on help")
+
+
+def test_the_zero_shot_map_is_fitted_on_device_pairs_with_a_held_out_interval(monkeypatch,
+                                                                                tmp_path):
+    """From the shipped profiles alone (no public data): α, β of the spec scaling and a
+    leave-one-device-out interval that brackets zero."""
+    from dlas_predict.crossdev.transfer import fit_transfer
+
+    monkeypatch.setenv("DLAS_SHARED_DATA", str(tmp_path))  # nothing there
+    fit = fit_transfer("cpu")
+    assert set(fit.devices) >= {"local-avx2-1t", "local-sse42-1t"}
+    assert fit.q10 < 0 < fit.q90 and 0 < fit.within_25pct < 1
+    assert 0 < fit.alpha < 2 and fit.pairs > 1000
+    assert fit_transfer("cpu") == fit  # the cached fit
+
+
+@pytest.mark.slow
+def test_recommend_on_a_device_without_a_model_is_zero_shot_and_says_so():
+    r = run_cli("recommend", "zoo:resnet18-cifar", "--device", "i7-8700", "--json")
+    assert r.exit_code == 0, r.output
+    rec = json.loads(r.output)
+    assert rec["source"] == "zero-shot" and rec["mapping"]["reference"] == "local"
+    assert {c["source"] for c in rec["candidates"]} == {"zero-shot"}
+    assert any("active-learn --device i7-8700" in n for n in rec["notes"])
+    c = rec["candidates"][0]
+    assert c["predicted_low_ms"] < c["predicted_ms"] < c["predicted_high_ms"]
+    ref = json.loads(run_cli("recommend", "zoo:resnet18-cifar", "--json").output)
+    assert ref["source"] == "trained"
+    # the zero-shot interval carries the map's error on top of the reference model's
+    width = lambda x: x["predicted_high_ms"] / x["predicted_low_ms"]  # noqa: E731
+    assert width(c) > width(ref["candidates"][0])
+
+
+@pytest.mark.slow
+def test_active_learn_replays_a_profile_and_draws_its_curve(tmp_path):
+    out = tmp_path / "curve.png"
+    r = run_cli("active-learn", "--device", "local-avx2-1t", "--budget", "6", "--replay",
+                "datasets/corpus/local-avx2-1t.parquet", "--network", "zoo:resnet18-cifar",
+                "--random-runs", "2", "--plot", out, "--json")
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.output)
+    assert res["reference"] != "local-avx2-1t"  # the device learned is no reference of itself
+    assert res["plans"] == 15 and out.stat().st_size > 1000
+    main = res["curves"]["uncertainty"][0]
+    assert [s["measured"] for s in main] == list(range(7))
+    assert len({s["picked"] for s in main[:-1]}) == 6  # six distinct kernels measured
+    assert len(res["curves"]["random"]) == 2
+    assert all(0 <= s["within_10pct"] <= 1 for s in main)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--budget", "0"], "at least 1"),
+    (["--budget", "5", "--replay", "nope.parquet"], "not found"),
+    (["--budget", "5", "--replay", "datasets/corpus/local-avx2-1t.parquet", "--network",
+      "zoo:resnet50"], "'resnet50' is not in the recorded"),
+    (["--budget", "5"], "--network is needed"),
+])
+def test_active_learn_bad_input(args, needle):
+    assert_clean_error(run_cli("active-learn", "--device", "local-avx2-1t", *args), needle)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (SHARED_DATA / "tophub").is_dir(), reason="TopHub's logs not there")
+def test_evaluate_leave_one_device_out_cli():
+    r = run_cli("evaluate", "--leave-one-device-out", "--source", "tophub", "--device",
+                "rk3399-cpu", "--shots", "0,10", "--draws", "2", "--json")
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.output)
+    (h,) = rep["devices"]
+    assert h["device"] == "rk3399-cpu" and set(h["by_shots"]) == {"0", "10"}
+    assert h["by_shots"]["10"]["spearman"] > h["macs"]["10"]["spearman"]
+    assert_clean_error(run_cli("evaluate", "--leave-one-device-out", "--source", "tophub",
+                               "--device", "ultra96", "--shots", "40"), "larger than")

@@ -252,7 +252,7 @@ def run(device: str, pool: Pool, oracle: Callable[[PoolKernel], float], budget: 
             m = transfer.adapted_map(dev or _stub(device, ref_dev), reference, log_ref[idx],
                                      log_scale[idx], np.log([measured[i] for i in idx]),
                                      [groups[i] for i in idx], base=zmap,
-                                     convs=[convs[i] for i in idx])
+                                     convs=[convs[i] for i in idx], x_var=float(np.var(log_ref)))
         if log:
             s = curve.steps[-1]
             log(f"{criterion}: {len(measured)}/{budget} measured; plans within ±10%: "

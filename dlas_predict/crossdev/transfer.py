@@ -215,14 +215,17 @@ def group_of(compression: str, algorithm: str) -> str:
 
 def adapted_map(device, reference: str, log_ref: np.ndarray, log_scale: np.ndarray,
                 log_meas: np.ndarray, groups: list[str], base: DeviceMap | None = None,
-                data: Path | None = None, convs: list[str] | None = None) -> DeviceMap:
+                data: Path | None = None, convs: list[str] | None = None,
+                x_var: float | None = None) -> DeviceMap:
     """An offset, a slope on the reference's log latency and an offset per kernel group
     (compression/algorithm: a device may run float16 or one algorithm unlike the
     reference), fitted on the user's measurements; the slope is shrunk to 1 and the group
     offsets to 0 by priors as strong as three and two rows. With ``convs``, each measured
     conv shape also gets an offset (shrunk to 0 as strongly as one row), shared by its
     kernels of every group: what one measurement of a layer says about its other
-    configurations."""
+    configurations. ``x_var``: the spread of the reference's log latencies over every kernel
+    that will be predicted (default: over the measured ones), which scales the slope's
+    prior so that a few measurements of similar kernels cannot tilt it."""
     if base is None:
         base = zero_shot_map(device, reference, data) if device.peak_gflops else \
             DeviceMap(device.name, reference, "zero-shot", 0.0, 0.0, -1.0, 1.0)
@@ -239,9 +242,11 @@ def adapted_map(device, reference: str, log_ref: np.ndarray, log_scale: np.ndarr
 
     def fit(idx):
         A = design(idx)
-        P = np.diag([5.0, 5.0 * max(np.var(x), 1e-3)] + [2.0] * len(extra)
+        P = np.diag([5.0, 5.0 * max(np.var(x) if x_var is None else x_var, 1e-3)]
+                    + [2.0] * len(extra)
                     + [0.5] * len(shapes))
-        target = np.r_[0.0, 1.0, np.zeros(len(extra) + len(shapes))]
+        # the prior is the zero-shot map: y = x, i.e. xm at the centre, slope 1, no offsets
+        target = np.r_[xm, 1.0, np.zeros(len(extra) + len(shapes))]
         return np.linalg.solve(A.T @ A + P, A.T @ y[idx] + P @ target)
 
     every = np.arange(len(x))
