@@ -17,7 +17,8 @@
 6. **Active learning, replayed** on each one-thread profile (its shipped corpus is the
    device; its own trained model is no reference): plans (network × configuration ×
    algorithm, conv time) within ±10 % after 10, 25 and 50 kernel measurements, the
-   uncertainty criterion against random choice (3 seeds), one network at a time.
+   variance and uncertainty criteria against random choice (3 seeds), one network at a
+   time.
 
 The public data is read from ``$DLAS_SHARED_DATA`` (default ``../shared/data``).
 
@@ -143,14 +144,17 @@ def active_learning(budget: int = 50, seeds: int = 3) -> dict:
         for net in ("resnet18-cifar", "mobilenetv2-cifar", "vgg16-cifar",
                     "mobilenetv1-cifar"):
             pool, replay = active.replay_source(CORPUS_SNAPSHOTS / f"{dev}.parquet", [net], dev)
+            v = active.run(dev, pool, replay, budget, "variance")
             u = active.run(dev, pool, replay, budget, "uncertainty")
             rs = [active.run(dev, pool, replay, budget, "random", seed=i) for i in range(seeds)]
             at = (lambda c, n: c.steps[min(n, len(c.steps) - 1)].within_10pct)
             out[f"{dev} {net}"] = {
                 "plans": len(pool.plans), "kernels": len(pool.kernels),
-                "reference": u.reference,
+                "reference": v.reference,
+                "variance": {n: at(v, n) for n in (0, 10, 25, budget)},
                 "uncertainty": {n: at(u, n) for n in (0, 10, 25, budget)},
                 "random": {n: float(np.mean([at(r, n) for r in rs])) for n in (0, 10, 25, budget)},
+                "variance_reaches_90": v.first_reaching(0.9),
                 "uncertainty_reaches_90": u.first_reaching(0.9),
                 "random_reaches_90": [r.first_reaching(0.9) for r in rs]}
     return out
@@ -200,10 +204,15 @@ def main() -> int:
     res["active_learning"] = al = active_learning()
     print("6. active learning replayed (plans within ±10% after 0/10/25/50 measurements)")
     for k, v in al.items():
-        u, r = v["uncertainty"], v["random"]
-        print(f"   {k:34s} uncertainty " + "/".join(f"{u[n]:.0%}" for n in u)
-              + "  random " + "/".join(f"{r[n]:.0%}" for n in r)
-              + f"  90% after: {v['uncertainty_reaches_90']} vs {v['random_reaches_90']}")
+        fmt = (lambda d: "/".join(f"{d[n]:.0%}" for n in d))
+        print(f"   {k:34s} variance {fmt(v['variance'])}  uncertainty {fmt(v['uncertainty'])}"
+              f"  random {fmt(v['random'])}  90% after: {v['variance_reaches_90']} / "
+              f"{v['uncertainty_reaches_90']} / {v['random_reaches_90']}")
+    wins = sum(v["variance"][50] > v["random"][50] for v in al.values())
+    print(f"   variance beats random after 50 on {wins} of {len(al)}; mean after 50: variance "
+          f"{np.mean([v['variance'][50] for v in al.values()]):.0%}, uncertainty "
+          f"{np.mean([v['uncertainty'][50] for v in al.values()]):.0%}, random "
+          f"{np.mean([v['random'][50] for v in al.values()]):.0%}")
     print(f"total {time.perf_counter() - t0:.0f} s")
     if args.json:
         args.json.write_text(json.dumps(res, indent=1, default=float))

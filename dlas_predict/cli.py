@@ -106,22 +106,37 @@ def devices(ctx: typer.Context,
         _measure_peaks(as_json, save_to, device, tracker, rpc_key, allow_remote_tracker,
                        timeout)
         return
+    from dlas_predict.crossdev.predictor import adapted_devices, adapted_summary
+    from dlas_predict.crossdev.transfer import trained_devices
+
     devs = all_devices()
+    adapted = adapted_devices()
+    trained = set(trained_devices())
+    known = {d.name for d in devs}
+    measured_only = [adapted_summary(n) for n in adapted if n not in known]
     if as_json:
-        _print_json([d.to_dict() for d in devs])
+        _print_json([{**d.to_dict(), "model": "trained" if d.name in trained else
+                      "adapted" if d.name in adapted else "zero-shot"} for d in devs]
+                    + measured_only)
         return
     rows = [{
         "name": d.name, "kind": d.kind, "cores": d.cores,
         "peak fp32 GFLOP/s": d.peak_gflops.get("float32"),
         "bandwidth GB/s": d.mem_bandwidth_gbs, "figures": d.source, "origin": d.origin,
+        "model": "trained" if d.name in trained else "adapted" if d.name in adapted
+        else "zero-shot",
         "target": json.dumps(d.target, separators=(",", ":")), "description": d.description,
-    } for d in devs]
+    } for d in devs] + [{"name": m["name"], "kind": "?", "origin": "adapted",
+                         "model": "adapted", "description": m["description"]}
+                        for m in measured_only]
     typer.echo(format_table(rows))
     typer.echo("\nfigures: spec = vendor or user specification; estimate = derived from the "
                "detected ISA and clock (not measured); measured = `devices --measure-peaks`. "
                "origin: detected = this machine and its profiles (the same CPU, measured with "
                "other code generation and threads), shipped = the registry, user = "
-               "`devices add`.")
+               "`devices add`, adapted = known by measurements alone (`adapt`, "
+               "`active-learn`). model: trained = its own cost models; adapted = fitted on "
+               "its measurements; zero-shot = from its spec.")
 
 
 @devices_app.command("add")
@@ -987,6 +1002,10 @@ def active_learn(device: str = typer.Option(..., "--device", help="The device to
                  plot: Optional[Path] = typer.Option(None, "--plot", help="Learning curve PNG "
                                                      "(default DLAS_HOME/active-learn/DEVICE"
                                                      ".png)."),
+                 criterion: str = typer.Option("variance", "--criterion", help="variance (the "
+                                               "expected drop of the plans' variance) | "
+                                               "uncertainty (interval width × share) | "
+                                               "random."),
                  random_runs: int = typer.Option(3, "--random-runs", help="--replay: runs of "
                                                  "the random baseline (seeds 0..N-1)."),
                  seed: int = typer.Option(0, "--seed"),
@@ -1010,6 +1029,8 @@ def active_learn(device: str = typer.Option(..., "--device", help="The device to
 
     if budget < 1:
         _fail("--budget must be at least 1")
+    if criterion not in active.CRITERIA:
+        _fail(f"unknown --criterion {criterion!r}; allowed: {', '.join(active.CRITERIA)}")
     if target_interval is not None and target_interval <= 1:
         _fail("--target-interval is a high/low ratio above 1 (e.g. 1.2)")
     log = None if as_json else (lambda m: typer.echo(m, err=True))
@@ -1021,11 +1042,12 @@ def active_learn(device: str = typer.Option(..., "--device", help="The device to
         if budget > len(pool.kernels):
             _fail(f"--budget {budget} is more than the {len(pool.kernels)} kernels of "
                   "these networks")
-        main = active.run(device, pool, oracle, budget, "uncertainty", seed, target_interval,
+        main = active.run(device, pool, oracle, budget, criterion, seed, target_interval,
                           log=log)
-        curves["uncertainty"] = [main]
-        curves["random"] = [active.run(device, pool, oracle, budget, "random", s,
-                                       target_interval) for s in range(random_runs)]
+        curves[criterion] = [main]
+        if criterion != "random":
+            curves["random"] = [active.run(device, pool, oracle, budget, "random", s,
+                                           target_interval) for s in range(random_runs)]
     else:
         from dlas_predict.measure.farm import kernel_runner
         from dlas_predict.space.devices import get_device
@@ -1047,11 +1069,11 @@ def active_learn(device: str = typer.Option(..., "--device", help="The device to
             with kernel_runner(dev, proto, timeout, rpc, log) as runner:
                 oracle = active.Live(runner, dev, db)
                 main = active.run(device, pool, oracle, min(budget, len(pool.kernels)),
-                                  "uncertainty", seed, target_interval, log=log)
+                                  criterion, seed, target_interval, log=log)
         finally:
             if db is not None:
                 db.close()
-        curves["uncertainty"] = [main]
+        curves[criterion] = [main]
     measured = {s.picked: None for s in main.steps if s.picked}
     saved = active.save_adapted(device, main, pool, list(measured))
     out = plot or dlas_home() / "active-learn" / f"{device}.png"

@@ -279,7 +279,7 @@ def test_active_learn_replays_a_profile_and_draws_its_curve(tmp_path):
     res = json.loads(r.output)
     assert res["reference"] != "local-avx2-1t"  # the device learned is no reference of itself
     assert res["plans"] == 15 and out.stat().st_size > 1000
-    main = res["curves"]["uncertainty"][0]
+    main = res["curves"]["variance"][0]
     assert [s["measured"] for s in main] == list(range(7))
     assert len({s["picked"] for s in main[:-1]}) == 6  # six distinct kernels measured
     assert len(res["curves"]["random"]) == 2

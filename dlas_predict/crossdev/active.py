@@ -9,9 +9,17 @@ Each step:
 1. every unmeasured kernel is priced on the device by the map of a reference device's
    trained model (:mod:`dlas_predict.crossdev.transfer`; zero-shot before three
    measurements, adapted after);
-2. the **criterion** picks the kernel whose uncertainty weighs most on the plans: the width
-   of its log interval times its predicted share of each plan it belongs to, summed over
-   those plans (``random`` picks uniformly, the baseline);
+2. the **criterion** picks the next kernel:
+
+   - ``variance`` (the default): the largest expected drop of the plans' relative variance.
+     The adapted map is linear in its parameters (offset, slope, an offset per kernel group
+     and per conv shape), so measuring kernel k shrinks their covariance by a rank-one
+     update; a plan's variance is its parameters' part (its latency's gradient through that
+     covariance) plus each unmeasured kernel's own noise. A kernel is worth what it tells
+     about every plan, through the group and the shape it shares with others;
+   - ``uncertainty``: the width of its log interval times its predicted share of each plan
+     it belongs to, summed over those plans;
+   - ``random``: uniform, the baseline;
 3. the kernel is measured (``--replay``: looked up in recorded measurements; otherwise timed
    on the device), and the map is refitted.
 
@@ -32,7 +40,7 @@ import numpy as np
 from dlas_predict.crossdev import transfer
 from dlas_predict.errors import DlasError
 
-CRITERIA = ("uncertainty", "random")
+CRITERIA = ("variance", "uncertainty", "random")
 
 
 @dataclass(frozen=True)
@@ -163,7 +171,7 @@ def _reference_pred(reference: str, pool: Pool) -> tuple[np.ndarray, np.ndarray]
 
 
 def run(device: str, pool: Pool, oracle: Callable[[PoolKernel], float], budget: int,
-        criterion: str = "uncertainty", seed: int = 0, target_width: float | None = None,
+        criterion: str = "variance", seed: int = 0, target_width: float | None = None,
         exclude_reference: bool = True, log=None, on_measure=None) -> Curve:
     """One active-learning loop (see the module doc); ``oracle`` measures a kernel (ms)."""
     from dlas_predict.space.devices import device_names, get_device
@@ -202,6 +210,7 @@ def run(device: str, pool: Pool, oracle: Callable[[PoolKernel], float], budget: 
     rng = np.random.default_rng(seed)
     measured: dict[int, float] = {}
     failed: set[int] = set()
+    design, prior = _design(log_ref, groups, convs)
     curve = Curve(device, criterion, reference)
     m = zmap
     truth = None
@@ -231,6 +240,9 @@ def run(device: str, pool: Pool, oracle: Callable[[PoolKernel], float], budget: 
             break
         if criterion == "random":
             pick = int(rng.choice(free))
+        elif criterion == "variance":
+            pick = int(free[np.argmax(_variance_gain(design, prior, measured, ms, pool,
+                                                     totals, free))])
         else:
             score = np.zeros(len(pool.kernels))
             for r, total in zip(pool.members, totals):
@@ -260,6 +272,43 @@ def run(device: str, pool: Pool, oracle: Callable[[PoolKernel], float], budget: 
                 + f"; mean interval ×{s.mean_interval:.2f}")
     curve.map = m  # type: ignore[attr-defined]
     return curve
+
+
+def _design(log_ref: np.ndarray, groups: list[str], convs: list[str]):
+    """The adapted map's parameters as a design over the whole pool, and their prior
+    precision (:func:`dlas_predict.crossdev.transfer.adapted_map`, in units of one row)."""
+    gs, cs = sorted(set(groups)), sorted(set(convs))
+    gi = {g: i for i, g in enumerate(gs)}
+    ci = {c: i for i, c in enumerate(cs)}
+    Z = np.zeros((len(log_ref), 2 + len(gs) + len(cs)))
+    Z[:, 0] = 1.0
+    Z[:, 1] = log_ref - log_ref.mean()
+    Z[np.arange(len(groups)), 2 + np.array([gi[g] for g in groups])] = 1.0
+    Z[np.arange(len(convs)), 2 + len(gs) + np.array([ci[c] for c in convs])] = 1.0
+    prior = np.diag([5.0, 5.0 * max(np.var(log_ref), 1e-3)] + [2.0] * len(gs)
+                    + [0.5] * len(cs))
+    return Z, prior
+
+
+def _variance_gain(Z, prior, measured: dict, ms: np.ndarray, pool: Pool, totals: np.ndarray,
+                   free: np.ndarray) -> np.ndarray:
+    """Expected drop of Σ_plans Var(plan)/plan² from measuring each free kernel (in units
+    of the per-kernel log noise, which is common to all and drops out of the choice)."""
+    idx = np.array(sorted(measured), dtype=int)
+    A = Z[idx]
+    S = np.linalg.inv(A.T @ A + prior)
+    unmeasured = np.ones(len(Z), bool)
+    unmeasured[idx] = False
+    # each plan's latency gradient through the parameters (its unmeasured kernels)
+    G = np.vstack([(ms[r] * unmeasured[r]) @ Z[r] for r in pool.members])
+    SZ = S @ Z[free].T
+    den = 1.0 + np.einsum("ij,ji->i", Z[free], SZ)
+    inv_t2 = 1.0 / totals ** 2
+    gain = (((G @ SZ) ** 2) * inv_t2[:, None]).sum(axis=0) / den
+    own = np.zeros(len(Z))
+    for r, w in zip(pool.members, inv_t2):
+        np.add.at(own, r, ms[r] ** 2 * w)
+    return gain + own[free]
 
 
 def _stub(name, ref_dev):

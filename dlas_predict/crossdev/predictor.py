@@ -479,3 +479,12 @@ def _recommend_map(device: str, keys: list[str], log_ms: np.ndarray) -> dict | N
 
 def adapted_devices() -> list[str]:
     return sorted(p.stem for p in adapted_dir().glob("*.json"))
+
+
+def adapted_summary(device: str) -> dict:
+    """A device known by measurements alone, as `devices` lists it (no spec invented)."""
+    a = _read_adapted(device) or {}
+    n = len(a.get("targets", [])) or (a.get("recommend_map") or {}).get("shots", 0)
+    return {"name": device, "kind": None, "origin": "adapted", "model": "adapted",
+            "description": f"known by {n} measurement(s) on {a.get('source')}'s "
+                           f"{a.get('level')}s (DLAS_HOME/adapted/{device}.json)"}
