@@ -274,7 +274,7 @@ def test_active_learn_replays_a_profile_and_draws_its_curve(tmp_path):
     out = tmp_path / "curve.png"
     r = run_cli("active-learn", "--device", "local-avx2-1t", "--budget", "6", "--replay",
                 "datasets/corpus/local-avx2-1t.parquet", "--network", "zoo:resnet18-cifar",
-                "--random-runs", "2", "--plot", out, "--json")
+                "--random-runs", "1", "--plot", out, "--json")
     assert r.exit_code == 0, r.output
     res = json.loads(r.output)
     assert res["reference"] != "local-avx2-1t"  # the device learned is no reference of itself
@@ -282,7 +282,7 @@ def test_active_learn_replays_a_profile_and_draws_its_curve(tmp_path):
     main = res["curves"]["variance"][0]
     assert [s["measured"] for s in main] == list(range(7))
     assert len({s["picked"] for s in main[:-1]}) == 6  # six distinct kernels measured
-    assert len(res["curves"]["random"]) == 2
+    assert len(res["curves"]["random"]) == 1
     assert all(0 <= s["within_10pct"] <= 1 for s in main)
 
 

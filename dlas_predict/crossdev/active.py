@@ -150,23 +150,7 @@ def _reference_pred(reference: str, pool: Pool) -> tuple[np.ndarray, np.ndarray]
 
     rows = [(ConvSpec.parse(k.conv), k.algorithm, k.compression, k.ratio, "untuned")
             for k in pool.kernels]
-    from dataclasses import replace
-
-    from dlas_predict.models.features import KernelConfig, features
-    from dlas_predict.recommend.search import load_models
-    from dlas_predict.space.config import Algorithm, Compression, Tuning
-    from dlas_predict.space.devices import get_device
-
-    layer, _, info = load_models(reference)
-    dev = get_device(reference, with_target=False)
-    roofs = info.get("device_roofs")
-    if roofs:
-        dev = replace(dev, peak_gflops=dict(roofs["peak_gflops"]),
-                      mem_bandwidth_gbs=roofs["mem_bandwidth_gbs"])
-    X = np.array([features(KernelConfig(s, Algorithm.parse(a), Compression.parse(c), r,
-                                        Tuning.parse(t)), dev) for s, a, c, r, t in rows])
-    mid = layer.predict(X)
-    low, high = layer.predict_interval(X)
+    mid, low, high = transfer.reference_predictions(reference, rows)
     return np.log(mid * 1e3), np.log(high / low)
 
 

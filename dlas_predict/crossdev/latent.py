@@ -32,7 +32,7 @@ from dlas_predict.errors import DlasError
 K_CHOICES = (1, 2, 3, 4, 5, 6)
 NOISE_CHOICES = (1.0, 4.0, 16.0)
 #: Targets the inner selection scores on (a seeded sample of larger matrices).
-SELECT_ROWS = 3000
+SELECT_ROWS = 2000
 
 
 def _complete(Y: np.ndarray, rank: int, iters: int = 100) -> np.ndarray:
@@ -209,7 +209,7 @@ class LatentModel:
         return mean, np.sqrt(var)
 
 
-def select(mat: LatencyMatrix, shots: int = 10, draws: int = 3, seed: int = 0
+def select(mat: LatencyMatrix, shots: int = 10, draws: int = 2, seed: int = 0
            ) -> tuple[int, float]:
     """(k, noise multiplier) with the best mean Spearman when each training device in turn
     is left out and adapted from ``shots`` random measured targets."""

@@ -13,7 +13,6 @@ Three sources:
 from __future__ import annotations
 
 import functools
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -207,11 +206,12 @@ def profiles_matrix(level: str = "kernel", devices: list[str] | None = None) -> 
                 meta.setdefault(k, (c, a, p, float(r), float(m)))
         else:
             df = _read(CORPUS_SNAPSHOTS / f"{dev}.wholenet.parquet",
-                       ["network", "config", "algorithm", "median_s", "error", "summary"])
+                       ["network", "config", "algorithm", "median_s", "error"])
             df = df[df.error.isna() & df.median_s.notna()]
             keys = [f"{n}|{c}|{a}" for n, c, a in zip(df.network, df.config, df.algorithm)]
-            for k, s in zip(keys, df.summary):
-                meta.setdefault(k, (s,))
+            macs = _network_macs(dev)
+            for k, n, c in zip(keys, df.network, df.config):
+                meta.setdefault(k, (macs.get((n, c), np.nan),))
         col: dict[str, float] = {}
         for k, s in zip(keys, df.median_s):
             col[k] = min(col.get(k, np.inf), float(s) * 1e3)
@@ -230,18 +230,29 @@ def profiles_matrix(level: str = "kernel", devices: list[str] | None = None) -> 
         macs = np.array([meta[t][4] for t in targets])
     else:
         feats = np.zeros((len(targets), 0))
-        macs = np.array([_summary_macs(meta[t][0]) for t in targets])
+        macs = np.array([meta[t][0] for t in targets], dtype=float)
     groups = [f"{t.split('|')[2].split('@')[0]}/{t.split('|')[1 if level == 'kernel' else 2]}"
               for t in targets]
     return LatencyMatrix("profiles", level, targets, list(devices), M, macs, feats, groups)
 
 
-def _summary_macs(summary: str | None) -> float:
-    try:
-        s = json.loads(summary or "{}")
-    except ValueError:
-        return np.nan
-    return float(s.get("conv_macs", s.get("conv_io_bytes", np.nan)))
+def _network_macs(device: str) -> dict[tuple[str, str], float]:
+    """(network, configuration) → MACs of its conv layers (a pruned layer's share of
+    nonzero weights), from the snapshot's network table."""
+    from dlas_predict.space.config import ConvSpec
+
+    path = CORPUS_SNAPSHOTS / f"{device}.networks.parquet"
+    if not path.is_file():
+        return {}
+    df = _read(path, ["network", "config", "conv", "compression", "ratio"])
+    specs: dict[str, int] = {}
+    out: dict[tuple[str, str], float] = {}
+    for n, c, conv, comp, r in zip(df.network, df.config, df.conv, df.compression, df.ratio):
+        if conv not in specs:
+            specs[conv] = ConvSpec.parse(conv).macs
+        keep = 1 - float(r) if comp.endswith("_pruning") else 1.0
+        out[(n, c)] = out.get((n, c), 0.0) + specs[conv] * keep
+    return out
 
 
 def load(source: str, level: str | None = None, data: Path | None = None) -> LatencyMatrix:

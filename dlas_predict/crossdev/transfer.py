@@ -260,9 +260,11 @@ def adapted_map(device, reference: str, log_ref: np.ndarray, log_scale: np.ndarr
                      {c: float(v) for c, v in zip(shapes, coef[2 + len(extra):])})
 
 
-def reference_log_latency(reference: str, kernels: list[tuple]) -> np.ndarray:
-    """log seconds of (spec, algorithm, compression, ratio, tuning) rows as ``reference``'s
-    trained layer model predicts them (its features see the roofs it was trained with)."""
+def reference_predictions(reference: str, kernels: list[tuple]
+                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Seconds (median, 10 % and 90 %) of (spec, algorithm, compression, ratio, tuning)
+    rows as ``reference``'s trained layer model predicts them (its features see the roofs it
+    was trained with)."""
     from dataclasses import replace
 
     from dlas_predict.models.features import KernelConfig, features
@@ -279,7 +281,14 @@ def reference_log_latency(reference: str, kernels: list[tuple]) -> np.ndarray:
     X = np.array([features(KernelConfig(spec, Algorithm.parse(a), Compression.parse(c),
                                         float(r), Tuning.parse(t)), dev)
                   for spec, a, c, r, t in kernels])
-    return np.log(layer.predict(X))
+    mid = layer.predict(X)
+    low, high = layer.predict_interval(X)
+    return mid, low, high
+
+
+def reference_log_latency(reference: str, kernels: list[tuple]) -> np.ndarray:
+    """log seconds of the rows on ``reference`` (:func:`reference_predictions`)."""
+    return np.log(reference_predictions(reference, kernels)[0])
 
 
 def device_map(name: str):
