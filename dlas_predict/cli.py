@@ -976,10 +976,9 @@ def adapt(device: str = typer.Option(..., "--device", help="A registry device, o
         _print_json(rep.__dict__)
         return
     what = "new device, known by these measurements alone" if rep.registered else "registry device"
-    typer.echo(f"adapted {rep.device} ({what}) on {rep.rows} measurement(s) against "
-               f"{rep.source}'s devices; saved {rep.path}")
-    typer.echo(f"fitted loading (intercept, mean-device slope, latent terms): "
-               + ", ".join(f"{v:.3f}" for v in rep.loading))
+    typer.echo(f"adapted {rep.device} ({what}) on {rep.rows} measurement(s), against "
+               f"{rep.source}; saved {rep.path}")
+    typer.echo(f"fitted {rep.parameters}: " + ", ".join(f"{v:.3f}" for v in rep.loading))
     typer.echo(f"expected error (leave-one-out over your rows): Spearman "
                f"{rep.loo_spearman:.3f}, median error {rep.loo_median_error:.0%}")
 
@@ -1179,7 +1178,7 @@ def _show_recommendation(rec, top: int, max_accuracy_drop: float) -> None:
         m = rec.mapping
         how = (f"{rec.source}: {m['reference']}'s cost models ({rec.model_info['directory']}) "
                f"mapped to {rec.device}" + (" by its spec" if rec.source == "zero-shot" else
-                                            f" by {m['shots']} of its conv measurements"))
+                                            f" by {m['shots']} of its measurements"))
     typer.echo(f"latency: {how}, speedup over the fastest predicted dense configuration "
                f"({rec.dense_baseline_s * 1e3:.2f} ms)")
     typer.echo(format_table(rows))

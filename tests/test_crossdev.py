@@ -123,7 +123,9 @@ C1, C2, C3 = ("conv:C=64,H=56,W=56,K=64,R=3,S=3,pad=1", "conv:C=32,H=28,W=28,K=6
 
 @pytest.mark.parametrize("rows, needle", [
     ([f"{C1},dense/gemm,1.0", f"{C2},dense/gemm,2.0", "zoo:resnet50,dense,3"],
-     "cannot predict 'zoo:resnet50'"),
+     "mixes conv and network targets"),
+    ([f"{C1},dense/gemm,1.0", f"{C2},dense/gemm,2.0", "model.pt,dense,3"],
+     "cannot predict 'model.pt'"),
     ([f"{C1},dense/gemm,1.0", f"{C2},dense/gemm,2.0", f"{C3},fp8/gemm,3"], "allowed: dense"),
     ([f"{C1},dense/gemm,1.0", f"{C2},dense/gemm,-2", f"{C3},dense/gemm,3"], "must be positive"),
     ([f"{C1},dense/gemm,1.0", f"{C2},dense/gemm,", f"{C3},dense/gemm,3"], "missing"),
@@ -309,3 +311,43 @@ def test_evaluate_leave_one_device_out_cli():
     assert h["by_shots"]["10"]["spearman"] > h["macs"]["10"]["spearman"]
     assert_clean_error(run_cli("evaluate", "--leave-one-device-out", "--source", "tophub",
                                "--device", "ultra96", "--shots", "40"), "larger than")
+
+
+def test_predict_a_network_is_the_recommend_candidate_it_names():
+    """A whole network on a trained device: the prediction of the configuration named is
+    recommend's own for that candidate, and an open config picks the fastest."""
+    r = run_cli("predict", "zoo:resnet18-cifar", "--device", "local-avx2-1t", "--config",
+                "dense/gemm", "--json")
+    assert r.exit_code == 0, r.output
+    (p,) = json.loads(r.output)
+    assert p["config"] == "dense/gemm/untuned" and p["source"] == "trained"
+    rec = json.loads(run_cli("recommend", "zoo:resnet18-cifar", "--device", "local-avx2-1t",
+                             "--tuning", "untuned", "--max-accuracy-drop", "100", "--top",
+                             "1000", "--json").output)
+    same = [c for c in rec["candidates"] if c["config"]["compression"] == "dense"
+            and c["config"]["algorithm"] == "gemm"]
+    assert same and abs(same[0]["predicted_ms"] - p["predicted_ms"]) < 1e-3
+    (fast,) = json.loads(run_cli("predict", "zoo:resnet18-cifar", "--device",
+                                 "local-avx2-1t", "--json").output)
+    assert fast["predicted_ms"] <= p["predicted_ms"]
+    assert_clean_error(run_cli("predict", "zoo:nope", "--device", "local"), "unknown zoo")
+
+
+@pytest.mark.slow
+def test_adapt_on_whole_network_latencies_then_recommend(tmp_path):
+    """Latencies of whole zoo networks measured in any runtime: the map from the reference
+    engine's predictions is fitted, and recommend and predict answer from it."""
+    rows = ["zoo:resnet18-cifar,dense/spatial_pack,49.5", "zoo:vgg16-cifar,dense/spatial_pack,60",
+            "zoo:mobilenetv1-cifar,dense/direct,10", "zoo:mobilenetv2-cifar,int8/spatial_pack,12"]
+    r = run_cli("adapt", "--device", "net-box", "--measurements",
+                _write(tmp_path / "n.csv", rows), "--json")
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.output)
+    assert rep["rows"] == 4 and rep["registered"] and "offset" in rep["parameters"]
+    (p,) = json.loads(run_cli("predict", "zoo:resnet18-cifar", "--device", "net-box",
+                              "--config", "dense/spatial_pack", "--json").output)
+    assert p["source"] == "adapted"
+    assert 49.5 / 3 < p["predicted_ms"] < 49.5 * 3  # pulled to the measurement's scale
+    rec = json.loads(run_cli("recommend", "zoo:resnet18-cifar", "--device", "net-box",
+                             "--json").output)
+    assert rec["source"] == "adapted" and rec["mapping"]["shots"] == 4

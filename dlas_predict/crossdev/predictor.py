@@ -95,10 +95,18 @@ def parse_target(text: str) -> Target:
     if name.startswith("nasbench201-") and name.endswith(".onnx"):
         arch = _arch_of_file(Path(t))
         return Target(text, "nasbench201", arch)
-    raise ConfigError(f"cannot predict {text!r} across devices: targets are conv:C=..,H=..,"
-                      "W=..,K=..,R=..,S=..[,stride=..][,pad=..][,groups=..], "
-                      "nasbench201:ARCH or a file `generate nasbench201` wrote (other networks: "
-                      "`recommend NET --device D` on a device with a trained model)")
+    from dlas_predict.networks import zoo
+
+    if t.startswith(zoo.ZOO_PREFIX):
+        zoo.get(t)  # an unknown name is an error that lists the zoo
+        return Target(text, "network", t)
+    if t.endswith(".onnx"):
+        if not Path(t).is_file():
+            raise ConfigError(f"network file not found: {t}")
+        return Target(text, "network", t)
+    raise ConfigError(f"cannot predict {text!r}: targets are conv:C=..,H=..,W=..,K=..,R=..,"
+                      "S=..[,stride=..][,pad=..][,groups=..], nasbench201:ARCH, an ONNX file "
+                      "or zoo:NAME")
 
 
 def _arch_of_file(path: Path) -> str:
@@ -150,13 +158,46 @@ def parse_config(text: str | None) -> ConfigChoice:
 
 # ---- the bases ------------------------------------------------------------------------------
 def _basis_of(target: Target, device: str) -> tuple[str, str]:
-    """(source, level) that answers ``target`` on ``device``."""
+    """(source, level) that answers ``target`` on ``device``: HELP for NAS-Bench-201 cells
+    on HELP's devices and devices adapted on them, the grid engine (``recommend``'s models)
+    for every other network, the kernel data for convs."""
     if target.kind == "nasbench201":
-        return "help", "network"
+        adapted = _read_adapted(device)
+        if _help_device(device) or (adapted is not None and adapted["source"] == "help"):
+            return "help", "network"
+        return "engine", "network"
+    if target.kind == "network":
+        return "engine", "network"
+    from dlas_predict.crossdev.transfer import trained_devices
+    from dlas_predict.space.devices import get_device
+
+    if device in trained_devices():
+        return "engine", "kernel"  # the device's own layer model
     adapted = _read_adapted(device)
     if adapted is not None and adapted["level"] == "kernel":
         return adapted["source"], adapted["level"]
+    if device in _registry():
+        if getattr(get_device(device, with_target=False), "tophub_model", None):
+            return "tophub", "kernel"  # TopHub measured it: its own (tuned) kernels
+        return "engine", "kernel"  # a trained reference, mapped by the spec (zero-shot)
     return ("profiles" if _is_x86(device) else "tophub"), "kernel"
+
+
+def _registry() -> list[str]:
+    from dlas_predict.space.devices import device_names
+    return device_names()
+
+
+def _help_device(device: str) -> bool:
+    from dlas_predict.space.devices import device_names
+
+    if device in device_names():
+        return False
+    try:
+        from dlas_predict.crossdev.sources import help_matrix
+        return device in help_matrix().devices
+    except DlasError:
+        return False
 
 
 def _is_x86(device: str) -> bool:
@@ -307,6 +348,11 @@ def predict(targets: list[str], device: str, config: str | None = None,
     for i, t in enumerate(parsed):
         groups.setdefault(_basis_of(t, device), []).append(i)
     for (source, level), idx in groups.items():
+        if source == "engine":
+            for i in idx:
+                out[i] = (_predict_network(parsed[i], device, cfg) if level == "network"
+                          else _predict_conv(parsed[i], device, cfg))
+            continue
         mat, model = basis(source, level, str(data) if data else None)
         post = _posterior(device, source, level, mat, model)
         if level == "network":
@@ -328,6 +374,81 @@ def predict(targets: list[str], device: str, config: str | None = None,
     return [p for p in out if p is not None]
 
 
+def _network_file(t: Target) -> str:
+    """An ONNX file or zoo name for the engine (NAS-Bench-201 cells are generated into
+    DLAS_HOME's cache once)."""
+    if t.kind != "nasbench201":
+        return t.key
+    from dlas_predict.networks import nasbench201 as nb
+
+    arch = nb.parse_arch(t.key)
+    path = cache_dir("nasbench201") / arch.file_name
+    if not path.is_file():
+        nb.generate([arch], path.parent)
+    return str(path)
+
+
+def _predict_network(t: Target, device: str, cfg: ConfigChoice) -> Prediction:
+    """A whole network priced by the grid engine (``recommend``'s models, trained,
+    adapted or zero-shot), its fastest candidate that ``cfg`` allows; no accuracy budget."""
+    from dlas_predict.recommend.search import recommend
+    from dlas_predict.space.config import DEFAULT_RATIO
+
+    ratio = cfg.ratio or DEFAULT_RATIO
+    tuning = cfg.tuning or "all"
+    rec = recommend(_network_file(t), device, max_accuracy_drop=float("inf"), top=0,
+                    ratios=(ratio,), tuning=tuning)
+    ok = [c for c in rec.candidates
+          if (cfg.compression is None or c.compression.value == cfg.compression)
+          and (cfg.algorithm is None or c.algorithm == cfg.algorithm)
+          and (cfg.ratio is None or c.ratio is None or abs(c.ratio - cfg.ratio) < 1e-9)]
+    if not ok:
+        raise ConfigError(f"{t.text}: no candidate matches {cfg.text} on {device} (the "
+                          f"grid had {len(rec.candidates)}; skipped: "
+                          + "; ".join(f"{a}: {b}" for a, b in rec.skipped[:3]) + ")")
+    best = min(ok, key=lambda c: c.predicted_s)
+    label = best.compression.value + (f"@{best.ratio:g}" if best.ratio else "") + \
+        f"/{best.algorithm}/{best.tuning.value}"
+    return Prediction(t.text, label, best.predicted_s * 1e3, best.low_s * 1e3,
+                      best.high_s * 1e3, rec.source, "engine:" + str(
+                          (rec.mapping or {}).get("reference") or rec.device))
+
+
+def _predict_conv(t: Target, device: str, cfg: ConfigChoice) -> Prediction:
+    """A conv priced by a trained layer model (the device's own, else a reference's mapped
+    to the device): its fastest variant ``cfg`` allows (untuned unless ``tuned`` is named;
+    pruning at the named ratio, else 0.9)."""
+    from dlas_predict.crossdev.transfer import reference_predictions
+    from dlas_predict.space.config import (DEFAULT_RATIO, Algorithm, Compression, ConvSpec)
+
+    spec = ConvSpec.parse(t.key)
+    rows = []
+    for comp in ([cfg.compression] if cfg.compression else [c.value for c in Compression]):
+        r = (cfg.ratio or DEFAULT_RATIO) if comp.endswith("_pruning") else 0.0
+        for alg in ([cfg.algorithm] if cfg.algorithm else [a.value for a in Algorithm]):
+            rows.append((spec, alg, comp, r, cfg.tuning or "untuned"))
+    from dlas_predict.crossdev.transfer import device_map, group_of, trained_devices
+
+    if device in trained_devices():
+        mid, low, high = reference_predictions(device, rows)
+        source, model = "trained", device
+    else:  # the map recommend uses: a trained reference scaled to the device
+        m, dev, ref = device_map(device)
+        mid, low, high = reference_predictions(ref.name, rows)
+        ls = np.array([m.log_scale(ref, dev, r[2]) if dev.peak_gflops else 0.0 for r in rows])
+        groups = [group_of(r[2], r[1]) for r in rows]
+        convs = [spec.to_spec()] * len(rows)
+        mid = np.exp(m.apply(np.log(mid), ls, groups, convs))
+        low = np.exp(m.apply(np.log(low), ls, groups, convs) + m.q10)
+        high = np.exp(m.apply(np.log(high), ls, groups, convs) + m.q90)
+        source, model = m.source, ref.name
+    b = int(np.argmin(mid))
+    _, alg, comp, r, tuning = rows[b]
+    label = (f"{comp}@{r:g}" if r else comp) + f"/{alg}/{tuning}"
+    return Prediction(t.text, label, float(mid[b] * 1e3), float(low[b] * 1e3),
+                      float(high[b] * 1e3), source, f"engine:{model}")
+
+
 def _prediction(text, config, mean, sd, post, source) -> Prediction:
     return Prediction(text, config, float(np.exp(mean)), float(np.exp(mean - Z80 * sd)),
                       float(np.exp(mean + Z80 * sd)), post.source, source)
@@ -345,6 +466,8 @@ class AdaptReport:
     loo_spearman: float
     loo_median_error: float
     loading: list[float]
+    #: what ``loading`` holds
+    parameters: str = "latent loading (intercept, mean-device slope, latent terms, groups)"
 
 
 def read_measurements(path: Path) -> list[tuple[Target, ConfigChoice, float, int]]:
@@ -382,8 +505,8 @@ def read_measurements(path: Path) -> list[tuple[Target, ConfigChoice, float, int
         raise DlasError(f"{path}: {len(rows)} measurement(s); adapt needs at least {MIN_ROWS}")
     kinds = {t.kind for t, *_ in rows}
     if len(kinds) > 1:
-        raise DlasError(f"{path}: mixes convs and NAS-Bench-201 networks; adapt one kind at "
-                        "a time")
+        raise DlasError(f"{path}: mixes " + " and ".join(sorted(kinds)) + " targets; adapt "
+                        "one kind at a time")
     seen: dict[tuple, tuple[float, int]] = {}
     for t, c, v, n in rows:
         k = (t.key, c)
@@ -401,6 +524,8 @@ def adapt(device: str, measurements: Path, data: Path | None = None) -> AdaptRep
     _safe(device)
     rows = read_measurements(measurements)
     kind = rows[0][0].kind
+    if kind == "network":
+        return _adapt_networks(device, measurements, rows)
     source, level = ("help", "network") if kind == "nasbench201" else \
         (("profiles" if _is_x86(device) else "tophub"), "kernel")
     mat, model = basis(source, level, str(data) if data else None)
@@ -442,6 +567,50 @@ def adapt(device: str, measurements: Path, data: Path | None = None) -> AdaptRep
     return AdaptReport(device, source, len(rows), registered, str(path),
                        spearman(loo, yu) if len(yu) >= 3 else float("nan"),
                        float(np.median(np.abs(np.exp(loo - yu) - 1))), post.mean.tolist())
+
+
+def _adapt_networks(device: str, measurements: Path, rows) -> AdaptReport:
+    """Whole-network latencies: the reference device's engine prices each (network,
+    configuration), and the map from its latencies to the measured ones is what `recommend`
+    and `predict` then use for the device."""
+    from dlas_predict.crossdev import transfer
+    from dlas_predict.crossdev.latent import spearman
+    from dlas_predict.space.devices import device_names, get_device
+
+    registered = device not in device_names()
+    dev = None if registered else get_device(device, with_target=False)
+    ref = transfer.reference_for(dev) if dev is not None else "local"
+    ref_dev = get_device(ref, with_target=False)
+    log_ref, scale, groups, y = [], [], [], []
+    for t, c, v, n in rows:
+        p = _predict_network(t, ref, c)
+        comp, alg = p.config.split("/")[0].split("@")[0], p.config.split("/")[1]
+        log_ref.append(np.log(p.predicted_ms))
+        scale.append(0.0 if dev is None or not dev.peak_gflops else
+                     transfer.zero_shot_map(dev, ref).log_scale(ref_dev, dev, comp))
+        groups.append(transfer.group_of(comp, alg))
+        y.append(np.log(v))
+    log_ref, scale, y = map(np.array, (log_ref, scale, y))
+    stub = dev if dev is not None else ref_dev.__class__(
+        **{**ref_dev.__dict__, "name": device, "peak_gflops": {}})
+    m = transfer.adapted_map(stub, ref, log_ref, scale, y, groups)
+    loo = []
+    for i in range(len(y)):
+        keep = np.delete(np.arange(len(y)), i)
+        mi = transfer.adapted_map(stub, ref, log_ref[keep], scale[keep], y[keep],
+                                  [groups[j] for j in keep])
+        loo.append(mi.apply(log_ref[i:i + 1], scale[i:i + 1], [groups[i]])[0])
+    loo = np.array(loo)
+    path = adapted_dir() / f"{device}.json"
+    path.write_text(json.dumps({
+        "device": device, "source": "engine", "level": "network", "targets": [],
+        "log_ms": [], "networks": [[t.text, c.text, v] for t, c, v, _ in rows],
+        "recommend_map": m.to_dict(), "measurements": str(measurements)}, indent=1))
+    return AdaptReport(device, f"{ref}'s models (whole networks)", len(rows), registered,
+                       str(path), spearman(loo, y),
+                       float(np.median(np.abs(np.exp(loo - y) - 1))),
+                       [m.offset, m.slope, *m.group_offsets.values()],
+                       "map (offset, slope, " + ", ".join(m.group_offsets) + " offsets)")
 
 
 def _recommend_map(device: str, keys: list[str], log_ms: np.ndarray) -> dict | None:

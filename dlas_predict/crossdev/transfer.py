@@ -10,7 +10,8 @@ price the grid, and every kernel's latency is mapped to ``D``:
   same kernels (the local CPU and its profiles, shipped; TopHub's devices where the public
   data lies), and the interval is the 10-90 % range of the leave-one-device-out error of
   that fit (each device's pairs predicted with α, β fitted without it);
-- **adapted**: ``a`` and a slope on ``log t_R`` are fitted on the user's conv measurements
+- **adapted**: ``a`` and a slope on ``log t_R`` are fitted on the user's measurements (convs,
+  or whole networks priced by the reference's engine)
   (``adapt``), shrunk towards the zero-shot map, with the interval of its leave-one-out
   residuals;
 - **trained**: the device's own models; no map.
@@ -318,7 +319,8 @@ def device_map(name: str):
         return m, dev, ref
     if adapted:
         raise DeviceError(f"device {name!r} was adapted on {adapted['source']}'s "
-                          f"{adapted['level']}s; `recommend` needs conv measurements (`adapt "
+                          f"{adapted['level']}s; `recommend` needs conv or whole-network "
+                          f"measurements (`adapt "
                           f"--device {name} --measurements FILE.csv` with conv: targets)")
     raise DeviceError(f"unknown device {name!r}: it has neither a spec (`devices add`) nor "
                       f"measurements (`adapt --device {name} --measurements FILE.csv`); "

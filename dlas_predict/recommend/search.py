@@ -385,7 +385,7 @@ def _setup(model: str, device: str, validate: int, models_dir: Path | None,
     if mapping is not None:
         what = ("its spec (zero-shot: no measurement of it here; intervals from the map's "
                 "leave-one-device-out error)" if mapping.source == "zero-shot" else
-                f"{mapping.shots} conv measurements (adapted)")
+                f"{mapping.shots} of its measurements (adapted)")
         notes.append(f"{dev.name} has no trained model: {ref_dev.name}'s models price the "
                      f"grid and each kernel is mapped to {dev.name} by {what}")
         if mapping.source == "zero-shot":
