@@ -103,7 +103,13 @@ def predict_speed() -> dict:
     preds = predictor.predict(targets, "gold_6240")
     warm = time.perf_counter() - t
     assert len(preds) == 1000
-    return {"cold_start_s": cold, "seconds_for_1000": warm, "networks_per_minute": 60000 / warm}
+    # a device HELP does not know: each cell is built as ONNX and priced by the engine
+    predictor.predict(targets[:1], "local", "dense/spatial_pack/untuned")
+    t = time.perf_counter()
+    predictor.predict(targets[1:21], "local", "dense/spatial_pack/untuned")
+    engine = time.perf_counter() - t
+    return {"cold_start_s": cold, "seconds_for_1000": warm, "networks_per_minute": 60000 / warm,
+            "engine_networks_per_minute": 60 * 20 / engine}
 
 
 def recommend_speed() -> dict:
@@ -189,7 +195,8 @@ def main() -> int:
                   f"±10% {r['ceiling_within_10']:.0%}")
     res["predict"] = sp = predict_speed()
     print(f"4. predict: 1,000 NAS-Bench-201 networks in {sp['seconds_for_1000']:.3f} s = "
-          f"{sp['networks_per_minute']:,.0f} networks/min (first call {sp['cold_start_s']:.1f} s)")
+          f"{sp['networks_per_minute']:,.0f} networks/min (first call {sp['cold_start_s']:.1f} s); "
+          f"through the engine on local: {sp['engine_networks_per_minute']:.0f} networks/min")
     res["recommend"] = rs = recommend_speed()
     print("   recommend zoo:resnet50: " + "; ".join(
         f"{k} call {v['reported_s']} s reported, {v['wall_s']:.1f} s wall (rc {v['rc']})"

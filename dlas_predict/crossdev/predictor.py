@@ -191,13 +191,16 @@ def _registry() -> list[str]:
 def _help_device(device: str) -> bool:
     from dlas_predict.space.devices import device_names
 
-    if device in device_names():
-        return False
+    return device not in device_names() and device in _help_devices()
+
+
+@functools.lru_cache(maxsize=1)
+def _help_devices() -> frozenset[str]:
     try:
-        from dlas_predict.crossdev.sources import help_matrix
-        return device in help_matrix().devices
+        from dlas_predict.crossdev.sources import _help_table
+        return frozenset(_help_table(None).device.unique())
     except DlasError:
-        return False
+        return frozenset()
 
 
 def _is_x86(device: str) -> bool:
@@ -345,8 +348,11 @@ def predict(targets: list[str], device: str, config: str | None = None,
     parsed = [parse_target(t) for t in targets]
     out: list[Prediction | None] = [None] * len(parsed)
     groups: dict[tuple[str, str], list[int]] = {}
+    route: dict[str, tuple[str, str]] = {}  # by target kind: the same for every target
     for i, t in enumerate(parsed):
-        groups.setdefault(_basis_of(t, device), []).append(i)
+        if t.kind not in route:
+            route[t.kind] = _basis_of(t, device)
+        groups.setdefault(route[t.kind], []).append(i)
     for (source, level), idx in groups.items():
         if source == "engine":
             for i in idx:
