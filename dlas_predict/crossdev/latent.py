@@ -209,7 +209,7 @@ class LatentModel:
         return mean, np.sqrt(var)
 
 
-def select(mat: LatencyMatrix, shots: int = 10, draws: int = 2, seed: int = 0
+def select(mat: LatencyMatrix, shots: int = 10, draws: int = 3, seed: int = 0
            ) -> tuple[int, float]:
     """(k, noise multiplier) with the best mean Spearman when each training device in turn
     is left out and adapted from ``shots`` random measured targets."""
