@@ -313,6 +313,7 @@ def test_evaluate_leave_one_device_out_cli():
                                "--device", "ultra96", "--shots", "40"), "larger than")
 
 
+@pytest.mark.slow
 def test_predict_a_network_is_the_recommend_candidate_it_names():
     """A whole network on a trained device: the prediction of the configuration named is
     recommend's own for that candidate, and an open config picks the fastest."""
