@@ -195,6 +195,7 @@ def test_adapt_on_convs_saves_under_dlas_home_and_predicts_the_same_after_reload
     assert rec["source"] == "adapted" and rec["mapping"]["shots"] == 6
 
 
+@pytest.mark.slow
 def test_a_registry_device_without_data_is_zero_shot_and_says_so():
     r = run_cli("predict", C1, "--device", "i7-8700", "--config", "dense")
     assert r.exit_code == 0, r.output
@@ -240,6 +241,7 @@ def test_adapt_a_new_device_on_nasbench201_latencies(tmp_path):
     assert_clean_error(run_cli("predict", C1, "--device", "xeon-like"), "adapted on help")
 
 
+@pytest.mark.slow
 def test_the_zero_shot_map_is_fitted_on_device_pairs_with_a_held_out_interval(monkeypatch,
                                                                                 tmp_path):
     """From the shipped profiles alone (no public data): α, β of the spec scaling and a

@@ -188,6 +188,14 @@ def _registry() -> list[str]:
     return device_names()
 
 
+def _check_known(device: str) -> None:
+    """A device is a registry entry, one HELP measured, or one `adapt` fitted."""
+    if device in _registry() or _help_device(device) or _read_adapted(device) is not None:
+        return
+    raise DeviceError(f"unknown device {device!r}: it has neither a spec (`devices add`) nor "
+                      f"measurements (`adapt --device {device} --measurements FILE.csv`)")
+
+
 def _help_device(device: str) -> bool:
     from dlas_predict.space.devices import device_names
 
@@ -346,6 +354,7 @@ def predict(targets: list[str], device: str, config: str | None = None,
     where ``config`` leaves a part open)."""
     cfg = parse_config(config)
     parsed = [parse_target(t) for t in targets]
+    _check_known(device)
     out: list[Prediction | None] = [None] * len(parsed)
     groups: dict[tuple[str, str], list[int]] = {}
     route: dict[str, tuple[str, str]] = {}  # by target kind: the same for every target
