@@ -321,5 +321,9 @@ def test_the_numpy_tree_walk_predicts_what_lightgbm_predicts():
         X[::9, 2] = np.nan
         X[::11, 5] = 0.0
         assert np.array_equal(ours.predict(X), theirs.predict(X)), path
+    # a big batch with LightGBM loaded takes its C++ walk: the same numbers
+    big = rng.normal(size=(2500, ours.num_feature())) * 4 + 4
+    assert np.array_equal(ours.predict(big), ours._predict(np.unique(big, axis=0))[
+        np.unique(big, axis=0, return_inverse=True)[1].reshape(-1)])
     with pytest.raises(TreeFormatError, match="not a LightGBM text model"):
         TreeModel.parse("hello", "x.txt")

@@ -340,17 +340,17 @@ def test_predict_a_network_is_the_recommend_candidate_it_names():
 def test_adapt_on_whole_network_latencies_then_recommend(tmp_path):
     """Latencies of whole zoo networks measured in any runtime: the map from the reference
     engine's predictions is fitted, and recommend and predict answer from it."""
-    rows = ["zoo:resnet18-cifar,dense/spatial_pack,49.5", "zoo:vgg16-cifar,dense/spatial_pack,60",
-            "zoo:mobilenetv1-cifar,dense/direct,10", "zoo:mobilenetv2-cifar,int8/spatial_pack,12"]
+    rows = ["zoo:resnet18-cifar,dense/spatial_pack,49.5", "zoo:resnet18-cifar,int8/gemm,40",
+            "zoo:mobilenetv1-cifar,dense/direct,10"]
     r = run_cli("adapt", "--device", "net-box", "--measurements",
                 _write(tmp_path / "n.csv", rows), "--json")
     assert r.exit_code == 0, r.output
     rep = json.loads(r.output)
-    assert rep["rows"] == 4 and rep["registered"] and "offset" in rep["parameters"]
+    assert rep["rows"] == 3 and rep["registered"] and "offset" in rep["parameters"]
     (p,) = json.loads(run_cli("predict", "zoo:resnet18-cifar", "--device", "net-box",
                               "--config", "dense/spatial_pack", "--json").output)
     assert p["source"] == "adapted"
     assert 49.5 / 3 < p["predicted_ms"] < 49.5 * 3  # pulled to the measurement's scale
     rec = json.loads(run_cli("recommend", "zoo:resnet18-cifar", "--device", "net-box",
                              "--json").output)
-    assert rec["source"] == "adapted" and rec["mapping"]["shots"] == 4
+    assert rec["source"] == "adapted" and rec["mapping"]["shots"] == 3

@@ -12,7 +12,8 @@ Equality with LightGBM's own ``predict`` is tested on the shipped models.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,8 @@ import numpy as np
 from dlas_predict.errors import DlasError
 
 _ZERO = 1e-35  # LightGBM's kZeroThreshold
+#: Rows from which a process that already imported LightGBM lets it predict.
+_BIG = 2000
 
 
 class TreeFormatError(DlasError):
@@ -39,6 +42,7 @@ class TreeModel:
     missing: np.ndarray      # 0 none, 1 zero, 2 NaN
     leaf: np.ndarray         # trees × leaves (float64)
     text: str = ""
+    _booster: object = field(default=None, repr=False, compare=False)
 
     @classmethod
     def load(cls, path: Path) -> "TreeModel":
@@ -108,6 +112,13 @@ class TreeModel:
         X = np.asarray(X, dtype=np.float64)
         if X.ndim != 2 or X.shape[1] != self.n_features:
             raise DlasError(f"expected {self.n_features} features, got {X.shape}")
+        if len(X) > _BIG and "lightgbm" in sys.modules and self.text:
+            # a big batch in a process that has LightGBM loaded anyway: its C++ walk is
+            # faster, and gives the same numbers (tested)
+            if self._booster is None:
+                import lightgbm as lgb
+                self._booster = lgb.Booster(model_str=self.text)
+            return self._booster.predict(X)
         uniq, inverse = np.unique(X, axis=0, return_inverse=True)
         out = self._predict(uniq)
         return out[inverse.reshape(-1)]
