@@ -245,7 +245,8 @@ def run(device: str, pool: Pool, oracle: Callable[[PoolKernel], float], budget: 
             on_measure(pool.kernels[pick], value)
         if len(measured) >= 3:
             idx = np.array(sorted(measured))
-            m = transfer.adapted_map(dev or _stub(device, ref_dev), reference, log_ref[idx],
+            m = transfer.adapted_map(dev or transfer.measured_only(device, ref_dev),
+                                     reference, log_ref[idx],
                                      log_scale[idx], np.log([measured[i] for i in idx]),
                                      [groups[i] for i in idx], base=zmap,
                                      convs=[convs[i] for i in idx], x_var=float(np.var(log_ref)))
@@ -293,11 +294,6 @@ def _variance_gain(Z, prior, measured: dict, ms: np.ndarray, pool: Pool, totals:
     for r, w in zip(pool.members, inv_t2):
         np.add.at(own, r, ms[r] ** 2 * w)
     return gain + own[free]
-
-
-def _stub(name, ref_dev):
-    from dataclasses import replace
-    return replace(ref_dev, name=name, peak_gflops={})
 
 
 def _score(step, totals, spans, truth, steps, picked) -> Step:

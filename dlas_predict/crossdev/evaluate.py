@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from dlas_predict.crossdev.latent import LatentModel, spearman
+from dlas_predict.models.costmodel import kendall_tau
 from dlas_predict.crossdev.sources import LatencyMatrix
 from dlas_predict.errors import DlasError
 
@@ -67,19 +68,13 @@ class DeviceReport:
         return asdict(self)
 
 
-def _kendall(a: np.ndarray, b: np.ndarray) -> float:
-    from scipy.stats import kendalltau
-
-    return float(kendalltau(a, b).statistic) if len(a) >= 3 else float("nan")
-
-
 def score(pred_log: np.ndarray, true_log: np.ndarray, absolute: bool = True) -> Scores:
     """Rank and (``absolute``) error scores of log-ms predictions."""
     if not absolute:
-        return Scores(spearman(pred_log, true_log), _kendall(pred_log, true_log), None, None,
+        return Scores(spearman(pred_log, true_log), kendall_tau(pred_log, true_log), None, None,
                       None)
     err = np.abs(np.exp(pred_log - true_log) - 1)
-    return Scores(spearman(pred_log, true_log), _kendall(pred_log, true_log),
+    return Scores(spearman(pred_log, true_log), kendall_tau(pred_log, true_log),
                   float(np.mean(err)), float(np.mean(err <= 0.10)), float(np.mean(err <= 0.25)))
 
 

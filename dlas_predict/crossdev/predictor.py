@@ -36,17 +36,15 @@ from dlas_predict.paths import cache_dir, dlas_home
 Z80 = 1.2816
 MIN_ROWS = 3
 DISAGREE = 2.0
-_CONFIG_RE = re.compile(r"^(?P<comp>[a-z_0-9]+)(@(?P<ratio>[0-9.]+))?"
-                        r"(/(?P<alg>[a-z_]+))?(/(?P<tuned>tuned|untuned))?$")
 
 
 @dataclass(frozen=True)
 class Target:
-    """What to predict: a conv (``kind = conv``) or a NAS-Bench-201 network."""
+    """What to predict: a conv, a NAS-Bench-201 cell, or another network."""
 
     text: str
-    kind: str       # "conv" | "nasbench201"
-    key: str        # the conv's canonical spec, or the architecture string
+    kind: str       # "conv" | "nasbench201" | "network"
+    key: str        # the conv's canonical spec, the architecture string, or the model
 
 
 @dataclass(frozen=True)
@@ -442,20 +440,15 @@ def _predict_conv(t: Target, device: str, cfg: ConfigChoice) -> Prediction:
         r = (cfg.ratio or DEFAULT_RATIO) if comp.endswith("_pruning") else 0.0
         for alg in ([cfg.algorithm] if cfg.algorithm else [a.value for a in Algorithm]):
             rows.append((spec, alg, comp, r, cfg.tuning or "untuned"))
-    from dlas_predict.crossdev.transfer import device_map, group_of, trained_devices
+    from dlas_predict.crossdev.transfer import device_map, trained_devices
 
     if device in trained_devices():
         mid, low, high = reference_predictions(device, rows)
         source, model = "trained", device
     else:  # the map recommend uses: a trained reference scaled to the device
         m, dev, ref = device_map(device)
-        mid, low, high = reference_predictions(ref.name, rows)
-        ls = np.array([m.log_scale(ref, dev, r[2]) if dev.peak_gflops else 0.0 for r in rows])
-        groups = [group_of(r[2], r[1]) for r in rows]
-        convs = [spec.to_spec()] * len(rows)
-        mid = np.exp(m.apply(np.log(mid), ls, groups, convs))
-        low = np.exp(m.apply(np.log(low), ls, groups, convs) + m.q10)
-        high = np.exp(m.apply(np.log(high), ls, groups, convs) + m.q90)
+        mid, low, high = m.map_kernels(ref, dev, [(t.key, r[1], r[2]) for r in rows],
+                                       *reference_predictions(ref.name, rows))
         source, model = m.source, ref.name
     b = int(np.argmin(mid))
     _, alg, comp, r, tuning = rows[b]
@@ -596,24 +589,23 @@ def _adapt_networks(device: str, measurements: Path, rows) -> AdaptReport:
     dev = None if registered else get_device(device, with_target=False)
     ref = transfer.reference_for(dev) if dev is not None else "local"
     ref_dev = get_device(ref, with_target=False)
+    stub = dev if dev is not None else transfer.measured_only(device, ref_dev, len(rows))
+    base = transfer.zero_shot_map(stub, ref) if stub.peak_gflops else None
     log_ref, scale, groups, y = [], [], [], []
     for t, c, v, n in rows:
         p = _predict_network(t, ref, c)
         comp, alg = p.config.split("/")[0].split("@")[0], p.config.split("/")[1]
         log_ref.append(np.log(p.predicted_ms))
-        scale.append(0.0 if dev is None or not dev.peak_gflops else
-                     transfer.zero_shot_map(dev, ref).log_scale(ref_dev, dev, comp))
+        scale.append(base.log_scale(ref_dev, stub, comp) if base else 0.0)
         groups.append(transfer.group_of(comp, alg))
         y.append(np.log(v))
     log_ref, scale, y = map(np.array, (log_ref, scale, y))
-    stub = dev if dev is not None else ref_dev.__class__(
-        **{**ref_dev.__dict__, "name": device, "peak_gflops": {}})
-    m = transfer.adapted_map(stub, ref, log_ref, scale, y, groups)
+    m = transfer.adapted_map(stub, ref, log_ref, scale, y, groups, base)
     loo = []
     for i in range(len(y)):
         keep = np.delete(np.arange(len(y)), i)
         mi = transfer.adapted_map(stub, ref, log_ref[keep], scale[keep], y[keep],
-                                  [groups[j] for j in keep])
+                                  [groups[j] for j in keep], base)
         loo.append(mi.apply(log_ref[i:i + 1], scale[i:i + 1], [groups[i]])[0])
     loo = np.array(loo)
     path = adapted_dir() / f"{device}.json"
@@ -655,7 +647,7 @@ def _recommend_map(device: str, keys: list[str], log_ms: np.ndarray) -> dict | N
         m = transfer.adapted_map(dev, ref, log_ref, scale, log_ms,
                                  [transfer.group_of(r[2], r[1]) for r in rows], m0)
     else:
-        stub = ref_dev.__class__(**{**ref_dev.__dict__, "name": device, "peak_gflops": {}})
+        stub = transfer.measured_only(device, ref_dev, len(rows))
         m = transfer.adapted_map(stub, ref, log_ref, np.zeros(len(rows)), log_ms,
                                  [transfer.group_of(r[2], r[1]) for r in rows])
     return m.to_dict()

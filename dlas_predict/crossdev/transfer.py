@@ -78,6 +78,19 @@ class DeviceMap:
             if ref.mem_bandwidth_gbs and dev.mem_bandwidth_gbs else 0.0
         return float(self.alpha * peak + self.beta * bw)
 
+    def map_kernels(self, ref, dev, kernels: list[tuple[str, str, str]], mid, low, high):
+        """(conv spec, algorithm, compression) rows' latencies on ``ref`` (median, 10 %,
+        90 %) mapped to ``dev``, the interval widened by the map's own error; a device with
+        no spec takes no spec term."""
+        scale = {c: self.log_scale(ref, dev, c) if dev.peak_gflops else 0.0
+                 for c in {k[2] for k in kernels}}
+        ls = np.array([scale[k[2]] for k in kernels])
+        groups = [group_of(k[2], k[1]) for k in kernels]
+        convs = [k[0] for k in kernels]
+        return (np.exp(self.apply(np.log(mid), ls, groups, convs)),
+                np.exp(self.apply(np.log(low), ls, groups, convs) + self.q10),
+                np.exp(self.apply(np.log(high), ls, groups, convs) + self.q90))
+
     def apply(self, log_t_ref: np.ndarray, log_scale: np.ndarray,
               groups: list[str] | None = None, convs: list[str] | None = None) -> np.ndarray:
         out = self.offset + self.slope * log_t_ref + log_scale
@@ -141,23 +154,22 @@ def _pairs(mat, specs: dict) -> list[tuple[str, str, np.ndarray, np.ndarray, np.
 def fit_transfer(kind: str = "cpu", data: Path | None = None,
                  exclude: str | None = None) -> TransferFit:
     """α, β on every device pair of ``kind`` with shared kernels, and the map's
-    leave-one-device-out error; cached under DLAS_HOME by the data's shape."""
+    leave-one-device-out error; cached under DLAS_HOME by the data files and the devices'
+    specs, so a cached fit is found before any data is read."""
     from dlas_predict.crossdev import sources
+    from dlas_predict.paths import CORPUS_SNAPSHOTS
     from dlas_predict.space.devices import device_names, get_device
 
-    mats = [sources.profiles_matrix("kernel")]
+    every = {n: get_device(n, with_target=False) for n in device_names()}
+    files = sorted(CORPUS_SNAPSHOTS.glob("*.parquet"))
     try:
-        mats.append(sources.tophub_matrix(data))
+        files += sorted(sources._shared("tophub", data).glob("*.jsonl"))
     except DlasError:
         pass  # the public data is optional: the shipped profiles alone
-    names = set(device_names())
-    pairs = []
-    for mat in mats:
-        specs = {d: get_device(d, with_target=False) for d in mat.devices if d in names}
-        specs = {d: s for d, s in specs.items() if s.kind == kind}
-        pairs += _pairs(mat, specs)
-    pairs = [p for p in pairs if exclude not in (p[0], p[1])]
-    key = json.dumps([kind, [(r, d, len(y)) for r, d, y, _, _ in pairs]])
+    key = json.dumps([kind, exclude, [(str(f), f.stat().st_size, f.stat().st_mtime_ns)
+                                      for f in files],
+                      {n: [d.kind, d.peak_gflops, d.mem_bandwidth_gbs]
+                       for n, d in every.items()}], sort_keys=True)
     path = cache_dir("crossdev") / "transfer.json"
     try:
         cached = json.loads(path.read_text())
@@ -165,6 +177,16 @@ def fit_transfer(kind: str = "cpu", data: Path | None = None,
         cached = {}
     if key in cached:
         return TransferFit(**cached[key])
+    mats = [sources.profiles_matrix("kernel")]
+    try:
+        mats.append(sources.tophub_matrix(data))
+    except DlasError:
+        pass
+    pairs = []
+    for mat in mats:
+        specs = {d: every[d] for d in mat.devices if d in every and every[d].kind == kind}
+        pairs += _pairs(mat, specs)
+    pairs = [p for p in pairs if exclude not in (p[0], p[1])]
     if not pairs:
         raise DlasError(f"no pair of {kind} devices measured the same kernels: no zero-shot "
                         "map can be fitted")
@@ -266,19 +288,13 @@ def reference_predictions(reference: str, kernels: list[tuple]
     """Seconds (median, 10 % and 90 %) of (spec, algorithm, compression, ratio, tuning)
     rows as ``reference``'s trained layer model predicts them (its features see the roofs it
     was trained with)."""
-    from dataclasses import replace
-
     from dlas_predict.models.features import KernelConfig, features
-    from dlas_predict.recommend.search import load_models
+    from dlas_predict.recommend.search import features_device, load_models
     from dlas_predict.space.config import Algorithm, Compression, Tuning
     from dlas_predict.space.devices import get_device
 
     layer, _, info = load_models(reference)
-    dev = get_device(reference, with_target=False)
-    roofs = info.get("device_roofs")
-    if roofs:
-        dev = replace(dev, peak_gflops=dict(roofs["peak_gflops"]),
-                      mem_bandwidth_gbs=roofs["mem_bandwidth_gbs"])
+    dev = features_device(get_device(reference, with_target=False), info)
     X = np.array([features(KernelConfig(spec, Algorithm.parse(a), Compression.parse(c),
                                         float(r), Tuning.parse(t)), dev)
                   for spec, a, c, r, t in kernels])
@@ -292,11 +308,19 @@ def reference_log_latency(reference: str, kernels: list[tuple]) -> np.ndarray:
     return np.log(reference_predictions(reference, kernels)[0])
 
 
+def measured_only(name: str, ref, shots: int = 0):
+    """A device known by measurements alone: the reference's entry under its name, with no
+    spec, target or fingerprint (none is invented)."""
+    from dataclasses import replace
+
+    return replace(ref, name=name, description=f"known by {shots} measurements (adapt)",
+                   target={}, peak_gflops={}, mem_bandwidth_gbs=None, fingerprint="",
+                   origin="adapted", profile_of=None, rpc_key=None)
+
+
 def device_map(name: str):
     """(map, device, reference device) of a device with no trained model: the map ``adapt``
     fitted, else the zero-shot map from its spec."""
-    from dataclasses import replace
-
     from dlas_predict.crossdev.predictor import _read_adapted
     from dlas_predict.errors import DeviceError
     from dlas_predict.space.devices import device_names, get_device
@@ -313,10 +337,7 @@ def device_map(name: str):
     if saved:
         m = DeviceMap(**saved)
         ref = get_device(m.reference, with_target=False)
-        dev = replace(ref, name=name, description=f"known by {m.shots} measurements (adapt)",
-                      target={}, peak_gflops={}, mem_bandwidth_gbs=None, fingerprint="",
-                      origin="adapted", profile_of=None, rpc_key=None)
-        return m, dev, ref
+        return m, measured_only(name, ref, m.shots), ref
     if adapted:
         raise DeviceError(f"device {name!r} was adapted on {adapted['source']}'s "
                           f"{adapted['level']}s; `recommend` needs conv or whole-network "

@@ -64,7 +64,7 @@ class TreeModel:
             raise TreeFormatError(f"{where}: objective {kv.get('objective')!r}")
         n_features = int(kv["max_feature_idx"]) + 1
         trees = []
-        for block in ("Tree=" + body).split("\nTree=")[0:]:
+        for block in ("Tree=" + body).split("\nTree="):
             block = block.split("end of trees", 1)[0]
             fields = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
             if "leaf_value" not in fields:

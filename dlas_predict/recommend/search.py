@@ -392,34 +392,27 @@ def _setup(model: str, device: str, validate: int, models_dir: Path | None,
             notes.append(f"zero-shot: `dlas-predict active-learn --device {dev.name}` (or "
                          f"`adapt --device {dev.name} --measurements FILE.csv`) makes it "
                          "better")
-    roofs = info.get("device_roofs")
-    feat_dev = ref_dev or dev
-    if roofs and (roofs["peak_gflops"] != dev.peak_gflops
-                  or roofs["mem_bandwidth_gbs"] != dev.mem_bandwidth_gbs):
-        # the model's device features are the roofs it was trained with
-        feat_dev = replace(feat_dev, peak_gflops=dict(roofs["peak_gflops"]),
-                           mem_bandwidth_gbs=roofs["mem_bandwidth_gbs"])
+    feat_dev = features_device(ref_dev or dev, info)
     return _Setup(dev, feat_dev, layer_model, net_model, info, tuning_model, net, name, entry,
                   tunings, notes, mapping=mapping, ref_dev=ref_dev)
 
 
-def _mapped(su: _Setup, kernels: list[tuple], mid, low, high):
-    """The reference device's kernel latencies mapped to the device, the interval widened
-    by the map's own error."""
-    m = su.mapping
-    scale = {}
-    for k in kernels:
-        comp = k[2].value
-        if comp not in scale:
-            scale[comp] = m.log_scale(su.ref_dev, su.dev, comp) if su.dev.peak_gflops else 0.0
-    ls = np.array([scale[k[2].value] for k in kernels])
-    from dlas_predict.crossdev.transfer import group_of
+def features_device(dev, info: dict):
+    """``dev`` as a layer model's features see it: with the roofs the model was trained
+    with (its sidecar's), where they differ from the registry's."""
+    roofs = info.get("device_roofs")
+    if roofs and (roofs["peak_gflops"] != dev.peak_gflops
+                  or roofs["mem_bandwidth_gbs"] != dev.mem_bandwidth_gbs):
+        return replace(dev, peak_gflops=dict(roofs["peak_gflops"]),
+                       mem_bandwidth_gbs=roofs["mem_bandwidth_gbs"])
+    return dev
 
-    groups = [group_of(k[2].value, k[1].value) for k in kernels]
-    convs = [k[0].to_spec() for k in kernels]
-    return (np.exp(m.apply(np.log(mid), ls, groups, convs)),
-            np.exp(m.apply(np.log(low), ls, groups, convs) + m.q10),
-            np.exp(m.apply(np.log(high), ls, groups, convs) + m.q90))
+
+def _mapped(su: _Setup, kernels: list[tuple], mid, low, high):
+    """The reference device's kernel latencies mapped to the device."""
+    return su.mapping.map_kernels(su.ref_dev, su.dev,
+                                  [(k[0].to_spec(), k[1].value, k[2].value) for k in kernels],
+                                  mid, low, high)
 
 
 def _kernel_rows(convs, points, tunings: list[Tuning], feat_dev):
