@@ -327,3 +327,37 @@ def test_the_numpy_tree_walk_predicts_what_lightgbm_predicts():
         np.unique(big, axis=0, return_inverse=True)[1].reshape(-1)])
     with pytest.raises(TreeFormatError, match="not a LightGBM text model"):
         TreeModel.parse("hello", "x.txt")
+
+
+def test_a_tree_model_remembers_rows_and_files_without_changing_an_answer(tmp_path):
+    """Rows predicted before are looked up, not walked: the same numbers alone, in another
+    batch, or after the memo fills; a model file is parsed once until it changes."""
+    import shutil
+
+    from dlas_predict.models import trees
+    from dlas_predict.models.trees import TreeModel
+    from dlas_predict.paths import MODELS_STORE
+
+    src = sorted(MODELS_STORE.glob("local/layer.median.txt"))[0]
+    path = tmp_path / "m.txt"
+    shutil.copy(src, path)
+    model = TreeModel.load(path)
+    assert TreeModel.load(path) is model
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(300, model.num_feature())) * 4 + 4
+    fresh = TreeModel.parse(src.read_text())
+    first = model.predict(X)
+    assert np.array_equal(first, fresh._predict(X))
+    mixed = np.vstack([X[::-1][:100], rng.normal(size=(50, model.num_feature())) * 4 + 4])
+    assert np.array_equal(model.predict(mixed), fresh._predict(mixed))
+    old = trees._MEMO_ROWS
+    try:
+        trees._MEMO_ROWS = 10  # forgetting changes nothing either
+        Y = rng.normal(size=(20, model.num_feature())) * 4 + 4
+        assert np.array_equal(model.predict(Y), fresh._predict(Y))
+        assert len(model._memo) == 20
+        assert np.array_equal(model.predict(X), first)
+    finally:
+        trees._MEMO_ROWS = old
+    path.write_text(src.read_text().replace("Tree=0", "Tree=0", 1) + "\n")
+    assert TreeModel.load(path) is not model  # a changed file is read again

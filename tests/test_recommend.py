@@ -196,3 +196,23 @@ def test_ranker_orders_by_speed():
     scores = ConfigRanker(seed=0).fit(X, secs, groups).scores(X)
     # higher score = faster: strongly anti-correlated with the latency
     assert np.corrcoef(scores, secs)[0, 1] < -0.5
+
+
+def test_a_grid_of_some_compressions_prices_them_as_the_full_grid_does():
+    """``compressions`` leaves rows out of the grid without changing the others' latencies;
+    dense, the speedups' reference, cannot be left out."""
+    from dlas_predict.space.config import Compression
+
+    full = recommend("zoo:resnet18-cifar", max_accuracy_drop=float("inf"), top=0,
+                     tuning="untuned", ratios=(0.9,))
+    some = recommend("zoo:resnet18-cifar", max_accuracy_drop=float("inf"), top=0,
+                     tuning="untuned", ratios=(0.9,),
+                     compressions=(Compression.DENSE, Compression.INT8))
+    assert {c.compression for c in some.candidates} == {Compression.DENSE, Compression.INT8}
+    key = lambda c: (c.compression, c.algorithm)  # noqa: E731
+    want = {key(c): c.predicted_s for c in full.candidates
+            if c.compression in (Compression.DENSE, Compression.INT8)}
+    assert {key(c): c.predicted_s for c in some.candidates} == pytest.approx(want, rel=1e-9)
+    assert some.dense_baseline_s == pytest.approx(full.dense_baseline_s, rel=1e-9)
+    with pytest.raises(DlasError, match="must include dense"):
+        recommend("zoo:resnet18-cifar", compressions=(Compression.INT8,))

@@ -405,12 +405,15 @@ def _predict_network(t: Target, device: str, cfg: ConfigChoice) -> Prediction:
     """A whole network priced by the grid engine (``recommend``'s models, trained,
     adapted or zero-shot), its fastest candidate that ``cfg`` allows; no accuracy budget."""
     from dlas_predict.recommend.search import recommend
-    from dlas_predict.space.config import DEFAULT_RATIO
+    from dlas_predict.space.config import DEFAULT_RATIO, Compression
 
     ratio = cfg.ratio or DEFAULT_RATIO
     tuning = cfg.tuning or "all"
+    # dense is always priced: the grid's speedups are relative to it
+    comps = ({Compression.DENSE, Compression(cfg.compression)} if cfg.compression
+             else set(Compression))
     rec = recommend(_network_file(t), device, max_accuracy_drop=float("inf"), top=0,
-                    ratios=(ratio,), tuning=tuning)
+                    ratios=(ratio,), tuning=tuning, compressions=tuple(comps))
     ok = [c for c in rec.candidates
           if (cfg.compression is None or c.compression.value == cfg.compression)
           and (cfg.algorithm is None or c.algorithm == cfg.algorithm)

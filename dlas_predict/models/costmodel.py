@@ -86,9 +86,14 @@ def _family_keys(X: np.ndarray) -> tuple[list[str], list[str]]:
     pointwise = (X[:, col("R")] * X[:, col("S")] == 1)
     strided = X[:, col("stage_vector_ops_strided")] > 0
     structure = np.column_stack([X[:, col("depthwise")], strided, pointwise])
-    coarse = [",".join(f"{v:g}" for v in k) for k in _group_keys(X)]
-    fine = [f"{c}|{','.join(str(int(v)) for v in r)}" for c, r in zip(coarse, structure)]
-    return coarse, fine
+    n_fam = len(_FAMILY)
+    both = np.column_stack([X[:, [col(n) for n in _FAMILY]], structure])
+    uniq, inverse = np.unique(both, axis=0, return_inverse=True)  # few distinct keys
+    coarse_u = [",".join(f"{v:g}" for v in k[:n_fam]) for k in uniq]
+    fine_u = [f"{c}|{','.join(str(int(v)) for v in k[n_fam:])}"
+              for c, k in zip(coarse_u, uniq)]
+    inverse = inverse.reshape(-1)
+    return [coarse_u[i] for i in inverse], [fine_u[i] for i in inverse]
 
 
 class KernelCostModel(abc.ABC):

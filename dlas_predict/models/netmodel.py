@@ -64,11 +64,11 @@ class NetworkSummary:
                    nonconv_bytes=sum(layer.bytes_moved for layer in other),
                    activation_ops=sum(layer.kind == "activation" for layer in other),
                    elementwise_ops=sum(layer.kind == "elementwise" for layer in other),
-                   input_elems=int(np.prod(net.input_shape)),
-                   conv_io_bytes=sum(4 * (int(np.prod(layer.input_shapes[0])) +
-                                          int(np.prod(layer.output_shape)))
+                   input_elems=int(math.prod(net.input_shape)),
+                   conv_io_bytes=sum(4 * (int(math.prod(layer.input_shapes[0])) +
+                                          int(math.prod(layer.output_shape)))
                                      for layer in net.layers if layer.conv is not None),
-                   exp_elems=sum(int(np.prod(layer.output_shape)) for layer in other
+                   exp_elems=sum(int(math.prod(layer.output_shape)) for layer in other
                                  if layer.op in EXP_OPS),
                    broadcast_bytes=sum(layer.bytes_moved for layer in other
                                        if _broadcasts(layer)))
@@ -77,7 +77,7 @@ class NetworkSummary:
 def _broadcasts(layer) -> bool:
     """An elementwise op on activations of different sizes (squeeze-excitation's per-channel
     scale: a feature map times a gate of one value per channel)."""
-    return layer.kind == "elementwise" and len({int(np.prod(s)) for s in layer.input_shapes}) > 1
+    return layer.kind == "elementwise" and len({int(math.prod(s)) for s in layer.input_shapes}) > 1
 
 
 def net_features(summary: NetworkSummary, conv_s: float, compression: Compression,

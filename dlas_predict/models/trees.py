@@ -23,6 +23,12 @@ from dlas_predict.errors import DlasError
 _ZERO = 1e-35  # LightGBM's kZeroThreshold
 #: Rows from which a process that already imported LightGBM lets it predict.
 _BIG = 2000
+#: Predicted rows a model remembers (by their bytes) before it forgets them all.
+_MEMO_ROWS = 200_000
+
+
+#: Parsed models by (path, modification time, size).
+_LOADED: dict[tuple, "TreeModel"] = {}
 
 
 class TreeFormatError(DlasError):
@@ -43,14 +49,22 @@ class TreeModel:
     leaf: np.ndarray         # trees × leaves (float64)
     text: str = ""
     _booster: object = field(default=None, repr=False, compare=False)
+    _memo: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def load(cls, path: Path) -> "TreeModel":
+        """The model in ``path``; parsed once per process while the file is unchanged (a
+        batch of recommend or predict calls reads the same files)."""
         try:
+            st = Path(path).stat()
+            key = (str(Path(path).resolve()), st.st_mtime_ns, st.st_size)
+            if key in _LOADED:
+                return _LOADED[key]
             text = Path(path).read_text()
         except (OSError, UnicodeDecodeError) as exc:
             raise TreeFormatError(f"cannot read {path}: {exc}") from None
-        return cls.parse(text, str(path))
+        model = _LOADED[key] = cls.parse(text, str(path))
+        return model
 
     @classmethod
     def parse(cls, text: str, where: str = "model") -> "TreeModel":
@@ -120,7 +134,16 @@ class TreeModel:
                 self._booster = lgb.Booster(model_str=self.text)
             return self._booster.predict(X)
         uniq, inverse = np.unique(X, axis=0, return_inverse=True)
-        out = self._predict(uniq)
+        # rows seen before (another network of a batch shares most layers) are not walked
+        keys = [r.tobytes() for r in uniq]
+        memo = self._memo
+        new = [i for i, k in enumerate(keys) if k not in memo]
+        if new:
+            if len(memo) + len(new) > _MEMO_ROWS:
+                memo.clear()
+            for i, v in zip(new, self._predict(uniq[new])):
+                memo[keys[i]] = float(v)
+        out = np.array([memo[k] for k in keys])
         return out[inverse.reshape(-1)]
 
     def _predict(self, X: np.ndarray) -> np.ndarray:

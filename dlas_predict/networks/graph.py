@@ -14,6 +14,7 @@ output, each once.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -174,7 +175,7 @@ def _infer_shapes(model) -> None:
 
     held = []
     for init in model.graph.initializer:
-        if init.HasField("raw_data") and int(np.prod(init.dims)) > _INFER_KEEP:
+        if init.HasField("raw_data") and int(math.prod(init.dims)) > _INFER_KEEP:
             held.append((init, init.raw_data))
             init.ClearField("raw_data")
     try:
@@ -208,12 +209,12 @@ def _constants(model) -> dict[str, int]:
               onnx.TensorProto.BFLOAT16}
     out = {}
     for init in model.graph.initializer:
-        out[init.name] = int(np.prod(init.dims)) if init.data_type in floats else 0
+        out[init.name] = int(math.prod(init.dims)) if init.data_type in floats else 0
     for node in model.graph.node:
         if node.op_type == "Constant":
             for a in node.attribute:
                 if a.name == "value":
-                    out[node.output[0]] = (int(np.prod(a.t.dims))
+                    out[node.output[0]] = (int(math.prod(a.t.dims))
                                            if a.t.data_type in floats else 0)
             out.setdefault(node.output[0], 0)
     return out
@@ -262,7 +263,7 @@ def _fc_macs(node, name: str, ins: list, out: tuple | None) -> int:
         return int(m * n * k)
     if ins[0] is None or out is None:
         raise NetworkError(f"MatMul {name!r}: unknown operand shapes")
-    return int(np.prod(out)) * int(ins[0][-1])
+    return int(math.prod(out)) * int(ins[0][-1])
 
 
 def read_network(path: str | Path, name: str | None = None) -> Network:
@@ -308,8 +309,8 @@ def read_network(path: str | Path, name: str | None = None) -> Network:
         elif kind == "fc":
             macs = _fc_macs(node, name_, ins, out)
             weight = node.input[1] if node.input[1] in consts else None
-        act_elems = sum(int(np.prod(shapes[i])) for i in act_in if shapes.get(i) is not None)
-        out_elems = int(np.prod(out)) if out is not None else 0
+        act_elems = sum(int(math.prod(shapes[i])) for i in act_in if shapes.get(i) is not None)
+        out_elems = int(math.prod(out)) if out is not None else 0
         all_weights = sum(consts[i] for i in node.input if i and i in consts)
         net.layers.append(Layer(
             index=len(net.layers), name=name_, op=node.op_type, kind=kind,

@@ -205,17 +205,21 @@ class _Accuracy:
 
 
 # ---- the recommender ---------------------------------------------------------------------------
-def _grid(convs, model: str, ratios: tuple[float, ...], skipped: list):
-    """(compression, ratio, per-layer kernel ratios) for every point of the grid."""
+def _grid(convs, model: str, ratios: tuple[float, ...], skipped: list,
+          compressions: tuple[Compression, ...] = tuple(Compression)):
+    """(compression, ratio, per-layer kernel ratios) for every point of the grid (of the
+    given compressions)."""
     from dlas_predict.compression.compress import cached_pruned_sparsities
     from dlas_predict.compression.netplan import kernel_ratio
 
-    points = [(Compression.DENSE, None, [0.0] * len(convs)),
-              (Compression.FLOAT16, None, [0.0] * len(convs)),
-              (Compression.INT8, None, [0.0] * len(convs))]
+    points = [(c, None, [0.0] * len(convs)) for c in
+              (Compression.DENSE, Compression.FLOAT16, Compression.INT8) if c in compressions]
+    pruning = [c for c in (Compression.WEIGHT_PRUNING, Compression.CHANNEL_PRUNING)
+               if c in compressions]
+    if not pruning:
+        return points
     try:
-        sp = cached_pruned_sparsities(model, {Compression.WEIGHT_PRUNING: ratios,
-                                       Compression.CHANNEL_PRUNING: ratios})
+        sp = cached_pruned_sparsities(model, {c: ratios for c in pruning})
     except DlasError as exc:
         skipped.append(("weight_pruning, channel_pruning", str(exc)))
         return points
@@ -279,13 +283,15 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
               data: str | None = None, top: int = 10, validate: int = 0,
               ratios: tuple[float, ...] = DEFAULT_CURVE_RATIOS, models_dir: Path | None = None,
               log=None, tuning: str = "all", trials: int = 64,
-              tuning_db: str | None = None, network_runner=None) -> Recommendation:
+              tuning_db: str | None = None, network_runner=None,
+              compressions: tuple[Compression, ...] = tuple(Compression)) -> Recommendation:
     """Predict every grid point of ``model`` on ``device``, drop what breaks the accuracy
     budget, rank the rest; with ``validate`` > 0, build and time the top ones (local only)
     with the whole-network runner ``network_runner()`` opens (default: the local CPU's).
 
-    ``tuning`` (untuned | tuned | all) picks the halves of the grid; a tuned candidate also
-    carries the predicted search time for ``trials`` trials per kernel."""
+    ``tuning`` (untuned | tuned | all) picks the halves of the grid, ``compressions`` its
+    rows (dense among them: speedups are relative to it); a tuned candidate also carries the predicted search time for ``trials`` trials per
+    kernel."""
     from dlas_predict.measure.runner import TuningOptions
 
     t0 = time.time()
@@ -294,9 +300,12 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
     if validate < 0:
         raise DlasError(f"--validate must be a count >= 0 or 'all', got {validate}")
     tuned_opts = TuningOptions(budget=trials, db=tuning_db)  # checks --trials
+    if Compression.DENSE not in compressions:
+        raise DlasError("the grid's speedups are relative to dense: compressions must "
+                        "include dense")
     su = _setup(model, device, validate, models_dir, tuning)
     convs = su.net.convs()
-    points = _grid(convs, model, tuple(ratios), su.skipped)
+    points = _grid(convs, model, tuple(ratios), su.skipped, tuple(compressions))
     if Tuning.TUNED in su.tunings and not su.info.get("tuned_kernels"):
         su.skipped.append(("tuned", "the cost model of this device learned from no tuned "
                            "kernel: collect some with `dlas-predict tune --network "
@@ -415,6 +424,11 @@ def _mapped(su: _Setup, kernels: list[tuple], mid, low, high):
                                   mid, low, high)
 
 
+#: Feature rows by (device, kernel): a batch of networks shares most of its layers.
+_FEATURES: dict[tuple, list[float]] = {}
+_FEATURES_MAX = 200_000
+
+
 def _kernel_rows(convs, points, tunings: list[Tuning], feat_dev):
     """Stage 2: one feature row per distinct (layer, algorithm, kernel) the grid needs.
 
@@ -425,26 +439,39 @@ def _kernel_rows(convs, points, tunings: list[Tuning], feat_dev):
     rows: dict[tuple, int] = {}
     X: list = []
     kernels: list[tuple] = []
+    dev_key = repr(feat_dev)
+    if len(_FEATURES) > _FEATURES_MAX:
+        _FEATURES.clear()
 
     def row(i: int, alg: Algorithm, comp: Compression, ratio: float, tn: Tuning) -> int:
         key = (convs[i].spec, alg, comp, ratio, tn)
         if key not in rows:
             rows[key] = len(X)
             kernels.append(key)
-            X.append(features(KernelConfig(convs[i].spec, alg, comp, ratio, tn), feat_dev))
+            memo = (dev_key, key)
+            if memo not in _FEATURES:
+                _FEATURES[memo] = features(KernelConfig(*key), feat_dev)
+            X.append(_FEATURES[memo])
         return rows[key]
 
     options: list[tuple[Tuning, list[list[LayerOption]]]] = []
+    layer_opts: dict[tuple, list[LayerOption]] = {}
     for tn in tunings:
         for comp, _r, layer_r in points:
             sparse = COMPRESSION_KERNEL[comp][0]
             per_layer = []
             for i, lr in enumerate(layer_r):
-                opts = [LayerOption(a.value, sparse, row(i, a, comp, lr if sparse else 0.0, tn))
-                        for a in Algorithm]
-                if sparse:  # a pruned layer may also run the dense kernel on its zeros
-                    opts += [LayerOption(a.value, False, row(i, a, Compression.DENSE, 0.0, tn))
-                             for a in Algorithm]
+                same = (convs[i].spec, comp, lr, tn)  # layers of one shape share options
+                opts = layer_opts.get(same)
+                if opts is None:
+                    opts = [LayerOption(a.value, sparse,
+                                        row(i, a, comp, lr if sparse else 0.0, tn))
+                            for a in Algorithm]
+                    if sparse:  # a pruned layer may also run the dense kernel on its zeros
+                        opts += [LayerOption(a.value, False,
+                                             row(i, a, Compression.DENSE, 0.0, tn))
+                                 for a in Algorithm]
+                    layer_opts[same] = opts
                 per_layer.append(opts)
             options.append((tn, per_layer))
     return np.array(X), kernels, options
@@ -457,13 +484,18 @@ def _plans(points, tunings: list[Tuning], options, mid: np.ndarray,
     from dlas_predict.compression.netplan import config_label
 
     plans = []
+    by_kind: dict[int, dict] = {}   # each (shared) option list by (algorithm, sparse)
+    fastest: dict[int, LayerOption] = {}
     for ((comp, ratio, _layer_r), (tn, per_layer)) in zip(points * len(tunings), options):
         sparse = COMPRESSION_KERNEL[comp][0]
+        for opts in per_layer:
+            if id(opts) not in by_kind:
+                by_kind[id(opts)] = {(o.algorithm, o.sparse): o for o in reversed(opts)}
+                fastest[id(opts)] = min(opts, key=lambda o: mid[o.row])
         for a in Algorithm:
-            chosen = tuple(next(o for o in opts if o.algorithm == a.value and o.sparse == sparse)
-                           for opts in per_layer)
+            chosen = tuple(by_kind[id(opts)][a.value, sparse] for opts in per_layer)
             plans.append(Plan(comp, ratio, a.value, chosen, tn))
-        best = tuple(min(opts, key=lambda o: mid[o.row]) for opts in per_layer)
+        best = tuple(fastest[id(opts)] for opts in per_layer)
         if sparse and not any(o.sparse for o in best):
             skipped.append((f"{config_label(comp, ratio)} {PER_LAYER}"
                             + (" tuned" if tn is Tuning.TUNED else ""),
