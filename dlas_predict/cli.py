@@ -107,11 +107,11 @@ def devices(ctx: typer.Context,
                        timeout)
         return
     from dlas_predict.crossdev.predictor import adapted_devices, adapted_summary
-    from dlas_predict.crossdev.transfer import trained_devices
+    from dlas_predict.crossdev.transfer import own_model
 
     devs = all_devices()
     adapted = adapted_devices()
-    trained = set(trained_devices())
+    trained = {d.name for d in devs if own_model(d.name)}
     known = {d.name for d in devs}
     measured_only = [adapted_summary(n) for n in adapted if n not in known]
     if as_json:
@@ -135,8 +135,9 @@ def devices(ctx: typer.Context,
                "origin: detected = this machine and its profiles (the same CPU, measured with "
                "other code generation and threads), shipped = the registry, user = "
                "`devices add`, adapted = known by measurements alone (`adapt`, "
-               "`active-learn`). model: trained = its own cost models; adapted = fitted on "
-               "its measurements; zero-shot = from its spec.")
+               "`active-learn`). model: trained = its own cost models (for this machine and "
+               "its profiles: trained on this machine); adapted = fitted on its "
+               "measurements; zero-shot = from its spec.")
 
 
 @devices_app.command("add")
@@ -1095,11 +1096,11 @@ def active_learn(device: str = typer.Option(..., "--device", help="The device to
                        "90% reached after "
                        + ", ".join("never" if r is None else str(r) for r in reach))
     typer.echo(f"learning curve: {out}")
-    from dlas_predict.crossdev.transfer import trained_devices
+    from dlas_predict.crossdev.transfer import own_model
 
     typer.echo(f"saved the adapted map: {saved} ("
                + (f"{device} has trained models, which recommend uses; the map is kept for "
-                  "reference" if device in trained_devices() else
+                  "reference" if own_model(device) else
                   f"recommend --device {device} uses it") + ")")
 
 

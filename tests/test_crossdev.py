@@ -256,12 +256,62 @@ def test_the_zero_shot_map_is_fitted_on_device_pairs_with_a_held_out_interval(mo
     assert fit_transfer("cpu") == fit  # the cached fit
 
 
+def _trained_here(monkeypatch, here: bool) -> None:
+    """Make the shipped models of this machine and its profiles this machine's (or another
+    machine's), whichever machine runs the test."""
+    from dlas_predict.crossdev import transfer
+    from dlas_predict.space.devices import get_device
+
+    monkeypatch.setattr(transfer, "model_machine", lambda name: (
+        get_device(name, with_target=False).fingerprint if here else "0123456789abcdef"))
+
+
+def test_a_model_of_another_machine_is_not_this_machines(monkeypatch):
+    """The local CPU's and its profiles' models are this machine's only when trained on it;
+    otherwise they are references described as the machine they were trained on."""
+    from dlas_predict.crossdev import transfer
+    from dlas_predict.space.devices import get_device
+
+    _trained_here(monkeypatch, True)
+    assert transfer.own_model("local") and transfer.own_model("local-avx2-1t")
+    _trained_here(monkeypatch, False)
+    assert not transfer.own_model("local") and not transfer.own_model("local-avx2-1t")
+    assert transfer.own_model("h100")  # not this machine: its model is its own anywhere
+    assert not transfer.own_model("i7-8700")  # no model at all
+    meta = json.loads((transfer.MODELS_STORE / "local" / "layer.json").read_text())
+    spec = transfer.data_spec("local")
+    assert spec.peak_gflops == meta["device_roofs"]["peak_gflops"]
+    assert spec.mem_bandwidth_gbs == meta["device_roofs"]["mem_bandwidth_gbs"]
+    # the reference of a device is a trained one of its kind, nearest in spec
+    here = get_device("local", with_target=False)
+    assert transfer.reference_for(here) in transfer.trained_devices()
+
+
+def test_recommend_here_with_a_model_of_another_machine_maps_it_and_says_so(monkeypatch):
+    """On a machine that is not the one the local model was trained on, ``local`` is
+    answered as a device without a model: zero-shot from the nearest trained reference."""
+    from dlas_predict.recommend.search import recommend
+
+    _trained_here(monkeypatch, False)
+    rec = recommend("zoo:resnet18-cifar", "local", tuning="untuned", top=0)
+    assert rec.source == "zero-shot" and rec.mapping["reference"]
+    assert any("trained on another machine" in n for n in rec.notes), rec.notes
+    assert {c.source for c in rec.candidates} == {"zero-shot"}
+    _trained_here(monkeypatch, True)
+    own = recommend("zoo:resnet18-cifar", "local", tuning="untuned", top=0)
+    assert own.source == "trained" and own.mapping is None
+    assert not any("another machine" in n for n in own.notes)
+
+
 @pytest.mark.slow
-def test_recommend_on_a_device_without_a_model_is_zero_shot_and_says_so():
+def test_recommend_on_a_device_without_a_model_is_zero_shot_and_says_so(monkeypatch):
+    from dlas_predict.crossdev.transfer import trained_devices
+
+    _trained_here(monkeypatch, True)
     r = run_cli("recommend", "zoo:resnet18-cifar", "--device", "i7-8700", "--json")
     assert r.exit_code == 0, r.output
     rec = json.loads(r.output)
-    assert rec["source"] == "zero-shot" and rec["mapping"]["reference"] == "local"
+    assert rec["source"] == "zero-shot" and rec["mapping"]["reference"] in trained_devices()
     assert {c["source"] for c in rec["candidates"]} == {"zero-shot"}
     assert any("active-learn --device i7-8700" in n for n in rec["notes"])
     c = rec["candidates"][0]

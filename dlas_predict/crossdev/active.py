@@ -164,20 +164,23 @@ def run(device: str, pool: Pool, oracle: Callable[[PoolKernel], float], budget: 
         raise DlasError(f"unknown criterion {criterion!r}; allowed: {', '.join(CRITERIA)}")
     if budget < 1:
         raise DlasError("--budget must be at least 1")
-    dev = get_device(device, with_target=False) if device in device_names() else None
+    dev = (None if device not in device_names() else
+           # a replay is of recorded data: the device as that data was measured
+           transfer.data_spec(device) if isinstance(oracle, Replay) else
+           get_device(device, with_target=False))
     kind = dev.kind if dev else "cpu"
     refs = [r for r in transfer.trained_devices()
             if not (exclude_reference and r == device)
-            and get_device(r, with_target=False).kind == kind]
+            and transfer.data_spec(r).kind == kind]
     if not refs:
         raise DlasError(f"no trained {kind} model to start from")
     if dev is not None:
         reference = min(refs, key=lambda r: abs(np.log(
-            transfer._peak(get_device(r, with_target=False), "float32")
+            transfer._peak(transfer.data_spec(r), "float32")
             / transfer._peak(dev, "float32"))))
     else:
         reference = "local" if "local" in refs else refs[0]
-    ref_dev = get_device(reference, with_target=False)
+    ref_dev = transfer.data_spec(reference)
     log_ref, ref_width = _reference_pred(reference, pool)
     comps = [k.compression for k in pool.kernels]
     groups = [transfer.group_of(k.compression, k.algorithm) for k in pool.kernels]

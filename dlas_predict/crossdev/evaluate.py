@@ -90,11 +90,12 @@ def _mean_scores(items: list[Scores]) -> Scores:
 def device_spec(name: str) -> np.ndarray | None:
     """A device's spec vector (log peaks per dtype, bandwidth, cores, SIMD width, GPU), or
     None for a device outside the registry (HELP's devices are names only)."""
-    from dlas_predict.space.devices import device_names, get_device
+    from dlas_predict.crossdev.transfer import data_spec
+    from dlas_predict.space.devices import device_names
 
     if name not in device_names():
         return None
-    d = get_device(name, with_target=False)
+    d = data_spec(name)  # as its data was measured
     p = d.peak_gflops
     bw = d.mem_bandwidth_gbs
     return np.array([np.log(p.get("float32", np.nan)), np.log(p.get("int8", np.nan)),
@@ -117,11 +118,12 @@ def zero_shot_prior(model: LatentModel, device: str):
 
 def _roofline(mat: LatencyMatrix, rows: np.ndarray, device: str) -> np.ndarray | None:
     """Roofline time (log ms) of kernel targets on the device's spec, uncalibrated."""
-    from dlas_predict.space.devices import device_names, get_device
+    from dlas_predict.crossdev.transfer import data_spec
+    from dlas_predict.space.devices import device_names
 
     if mat.level != "kernel" or not mat.features.size or device not in device_names():
         return None
-    d = get_device(device, with_target=False)
+    d = data_spec(device)
     if not d.mem_bandwidth_gbs:
         return None
     F = mat.features[rows]

@@ -166,10 +166,10 @@ def _basis_of(target: Target, device: str) -> tuple[str, str]:
         return "engine", "network"
     if target.kind == "network":
         return "engine", "network"
-    from dlas_predict.crossdev.transfer import trained_devices
+    from dlas_predict.crossdev.transfer import own_model
     from dlas_predict.space.devices import get_device
 
-    if device in trained_devices():
+    if own_model(device):
         return "engine", "kernel"  # the device's own layer model
     adapted = _read_adapted(device)
     if adapted is not None and adapted["level"] == "kernel":
@@ -401,9 +401,13 @@ def _network_file(t: Target) -> str:
     return str(path)
 
 
-def _predict_network(t: Target, device: str, cfg: ConfigChoice) -> Prediction:
+def _predict_network(t: Target, device: str, cfg: ConfigChoice,
+                     own_models: bool = False) -> Prediction:
     """A whole network priced by the grid engine (``recommend``'s models, trained,
-    adapted or zero-shot), its fastest candidate that ``cfg`` allows; no accuracy budget."""
+    adapted or zero-shot), its fastest candidate that ``cfg`` allows; no accuracy budget.
+    ``own_models``: the device's own trained models, unmapped, wherever they were trained
+    (a reference's raw predictions)."""
+    from dlas_predict.paths import MODELS_STORE
     from dlas_predict.recommend.search import recommend
     from dlas_predict.space.config import DEFAULT_RATIO, Compression
 
@@ -413,7 +417,8 @@ def _predict_network(t: Target, device: str, cfg: ConfigChoice) -> Prediction:
     comps = ({Compression.DENSE, Compression(cfg.compression)} if cfg.compression
              else set(Compression))
     rec = recommend(_network_file(t), device, max_accuracy_drop=float("inf"), top=0,
-                    ratios=(ratio,), tuning=tuning, compressions=tuple(comps))
+                    ratios=(ratio,), tuning=tuning, compressions=tuple(comps),
+                    models_dir=MODELS_STORE / device if own_models else None)
     ok = [c for c in rec.candidates
           if (cfg.compression is None or c.compression.value == cfg.compression)
           and (cfg.algorithm is None or c.algorithm == cfg.algorithm)
@@ -443,9 +448,9 @@ def _predict_conv(t: Target, device: str, cfg: ConfigChoice) -> Prediction:
         r = (cfg.ratio or DEFAULT_RATIO) if comp.endswith("_pruning") else 0.0
         for alg in ([cfg.algorithm] if cfg.algorithm else [a.value for a in Algorithm]):
             rows.append((spec, alg, comp, r, cfg.tuning or "untuned"))
-    from dlas_predict.crossdev.transfer import device_map, trained_devices
+    from dlas_predict.crossdev.transfer import device_map, own_model
 
-    if device in trained_devices():
+    if own_model(device):
         mid, low, high = reference_predictions(device, rows)
         source, model = "trained", device
     else:  # the map recommend uses: a trained reference scaled to the device
@@ -591,12 +596,12 @@ def _adapt_networks(device: str, measurements: Path, rows) -> AdaptReport:
     registered = device not in device_names()
     dev = None if registered else get_device(device, with_target=False)
     ref = transfer.reference_for(dev) if dev is not None else "local"
-    ref_dev = get_device(ref, with_target=False)
+    ref_dev = transfer.data_spec(ref)
     stub = dev if dev is not None else transfer.measured_only(device, ref_dev, len(rows))
     base = transfer.zero_shot_map(stub, ref) if stub.peak_gflops else None
     log_ref, scale, groups, y = [], [], [], []
     for t, c, v, n in rows:
-        p = _predict_network(t, ref, c)
+        p = _predict_network(t, ref, c, own_models=True)
         comp, alg = p.config.split("/")[0].split("@")[0], p.config.split("/")[1]
         log_ref.append(np.log(p.predicted_ms))
         scale.append(base.log_scale(ref_dev, stub, comp) if base else 0.0)
@@ -643,7 +648,7 @@ def _recommend_map(device: str, keys: list[str], log_ms: np.ndarray) -> dict | N
     else:
         dev, ref = None, "local"
     log_ref = transfer.reference_log_latency(ref, rows) + np.log(1e3)
-    ref_dev = get_device(ref, with_target=False)
+    ref_dev = transfer.data_spec(ref)
     if dev is not None:
         m0 = transfer.zero_shot_map(dev, ref)
         scale = np.array([m0.log_scale(ref_dev, dev, r[2]) for r in rows])

@@ -110,21 +110,92 @@ def _peak(dev, dtype: str) -> float:
 
 
 def trained_devices() -> list[str]:
+    """Every device with a shipped (or trained) model, this machine's or another's."""
     return sorted(p.parent.name for p in MODELS_STORE.glob("*/layer.json"))
 
 
-def reference_for(device) -> str:
-    """The trained device nearest ``device`` in spec (same kind: CPU or GPU)."""
+def _model_meta(name: str) -> dict:
+    try:
+        return json.loads((MODELS_STORE / name / "layer.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _of_this_machine(name: str) -> bool:
+    from dlas_predict.space.devices import LOCAL, is_profile_name
+
+    return name == LOCAL or is_profile_name(name)
+
+
+def _corpus_fingerprint(name: str) -> str | None:
+    """The machine fingerprint most of ``name``'s shipped kernel corpus was measured on."""
+    from dlas_predict.paths import CORPUS_SNAPSHOTS
+
+    path = CORPUS_SNAPSHOTS / f"{name}.parquet"
+    if not path.is_file():
+        return None
+    import pyarrow.parquet as pq
+
+    col = pq.read_table(path, columns=["fingerprint"]).column("fingerprint").to_pylist()
+    col = [c for c in col if c]
+    return max(set(col), key=col.count) if col else None
+
+
+def model_machine(name: str) -> str | None:
+    """The fingerprint of the machine ``name``'s model was trained on (None: not recorded,
+    or no model)."""
+    return _model_meta(name).get("device_fingerprint") or None
+
+
+def own_model(name: str) -> bool:
+    """``name`` has a trained model of the machine it names. The local CPU's and its
+    profiles' models are this machine's only when they were trained on it: on another
+    machine, ``local`` is a device without a model (answered from a reference, mapped)."""
+    if not (MODELS_STORE / name / "layer.json").is_file():
+        return False
+    if not _of_this_machine(name):
+        return True
     from dlas_predict.space.devices import get_device
 
+    trained_on = model_machine(name)
+    return trained_on is None or get_device(name, with_target=False).fingerprint == trained_on
+
+
+def data_spec(name: str):
+    """``name`` as its data was measured: the local CPU and its profiles on the machine of
+    their model (or, without one, of their corpus), with that machine's measured roofs and
+    SIMD width (this machine's entry where it is that machine); the model's own roofs where
+    it recorded them; any other device, its registry entry."""
+    from dataclasses import replace
+
+    from dlas_predict.space.devices import corpus_device, get_device
+
+    meta = _model_meta(name)
+    if _of_this_machine(name):
+        fp = meta.get("device_fingerprint") or _corpus_fingerprint(name)
+        dev = corpus_device(name, fp) if fp else get_device(name, with_target=False)
+    else:
+        dev = get_device(name, with_target=False)
+    roofs = meta.get("device_roofs")
+    if roofs and roofs.get("peak_gflops"):
+        dev = replace(dev, peak_gflops=dict(roofs["peak_gflops"]),
+                      mem_bandwidth_gbs=roofs.get("mem_bandwidth_gbs") or dev.mem_bandwidth_gbs)
+    return dev
+
+
+def reference_for(device) -> str:
+    """The trained device nearest ``device`` in spec (same kind: CPU or GPU), each as its
+    data was measured (:func:`data_spec`): peak, bandwidth and SIMD width."""
     best, best_d = None, np.inf
     for name in trained_devices():
-        ref = get_device(name, with_target=False)
-        if ref.kind != device.kind:
+        ref = data_spec(name)
+        if ref.kind != device.kind or not ref.peak_gflops:
             continue
         d = abs(np.log(_peak(ref, "float32") / _peak(device, "float32")))
         if ref.mem_bandwidth_gbs and device.mem_bandwidth_gbs:
             d += abs(np.log(ref.mem_bandwidth_gbs / device.mem_bandwidth_gbs))
+        if ref.simd_bits and device.simd_bits:  # code of another vector width: a doubling
+            d += abs(np.log2(ref.simd_bits / device.simd_bits))  # counts 1 (a peak's: ln 2)
         if d < best_d:
             best, best_d = name, d
     if best is None:
@@ -158,9 +229,9 @@ def fit_transfer(kind: str = "cpu", data: Path | None = None,
     specs, so a cached fit is found before any data is read."""
     from dlas_predict.crossdev import sources
     from dlas_predict.paths import CORPUS_SNAPSHOTS
-    from dlas_predict.space.devices import device_names, get_device
+    from dlas_predict.space.devices import device_names
 
-    every = {n: get_device(n, with_target=False) for n in device_names()}
+    every = {n: data_spec(n) for n in device_names()}
     files = sorted(CORPUS_SNAPSHOTS.glob("*.parquet"))
     try:
         files += sorted(sources._shared("tophub", data).glob("*.jsonl"))
@@ -331,12 +402,12 @@ def device_map(name: str):
         dev = get_device(name, with_target=False)
         if saved:
             m = DeviceMap(**saved)
-            return m, dev, get_device(m.reference, with_target=False)
+            return m, dev, data_spec(m.reference)
         ref = reference_for(dev)
-        return zero_shot_map(dev, ref), dev, get_device(ref, with_target=False)
+        return zero_shot_map(dev, ref), dev, data_spec(ref)
     if saved:
         m = DeviceMap(**saved)
-        ref = get_device(m.reference, with_target=False)
+        ref = data_spec(m.reference)
         return m, measured_only(name, ref, m.shots), ref
     if adapted:
         raise DeviceError(f"device {name!r} was adapted on {adapted['source']}'s "

@@ -352,11 +352,11 @@ def _setup(model: str, device: str, validate: int, models_dir: Path | None,
     from dlas_predict.networks.graph import read_network
     from dlas_predict.space.devices import get_device
 
-    from dlas_predict.crossdev.transfer import device_map
+    from dlas_predict.crossdev.transfer import device_map, model_machine, own_model
 
     tunings = Tuning.parse_list(tuning)
     mapping = ref_dev = None
-    if models_dir is None and not (MODELS_STORE / device / "layer.json").is_file():
+    if models_dir is None and not own_model(device):
         # no model of its own: a reference device's models, mapped (zero-shot or adapted)
         mapping, dev, ref_dev = device_map(device)
         if validate > 0 and not dev.target:
@@ -386,8 +386,8 @@ def _setup(model: str, device: str, validate: int, models_dir: Path | None,
         notes.append(f"{dev.name} has no whole-network measurements: each latency is the sum "
                      "of the network's conv kernels as the layer model predicts them (other "
                      "operators and launch gaps left out, so a lower bound of the network)")
-    if info.get("device_fingerprint") and dev.name == "local" and \
-            info["device_fingerprint"] != dev.fingerprint:
+    if models_dir is not None and info.get("device_fingerprint") and dev.name == "local" \
+            and info["device_fingerprint"] != dev.fingerprint:  # --models of another machine
         notes.append(f"the local model was trained on another machine (fingerprint "
                      f"{info['device_fingerprint']}, this one {dev.fingerprint}); latencies "
                      "are predictions for a machine like that one")
@@ -395,8 +395,14 @@ def _setup(model: str, device: str, validate: int, models_dir: Path | None,
         what = ("its spec (zero-shot: no measurement of it here; intervals from the map's "
                 "leave-one-device-out error)" if mapping.source == "zero-shot" else
                 f"{mapping.shots} of its measurements (adapted)")
-        notes.append(f"{dev.name} has no trained model: {ref_dev.name}'s models price the "
-                     f"grid and each kernel is mapped to {dev.name} by {what}")
+        elsewhere = (MODELS_STORE / device / "layer.json").is_file()
+        why = (f"{dev.name}'s model was trained on another machine (fingerprint "
+               f"{model_machine(device)}; this one is {dev.fingerprint})" if elsewhere
+               else f"{dev.name} has no trained model")
+        ref_what = (f"{ref_dev.name}'s models (trained on {ref_dev.description})"
+                    if ref_dev.name == dev.name else f"{ref_dev.name}'s models")
+        notes.append(f"{why}: {ref_what} price the grid and each kernel is mapped to "
+                     f"{dev.name} by {what}")
         if mapping.source == "zero-shot":
             notes.append(f"zero-shot: `dlas-predict active-learn --device {dev.name}` (or "
                          f"`adapt --device {dev.name} --measurements FILE.csv`) makes it "

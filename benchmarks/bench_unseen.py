@@ -1,0 +1,138 @@
+"""Whole-network predictions on network families the corpus does not hold, proved by
+building and timing every candidate (``recommend NET --validate all``, untuned half).
+
+The networks, none of them in ``datasets/corpus/local*``:
+
+- NAS-Bench-201 cells (a family the corpus has none of: a DAG cell of 3×3 and 1×1
+  ReLU-conv-BN, 3×3 average pools, skips and zeroed edges, 15 cells in 3 stages), chosen
+  at random from the search space with a fixed seed;
+- generated CNNs of shapes the corpus lacks (depths, widths, input sizes and kernel sizes
+  none of its generated networks has), one of each block style.
+
+For each network every untuned candidate of the grid (dense, float16, int8, and the two
+prunings at 0.5 and 0.9; each algorithm and the per-layer choice) is predicted by the
+shipped local model and then measured here. Resumable: a network already in the output
+file is not measured again.
+
+    .venv/bin/python benchmarks/bench_unseen.py [--out benchmarks/out/unseen.jsonl]
+        [--nasbench 6] [--only NAME]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+#: Generated CNNs of unseen shapes: one per block style (parameters as ``generate cnn``).
+CNNS = [
+    "layers=5,kernels=40,input=36,block=plain,downsample=2",
+    "layers=4,kernels=80,input=18,block=residual,downsample=1",
+    "layers=5,kernels=56,input=36,kernel_size=5,block=separable,downsample=2",
+    "layers=4,kernels=20,input=44,block=inverted,downsample=2",
+]
+RATIOS = (0.5, 0.9)
+
+
+def _nasbench_archs(n: int, seed: int = 2026) -> list[str]:
+    import random
+
+    from dlas_predict.networks.nasbench201 import OPS, parse_arch
+
+    rng = random.Random(seed)
+    archs = []
+    while len(archs) < n:
+        ops = [rng.choice(OPS) for _ in range(6)]
+        if "nor_conv_3x3" not in ops and "nor_conv_1x1" not in ops:
+            continue  # a cell with no conv: nothing of the grid applies to it
+        a = ops
+        archs.append(parse_arch(f"|{a[0]}~0|+|{a[1]}~0|{a[2]}~1|+|{a[3]}~0|{a[4]}~1|"
+                                f"{a[5]}~2|").string)
+    return archs
+
+
+def networks(n_nasbench: int, out_dir: Path) -> list[tuple[str, str, Path]]:
+    """(family, name, ONNX path) of every benchmark network, generated into ``out_dir``."""
+    from dlas_predict.networks import generate as gen
+    from dlas_predict.networks import nasbench201 as nb
+
+    nets = []
+    for params in CNNS:
+        model = gen.generate("cnn", params.split(","), out_dir)[0]
+        nets.append((f"cnn {model.params['block']}", model.path.stem, model.path))
+    archs = [nb.parse_arch(a) for a in _nasbench_archs(n_nasbench)]
+    for arch, path in zip(archs, nb.generate(archs, out_dir)):
+        nets.append(("nasbench201", arch.string, path))
+    return nets
+
+
+def measure(path: Path) -> list[dict]:
+    from dlas_predict.recommend.search import recommend
+
+    rec = recommend(str(path), "local", max_accuracy_drop=float("inf"), top=0,
+                    validate=10_000, tuning="untuned", ratios=RATIOS)
+    return [{"config": c.label, "predicted_ms": c.predicted_s * 1e3,
+             "measured_ms": None if c.measured_s is None else c.measured_s * 1e3,
+             "note": c.measured_note} for c in rec.validated]
+
+
+def summarise(rows: list[dict]) -> dict:
+    pairs = [(c["predicted_ms"], c["measured_ms"]) for r in rows for c in r["candidates"]
+             if c["measured_ms"]]
+    if not pairs:
+        return {"n": 0}
+    errs = [p / m - 1 for p, m in pairs]
+    return {"n": len(pairs), "within_10": sum(abs(e) <= 0.10 for e in errs) / len(errs),
+            "within_25": sum(abs(e) <= 0.25 for e in errs) / len(errs),
+            "mape": sum(abs(e) for e in errs) / len(errs),
+            "median_ratio": sorted(p / m for p, m in pairs)[len(pairs) // 2],
+            "geo_ratio": math.exp(sum(math.log(p / m) for p, m in pairs) / len(pairs))}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "unseen.jsonl")
+    ap.add_argument("--nasbench", type=int, default=6)
+    ap.add_argument("--only", help="measure just this network (name)")
+    args = ap.parse_args()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    done = {}
+    if args.out.is_file():
+        for line in args.out.read_text().splitlines():
+            if line.strip():
+                r = json.loads(line)
+                done[r["name"]] = r
+    with tempfile.TemporaryDirectory() as tmp:
+        for family, name, path in networks(args.nasbench, Path(tmp)):
+            if name in done or (args.only and args.only != name):
+                continue
+            t = time.time()
+            cands = measure(path)
+            row = {"family": family, "name": name, "seconds": round(time.time() - t, 1),
+                   "candidates": cands}
+            with args.out.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+            done[name] = row
+            s = summarise([row])
+            print(f"{family:14s} {name[:60]:60s} {s.get('n', 0):3d} measured, within ±10 %: "
+                  f"{s.get('within_10', 0):.0%}, MAPE {s.get('mape', 0):.1%} "
+                  f"({row['seconds']:.0f} s)", flush=True)
+    rows = list(done.values())
+    print("\nfamily          candidates  within ±10 %  within ±25 %  MAPE   predicted/measured")
+    for fam in sorted({r["family"] for r in rows}) + ["all"]:
+        s = summarise([r for r in rows if fam in ("all", r["family"])])
+        if s["n"]:
+            print(f"{fam:15s} {s['n']:10d}  {s['within_10']:11.0%}  {s['within_25']:11.0%}  "
+                  f"{s['mape']:5.1%}  ×{s['geo_ratio']:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
