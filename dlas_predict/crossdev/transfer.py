@@ -19,6 +19,7 @@ price the grid, and every kernel's latency is mapped to ``D``:
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 from dataclasses import asdict, dataclass, field
@@ -115,8 +116,17 @@ def trained_devices() -> list[str]:
 
 
 def _model_meta(name: str) -> dict:
+    path = MODELS_STORE / name / "layer.json"
     try:
-        return json.loads((MODELS_STORE / name / "layer.json").read_text())
+        return _read_meta(path, path.stat().st_mtime_ns)
+    except OSError:
+        return {}
+
+
+@functools.lru_cache(maxsize=64)
+def _read_meta(path: Path, _mtime: int) -> dict:
+    try:
+        return json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
 
@@ -134,6 +144,11 @@ def _corpus_fingerprint(name: str) -> str | None:
     path = CORPUS_SNAPSHOTS / f"{name}.parquet"
     if not path.is_file():
         return None
+    return _read_fingerprint(path, path.stat().st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _read_fingerprint(path: Path, _mtime: int) -> str | None:
     import pyarrow.parquet as pq
 
     col = pq.read_table(path, columns=["fingerprint"]).column("fingerprint").to_pylist()
@@ -242,12 +257,15 @@ def fit_transfer(kind: str = "cpu", data: Path | None = None,
                       {n: [d.kind, d.peak_gflops, d.mem_bandwidth_gbs]
                        for n, d in every.items()}], sort_keys=True)
     path = cache_dir("crossdev") / "transfer.json"
+    if (str(path), key) in _FITS:
+        return _FITS[str(path), key]
     try:
         cached = json.loads(path.read_text())
     except (OSError, ValueError):
         cached = {}
     if key in cached:
-        return TransferFit(**cached[key])
+        _FITS[str(path), key] = TransferFit(**cached[key])
+        return _FITS[str(path), key]
     mats = [sources.profiles_matrix("kernel")]
     try:
         mats.append(sources.tophub_matrix(data))
@@ -295,7 +313,12 @@ def fit_transfer(kind: str = "cpu", data: Path | None = None,
                          int(sum(len(p[2]) for p in pairs)), devices, per)
     cached[key] = asdict(fitres)
     path.write_text(json.dumps(cached, indent=1))
+    _FITS[str(path), key] = fitres
     return fitres
+
+
+#: Fits found in a process, by (cache file, key).
+_FITS: dict[tuple[str, str], TransferFit] = {}
 
 
 def zero_shot_map(device, reference: str, data: Path | None = None) -> DeviceMap:
@@ -391,7 +414,34 @@ def measured_only(name: str, ref, shots: int = 0):
 
 def device_map(name: str):
     """(map, device, reference device) of a device with no trained model: the map ``adapt``
-    fitted, else the zero-shot map from its spec."""
+    fitted, else the zero-shot map from its spec. Remembered in a process while the files
+    it comes from (the adapted map, the user's registry, the measured roofs) are unchanged."""
+    from dlas_predict.crossdev.predictor import adapted_dir, _safe
+    from dlas_predict.paths import dlas_home
+
+    def stamp(path: Path):
+        try:
+            return path.stat().st_mtime_ns
+        except OSError:
+            return None
+
+    home = dlas_home()
+    peaks = home / "cache" / "devices"  # roofs measured here (devices --measure-peaks)
+    key = (name, str(home), stamp(adapted_dir() / f"{_safe(name)}.json"),
+           stamp(home / "devices.json"),
+           tuple((p.name, stamp(p)) for p in sorted(peaks.glob("*.json"))))
+    if key not in _MAPS:
+        if len(_MAPS) > 256:
+            _MAPS.clear()
+        _MAPS[key] = _device_map(name)
+    return _MAPS[key]
+
+
+#: device_map's answers, by the device and the stamps of its files.
+_MAPS: dict[tuple, tuple] = {}
+
+
+def _device_map(name: str):
     from dlas_predict.crossdev.predictor import _read_adapted
     from dlas_predict.errors import DeviceError
     from dlas_predict.space.devices import device_names, get_device
