@@ -11,11 +11,12 @@ The networks, none of them in ``datasets/corpus/local*``:
 
 For each network every untuned candidate of the grid (dense, float16, int8, and the two
 prunings at 0.5 and 0.9; each algorithm and the per-layer choice) is predicted by the
-shipped local model and then measured here. Resumable: a network already in the output
-file is not measured again.
+shipped model of the device (``--device``: this machine or one of its profiles; its
+``source`` is recorded: a model trained on this machine, or zero-shot) and then measured
+here. Resumable: a network already in the output file is not measured again.
 
     .venv/bin/python benchmarks/bench_unseen.py [--out benchmarks/out/unseen.jsonl]
-        [--nasbench 6] [--only NAME]
+        [--device local] [--nasbench 6] [--only NAME]
 """
 
 from __future__ import annotations
@@ -73,14 +74,15 @@ def networks(n_nasbench: int, out_dir: Path) -> list[tuple[str, str, Path]]:
     return nets
 
 
-def measure(path: Path) -> list[dict]:
+def measure(path: Path, device: str) -> tuple[str, list[dict]]:
+    """(the latencies' source, every validated candidate) of one network."""
     from dlas_predict.recommend.search import recommend
 
-    rec = recommend(str(path), "local", max_accuracy_drop=float("inf"), top=0,
+    rec = recommend(str(path), device, max_accuracy_drop=float("inf"), top=0,
                     validate=10_000, tuning="untuned", ratios=RATIOS)
-    return [{"config": c.label, "predicted_ms": c.predicted_s * 1e3,
-             "measured_ms": None if c.measured_s is None else c.measured_s * 1e3,
-             "note": c.measured_note} for c in rec.validated]
+    return rec.source, [{"config": c.label, "predicted_ms": c.predicted_s * 1e3,
+                         "measured_ms": None if c.measured_s is None else c.measured_s * 1e3,
+                         "note": c.measured_note} for c in rec.validated]
 
 
 def summarise(rows: list[dict]) -> dict:
@@ -101,6 +103,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "unseen.jsonl")
     ap.add_argument("--nasbench", type=int, default=6)
     ap.add_argument("--only", help="measure just this network (name)")
+    ap.add_argument("--device", default="local",
+                    help="this machine or one of its profiles (default: local)")
     args = ap.parse_args()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     done = {}
@@ -108,20 +112,22 @@ def main() -> int:
         for line in args.out.read_text().splitlines():
             if line.strip():
                 r = json.loads(line)
-                done[r["name"]] = r
+                if r.get("device", "local") == args.device:
+                    done[r["name"]] = r
     with tempfile.TemporaryDirectory() as tmp:
         for family, name, path in networks(args.nasbench, Path(tmp)):
             if name in done or (args.only and args.only != name):
                 continue
             t = time.time()
-            cands = measure(path)
-            row = {"family": family, "name": name, "seconds": round(time.time() - t, 1),
-                   "candidates": cands}
+            source, cands = measure(path, args.device)
+            row = {"family": family, "name": name, "device": args.device, "source": source,
+                   "seconds": round(time.time() - t, 1), "candidates": cands}
             with args.out.open("a") as f:
                 f.write(json.dumps(row) + "\n")
             done[name] = row
             s = summarise([row])
-            print(f"{family:14s} {name[:60]:60s} {s.get('n', 0):3d} measured, within ±10 %: "
+            print(f"{family:14s} {name[:60]:60s} ({source}) {s.get('n', 0):3d} measured, "
+                  f"within ±10 %: "
                   f"{s.get('within_10', 0):.0%}, MAPE {s.get('mape', 0):.1%} "
                   f"({row['seconds']:.0f} s)", flush=True)
     rows = list(done.values())

@@ -135,7 +135,10 @@ def test_collect_then_resume_then_export(tmp_path):
     retime = json.loads(_run(*args, "--retime-slow").output)
     assert (retime["measured"], retime["retimed"], retime["kept"]) == (1, 1, 0)
     assert (retime["network_retimed"], retime["network_kept"]) == (1, 0)
-    assert retime["network_measurements"] == s1["network_measurements"]
+    # nothing else re-built; a retimed kernel may change which kernel is fastest for its
+    # layer, and the per-layer oracle then measures that one new plan
+    assert s1["network_measurements"] <= retime["network_measurements"] \
+        <= s1["network_measurements"] + 1
     with sqlite3.connect(store) as db:
         for table in ("measurements", "network_measurements"):
             assert db.execute(f"SELECT MAX(slowdown) FROM {table}").fetchone()[0] < 9.0
