@@ -198,6 +198,22 @@ def _execution_from_argv(argv: list[str]):
                            args.session_timeout, args.emulated)
 
 
+def _exit_with_parent(every_s: float = 1.0) -> None:
+    """Exit as soon as the parent is gone (a collector killed mid-task): the worker runs in
+    its own session, so nothing else stops a task it is timing."""
+    import threading
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(every_s)
+            if os.getppid() != parent:
+                os._exit(0)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> int:
     proto_fd = os.dup(1)          # the protocol channel
     os.dup2(2, 1)                 # everything else printed goes to stderr
@@ -221,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     ex = execution()
     send({"ready": True, "tvm_version": tvm.__version__, "threads": ex.threads(),
           "board": ex.board.to_dict() if ex.board else None})
+    _exit_with_parent()
     for line in sys.stdin:
         line = line.strip()
         if not line:

@@ -52,3 +52,76 @@ def test_faults_are_ignored_without_the_test_switch(monkeypatch):
                                             quiet_wait_s=0)) as runner:
         (result,) = runner.run([task])
     assert result.ok and result.verified
+
+
+def _children(pid: int, needle: str) -> list[int]:
+    """Processes whose parent is ``pid`` and whose command line holds ``needle``."""
+    from pathlib import Path
+
+    out = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == pid and needle in cmd:
+            out.append(int(proc.name))
+    return out
+
+
+@pytest.mark.slow
+def test_a_worker_exits_when_its_collector_is_killed(tmp_path):
+    """A collector killed (SIGKILL) while its worker runs a task does not leave the worker
+    running: it notices its parent is gone and exits within seconds."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "collector.py"
+    script.write_text(
+        "from dlas_predict.space.config import ConvSpec, Variant\n"
+        "from dlas_predict.space.devices import get_device\n"
+        "from dlas_predict.measure.runner import LocalRunner, MeasureTask\n"
+        "from dlas_predict.measure.tasks import Protocol\n"
+        "dev = get_device('local')\n"
+        f"task = MeasureTask.make(ConvSpec.parse('{SPEC.to_spec()}'), Variant('gemm', 'dense'),"
+        " dev, fault='hang')\n"
+        "proto = Protocol(max_repeats=2, min_repeats=1, time_budget_s=0.01, quiet_wait_s=0)\n"
+        "with LocalRunner(dev, protocol=proto, timeout_s=300) as runner:\n"
+        "    list(runner.run([task]))\n")
+    parent = subprocess.Popen([sys.executable, str(script)],
+                              env={**os.environ, "DLAS_FAULT_INJECTION": "1"})
+    workers: list[int] = []
+    try:
+        deadline = time.time() + 90
+        while not workers and time.time() < deadline:
+            time.sleep(0.5)
+            workers = _children(parent.pid, "dlas_predict.measure.worker")
+        assert workers, "the collector started no worker"
+        time.sleep(10)  # the worker is past its handshake (TVM imported) and in the hang
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        deadline = time.time() + 15
+        while time.time() < deadline and any(os.path.exists(f"/proc/{w}") and
+                                             "Z" not in _state(w) for w in workers):
+            time.sleep(0.2)
+        assert not any(os.path.exists(f"/proc/{w}") and "Z" not in _state(w)
+                       for w in workers), "the worker outlived its collector"
+    finally:
+        parent.kill()
+        for w in workers:  # whatever the outcome, no worker is left behind
+            try:
+                os.kill(w, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
