@@ -525,10 +525,12 @@ def pruned_sparsities(model: str, grid: dict) -> dict[tuple, list[float]]:
     else:
         import onnx
 
+        from onnx import numpy_helper
+
         m = onnx.load(str(zoo.resolve(model)))
-        arrays = _arrays(m)
         convs = _conv_nodes(m)
-        raw = folded = [arrays[n.input[1]] for n in convs]
+        inits = {i.name: i for i in m.graph.initializer}  # only the conv weights are read
+        raw = folded = [numpy_helper.to_array(inits[n.input[1]]) for n in convs]
         prunable = [next((a.i for a in n.attribute if a.name == "group"), 1) == 1
                     for n in convs]
     out: dict[tuple, list[float]] = {}
