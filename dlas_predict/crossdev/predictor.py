@@ -195,9 +195,7 @@ def _check_known(device: str) -> None:
 
 
 def _help_device(device: str) -> bool:
-    from dlas_predict.space.devices import device_names
-
-    return device not in device_names() and device in _help_devices()
+    return device not in _registry() and device in _help_devices()
 
 
 @functools.lru_cache(maxsize=1)
@@ -439,7 +437,7 @@ def _predict_conv(t: Target, device: str, cfg: ConfigChoice) -> Prediction:
     """A conv priced by a trained layer model (the device's own, else a reference's mapped
     to the device): its fastest variant ``cfg`` allows (untuned unless ``tuned`` is named;
     pruning at the named ratio, else 0.9)."""
-    from dlas_predict.crossdev.transfer import reference_predictions
+    from dlas_predict.crossdev.transfer import device_map, own_model, reference_predictions
     from dlas_predict.space.config import (DEFAULT_RATIO, Algorithm, Compression, ConvSpec)
 
     spec = ConvSpec.parse(t.key)
@@ -448,8 +446,6 @@ def _predict_conv(t: Target, device: str, cfg: ConfigChoice) -> Prediction:
         r = (cfg.ratio or DEFAULT_RATIO) if comp.endswith("_pruning") else 0.0
         for alg in ([cfg.algorithm] if cfg.algorithm else [a.value for a in Algorithm]):
             rows.append((spec, alg, comp, r, cfg.tuning or "untuned"))
-    from dlas_predict.crossdev.transfer import device_map, own_model
-
     if own_model(device):
         mid, low, high = reference_predictions(device, rows)
         source, model = "trained", device

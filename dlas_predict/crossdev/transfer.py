@@ -181,8 +181,7 @@ def data_spec(name: str):
     their model (or, without one, of their corpus), with that machine's measured roofs and
     SIMD width (this machine's entry where it is that machine); the model's own roofs where
     it recorded them; any other device, its registry entry."""
-    from dataclasses import replace
-
+    from dlas_predict.recommend.search import features_device
     from dlas_predict.space.devices import corpus_device, get_device
 
     meta = _model_meta(name)
@@ -191,11 +190,7 @@ def data_spec(name: str):
         dev = corpus_device(name, fp) if fp else get_device(name, with_target=False)
     else:
         dev = get_device(name, with_target=False)
-    roofs = meta.get("device_roofs")
-    if roofs and roofs.get("peak_gflops"):
-        dev = replace(dev, peak_gflops=dict(roofs["peak_gflops"]),
-                      mem_bandwidth_gbs=roofs.get("mem_bandwidth_gbs") or dev.mem_bandwidth_gbs)
-    return dev
+    return features_device(dev, meta)
 
 
 def reference_for(device) -> str:

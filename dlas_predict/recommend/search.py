@@ -290,8 +290,8 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
     with the whole-network runner ``network_runner()`` opens (default: the local CPU's).
 
     ``tuning`` (untuned | tuned | all) picks the halves of the grid, ``compressions`` its
-    rows (dense among them: speedups are relative to it); a tuned candidate also carries the predicted search time for ``trials`` trials per
-    kernel."""
+    rows (dense among them: speedups are relative to it); a tuned candidate also carries the
+    predicted search time for ``trials`` trials per kernel."""
     from dlas_predict.measure.runner import TuningOptions
 
     t0 = time.time()
