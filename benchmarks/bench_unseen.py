@@ -32,6 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from dlas_predict.errors import DlasError  # noqa: E402
+
 #: Generated CNNs of unseen shapes: one per block style (parameters as ``generate cnn``).
 CNNS = [
     "layers=5,kernels=40,input=36,block=plain,downsample=2",
@@ -106,6 +108,20 @@ def main() -> int:
     ap.add_argument("--device", default="local",
                     help="this machine or one of its profiles (default: local)")
     args = ap.parse_args()
+    try:
+        return _run(args)
+    except DlasError as exc:  # an unknown device, a build that cannot start: one line
+        print(f"Error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _run(args) -> int:
+    from dlas_predict.space.devices import get_device
+
+    dev = get_device(args.device, with_target=False)
+    if not dev.measured_here:
+        raise DlasError(f"{args.device} is not this machine or one of its profiles: the "
+                        "benchmark builds and times every candidate here")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     done = {}
     if args.out.is_file():
