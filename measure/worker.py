@@ -200,7 +200,7 @@ def _execution_from_argv(argv: list[str]):
 
 def _exit_with_parent(every_s: float = 1.0) -> None:
     """Exit as soon as the parent is gone (a collector killed mid-task): the worker runs in
-    its own session, so nothing else stops a task it is timing."""
+    its own session, so nothing else stops a task it is timing on this machine."""
     import threading
 
     parent = os.getppid()
@@ -237,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     ex = execution()
     send({"ready": True, "tvm_version": tvm.__version__, "threads": ex.threads(),
           "board": ex.board.to_dict() if ex.board else None})
-    _exit_with_parent()
+    if remote is None:  # a board's session is left to end cleanly: its task finishes, then
+        _exit_with_parent()  # stdin's end stops the worker and the board is free again
     for line in sys.stdin:
         line = line.strip()
         if not line:
