@@ -63,3 +63,22 @@ def test_unsupported_op_is_named(tmp_path):
     onnx.save(helper.make_model(g), str(path))
     with pytest.raises(NetworkError, match="unsupported op 'LpNormalization'.*norm7"):
         read_network(path)
+
+
+def test_weights_saved_as_external_data_are_read_from_beside_the_file(tmp_path):
+    import onnx
+
+    from dlas_predict.compression.compress import pruned_sparsities
+    from dlas_predict.networks.graph import read_proto
+
+    m = onnx.load(str(DEMO))
+    path = tmp_path / "demo.onnx"
+    onnx.save_model(m, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="demo.weights", size_threshold=0)
+    assert (tmp_path / "demo.weights").stat().st_size > 1000
+    back = read_proto(path)
+    w0 = next(t for t in back.graph.initializer if len(t.dims) == 4)
+    assert w0.HasField("raw_data") and len(w0.raw_data) == 4 * int(np.prod(w0.dims))
+    assert [l.spec for l in conv_layers(path)] == [l.spec for l in conv_layers(DEMO)]
+    grid = {"weight_pruning": [0.5]}
+    assert pruned_sparsities(str(path), grid) == pruned_sparsities(str(DEMO), grid)

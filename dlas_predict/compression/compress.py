@@ -523,11 +523,11 @@ def pruned_sparsities(model: str, grid: dict) -> dict[tuple, list[float]]:
             folded.append(w * scale.reshape(-1, 1, 1, 1))
         prunable = [conv.groups == 1 for conv, _ in pairs]
     else:
-        import onnx
-
         from onnx import numpy_helper
 
-        m = onnx.load(str(zoo.resolve(model)))
+        from dlas_predict.networks.graph import read_proto
+
+        m = read_proto(zoo.resolve(model))
         convs = _conv_nodes(m)
         inits = {i.name: i for i in m.graph.initializer}  # only the conv weights are read
         raw = folded = [numpy_helper.to_array(inits[n.input[1]]) for n in convs]

@@ -170,7 +170,7 @@ class _Builder:
         from onnx import numpy_helper
 
         name = self._name(prefix)
-        self.inits.append(numpy_helper.from_array(array.astype(np.float32), name))
+        self.inits.append(numpy_helper.from_array(array.astype(np.float32, copy=False), name))
         return name
 
     def node(self, op: str, inputs: list[str], prefix: str, **attrs) -> str:

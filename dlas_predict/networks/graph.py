@@ -140,6 +140,18 @@ def inline_constant_identities(model) -> None:
         model.graph.node.extend(keep)
 
 
+def read_proto(path: str | Path):
+    """The ModelProto of an ONNX file, its external data (if any) loaded from beside it;
+    a file with none is not walked for it."""
+    import onnx
+    from onnx.external_data_helper import load_external_data_for_model
+
+    model = onnx.load(str(path), load_external_data=False)
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
+        load_external_data_for_model(model, str(Path(path).parent))
+    return model
+
+
 def load_onnx(path: str | Path, infer: bool = True):
     """Load an ONNX file (with shape inference); every failure is a :class:`NetworkError`."""
     import onnx
@@ -148,7 +160,7 @@ def load_onnx(path: str | Path, infer: bool = True):
     if not path.is_file():
         raise NetworkError(f"network file not found: {path}")
     try:
-        model = onnx.load(str(path))
+        model = read_proto(path)
     except Exception as exc:  # protobuf raises several types for garbage
         raise NetworkError(f"{path} is not a readable ONNX model ({type(exc).__name__}: "
                            f"{str(exc)[:200]})") from None

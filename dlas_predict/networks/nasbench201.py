@@ -153,7 +153,8 @@ class _Net:
 
     def conv(self, x: str, cin: int, cout: int, k: int, stride: int = 1) -> str:
         b = self.b
-        w = b.rng.normal(0, np.sqrt(2.0 / (cin * k * k)), (cout, cin, k, k))
+        w = b.rng.standard_normal((cout, cin, k, k), np.float32)
+        w *= np.float32(np.sqrt(2.0 / (cin * k * k)))
         return b.node("Conv", [x, b.const(w, "w")], "conv", kernel_shape=[k, k],
                       strides=[stride, stride], pads=[k // 2] * 4)
 
