@@ -22,7 +22,6 @@ here. Resumable: a network already in the output file is not measured again.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import tempfile
@@ -33,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from dlas_predict.errors import DlasError  # noqa: E402
+from jsonl import append_row, read_rows  # noqa: E402
 
 #: Generated CNNs of unseen shapes: one per block style (parameters as ``generate cnn``).
 CNNS = [
@@ -82,14 +82,15 @@ def measure(path: Path, device: str) -> tuple[str, list[dict]]:
 
     rec = recommend(str(path), device, max_accuracy_drop=float("inf"), top=0,
                     validate=10_000, tuning="untuned", ratios=RATIOS)
-    return rec.source, [{"config": c.label, "predicted_ms": c.predicted_s * 1e3,
+    return rec.source, [{"config": c.label, "backend": c.backend,
+                         "predicted_ms": c.predicted_s * 1e3,
                          "measured_ms": None if c.measured_s is None else c.measured_s * 1e3,
                          "note": c.measured_note} for c in rec.validated]
 
 
 def summarise(rows: list[dict]) -> dict:
     pairs = [(c["predicted_ms"], c["measured_ms"]) for r in rows for c in r["candidates"]
-             if c["measured_ms"]]
+             if c["measured_ms"] and c.get("backend", "tvm") == "tvm"]  # our builds' models
     if not pairs:
         return {"n": 0}
     errs = [p / m - 1 for p, m in pairs]
@@ -123,13 +124,7 @@ def _run(args) -> int:
         raise DlasError(f"{args.device} is not this machine or one of its profiles: the "
                         "benchmark builds and times every candidate here")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    done = {}
-    if args.out.is_file():
-        for line in args.out.read_text().splitlines():
-            if line.strip():
-                r = json.loads(line)
-                if r.get("device", "local") == args.device:
-                    done[r["name"]] = r
+    done = read_rows(args.out, lambda r: r.get("device", "local") == args.device)
     with tempfile.TemporaryDirectory() as tmp:
         for family, name, path in networks(args.nasbench, Path(tmp)):
             if name in done or (args.only and args.only != name):
@@ -138,8 +133,7 @@ def _run(args) -> int:
             source, cands = measure(path, args.device)
             row = {"family": family, "name": name, "device": args.device, "source": source,
                    "seconds": round(time.time() - t, 1), "candidates": cands}
-            with args.out.open("a") as f:
-                f.write(json.dumps(row) + "\n")
+            append_row(args.out, row)
             done[name] = row
             s = summarise([row])
             print(f"{family:14s} {name[:60]:60s} ({source}) {s.get('n', 0):3d} measured, "

@@ -433,7 +433,14 @@ def collect(
     whole_network: bool = typer.Option(
         False, "--whole-network",
         help="Also build and time each whole network under every configuration (TVM Relax, "
-             "checked against onnxruntime)."),
+             "checked against onnxruntime), and run each by onnxruntime too."),
+    backends: str = typer.Option(
+        "tvm,onnxruntime", "--backends",
+        help="tvm | onnxruntime | both (comma list). tvm: our kernels and, with "
+             "--whole-network, our builds; onnxruntime: with --whole-network, every "
+             "configuration run by onnxruntime (fp32, static QDQ int8, float16), on this "
+             "machine's CPU and its native-ISA profiles. onnxruntime alone measures no "
+             "kernel."),
     max_repeats: int = typer.Option(150, "--max-repeats"),
     time_budget: float = typer.Option(3.0, "--time-budget"),
     timeout: float = typer.Option(300.0, "--timeout"),
@@ -456,7 +463,8 @@ def collect(
              whole_network=whole_network,
              tuning=_tuning(tuning, trials, early_stop, tuning_db), quiet_wait=quiet_wait,
              retime_slow=retime_slow, retime_unprobed=retime_unprobed,
-             remote=(tracker, rpc_key, allow_remote_tracker, boards, tries))
+             remote=(tracker, rpc_key, allow_remote_tracker, boards, tries),
+             backends=backends)
 
 
 @app.command()
@@ -523,10 +531,21 @@ def tune(
              remote=(tracker, rpc_key, allow_remote_tracker, boards, tries))
 
 
+def _backends(text: str) -> tuple[str, ...]:
+    """``tvm``, ``onnxruntime`` or both, from a comma list."""
+    allowed = ("tvm", "onnxruntime")
+    got = [b.strip().lower() for b in str(text).split(",") if b.strip()]
+    bad = [b for b in got if b not in allowed]
+    if bad or not got:
+        raise DlasError(f"unknown backend {(bad or [text])[0]!r}; backends: "
+                        + ", ".join(allowed))
+    return tuple(b for b in allowed if b in got)
+
+
 def _collect(networks, store, device, algorithms, compressions, ratio, retry_failures,
              max_repeats, time_budget, timeout, as_json, quiet, per_layer=True,
              whole_network=False, tuning=None, quiet_wait=30.0, retime_slow=False,
-             retime_unprobed=False, remote=(None, None, False, None, 3)):
+             retime_unprobed=False, remote=(None, None, False, None, 3), backends="tvm"):
     """Wire the runners (this machine's, or a farm of boards) into
     :func:`dlas_predict.corpus.collect.collect`; render."""
     from dlas_predict.corpus.collect import collect as run_collect
@@ -545,11 +564,26 @@ def _collect(networks, store, device, algorithms, compressions, ratio, retry_fai
     log = (lambda line: typer.echo(line, err=True)) if chatty else None
     whole = ((lambda: network_runner(dev, proto, max(timeout, 600.0), rpc, log))
              if whole_network else None)
+    chosen = _backends(backends)
+    if "onnxruntime" in chosen and not whole_network:
+        if chosen == ("onnxruntime",):
+            raise DlasError("--backends onnxruntime times whole networks: add --whole-network")
+        chosen = ("tvm",)
+    if "onnxruntime" in chosen:
+        from dlas_predict.measure.netrunner import onnxruntime_unsupported
+
+        why = onnxruntime_unsupported(dev, rpc)
+        if why and chosen == ("onnxruntime",):
+            raise DlasError(why)
+        if why:
+            chosen = ("tvm",)
+            if log:
+                log(f"note: {why}; only our builds are timed")
     with kernel_runner(dev, proto, timeout, rpc, log) as runner:
         rep = run_collect(networks, store, dev, runner, algs, comps, ratio, tunings, opts,
                           per_layer=per_layer, retry_failures=retry_failures,
                           retime_slow=retime_slow, retime_unprobed=retime_unprobed,
-                          network_runner=whole, progress=chatty, log=log)
+                          network_runner=whole, backends=chosen, progress=chatty, log=log)
     if chatty:
         _board_lines(runner)
     summary = rep.kernels
@@ -781,15 +815,29 @@ def train(store: Path = typer.Option(..., "--store", help="Corpus store to learn
                                              help="Model directory (default: "
                                                   "models_store/DEVICE)."),
           seed: int = typer.Option(0, "--seed"),
+          only: Optional[str] = typer.Option(None, "--only",
+                                             help="onnxruntime: fit only the onnxruntime "
+                                                  "model, leaving the others as they are."),
           as_json: bool = typer.Option(False, "--json")):
     """Train the cost models on a corpus: the layer model (LightGBM, 80 % interval), and,
-    from the store's whole-network measurements, the network residual model."""
+    from the store's whole-network measurements, the network residual model (and the
+    onnxruntime model from its onnxruntime records)."""
     from dlas_predict.models.train import train as run
 
-    report = run(store, device, out, seed)
+    if only not in (None, "onnxruntime"):
+        raise DlasError(f"--only takes onnxruntime, got {only!r}")
+    report = run(store, device, out, seed, only_onnxruntime=only == "onnxruntime")
     if as_json:
         _print_json(report.to_dict())
         return
+    if report.onnxruntime_model:
+        lono = "; ".join(f"{m} MAPE {v['mape']:.1%}, within ±10 % {v['within_10pct']:.0%}, "
+                         f"±25 % {v['within_25pct']:.0%} ({v['networks']} networks)"
+                         for m, v in report.onnxruntime_lono.items())
+        typer.echo(f"onnxruntime model: {report.onnxruntime_records} whole networks run by "
+                   f"onnxruntime → {report.onnxruntime_model}; leave-one-network-out: {lono}")
+        if not report.kernels:
+            return
     if report.tuning_model:
         typer.echo(f"tuning-time model: {report.tuned_records} tuned kernels "
                    f"({report.tuning_hours:.2f} h of search), fit MAPE "
@@ -1149,25 +1197,39 @@ def _show_recommendation(rec, top: int, max_accuracy_drop: float) -> None:
     """Print a recommendation as a table with its sources; exit 1 if a validation failed."""
     from dlas_predict.render import format_table
 
-    ms = (lambda s: "—" if s is None else f"{s * 1e3:.2f}")
+    ms = (lambda s: "—" if s is None or s != s else f"{s * 1e3:.2f}")
     shown = rec.candidates[:max(top, len(rec.validated))]
+    ref = rec.reference
+    ref_pred = ref.predicted_s if ref is not None and ref.predicted_s == ref.predicted_s \
+        else None
+    base = ref_pred or rec.dense_baseline_s
     rows = []
-    for i, c in enumerate(shown, 1):
-        row = {"#": i, "compression": c.compression.value,
+    listed = shown + ([ref] if ref is not None and ref not in shown else [])
+    for i, c in enumerate(listed, 1):
+        row = {"#": "ref" if c is ref and c not in shown else i,
+               "backend": c.backend + (" (ref)" if c is ref else ""),
+               "compression": c.compression.value,
                "ratio": "" if c.ratio is None else f"{c.ratio:g}", "algorithm": c.algorithm,
                "sparse": {True: "csr", False: "dense"}.get(c.sparse, "mixed"),
                "tuning": c.tuning.value,
                "tuning min": "" if c.tuning_s is None else f"{c.tuning_s / 60:.1f}",
                "predicted ms": ms(c.predicted_s),
-               "80% interval": f"{c.low_s * 1e3:.2f}–{c.high_s * 1e3:.2f}",
+               "80% interval": (f"{c.low_s * 1e3:.2f}–{c.high_s * 1e3:.2f}"
+                                if c.low_s == c.low_s else "—"),
                "source": c.source,
-               "speedup": f"{rec.dense_baseline_s / c.predicted_s:.2f}×",
+               "speedup": (f"{base / c.predicted_s:.2f}×" if c.predicted_s == c.predicted_s
+                           else "—"),
                "accuracy": "—" if c.accuracy is None else f"{c.accuracy:.1%}",
                "accuracy source": c.accuracy_source.split(":")[0]}
         if rec.validated:
-            row["measured ms"] = ms(c.measured_s) if c in rec.validated else ""
+            timed = c in rec.validated or c is ref
+            row["measured ms"] = ms(c.measured_s) if timed else ""
             row["pred/meas"] = (f"{c.predicted_s / c.measured_s:.2f}"
-                                if c.measured_s else (c.measured_note or "")[:30])
+                                if c.measured_s and c.predicted_s == c.predicted_s
+                                else (c.measured_note or "")[:30] if timed else "")
+            if ref is not None and ref.measured_s:
+                row["measured speedup"] = (f"{ref.measured_s / c.measured_s:.2f}×"
+                                           if timed and c.measured_s else "")
         rows.append(row)
     typer.echo(f"{rec.network} on {rec.device}: {len(rec.candidates)} candidates kept, "
                f"{len(rec.dropped)} over the accuracy budget "
@@ -1180,8 +1242,11 @@ def _show_recommendation(rec, top: int, max_accuracy_drop: float) -> None:
         how = (f"{rec.source}: {m['reference']}'s cost models ({rec.model_info['directory']}) "
                f"mapped to {rec.device}" + (" by its spec" if rec.source == "zero-shot" else
                                             f" by {m['shots']} of its measurements"))
-    typer.echo(f"latency: {how}, speedup over the fastest predicted dense configuration "
-               f"({rec.dense_baseline_s * 1e3:.2f} ms)")
+    against = (f"onnxruntime fp32, the reference ({ref_pred * 1e3:.2f} ms predicted by the "
+               "onnxruntime model)" if ref_pred else
+               f"the fastest predicted dense configuration ({rec.dense_baseline_s * 1e3:.2f} "
+               "ms; no onnxruntime model for this device)")
+    typer.echo(f"latency: {how}; speedup over {against}")
     typer.echo(format_table(rows))
     sources = dict.fromkeys(c.accuracy_source for c in shown)
     for src in sources:
@@ -1197,8 +1262,18 @@ def _show_recommendation(rec, top: int, max_accuracy_drop: float) -> None:
         ok = [c for c in rec.validated if c.measured_s is not None]
         if ok:
             win = min(ok, key=lambda c: c.measured_s)
-            typer.echo(f"validated {len(rec.validated)}: fastest measured is {win.label} at "
-                       f"{win.measured_s * 1e3:.2f} ms (predicted {win.predicted_s * 1e3:.2f})")
+            typer.echo(f"validated {len(rec.validated)}: fastest measured is {win.label} "
+                       f"({win.backend}) at {win.measured_s * 1e3:.2f} ms (predicted "
+                       f"{win.predicted_s * 1e3:.2f})")
+        if ref is not None and ref.measured_s:
+            ours = [c for c in ok if c.backend == "tvm"]
+            best = min(ours, key=lambda c: c.measured_s) if ours else None
+            typer.echo(f"onnxruntime fp32 measured in the same run: {ref.measured_s * 1e3:.2f} "
+                       "ms" + (f"; our fastest validated build ({best.label}) is "
+                               f"{ref.measured_s / best.measured_s:.2f}× its speed"
+                               if best else ""))
+        elif ref is not None and ref.measured_note:
+            typer.echo(f"onnxruntime fp32 (the reference) was not timed: {ref.measured_note}")
         failed = [c for c in rec.validated if c.measured_s is None]
         if failed:
             _fail(f"{len(failed)} validated candidates failed to build or run: "

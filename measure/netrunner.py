@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -91,6 +91,35 @@ class _Prepared:
     check: Path
     scales: list | None
     summary: str
+    model: str = ""
+    calibration: Path | None = None   # int8 of onnxruntime: its calibration inputs
+    notes: list = field(default_factory=list)  # what the preparation did (channels removed)
+
+
+def _calibration_source(model: str) -> str:
+    from dlas_predict.networks import zoo
+
+    if str(model).startswith(zoo.ZOO_PREFIX) and zoo.get(model).trained:
+        return "digits images"
+    return "generated inputs (seeded normal noise): the int8 accuracy is not a real figure"
+
+
+def onnxruntime_unsupported(device: Device, rpc=None) -> str | None:
+    """Why onnxruntime cannot be timed as ``device`` (None: it can): it runs on this machine
+    with its own ISA dispatch, so only ``local`` and the native-ISA profiles qualify."""
+    if rpc is not None or not device.measured_here:
+        return (f"onnxruntime is timed on this machine only; {device.name} is reached "
+                "over TVM RPC, where there is no onnxruntime to call")
+    if device.profile_of and device.target.get("mcpu") not in (None, _native_mcpu()):
+        return (f"onnxruntime picks its instruction set at run time; {device.name}'s "
+                f"code-generation limit ({device.target.get('mcpu')}) cannot be applied to it")
+    return None
+
+
+def _native_mcpu() -> str | None:
+    from dlas_predict.space.devices import detect_local
+
+    return detect_local(with_target=True).target.get("mcpu")
 
 
 class NetworkRunner:
@@ -136,7 +165,11 @@ class NetworkRunner:
         self.close()
 
     def _prepare(self, plan: NetworkPlan) -> _Prepared:
-        key = (plan.model, plan.compression, plan.ratio)
+        # onnxruntime runs a channel-pruned model with its zeroed channels removed (it has no
+        # sparse kernel: a smaller dense model is what channel pruning gives it)
+        remove = plan.backend == "onnxruntime" and \
+            plan.compression is Compression.CHANNEL_PRUNING
+        key = (plan.model, plan.compression, plan.ratio, remove)
         if key in self._prepared:
             return self._prepared[key]
         import onnx
@@ -147,7 +180,7 @@ class NetworkRunner:
         pruning = plan.compression in (Compression.WEIGHT_PRUNING, Compression.CHANNEL_PRUNING)
         # float16 and int8 are applied by the build: start from the dense float model
         prep = prepare(plan.model, plan.compression.value if pruning else "dense",
-                       plan.ratio if pruning else None)
+                       plan.ratio if pruning else None, remove_channels=remove)
         model = prep.compressed.model
         n = len(self._prepared)
         path = Path(self._tmp.name) / f"net{n}.onnx"
@@ -169,9 +202,29 @@ class NetworkRunner:
 
         done = _Prepared(path, sess.get_inputs()[0].name, shape,
                          [c.spec for c in net.convs()], check, scales,
-                         json.dumps(asdict(NetworkSummary.of(net))))
+                         json.dumps(asdict(NetworkSummary.of(net))), plan.model,
+                         notes=list(prep.compressed.notes) if remove else [])
         self._prepared[key] = done
         return done
+
+    def _calibration(self, prep: _Prepared) -> Path:
+        if prep.calibration is None:
+            prep.calibration = prep.path.with_suffix(".calib.npz")
+            np.savez(prep.calibration, x=_samples(prep.model, prep.input_shape, "train"))
+        return prep.calibration
+
+    def _ort_task(self, plan: NetworkPlan, prep: _Prepared):
+        from .ortrun import mode_of
+        from .tasks import OrtTask
+
+        mode = mode_of(plan.compression)
+        calib = self._calibration(prep) if mode == "int8" else None
+        return OrtTask(onnx=str(prep.path), input_name=prep.input_name, mode=mode,
+                       check=str(prep.check), threads=self.device.cores,
+                       target=self.device.target,
+                       calibration=str(calib) if calib else None,
+                       calibration_source=_calibration_source(plan.model) if calib else "",
+                       protocol=self.runner.protocol, fingerprint=self.device.fingerprint)
 
     def measure(self, plan: NetworkPlan) -> NetworkMeasurement:
         """Build, check and time one configuration; a failure is a record with ``error``."""
@@ -188,6 +241,15 @@ class NetworkRunner:
             rec.timestamp = time.time()
             return rec
         rec.summary = prep.summary
+        if plan.backend == "onnxruntime":
+            why = onnxruntime_unsupported(dev, self.runner.rpc)
+            if why:
+                rec.error, rec.timestamp = f"unsupported: {why}", time.time()
+                return rec
+            rec = self._record(rec, self.runner.call(self._ort_task(plan, prep)))
+            if rec.details is not None and prep.notes:
+                rec.details["prepared"] = prep.notes
+            return rec
         if len(plan.layers) != len(prep.specs):
             raise ConfigError(f"{plan.network}: the plan has {len(plan.layers)} conv layers, "
                               f"the network {len(prep.specs)}")
@@ -205,7 +267,9 @@ class NetworkRunner:
                            check=str(prep.check), target=dev.target,
                            protocol=self.runner.protocol, fingerprint=dev.fingerprint,
                            tuning=tuning)
-        reply = self.runner.call(task)
+        return self._record(rec, self.runner.call(task))
+
+    def _record(self, rec: NetworkMeasurement, reply) -> NetworkMeasurement:
         rec.timestamp = time.time()
         if not reply.ok:
             rec.error = str(reply.error or "unknown failure")
@@ -220,6 +284,7 @@ class NetworkRunner:
         rec.untuned_layers = reply.untuned_layers
         rec.contention = reply.contention
         rec.slowdown = reply.slowdown
+        rec.details = reply.details
         rec.board = self.runner.board_json()
         return rec
 

@@ -106,6 +106,27 @@ class NetworkTask:
 
 
 @dataclass(frozen=True)
+class OrtTask:
+    """Run one whole network with onnxruntime's CPU provider (``mode``: ``fp32``, ``int8``
+    as static QDQ calibrated on the ``calibration`` inputs, or ``float16``), check it against
+    the float32 outputs (the ``check`` file), time it with the study's protocol."""
+
+    onnx: str
+    input_name: str
+    mode: str
+    check: str
+    threads: int
+    target: dict[str, Any]
+    calibration: str | None = None   # .npz with ``x``: the int8 calibration inputs
+    calibration_source: str = ""     # what they are ("digits images", "generated inputs")
+    protocol: Protocol = field(default_factory=Protocol)
+    fingerprint: str = ""
+    fault: str | None = None
+
+    kind = "onnxruntime"
+
+
+@dataclass(frozen=True)
 class PeaksTask:
     """Measure the machine's roofs: peak GFLOP/s per dtype and memory bandwidth."""
 
@@ -118,7 +139,7 @@ class PeaksTask:
     kind = "peaks"
 
 
-Task = Union[KernelTask, NetworkTask, PeaksTask]
+Task = Union[KernelTask, NetworkTask, OrtTask, PeaksTask]
 
 
 def to_wire(task: Task) -> dict[str, Any]:
@@ -149,6 +170,8 @@ def from_wire(d: dict[str, Any]) -> Task:
     if kind == "peaks":
         return PeaksTask(**d)
     proto = Protocol(**d.pop("protocol", {}))
+    if kind == "onnxruntime":
+        return OrtTask(**d, protocol=proto)
     if kind == "network":
         return NetworkTask(
             onnx=d["onnx"], input_name=d["input_name"], input_shape=tuple(d["input_shape"]),

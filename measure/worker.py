@@ -23,8 +23,8 @@ from dlas_predict.space.config import SparsityPattern
 from .remote import BoardError, RemoteExecution, execution, use
 from .reference import check_output, conv2d_reference, make_inputs
 from .sparse import prune, sparsity
-from .tasks import (KernelTask, NetworkTask, PeaksTask, Protocol, Task, WorkerReply,
-                    from_wire, plan_timing)
+from .tasks import (KernelTask, NetworkTask, OrtTask, PeaksTask, Protocol, Task,
+                    WorkerReply, from_wire, plan_timing)
 
 
 def _target(target_json: dict):
@@ -35,7 +35,8 @@ def _target(target_json: dict):
 
 def run_task(task: Task) -> WorkerReply:
     """Build, verify and time one kernel (a :class:`KernelTask`), one whole network (a
-    :class:`NetworkTask`: :func:`dlas_predict.measure.netbuild.run_network_task`) or the
+    :class:`NetworkTask`: :func:`dlas_predict.measure.netbuild.run_network_task`; an
+    :class:`OrtTask`: :func:`dlas_predict.measure.ortrun.run_ort_task`) or the
     machine's roofs (a :class:`PeaksTask`: :func:`dlas_predict.measure.peaks.measure_peaks`).
     A Python exception propagates; :func:`main` answers it as the task's error."""
     fault = _fault(task)
@@ -45,6 +46,10 @@ def run_task(task: Task) -> WorkerReply:
         from .netbuild import run_network_task
 
         return WorkerReply(ok=True, **run_network_task(task))
+    if isinstance(task, OrtTask):
+        from .ortrun import run_ort_task
+
+        return WorkerReply(ok=True, **run_ort_task(task))
     if isinstance(task, PeaksTask):
         from .peaks import measure_peaks
 

@@ -296,7 +296,7 @@ def test_recommend_here_with_a_model_of_another_machine_maps_it_and_says_so(monk
     rec = recommend("zoo:resnet18-cifar", "local", tuning="untuned", top=0)
     assert rec.source == "zero-shot" and rec.mapping["reference"]
     assert any("trained on another machine" in n for n in rec.notes), rec.notes
-    assert {c.source for c in rec.candidates} == {"zero-shot"}
+    assert {c.source for c in rec.candidates if c.backend == "tvm"} == {"zero-shot"}
     _trained_here(monkeypatch, True)
     own = recommend("zoo:resnet18-cifar", "local", tuning="untuned", top=0)
     assert own.source == "trained" and own.mapping is None

@@ -7,7 +7,7 @@ import pytest
 
 from conftest import DEMO, assert_clean_error, run_cli
 from dlas_predict.errors import DlasError
-from dlas_predict.recommend.search import MODELS_STORE, PER_LAYER, recommend
+from dlas_predict.recommend.search import MODELS_STORE, ONNXRUNTIME, PER_LAYER, recommend
 
 SHIPPED = MODELS_STORE / "local"
 
@@ -60,7 +60,7 @@ def test_accuracy_budget_drops_what_breaks_it():
     compared = 0
     for cands in groups.values():
         per_layer = [c for c in cands if c.algorithm == PER_LAYER]
-        uniform = [c.conv_s for c in cands if c.algorithm != PER_LAYER]
+        uniform = [c.conv_s for c in cands if c.algorithm not in (PER_LAYER, ONNXRUNTIME)]
         for c in per_layer:
             assert c.conv_s <= min(uniform) * (1 + 1e-9), (c.label, c.conv_s, min(uniform))
             compared += 1
@@ -73,7 +73,11 @@ def test_validate_builds_and_times_the_top_candidate(tmp_path):
     assert res.exit_code == 0, res.output
     rec = json.loads(res.output)
     measured = [c for c in rec["candidates"] if c["measured_ms"] is not None]
-    assert len(measured) == 1 and measured[0] == rec["candidates"][0]
+    ref = rec["reference"]
+    # the top candidate, and onnxruntime fp32 (the reference) in the same run
+    assert measured[0] == rec["candidates"][0]
+    assert len(measured) == 1 or (len(measured) == 2 and ref in measured)
+    assert ref["config"]["backend"] == "onnxruntime" and ref["measured_ms"] > 0
     # the fastest timed run (what the models predict) and, beside it, the median run
     assert 0 < measured[0]["measured_ms"] <= measured[0]["measured_median_ms"]
     # no labelled data and no shipped curve: accuracy unknown, said so
@@ -216,3 +220,40 @@ def test_a_grid_of_some_compressions_prices_them_as_the_full_grid_does():
     assert some.dense_baseline_s == pytest.approx(full.dense_baseline_s, rel=1e-9)
     with pytest.raises(DlasError, match="must include dense"):
         recommend("zoo:resnet18-cifar", compressions=(Compression.INT8,))
+
+
+def test_onnxruntime_is_in_the_grid_and_its_fp32_is_the_reference():
+    rec = recommend("zoo:resnet18-cifar", max_accuracy_drop=100.0)
+    ort = [c for c in rec.candidates if c.backend == "onnxruntime"]
+    assert {c.compression.value for c in ort} == {"dense", "float16", "int8",
+                                                  "channel_pruning"}
+    assert rec.reference in ort and rec.reference.compression.value == "dense"
+    assert all(c.layers == () and c.source == "trained" for c in ort)
+    assert any("no sparse kernel" in why for _, why in rec.skipped)
+    # channel pruning removes work; the ranking is one list, both backends in it
+    cp = [c for c in ort if c.compression.value == "channel_pruning"]
+    assert max(c.predicted_s for c in cp if c.ratio >= 0.9) < rec.reference.predicted_s
+    times = [c.predicted_s for c in rec.candidates]
+    assert times == sorted(times)
+    out = rec.to_dict(top=5)
+    assert out["reference"]["config"]["backend"] == "onnxruntime"
+    res = _run("recommend", "zoo:resnet18-cifar", "--top", "3")
+    assert res.exit_code == 0, res.output
+    assert "onnxruntime (ref)" in res.output
+    assert "speedup over onnxruntime fp32, the reference" in res.output
+
+
+def test_without_an_onnxruntime_model_the_reference_is_ours(tmp_path):
+    import shutil
+
+    models = tmp_path / "models"
+    shutil.copytree(SHIPPED, models)
+    (models / "onnxruntime.json").unlink()
+    rec = recommend("zoo:resnet18-cifar", models_dir=models)
+    assert rec.reference is None
+    assert all(c.backend == "tvm" for c in rec.candidates)
+    assert any(label == "onnxruntime" and "no onnxruntime model" in why
+               for label, why in rec.skipped)
+    res = _run("recommend", "zoo:resnet18-cifar", "--models", models, "--top", "3")
+    assert res.exit_code == 0, res.output
+    assert "speedup over the fastest predicted dense configuration" in res.output

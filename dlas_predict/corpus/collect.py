@@ -244,12 +244,14 @@ def register_networks(store: CorpusStore, networks: list[NetworkToCollect]) -> N
 
 
 def whole_network_plans(networks: list[NetworkToCollect], algorithms: list[Algorithm],
-                        ratio: float, store: CorpusStore, device: Device) -> list[NetworkPlan]:
+                        ratio: float, store: CorpusStore, device: Device,
+                        backends: tuple[str, ...] = ("tvm",)) -> list[NetworkPlan]:
     """Every (configuration, algorithm) of each network, plus the measured per-layer oracle:
     each layer on its fastest measured kernel (any algorithm; for a pruned layer, CSR or
-    dense), when the store holds every layer's kernels and they do not all agree."""
+    dense), when the store holds every layer's kernels and they do not all agree: the
+    ``tvm`` backend's plans. The ``onnxruntime`` backend's: each configuration run by it."""
     from dlas_predict.models.evaluation import kernel_key, modelled_seconds
-    from dlas_predict.corpus.networks import PER_LAYER, uniform_plan
+    from dlas_predict.corpus.networks import PER_LAYER, onnxruntime_plan, uniform_plan
     from dlas_predict.space.config import COMPRESSION_KERNEL
 
     latency = {kernel_key(r["conv"], r["algorithm"], r["compression"], r["ratio"],
@@ -260,6 +262,10 @@ def whole_network_plans(networks: list[NetworkToCollect], algorithms: list[Algor
         for label, layers in n.configs.items():
             comp = layers[0].compression
             r = ratio if label.endswith(f"@{ratio:g}") else None
+            if "onnxruntime" in backends:
+                todo.append(onnxruntime_plan(n.model, n.name, comp, r))
+            if "tvm" not in backends:
+                continue
             for alg in algorithms:
                 todo.append(uniform_plan(n.model, n.name, comp, r, alg.value, len(layers)))
             sparse = COMPRESSION_KERNEL[comp][0]
@@ -315,11 +321,15 @@ def collect(models: list[str], store_path: Path, device: Device, kernel_runner: 
             per_layer: bool = True, retry_failures: bool = False, retime_slow: bool = False,
             retime_unprobed: bool = False,
             network_runner: Callable[[], Any] | None = None,
+            backends: tuple[str, ...] = ("tvm",),
             progress: bool = True, log: Callable[[str], None] | None = None) -> CollectReport:
     """Measure the grid over every unique conv layer of ``models`` into ``store_path``, and,
-    given a ``network_runner`` factory, every whole-network configuration too."""
+    given a ``network_runner`` factory, every whole-network configuration too, built by
+    each of ``backends`` (``tvm``: our kernels; ``onnxruntime``; without ``tvm`` no kernel
+    is measured)."""
     networks = plan_networks(models, compressions, ratio, per_layer)
-    tasks = kernel_tasks(networks, algorithms, tunings, device, tuning)
+    tasks = (kernel_tasks(networks, algorithms, tunings, device, tuning)
+             if "tvm" in backends else [])
     n_specs = len({t.spec for t in tasks})
     if log:
         log(f"{len(networks)} network(s), {n_specs} unique conv workloads, {len(tasks)} "
@@ -332,7 +342,7 @@ def collect(models: list[str], store_path: Path, device: Device, kernel_runner: 
         whole = NetworkCollectSummary()
         contended = 0
         if network_runner is not None:
-            plans = whole_network_plans(networks, algorithms, ratio, db, device)
+            plans = whole_network_plans(networks, algorithms, ratio, db, device, backends)
             with network_runner() as nr:
                 whole = collect_networks(plans, db, nr, device, retime_slow=retime_slow,
                                          retime_unprobed=retime_unprobed, log=log)

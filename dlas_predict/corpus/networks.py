@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 
 #: Algorithm label of a configuration whose layers each have their own kernel.
 PER_LAYER = "per_layer"
+#: Algorithm label of a configuration run by onnxruntime (the incumbent runtime) instead of
+#: our kernels: the systems-software dimension of the grid.
+ONNXRUNTIME = "onnxruntime"
 NETWORK_VERSION = "2"
 
 
@@ -34,8 +37,8 @@ class NetworkPlan:
     network: str                     # its name
     compression: Compression
     ratio: float | None
-    algorithm: str                   # an Algorithm value or PER_LAYER
-    layers: tuple[tuple[str, bool], ...]  # (algorithm, sparse) per conv, graph order
+    algorithm: str                   # an Algorithm value, PER_LAYER or ONNXRUNTIME
+    layers: tuple[tuple[str, bool], ...]  # (algorithm, sparse) per conv; () for onnxruntime
     #: tuned: each layer's schedule from the tuning database (dlas-predict tune) searched
     #: with ``budget`` trials; None: the hand schedules
     tuning: "TuningOptions | None" = None
@@ -50,6 +53,10 @@ class NetworkPlan:
 
         return config_label(self.compression, self.ratio)
 
+    @property
+    def backend(self) -> str:
+        return "onnxruntime" if self.algorithm == ONNXRUNTIME else "tvm"
+
     def plan_json(self) -> str:
         return json.dumps([[a, bool(s)] for a, s in self.layers])
 
@@ -60,6 +67,20 @@ class NetworkPlan:
             parts += ["tuned", str(self.tuning.budget)]
         text = "|".join(parts)
         return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def onnxruntime_mode(compression: Compression | str) -> str:
+    """The onnxruntime mode that runs a compression (or a configuration label such as
+    ``channel_pruning@0.9``): ``int8``, ``float16``, else ``fp32`` (pruned models)."""
+    value = getattr(compression, "value", str(compression)).split("@")[0]
+    return {"int8": "int8", "float16": "float16"}.get(value, "fp32")
+
+
+def onnxruntime_plan(model: str, network: str, compression: Compression | str,
+                     ratio: float | None) -> NetworkPlan:
+    """The compressed model run by onnxruntime: pruned models in float32 (channel pruning
+    removes the channels, so the model is smaller), float16 converted, int8 as static QDQ."""
+    return NetworkPlan(model, network, Compression.parse(compression), ratio, ONNXRUNTIME, ())
 
 
 def uniform_plan(model: str, network: str, compression: Compression | str,
@@ -97,6 +118,8 @@ class NetworkMeasurement(TimedRuns):
     contention: float | None = None  # as MeasureResult.contention
     slowdown: float | None = None    # as MeasureResult.slowdown
     board: str | None = None         # as MeasureResult.board
+    #: onnxruntime records: its version, mode, threads and (int8) what it was calibrated on
+    details: dict | None = None
 
     @classmethod
     def from_row(cls, row: dict) -> "NetworkMeasurement":
@@ -110,7 +133,8 @@ class NetworkMeasurement(TimedRuns):
                    max_error=row.get("max_error"), top1_agreement=row.get("top1_agreement"),
                    error=row.get("error"), timestamp=row.get("timestamp") or 0.0,
                    summary=row.get("summary"), contention=row.get("contention"),
-                   slowdown=row.get("slowdown"), board=row.get("board"))
+                   slowdown=row.get("slowdown"), board=row.get("board"),
+                   details=json.loads(row["details"]) if row.get("details") else None)
 
     def to_row(self) -> dict:
         return {"key": self.key, "device": self.device, "fingerprint": self.fingerprint,
@@ -122,4 +146,5 @@ class NetworkMeasurement(TimedRuns):
                 "error": self.error, "kernels_version": NETWORK_VERSION,
                 "timestamp": self.timestamp, "summary": self.summary,
                 "contention": self.contention, "slowdown": self.slowdown,
-                "board": self.board}
+                "board": self.board,
+                "details": json.dumps(self.details) if self.details else None}

@@ -106,7 +106,8 @@ CREATE TABLE IF NOT EXISTS network_measurements (
     summary TEXT,
     contention REAL,
     slowdown REAL,
-    board TEXT
+    board TEXT,
+    details TEXT
 );
 """
 
@@ -115,6 +116,7 @@ NETWORK_COLUMNS = (
     "key", "device", "fingerprint", "network", "config", "algorithm", "plan", "dtype",
     "run_secs", "median_s", "spread", "compile_s", "verified", "max_error", "top1_agreement",
     "error", "kernels_version", "timestamp", "summary", "contention", "slowdown", "board",
+    "details",
 )
 
 #: Columns of a measurement row, in insert order (id excluded).
@@ -136,7 +138,8 @@ _ADDED_COLUMNS = (("network_measurements", "summary", "TEXT"),
                   ("measurements", "slowdown", "REAL"),
                   ("network_measurements", "slowdown", "REAL"),
                   ("measurements", "board", "TEXT"),
-                  ("network_measurements", "board", "TEXT"))
+                  ("network_measurements", "board", "TEXT"),
+                  ("network_measurements", "details", "TEXT"))
 
 
 def networks_path(path: str | Path, part: str = "networks") -> Path:

@@ -145,6 +145,8 @@ def parse_config(text: str | None) -> ConfigChoice:
             tuning = p
         elif p in ("*", ""):
             continue
+        elif p == "onnxruntime":  # the systems software instead of our kernels
+            alg = p
         else:
             alg = Algorithm.parse(p).value
     comp_v = None if comp in ("*", "") else Compression.parse(comp).value
@@ -441,6 +443,9 @@ def _predict_conv(t: Target, device: str, cfg: ConfigChoice) -> Prediction:
     from dlas_predict.space.config import (DEFAULT_RATIO, Algorithm, Compression, ConvSpec)
 
     spec = ConvSpec.parse(t.key)
+    if cfg.algorithm == "onnxruntime":
+        raise ConfigError(f"{t.text}: onnxruntime is priced per whole network (its model "
+                          "knows no single conv); give an ONNX file or zoo:NAME")
     rows = []
     for comp in ([cfg.compression] if cfg.compression else [c.value for c in Compression]):
         r = (cfg.ratio or DEFAULT_RATIO) if comp.endswith("_pruning") else 0.0

@@ -207,7 +207,8 @@ def profiles_matrix(level: str = "kernel", devices: list[str] | None = None) -> 
         else:
             df = _read(CORPUS_SNAPSHOTS / f"{dev}.wholenet.parquet",
                        ["network", "config", "algorithm", "median_s", "error"])
-            df = df[df.error.isna() & df.median_s.notna()]
+            # our builds: onnxruntime's runs are another backend, not a configuration of them
+            df = df[df.error.isna() & df.median_s.notna() & (df.algorithm != "onnxruntime")]
             keys = [f"{n}|{c}|{a}" for n, c, a in zip(df.network, df.config, df.algorithm)]
             macs = _network_macs(dev)
             for k, n, c in zip(keys, df.network, df.config):

@@ -39,6 +39,10 @@ class TrainReport:
     tuned_records: int | None = None
     tuning_hours: float | None = None
     tuning_mape: float | None = None
+    onnxruntime_model: str | None = None
+    onnxruntime_records: int | None = None
+    #: leave-one-network-out figures of the onnxruntime model, by mode
+    onnxruntime_lono: dict | None = None
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -50,16 +54,37 @@ class TrainReport:
 
 
 def train(store: Path, device: str = "local", out: Path | None = None,
-          seed: int = 0) -> TrainReport:
+          seed: int = 0, only_onnxruntime: bool = False) -> TrainReport:
     """Fit and save the device's cost models from ``store`` into ``out`` (default: the shipped
-    model directory of the device)."""
+    model directory of the device). A store of onnxruntime measurements alone, or
+    ``only_onnxruntime``, trains the onnxruntime model alone."""
     import numpy as np
+
+    from dlas_predict.paths import MODELS_STORE
+
+    with CorpusStore(store, must_exist=True) as db:
+        has_kernels = next(db.rows("device = ? AND error IS NULL", (device,)), None) is not None
+    if only_onnxruntime or not has_kernels:
+        from dlas_predict.space.devices import get_device
+
+        dev = get_device(device, with_target=False)
+        directory = out or MODELS_STORE / dev.name
+        ort = train_onnxruntime(store, dev, directory, {"device": dev.name})
+        if ort is None and only_onnxruntime:
+            from dlas_predict.errors import DlasError
+
+            raise DlasError(f"{store} holds no onnxruntime measurement of {device}: collect "
+                            "some with `dlas-predict collect --whole-network --backends "
+                            "onnxruntime`")
+        if ort is not None:  # (a store with neither gets the kernel corpus's error below)
+            empty = TrainReport(device=dev.name, model="", kernels=0, mape=0.0,
+                                within_10pct=0.0, interval_coverage=0.0, train_seconds=0.0)
+            return _with_onnxruntime(empty, ort, directory)
 
     from dlas_predict.models.costmodel import LayerCostModel, mape, within
     from dlas_predict.models.evaluation import (load_corpus, measured_layer_seconds,
                                                 whole_rows, whole_terms)
     from dlas_predict.models.netmodel import NetworkCostModel, last_level_cache_bytes
-    from dlas_predict.paths import MODELS_STORE
 
     corpus = load_corpus(store, device)
     t0 = time.time()
@@ -97,7 +122,38 @@ def train(store: Path, device: str = "local", out: Path | None = None,
         report.tuned_records = tuning.meta["n_train"]
         report.tuning_hours = tuning.meta["total_tuning_hours"]
         report.tuning_mape = tuning.meta["train_mape"]
+    ort = train_onnxruntime(store, corpus.device, directory, meta)
+    return _with_onnxruntime(report, ort, directory) if ort is not None else report
+
+
+def _with_onnxruntime(report: TrainReport, ort, directory: Path) -> TrainReport:
+    from dlas_predict.models.ortmodel import FILE
+
+    report.onnxruntime_model = str(Path(directory) / FILE)
+    report.onnxruntime_records = ort.meta["n_train"]
+    report.onnxruntime_lono = ort.meta["lono"]
     return report
+
+
+def train_onnxruntime(store: Path, dev: Device, directory: Path, meta: dict):
+    """Fit and save the onnxruntime latency model when the store has onnxruntime records of
+    ``dev`` (else None; a model already in ``directory`` is kept: it may come from another
+    store, as the kernels' models do not time onnxruntime)."""
+    from dlas_predict.models.ortmodel import OrtLatencyModel, training_rows
+
+    X, y, modes, nets = training_rows(store, dev.name)
+    if not len(y):
+        return None
+    fps = set()
+    with CorpusStore(store, must_exist=True) as db:
+        for r in db.network_measurements("algorithm = 'onnxruntime' AND device = ?",
+                                         (dev.name,)):
+            fps.add(r["fingerprint"])
+    model = OrtLatencyModel.fit(X, y, modes, nets, meta={
+        **meta, "corpus": str(store), "onnxruntime_fingerprints": sorted(fps),
+        "cpu_model": dev.cpu_model})
+    model.save(directory)
+    return model
 
 
 def train_tuning_time(store: Path, dev: Device, directory: Path, meta: dict):

@@ -24,7 +24,7 @@ import numpy as np
 from dlas_predict.space.config import (COMPRESSION_KERNEL, DEFAULT_CURVE_RATIOS, ELBOW_DROP_PP,
                                        Algorithm, Compression, Tuning)
 from dlas_predict.errors import DlasError
-from dlas_predict.corpus.networks import PER_LAYER
+from dlas_predict.corpus.networks import ONNXRUNTIME, PER_LAYER
 
 from dlas_predict.paths import CURVES, MODELS_STORE
 
@@ -35,8 +35,8 @@ class Candidate:
 
     compression: Compression
     ratio: float | None
-    algorithm: str                         # an Algorithm value or "per_layer"
-    layers: tuple[tuple[str, bool], ...]   # (algorithm, sparse) per conv layer
+    algorithm: str                         # an Algorithm value, "per_layer" or "onnxruntime"
+    layers: tuple[tuple[str, bool], ...]   # (algorithm, sparse) per conv layer; () for ort
     predicted_s: float
     low_s: float
     high_s: float
@@ -52,7 +52,13 @@ class Candidate:
     source: str = "trained"                # the prediction's: trained | adapted | zero-shot
 
     @property
+    def backend(self) -> str:
+        return "onnxruntime" if self.algorithm == ONNXRUNTIME else "tvm"
+
+    @property
     def sparse(self) -> bool | str:
+        if self.backend == "onnxruntime":
+            return False
         kinds = {s for _, s in self.layers}
         return kinds.pop() if len(kinds) == 1 else "mixed"
 
@@ -64,10 +70,10 @@ class Candidate:
         return f"{config_label(self.compression, self.ratio)} {self.algorithm}{tuned}"
 
     def to_dict(self) -> dict:
-        ms = (lambda s: None if s is None else round(s * 1e3, 4))
-        out = {"config": {"compression": self.compression.value, "ratio": self.ratio,
-                          "algorithm": self.algorithm, "sparse": self.sparse,
-                          "tuning": self.tuning.value},
+        ms = (lambda s: None if s is None or s != s else round(s * 1e3, 4))
+        out = {"config": {"backend": self.backend, "compression": self.compression.value,
+                          "ratio": self.ratio, "algorithm": self.algorithm,
+                          "sparse": self.sparse, "tuning": self.tuning.value},
                "predicted_ms": ms(self.predicted_s), "predicted_low_ms": ms(self.low_s),
                "predicted_high_ms": ms(self.high_s), "source": self.source,
                "accuracy": self.accuracy,
@@ -98,6 +104,20 @@ class Recommendation:
     #: models mapped to this one: :mod:`dlas_predict.crossdev.transfer`)
     source: str = "trained"
     mapping: dict | None = None
+    #: onnxruntime fp32 on the dense model: the incumbent every speedup is relative to
+    #: (predicted by the onnxruntime model, measured by --validate); None where neither is
+    reference: Candidate | None = None
+
+    @property
+    def reference_s(self) -> float | None:
+        """The reference's latency the speedups divide: measured where validated, else
+        predicted (None without either)."""
+        r = self.reference
+        if r is None:
+            return None
+        if r.measured_s is not None:
+            return r.measured_s
+        return r.predicted_s if r.predicted_s == r.predicted_s else None
 
     def to_dict(self, top: int | None = None) -> dict:
         shown = self.candidates if top is None else self.candidates[:top]
@@ -112,6 +132,10 @@ class Recommendation:
                                   "Relax and timed here, its fastest run (measured_median_ms: "
                                   "the median run)",
                 "source": self.source, "mapping": self.mapping,
+                "reference": None if self.reference is None else {
+                    **self.reference.to_dict(),
+                    "what": "onnxruntime fp32 (CPU provider) on the dense model: speedups "
+                            "are relative to it"},
                 "model": self.model_info, "dropped": [list(d) for d in self.dropped],
                 "skipped": [list(s) for s in self.skipped], "notes": self.notes,
                 "seconds": round(self.seconds, 2)}
@@ -277,6 +301,7 @@ class _Setup:
     skipped: list[tuple[str, str]] = field(default_factory=list)
     mapping: Any = None             # a DeviceMap when the models are a reference device's
     ref_dev: Any = None
+    ort_model: Any = None           # the onnxruntime latency model, where trained
 
 
 def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBOW_DROP_PP,
@@ -325,6 +350,8 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
     dense = [c for c in cands if c.compression is Compression.DENSE and c.algorithm != PER_LAYER
              and c.tuning is Tuning.UNTUNED] or [
         c for c in cands if c.compression is Compression.DENSE and c.algorithm != PER_LAYER]
+    ort = _onnxruntime_candidates(points, su)
+    cands += ort
     dense_best = min(c.predicted_s for c in dense)
     dropped: list[tuple[str, str]] = []
     kept = _within_budget(cands, _Accuracy(model, su.name, data, log), max_accuracy_drop,
@@ -334,10 +361,12 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
         su.notes.append(_tuning_verdict(kept, trials))
     rec = Recommendation(su.name, su.dev.name, kept, dropped, su.skipped, dense_best, su.info,
                          su.notes)
+    rec.reference = next((c for c in ort if c.compression is Compression.DENSE), None)
     if su.mapping is not None:
         rec.source, rec.mapping = su.mapping.source, su.mapping.to_dict()
         for c in cands:
-            c.source = su.mapping.source
+            if c.backend == "tvm":
+                c.source = su.mapping.source
     if validate:
         rec.validated = _validate(rec, model, su.dev, validate, log, tuned_opts,
                                   network_runner)
@@ -408,8 +437,55 @@ def _setup(model: str, device: str, validate: int, models_dir: Path | None,
                          f"`adapt --device {dev.name} --measurements FILE.csv`) makes it "
                          "better")
     feat_dev = features_device(ref_dev or dev, info)
-    return _Setup(dev, feat_dev, layer_model, net_model, info, tuning_model, net, name, entry,
-                  tunings, notes, mapping=mapping, ref_dev=ref_dev)
+    su = _Setup(dev, feat_dev, layer_model, net_model, info, tuning_model, net, name, entry,
+                tunings, notes, mapping=mapping, ref_dev=ref_dev)
+    _onnxruntime_setup(su, models_dir)
+    return su
+
+
+def _onnxruntime_setup(su: _Setup, models_dir: Path | None) -> None:
+    """The device's onnxruntime model (beside its other models), or why there is none."""
+    from dlas_predict.models.ortmodel import OrtLatencyModel
+
+    directory = Path(models_dir) if models_dir else MODELS_STORE / su.dev.name
+    su.ort_model = OrtLatencyModel.load(directory)
+    if su.ort_model is None:
+        su.skipped.append(("onnxruntime", f"no onnxruntime model for {su.dev.name} in "
+                           f"{directory} (onnxruntime is timed on this machine and its "
+                           "native-ISA profiles: `dlas-predict collect --whole-network "
+                           "--backends onnxruntime`, then `train`)"))
+        return
+    where = su.ort_model.meta.get("onnxruntime_fingerprints") or []
+    if su.dev.fingerprint and where and su.dev.fingerprint not in where:
+        su.notes.append(f"the onnxruntime model was trained on another machine "
+                        f"({su.ort_model.meta.get('cpu_model') or ', '.join(where)}); its "
+                        "latencies are that machine's")
+
+
+def _onnxruntime_candidates(points, su: _Setup) -> list[Candidate]:
+    """Each grid point run by onnxruntime, priced by the onnxruntime model: pruned models
+    in float32 (channel pruning with its zeroed filters removed), float16, static QDQ int8."""
+    if su.ort_model is None or Tuning.UNTUNED not in su.tunings:
+        return []
+    from dlas_predict.corpus.networks import onnxruntime_mode
+    from dlas_predict.models.netmodel import NetworkSummary
+    from dlas_predict.models.ortmodel import ort_terms
+
+    weight_pruned = [p for p in points if p[0] is Compression.WEIGHT_PRUNING]
+    if weight_pruned:
+        su.skipped.append((", ".join(f"{c.value}@{r:g} onnxruntime" for c, r, _ in weight_pruned),
+                           "onnxruntime has no sparse kernel: a weight-pruned model runs as "
+                           "fast as the dense one there, less accurate"))
+    points = [p for p in points if p[0] is not Compression.WEIGHT_PRUNING]
+    specs = [c.spec for c in su.net.convs()]
+    summary = NetworkSummary.of(su.net)
+    modes = [onnxruntime_mode(comp) for comp, _, _ in points]
+    X = np.array([ort_terms(specs, layer_r, summary, mode,
+                            comp is Compression.CHANNEL_PRUNING)
+                  for (comp, _, layer_r), mode in zip(points, modes)])
+    mid, low, high = su.ort_model.predict(X, modes)
+    return [Candidate(comp, ratio, ONNXRUNTIME, (), float(m), float(lo), float(hi))
+            for (comp, ratio, _), m, lo, hi in zip(points, mid, low, high)]
 
 
 def features_device(dev, info: dict):
@@ -621,8 +697,9 @@ def _tuning_verdict(kept: list[Candidate], trials: int) -> str:
 def _validate(rec: Recommendation, model: str, dev, k: int, log=None,
               tuned_opts=None, network_runner=None) -> list[Candidate]:
     """Build and time the top ``k`` kept candidates as whole networks, with the runner that
-    ``network_runner()`` opens (default: the local CPU's)."""
-    from dlas_predict.corpus.networks import NetworkPlan
+    ``network_runner()`` opens (default: the local CPU's); onnxruntime fp32, the reference,
+    is timed in the same run wherever onnxruntime can run as the device."""
+    from dlas_predict.corpus.networks import NetworkPlan, onnxruntime_plan
 
     if network_runner is None and not dev.measured_here:
         raise DlasError(f"--validate builds and times the candidates on the device: "
@@ -632,12 +709,28 @@ def _validate(rec: Recommendation, model: str, dev, k: int, log=None,
 
         network_runner = (lambda: NetworkRunner(dev))
     chosen = rec.candidates[:k]
-    plans = [NetworkPlan(model, rec.network, c.compression, c.ratio, c.algorithm, c.layers,
-                         tuning=tuned_opts if c.tuning is Tuning.TUNED else None)
-             for c in chosen]
+    timed = list(chosen)
+    if dev.measured_here and network_runner is not None:
+        from dlas_predict.measure.netrunner import onnxruntime_unsupported
+
+        if onnxruntime_unsupported(dev) is None:
+            if rec.reference is None:  # no model of it: measured only
+                nan = float("nan")
+                rec.reference = Candidate(Compression.DENSE, None, ONNXRUNTIME, (), nan, nan,
+                                          nan, source="measured only")
+            if rec.reference not in timed:
+                timed.append(rec.reference)
+
+    def plan_of(c: Candidate) -> NetworkPlan:
+        if c.backend == "onnxruntime":
+            return onnxruntime_plan(model, rec.network, c.compression, c.ratio)
+        return NetworkPlan(model, rec.network, c.compression, c.ratio, c.algorithm, c.layers,
+                           tuning=tuned_opts if c.tuning is Tuning.TUNED else None)
+
+    plans = [plan_of(c) for c in timed]
     with network_runner() as nr:
-        by_key = {p.key(dev): c for p, c in zip(plans, chosen)}  # a farm answers as boards
-        for m in nr.run(plans):                                  # finish
+        by_key = {p.key(dev): c for p, c in zip(plans, timed)}  # a farm answers as boards
+        for m in nr.run(plans):                                 # finish
             c = by_key[m.key]
             if m.error:
                 c.measured_note = f"failed: {m.error[:300]}"
@@ -651,4 +744,6 @@ def _validate(rec: Recommendation, model: str, dev, k: int, log=None,
                                        "tuned; the tuning database holds no search for the "
                                        "others (run `dlas-predict tune --network ...`), they "
                                        "kept their hand schedules")
+                elif c.backend == "onnxruntime" and (m.details or {}).get("calibration"):
+                    c.measured_note = f"int8 calibrated on {m.details['calibration']}"
     return chosen

@@ -1,0 +1,201 @@
+"""Our builds against onnxruntime, measured in the same run on this machine.
+
+For each network the grid is predicted (``recommend``, untuned half, the default accuracy
+budget), then these are built and timed in one runner session, one after the other, with
+the study's protocol, at the device's threads (2 on this machine):
+
+- the ``--top`` fastest predicted configurations of our TVM builds, and our fastest
+  predicted dense float32 build (the kernel-quality figure, no compression);
+- every onnxruntime configuration the budget keeps (fp32, static QDQ int8, float16, channel
+  pruning with the zeroed filters removed); onnxruntime fp32 on the dense model is the
+  reference.
+
+Printed per network and as geometric means over the networks:
+
+- ``ours / ort``: our fastest measured TVM build over onnxruntime fp32 (target ≤ 1.0, and
+  ≤ 1.5 on every network);
+- ``grid / ort``: the fastest measured configuration of the whole grid, onnxruntime's
+  included, over onnxruntime fp32 (what ``recommend --validate`` would deploy);
+- ``dense / ort``: our fastest dense float32 build over onnxruntime fp32.
+
+Networks: the 8 zoo networks and 20 generated CNNs of shapes no corpus holds (5 of each
+block style: plain, residual, depthwise-separable, inverted-residual), drawn with a fixed
+seed. Resumable: a network already in the output file is not measured again.
+
+    .venv/bin/python benchmarks/bench_engine.py [--out benchmarks/out/engine.jsonl]
+        [--top 3] [--only NAME] [--skip-zoo] [--generated 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from dlas_predict.errors import DlasError  # noqa: E402
+from jsonl import append_row, read_rows  # noqa: E402
+
+STYLES = ("plain", "residual", "separable", "inverted")
+
+
+def _corpus_networks() -> set[str]:
+    import pandas as pd
+
+    names: set[str] = set()
+    for path in (ROOT / "datasets" / "corpus").glob("*.networks.parquet"):
+        names |= set(pd.read_parquet(path, columns=["network"])["network"])
+    return names
+
+
+def generated(n: int, seed: int = 27) -> list[str]:
+    """``n`` generated-CNN parameter strings (``generate cnn`` syntax), an equal share of
+    each block style, of shapes no corpus network has."""
+    from dlas_predict.networks import generate as gen
+
+    rng = random.Random(seed)
+    taken = _corpus_networks()
+    out: list[str] = []
+    per_style = max(1, n // len(STYLES))
+    for style in STYLES:
+        got = 0
+        while got < per_style:
+            p = {"layers": rng.choice([3, 4, 5]), "kernels": rng.choice([20, 40, 56, 80, 112]),
+                 "input": rng.choice([18, 24, 36, 44, 52]),
+                 "kernel_size": rng.choice([3, 5]) if style in ("separable", "inverted") else 3,
+                 "block": style, "downsample": rng.choice([1, 2])}
+            if style == "inverted":
+                p["kernels"] = min(p["kernels"], 56)  # ×6 expansion
+            params = ",".join(f"{k}={v}" for k, v in p.items())
+            point = gen.parse_grid("cnn", params.split(","))[0]
+            name = gen.file_name("cnn", point)[:-len(".onnx")]
+            if name in taken or params in out:
+                continue
+            out.append(params)
+            got += 1
+    return out
+
+
+def networks(args, out_dir: Path) -> list[tuple[str, str, str]]:
+    """(family, name, model argument) of every benchmark network."""
+    from dlas_predict.networks import generate as gen
+    from dlas_predict.networks import zoo
+
+    nets = [] if args.skip_zoo else [("zoo", n, f"zoo:{n}") for n in zoo.ZOO]
+    for params in generated(args.generated):
+        m = gen.generate("cnn", params.split(","), out_dir)[0]
+        nets.append((f"cnn {m.params['block']}", m.path.stem, str(m.path)))
+    return nets
+
+
+def measure(model: str, top: int) -> dict:
+    """Predict the grid, then time the chosen configurations and onnxruntime fp32."""
+    from dlas_predict.recommend.search import _validate, recommend
+    from dlas_predict.space.config import Compression
+
+    rec = recommend(model, "local", top=0, tuning="untuned")
+    ours = [c for c in rec.candidates if c.backend == "tvm"]
+    chosen = ours[:top]
+    dense = [c for c in ours if c.compression is Compression.DENSE]
+    if dense and dense[0] not in chosen:
+        chosen.append(dense[0])
+    chosen += [c for c in rec.candidates if c.backend == "onnxruntime"]
+    rec.candidates = chosen
+    _validate(rec, model, _device(), len(chosen))
+    ref = rec.reference
+    rows = [{"config": c.label, "backend": c.backend, "compression": c.compression.value,
+             "predicted_ms": c.predicted_s * 1e3 if c.predicted_s == c.predicted_s else None,
+             "measured_ms": None if c.measured_s is None else c.measured_s * 1e3,
+             "note": c.measured_note} for c in chosen]
+    out = {"source": rec.source, "candidates": rows,
+           "ort_fp32_ms": None if ref is None or ref.measured_s is None
+           else ref.measured_s * 1e3}
+    ok = [r for r in rows if r["measured_ms"]]
+    for key, pick in (("ours", lambda r: r["backend"] == "tvm"),
+                      ("dense", lambda r: r["backend"] == "tvm"
+                       and r["compression"] == "dense"),
+                      ("grid", lambda r: True)):
+        best = min((r for r in ok if pick(r)), key=lambda r: r["measured_ms"], default=None)
+        out[f"{key}_ms"] = best and best["measured_ms"]
+        out[f"{key}_config"] = best and best["config"]
+    return out
+
+
+_DEV = None
+
+
+def _device():
+    global _DEV
+    if _DEV is None:
+        from dlas_predict.space.devices import get_device
+
+        _DEV = get_device("local")
+    return _DEV
+
+
+def ratios(row: dict) -> dict:
+    ort = row.get("ort_fp32_ms")
+    return {k: row[f"{k}_ms"] / ort for k in ("ours", "grid", "dense")
+            if ort and row.get(f"{k}_ms")}
+
+
+def _geo(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "engine.jsonl")
+    ap.add_argument("--top", type=int, default=3, help="our fastest predicted builds timed")
+    ap.add_argument("--generated", type=int, default=20)
+    ap.add_argument("--skip-zoo", action="store_true")
+    ap.add_argument("--only", help="measure just this network (name)")
+    args = ap.parse_args()
+    try:
+        return _run(args)
+    except DlasError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _run(args) -> int:
+    if args.top < 1:
+        raise DlasError(f"--top must be >= 1, got {args.top}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    done = read_rows(args.out)
+    with tempfile.TemporaryDirectory() as tmp:
+        for family, name, model in networks(args, Path(tmp)):
+            if name in done or (args.only and args.only != name):
+                continue
+            t = time.time()
+            row = {"family": family, "name": name, **measure(model, args.top),
+                   "seconds": round(time.time() - t, 1)}
+            append_row(args.out, row)
+            done[name] = row
+            r = ratios(row)
+            print(f"{family:14s} {name[:58]:58s} ort {row['ort_fp32_ms'] or 0:8.3f} ms  "
+                  + "  ".join(f"{k}/ort {v:.2f}" for k, v in r.items())
+                  + f"  ({row['seconds']:.0f} s)", flush=True)
+    rows = [r for r in done.values() if ratios(r)]
+    if not rows:
+        return 0
+    print(f"\n{len(rows)} networks, ratios to onnxruntime fp32 measured in the same run "
+          "(geometric mean, worst):")
+    for key, what in (("ours", "our fastest TVM build"), ("grid", "the whole grid's fastest"),
+                      ("dense", "our fastest dense fp32 build")):
+        vals = [ratios(r)[key] for r in rows if key in ratios(r)]
+        if vals:
+            worst = max(rows, key=lambda r: ratios(r).get(key, 0))
+            print(f"  {what:30s} ×{_geo(vals):.2f}  worst ×{max(vals):.2f} ({worst['name'][:40]}),"
+                  f" over 1.5 on {sum(v > 1.5 for v in vals)} of {len(vals)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,176 @@
+"""The onnxruntime backend's latency model: a whole network run by onnxruntime, per mode.
+
+onnxruntime's kernels are not ours, so the layer model cannot price them. Its latency is
+modelled from what the network does, as a non-negative sum of costs:
+
+    t = c0 + c1·dense MACs + c2·depthwise MACs + c3·conv activation bytes
+          + c4·conv weight bytes + c5·other ops' bytes + c6·layers
+          + c7·elementwise ops + c8·elements through exponentials (SiLU's sigmoid)
+          + c9·bytes of broadcasting elementwise ops (squeeze-excitation's scale)
+
+one coefficient vector per mode (``fp32``, ``int8``, ``float16``), fitted by non-negative
+least squares on relative error, so it extrapolates linearly to larger networks. A channel-
+pruned conv counts its density's share of the work (onnxruntime runs the model with the
+zeroed filters removed); a weight-pruned one all of it (onnxruntime multiplies the zeros);
+the other ops are the dense network's.
+
+The interval is the 10–90 % range of the leave-one-network-out relative errors of the fit,
+which :meth:`OrtLatencyModel.fit` also reports (``meta["lono"]``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from dlas_predict.errors import DlasError
+
+#: The terms of the model, in order.
+TERMS = ("const", "dense_macs", "depthwise_macs", "conv_io_bytes", "weight_bytes",
+         "other_bytes", "layers", "elementwise_ops", "exp_elems", "broadcast_bytes")
+FILE = "onnxruntime.json"
+#: Fewest networks a mode is fitted on (fewer: the fp32 fit scaled by the mode's median ratio).
+MIN_NETWORKS = 5
+
+
+def ort_terms(specs, ratios, summary, mode: str, channels_removed: bool) -> np.ndarray:
+    """The model's terms for a network whose convs are ``specs`` with layer sparsities
+    ``ratios`` and whose other ops are ``summary``'s (a
+    :class:`~dlas_predict.models.netmodel.NetworkSummary` of the dense network). Weight
+    pruning leaves the work dense (onnxruntime multiplies the zeros); with
+    ``channels_removed`` (channel pruning) each conv does its density's share of it, as its
+    zeroed filters are removed. ``mode`` picks the element size of the weights."""
+    elem = {"fp32": 4, "float16": 2, "int8": 1}[mode]
+    dense = dw = io = wbytes = 0.0
+    for s, r in zip(specs, ratios):
+        keep = (1.0 - float(r)) if channels_removed else 1.0
+        if s.depthwise:
+            dw += s.macs * keep
+        else:
+            dense += s.macs * keep
+        io += 4 * (s.C * s.H * s.W + keep * s.K * s.OH * s.OW)
+        wbytes += elem * keep * s.K * (s.C // s.groups) * s.R * s.S
+    return np.array([1.0, dense / 1e9, dw / 1e9, io / 1e6, wbytes / 1e6,
+                     summary.nonconv_bytes / 1e6, float(summary.layers),
+                     float(summary.elementwise_ops), summary.exp_elems / 1e6,
+                     summary.broadcast_bytes / 1e6])
+
+
+@dataclass
+class OrtLatencyModel:
+    """Per mode: the coefficients of :data:`TERMS` (seconds per unit) and the interval."""
+
+    coef: dict[str, list[float]] = field(default_factory=dict)
+    q10: dict[str, float] = field(default_factory=dict)   # log(pred / measured), 10 %
+    q90: dict[str, float] = field(default_factory=dict)
+    meta: dict = field(default_factory=dict)
+
+    @staticmethod
+    def _nnls(X: np.ndarray, y: np.ndarray) -> np.ndarray:
+        from scipy.optimize import nnls
+
+        w = 1.0 / y  # relative error
+        return nnls(X * w[:, None], np.ones(len(y)))[0]
+
+    @classmethod
+    def fit(cls, X: np.ndarray, y: np.ndarray, modes: list[str], networks: list[str],
+            meta: dict | None = None) -> "OrtLatencyModel":
+        """Fit each mode on its rows; its interval and metrics from leave-one-network-out."""
+        X, y = np.asarray(X, float), np.asarray(y, float)
+        modes_a, nets = np.array(modes), np.array(networks)
+        if len(set(networks)) < MIN_NETWORKS:
+            raise DlasError(f"the onnxruntime model needs measurements of at least "
+                            f"{MIN_NETWORKS} networks, the store has {len(set(networks))}")
+        m = cls(meta=dict(meta or {}))
+        m.meta.update(terms=list(TERMS), n_train=int(len(y)),
+                      networks=sorted(set(networks)), lono={})
+        for mode in ("fp32", "int8", "float16"):
+            rows = modes_a == mode
+            if len(set(nets[rows])) < MIN_NETWORKS:
+                continue
+            Xm, ym, nm = X[rows], y[rows], nets[rows]
+            m.coef[mode] = [float(c) for c in cls._nnls(Xm, ym)]
+            err = np.empty(len(ym))
+            for net in set(nm):
+                out = nm == net
+                c = cls._nnls(Xm[~out], ym[~out])
+                err[out] = np.log(np.maximum(Xm[out] @ c, 1e-9) / ym[out])
+            m.q10[mode], m.q90[mode] = (float(v) for v in np.quantile(err, [0.1, 0.9]))
+            m.meta["lono"][mode] = {
+                "rows": int(len(ym)), "networks": int(len(set(nm))),
+                "mape": float(np.mean(np.abs(np.exp(err) - 1))),
+                "within_10pct": float(np.mean(np.abs(np.exp(err) - 1) <= 0.10)),
+                "within_25pct": float(np.mean(np.abs(np.exp(err) - 1) <= 0.25))}
+        if "fp32" not in m.coef:
+            raise DlasError("the onnxruntime model needs fp32 measurements of at least "
+                            f"{MIN_NETWORKS} networks")
+        return m
+
+    def predict(self, X: np.ndarray, modes: list[str]) -> tuple[np.ndarray, np.ndarray,
+                                                                  np.ndarray]:
+        """(mid, low, high) seconds of each row. A mode fitted on too few networks is
+        priced with the fp32 fit (and the fp32 interval)."""
+        X = np.atleast_2d(np.asarray(X, float))
+        mid, low, high = (np.empty(len(X)) for _ in range(3))
+        for i, (x, mode) in enumerate(zip(X, modes)):
+            mm = mode if mode in self.coef else "fp32"
+            t = max(float(x @ np.array(self.coef[mm])), 1e-9)
+            # q = log(pred / measured): the measured value lies in pred·exp(-q)
+            mid[i], low[i], high[i] = t, t * np.exp(-self.q90[mm]), t * np.exp(-self.q10[mm])
+        return mid, low, high
+
+    def save(self, directory: Path) -> Path:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / FILE
+        path.write_text(json.dumps({"coef": self.coef, "q10": self.q10, "q90": self.q90,
+                                    "meta": self.meta}, indent=1, sort_keys=True))
+        return path
+
+    @classmethod
+    def load(cls, directory: Path) -> "OrtLatencyModel | None":
+        path = Path(directory) / FILE
+        if not path.is_file():
+            return None
+        try:
+            d = json.loads(path.read_text())
+            return cls(d["coef"], d["q10"], d["q90"], d.get("meta", {}))
+        except (ValueError, KeyError) as exc:
+            raise DlasError(f"{path} is not an onnxruntime model ({exc})") from None
+
+
+def training_rows(store: Path, device: str):
+    """(X, seconds, modes, networks) of the verified onnxruntime records of ``device`` in
+    ``store`` (fp32 only when its output check passed; reduced precision by its time)."""
+    from dlas_predict.corpus.networks import ONNXRUNTIME, onnxruntime_mode
+    from dlas_predict.corpus.store import CorpusStore
+    from dlas_predict.models.evaluation import _summary
+    from dlas_predict.space.config import ConvSpec
+
+    with CorpusStore(store, must_exist=True) as db:
+        recs = db.network_records("error IS NULL AND device = ? AND algorithm = ?",
+                                  (device, ONNXRUNTIME))
+        configs = db.network_configs()
+    layers: dict[tuple, list] = {}
+    for c in configs:
+        layers.setdefault((c["network"], c["config"]), []).append(c)
+    dense_summary = {r.network: r.summary for r in recs if r.config == "dense"}
+    X, y, modes, nets = [], [], [], []
+    for r in recs:
+        mode = onnxruntime_mode(r.config)
+        if r.verified is False and mode == "fp32":
+            continue
+        ls = sorted(layers.get((r.network, r.config), []), key=lambda c: c["layer_index"])
+        summary = _summary(r.network, dense_summary.get(r.network) or r.summary)
+        if not ls or summary is None or r.best_s is None:
+            continue
+        X.append(ort_terms([ConvSpec.parse(c["conv"]) for c in ls],
+                           [float(c["ratio"]) for c in ls], summary, mode,
+                           r.config.startswith("channel_pruning")))
+        y.append(r.best_s)
+        modes.append(mode)
+        nets.append(r.network)
+    return np.array(X), np.array(y), modes, nets

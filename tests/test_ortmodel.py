@@ -1,0 +1,127 @@
+"""The onnxruntime latency model: fitted on whole networks run by onnxruntime, per mode."""
+import json
+
+import numpy as np
+import pytest
+
+from dlas_predict.corpus.networks import NetworkMeasurement, onnxruntime_plan
+from dlas_predict.corpus.store import CorpusStore
+from dlas_predict.errors import DlasError
+from dlas_predict.models.netmodel import NetworkSummary
+from dlas_predict.models.ortmodel import (OrtLatencyModel, TERMS, ort_terms,
+                                          training_rows)
+from dlas_predict.space.config import ConvSpec
+from dlas_predict.space.devices import get_device
+
+#: seconds per unit of each term: a law the fit should find again
+LAW = np.array([2e-5, 4e-3, 2e-2, 1e-5, 0.0, 2e-5, 1e-6, 3e-6, 0.0, 0.0])
+
+
+def _net(rng, i):
+    n = int(rng.integers(2, 6))
+    c, h = int(rng.choice([16, 32, 64])), int(rng.choice([8, 16, 32]))
+    specs = [ConvSpec(C=3, H=h, W=h, K=c, R=3, S=3, pad_t=1, pad_l=1, pad_b=1, pad_r=1)]
+    for j in range(n):
+        if j % 2:
+            specs.append(ConvSpec(C=c, H=h, W=h, K=c, R=3, S=3, pad_t=1, pad_l=1, pad_b=1,
+                                  pad_r=1, groups=c))
+        else:
+            specs.append(ConvSpec(C=c, H=h, W=h, K=c, R=1, S=1))
+    summary = NetworkSummary(conv_layers=len(specs), layers=2 * len(specs) + 3,
+                             nonconv_macs=1000, nonconv_bytes=int(8 * c * h * h),
+                             activation_ops=len(specs), elementwise_ops=1,
+                             input_elems=3 * h * h)
+    return f"net{i}", specs, summary
+
+
+def _data(seed=0, networks=12, noise=0.02):
+    rng = np.random.default_rng(seed)
+    X, y, modes, nets = [], [], [], []
+    for i in range(networks):
+        name, specs, summary = _net(rng, i)
+        for mode, scale in (("fp32", 1.0), ("float16", 1.3), ("int8", 0.7)):
+            x = ort_terms(specs, [0.0] * len(specs), summary, mode, False)
+            X.append(x)
+            y.append(float(x @ LAW) * scale * float(np.exp(rng.normal(0, noise))))
+            modes.append(mode)
+            nets.append(name)
+    return np.array(X), np.array(y), modes, nets
+
+
+def test_the_fit_finds_the_law_and_reports_held_out_error():
+    X, y, modes, nets = _data()
+    m = OrtLatencyModel.fit(X, y, modes, nets)
+    mid, low, high = m.predict(X, modes)
+    assert np.all(np.abs(mid / y - 1) < 0.1)
+    assert set(m.coef) == {"fp32", "float16", "int8"} and len(m.coef["fp32"]) == len(TERMS)
+    assert all(c >= 0 for c in m.coef["fp32"])
+    for mode, figures in m.meta["lono"].items():
+        assert figures["networks"] == 12 and figures["within_25pct"] > 0.9
+    assert np.all(low <= mid) and np.all(mid <= high)
+
+
+def test_save_load_predict_equality(tmp_path):
+    X, y, modes, nets = _data(seed=1)
+    m = OrtLatencyModel.fit(X, y, modes, nets, meta={"device": "local"})
+    m.save(tmp_path)
+    back = OrtLatencyModel.load(tmp_path)
+    for a, b in zip(m.predict(X, modes), back.predict(X, modes)):
+        assert np.array_equal(a, b)
+    assert back.meta["device"] == "local"
+    assert OrtLatencyModel.load(tmp_path / "none") is None
+    (tmp_path / "onnxruntime.json").write_text("{not json")
+    with pytest.raises(DlasError, match="not an onnxruntime model"):
+        OrtLatencyModel.load(tmp_path)
+
+
+def test_a_mode_with_too_few_networks_is_priced_by_the_fp32_fit():
+    X, y, modes, nets = _data(seed=2)
+    keep = [i for i, (m, n) in enumerate(zip(modes, nets))
+            if m != "int8" or n in ("net0", "net1")]
+    model = OrtLatencyModel.fit(X[keep], y[keep], [modes[i] for i in keep],
+                                [nets[i] for i in keep])
+    assert "int8" not in model.coef
+    x = X[[modes.index("int8")]]
+    assert model.predict(x, ["int8"])[0][0] == model.predict(x, ["fp32"])[0][0]
+
+
+def test_too_few_networks_is_a_clear_error():
+    X, y, modes, nets = _data(networks=3)
+    with pytest.raises(DlasError, match="at least 5 networks"):
+        OrtLatencyModel.fit(X, y, modes, nets)
+
+
+def test_channel_pruning_counts_the_density_weight_pruning_all_of_it():
+    rng = np.random.default_rng(3)
+    _, specs, summary = _net(rng, 0)
+    ratios = [0.5] * len(specs)
+    full = ort_terms(specs, ratios, summary, "fp32", False)
+    removed = ort_terms(specs, ratios, summary, "fp32", True)
+    assert np.allclose(removed[1:3], full[1:3] * 0.5)
+    assert removed[4] == pytest.approx(full[4] * 0.5)
+    assert removed[0] == full[0] and removed[5:].tolist() == full[5:].tolist()
+    assert len(full) == len(TERMS)
+    assert ort_terms(specs, ratios, summary, "int8", False)[4] == pytest.approx(full[4] / 4)
+
+
+def test_training_rows_read_the_stores_onnxruntime_records(tmp_path):
+    dev = get_device("local")
+    rng = np.random.default_rng(4)
+    with CorpusStore(tmp_path / "s.sqlite") as db:
+        for i in range(3):
+            name, specs, summary = _net(rng, i)
+            for config in ("dense", "int8"):
+                db.add_network_config(name, config, [(j, f"c{j}", s.to_spec(), config, 0.0)
+                                                     for j, s in enumerate(specs)])
+                plan = onnxruntime_plan(f"{name}.onnx", name, config, None)
+                rec = NetworkMeasurement(
+                    key=plan.key(dev), device="local", fingerprint=dev.fingerprint,
+                    network=name, config=config, algorithm=plan.algorithm,
+                    plan=plan.plan_json(), dtype=plan.dtype.value, run_secs=[1e-3, 2e-3],
+                    verified=True, summary=json.dumps(summary.__dict__),
+                    details={"backend": "onnxruntime"})
+                db.add_network_measurement(rec.to_row())
+    X, y, modes, nets = training_rows(tmp_path / "s.sqlite", "local")
+    assert len(y) == 6 and sorted(set(modes)) == ["fp32", "int8"]
+    assert np.all(y == 1e-3)  # the fastest run, as the other models learn
+    assert X.shape == (6, len(TERMS))
