@@ -20,8 +20,14 @@ KNOB_NAMES: dict[tuple[Algorithm, bool], tuple[str, ...]] = {
     (Algorithm.SPATIAL_PACK, True): ("tile_h", "tile_w"),
 }
 
-#: SIMD lanes of a 512-bit register, by accumulation type; used to size vector tiles.
-_LANES = {DType.FLOAT32: 16, DType.FLOAT16: 16, DType.INT8: 16}
+def registers(simd_bits: int | None) -> tuple[int, int]:
+    """(32-bit lanes of a vector register, accumulators a register tile may hold) for a CPU
+    of ``simd_bits`` (None: 512). Every kernel accumulates in 32 bits (float32 for float16,
+    int32 for int8). A tile keeps half the vector registers for accumulators: 16 of
+    AVX-512's 32 zmm, 8 of the 16 ymm (AVX2) or xmm (SSE, NEON) registers, so the loaded
+    inputs and weights fit beside them without spilling."""
+    bits = int(simd_bits or 512)
+    return max(4, bits // 32), 16 if bits >= 512 else 8
 
 
 def _divisor_at_most(n: int, limit: int, prefer: tuple[int, ...] = ()) -> int:
@@ -35,29 +41,34 @@ def _divisor_at_most(n: int, limit: int, prefer: tuple[int, ...] = ()) -> int:
     return 1
 
 
-def default_knobs(spec: ConvSpec, variant: Variant) -> dict[str, int]:
-    """The untuned schedule's knobs for ``variant`` on ``spec``, chosen from the shape.
+def default_knobs(spec: ConvSpec, variant: Variant,
+                  simd_bits: int | None = None) -> dict[str, int]:
+    """The untuned schedule's knobs for ``variant`` on ``spec``, chosen from the shape and the
+    vector width of the CPU it runs on (``simd_bits``; None: 512).
 
     Rules a performance engineer would apply by hand: vector tiles along the contiguous axis
     sized to the SIMD width (a divisor of the extent, so no tail predicate blocks
-    vectorisation), output-channel blocks that keep the accumulators in registers.
+    vectorisation), output-channel blocks that keep the accumulators in registers
+    (:func:`registers`: sized for AVX-512, an AVX2 tile of the same shape spills and runs
+    2-4x slower).
     """
-    lanes = _LANES[variant.dtype]
+    lanes, acc = registers(simd_bits)
     kg = spec.K // spec.groups
     p = spec.OH * spec.OW
     key = (variant.algorithm, variant.sparse)
     if key == (Algorithm.DIRECT, False):
         tile_w = _divisor_at_most(spec.OW, lanes, prefer=(lanes, lanes // 2))
-        tile_k = _divisor_at_most(spec.K, 16, prefer=(8, 16, 4) if tile_w >= 8 else (16, 8, 4))
+        tile_k = _divisor_at_most(spec.K, acc, prefer=(8, 16, 4) if tile_w >= 8 else (16, 8, 4))
         return {"tile_k": tile_k, "tile_w": tile_w}
     if key == (Algorithm.GEMM, False):
         tile_p = _divisor_at_most(p, lanes, prefer=(lanes, lanes // 2))
-        tile_k = _divisor_at_most(spec.K, 16, prefer=(8, 4, 16))
+        tile_k = _divisor_at_most(spec.K, acc, prefer=(8, 4, 16))
         return {"tile_k": tile_k, "tile_p": tile_p}
     if key == (Algorithm.SPATIAL_PACK, False):
         if kg >= 8:
             tile_k = _divisor_at_most(kg, 2 * lanes, prefer=(2 * lanes, lanes, 8))
-            tile_w = 8 if tile_k > lanes else 16 if spec.OW >= 16 else 8
+            vectors = -(-tile_k // lanes)  # accumulators per output column
+            tile_w = max(1, min(acc // vectors, 16 if spec.OW >= 16 else 8))
             tile_w = min(tile_w, _pow2_at_least(spec.OW))
             return {"tile_k": tile_k, "tile_h": 1, "tile_w": tile_w}
         # depthwise / narrow groups: vectorise along output width instead.
@@ -92,9 +103,11 @@ def _override(knobs: dict[str, int], variant: Variant, names, kernel: str) -> di
     return knobs
 
 
-def resolve_knobs(spec: ConvSpec, variant: Variant) -> dict[str, int]:
-    """Defaults overridden by the variant's own knobs; unknown knob names are an error."""
-    knobs = _override(default_knobs(spec, variant), variant,
+def resolve_knobs(spec: ConvSpec, variant: Variant,
+                  simd_bits: int | None = None) -> dict[str, int]:
+    """Defaults (for a CPU of ``simd_bits``) overridden by the variant's own knobs; unknown
+    knob names are an error."""
+    knobs = _override(default_knobs(spec, variant, simd_bits), variant,
                       KNOB_NAMES[(variant.algorithm, variant.sparse)],
                       f"{variant.algorithm.value}{' (sparse)' if variant.sparse else ''}")
     kg = spec.K // spec.groups
@@ -113,7 +126,8 @@ LAYOUT_KNOBS: dict[Algorithm, tuple[str, ...]] = {
 }
 
 
-def tuned_knobs(spec: ConvSpec, variant: Variant, budget: int) -> dict[str, int]:
+def tuned_knobs(spec: ConvSpec, variant: Variant, budget: int,
+                simd_bits: int | None = None) -> dict[str, int]:
     """What identifies a tuned measurement before it runs: the layout knobs a dense kernel is
     tuned under (none for CSR kernels, whose knobs are the search's result) and the trial
     budget, so the same workload tuned with another budget is another measurement."""
@@ -121,12 +135,13 @@ def tuned_knobs(spec: ConvSpec, variant: Variant, budget: int) -> dict[str, int]
         raise ConfigError(f"the trial budget must be at least 1, got {budget}")
     knobs = {"budget": int(budget)}
     if not variant.sparse:
-        defaults = resolve_knobs(spec, variant)
+        defaults = resolve_knobs(spec, variant, simd_bits)
         knobs.update({k: defaults[k] for k in LAYOUT_KNOBS[variant.algorithm]})
     return knobs
 
 
-def search_space(spec: ConvSpec, variant: Variant) -> list[dict[str, int]]:
+def search_space(spec: ConvSpec, variant: Variant,
+                 simd_bits: int | None = None) -> list[dict[str, int]]:
     """The CSR kernel's knob candidates for the measured search, defaults first.
 
     The hand schedule's knobs: the vector tile along the output row (direct), the output-pixel
@@ -146,7 +161,7 @@ def search_space(spec: ConvSpec, variant: Variant) -> list[dict[str, int]]:
     else:
         heights = [v for v in (1, 2, 4) if v <= max(1, spec.OH)]
         space = [{"tile_h": h, "tile_w": w} for h in heights for w in widths if w <= 32]
-    default = default_knobs(spec, variant)
+    default = default_knobs(spec, variant, simd_bits)
     return [default] + [k for k in space if k != default]
 
 

@@ -67,13 +67,14 @@ class TunedKernels:
     """
 
     def __init__(self, db: str, budget: int, fingerprint: str, target_json: dict, cores: int,
-                 pattern: str = "unstructured") -> None:
+                 pattern: str = "unstructured", simd_bits: int | None = None) -> None:
         from . import tuning as tn
 
         self.db = tn.TuningDB(db)
         self.budget, self.fingerprint, self.target_json = budget, fingerprint, target_json
         self.target = tn.tuning_target(target_json, cores)
         self.pattern = pattern
+        self.simd_bits = simd_bits
         self.tuned: list[int] = []
         self.untuned: list[int] = []
 
@@ -89,7 +90,7 @@ class TunedKernels:
 
         ratio = kernel_ratio(sparsity(w)) if ks.sparse else 0.0
         asked = replace(ks, scale=None, knobs=tuned_knobs(
-            ks.conv, Variant(ks.algorithm, comp, ratio), self.budget))
+            ks.conv, Variant(ks.algorithm, comp, ratio), self.budget, self.simd_bits))
         key = tn.tuning_key(self.fingerprint, asked, self.budget, self.target_json,
                             (ratio, self.pattern) if ks.sparse else None)
         found = self.db.lookup(key)
@@ -117,9 +118,9 @@ class _ConvLowering:
 
     def __init__(self, choices: list[LayerChoice], dtype: DType,
                  specs: list[ConvSpec] | None, scales: list[tuple[float, float]] | None,
-                 tuned: TunedKernels | None = None):
+                 tuned: TunedKernels | None = None, simd_bits: int | None = None):
         self.choices, self.dtype, self.specs, self.scales = choices, dtype, specs, scales
-        self.tuned = tuned
+        self.tuned, self.simd_bits = tuned, simd_bits
         self.count = 0
 
     def __call__(self, bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
@@ -153,7 +154,7 @@ class _ConvLowering:
         if choice.sparse and self.dtype is not DType.FLOAT32:
             raise BuildError("sparse kernels run in float32 only (the study's grid)")
         knobs = resolve_knobs(spec, Variant(choice.algorithm, comp,
-                                            0.5 if choice.sparse else 0.0))
+                                            0.5 if choice.sparse else 0.0), self.simd_bits)
         x = data
         scale = None
         if self.dtype is DType.INT8:
@@ -375,15 +376,16 @@ def relax_module(model, input_name: str, input_shape: tuple[int, ...]) -> tvm.IR
 def lower(model, input_name: str, input_shape: tuple[int, ...], dtype: DType,
           choices: list[LayerChoice], specs: list[ConvSpec] | None = None,
           scales: list[tuple[float, float]] | None = None,
-          tuned: TunedKernels | None = None) -> tvm.IRModule:
-    """The Relax module with every conv lowered to its kernel and every other op scheduled."""
+          tuned: TunedKernels | None = None, simd_bits: int | None = None) -> tvm.IRModule:
+    """The Relax module with every conv lowered to its kernel (register tiles sized for a CPU
+    of ``simd_bits``) and every other op scheduled."""
     mod = relax_module(model, input_name, input_shape)
     if dtype is DType.FLOAT16:
         mod = relax.transform.ToMixedPrecision(out_dtype="float16")(mod)
         mod = relax.transform.FoldConstant()(mod)
     if dtype is DType.INT8 and (scales is None or len(scales) != len(choices)):
         raise BuildError("int8 needs one calibrated (input, output) scale pair per conv")
-    lowering = _ConvLowering(choices, dtype, specs, scales, tuned)
+    lowering = _ConvLowering(choices, dtype, specs, scales, tuned, simd_bits)
     mod = relax.transform.LegalizeOps(customize_legalize_map={
         "relax.nn.conv2d": lowering, "relax.sigmoid": _fast_sigmoid})(mod)
     if lowering.count != len(choices):
@@ -397,9 +399,11 @@ def lower(model, input_name: str, input_shape: tuple[int, ...], dtype: DType,
 
 
 def build(model, input_name: str, input_shape: tuple[int, ...], dtype: DType,
-          choices: list[LayerChoice], target, specs=None, scales=None, tuned=None):
+          choices: list[LayerChoice], target, specs=None, scales=None, tuned=None,
+          simd_bits: int | None = None):
     """Compile; returns the executable (run it with :class:`_Runnable`)."""
-    mod = lower(model, input_name, input_shape, dtype, choices, specs, scales, tuned)
+    mod = lower(model, input_name, input_shape, dtype, choices, specs, scales, tuned,
+                simd_bits)
     return tvm.compile(mod, target=target)
 
 
@@ -453,10 +457,11 @@ def run_network_task(task: "NetworkTask") -> dict[str, Any]:
     if task.tuning is not None:
         opts = task.tuning
         tuned = TunedKernels(opts.db, opts.budget, task.fingerprint, task.target, opts.cores,
-                             opts.pattern)
+                             opts.pattern, task.simd_bits)
     t0 = time.perf_counter()
     executable = build(model, task.input_name, shape, dtype, choices,
-                       tuned.target if tuned else _target(task.target), specs, scales, tuned)
+                       tuned.target if tuned else _target(task.target), specs, scales, tuned,
+                       task.simd_bits)
     result: dict[str, Any] = {"compile_s": time.perf_counter() - t0}
     if tuned is not None:
         result.update(tuned_layers=tuned.tuned, untuned_layers=tuned.untuned)

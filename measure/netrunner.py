@@ -266,7 +266,7 @@ class NetworkRunner:
                            scales=tuple(tuple(s) for s in prep.scales) if prep.scales else None,
                            check=str(prep.check), target=dev.target,
                            protocol=self.runner.protocol, fingerprint=dev.fingerprint,
-                           tuning=tuning)
+                           tuning=tuning, simd_bits=dev.simd_bits if dev.kind == "cpu" else None)
         return self._record(rec, self.runner.call(task))
 
     def _record(self, rec: NetworkMeasurement, reply) -> NetworkMeasurement:

@@ -85,12 +85,13 @@ class MeasureTask:
         """A tuned variant's knobs are its budget and layout (see
         :func:`dlas_predict.measure.knobs.tuned_knobs`): the key says what was asked, the record the
         knobs the search chose."""
+        simd = device.simd_bits if device.kind == "cpu" else None
         if variant.tuning is Tuning.TUNED:
             tuning = tuning or TuningOptions()
-            knobs = tuned_knobs(spec, variant, tuning.budget)
+            knobs = tuned_knobs(spec, variant, tuning.budget, simd)
         else:
             tuning = None
-            knobs = resolve_knobs(spec, variant)
+            knobs = resolve_knobs(spec, variant, simd)
         key = measurement_key(device.name, device.fingerprint, spec, variant, knobs,
                               KERNELS_VERSION)
         return cls(spec=spec, variant=variant, knobs=knobs, key=key, seed=seed, fault=fault,
@@ -234,7 +235,7 @@ class LocalRunner(Runner):
                           pattern=v.pattern, compression=v.compression,
                           target=self.device.target, protocol=self.protocol, seed=task.seed,
                           fingerprint=self.device.fingerprint, tuning=tuning,
-                          fault=task.fault)
+                          fault=task.fault, simd_bits=self.device.simd_bits)
 
     def run(self, tasks: Iterable[MeasureTask]) -> Iterator[MeasureResult]:
         for task in tasks:

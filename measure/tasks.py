@@ -79,6 +79,7 @@ class KernelTask:
     fingerprint: str = ""
     tuning: TuningRequest | None = None
     fault: str | None = None  # test hook, honoured only with DLAS_FAULT_INJECTION=1
+    simd_bits: int | None = None  # the CPU's vector width, for the CSR search's default
 
     kind = "kernel"
 
@@ -101,6 +102,7 @@ class NetworkTask:
     fingerprint: str = ""
     tuning: TuningRequest | None = None
     fault: str | None = None
+    simd_bits: int | None = None  # the CPU's vector width: the layers' register tiles
 
     kind = "network"
 
@@ -179,7 +181,8 @@ def from_wire(d: dict[str, Any]) -> Task:
             specs=tuple(ConvSpec.from_dict(s) for s in d["specs"]),
             scales=tuple(tuple(s) for s in d["scales"]) if d.get("scales") else None,
             check=d["check"], target=d["target"], protocol=proto,
-            fingerprint=d.get("fingerprint", ""), tuning=tuning, fault=d.get("fault"))
+            fingerprint=d.get("fingerprint", ""), tuning=tuning, fault=d.get("fault"),
+            simd_bits=d.get("simd_bits"))
     if kind != "kernel":
         raise ValueError(f"unknown task kind {kind!r}")
     return KernelTask(
@@ -188,7 +191,7 @@ def from_wire(d: dict[str, Any]) -> Task:
         ratio=d.get("ratio"), pattern=SparsityPattern.parse(d.get("pattern", "none")),
         compression=Compression.parse(d.get("compression", "dense")), target=d["target"],
         protocol=proto, seed=int(d.get("seed", 0)), fingerprint=d.get("fingerprint", ""),
-        tuning=tuning, fault=d.get("fault"))
+        tuning=tuning, fault=d.get("fault"), simd_bits=d.get("simd_bits"))
 
 
 @dataclass

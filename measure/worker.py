@@ -145,7 +145,8 @@ def _tuned_build(ks, task: KernelTask, pattern: SparsityPattern, make_args,
 
         variant = Variant(ks.algorithm, task.compression, float(task.ratio))
         ks, outcome = tn.search_sparse(ks, target, db, key, budget, patience,
-                                       search_space(ks.conv, variant), make_args)
+                                       search_space(ks.conv, variant, task.simd_bits),
+                                       make_args)
         t0 = time.perf_counter()
         executable = build_kernel(ks, target)
     else:

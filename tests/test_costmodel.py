@@ -174,7 +174,8 @@ def _parallel_extents(cfg: KernelConfig) -> list[int]:
     from dlas_predict.space.config import COMPRESSION_KERNEL, Variant
 
     sparse, dtype, _ = COMPRESSION_KERNEL[cfg.compression]
-    knobs = default_knobs(cfg.spec, Variant(cfg.algorithm, cfg.compression, cfg.sparsity))
+    knobs = default_knobs(cfg.spec, Variant(cfg.algorithm, cfg.compression, cfg.sparsity),
+                          DEV.simd_bits)
     text = kernel_module(KernelSpec(cfg.spec, cfg.algorithm, sparse, dtype, knobs)).script()
     return [int(v) for v in re.findall(r"T\.parallel\((\d+)\)", text)]
 
@@ -192,7 +193,8 @@ def test_stage_terms_count_the_built_kernels_loops(alg, comp, conv):
     spec = ConvSpec.parse(conv)
     ratio = 0.75 if comp is Compression.WEIGHT_PRUNING else 0.0
     cfg = KernelConfig(spec, alg, comp, ratio)
-    tasks, ops, decodes, _ = loop_counts(cfg, default_knobs(spec, Variant(alg, comp, ratio)))
+    tasks, ops, decodes, _ = loop_counts(cfg, default_knobs(spec, Variant(alg, comp, ratio),
+                                                            DEV.simd_bits))
     assert tasks in _parallel_extents(cfg)  # the main loop's extent, as TVM builds it
     t = dict(zip(STAGE_TERMS, features(cfg, DEV)[-len(STAGE_TERMS):]))
     per_core = -(-tasks // DEV.cores) / tasks

@@ -72,3 +72,17 @@ def test_verification_catches_a_wrong_kernel(target, monkeypatch):
     monkeypatch.setattr(kernels, "pack_weights", lambda ks, w: real(ks, w * 2))
     result = run_task(_task(spec, variant, target))
     assert not result.verified and result.max_error > 1e-3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bits", [128, 256])
+@pytest.mark.parametrize("variant", variant_grid(list(Algorithm), [Compression.DENSE,
+                                                                    Compression.INT8,
+                                                                    Compression.WEIGHT_PRUNING],
+                                                 0.7),
+                         ids=lambda v: f"{v.algorithm.value}-{v.compression.value}")
+def test_tiles_for_narrower_vectors_match_reference(bits, variant, target):
+    spec = ConvSpec.parse("C=32,H=16,W=16,K=48,R=3,S=3,stride=1,pad=1")
+    knobs = resolve_knobs(spec, variant, bits)
+    result = run_task(_task(spec, variant, target, knobs=knobs))
+    assert result.verified, f"max error {result.max_error} with {knobs}"

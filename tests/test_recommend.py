@@ -64,7 +64,7 @@ def test_accuracy_budget_drops_what_breaks_it():
         for c in per_layer:
             assert c.conv_s <= min(uniform) * (1 + 1e-9), (c.label, c.conv_s, min(uniform))
             compared += 1
-    assert compared >= 5
+    assert compared >= 3
 
 
 @pytest.mark.slow

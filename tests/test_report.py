@@ -94,6 +94,31 @@ def test_verdicts_follow_their_rules():
         == R.FAILS
 
 
+def test_backend_table_compares_what_both_backends_timed(tmp_path):
+    from dlas_predict.corpus.networks import NetworkMeasurement, onnxruntime_plan
+    from dlas_predict.corpus.store import CorpusStore
+    from dlas_predict.space.devices import get_device
+
+    speed = {"direct": 3.0, "gemm": 1.0, "spatial_pack": 2.0}
+    net = _net(_grid(lambda n, c, a: speed[a]))
+    dev = get_device("local", with_target=False)
+    with CorpusStore(tmp_path / "s.sqlite") as db:
+        for network, config, ms in (("a", "dense", 0.5), ("a", "int8", 4.0), ("zz", "dense", 1)):
+            plan = onnxruntime_plan(f"{network}.onnx", network, config, None)
+            db.add_network_measurement(NetworkMeasurement(
+                key=plan.key(dev), device="local", fingerprint=dev.fingerprint,
+                network=network, config=config, algorithm=plan.algorithm, plan="[]",
+                dtype=plan.dtype.value, run_secs=[ms / 1e3] * 3, verified=True).to_row())
+    rows = R.backend_table(net, tmp_path / "s.sqlite", dev)
+    assert [(r["network"], r["config"]) for r in rows] == [("a", "dense"), ("a", "int8")]
+    assert rows[0]["fastest"] == "onnxruntime" and rows[0]["tvm / onnxruntime"] == "2.00"
+    assert rows[1]["fastest"] == "tvm" and rows[1]["tvm"] == "gemm 1"
+    assert rows[1]["onnxruntime"] == "int8 4"
+    with CorpusStore(tmp_path / "empty.sqlite"):
+        pass
+    assert R.backend_table(net, tmp_path / "empty.sqlite", dev) == []
+
+
 def test_tuning_observations_use_tuned_records():
     rows = []
     for alg, untuned, tuned in (("direct", 3.0, 0.5), ("gemm", 1.0, 0.9),
@@ -131,7 +156,7 @@ def test_report_on_the_shipped_corpus(shipped_report):
     for n in ("I", "II", "III", "IV", "V", "VI", "VII", "VIII", "IX", "X", "XI", "XII",
               "XIII"):
         assert f"id='obs-{n}'" in page and f"{n})" in text
-    for section in ("table3", "table4", "table6", "ideal"):
+    for section in ("table3", "table4", "table6", "ideal", "backends"):
         assert f"id='{section}'" in page
     data = json.loads((out / "report.json").read_text())
     assert data["device"] == "local" and len(data["observations"]) == 13

@@ -223,3 +223,48 @@ def test_tuning_verdict_weighs_gain_against_search_time():
     assert "save 1.00 ms" in worth and "10.0 min" in worth and "600,000 inferences" in worth
     not_worth = _tuning_verdict([cand("untuned", 0.004), cand("tuned", 0.005, 60.0)], 64)
     assert "not to pay off" in not_worth
+
+
+@pytest.mark.parametrize("conv", ["C=160,H=16,W=16,K=160,R=3,S=3,pad=1",
+                                  "C=64,H=56,W=56,K=64,R=3,S=3,pad=1",
+                                  "C=24,H=7,W=7,K=40,R=1,S=1",
+                                  "C=96,H=14,W=14,K=96,R=3,S=3,pad=1,groups=96"])
+def test_register_tiles_fit_the_cpus_vector_registers(conv):
+    """Untuned tiles keep at most half the vector registers as accumulators: an AVX-512
+    tile (16 of 32 zmm) is 16 of AVX2's 16 ymm registers, which spill."""
+    from dlas_predict.measure.knobs import registers
+    from dlas_predict.space.config import ConvSpec
+
+    spec = ConvSpec.parse(conv)
+    for alg in ("direct", "gemm", "spatial_pack"):
+        v = Variant(alg, "dense")
+        assert default_knobs(spec, v, 512) == default_knobs(spec, v)
+        for bits in (128, 256, 512):
+            lanes, acc = registers(bits)
+            k = default_knobs(spec, v, bits)
+            if alg == "direct":
+                held = k["tile_k"] * -(-k["tile_w"] // lanes)
+            elif alg == "gemm":
+                held = k["tile_k"] * -(-k["tile_p"] // lanes)
+            elif spec.K // spec.groups >= 8:
+                held = k["tile_w"] * k["tile_h"] * -(-k["tile_k"] // lanes)
+            else:  # depthwise: vectorised along the width
+                held = k["tile_k"] * k["tile_h"] * -(-k["tile_w"] // lanes)
+            assert held <= acc, (alg, bits, k)
+            assert k["tile_w" if "tile_w" in k else "tile_p"] <= max(lanes, 16)
+    assert registers(256) == (8, 8) and registers(512) == (16, 16) and registers(None) == (16, 16)
+
+
+def test_a_device_measures_with_tiles_for_its_vector_width():
+    from dlas_predict.measure.runner import MeasureTask
+    from dlas_predict.space.config import ConvSpec
+    from dlas_predict.space.devices import get_device
+
+    spec = ConvSpec.parse("C=160,H=16,W=16,K=160,R=3,S=3,pad=1")
+    v = Variant("spatial_pack", "dense")
+    for name in ("local", "rpi3b"):
+        dev = get_device(name, with_target=False)
+        task = MeasureTask.make(spec, v, dev)
+        assert task.knobs == default_knobs(spec, v, dev.simd_bits)
+    arm = MeasureTask.make(spec, v, get_device("rpi3b", with_target=False))
+    assert arm.knobs != default_knobs(spec, v, 512)  # NEON's 128-bit registers

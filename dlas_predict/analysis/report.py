@@ -53,16 +53,52 @@ class Report:
     ideal: list[dict[str, Any]]
     observations: list[Observation]
     plots: list[tuple[str, str, Path]]  # (title, caption, file)
+    #: per network and compression, our fastest whole-network build against onnxruntime
+    backends: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"device": self.device.name, "store": str(self.store), "counts": self.counts,
                 "table3": self.table3, "table4": self.table4, "table6": self.table6,
                 "ideal_speedup": self.ideal,
                 "observations": [o.to_dict() for o in self.observations],
+                "backends": self.backends,
                 "plots": [{"title": t, "caption": c, "file": str(p)} for t, c, p in self.plots]}
 
 
 # ---- network-level summaries ---------------------------------------------------------------
+def backend_table(net, store: Path, device: Device) -> list[dict[str, Any]]:
+    """Per network and compression (untuned): our fastest whole-network build, onnxruntime's
+    run of the same compressed model (median latencies, both measured on the device), and
+    the fastest backend. Only configurations both backends timed are compared."""
+    from dlas_predict.corpus.networks import ONNXRUNTIME, onnxruntime_mode
+    from dlas_predict.corpus.store import CorpusStore
+
+    if net is None or net.empty:
+        return []
+    with CorpusStore(store, must_exist=True) as db:
+        ort = {(r.network, r.config): r for r in db.network_records(
+            "error IS NULL AND device = ? AND algorithm = ?", (device.name, ONNXRUNTIME))
+            if r.median_s is not None and (r.verified or r.dtype != "float32")}
+    if not ort:
+        return []
+    ours = net[(net["tuning"] == "untuned") & (net["latency_source"] == "whole network")]
+    rows = []
+    for (network, config), g in sorted(ours.groupby(["network", "config"]),
+                                       key=lambda kv: (_family_rank(kv[0][0]), kv[0])):
+        o = ort.get((network, config))
+        if o is None:
+            continue
+        best = g.loc[g["latency_ms"].idxmin()]
+        ort_ms = o.median_s * 1e3
+        rows.append({"network": A.short_name(network), "config": config,
+                     "tvm": f"{best['algorithm']} {best['latency_ms']:.3g}",
+                     "onnxruntime": f"{onnxruntime_mode(config)} {ort_ms:.3g}",
+                     "fastest": "tvm" if best["latency_ms"] < ort_ms else "onnxruntime",
+                     "tvm / onnxruntime": f"{best['latency_ms'] / ort_ms:.2f}"})
+    return rows
+
+
+
 def _best(frame, keys: list[str]):
     """The fastest row of every group of ``keys``."""
     idx = frame.groupby(keys, observed=True)["latency_ms"].idxmin()
@@ -655,7 +691,8 @@ def build_report(device: str, store: Path | None, out_dir: Path) -> Report:
               "sources": unique["source"].value_counts().to_dict(),
               "tunings": unique["tuning"].value_counts().to_dict()}
     return Report(dev, path, counts, t3, t4, t6, ideal_shares(net),
-                  observations(net, kernels, curves, dev), plots)
+                  observations(net, kernels, curves, dev), plots,
+                  backend_table(net, path, dev))
 
 
 # ---- HTML -----------------------------------------------------------------------------------
@@ -741,6 +778,15 @@ def render_html(report: Report) -> str:
               "pruned layers keep. Achieved: the fastest dense latency over the fastest "
               "pruned latency. Share = achieved / ideal.</p>",
               _table(_ideal_rows(report.ideal), "ideal-data")]
+    parts += ["<h2 id='backends'>Fastest backend per network and compression</h2>",
+              "<p class='note'>Our fastest whole-network build (any algorithm or the per-layer "
+              "plan, untuned) against onnxruntime's CPU provider running the same compressed "
+              "model (a channel-pruned one with its zeroed filters removed; float16 converted; "
+              "int8 as static QDQ), median latencies (ms) measured on this device.</p>",
+              _table(report.backends, "backends-data") if report.backends else
+              "<p class='note'>This corpus holds no onnxruntime run of its networks "
+              "(<code>dlas-predict collect --whole-network --backends onnxruntime</code> "
+              "times them).</p>"]
     parts.append("<h2 id='plots'>Plots</h2>")
     for title, caption, path in report.plots:
         data = base64.b64encode(Path(path).read_bytes()).decode()

@@ -76,14 +76,14 @@ class KernelConfig:
         sparse = COMPRESSION_KERNEL[self.compression][0]
         return Variant(self.algorithm, self.compression, 0.5 if sparse else 0.0)
 
-    def untuned_knobs(self) -> dict[str, int]:
-        """The untuned schedule's knobs for the shape
+    def untuned_knobs(self, simd_bits: int | None = None) -> dict[str, int]:
+        """The untuned schedule's knobs for the shape on a CPU of ``simd_bits``
         (:func:`dlas_predict.measure.knobs.default_knobs`)."""
         from dlas_predict.measure.knobs import default_knobs
 
-        return default_knobs(self.spec, self._variant())
+        return default_knobs(self.spec, self._variant(), simd_bits)
 
-    def resolved_knobs(self) -> dict[str, int]:
+    def resolved_knobs(self, simd_bits: int | None = None) -> dict[str, int]:
         """The knobs known before measuring: the untuned defaults; for a tuned kernel only
         the layout knobs it is tuned under (its loop schedule is the search's result, unknown
         when predicting, so training rows do not use it either)."""
@@ -92,9 +92,9 @@ class KernelConfig:
         if self.knobs:
             return dict(self.knobs)
         if self.tuning is Tuning.TUNED:
-            return {k: v for k, v in tuned_knobs(self.spec, self._variant(), 1).items()
-                    if k != "budget"}
-        return self.untuned_knobs()
+            return {k: v for k, v in tuned_knobs(self.spec, self._variant(), 1,
+                                                 simd_bits).items() if k != "budget"}
+        return self.untuned_knobs(simd_bits)
 
 
 def _waste(spec: ConvSpec, knobs: dict[str, int]) -> float:
@@ -164,7 +164,8 @@ def stage_terms(cfg: KernelConfig, knobs: dict[str, int], device: Device) -> lis
     sparse, dtype, _ = COMPRESSION_KERNEL[cfg.compression]
     # a tuned kernel's loop knobs are the search's result, unknown before it runs: its loops
     # are counted as the untuned schedule's, under the layout knobs it is tuned with
-    tasks, ops, decodes, layout = loop_counts(cfg, {**cfg.untuned_knobs(), **knobs})
+    tasks, ops, decodes, layout = loop_counts(cfg, {**cfg.untuned_knobs(_simd(device)),
+                                                    **knobs})
     cores = max(device.cores, 1)
     per_core = _cdiv(tasks, cores) / tasks  # a core's share, with the loop's imbalance
     nbytes = DTYPE_BYTES[dtype]
@@ -187,6 +188,11 @@ def weight_bytes(X):
     return values + X[:, FEATURE_NAMES.index("sparse")] * 4 * nonzeros
 
 
+def _simd(device: Device) -> int | None:
+    """The vector width the untuned knobs of ``device``'s kernels are sized for."""
+    return device.simd_bits if device.kind == "cpu" else None
+
+
 def features(cfg: KernelConfig, device: Device) -> list[float]:
     """The feature row of one kernel (order: :data:`FEATURE_NAMES`)."""
     s = cfg.spec
@@ -198,7 +204,7 @@ def features(cfg: KernelConfig, device: Device) -> list[float]:
     peak = device.peak_gflops.get(dtype.value) or device.peak_gflops.get("float32") or 1.0
     bw = device.mem_bandwidth_gbs or 1.0
     roofline = max(2 * macs * density / (peak * 1e9), moved / (bw * 1e9))
-    knobs = cfg.resolved_knobs()
+    knobs = cfg.resolved_knobs(_simd(device))
     return [
         s.C, s.K, s.H, s.W, s.R, s.S, s.stride_h, s.groups, s.OH, s.OW, float(s.depthwise),
         s.C // s.groups, math.log(macs), math.log(moved), math.log(s.params),
@@ -221,9 +227,11 @@ def config_from_row(row: dict) -> KernelConfig:
     comp = Compression.parse(row["compression"])
     sparse = COMPRESSION_KERNEL[comp][0]
     tuning = Tuning.parse(row["tuning"])
-    # TopHub rows carry their tuned knobs; our tuned rows' layout knobs are recomputed
+    # an untuned row carries the knobs it ran with (the defaults of its CPU's vector width
+    # when measured), TopHub rows their tuned knobs; our tuned rows' layout knobs are
+    # recomputed
     knobs = ()
-    if tuning is Tuning.TUNED and row.get("tuner") is None and row.get("knobs"):
+    if row.get("knobs") and (tuning is Tuning.UNTUNED or row.get("tuner") is None):
         import json
 
         knobs = tuple(sorted(json.loads(row["knobs"]).items()))
