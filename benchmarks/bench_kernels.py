@@ -99,15 +99,24 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="Four shapes only.")
     parser.add_argument("--time-budget", type=float, default=1.0)
     parser.add_argument("--json", type=Path, default=None, help="Also write results here.")
+    parser.add_argument("--simd-bits", type=int, default=None,
+                        help="Size the untuned register tiles for a CPU of this vector width "
+                             "instead of this one's (e.g. 512 on an AVX2 machine: the tiles "
+                             "before they followed the CPU).")
     args = parser.parse_args()
 
     device = get_device("local")
+    if args.simd_bits:
+        from dataclasses import replace
+
+        device = replace(device, simd_bits=args.simd_bits)
     comps = Compression.parse_list(args.compressions)
     variants = variant_grid(list(Algorithm), comps, 0.9)
     proto = Protocol(max_repeats=150, min_repeats=10, time_budget_s=args.time_budget)
     shapes = QUICK if args.quick else SHAPES
     print(f"device: {device.description}; target {json.dumps(device.target)}; "
-          f"{device.cores} threads for TVM and onnxruntime", flush=True)
+          f"{device.cores} threads for TVM and onnxruntime; register tiles for "
+          f"{device.simd_bits}-bit vectors", flush=True)
     rows, summary = [], []
     with LocalRunner(device, protocol=proto, timeout_s=600) as runner:
         for net, specs in shapes.items():

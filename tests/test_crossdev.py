@@ -404,3 +404,17 @@ def test_adapt_on_whole_network_latencies_then_recommend(tmp_path):
     rec = json.loads(run_cli("recommend", "zoo:resnet18-cifar", "--device", "net-box",
                              "--json").output)
     assert rec["source"] == "adapted" and rec["mapping"]["shots"] == 3
+
+
+def test_predict_prices_a_network_run_by_onnxruntime():
+    res = run_cli("predict", "zoo:resnet18-cifar", "--device", "local", "--config",
+                  "dense/onnxruntime", "--json")
+    assert res.exit_code == 0, res.output
+    (p,) = json.loads(res.output)
+    assert p["config"] == "dense/onnxruntime/untuned" and p["source"] == "trained"
+    assert p["low_ms"] <= p["predicted_ms"] <= p["high_ms"]
+    assert_clean_error(run_cli("predict", "conv:C=64,H=32,W=32,K=64,R=3,S=3,pad=1",
+                               "--device", "local", "--config", "dense/onnxruntime"),
+                       "per whole network")
+    assert_clean_error(run_cli("predict", "zoo:resnet18-cifar", "--device", "rpi3b",
+                               "--config", "dense/onnxruntime"), "no onnxruntime model")

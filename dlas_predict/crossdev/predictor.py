@@ -431,7 +431,7 @@ def _predict_network(t: Target, device: str, cfg: ConfigChoice,
     label = best.compression.value + (f"@{best.ratio:g}" if best.ratio else "") + \
         f"/{best.algorithm}/{best.tuning.value}"
     return Prediction(t.text, label, best.predicted_s * 1e3, best.low_s * 1e3,
-                      best.high_s * 1e3, rec.source, "engine:" + str(
+                      best.high_s * 1e3, best.source, "engine:" + str(
                           (rec.mapping or {}).get("reference") or rec.device))
 
 
