@@ -184,7 +184,7 @@ def _terms(ks: KernelSpec) -> dict[str, Any]:
             "OH": spec.OH, "OW": spec.OW, "dt": dt.value, "acc": acc,
             "zero": f"T.{acc}(0)", "RS": spec.R * spec.S, "S": spec.S,
             "Cg": spec.C // spec.groups, "Kg": spec.K // spec.groups, "epi": epi,
-            "load": load}
+            "load": load, "odt": dt.value, "extra": ""}
 
 
 def _pixel(spec: ConvSpec, t: dict, h: str, w: str) -> str:

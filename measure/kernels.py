@@ -38,12 +38,40 @@ class KernelSpec:
     knobs: dict
     #: int8 only: the requantisation scale (accumulator -> int8 output). None: the scale of
     #: :func:`dlas_predict.measure.reference.int8_scale`, for random inputs; whole networks pass
-    #: their calibrated ``s_in * s_w / s_out``.
+    #: their calibrated ``s_in * s_w / s_out``. With an epilogue: the dequantisation scale
+    #: ``s_in * s_w`` (accumulator -> float32).
     scale: float | None = None
+    #: The fused epilogue, applied in float32 to each output element while it is in registers:
+    #: steps ``("bias",)`` (per output channel, an extra float32 [K] argument),
+    #: ``("residual",)`` (an extra [1, K, OH, OW] argument of the network's dtype, added),
+    #: ``("relu",)``, ``("max", c)``, ``("min", c)`` (clamps: ReLU6 is max 0 then min 6) and
+    #: ``("silu",)``, in order. Empty: the bare convolution. An int8 kernel with an epilogue
+    #: returns float32 (dequantised, not requantised).
+    epilogue: tuple = ()
 
     @property
     def requant_scale(self) -> float:
         return int8_scale(self.conv) if self.scale is None else float(self.scale)
+
+    @property
+    def out_dtype(self) -> str:
+        if self.epilogue and self.dtype is DType.INT8:
+            return "float32"
+        return self.dtype.value
+
+    @property
+    def residual_dtype(self) -> str:
+        return "float16" if self.dtype is DType.FLOAT16 else "float32"
+
+    def extra_inputs(self) -> list[tuple[str, tuple[int, ...], str]]:
+        """(name, shape, dtype) of the epilogue's arguments, after the weights."""
+        ops = {step[0] for step in self.epilogue}
+        out = []
+        if "bias" in ops:
+            out.append(("bias", (self.conv.K,), "float32"))
+        if "residual" in ops:
+            out.append(("residual", self.conv.output_shape, self.residual_dtype))
+        return out
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -82,6 +110,42 @@ def _epilogue(acc, scale: float, dtype: DType):
     clipped = tvm.tirx.max(tvm.tirx.min(scaled, tvm.tirx.const(127.0, "float32")),
                            tvm.tirx.const(-128.0, "float32"))
     return clipped.astype("int8")
+
+
+EPILOGUE_STEPS = ("bias", "residual", "relu", "max", "min", "silu")
+
+
+def _extras(ks: KernelSpec) -> dict:
+    return {name: te.placeholder(shape, dt, name=name) for name, shape, dt in ks.extra_inputs()}
+
+
+def _finish(acc, ks: KernelSpec, extras: dict, k, nchw: tuple):
+    """Accumulator -> output element at output channel ``k`` (NCHW index ``nchw``): the plain
+    epilogue (:func:`_epilogue`), or the fused one of ``ks.epilogue`` computed in float32."""
+    if not ks.epilogue:
+        return _epilogue(acc, ks.requant_scale, ks.dtype)
+    f32 = "float32"
+    y = acc.astype(f32) if acc.dtype != f32 else acc
+    if ks.dtype is DType.INT8:
+        y = y * tvm.tirx.const(ks.requant_scale, f32)
+    for step in ks.epilogue:
+        op = step[0]
+        if op == "bias":
+            y = y + extras["bias"][k]
+        elif op == "residual":
+            r = extras["residual"][nchw]
+            y = y + (r.astype(f32) if r.dtype != f32 else r)
+        elif op == "relu":
+            y = tvm.tirx.max(y, tvm.tirx.const(0.0, f32))
+        elif op == "max":
+            y = tvm.tirx.max(y, tvm.tirx.const(float(step[1]), f32))
+        elif op == "min":
+            y = tvm.tirx.min(y, tvm.tirx.const(float(step[1]), f32))
+        elif op == "silu":
+            y = y * tvm.tirx.sigmoid(y)
+        else:
+            raise ValueError(f"unknown epilogue step {step!r}")
+    return y.astype(ks.out_dtype) if ks.out_dtype != f32 else y
 
 
 def acc_dtype(ks: "KernelSpec") -> str:
@@ -139,11 +203,12 @@ def _direct_compute(ks: KernelSpec) -> list:
                 w * spec.stride_w + rs * spec.dilation_w],
             weight[k, rc, rr, rs], dt, acc_dtype(ks)), axis=[rc, rr, rs]),
         name="conv")
-    return [data, weight, _maybe_epilogue(conv, ks.requant_scale, dt)]
+    extras = _extras(ks)
+    return [data, weight, *extras.values(),
+            _maybe_epilogue(conv, ks, extras, lambda n, k, h, w: (k, (n, k, h, w)))]
 
 
 def _direct_schedule(sch: Schedule, ks: KernelSpec) -> None:
-    dt = ks.dtype
     block = sch.get_sblock("conv")
     wb = sch.cache_write(block, 0, "local")
     n, k, h, w, r_c, r_r, r_s = sch.get_loops(block)
@@ -155,7 +220,7 @@ def _direct_schedule(sch: Schedule, ks: KernelSpec) -> None:
     sch.unroll(ki)
     sch.vectorize(wi)
     sch.decompose_reduction(block, r_c)
-    _finish_writeback(sch, wb, dt)
+    _finish_writeback(sch, wb, ks)
     _schedule_copy(sch, "pad")
 
 
@@ -185,11 +250,17 @@ def _gemm_compute(ks: KernelSpec) -> list:
         lambda n, k, q: te.sum(_mul(weight[k, rj], col[k // kg, rj, q], dt, acc_dtype(ks)),
                                axis=[rj]),
         name="conv")
-    return [data, weight, _maybe_epilogue(conv, ks.requant_scale, dt)]
+    extras = _extras(ks)
+    ow = spec.OW
+    if ks.epilogue:  # written NCHW: the reshape after the GEMM folds into the epilogue
+        out = te.compute(spec.output_shape, lambda n, k, h, w: _finish(
+            conv[n, k, h * ow + w], ks, extras, k, (n, k, h, w)), name="epilogue")
+        return [data, weight, *extras.values(), out]
+    return [data, weight, *extras.values(),
+            _maybe_epilogue(conv, ks, extras, lambda n, k, q: (k, (n, k, q // ow, q % ow)))]
 
 
 def _gemm_schedule(sch: Schedule, ks: KernelSpec) -> None:
-    dt = ks.dtype
     sch.compute_inline(sch.get_sblock("pad"))
     block = sch.get_sblock("conv")
     wb = sch.cache_write(block, 0, "local")
@@ -202,7 +273,7 @@ def _gemm_schedule(sch: Schedule, ks: KernelSpec) -> None:
     sch.unroll(ki)
     sch.vectorize(qi)
     sch.decompose_reduction(block, r_j)
-    _finish_writeback(sch, wb, dt)
+    _finish_writeback(sch, wb, ks)
     _schedule_copy(sch, "col")
 
 
@@ -243,12 +314,13 @@ def _spatial_pack_compute(ks: KernelSpec) -> list:
                      (rs * spec.dilation_w) % sw, vw + (rs * spec.dilation_w) // sw],
             kvec[ko, rc, rr, rs, ki], dt, acc_dtype(ks)), axis=[rc, rr, rs]),
         name="conv")
+    extras = _extras(ks)
     out = te.compute(
         spec.output_shape,
-        lambda n, k, h, w: _epilogue(conv[k // kb, h // vh_, w // vw_, h % vh_, w % vw_,
-                                          k % kb], ks.requant_scale, dt),
+        lambda n, k, h, w: _finish(conv[k // kb, h // vh_, w // vw_, h % vh_, w % vw_, k % kb],
+                                   ks, extras, k, (n, k, h, w)),
         name="out")
-    return [data, kvec, out]
+    return [data, kvec, *extras.values(), out]
 
 
 def _spatial_pack_schedule(sch: Schedule, ks: KernelSpec) -> None:
@@ -274,15 +346,28 @@ def _spatial_pack_schedule(sch: Schedule, ks: KernelSpec) -> None:
     _schedule_copy(sch, "out")
 
 
-def _maybe_epilogue(conv, scale: float, dt: DType):
-    if dt is DType.FLOAT32:
+def _has_epilogue_block(ks: KernelSpec) -> bool:
+    return ks.dtype is not DType.FLOAT32 or bool(ks.epilogue)
+
+
+def _maybe_epilogue(conv, ks: KernelSpec, extras: dict, where):
+    """The output stage: ``conv`` itself (float32, nothing fused), or an elementwise
+    ``epilogue`` block (cast, requantisation, the fused steps); ``where(*index)`` gives the
+    output channel and the NCHW index of an element."""
+    if not _has_epilogue_block(ks):
         return conv
-    return te.compute(conv.shape, lambda *i: _epilogue(conv(*i), scale, dt), name="epilogue")
+
+    def body(*i):
+        k, nchw = where(*i)
+        return _finish(conv[i], ks, extras, k, nchw)
+
+    return te.compute(conv.shape, body, name="epilogue")
 
 
-def _finish_writeback(sch: Schedule, wb, dt: DType) -> None:
-    """Vectorise the accumulator write-back; fold the epilogue (cast, requantise) into it."""
-    if dt is not DType.FLOAT32:
+def _finish_writeback(sch: Schedule, wb, ks: KernelSpec) -> None:
+    """Vectorise the accumulator write-back; fold the epilogue (cast, requantisation, fused
+    bias, activation and residual add) into it, so it runs on the register tile."""
+    if _has_epilogue_block(ks):
         sch.reverse_compute_inline(sch.get_sblock("epilogue"))
     sch.vectorize(sch.get_loops(wb)[-1])
 
@@ -300,8 +385,8 @@ _SPARSE_HEADER = '''
 # from tvm.script import tirx as T
 @T.prim_func
 def main(data: T.Buffer(({C_}, {C}, {H}, {W}), "{dt}"), w_data_h: T.handle,
-         w_indices_h: T.handle, w_indptr: T.Buffer(({K1},), "int32"),
-         out: T.Buffer((1, {K}, {OH}, {OW}), "{dt}")):
+         w_indices_h: T.handle, w_indptr: T.Buffer(({K1},), "int32"),{extra}
+         out: T.Buffer((1, {K}, {OH}, {OW}), "{odt}")):
     T.func_attr({{"tirx.noalias": True}})
     nnz = T.int32()
     w_data = T.match_buffer(w_data_h, (nnz,), "{dt}")
@@ -309,23 +394,50 @@ def main(data: T.Buffer(({C_}, {C}, {H}, {W}), "{dt}"), w_data_h: T.handle,
 '''
 
 
-def _sparse_terms(spec: ConvSpec, dt: DType, scale: float) -> dict:
-    acc = ACC_DTYPE[dt]
+def _sparse_epilogue(ks: KernelSpec, scale: float) -> str:
+    """The output expression of a CSR kernel, a template of ``{x}`` (the accumulator) and
+    ``{k}``, ``{h}``, ``{w}`` (the output element): as :func:`_finish`, in TVMScript."""
+    dt = ks.dtype
+    if not ks.epilogue:
+        if dt is DType.INT8:
+            return ('T.Cast("int8", T.max(T.min(T.nearbyint(T.Cast("float32", {x}) * '
+                    f'T.float32({scale!r})), T.float32(127.0)), T.float32(-128.0)))')
+        return 'T.Cast("float16", {x})' if dt is DType.FLOAT16 else "{x}"
+    y = "{x}" if dt is DType.FLOAT32 else 'T.Cast("float32", {x})'
     if dt is DType.INT8:
-        epi = ('T.Cast("int8", T.max(T.min(T.nearbyint(T.Cast("float32", {x}) * '
-               f'T.float32({scale!r})), T.float32(127.0)), T.float32(-128.0)))')
-        load = 'T.Cast("int32", {x})'
-    elif dt is DType.FLOAT16:
-        epi, load = 'T.Cast("float16", {x})', 'T.Cast("float32", {x})'
-    else:
-        epi, load = "{x}", "{x}"
+        y = f"({y} * T.float32({scale!r}))"
+    for step in ks.epilogue:
+        op = step[0]
+        if op == "bias":
+            y = f"({y} + bias[{{k}}])"
+        elif op == "residual":
+            y = f'({y} + T.Cast("float32", residual[0, {{k}}, {{h}}, {{w}}]))'
+        elif op == "relu":
+            y = f"T.max({y}, T.float32(0.0))"
+        elif op in ("max", "min"):
+            y = f"T.{op}({y}, T.float32({float(step[1])!r}))"
+        elif op == "silu":
+            y = f"({y} * T.sigmoid({y}))"
+        else:
+            raise ValueError(f"unknown epilogue step {step!r}")
+    return f'T.Cast("float16", {y})' if ks.out_dtype == "float16" else y
+
+
+def _sparse_terms(ks: KernelSpec) -> dict:
+    spec, dt = ks.conv, ks.dtype
+    acc = ACC_DTYPE[dt]
+    load = 'T.Cast("int32", {x})' if dt is DType.INT8 else (
+        'T.Cast("float32", {x})' if dt is DType.FLOAT16 else "{x}")
+    extra = "".join(f'\n         {name}: T.Buffer({shape!r}, "{dtype}"),'
+                    for name, shape, dtype in ks.extra_inputs())
     return {
         "C_": 1, "C": spec.C, "H": spec.H, "W": spec.W, "K": spec.K, "K1": spec.K + 1,
         "OH": spec.OH, "OW": spec.OW, "dt": dt.value, "acc": acc, "zero": f'T.{acc}(0)',
         "RS": spec.R * spec.S, "S": spec.S, "R": spec.R, "sh": spec.stride_h,
         "sw": spec.stride_w, "dh": spec.dilation_h, "dw": spec.dilation_w,
         "pt": spec.pad_t, "pl": spec.pad_l, "Cg": spec.C // spec.groups,
-        "Kg": spec.K // spec.groups, "epi": epi, "load": load,
+        "Kg": spec.K // spec.groups, "epi": _sparse_epilogue(ks, ks.requant_scale),
+        "load": load, "odt": ks.out_dtype, "extra": extra,
     }
 
 
@@ -353,7 +465,7 @@ def _pad_loop(t: dict, hp: int, wp: int) -> str:
 
 
 def _direct_sparse(ks: KernelSpec) -> str:
-    spec, t = ks.conv, _sparse_terms(ks.conv, ks.dtype, ks.requant_scale)
+    spec, t = ks.conv, _sparse_terms(ks)
     vl = ks.knobs["tile_w"]
     owp = _ceil_div(spec.OW, vl) * vl
     hp = spec.H + spec.pad_t + spec.pad_b
@@ -374,12 +486,12 @@ def _direct_sparse(ks: KernelSpec) -> str:
                 for v in T.vectorized({vl}):
                     acc[wc * {vl} + v] = acc[wc * {vl} + v] + val * {t["load"].format(x=x)}
         for w in range({spec.OW}):
-            out[0, k, h, w] = {t["epi"].format(x="acc[w]")}
+            out[0, k, h, w] = {t["epi"].format(x="acc[w]", k="k", h="h", w="w")}
 '''
 
 
 def _gemm_sparse(ks: KernelSpec) -> str:
-    spec, t = ks.conv, _sparse_terms(ks.conv, ks.dtype, ks.requant_scale)
+    spec, t = ks.conv, _sparse_terms(ks)
     tp = ks.knobs["tile_p"]
     p = spec.OH * spec.OW
     pp = _ceil_div(p, tp) * tp
@@ -414,12 +526,13 @@ def _gemm_sparse(ks: KernelSpec) -> str:
         for v in range({tp}):
             if pb * {tp} + v < {p}:
                 out[0, k, (pb * {tp} + v) // {spec.OW}, (pb * {tp} + v) % {spec.OW}] = {
-                    t["epi"].format(x="acc[v]")}
+                    t["epi"].format(x="acc[v]", k="k", h=f"(pb * {tp} + v) // {spec.OW}",
+                                    w=f"(pb * {tp} + v) % {spec.OW}")}
 '''
 
 
 def _spatial_pack_sparse(ks: KernelSpec) -> str:
-    spec, t = ks.conv, _sparse_terms(ks.conv, ks.dtype, ks.requant_scale)
+    spec, t = ks.conv, _sparse_terms(ks)
     vh_, vw_ = ks.knobs["tile_h"], ks.knobs["tile_w"]
     oht, owt = _ceil_div(spec.OH, vh_), _ceil_div(spec.OW, vw_)
     vh_in = (vh_ - 1) * spec.stride_h + (spec.R - 1) * spec.dilation_h + 1
@@ -451,7 +564,8 @@ def _spatial_pack_sparse(ks: KernelSpec) -> str:
             for vh, vw in T.grid({vh_}, {vw_}):
                 if ho * {vh_} + vh < {spec.OH} and wo * {vw_} + vw < {spec.OW}:
                     out[0, k, ho * {vh_} + vh, wo * {vw_} + vw] = {
-                        t["epi"].format(x="acc[vh, vw]")}
+                        t["epi"].format(x="acc[vh, vw]", k="k", h=f"ho * {vh_} + vh",
+                                        w=f"wo * {vw_} + vw")}
 '''
 
 
@@ -464,18 +578,28 @@ _SPARSE = {Algorithm.DIRECT: _direct_sparse, Algorithm.GEMM: _gemm_sparse,
 
 
 def output_shape(ks: KernelSpec) -> tuple[int, ...]:
-    """Shape of the kernel's output buffer; always the same memory layout as NCHW."""
+    """Shape of the kernel's output buffer; always the same memory layout as NCHW (a dense
+    GEMM without a fused epilogue writes its natural [1, K, OH*OW])."""
     spec = ks.conv
-    if ks.algorithm is Algorithm.GEMM and not ks.sparse:
+    if ks.algorithm is Algorithm.GEMM and not ks.sparse and not ks.epilogue:
         return (1, spec.K, spec.OH * spec.OW)
     return spec.output_shape
 
 
-def device_args(ks: KernelSpec, x: np.ndarray, w: np.ndarray, dev) -> list:
-    """The kernel's call arguments on ``dev``: the input, the packed weights of ``w``, and a
-    zeroed output buffer (last)."""
-    return [tvm.runtime.tensor(a, dev) for a in [x, *pack_weights(ks, w)]] + [
-        tvm.runtime.tensor(np.zeros(output_shape(ks), dtype=ks.dtype.value), dev)]
+def device_args(ks: KernelSpec, x: np.ndarray, w: np.ndarray, dev,
+                extras: dict[str, np.ndarray] | None = None) -> list:
+    """The kernel's call arguments on ``dev``: the input, the packed weights of ``w``, the
+    epilogue's arguments (``extras`` by name: ``bias``, ``residual``), and a zeroed output
+    buffer (last)."""
+    extras = extras or {}
+    missing = [n for n, _, _ in ks.extra_inputs() if n not in extras]
+    if missing:
+        raise ValueError(f"the epilogue needs {', '.join(missing)}")
+    args = [x, *pack_weights(ks, w),
+            *(np.asarray(extras[n], dtype=dt).reshape(shape)
+              for n, shape, dt in ks.extra_inputs())]
+    return [tvm.runtime.tensor(a, dev) for a in args] + [
+        tvm.runtime.tensor(np.zeros(output_shape(ks), dtype=ks.out_dtype), dev)]
 
 
 def dense_prim_func(ks: KernelSpec) -> "tvm.tirx.PrimFunc":

@@ -1,15 +1,23 @@
 """Whole networks in TVM Relax, every convolution lowered to a chosen kernel of our own.
 
 The ONNX network is imported with Relax's frontend. Each ``relax.nn.conv2d`` is replaced
-(``LegalizeOps`` with a custom map) by a ``call_tir`` to the scheduled kernel of
+(:func:`lower_convs`) by a ``call_tir`` to the scheduled kernel of
 :mod:`dlas_predict.measure.kernels` that the plan names for that layer. Weights are packed offline,
 in numpy, into the kernel's layout: CSR for sparse layers, with the layer's own (pruned) zeros.
+
+The ops that follow a conv, each the only user of the one before (:func:`plan_epilogues`): a
+per-channel bias add, ReLU, the clamps of ReLU6, SiLU and one residual add, run in the
+kernel's epilogue, on the output tile before it is stored, for every algorithm, dense and
+CSR, in every dtype. (Exporters fold batch norm into the conv's weights and bias; a
+BatchNormalization node left in a graph runs as its own op.) Tuned builds keep their epilogues separate (the tuned schedules are
+of the bare convolution). Each record says which (``details``: :func:`epilogue_details`).
 
 - float16: ``ToMixedPrecision`` first, so the network runs in float16; convs use the float16
   kernels (float32 accumulation).
 - int8: each conv's input is quantised per tensor with its calibrated scale, the int8 kernel
   accumulates in int32 and requantises with ``s_in * s_w / s_out``, and its output is
-  dequantised; the ops between convs stay float32 (as a QNN graph with float glue).
+  dequantised; the ops between convs stay float32 (as a QNN graph with float glue). With a
+  fused epilogue the kernel dequantises the accumulator (``s_in * s_w``) and returns float32.
 
 Every other op gets a generic CPU schedule (injective stages inlined, outer loops fused and
 parallel, contiguous inner loop vectorised). Unscheduled, TVM's legalised ops run serially.
@@ -20,7 +28,7 @@ This module imports TVM; it runs inside the isolated worker (:func:`run_network_
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -113,23 +121,189 @@ class TunedKernels:
         return sch.mod["main"]
 
 
+@dataclass
+class _Epilogue:
+    """The elementwise ops after one conv that its kernel runs on the output tile: the steps
+    (:attr:`KernelSpec.epilogue`), the bias and the residual operand, and the bindings they
+    replace (the conv's first, the chain's last)."""
+
+    conv: relax.Var
+    steps: list = field(default_factory=list)
+    bias: np.ndarray | None = None
+    residual: relax.Var | None = None
+    replaced: list = field(default_factory=list)
+
+    @property
+    def end(self) -> relax.Var:
+        return self.replaced[-1] if self.replaced else self.conv
+
+
+def _used_vars(expr, out: list) -> None:
+    if isinstance(expr, relax.Var):
+        out.append(expr)
+    elif isinstance(expr, relax.Call):
+        for a in expr.args:
+            _used_vars(a, out)
+    elif isinstance(expr, relax.Tuple):
+        for f in expr.fields:
+            _used_vars(f, out)
+    elif isinstance(expr, relax.TupleGetItem):
+        _used_vars(expr.tuple_value, out)
+    elif isinstance(expr, relax.SeqExpr):
+        _used_vars(expr.body, out)
+
+
+def _op_name(expr) -> str:
+    """The operator of a call to a Relax op, else ''."""
+    if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
+        return str(expr.op.name)
+    return ""
+
+
+def _scalar(expr, values: dict) -> float | None:
+    """The value of a constant of one value, seen through a cast (ToMixedPrecision casts
+    the bounds of a ReLU6 to float16 and leaves the cast unfolded)."""
+    bound = values.get(expr) if isinstance(expr, relax.Var) else None
+    if _op_name(bound) == "relax.astype" and isinstance(bound.args[0], tvm.ir.expr.Constant):
+        expr = bound.args[0]
+    if isinstance(expr, tvm.ir.expr.Constant):
+        v = expr.value.numpy()
+        if v.size >= 1 and v.min() == v.max():
+            return float(v.flat[0])
+    return None
+
+
+def _per_channel(expr, k: int) -> np.ndarray | None:
+    """A constant that broadcasts along the channel axis of [1, K, H, W] only, as [K]."""
+    if not isinstance(expr, tvm.ir.expr.Constant):
+        return None
+    v = expr.value.numpy().astype(np.float32)
+    if v.size == 1:
+        return np.full(k, v.flat[0], np.float32)
+    if v.size == k and v.shape in ((1, k, 1, 1), (k, 1, 1)):
+        return v.reshape(k)
+    return None
+
+
+def plan_epilogues(func: relax.Function) -> dict:
+    """For each conv binding of ``func``'s dataflow blocks, the chain of ops it can fuse
+    (conv var -> :class:`_Epilogue`): a per-channel bias add, ReLU, clamps (ReLU6), SiLU
+    (``x * sigmoid(x)``) and one residual add of a tensor of the output's shape, in any
+    order, each op the only user of the one before it."""
+    bindings = [b for block in func.body.blocks if isinstance(block, relax.DataflowBlock)
+                for b in block.bindings if isinstance(b, relax.VarBinding)]
+    users: dict = {}
+    for b in (b for block in func.body.blocks for b in block.bindings):
+        used: list = []
+        _used_vars(b.value, used)
+        for v in used:
+            users.setdefault(v, []).append(b)
+    outputs: list = []
+    _used_vars(func.body.body, outputs)
+    output_set = set(outputs)
+    binding_set = set(b.var for b in bindings)
+    values = {b.var: b.value for b in bindings}
+    claimed: set = set()
+    plans = {}
+    for b in bindings:
+        call = b.value
+        if _op_name(call) != "relax.nn.conv2d":
+            continue
+        shape = [int(d) for d in b.var.ty.shape]
+        dtype = b.var.ty.dtype
+        plan = _Epilogue(b.var)
+        cur = b.var
+        while cur not in output_set:
+            uses = users.get(cur, [])
+            nxt = _next_step(cur, uses, plan, shape, dtype, binding_set, claimed, values)
+            if nxt is None:
+                break
+            step, new_vars = nxt
+            plan.steps.append(step)
+            plan.replaced.extend(new_vars)
+            claimed.update(new_vars)
+            cur = new_vars[-1]
+        plans[b.var] = plan
+    return plans
+
+
+def _same_tensor(var, shape, dtype) -> bool:
+    ty = var.ty
+    return (isinstance(ty, relax.TensorType) and ty.dtype == dtype and ty.shape is not None
+            and [int(d) for d in ty.shape] == shape)
+
+
+def _next_step(cur, uses, plan: _Epilogue, shape, dtype, bindings, claimed, values):
+    """(step, the bindings it replaces) if ``cur``'s users continue the chain, else None."""
+    if any(u.var in claimed or u.var not in bindings for u in uses):
+        return None
+    if len(uses) == 2:  # SiLU: s = sigmoid(cur); y = cur * s
+        sig = next((u for u in uses if _op_name(u.value) == "relax.sigmoid"), None)
+        mul = next((u for u in uses if _op_name(u.value) == "relax.multiply"), None)
+        if sig is None or mul is None or not _same_tensor(mul.var, shape, dtype):
+            return None
+        args = list(mul.value.args)
+        if not (any(a.same_as(cur) for a in args) and any(a.same_as(sig.var) for a in args)):
+            return None
+        return ("silu",), [sig.var, mul.var]
+    if len(uses) != 1:
+        return None
+    (u,) = uses
+    call = u.value
+    op = _op_name(call)
+    if not op or not _same_tensor(u.var, shape, dtype):
+        return None
+    ops = {s[0] for s in plan.steps}
+    if op == "relax.nn.relu":
+        return ("relu",), [u.var]
+    if op == "relax.nn.silu":
+        return ("silu",), [u.var]
+    if op in ("relax.maximum", "relax.minimum"):
+        other = [a for a in call.args if not a.same_as(cur)]
+        c = _scalar(other[0], values) if len(other) == 1 else None
+        return None if c is None else ((op[len("relax."):len("relax.") + 3], c), [u.var])
+    if op == "relax.add":
+        other = [a for a in call.args if not a.same_as(cur)]
+        if len(other) != 1:
+            return None
+        bias = _per_channel(other[0], shape[1])
+        if bias is not None and "bias" not in ops:
+            plan.bias = bias
+            return ("bias",), [u.var]
+        if (isinstance(other[0], relax.Var) and "residual" not in ops
+                and _same_tensor(other[0], shape, dtype)):
+            plan.residual = other[0]
+            return ("residual",), [u.var]
+    return None
+
+
 class _ConvLowering:
-    """The custom legalisation of ``relax.nn.conv2d``: one call per conv, in graph order."""
+    """Lowers one ``relax.nn.conv2d`` (with the epilogue it fuses) to a ``call_tir`` of our
+    kernel; convs are numbered in graph order, the plan's layer order."""
 
     def __init__(self, choices: list[LayerChoice], dtype: DType,
                  specs: list[ConvSpec] | None, scales: list[tuple[float, float]] | None,
-                 tuned: TunedKernels | None = None, simd_bits: int | None = None):
+                 tuned: TunedKernels | None = None, simd_bits: int | None = None,
+                 fuse: bool = True):
         self.choices, self.dtype, self.specs, self.scales = choices, dtype, specs, scales
-        self.tuned, self.simd_bits = tuned, simd_bits
+        self.tuned, self.simd_bits, self.fuse = tuned, simd_bits, fuse
         self.count = 0
+        #: conv layers lowered with a fused epilogue, and the ops those epilogues replaced
+        self.fused_layers = 0
+        self.fused_steps = 0
 
-    def __call__(self, bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    def next_index(self) -> int:
         i = self.count
         self.count += 1
         if i >= len(self.choices):
             raise BuildError(f"the network has more convolutions than the plan's "
                              f"{len(self.choices)} layers")
-        data, weight = call.args
+        return i
+
+    def lower(self, bb: relax.BlockBuilder, i: int, call: relax.Call, data: relax.Expr,
+              want: str, epi: _Epilogue | None = None,
+              residual: relax.Expr | None = None) -> relax.Expr:
+        weight = call.args[1]
         if not isinstance(weight, tvm.ir.expr.Constant):
             raise BuildError(f"conv {i}: weights are not constants; cannot pack them offline")
         attrs = call.attrs
@@ -137,7 +311,7 @@ class _ConvLowering:
             raise BuildError(f"conv {i}: layout {attrs.data_layout}/{attrs.kernel_layout}; "
                              "only NCHW/OIHW")
         w = weight.value.numpy()
-        n, c, h, wd = (int(v) for v in data.ty.shape)
+        n, c, h, wd = (int(v) for v in call.args[0].ty.shape)
         pad = [int(p) for p in attrs.padding]
         spec = ConvSpec(C=c, H=h, W=wd, K=w.shape[0], R=w.shape[2], S=w.shape[3],
                         stride_h=int(attrs.strides[0]), stride_w=int(attrs.strides[1]),
@@ -155,42 +329,113 @@ class _ConvLowering:
             raise BuildError("sparse kernels run in float32 only (the study's grid)")
         knobs = resolve_knobs(spec, Variant(choice.algorithm, comp,
                                             0.5 if choice.sparse else 0.0), self.simd_bits)
+        steps = tuple(epi.steps) if epi is not None else ()
         x = data
         scale = None
         if self.dtype is DType.INT8:
             s_in, s_out = self.scales[i]
             s_w = float(np.max(np.abs(w))) / 127.0 or 1.0
             w = np.clip(np.rint(w / s_w), -127, 127).astype(np.int8)
-            scale = s_in * s_w / s_out
+            # fused: the epilogue dequantises; otherwise the kernel requantises to s_out
+            scale = s_in * s_w if steps else s_in * s_w / s_out
             x = bb.emit_te(_quantize, data, s_in, primfunc_name_hint=f"quantize{i}")
         elif self.dtype is DType.FLOAT16:
             w = w.astype(np.float16)
             if data.ty.dtype != "float16":
                 x = bb.emit_te(lambda t: te.compute(t.shape, lambda *j: t(*j).astype("float16"),
                                                     name="cast"), data)
-        ks = KernelSpec(spec, choice.algorithm, choice.sparse, self.dtype, knobs, scale)
+        ks = KernelSpec(spec, choice.algorithm, choice.sparse, self.dtype, knobs, scale, steps)
         if self.tuned is not None:
             func = self.tuned.function(i, ks, comp, w).without_attr("global_symbol")
         else:
             func = kernel_module(ks)["main"].without_attr("global_symbol")
         func = func.with_attr(KERNEL_ATTR, 1).with_attr("op_pattern", _OPAQUE)
         gv = bb.add_func(func, f"conv{i}_{choice.algorithm.value}"
-                               f"{'_csr' if choice.sparse else ''}")
+                               f"{'_csr' if choice.sparse else ''}"
+                               f"{'_fused' if steps else ''}")
         packed = pack_weights(ks, w)
         if choice.sparse and packed[0].size == 0:  # all-zero layer: keep buffers non-empty
             packed = [np.zeros(1, packed[0].dtype), np.zeros(1, np.int32), packed[2]]
         args = [x, *(relax.const(a) for a in packed)]
-        y = bb.emit(relax.call_tir(gv, args, relax.TensorType(output_shape(ks),
-                                                                    self.dtype.value)))
+        for name, _shape, dt in ks.extra_inputs():
+            if name == "bias":
+                args.append(relax.const(epi.bias.astype(dt)))
+            else:
+                r = residual
+                if r.ty.dtype != dt:
+                    r = bb.emit_te(lambda t, d=dt: te.compute(
+                        t.shape, lambda *j: t(*j).astype(d), name="cast"), r)
+                args.append(r)
+        self.fused_layers += bool(steps)
+        self.fused_steps += len(steps)
+        y = bb.emit(relax.call_tir(gv, args, relax.TensorType(output_shape(ks), ks.out_dtype)))
         if output_shape(ks) != spec.output_shape:
             y = bb.emit_te(_reshape, y, spec.output_shape)
-        want = call.ty.dtype
-        if self.dtype is DType.INT8:
+        if self.dtype is DType.INT8 and not steps:
             y = bb.emit_te(_dequantize, y, s_out, want, primfunc_name_hint=f"dequantize{i}")
-        elif want != self.dtype.value:
+        elif want != ks.out_dtype:
             y = bb.emit_te(lambda t: te.compute(t.shape, lambda *j: t(*j).astype(want),
                                                 name="cast"), y)
         return y
+
+
+@relax.expr_functor.mutator
+class _LowerConvs(relax.PyExprMutator):
+    """Replaces each conv, and the ops its kernel fuses, by the kernel's ``call_tir``.
+
+    A fused kernel is emitted where the last op of its chain was, so a residual operand
+    computed after the conv is ready by then."""
+
+    def __init__(self, mod: tvm.IRModule, lowering: _ConvLowering, plans: dict):
+        super().__init__(mod)
+        self.lowering = lowering
+        self.plans = plans
+        self.by_end = {p.end: p for p in plans.values() if p.steps}
+        self.skip = {v for p in plans.values() if p.steps for v in [p.conv, *p.replaced[:-1]]}
+        self.pending: dict = {}
+
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+        var, value = binding.var, binding.value
+        if _op_name(value) == "relax.nn.conv2d":
+            i = self.lowering.next_index()
+            plan = self.plans.get(var)
+            if plan is not None and plan.steps:
+                self.pending[var] = (i, value)  # emitted at the chain's end
+                return
+            y = self.lowering.lower(self.builder_, i, value, self.visit_expr(value.args[0]),
+                                    var.ty.dtype)
+            self._bind(var, y)
+            return
+        if var in self.skip:
+            return
+        plan = self.by_end.get(var)
+        if plan is not None:
+            i, call = self.pending.pop(plan.conv)
+            residual = None if plan.residual is None else self.visit_expr(plan.residual)
+            y = self.lowering.lower(self.builder_, i, call, self.visit_expr(call.args[0]),
+                                    var.ty.dtype, plan, residual)
+            self._bind(var, y)
+            return
+        super().visit_var_binding_(binding)
+
+    def _bind(self, var: relax.Var, y: relax.Expr) -> None:
+        if not isinstance(var, relax.DataflowVar):
+            y = self.builder_.emit_output(y)
+        self.set_var_remap(var, y)
+
+
+def lower_convs(mod: tvm.IRModule, lowering: _ConvLowering) -> tvm.IRModule:
+    """Every conv of ``mod``'s Relax functions lowered by ``lowering``, with its epilogue
+    fused unless ``lowering.fuse`` is off."""
+    for gv, func in list(mod.functions_items()):
+        if not isinstance(func, relax.Function):
+            continue
+        plans = plan_epilogues(func) if lowering.fuse else {}
+        mutator = _LowerConvs(mod, lowering, plans)
+        new = mutator.visit_expr(func)
+        mod = mutator.builder_.get()
+        mod[gv] = new
+    return mod
 
 
 def _quantize(t: te.Tensor, scale: float) -> te.Tensor:
@@ -373,24 +618,45 @@ def relax_module(model, input_name: str, input_shape: tuple[int, ...]) -> tvm.IR
     return relax.transform.DeadCodeElimination()(_stacked_extrema_as_binary(mod))
 
 
+def epilogue_details(lowering: _ConvLowering) -> dict:
+    """What a build's record says of its epilogues: ``fused`` (some conv ran its bias,
+    activation or residual add on the output tile), ``none`` (nothing followed a conv that
+    it could fuse) or ``separate`` (fusion off: tuned builds, whose schedules are of the
+    bare convolution); how many layers and ops."""
+    if not lowering.fuse:
+        kind = "separate"
+    else:
+        kind = "fused" if lowering.fused_layers else "none"
+    return {"epilogue": kind, "fused_layers": lowering.fused_layers,
+            "fused_ops": lowering.fused_steps}
+
+
 def lower(model, input_name: str, input_shape: tuple[int, ...], dtype: DType,
           choices: list[LayerChoice], specs: list[ConvSpec] | None = None,
           scales: list[tuple[float, float]] | None = None,
-          tuned: TunedKernels | None = None, simd_bits: int | None = None) -> tvm.IRModule:
+          tuned: TunedKernels | None = None, simd_bits: int | None = None,
+          fuse: bool = True, stats: dict | None = None) -> tvm.IRModule:
     """The Relax module with every conv lowered to its kernel (register tiles sized for a CPU
-    of ``simd_bits``) and every other op scheduled."""
+    of ``simd_bits``; the bias, activation and residual add that follow it fused into its
+    epilogue unless ``fuse`` is off) and every other op scheduled. ``stats``, if given,
+    receives the epilogue fusion's counts (:func:`epilogue_details`)."""
     mod = relax_module(model, input_name, input_shape)
     if dtype is DType.FLOAT16:
         mod = relax.transform.ToMixedPrecision(out_dtype="float16")(mod)
         mod = relax.transform.FoldConstant()(mod)
     if dtype is DType.INT8 and (scales is None or len(scales) != len(choices)):
         raise BuildError("int8 needs one calibrated (input, output) scale pair per conv")
-    lowering = _ConvLowering(choices, dtype, specs, scales, tuned, simd_bits)
+    # tuned kernels run as tuned: their schedules are of the bare convolution
+    lowering = _ConvLowering(choices, dtype, specs, scales, tuned, simd_bits,
+                             fuse=fuse and tuned is None)
+    mod = lower_convs(mod, lowering)
     mod = relax.transform.LegalizeOps(customize_legalize_map={
-        "relax.nn.conv2d": lowering, "relax.sigmoid": _fast_sigmoid})(mod)
+        "relax.sigmoid": _fast_sigmoid})(mod)
     if lowering.count != len(choices):
         raise BuildError(f"the plan has {len(choices)} conv layers, the network "
                          f"{lowering.count}")
+    if stats is not None:
+        stats.update(epilogue_details(lowering))
     mod = tvm.transform.Sequential([
         relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant(),
         relax.transform.FuseOps(), relax.transform.FuseTIR(),
@@ -400,10 +666,10 @@ def lower(model, input_name: str, input_shape: tuple[int, ...], dtype: DType,
 
 def build(model, input_name: str, input_shape: tuple[int, ...], dtype: DType,
           choices: list[LayerChoice], target, specs=None, scales=None, tuned=None,
-          simd_bits: int | None = None):
+          simd_bits: int | None = None, fuse: bool = True, stats: dict | None = None):
     """Compile; returns the executable (run it with :class:`_Runnable`)."""
     mod = lower(model, input_name, input_shape, dtype, choices, specs, scales, tuned,
-                simd_bits)
+                simd_bits, fuse, stats)
     return tvm.compile(mod, target=target)
 
 
@@ -459,10 +725,11 @@ def run_network_task(task: "NetworkTask") -> dict[str, Any]:
         tuned = TunedKernels(opts.db, opts.budget, task.fingerprint, task.target, opts.cores,
                              opts.pattern, task.simd_bits)
     t0 = time.perf_counter()
+    engine: dict[str, Any] = {}
     executable = build(model, task.input_name, shape, dtype, choices,
                        tuned.target if tuned else _target(task.target), specs, scales, tuned,
-                       task.simd_bits)
-    result: dict[str, Any] = {"compile_s": time.perf_counter() - t0}
+                       task.simd_bits, stats=engine)
+    result: dict[str, Any] = {"compile_s": time.perf_counter() - t0, "details": engine}
     if tuned is not None:
         result.update(tuned_layers=tuned.tuned, untuned_layers=tuned.untuned)
     vm = _Runnable(executable, task.target)

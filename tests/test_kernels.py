@@ -1,6 +1,8 @@
 """Every kernel (3 algorithms x dense/CSR x 3 dtypes) against the numpy reference, compiled
 and run with TVM on this CPU, on shapes covering stride, padding, groups and dilation."""
 
+from dataclasses import replace
+
 import pytest
 
 from dlas_predict.space.config import Algorithm, Compression, ConvSpec, Variant, variant_grid
@@ -86,3 +88,89 @@ def test_tiles_for_narrower_vectors_match_reference(bits, variant, target):
     knobs = resolve_knobs(spec, variant, bits)
     result = run_task(_task(spec, variant, target, knobs=knobs))
     assert result.verified, f"max error {result.max_error} with {knobs}"
+
+
+#: Every step of the fused epilogue, ReLU6 as its two clamps.
+ALL_STEPS = (("bias",), ("residual",), ("max", 0.0), ("min", 6.0), ("silu",))
+
+
+def _fused_case(algorithm, sparse, dtype, steps=ALL_STEPS):
+    """(kernel output, numpy reference) of a strided conv with the epilogue ``steps``."""
+    import numpy as np
+    import tvm
+
+    from dlas_predict.space.config import DType
+    from dlas_predict.measure.kernels import KernelSpec, build_kernel, device_args
+    from dlas_predict.measure.reference import im2col, make_inputs
+
+    spec = ConvSpec.parse("C=16,H=9,W=11,K=24,R=3,S=3,stride=2,pad=1")
+    comp = Compression.WEIGHT_PRUNING if sparse else {
+        DType.FLOAT32: Compression.DENSE, DType.FLOAT16: Compression.FLOAT16,
+        DType.INT8: Compression.INT8}[dtype]
+    knobs = resolve_knobs(spec, Variant(algorithm, comp, 0.5 if sparse else 0.0), 256)
+    rng = np.random.default_rng(3)
+    x, w = make_inputs(spec, dtype, 1)
+    if sparse:
+        w = np.where(rng.random(w.shape) < 0.5, 0, w).astype(w.dtype)
+    bias = rng.normal(size=spec.K).astype(np.float32)
+    residual = rng.normal(size=spec.output_shape).astype(
+        np.float16 if dtype is DType.FLOAT16 else np.float32)
+    scale = 1e-3 if dtype is DType.INT8 else None
+    ks = KernelSpec(spec, Algorithm(algorithm), sparse, dtype, knobs, scale, steps)
+    args = device_args(ks, x, w, tvm.cpu(), {"bias": bias, "residual": residual})
+    build_kernel(ks, tvm.target.Target(get_device("local").target))["main"](*args)
+    out = args[-1].numpy()
+    y = np.einsum("gkj,gjp->gkp", w.astype(np.float64).reshape(1, spec.K, -1),
+                  im2col(x.astype(np.float64), spec)).reshape(spec.output_shape)
+    if dtype is DType.INT8:
+        y = y * np.float32(scale)  # dequantised, not requantised
+    for step in steps:
+        y = {"bias": lambda v: v + bias.reshape(1, -1, 1, 1),
+             "residual": lambda v: v + residual.astype(np.float64),
+             "relu": lambda v: np.maximum(v, 0.0),
+             "max": lambda v: np.maximum(v, step[-1]), "min": lambda v: np.minimum(v, step[-1]),
+             "silu": lambda v: v / (1.0 + np.exp(-v))}[step[0]](y)
+    return out, y, ks
+
+
+def test_fused_epilogue_matches_reference():
+    import numpy as np
+
+    from dlas_predict.space.config import DType
+
+    out, ref, ks = _fused_case("gemm", False, DType.FLOAT32)
+    assert out.shape == ref.shape  # written NCHW: no reshape after the GEMM
+    assert np.abs(out - ref).max() < 1e-4 * max(1.0, np.abs(ref).max())
+    # without the residual step there is no residual argument
+    bias_relu = replace(ks, epilogue=(("bias",), ("relu",)))
+    assert [name for name, _, _ in bias_relu.extra_inputs()] == ["bias"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int8"])
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "csr"])
+@pytest.mark.parametrize("algorithm", [a.value for a in Algorithm])
+def test_every_kernel_fuses_its_epilogue(algorithm, sparse, dtype):
+    import numpy as np
+
+    from dlas_predict.space.config import DType
+
+    dt = DType(dtype)
+    out, ref, ks = _fused_case(algorithm, sparse, dt)
+    # float16 rounds the output (about 5e-4 relative); int8 returns dequantised float32
+    assert str(out.dtype) == ("float16" if dt is DType.FLOAT16 else "float32") == ks.out_dtype
+    tol = (5e-3 if dt is DType.FLOAT16 else 1e-4) * max(1.0, np.abs(ref).max())
+    assert np.abs(out.astype(np.float64) - ref).max() < tol
+
+
+def test_a_missing_epilogue_argument_is_refused():
+    from dlas_predict.space.config import DType
+    from dlas_predict.measure.kernels import KernelSpec, device_args
+    import numpy as np
+
+    spec = ConvSpec.parse("C=4,H=6,W=6,K=8,R=3,S=3,stride=1,pad=1")
+    ks = KernelSpec(spec, Algorithm.DIRECT, False, DType.FLOAT32, {"tile_k": 4, "tile_w": 6},
+                    None, (("bias",), ("residual",)))
+    with pytest.raises(ValueError, match="residual"):
+        device_args(ks, np.zeros(spec.input_shape, np.float32),
+                    np.zeros(spec.weight_shape, np.float32), None, {"bias": np.zeros(8)})

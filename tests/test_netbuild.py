@@ -161,3 +161,83 @@ def test_a_crashing_build_is_a_recorded_failure_and_the_store_keeps_it(small_cnn
         rows = db.network_measurements()
         assert len(rows) == 1 and rows[0]["error"] is None and rows[0]["verified"] == 1
         assert db.stats()["network_measurements"] == 1
+
+
+def _epilogue_net(path):
+    """conv+bias → SiLU (Sigmoid, Mul) → conv+bias → Add(the SiLU output) → ReLU → conv →
+    Clip(0, 6) → pool → gemm: every epilogue step the builder fuses."""
+    rng = np.random.default_rng(1)
+    inits = [numpy_helper.from_array(a.astype(np.float32), n) for n, a in [
+        ("w1", rng.normal(size=(8, 3, 3, 3)) * 0.5), ("b1", rng.normal(size=8)),
+        ("w2", rng.normal(size=(8, 8, 3, 3)) * 0.2), ("b2", rng.normal(size=8)),
+        ("w3", rng.normal(size=(12, 8, 1, 1)) * 0.3), ("lo", np.array(0.0)),
+        ("hi", np.array(6.0)), ("fw", rng.normal(size=(4, 12))), ("fb", np.zeros(4))]]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Sigmoid", ["c1"], ["s1"]),
+        helper.make_node("Mul", ["c1", "s1"], ["a1"]),
+        helper.make_node("Conv", ["a1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["c2", "a1"], ["r2"]),
+        helper.make_node("Relu", ["r2"], ["a2"]),
+        helper.make_node("Conv", ["a2", "w3"], ["c3"], strides=[2, 2]),
+        helper.make_node("Clip", ["c3", "lo", "hi"], ["a3"]),
+        helper.make_node("GlobalAveragePool", ["a3"], ["p"]),
+        helper.make_node("Flatten", ["p"], ["f"]),
+        helper.make_node("Gemm", ["f", "fw", "fb"], ["y"], transB=1)]
+    graph = helper.make_graph(nodes, "epilogues", [helper.make_tensor_value_info(
+        "x", onnx.TensorProto.FLOAT, [1, 3, 10, 10])], [helper.make_tensor_value_info(
+            "y", onnx.TensorProto.FLOAT, [1, 4])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)],
+                                ir_version=8), path)
+    return path
+
+
+def test_each_conv_fuses_the_ops_after_it(tmp_path):
+    from dlas_predict.measure.netbuild import plan_epilogues, relax_module
+
+    model = onnx.load(str(_epilogue_net(tmp_path / "epi.onnx")))
+    plans = plan_epilogues(relax_module(model, "x", (1, 3, 10, 10))["main"])
+    steps = [p.steps for p in plans.values()]
+    assert steps == [[("bias",), ("silu",)], [("bias",), ("residual",), ("relu",)],
+                     [("max", 0.0), ("min", 6.0)]]
+    first, second, _ = plans.values()
+    assert second.residual.same_as(first.end)  # the residual is the first chain's output
+    assert first.bias.shape == (8,)
+
+
+@pytest.mark.parametrize("dtype,alg", [("float32", "gemm"), ("float32", "spatial_pack"),
+                                       ("float16", "direct"), ("int8", "direct")])
+def test_fused_and_separate_epilogues_compute_the_same(tmp_path, dtype, alg):
+    import tvm
+    import onnxruntime as ort
+
+    from dlas_predict.space.config import Algorithm, DType
+    from dlas_predict.measure.netbuild import LayerChoice, lower
+
+    path = _epilogue_net(tmp_path / "epi.onnx")
+    model = onnx.load(str(path))
+    x = np.random.default_rng(2).normal(size=(1, 3, 10, 10)).astype(np.float32)
+    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})[0]
+    dt = DType(dtype)
+    scales = [(0.05, 0.05)] * 3 if dt is DType.INT8 else None
+    target = tvm.target.Target(get_device("local").target)
+    outs, funcs, stats = [], [], []
+    for fuse in (False, True):
+        got: dict = {}
+        mod = lower(model, "x", x.shape, dt, [LayerChoice(Algorithm(alg), False)] * 3,
+                    scales=scales, fuse=fuse, stats=got)
+        funcs.append(sum(isinstance(f, tvm.tirx.PrimFunc) for _, f in mod.functions_items()))
+        vm = tvm.relax.VirtualMachine(tvm.compile(mod, target=target),
+                                      tvm.cpu())
+        outs.append(vm["main"](tvm.runtime.tensor(x)).numpy())
+        stats.append(got)
+    assert stats[0] == {"epilogue": "separate", "fused_layers": 0, "fused_ops": 0}
+    assert stats[1] == {"epilogue": "fused", "fused_layers": 3, "fused_ops": 7}
+    assert funcs[1] < funcs[0]  # the bias, activation and add functions are gone
+    tol = {"float32": 1e-4, "float16": 2e-2}.get(dtype)
+    if tol:  # float: both builds match onnxruntime
+        for out in outs:
+            assert np.abs(out - ref).max() < tol * max(1.0, np.abs(ref).max())
+    else:  # int8: the fused build dequantises in the epilogue, the separate one requantises
+        assert np.abs(outs[1] - ref).max() <= np.abs(outs[0] - ref).max() * 1.5 + 1e-3
