@@ -221,7 +221,10 @@ def _direct_schedule(sch: Schedule, ks: KernelSpec) -> None:
     sch.vectorize(wi)
     sch.decompose_reduction(block, r_c)
     _finish_writeback(sch, wb, ks)
-    _schedule_copy(sch, "pad")
+    if _unpadded(ks.conv):  # the copy would be the input itself: read it in place
+        sch.compute_inline(sch.get_sblock("pad"))
+    else:
+        _schedule_copy(sch, "pad")
 
 
 def _gemm_compute(ks: KernelSpec) -> list:
@@ -274,7 +277,12 @@ def _gemm_schedule(sch: Schedule, ks: KernelSpec) -> None:
     sch.vectorize(qi)
     sch.decompose_reduction(block, r_j)
     _finish_writeback(sch, wb, ks)
-    _schedule_copy(sch, "col")
+    spec = ks.conv
+    if _unpadded(spec) and (spec.R, spec.S, spec.stride_h, spec.stride_w) == (1, 1, 1, 1):
+        # pointwise: the im2col matrix is the input itself, read in place
+        sch.compute_inline(sch.get_sblock("col"))
+    else:
+        _schedule_copy(sch, "col")
 
 
 def _spatial_pack_compute(ks: KernelSpec) -> list:
@@ -370,6 +378,10 @@ def _finish_writeback(sch: Schedule, wb, ks: KernelSpec) -> None:
     if _has_epilogue_block(ks):
         sch.reverse_compute_inline(sch.get_sblock("epilogue"))
     sch.vectorize(sch.get_loops(wb)[-1])
+
+
+def _unpadded(spec: ConvSpec) -> bool:
+    return not (spec.pad_t or spec.pad_l or spec.pad_b or spec.pad_r)
 
 
 def _schedule_copy(sch: Schedule, name: str) -> None:

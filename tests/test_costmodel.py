@@ -290,6 +290,32 @@ def test_an_unprobed_whole_network_record_is_superseded_by_a_probed_one():
     assert drop_superseded([]) == []
 
 
+def test_a_record_of_an_older_engine_counts_until_the_current_engine_measures_it():
+    """Records of the engine that ran each conv's epilogue separately train the network
+    model until the same configuration is measured again; onnxruntime's keep their version
+    and their keys."""
+    from dlas_predict.corpus.networks import (NETWORK_VERSION, ONNXRUNTIME,
+                                              PREVIOUS_NETWORK_VERSIONS, NetworkMeasurement,
+                                              engine_version)
+    from dlas_predict.models.evaluation import drop_older_engines
+
+    old = PREVIOUS_NETWORK_VERSIONS[0]
+
+    def rec(config, version, algorithm="direct"):
+        return NetworkMeasurement(key=f"{config}{version}{algorithm}", device="local",
+                                  fingerprint="f", network="n", config=config,
+                                  algorithm=algorithm, plan="[]", dtype="float32",
+                                  run_secs=[1e-3], version=version)
+
+    stale, fresh = rec("dense", old), rec("dense", NETWORK_VERSION)
+    only_old = rec("int8", old)
+    ort = rec("dense", engine_version(ONNXRUNTIME), ONNXRUNTIME)
+    assert drop_older_engines([stale, fresh, only_old, ort]) == [fresh, only_old, ort]
+    assert rec("dense", "").to_row()["kernels_version"] == NETWORK_VERSION
+    assert NetworkMeasurement.from_row(stale.to_row()).version == old
+    assert engine_version("direct") == NETWORK_VERSION != old == engine_version(ONNXRUNTIME)
+
+
 @pytest.mark.parametrize("cls", [StageCostModel, RooflineBaseline, MacsLinearBaseline])
 def test_every_kernel_model_shares_one_interface_and_round_trips(cls, tmp_path):
     corpus = _corpus()

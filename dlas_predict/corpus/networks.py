@@ -26,7 +26,19 @@ PER_LAYER = "per_layer"
 #: Algorithm label of a configuration run by onnxruntime (the incumbent runtime) instead of
 #: our kernels: the systems-software dimension of the grid.
 ONNXRUNTIME = "onnxruntime"
-NETWORK_VERSION = "2"
+#: The engine's version, in every whole-network record and its key, so a changed engine
+#: measures again: "3" runs the ops after each conv in its kernel's epilogue, "2" ran them as
+#: kernels of their own. onnxruntime's runs are as they were in "2".
+NETWORK_VERSION = "3"
+ONNXRUNTIME_VERSION = "2"
+#: Engine versions whose records the network model still learns from, each until the same
+#: configuration is measured by the current engine.
+PREVIOUS_NETWORK_VERSIONS = ("2",)
+
+
+def engine_version(algorithm: str) -> str:
+    """The version of the engine that runs configurations of ``algorithm``."""
+    return ONNXRUNTIME_VERSION if algorithm == ONNXRUNTIME else NETWORK_VERSION
 
 
 @dataclass(frozen=True)
@@ -62,7 +74,7 @@ class NetworkPlan:
 
     def key(self, device: Device) -> str:
         parts = [device.name, device.fingerprint, self.network, self.config,
-                 self.algorithm, self.plan_json(), NETWORK_VERSION]
+                 self.algorithm, self.plan_json(), engine_version(self.algorithm)]
         if self.tuning is not None:
             parts += ["tuned", str(self.tuning.budget)]
         text = "|".join(parts)
@@ -118,8 +130,11 @@ class NetworkMeasurement(TimedRuns):
     contention: float | None = None  # as MeasureResult.contention
     slowdown: float | None = None    # as MeasureResult.slowdown
     board: str | None = None         # as MeasureResult.board
-    #: onnxruntime records: its version, mode, threads and (int8) what it was calibrated on
+    #: onnxruntime records: its version, mode, threads and (int8) what it was calibrated on;
+    #: our builds: their epilogues (``measure.netbuild.epilogue_details``)
     details: dict | None = None
+    #: the engine version it was measured with (:data:`NETWORK_VERSION`); empty: the current
+    version: str = ""
 
     @classmethod
     def from_row(cls, row: dict) -> "NetworkMeasurement":
@@ -134,7 +149,8 @@ class NetworkMeasurement(TimedRuns):
                    error=row.get("error"), timestamp=row.get("timestamp") or 0.0,
                    summary=row.get("summary"), contention=row.get("contention"),
                    slowdown=row.get("slowdown"), board=row.get("board"),
-                   details=json.loads(row["details"]) if row.get("details") else None)
+                   details=json.loads(row["details"]) if row.get("details") else None,
+                   version=row.get("kernels_version") or "")
 
     def to_row(self) -> dict:
         return {"key": self.key, "device": self.device, "fingerprint": self.fingerprint,
@@ -143,7 +159,8 @@ class NetworkMeasurement(TimedRuns):
                 "median_s": self.median_s, "spread": self.spread, "compile_s": self.compile_s,
                 "verified": None if self.verified is None else int(self.verified),
                 "max_error": self.max_error, "top1_agreement": self.top1_agreement,
-                "error": self.error, "kernels_version": NETWORK_VERSION,
+                "error": self.error,
+                "kernels_version": self.version or engine_version(self.algorithm),
                 "timestamp": self.timestamp, "summary": self.summary,
                 "contention": self.contention, "slowdown": self.slowdown,
                 "board": self.board,

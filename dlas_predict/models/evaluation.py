@@ -361,6 +361,17 @@ def drop_superseded(meas: list) -> list:
             or (m.network, m.config, m.algorithm) not in probed]
 
 
+def drop_older_engines(meas: list) -> list:
+    """Whole-network records less those of an older engine version whose network,
+    configuration and algorithm the current engine has measured."""
+    from dlas_predict.corpus.networks import engine_version
+
+    current = {(m.network, m.config, m.algorithm) for m in meas
+               if not m.version or m.version == engine_version(m.algorithm)}
+    return [m for m in meas if not m.version or m.version == engine_version(m.algorithm)
+            or (m.network, m.config, m.algorithm) not in current]
+
+
 def whole_rows(corpus: Corpus, store: Path) -> list[WholeRow]:
     """The whole-network measurements of ``corpus.device`` whose every conv kernel is in the
     corpus (so the measured conv sum is known); float32 ones only when verified; superseded
@@ -369,12 +380,14 @@ def whole_rows(corpus: Corpus, store: Path) -> list[WholeRow]:
 
     from dlas_predict.corpus.store import CorpusStore
 
-    from dlas_predict.corpus.networks import NETWORK_VERSION
+    from dlas_predict.corpus.networks import NETWORK_VERSION, PREVIOUS_NETWORK_VERSIONS
 
+    versions = (NETWORK_VERSION, *PREVIOUS_NETWORK_VERSIONS)
     with CorpusStore(store, must_exist=True) as db:
-        meas = db.network_records("error IS NULL AND device = ? AND kernels_version = ?",
-                                  (corpus.device.name, NETWORK_VERSION))
-    meas = drop_superseded(meas)
+        meas = db.network_records(
+            f"error IS NULL AND device = ? AND kernels_version IN "
+            f"({', '.join('?' * len(versions))})", (corpus.device.name, *versions))
+    meas = drop_superseded(drop_older_engines(meas))
     index = corpus.index()
     layers_of: dict[tuple, list[dict]] = {}
     for r in corpus.configs:
