@@ -22,7 +22,8 @@ from tvm.s_tir import Schedule
 
 from dlas_predict.space.config import Algorithm, ConvSpec, DType
 from dlas_predict.errors import ConfigError
-from .kernels import _DENSE, _SPARSE_HEADER, KernelSpec, _decode, acc_dtype
+from .kernels import (_DENSE, _SPARSE_HEADER, KernelSpec, _decode, _direct_nchw_compute,
+                      acc_dtype)
 
 #: The lowest compute capability the kernels are built for (float16 arithmetic, dp4a).
 MIN_ARCH = 61
@@ -304,7 +305,8 @@ def gpu_prim_func(ks: KernelSpec) -> "tvm.tirx.PrimFunc":
         return from_source(csr_source(ks))
     from tvm import te
 
-    compute, _ = _DENSE[ks.algorithm]
+    compute = (_direct_nchw_compute if ks.algorithm is Algorithm.DIRECT
+               else _DENSE[ks.algorithm][0])
     sch = Schedule(te.create_prim_func(compute(ks)))
     _DENSE_GPU[ks.algorithm](sch, ks)
     return sch.mod["main"]

@@ -188,7 +188,8 @@ def _in_channel(spec: ConvSpec, k, rc):
     return (k // (spec.K // spec.groups)) * (spec.C // spec.groups) + rc
 
 
-def _direct_compute(ks: KernelSpec) -> list:
+def _direct_nchw_compute(ks: KernelSpec) -> list:
+    """Direct convolution over the zero-padded NCHW input (also the GPU's compute)."""
     spec, dt = ks.conv, ks.dtype
     data = te.placeholder(spec.input_shape, dt.value, name="data")
     weight = te.placeholder(spec.weight_shape, dt.value, name="weight")
@@ -208,7 +209,87 @@ def _direct_compute(ks: KernelSpec) -> list:
             _maybe_epilogue(conv, ks, extras, lambda n, k, h, w: (k, (n, k, h, w)))]
 
 
+def depthwise(spec: ConvSpec) -> bool:
+    """One input channel per output channel (depthwise, or a channel multiplier): no input
+    reuse across output channels, so the direct kernel vectorises along the output width."""
+    return spec.groups > 1 and spec.C == spec.groups
+
+
+def _direct_compute(ks: KernelSpec) -> list:
+    if depthwise(ks.conv):
+        return _depthwise_compute(ks)
+    return _direct_nchw_compute(ks)
+
+
+def _depthwise_compute(ks: KernelSpec) -> list:
+    """Direct depthwise convolution on a register tile of ``tile_h`` rows by ``tile_w``
+    columns. The output is computed over whole tiles (the padded input is wide and tall
+    enough) and cropped by the output stage, so no extent needs to divide by a tile. The
+    padded input is split into ``stride_w`` column phases, so each tap reads a contiguous
+    vector at any stride."""
+    spec, dt = ks.conv, ks.dtype
+    th, tw = ks.knobs["tile_h"], ks.knobs["tile_w"]
+    ohp, owp = _ceil_div(spec.OH, th) * th, _ceil_div(spec.OW, tw) * tw
+    sh, sw, dh, dw = spec.stride_h, spec.stride_w, spec.dilation_h, spec.dilation_w
+    hp = max(spec.H + spec.pad_t + spec.pad_b, (ohp - 1) * sh + (spec.R - 1) * dh + 1)
+    wq = owp + ((spec.S - 1) * dw) // sw
+    data = te.placeholder(spec.input_shape, dt.value, name="data")
+    weight = te.placeholder(spec.weight_shape, dt.value, name="weight")
+    zero = tvm.tirx.const(0, dt.value)
+
+    def padded(n, c, h, ph, q):
+        hi, wi = h - spec.pad_t, q * sw + ph - spec.pad_l
+        inside = tvm.tirx.all(hi >= 0, hi < spec.H, wi >= 0, wi < spec.W)
+        return tvm.tirx.if_then_else(inside, data[n, c, hi, wi], zero)
+
+    pad = te.compute((1, spec.C, hp, sw, wq), padded, name="pad")
+    rr, rs = te.reduce_axis((0, spec.R), "rr"), te.reduce_axis((0, spec.S), "rs")
+    kg = spec.K // spec.groups
+    conv = te.compute(
+        (1, spec.K, ohp, owp),
+        lambda n, k, h, w: te.sum(_mul(
+            pad[n, k // kg, h * sh + rr * dh, (rs * dw) % sw, w + (rs * dw) // sw],
+            weight[k, 0, rr, rs], dt, acc_dtype(ks)), axis=[rr, rs]),
+        name="conv")
+    extras = _extras(ks)
+    out = te.compute(spec.output_shape,
+                     lambda n, k, h, w: _finish(conv[n, k, h, w], ks, extras, k, (n, k, h, w)),
+                     name="out")
+    return [data, weight, *extras.values(), out]
+
+
+def _depthwise_schedule(sch: Schedule, ks: KernelSpec) -> None:
+    """Parallel over blocks of ``tile_k`` channels; each pads its input planes into a
+    thread-local buffer, runs the register tiles (taps unrolled, the width vectorised) and
+    crops its output planes through the epilogue."""
+    block = sch.get_sblock("conv")
+    n, k, h, w, r_r, r_s = sch.get_loops(block)
+    ko, ki = sch.split(k, [None, ks.knobs["tile_k"]])
+    ho, hi = sch.split(h, [None, ks.knobs["tile_h"]])
+    wo, wi = sch.split(w, [None, ks.knobs["tile_w"]])
+    sch.reorder(n, ko, ho, wo, r_r, r_s, ki, hi, wi)
+    wb = sch.cache_write(block, 0, "local")
+    sch.reverse_compute_at(wb, wo)
+    outer = sch.fuse(n, ko)
+    sch.parallel(outer)
+    sch.reverse_compute_at(sch.get_sblock("out"), outer)
+    sch.compute_at(sch.get_sblock("pad"), outer)
+    if ks.conv.stride_w > 1:  # read the input rows contiguously, deal columns to phases
+        *_, ph, q = sch.get_loops(sch.get_sblock("pad"))
+        sch.reorder(q, ph)
+        sch.unroll(ph)
+    for loop in (ki, hi, r_r, r_s):
+        sch.unroll(loop)
+    sch.vectorize(wi)
+    sch.decompose_reduction(block, r_r)
+    sch.vectorize(sch.get_loops(wb)[-1])
+    sch.vectorize(sch.get_loops(sch.get_sblock("out"))[-1])
+
+
 def _direct_schedule(sch: Schedule, ks: KernelSpec) -> None:
+    if depthwise(ks.conv):
+        _depthwise_schedule(sch, ks)
+        return
     block = sch.get_sblock("conv")
     wb = sch.cache_write(block, 0, "local")
     n, k, h, w, r_c, r_r, r_s = sch.get_loops(block)

@@ -12,7 +12,7 @@ from dlas_predict.errors import ConfigError
 
 #: The knobs each (algorithm, sparse) kernel takes.
 KNOB_NAMES: dict[tuple[Algorithm, bool], tuple[str, ...]] = {
-    (Algorithm.DIRECT, False): ("tile_k", "tile_w"),
+    (Algorithm.DIRECT, False): ("tile_k", "tile_w", "tile_h"),
     (Algorithm.GEMM, False): ("tile_k", "tile_p"),
     (Algorithm.SPATIAL_PACK, False): ("tile_k", "tile_h", "tile_w"),
     (Algorithm.DIRECT, True): ("tile_w",),
@@ -56,6 +56,14 @@ def default_knobs(spec: ConvSpec, variant: Variant,
     kg = spec.K // spec.groups
     p = spec.OH * spec.OW
     key = (variant.algorithm, variant.sparse)
+    if key == (Algorithm.DIRECT, False) and _depthwise(spec):
+        # one input plane per output channel: a tile of rows by vector columns, padded to
+        # whole tiles; at stride 1 the wider of one or two vectors that pads the row least
+        # and two channels a task, at larger strides (strided loads) one of each
+        unit = spec.stride_w == 1
+        tile_w = min((2 * lanes, lanes), key=lambda v: _ceil_to(spec.OW, v)) if unit else lanes
+        return {"tile_k": _divisor_at_most(spec.K, 2 if unit else 1),
+                "tile_h": 2 if spec.OH > 1 else 1, "tile_w": tile_w}
     if key == (Algorithm.DIRECT, False):
         tile_w = _divisor_at_most(spec.OW, lanes, prefer=(lanes, lanes // 2))
         tile_k = _divisor_at_most(spec.K, acc, prefer=(8, 16, 4) if tile_w >= 8 else (16, 8, 4))
@@ -81,6 +89,15 @@ def default_knobs(spec: ConvSpec, variant: Variant,
     if key == (Algorithm.SPATIAL_PACK, True):
         return {"tile_h": 2 if spec.OH > 1 else 1, "tile_w": min(lanes, _pow2_at_least(spec.OW))}
     raise ConfigError(f"no kernel for {variant.algorithm.value} (sparse={variant.sparse})")
+
+
+def _depthwise(spec: ConvSpec) -> bool:
+    """As :func:`dlas_predict.measure.kernels.depthwise` (this module imports no TVM)."""
+    return spec.groups > 1 and spec.C == spec.groups
+
+
+def _ceil_to(n: int, tile: int) -> int:
+    return -(-n // tile) * tile
 
 
 def _pow2_at_least(n: int) -> int:
@@ -111,6 +128,8 @@ def resolve_knobs(spec: ConvSpec, variant: Variant,
                       KNOB_NAMES[(variant.algorithm, variant.sparse)],
                       f"{variant.algorithm.value}{' (sparse)' if variant.sparse else ''}")
     kg = spec.K // spec.groups
+    if "tile_h" in knobs and variant.algorithm is Algorithm.DIRECT and not _depthwise(spec):
+        raise ConfigError("knob tile_h applies to depthwise direct kernels only")
     if "tile_k" in knobs:
         divides = kg if variant.algorithm is Algorithm.SPATIAL_PACK else spec.K
         if divides % knobs["tile_k"]:
@@ -136,7 +155,10 @@ def tuned_knobs(spec: ConvSpec, variant: Variant, budget: int,
     knobs = {"budget": int(budget)}
     if not variant.sparse:
         defaults = resolve_knobs(spec, variant, simd_bits)
-        knobs.update({k: defaults[k] for k in LAYOUT_KNOBS[variant.algorithm]})
+        names = LAYOUT_KNOBS[variant.algorithm]
+        if variant.algorithm is Algorithm.DIRECT and _depthwise(spec):
+            names = ("tile_h", "tile_w")  # the padded tile shapes its buffers
+        knobs.update({k: defaults[k] for k in names})
     return knobs
 
 

@@ -94,7 +94,12 @@ def test_tiles_for_narrower_vectors_match_reference(bits, variant, target):
 ALL_STEPS = (("bias",), ("residual",), ("max", 0.0), ("min", 6.0), ("silu",))
 
 
-def _fused_case(algorithm, sparse, dtype, steps=ALL_STEPS):
+FUSED_CONV = "C=16,H=9,W=11,K=24,R=3,S=3,stride=2,pad=1"
+#: depthwise with a channel multiplier, on a width no vector tile divides
+DEPTHWISE_CONV = "C=12,H=9,W=11,K=24,R=3,S=3,stride=2,pad=1,groups=12"
+
+
+def _fused_case(algorithm, sparse, dtype, steps=ALL_STEPS, conv=FUSED_CONV):
     """(kernel output, numpy reference) of a strided conv with the epilogue ``steps``."""
     import numpy as np
     import tvm
@@ -103,7 +108,7 @@ def _fused_case(algorithm, sparse, dtype, steps=ALL_STEPS):
     from dlas_predict.measure.kernels import KernelSpec, build_kernel, device_args
     from dlas_predict.measure.reference import im2col, make_inputs
 
-    spec = ConvSpec.parse("C=16,H=9,W=11,K=24,R=3,S=3,stride=2,pad=1")
+    spec = ConvSpec.parse(conv)
     comp = Compression.WEIGHT_PRUNING if sparse else {
         DType.FLOAT32: Compression.DENSE, DType.FLOAT16: Compression.FLOAT16,
         DType.INT8: Compression.INT8}[dtype]
@@ -120,7 +125,8 @@ def _fused_case(algorithm, sparse, dtype, steps=ALL_STEPS):
     args = device_args(ks, x, w, tvm.cpu(), {"bias": bias, "residual": residual})
     build_kernel(ks, tvm.target.Target(get_device("local").target))["main"](*args)
     out = args[-1].numpy()
-    y = np.einsum("gkj,gjp->gkp", w.astype(np.float64).reshape(1, spec.K, -1),
+    y = np.einsum("gkj,gjp->gkp",
+                  w.astype(np.float64).reshape(spec.groups, spec.K // spec.groups, -1),
                   im2col(x.astype(np.float64), spec)).reshape(spec.output_shape)
     if dtype is DType.INT8:
         y = y * np.float32(scale)  # dequantised, not requantised
@@ -147,20 +153,50 @@ def test_fused_epilogue_matches_reference():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("conv", [FUSED_CONV, DEPTHWISE_CONV], ids=["dense", "depthwise"])
 @pytest.mark.parametrize("dtype", ["float32", "float16", "int8"])
 @pytest.mark.parametrize("sparse", [False, True], ids=["dense", "csr"])
 @pytest.mark.parametrize("algorithm", [a.value for a in Algorithm])
-def test_every_kernel_fuses_its_epilogue(algorithm, sparse, dtype):
+def test_every_kernel_fuses_its_epilogue(algorithm, sparse, dtype, conv):
     import numpy as np
 
     from dlas_predict.space.config import DType
 
     dt = DType(dtype)
-    out, ref, ks = _fused_case(algorithm, sparse, dt)
+    out, ref, ks = _fused_case(algorithm, sparse, dt, conv=conv)
     # float16 rounds the output (about 5e-4 relative); int8 returns dequantised float32
     assert str(out.dtype) == ("float16" if dt is DType.FLOAT16 else "float32") == ks.out_dtype
     tol = (5e-3 if dt is DType.FLOAT16 else 1e-4) * max(1.0, np.abs(ref).max())
     assert np.abs(out.astype(np.float64) - ref).max() < tol
+
+
+def test_depthwise_direct_kernel_pads_its_tiles_and_fuses_its_epilogue():
+    """The depthwise direct kernel computes whole register tiles (neither 11 nor 5 output
+    columns divide its vector width) and crops them through the epilogue."""
+    import numpy as np
+
+    from dlas_predict.space.config import DType
+
+    out, ref, ks = _fused_case("direct", False, DType.FLOAT32, conv=DEPTHWISE_CONV)
+    assert ks.knobs["tile_w"] % 8 == 0 and ks.conv.OW % ks.knobs["tile_w"]
+    assert np.abs(out - ref).max() < 1e-4 * max(1.0, np.abs(ref).max())
+
+
+@pytest.mark.parametrize("knobs", [{"tile_k": 4, "tile_h": 3, "tile_w": 4},
+                                   {"tile_k": 1, "tile_h": 1, "tile_w": 32}])
+def test_depthwise_direct_knobs_still_correct(knobs, target):
+    spec = ConvSpec.parse("C=8,H=13,W=10,K=16,R=5,S=5,stride=1,pad=2,groups=8")
+    variant = Variant("direct", "dense", knobs=tuple(knobs.items()))
+    result = run_task(_task(spec, variant, target, knobs=resolve_knobs(spec, variant)))
+    assert result.verified, result.max_error
+
+
+def test_tile_h_is_refused_on_a_dense_direct_kernel():
+    from dlas_predict.errors import ConfigError
+
+    spec = ConvSpec.parse("C=8,H=13,W=10,K=16,R=3,S=3,stride=1,pad=1")
+    with pytest.raises(ConfigError, match="depthwise"):
+        resolve_knobs(spec, Variant("direct", "dense", knobs=(("tile_h", 2),)))
 
 
 def test_a_missing_epilogue_argument_is_refused():

@@ -242,8 +242,8 @@ def test_register_tiles_fit_the_cpus_vector_registers(conv):
         for bits in (128, 256, 512):
             lanes, acc = registers(bits)
             k = default_knobs(spec, v, bits)
-            if alg == "direct":
-                held = k["tile_k"] * -(-k["tile_w"] // lanes)
+            if alg == "direct":  # a depthwise tile also spans tile_h rows
+                held = k["tile_k"] * k.get("tile_h", 1) * -(-k["tile_w"] // lanes)
             elif alg == "gemm":
                 held = k["tile_k"] * -(-k["tile_p"] // lanes)
             elif spec.K // spec.groups >= 8:
