@@ -27,13 +27,14 @@ PER_LAYER = "per_layer"
 #: our kernels: the systems-software dimension of the grid.
 ONNXRUNTIME = "onnxruntime"
 #: The engine's version, in every whole-network record and its key, so a changed engine
-#: measures again: "3" runs the ops after each conv in its kernel's epilogue, "2" ran them as
-#: kernels of their own. onnxruntime's runs are as they were in "2".
-NETWORK_VERSION = "3"
+#: measures again: "4" runs depthwise convs as register-tiled direct kernels, "3" runs the ops
+#: after each conv in its kernel's epilogue, "2" ran them as kernels of their own.
+#: onnxruntime's runs are as they were in "2".
+NETWORK_VERSION = "4"
 ONNXRUNTIME_VERSION = "2"
 #: Engine versions whose records the network model still learns from, each until the same
 #: configuration is measured by the current engine.
-PREVIOUS_NETWORK_VERSIONS = ("2",)
+PREVIOUS_NETWORK_VERSIONS = ("3", "2")
 
 
 def engine_version(algorithm: str) -> str:
