@@ -2,8 +2,8 @@
 
 For conv shapes taken from ResNet18, MobileNetV2 and VGG-16 (ImageNet sizes), prints each
 variant's median and GFLOP/s, and onnxruntime's median for the same single convolution
-(float32, same thread count), measured in the same run. The summary checks the target of the
-foundation issue: for 3x3 convolutions the best untuned dense float32 algorithm is within 2x
+(float32, same thread count), measured in the same run. The summary checks the kernel
+target: for 3x3 convolutions the best untuned dense float32 algorithm is within 2x
 of onnxruntime.
 
     .venv/bin/python benchmarks/bench_kernels.py [--compressions all|dense,...] [--quick]

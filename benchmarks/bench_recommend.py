@@ -1,4 +1,4 @@
-"""Recommender benchmark: the targets of the cost-model issue, printed with their figures.
+"""Recommender benchmark: the cost models' targets, printed with their figures.
 
 1. Speed: ``dlas-predict recommend zoo:resnet50`` (no validation) in at most 10 s, timed as
    a fresh process (wall clock, imports included) with the shipped model; three runs, judged

@@ -1,0 +1,109 @@
+"""Depthwise direct kernels: the register-tiled depthwise schedule against the NCHW direct
+schedule with a width tile dividing the row, same run.
+
+Each layer is built both ways with its bias and ReLU fused, checked against the other, and
+timed with TVM's ``time_evaluator`` (7 repeats of 20 calls, at least 20 ms each; the best
+repeat). Run it on a quiet machine:
+
+    .venv/bin/python benchmarks/bench_depthwise.py [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+#: depthwise layers of MobileNet-v2, EfficientNet-B0 and the generated inverted-residual CNNs
+LAYERS = [
+    "C=32,H=112,W=112,K=32,R=3,S=3,stride=1,pad=1,groups=32",
+    "C=96,H=112,W=112,K=96,R=3,S=3,stride=2,pad=1,groups=96",
+    "C=144,H=56,W=56,K=144,R=3,S=3,stride=1,pad=1,groups=144",
+    "C=240,H=28,W=28,K=240,R=5,S=5,stride=1,pad=2,groups=240",
+    "C=480,H=14,W=14,K=480,R=3,S=3,stride=1,pad=1,groups=480",
+    "C=672,H=14,W=14,K=672,R=5,S=5,stride=2,pad=2,groups=672",
+    "C=960,H=7,W=7,K=960,R=3,S=3,stride=1,pad=1,groups=960",
+    "C=240,H=26,W=26,K=240,R=3,S=3,stride=1,pad=1,groups=240",
+    "C=120,H=52,W=52,K=120,R=3,S=3,stride=2,pad=1,groups=120",
+    "C=64,H=16,W=16,K=64,R=3,S=3,stride=1,pad=1,groups=64",
+]
+
+
+def _nchw_knobs(spec, simd_bits: int) -> dict[str, int]:
+    """The direct kernel's knobs for a dense conv of this shape: a width tile dividing the
+    row, a channel block of accumulators."""
+    from dlas_predict.measure.knobs import _divisor_at_most, registers
+
+    lanes, acc = registers(simd_bits)
+    tw = _divisor_at_most(spec.OW, lanes, prefer=(lanes, lanes // 2))
+    tk = _divisor_at_most(spec.K, acc, prefer=(8, 16, 4) if tw >= 8 else (16, 8, 4))
+    return {"tile_k": tk, "tile_w": tw}
+
+
+def _build_nchw(ks, target):
+    """The NCHW direct kernel (the schedule of dense direct convs) for a depthwise ``ks``."""
+    import tvm
+    from tvm import te
+    from tvm.s_tir import Schedule
+
+    from dlas_predict.measure import kernels
+
+    sch = Schedule(te.create_prim_func(kernels._direct_nchw_compute(ks)))
+    real = kernels.depthwise
+    kernels.depthwise = lambda spec: False
+    try:
+        kernels._direct_schedule(sch, ks)
+    finally:
+        kernels.depthwise = real
+    return tvm.compile(sch.mod, target=target)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    os.environ["TVM_NUM_THREADS"] = str(args.threads)
+    import numpy as np
+    import tvm
+
+    from dlas_predict.measure.kernels import KernelSpec, build_kernel, device_args
+    from dlas_predict.measure.knobs import resolve_knobs
+    from dlas_predict.space.config import Algorithm, ConvSpec, DType, Variant
+    from dlas_predict.space.devices import get_device
+
+    device = get_device("local")
+    target = tvm.target.Target(device.target)
+    bits = device.simd_bits or 512
+    dev = tvm.cpu()
+    epilogue = (("bias",), ("relu",))
+    rng = np.random.default_rng(0)
+    print(f"{'layer':58s} {'nchw ms':>8s} {'tiled ms':>9s} {'speedup':>8s}  tiled knobs")
+    for text in LAYERS:
+        spec = ConvSpec.parse(text)
+        x = rng.random(spec.input_shape, dtype=np.float32)
+        w = rng.random(spec.weight_shape, dtype=np.float32)
+        bias = {"bias": rng.random(spec.K, dtype=np.float32)}
+        times, outputs = [], []
+        tiled = resolve_knobs(spec, Variant("direct", "dense"), bits)
+        for knobs, build in ((_nchw_knobs(spec, bits), _build_nchw), (tiled, build_kernel)):
+            ks = KernelSpec(spec, Algorithm.DIRECT, False, DType.FLOAT32, knobs, None, epilogue)
+            mod = build(ks, target).mod
+            call = device_args(ks, x, w, dev, bias)
+            mod["main"](*call)
+            outputs.append(call[-1].numpy())
+            timer = mod.time_evaluator("main", dev, number=20, repeat=7, min_repeat_ms=20)
+            times.append(min(timer(*call).results) * 1e3)
+        err = float(np.abs(outputs[0] - outputs[1]).max())
+        if err > 1e-3 * max(1.0, float(np.abs(outputs[0]).max())):
+            print(f"Error: {text}: the two kernels disagree by {err:g}", file=sys.stderr)
+            return 1
+        print(f"{text:58s} {times[0]:8.4f} {times[1]:9.4f} {times[0] / times[1]:7.2f}x  {tiled}",
+              flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
