@@ -52,12 +52,7 @@ def _build_nchw(ks, target):
     from dlas_predict.measure import kernels
 
     sch = Schedule(te.create_prim_func(kernels._direct_nchw_compute(ks)))
-    real = kernels.depthwise
-    kernels.depthwise = lambda spec: False
-    try:
-        kernels._direct_schedule(sch, ks)
-    finally:
-        kernels.depthwise = real
+    kernels._direct_nchw_schedule(sch, ks)
     return tvm.compile(sch.mod, target=target)
 
 

@@ -21,6 +21,7 @@ from tvm import te
 from tvm.s_tir import Schedule
 
 from dlas_predict.space.config import Algorithm, ConvSpec, DType
+from .knobs import depthwise_extents
 from .reference import int8_scale
 from .sparse import to_csr
 
@@ -209,14 +210,10 @@ def _direct_nchw_compute(ks: KernelSpec) -> list:
             _maybe_epilogue(conv, ks, extras, lambda n, k, h, w: (k, (n, k, h, w)))]
 
 
-def depthwise(spec: ConvSpec) -> bool:
-    """One input channel per output channel (depthwise, or a channel multiplier): no input
-    reuse across output channels, so the direct kernel vectorises along the output width."""
-    return spec.groups > 1 and spec.C == spec.groups
-
-
 def _direct_compute(ks: KernelSpec) -> list:
-    if depthwise(ks.conv):
+    # one input channel per output channel (a channel multiplier too): no input reuse
+    # across output channels, so the tile runs along the output plane
+    if ks.conv.depthwise:
         return _depthwise_compute(ks)
     return _direct_nchw_compute(ks)
 
@@ -228,11 +225,8 @@ def _depthwise_compute(ks: KernelSpec) -> list:
     padded input is split into ``stride_w`` column phases, so each tap reads a contiguous
     vector at any stride."""
     spec, dt = ks.conv, ks.dtype
-    th, tw = ks.knobs["tile_h"], ks.knobs["tile_w"]
-    ohp, owp = _ceil_div(spec.OH, th) * th, _ceil_div(spec.OW, tw) * tw
+    ohp, owp, hp, wq = depthwise_extents(spec, ks.knobs["tile_h"], ks.knobs["tile_w"])
     sh, sw, dh, dw = spec.stride_h, spec.stride_w, spec.dilation_h, spec.dilation_w
-    hp = max(spec.H + spec.pad_t + spec.pad_b, (ohp - 1) * sh + (spec.R - 1) * dh + 1)
-    wq = owp + ((spec.S - 1) * dw) // sw
     data = te.placeholder(spec.input_shape, dt.value, name="data")
     weight = te.placeholder(spec.weight_shape, dt.value, name="weight")
     zero = tvm.tirx.const(0, dt.value)
@@ -287,9 +281,13 @@ def _depthwise_schedule(sch: Schedule, ks: KernelSpec) -> None:
 
 
 def _direct_schedule(sch: Schedule, ks: KernelSpec) -> None:
-    if depthwise(ks.conv):
+    if ks.conv.depthwise:
         _depthwise_schedule(sch, ks)
-        return
+    else:
+        _direct_nchw_schedule(sch, ks)
+
+
+def _direct_nchw_schedule(sch: Schedule, ks: KernelSpec) -> None:
     block = sch.get_sblock("conv")
     wb = sch.cache_write(block, 0, "local")
     n, k, h, w, r_c, r_r, r_s = sch.get_loops(block)

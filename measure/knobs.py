@@ -56,7 +56,7 @@ def default_knobs(spec: ConvSpec, variant: Variant,
     kg = spec.K // spec.groups
     p = spec.OH * spec.OW
     key = (variant.algorithm, variant.sparse)
-    if key == (Algorithm.DIRECT, False) and _depthwise(spec):
+    if key == (Algorithm.DIRECT, False) and spec.depthwise:
         # one input plane per output channel: a tile of rows by vector columns, padded to
         # whole tiles; at stride 1 the wider of one or two vectors that pads the row least
         # and two channels a task, at larger strides (strided loads) one of each
@@ -91,9 +91,14 @@ def default_knobs(spec: ConvSpec, variant: Variant,
     raise ConfigError(f"no kernel for {variant.algorithm.value} (sparse={variant.sparse})")
 
 
-def _depthwise(spec: ConvSpec) -> bool:
-    """As :func:`dlas_predict.measure.kernels.depthwise` (this module imports no TVM)."""
-    return spec.groups > 1 and spec.C == spec.groups
+def depthwise_extents(spec: ConvSpec, tile_h: int, tile_w: int) -> tuple[int, int, int, int]:
+    """(output rows, output columns, padded input rows, columns per phase) of the depthwise
+    direct kernel: the output padded to whole ``tile_h`` × ``tile_w`` tiles, and its padded
+    input, split into ``stride_w`` column phases, tall and wide enough for them."""
+    ohp, owp = _ceil_to(spec.OH, tile_h), _ceil_to(spec.OW, tile_w)
+    hp = max(spec.H + spec.pad_t + spec.pad_b,
+             (ohp - 1) * spec.stride_h + (spec.R - 1) * spec.dilation_h + 1)
+    return ohp, owp, hp, owp + ((spec.S - 1) * spec.dilation_w) // spec.stride_w
 
 
 def _ceil_to(n: int, tile: int) -> int:
@@ -128,7 +133,7 @@ def resolve_knobs(spec: ConvSpec, variant: Variant,
                       KNOB_NAMES[(variant.algorithm, variant.sparse)],
                       f"{variant.algorithm.value}{' (sparse)' if variant.sparse else ''}")
     kg = spec.K // spec.groups
-    if "tile_h" in knobs and variant.algorithm is Algorithm.DIRECT and not _depthwise(spec):
+    if "tile_h" in knobs and variant.algorithm is Algorithm.DIRECT and not spec.depthwise:
         raise ConfigError("knob tile_h applies to depthwise direct kernels only")
     if "tile_k" in knobs:
         divides = kg if variant.algorithm is Algorithm.SPATIAL_PACK else spec.K
@@ -156,7 +161,7 @@ def tuned_knobs(spec: ConvSpec, variant: Variant, budget: int,
     if not variant.sparse:
         defaults = resolve_knobs(spec, variant, simd_bits)
         names = LAYOUT_KNOBS[variant.algorithm]
-        if variant.algorithm is Algorithm.DIRECT and _depthwise(spec):
+        if variant.algorithm is Algorithm.DIRECT and spec.depthwise:
             names = ("tile_h", "tile_w")  # the padded tile shapes its buffers
         knobs.update({k: defaults[k] for k in names})
     return knobs

@@ -125,14 +125,15 @@ def loop_counts(cfg: KernelConfig, knobs: dict[str, int]) -> tuple[int, float, f
     padded = s.C * (s.H + s.pad_t + s.pad_b) * (s.W + s.pad_l + s.pad_r)
     alg = cfg.algorithm
     if not sparse:
-        if alg is Algorithm.DIRECT and s.groups > 1 and s.C == s.groups:
-            # depthwise: tasks of tile_k channels, each a register tile of rows by vector
-            # columns over the output padded to whole tiles, and its input planes padded
-            tk, th, tw = knobs["tile_k"], knobs["tile_h"], knobs["tile_w"]
-            ohp, owp = _cdiv(s.OH, th) * th, _cdiv(s.OW, tw) * tw
-            hp = max(s.H + s.pad_t + s.pad_b, (ohp - 1) * s.stride_h + (s.R - 1) * s.dilation_h + 1)
-            wp = max(s.W + s.pad_l + s.pad_r, (owp - 1) * s.stride_w + (s.S - 1) * s.dilation_w + 1)
-            return s.K // tk, s.K * ohp * (owp // tw) * crs * _cdiv(tw, LANES), 0.0, s.C * hp * wp
+        if alg is Algorithm.DIRECT and s.depthwise:
+            # tasks of tile_k channels, each a register tile of rows by vector columns over
+            # the output padded to whole tiles, and its input planes padded, in phases
+            from dlas_predict.measure.knobs import depthwise_extents
+
+            tk, tw = knobs["tile_k"], knobs["tile_w"]
+            ohp, owp, hp, wq = depthwise_extents(s, knobs["tile_h"], tw)
+            return (s.K // tk, s.K * ohp * (owp // tw) * crs * _cdiv(tw, LANES), 0.0,
+                    s.C * hp * s.stride_w * wq)
         if alg is Algorithm.DIRECT:
             tk, tw = knobs["tile_k"], knobs["tile_w"]
             return (s.K // tk) * s.OH, s.K * s.OH * _cdiv(s.OW, tw) * crs, 0.0, padded
