@@ -60,6 +60,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
+    if args.threads < 1:
+        print(f"Error: --threads must be at least 1, got {args.threads}", file=sys.stderr)
+        return 1
     os.environ["TVM_NUM_THREADS"] = str(args.threads)
     import numpy as np
     import tvm
