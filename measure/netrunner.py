@@ -165,10 +165,9 @@ class NetworkRunner:
         self.close()
 
     def _prepare(self, plan: NetworkPlan) -> _Prepared:
-        # onnxruntime runs a channel-pruned model with its zeroed channels removed (it has no
-        # sparse kernel: a smaller dense model is what channel pruning gives it)
-        remove = plan.backend == "onnxruntime" and \
-            plan.compression is Compression.CHANNEL_PRUNING
+        # a channel-pruned model is built with its zeroed channels removed: a smaller dense
+        # model, whose layers the plan's kernels are for (network_configs)
+        remove = plan.compression is Compression.CHANNEL_PRUNING
         key = (plan.model, plan.compression, plan.ratio, remove)
         if key in self._prepared:
             return self._prepared[key]
@@ -267,7 +266,10 @@ class NetworkRunner:
                            check=str(prep.check), target=dev.target,
                            protocol=self.runner.protocol, fingerprint=dev.fingerprint,
                            tuning=tuning, simd_bits=dev.simd_bits if dev.kind == "cpu" else None)
-        return self._record(rec, self.runner.call(task))
+        rec = self._record(rec, self.runner.call(task))
+        if rec.details is not None and prep.notes:
+            rec.details["prepared"] = prep.notes
+        return rec
 
     def _record(self, rec: NetworkMeasurement, reply) -> NetworkMeasurement:
         rec.timestamp = time.time()

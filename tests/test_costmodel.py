@@ -317,6 +317,38 @@ def test_a_record_of_an_older_engine_counts_until_the_current_engine_measures_it
     assert engine_version(ONNXRUNTIME) == ONNXRUNTIME_VERSION
 
 
+def test_a_channel_pruning_record_pairs_only_with_the_layers_it_timed():
+    """Engines before channel removal timed a channel-pruned network at its dense shapes;
+    later ones the removed network. A record counts only beside the layers it ran."""
+    from dlas_predict.corpus.networks import (CHANNEL_REMOVAL_VERSION, NETWORK_VERSION,
+                                              ONNXRUNTIME, NetworkMeasurement)
+    from dlas_predict.models.evaluation import channels_removed, timed_these_layers
+
+    def rec(config, version, algorithm="gemm"):
+        return NetworkMeasurement(key="k", device="local", fingerprint="f", network="n",
+                                  config=config, algorithm=algorithm, plan="[]",
+                                  dtype="float32", run_secs=[1e-3], version=version)
+
+    def rows(config, *convs):
+        return [{"network": "n", "config": config, "layer_index": i, "conv": c}
+                for i, c in enumerate(convs)]
+
+    dense = rows("dense", "C=3,H=8,W=8,K=16,R=3,S=3", "C=16,H=8,W=8,K=16,R=3,S=3")
+    same = rows("channel_pruning@0.5", "C=3,H=8,W=8,K=16,R=3,S=3",
+                "C=16,H=8,W=8,K=16,R=3,S=3")
+    removed = rows("channel_pruning@0.5", "C=3,H=8,W=8,K=7,R=3,S=3",
+                   "C=7,H=8,W=8,K=16,R=3,S=3")
+    assert not channels_removed(same, dense) and channels_removed(removed, dense)
+    before = str(int(CHANNEL_REMOVAL_VERSION) - 1)
+    for layers, old_counts in ((same, True), (removed, False)):
+        layers_of = {("n", "dense"): dense, ("n", "channel_pruning@0.5"): layers}
+        assert timed_these_layers(rec("channel_pruning@0.5", before), layers_of) is old_counts
+        assert timed_these_layers(rec("channel_pruning@0.5", NETWORK_VERSION),
+                                  layers_of) is not old_counts
+        assert timed_these_layers(rec("dense", before), layers_of)
+        assert timed_these_layers(rec("channel_pruning@0.5", "2", ONNXRUNTIME), layers_of)
+
+
 @pytest.mark.parametrize("cls", [StageCostModel, RooflineBaseline, MacsLinearBaseline])
 def test_every_kernel_model_shares_one_interface_and_round_trips(cls, tmp_path):
     corpus = _corpus()

@@ -60,6 +60,26 @@ def test_every_kernel_kind_builds_verifies_and_times(small_cnn, measurer, comp, 
     assert json.loads(rec.summary)["conv_layers"] == _n(small_cnn)
 
 
+def test_a_channel_pruned_network_is_built_with_its_zeroed_filters_removed(small_cnn,
+                                                                          measurer):
+    from dlas_predict.compression.netplan import network_configs
+
+    cfg = network_configs(str(small_cnn), [Compression.CHANNEL_PRUNING], 0.5)[
+        "channel_pruning@0.5"]
+    plan = uniform_plan(str(small_cnn), "small", "channel_pruning", 0.5, "gemm", len(cfg),
+                        [lc.ratio for lc in cfg])
+    assert not any(sparse for _, sparse in plan.layers)  # nothing zeroed is left
+    rec = measurer.measure(plan)
+    assert rec.error is None and rec.verified and rec.max_error < 1e-3, rec.error
+    assert "physically removed" in rec.details["prepared"][0]
+    dense = measurer.measure(uniform_plan(str(small_cnn), "small", "dense", None, "gemm",
+                                          len(cfg)))
+    # the timed network is the smaller one the layers describe
+    assert json.loads(rec.summary)["conv_io_bytes"] < json.loads(dense.summary)["conv_io_bytes"]
+    assert json.loads(rec.summary)["conv_io_bytes"] == sum(
+        4 * (s.C * s.H * s.W + s.K * s.OH * s.OW) for s in (lc.spec for lc in cfg))
+
+
 def test_per_layer_plan_mixes_algorithms_and_formats(small_cnn, measurer):
     n = _n(small_cnn)
     layers = tuple((("direct", "gemm", "spatial_pack")[i % 3], i % 2 == 0) for i in range(n))

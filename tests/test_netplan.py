@@ -3,6 +3,7 @@ import onnx
 import pytest
 
 from dlas_predict.networks import generate
+from dlas_predict.networks.graph import read_network
 from dlas_predict.space.config import Compression, SparsityPattern
 from dlas_predict.compression.netplan import MIN_LAYER_DENSITY, kernel_ratio, network_configs
 from dlas_predict.measure.sparse import prune, sparsity
@@ -42,18 +43,48 @@ def test_a_layer_pruned_to_nothing_is_measured_at_the_sparsest_kernel():
 def test_each_layers_kernel_keeps_the_filters_global_channel_pruning_kept(tmp_path):
     from dlas_predict.compression.accuracy import prepare
 
-    # wide layers at 3x3: global pruning at 0.9 keeps 1 of 768 filters in some
+    # wide layers at 3x3: global pruning at 0.9 keeps 1 of 768 filters in some; a residual
+    # network keeps the zeroed filters that feed its additions
     name = "cnn_layers=2_kernels=384_kernel_size=3_input=6_batch=1_block=residual_downsample=1"
     path = tmp_path / f"{name}.onnx"
     onnx.save(generate.build(*generate.parse_name(name)), str(path))
     layers = network_configs(str(path), [Compression.CHANNEL_PRUNING], 0.9)[
         "channel_pruning@0.9"]
-    pruned = prepare(str(path), "channel_pruning", 0.9).compressed.layers
-    assert min(p.channels_kept for p in pruned) == 1
+    removed = prepare(str(path), "channel_pruning", 0.9, remove_channels=True).compressed.layers
+    assert any(lc.ratio > 0 for lc in layers) and any(lc.ratio == 0 for lc in layers)
     rng = np.random.default_rng(2)
-    for lc, p in zip(layers, pruned):
+    for lc, p in zip(layers, removed):
         s = lc.spec
+        assert s == p.spec  # the layer of the network that is built
         w = rng.standard_normal((s.K, s.C // s.groups, s.R, s.S)).astype("float32")
         kept = np.count_nonzero(np.abs(prune(w, lc.ratio, SparsityPattern.CHANNEL))
                                 .sum(axis=(1, 2, 3)))
         assert kept == p.channels_kept, (lc.name, lc.ratio, p.channels_kept)
+
+
+def test_channel_pruning_builds_the_network_with_its_zeroed_filters_removed(tmp_path):
+    from dlas_predict.compression.accuracy import prepare
+    from dlas_predict.compression.compress import (cached_channel_removed,
+                                                   channel_removed_networks)
+    from dlas_predict.compression.netplan import layer_kernel, layer_sparse
+
+    name = "cnn_layers=3_kernels=32_kernel_size=3_input=16_batch=1_block=separable_downsample=1"
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(generate.build(*generate.parse_name(name)), str(path))
+    dense = {c.index: c.spec for c in read_network(path).convs()}
+    for r in (0.5, 0.9):
+        layers, summary = channel_removed_networks(str(path), [r])[r]
+        real = prepare(str(path), "channel_pruning", r, remove_channels=True).compressed.layers
+        assert [(s, round(left, 6)) for s, left in layers] == \
+            [(p.spec, round(p.sparsity, 6)) for p in real]
+        # separable blocks feed no addition: every zeroed filter goes, the work shrinks
+        assert all(left == 0 for _, left in layers)
+        assert sum(s.macs for s, _ in layers) < sum(x.macs for x in dense.values()) * (1 - r / 2)
+        assert summary["conv_layers"] == len(layers)
+        assert cached_channel_removed(str(path), [r])[r][0] == layers
+    cfg = network_configs(str(path), [Compression.CHANNEL_PRUNING], 0.9)["channel_pruning@0.9"]
+    assert all(not layer_sparse(lc.compression, lc.ratio) for lc in cfg)
+    assert layer_kernel(Compression.CHANNEL_PRUNING, 0.0) == (Compression.DENSE, 0.0)
+    assert layer_kernel(Compression.CHANNEL_PRUNING, 0.3) == (Compression.CHANNEL_PRUNING, 0.3)
+    assert layer_sparse(Compression.WEIGHT_PRUNING, 0.0)  # the study's CSR everywhere
+    assert any(lc.spec != dense[lc.index] for lc in cfg)

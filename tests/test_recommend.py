@@ -257,3 +257,26 @@ def test_without_an_onnxruntime_model_the_reference_is_ours(tmp_path):
     res = _run("recommend", "zoo:resnet18-cifar", "--models", models, "--top", "3")
     assert res.exit_code == 0, res.output
     assert "speedup over the fastest predicted dense configuration" in res.output
+
+
+def test_channel_pruning_is_priced_as_the_network_with_its_zeroed_filters_removed():
+    from dlas_predict.networks import zoo
+    from dlas_predict.networks.graph import read_network
+    from dlas_predict.recommend.search import _grid
+    from dlas_predict.space.config import Compression
+
+    convs = read_network(zoo.resolve("zoo:resnet18-cifar")).convs()
+    cp = next(p for p in _grid(convs, "zoo:resnet18-cifar", (0.9,), [])
+              if p.compression is Compression.CHANNEL_PRUNING)
+    assert sum(s.macs for s in cp.specs) < 0.5 * sum(c.spec.macs for c in convs)
+    # the residual network keeps the zeroed filters that feed its additions
+    assert any(r > 0 for r in cp.layer_ratios) and any(r == 0 for r in cp.layer_ratios)
+    assert cp.summary.conv_io_bytes < sum(4 * (c.spec.C * c.spec.H * c.spec.W + c.spec.K *
+                                               c.spec.OH * c.spec.OW) for c in convs)
+    rec = recommend("zoo:resnet18-cifar", max_accuracy_drop=100.0, ratios=(0.9,))
+    gemm = {c.compression: c for c in rec.candidates
+            if c.algorithm == "gemm" and c.backend == "tvm"}
+    # CSR where zeroed filters are left, the dense kernel on the removed layers
+    assert gemm[Compression.CHANNEL_PRUNING].layers == tuple(("gemm", r > 0)
+                                                            for r in cp.layer_ratios)
+    assert gemm[Compression.CHANNEL_PRUNING].predicted_s < gemm[Compression.DENSE].predicted_s

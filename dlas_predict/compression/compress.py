@@ -495,18 +495,12 @@ def _masked_sparsity(weights: list[np.ndarray], compression: Compression, ratio:
             for w, k in zip(weights, keeps)]
 
 
-def pruned_sparsities(model: str, grid: dict) -> dict[tuple, list[float]]:
-    """Per conv layer (graph order), its sparsity after global pruning, for every
-    (compression, ratio) of ``grid`` ({Compression: [ratios]}), pruned as
-    :func:`dlas_predict.compression.accuracy.prepare` prunes (zoo networks on their torch
-    weights, ONNX files on their initializers) but without exporting anything: what ``recommend``
-    uses to enumerate the grid in seconds."""
+def _ranked_weights(model: str):
+    """The conv weights of ``model`` as pruning ranks them: (raw, ranked, prunable) per conv
+    layer in graph order (zoo networks from their torch definition, ranked with the batch
+    norm's scale folded in for channel pruning; ONNX files from their initializers)."""
     from dlas_predict.networks import zoo
 
-    grid = {Compression.parse(c): list(r) for c, r in grid.items()}
-    for comp in grid:
-        if comp not in (Compression.WEIGHT_PRUNING, Compression.CHANNEL_PRUNING):
-            raise ConfigError(f"{comp.value} prunes nothing")
     if str(model).startswith(zoo.ZOO_PREFIX):
         import torch
 
@@ -521,18 +515,29 @@ def pruned_sparsities(model: str, grid: dict) -> dict[tuple, list[float]]:
                 continue
             scale = (bn.weight / torch.sqrt(bn.running_var + bn.eps)).detach().numpy()
             folded.append(w * scale.reshape(-1, 1, 1, 1))
-        prunable = [conv.groups == 1 for conv, _ in pairs]
-    else:
-        from onnx import numpy_helper
+        return raw, folded, [conv.groups == 1 for conv, _ in pairs]
+    from onnx import numpy_helper
 
-        from dlas_predict.networks.graph import read_proto
+    from dlas_predict.networks.graph import read_proto
 
-        m = read_proto(zoo.resolve(model))
-        convs = _conv_nodes(m)
-        inits = {i.name: i for i in m.graph.initializer}  # only the conv weights are read
-        raw = folded = [numpy_helper.to_array(inits[n.input[1]]) for n in convs]
-        prunable = [next((a.i for a in n.attribute if a.name == "group"), 1) == 1
-                    for n in convs]
+    m = read_proto(zoo.resolve(model))
+    convs = _conv_nodes(m)
+    inits = {i.name: i for i in m.graph.initializer}  # only the conv weights are read
+    raw = [numpy_helper.to_array(inits[n.input[1]]) for n in convs]
+    return raw, raw, [_attr(n, "group", 1) == 1 for n in convs]
+
+
+def pruned_sparsities(model: str, grid: dict) -> dict[tuple, list[float]]:
+    """Per conv layer (graph order), its sparsity after global pruning, for every
+    (compression, ratio) of ``grid`` ({Compression: [ratios]}), pruned as
+    :func:`dlas_predict.compression.accuracy.prepare` prunes (zoo networks on their torch
+    weights, ONNX files on their initializers) but without exporting anything: what ``recommend``
+    uses to enumerate the grid in seconds."""
+    grid = {Compression.parse(c): list(r) for c, r in grid.items()}
+    for comp in grid:
+        if comp not in (Compression.WEIGHT_PRUNING, Compression.CHANNEL_PRUNING):
+            raise ConfigError(f"{comp.value} prunes nothing")
+    raw, folded, prunable = _ranked_weights(model)
     out: dict[tuple, list[float]] = {}
     for comp, ratios in grid.items():
         if comp is Compression.WEIGHT_PRUNING:
@@ -543,7 +548,44 @@ def pruned_sparsities(model: str, grid: dict) -> dict[tuple, list[float]]:
     return out
 
 
-#: Bump when the pruning rules change, so cached sparsities are recomputed.
+def channel_removed_networks(model: str, ratios) -> dict[float, tuple[list, dict]]:
+    """For each ratio, the network that channel pruning at that ratio builds (its zeroed
+    filters removed by :func:`remove_zero_channels`), as ``(layers, summary)``: per conv
+    layer (graph order) its ``(conv spec, sparsity left)``, where the sparsity left is the
+    zeroed filters that could not be removed; and the
+    :class:`~dlas_predict.models.netmodel.NetworkSummary` fields of the removed network.
+    Pruned as :func:`pruned_sparsities` prunes, on the model's own ONNX graph."""
+    from dataclasses import asdict
+
+    from dlas_predict.models.netmodel import NetworkSummary
+    from dlas_predict.networks import zoo
+    from dlas_predict.networks.graph import network_of_proto, read_proto
+
+    raw, folded, prunable = _ranked_weights(model)
+    base = read_proto(zoo.resolve(model))
+    convs = _conv_nodes(base)
+    if len(convs) != len(raw):
+        raise NetworkError(f"{model}: {len(convs)} conv layers with constant weights but "
+                           f"{len(raw)} prunable convs in its definition")
+    arrays = _arrays(base)
+    out = {}
+    for r in ratios:
+        keeps = channel_masks(folded, r, prunable)
+        m = copy.deepcopy(base)
+        pruned = {n.input[1]: arrays[n.input[1]] * k.reshape(-1, *[1] * (raw[i].ndim - 1))
+                  for i, (n, k) in enumerate(zip(convs, keeps))}
+        _write_arrays(m, {k: v.astype(np.float32) for k, v in pruned.items()})
+        m, _removed, _kept = remove_zero_channels(m)
+        left = _arrays(m)
+        net = network_of_proto(m, str(model))
+        layers = []
+        for node, layer in zip(_conv_nodes(m), net.convs()):
+            w = left[node.input[1]]
+            layers.append((layer.spec, float((w == 0).mean())))
+        out[r] = (layers, asdict(NetworkSummary.of(net)))
+    return out
+
+
 _SPARSITY_RULES = "1"
 
 
@@ -570,6 +612,39 @@ def cached_pruned_sparsities(model: str, grid: dict) -> dict[tuple, list[float]]
     out = pruned_sparsities(model, grid)
     tmp = file.with_suffix(".tmp")
     tmp.write_text(json.dumps([[c.value, r, v] for (c, r), v in out.items()]))
+    tmp.replace(file)
+    return out
+
+
+#: The version of the removal rules (:func:`remove_zero_channels`) the cache was made with.
+_REMOVAL_RULES = "1"
+
+
+def cached_channel_removed(model: str, ratios) -> dict[float, tuple[list, dict]]:
+    """:func:`channel_removed_networks`, remembered under DLAS_HOME per model file (path,
+    size, modification time) and ratios."""
+    import hashlib
+    import json
+
+    from dlas_predict.networks import zoo
+    from dlas_predict.paths import cache_dir
+
+    path = zoo.resolve(model)
+    st = path.stat()
+    ratios = sorted({float(r) for r in ratios})
+    key = json.dumps([str(model), str(path.resolve()), st.st_size, st.st_mtime_ns,
+                      _SPARSITY_RULES, _REMOVAL_RULES, ratios])
+    file = cache_dir("removed") / (hashlib.sha256(key.encode()).hexdigest()[:24] + ".json")
+    try:
+        rows = json.loads(file.read_text())
+        return {float(r): ([(ConvSpec.parse(c), float(s)) for c, s in layers], summary)
+                for r, layers, summary in rows}
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    out = channel_removed_networks(model, ratios)
+    tmp = file.with_suffix(".tmp")
+    tmp.write_text(json.dumps([[r, [[c.to_spec(), s] for c, s in layers], summary]
+                               for r, (layers, summary) in out.items()]))
     tmp.replace(file)
     return out
 

@@ -220,13 +220,16 @@ def kernel_tasks(networks: list[NetworkToCollect], algorithms: list[Algorithm],
     from dlas_predict.measure.runner import MeasureTask
     from dlas_predict.space.config import Variant
 
+    from dlas_predict.compression.netplan import layer_kernel
+
     tasks: dict[str, MeasureTask] = {}
     for n in networks:
         for layers in n.configs.values():
             for lc in layers:
+                comp, r = layer_kernel(lc.compression, lc.ratio)
                 for tn in tunings:
                     for alg in algorithms:
-                        t = MeasureTask.make(lc.spec, Variant(alg, lc.compression, lc.ratio, tn),
+                        t = MeasureTask.make(lc.spec, Variant(alg, comp, r, tn),
                                              device, tuning=tuning)
                         tasks.setdefault(t.key, t)
     return list(tasks.values())
@@ -251,8 +254,8 @@ def whole_network_plans(networks: list[NetworkToCollect], algorithms: list[Algor
     dense), when the store holds every layer's kernels and they do not all agree: the
     ``tvm`` backend's plans. The ``onnxruntime`` backend's: each configuration run by it."""
     from dlas_predict.models.evaluation import kernel_key, modelled_seconds
+    from dlas_predict.compression.netplan import layer_kernel, layer_sparse
     from dlas_predict.corpus.networks import PER_LAYER, onnxruntime_plan, uniform_plan
-    from dlas_predict.space.config import COMPRESSION_KERNEL
 
     latency = {kernel_key(r["conv"], r["algorithm"], r["compression"], r["ratio"],
                           r["tuning"]): modelled_seconds(r)
@@ -266,14 +269,16 @@ def whole_network_plans(networks: list[NetworkToCollect], algorithms: list[Algor
                 todo.append(onnxruntime_plan(n.model, n.name, comp, r))
             if "tvm" not in backends:
                 continue
+            ratios = [lc.ratio for lc in layers]
             for alg in algorithms:
-                todo.append(uniform_plan(n.model, n.name, comp, r, alg.value, len(layers)))
-            sparse = COMPRESSION_KERNEL[comp][0]
+                todo.append(uniform_plan(n.model, n.name, comp, r, alg.value, len(layers),
+                                         ratios))
             plan = []
             for lc in layers:
+                sparse = layer_sparse(comp, lc.ratio)
+                kcomp, kratio = layer_kernel(comp, lc.ratio)
                 opts = [(a.value, sparse, latency.get(kernel_key(
-                    lc.spec.to_spec(), a.value, comp.value, lc.ratio if sparse else 0.0)))
-                    for a in algorithms]
+                    lc.spec.to_spec(), a.value, kcomp.value, kratio))) for a in algorithms]
                 if sparse:
                     opts += [(a.value, False, latency.get(kernel_key(
                         lc.spec.to_spec(), a.value, "dense", 0.0))) for a in algorithms]

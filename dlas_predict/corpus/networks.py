@@ -27,14 +27,18 @@ PER_LAYER = "per_layer"
 #: our kernels: the systems-software dimension of the grid.
 ONNXRUNTIME = "onnxruntime"
 #: The engine's version, in every whole-network record and its key, so a changed engine
-#: measures again: "4" runs depthwise convs as register-tiled direct kernels, "3" runs the ops
-#: after each conv in its kernel's epilogue, "2" ran them as kernels of their own.
-#: onnxruntime's runs are as they were in "2".
-NETWORK_VERSION = "4"
+#: measures again: "5" builds a channel-pruned network with its zeroed filters removed, "4"
+#: runs depthwise convs as register-tiled direct kernels, "3" runs the ops after each conv in
+#: its kernel's epilogue, "2" ran them as kernels of their own. onnxruntime's runs are as
+#: they were in "2".
+NETWORK_VERSION = "5"
 ONNXRUNTIME_VERSION = "2"
 #: Engine versions whose records the network model still learns from, each until the same
 #: configuration is measured by the current engine.
-PREVIOUS_NETWORK_VERSIONS = ("3", "2")
+PREVIOUS_NETWORK_VERSIONS = ("4", "3", "2")
+#: The first engine version that removes the zeroed filters of a channel-pruned network;
+#: older channel-pruning records timed another network (CSR kernels over the zeroed filters).
+CHANNEL_REMOVAL_VERSION = "5"
 
 
 def engine_version(algorithm: str) -> str:
@@ -97,13 +101,23 @@ def onnxruntime_plan(model: str, network: str, compression: Compression | str,
 
 
 def uniform_plan(model: str, network: str, compression: Compression | str,
-                 ratio: float | None, algorithm: str, n_layers: int) -> NetworkPlan:
-    """The study's configuration: one algorithm for every layer; pruned networks run the
-    CSR kernels, the others the dense ones."""
+                 ratio: float | None, algorithm: str, n_layers: int,
+                 layer_ratios: list[float] | None = None) -> NetworkPlan:
+    """The study's configuration: one algorithm for every layer; weight-pruned networks run
+    the CSR kernels, channel-pruned ones the CSR kernels on the layers with zeroed filters
+    left (``layer_ratios``: each layer's kernel ratio; without them, every layer), the
+    others the dense ones."""
+    from dlas_predict.compression.netplan import layer_sparse
+
     comp = Compression.parse(compression)
     alg = Algorithm.parse(algorithm).value
-    sparse = COMPRESSION_KERNEL[comp][0]
-    return NetworkPlan(model, network, comp, ratio, alg, tuple([(alg, sparse)] * n_layers))
+    if layer_ratios is None:
+        sparse = [COMPRESSION_KERNEL[comp][0]] * n_layers
+    else:
+        if len(layer_ratios) != n_layers:
+            raise ValueError(f"{n_layers} layers, {len(layer_ratios)} ratios")
+        sparse = [layer_sparse(comp, r) for r in layer_ratios]
+    return NetworkPlan(model, network, comp, ratio, alg, tuple((alg, s) for s in sparse))
 
 
 @dataclass

@@ -361,6 +361,32 @@ def drop_superseded(meas: list) -> list:
             or (m.network, m.config, m.algorithm) not in probed]
 
 
+def channels_removed(layers: list[dict], dense: list[dict] | None) -> bool:
+    """Whether a channel-pruning configuration's layers (``network_configs`` rows) are those
+    of the network with its zeroed filters removed: some layer's shape differs from the
+    dense network's. Stores collected before removal hold the dense shapes."""
+    if not dense:
+        return True
+    shape = {r["layer_index"]: r["conv"] for r in dense}
+    return any(shape.get(r["layer_index"]) != r["conv"] for r in layers)
+
+
+def timed_these_layers(m, layers_of: dict[tuple, list[dict]]) -> bool:
+    """Whether whole-network record ``m`` timed the network its configuration's layers
+    describe: a channel-pruning build of an engine before
+    :data:`~dlas_predict.corpus.networks.CHANNEL_REMOVAL_VERSION` ran the dense shapes (CSR
+    over the zeroed filters), the later ones the removed network."""
+    from dlas_predict.corpus.networks import CHANNEL_REMOVAL_VERSION, ONNXRUNTIME
+
+    if not m.config.startswith("channel_pruning") or m.algorithm == ONNXRUNTIME:
+        return True
+    layers = layers_of.get((m.network, m.config))
+    if not layers:
+        return True
+    old = bool(m.version) and int(m.version) < int(CHANNEL_REMOVAL_VERSION)
+    return old != channels_removed(layers, layers_of.get((m.network, "dense")))
+
+
 def drop_older_engines(meas: list) -> list:
     """Whole-network records less those of an older engine version whose network,
     configuration and algorithm the current engine has measured."""
@@ -392,6 +418,7 @@ def whole_rows(corpus: Corpus, store: Path) -> list[WholeRow]:
     layers_of: dict[tuple, list[dict]] = {}
     for r in corpus.configs:
         layers_of.setdefault((r["network"], r["config"]), []).append(r)
+    meas = [m for m in meas if timed_these_layers(m, layers_of)]
     summaries: dict[str, object] = {}
     out = []
     for m in meas:

@@ -39,10 +39,11 @@ MIN_NETWORKS = 5
 def ort_terms(specs, ratios, summary, mode: str, channels_removed: bool) -> np.ndarray:
     """The model's terms for a network whose convs are ``specs`` with layer sparsities
     ``ratios`` and whose other ops are ``summary``'s (a
-    :class:`~dlas_predict.models.netmodel.NetworkSummary` of the dense network). Weight
-    pruning leaves the work dense (onnxruntime multiplies the zeros); with
-    ``channels_removed`` (channel pruning) each conv does its density's share of it, as its
-    zeroed filters are removed. ``mode`` picks the element size of the weights."""
+    :class:`~dlas_predict.models.netmodel.NetworkSummary`). Weight pruning leaves the work
+    dense (onnxruntime multiplies the zeros). A channel-pruned network is given as its
+    removed layers and summary; with ``channels_removed`` it is given as the dense network's
+    instead, each conv doing its density's share of the work (the zeroed filters removed).
+    ``mode`` picks the element size of the weights."""
     elem = {"fp32": 4, "float16": 2, "int8": 1}[mode]
     dense = dw = io = wbytes = 0.0
     for s, r in zip(specs, ratios):
@@ -147,7 +148,7 @@ def training_rows(store: Path, device: str):
     ``store`` (fp32 only when its output check passed; reduced precision by its time)."""
     from dlas_predict.corpus.networks import ONNXRUNTIME, onnxruntime_mode
     from dlas_predict.corpus.store import CorpusStore
-    from dlas_predict.models.evaluation import _summary
+    from dlas_predict.models.evaluation import _summary, channels_removed
     from dlas_predict.space.config import ConvSpec
 
     with CorpusStore(store, must_exist=True) as db:
@@ -164,12 +165,17 @@ def training_rows(store: Path, device: str):
         if r.verified is False and mode == "fp32":
             continue
         ls = sorted(layers.get((r.network, r.config), []), key=lambda c: c["layer_index"])
-        summary = _summary(r.network, dense_summary.get(r.network) or r.summary)
+        # channel pruning: the removed network's own layers where the store holds them,
+        # else the dense shapes, each conv doing its density's share
+        shares = r.config.startswith("channel_pruning") and \
+            not channels_removed(ls, layers.get((r.network, "dense")))
+        summary = _summary(r.network, (dense_summary.get(r.network) if shares or
+                                       not r.config.startswith("channel_pruning") else None)
+                           or r.summary)
         if not ls or summary is None or r.best_s is None:
             continue
         X.append(ort_terms([ConvSpec.parse(c["conv"]) for c in ls],
-                           [float(c["ratio"]) for c in ls], summary, mode,
-                           r.config.startswith("channel_pruning")))
+                           [float(c["ratio"]) for c in ls], summary, mode, shares))
         y.append(r.best_s)
         modes.append(mode)
         nets.append(r.network)

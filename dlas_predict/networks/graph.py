@@ -280,7 +280,23 @@ def _fc_macs(node, name: str, ins: list, out: tuple | None) -> int:
 
 def read_network(path: str | Path, name: str | None = None) -> Network:
     """Every compute op of the ONNX network at ``path``, in graph order."""
-    model = load_onnx(path)
+    return _network(load_onnx(path), name or Path(path).stem, str(path))
+
+
+def network_of_proto(model, name: str) -> Network:
+    """:func:`read_network` of a ModelProto in memory (not modified)."""
+    import copy
+
+    model = copy.deepcopy(model)
+    inline_constant_identities(model)
+    try:
+        _infer_shapes(model)
+    except Exception as exc:
+        raise NetworkError(f"shape inference failed on {name}: {str(exc)[:300]}") from None
+    return _network(model, name, name)
+
+
+def _network(model, name: str, path: str) -> Network:
     shapes = _shapes(model)
     consts = _constants(model)
     unknown = sorted({n.op_type for n in model.graph.node
@@ -294,7 +310,7 @@ def read_network(path: str | Path, name: str | None = None) -> Network:
     graph_inputs = [i for i in model.graph.input if i.name not in consts]
     if not graph_inputs:
         raise NetworkError(f"{path} has no graph input")
-    net = Network(name or Path(path).stem, shapes.get(graph_inputs[0].name) or ())
+    net = Network(name, shapes.get(graph_inputs[0].name) or ())
     for node in model.graph.node:
         if node.op_type in SILENT_OPS:
             continue

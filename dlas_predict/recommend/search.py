@@ -5,7 +5,8 @@ The grid: dense, float16, int8, and weight and channel pruning at each ratio of
 :data:`~dlas_predict.space.config.DEFAULT_CURVE_RATIOS` (each layer at its own sparsity after
 global pruning), × the three algorithms, untuned; plus, per compression, a *per-layer*
 candidate in which every layer runs the kernel the layer model predicts fastest for it (any
-algorithm; for pruned layers dense or CSR).
+algorithm; for pruned layers dense or CSR). A channel-pruned network is priced as what is
+built: the network with its zeroed filters removed, each layer on its smaller shape.
 
 Every latency is a prediction of the models in ``models_store/DEVICE`` (layer model summed
 over the conv layers, times the network-level residual), with an 80 % interval; every
@@ -229,14 +230,27 @@ class _Accuracy:
 
 
 # ---- the recommender ---------------------------------------------------------------------------
-def _grid(convs, model: str, ratios: tuple[float, ...], skipped: list,
-          compressions: tuple[Compression, ...] = tuple(Compression)):
-    """(compression, ratio, per-layer kernel ratios) for every point of the grid (of the
-    given compressions)."""
-    from dlas_predict.compression.compress import cached_pruned_sparsities
-    from dlas_predict.compression.netplan import kernel_ratio
+@dataclass(frozen=True)
+class GridPoint:
+    """One compression of the grid: each conv layer's kernel ratio, and for channel pruning
+    the layers and summary of the network with its zeroed filters removed."""
 
-    points = [(c, None, [0.0] * len(convs)) for c in
+    compression: Compression
+    ratio: float | None
+    layer_ratios: tuple[float, ...]
+    specs: tuple | None = None       # ConvSpec per layer; None: the network's own
+    summary: Any = None              # NetworkSummary; None: the network's own
+
+
+def _grid(convs, model: str, ratios: tuple[float, ...], skipped: list,
+          compressions: tuple[Compression, ...] = tuple(Compression)) -> list[GridPoint]:
+    """Every point of the grid (of the given compressions)."""
+    from dlas_predict.compression.compress import (cached_channel_removed,
+                                                   cached_pruned_sparsities)
+    from dlas_predict.compression.netplan import kernel_ratio
+    from dlas_predict.models.netmodel import NetworkSummary
+
+    points = [GridPoint(c, None, (0.0,) * len(convs)) for c in
               (Compression.DENSE, Compression.FLOAT16, Compression.INT8) if c in compressions]
     pruning = [c for c in (Compression.WEIGHT_PRUNING, Compression.CHANNEL_PRUNING)
                if c in compressions]
@@ -244,6 +258,8 @@ def _grid(convs, model: str, ratios: tuple[float, ...], skipped: list,
         return points
     try:
         sp = cached_pruned_sparsities(model, {c: ratios for c in pruning})
+        removed = (cached_channel_removed(model, ratios)
+                   if Compression.CHANNEL_PRUNING in pruning else {})
     except DlasError as exc:
         skipped.append(("weight_pruning, channel_pruning", str(exc)))
         return points
@@ -253,12 +269,17 @@ def _grid(convs, model: str, ratios: tuple[float, ...], skipped: list,
                             f"constant weights, {len(convs)} conv layers: pruning needs "
                             "constant weights"))
             continue
-        ratios_ = [kernel_ratio(s) for s in layer_sp]
-        if not any(ratios_):
+        if not any(kernel_ratio(s) for s in layer_sp):
             skipped.append((f"{comp.value}@{r:g}", "prunes no weight of any conv layer (no "
                             "prunable layer, or the ratio rounds to nothing)"))
             continue
-        points.append((comp, r, ratios_))
+        if comp is Compression.CHANNEL_PRUNING:
+            layers, summary = removed[float(r)]
+            points.append(GridPoint(comp, r, tuple(kernel_ratio(s) for _, s in layers),
+                                    tuple(spec for spec, _ in layers),
+                                    NetworkSummary(**summary)))
+        else:
+            points.append(GridPoint(comp, r, tuple(kernel_ratio(s) for s in layer_sp)))
     return points
 
 
@@ -281,6 +302,7 @@ class Plan:
     algorithm: str                  # an Algorithm value or PER_LAYER
     layers: tuple[LayerOption, ...]
     tuning: Tuning
+    summary: Any = None             # the network's NetworkSummary where not su.net's
 
 
 @dataclass
@@ -471,21 +493,21 @@ def _onnxruntime_candidates(points, su: _Setup) -> list[Candidate]:
     from dlas_predict.models.netmodel import NetworkSummary
     from dlas_predict.models.ortmodel import ort_terms
 
-    weight_pruned = [p for p in points if p[0] is Compression.WEIGHT_PRUNING]
+    weight_pruned = [p for p in points if p.compression is Compression.WEIGHT_PRUNING]
     if weight_pruned:
-        su.skipped.append((", ".join(f"{c.value}@{r:g} onnxruntime" for c, r, _ in weight_pruned),
+        su.skipped.append((", ".join(f"{p.compression.value}@{p.ratio:g} onnxruntime"
+                                     for p in weight_pruned),
                            "onnxruntime has no sparse kernel: a weight-pruned model runs as "
                            "fast as the dense one there, less accurate"))
-    points = [p for p in points if p[0] is not Compression.WEIGHT_PRUNING]
+    points = [p for p in points if p.compression is not Compression.WEIGHT_PRUNING]
     specs = [c.spec for c in su.net.convs()]
     summary = NetworkSummary.of(su.net)
-    modes = [onnxruntime_mode(comp) for comp, _, _ in points]
-    X = np.array([ort_terms(specs, layer_r, summary, mode,
-                            comp is Compression.CHANNEL_PRUNING)
-                  for (comp, _, layer_r), mode in zip(points, modes)])
+    modes = [onnxruntime_mode(p.compression) for p in points]
+    X = np.array([ort_terms(p.specs or specs, p.layer_ratios, p.summary or summary, mode,
+                            False) for p, mode in zip(points, modes)])
     mid, low, high = su.ort_model.predict(X, modes)
-    return [Candidate(comp, ratio, ONNXRUNTIME, (), float(m), float(lo), float(hi))
-            for (comp, ratio, _), m, lo, hi in zip(points, mid, low, high)]
+    return [Candidate(p.compression, p.ratio, ONNXRUNTIME, (), float(m), float(lo), float(hi))
+            for p, m, lo, hi in zip(points, mid, low, high)]
 
 
 def features_device(dev, info: dict):
@@ -516,6 +538,7 @@ def _kernel_rows(convs, points, tunings: list[Tuning], feat_dev):
 
     Returns the feature matrix, each row's (spec, algorithm, compression, ratio, tuning),
     and per (grid point, tuning) the options of every layer."""
+    from dlas_predict.compression.netplan import layer_kernel, layer_sparse
     from dlas_predict.models.features import KernelConfig, features
 
     rows: dict[tuple, int] = {}
@@ -525,8 +548,8 @@ def _kernel_rows(convs, points, tunings: list[Tuning], feat_dev):
     if len(_FEATURES) > _FEATURES_MAX:
         _FEATURES.clear()
 
-    def row(i: int, alg: Algorithm, comp: Compression, ratio: float, tn: Tuning) -> int:
-        key = (convs[i].spec, alg, comp, ratio, tn)
+    def row(spec, alg: Algorithm, comp: Compression, ratio: float, tn: Tuning) -> int:
+        key = (spec, alg, comp, ratio, tn)
         if key not in rows:
             rows[key] = len(X)
             kernels.append(key)
@@ -539,19 +562,20 @@ def _kernel_rows(convs, points, tunings: list[Tuning], feat_dev):
     options: list[tuple[Tuning, list[list[LayerOption]]]] = []
     layer_opts: dict[tuple, list[LayerOption]] = {}
     for tn in tunings:
-        for comp, _r, layer_r in points:
-            sparse = COMPRESSION_KERNEL[comp][0]
+        for p in points:
             per_layer = []
-            for i, lr in enumerate(layer_r):
-                same = (convs[i].spec, comp, lr, tn)  # layers of one shape share options
+            for i, lr in enumerate(p.layer_ratios):
+                spec = p.specs[i] if p.specs else convs[i].spec
+                sparse = layer_sparse(p.compression, lr)
+                comp, lr = layer_kernel(p.compression, lr if sparse else 0.0)
+                same = (spec, comp, lr, tn)  # layers of one shape share options
                 opts = layer_opts.get(same)
                 if opts is None:
-                    opts = [LayerOption(a.value, sparse,
-                                        row(i, a, comp, lr if sparse else 0.0, tn))
+                    opts = [LayerOption(a.value, sparse, row(spec, a, comp, lr, tn))
                             for a in Algorithm]
                     if sparse:  # a pruned layer may also run the dense kernel on its zeros
                         opts += [LayerOption(a.value, False,
-                                             row(i, a, Compression.DENSE, 0.0, tn))
+                                             row(spec, a, Compression.DENSE, 0.0, tn))
                                  for a in Algorithm]
                     layer_opts[same] = opts
                 per_layer.append(opts)
@@ -568,23 +592,24 @@ def _plans(points, tunings: list[Tuning], options, mid: np.ndarray,
     plans = []
     by_kind: dict[int, dict] = {}   # each (shared) option list by (algorithm, sparse)
     fastest: dict[int, LayerOption] = {}
-    for ((comp, ratio, _layer_r), (tn, per_layer)) in zip(points * len(tunings), options):
-        sparse = COMPRESSION_KERNEL[comp][0]
+    for (p, (tn, per_layer)) in zip(points * len(tunings), options):
+        comp, ratio = p.compression, p.ratio
         for opts in per_layer:
             if id(opts) not in by_kind:
                 by_kind[id(opts)] = {(o.algorithm, o.sparse): o for o in reversed(opts)}
                 fastest[id(opts)] = min(opts, key=lambda o: mid[o.row])
-        for a in Algorithm:
-            chosen = tuple(by_kind[id(opts)][a.value, sparse] for opts in per_layer)
-            plans.append(Plan(comp, ratio, a.value, chosen, tn))
+        for a in Algorithm:  # CSR on each layer that has a CSR option, as the study ran it
+            chosen = tuple(by_kind[id(opts)].get((a.value, True))
+                           or by_kind[id(opts)][a.value, False] for opts in per_layer)
+            plans.append(Plan(comp, ratio, a.value, chosen, tn, p.summary))
         best = tuple(fastest[id(opts)] for opts in per_layer)
-        if sparse and not any(o.sparse for o in best):
+        if comp is Compression.WEIGHT_PRUNING and not any(o.sparse for o in best):
             skipped.append((f"{config_label(comp, ratio)} {PER_LAYER}"
                             + (" tuned" if tn is Tuning.TUNED else ""),
                             "every layer is predicted fastest on a dense kernel: the same "
                             "network as dense per_layer, less accurate"))
         else:
-            plans.append(Plan(comp, ratio, PER_LAYER, best, tn))
+            plans.append(Plan(comp, ratio, PER_LAYER, best, tn, p.summary))
     return plans
 
 
@@ -600,7 +625,7 @@ def _price(plans: list[Plan], su: _Setup, X: np.ndarray, layer_pred, tune_s) -> 
     conv_high = np.array([sum(high[o.row] for o in p.layers) for p in plans])
     wbytes = weight_bytes(X)
     summary = NetworkSummary.of(su.net)
-    NX = np.array([net_terms(summary, [mid[o.row] for o in p.layers], p.compression,
+    NX = np.array([net_terms(p.summary or summary, [mid[o.row] for o in p.layers], p.compression,
                              [(o.algorithm, o.sparse) for o in p.layers],
                              [wbytes[o.row] for o in p.layers], su.net_model.cache_bytes)
                    for p in plans])
