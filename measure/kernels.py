@@ -93,7 +93,10 @@ def pack_weights(ks: KernelSpec, w: np.ndarray) -> list[np.ndarray]:
     if ks.algorithm is Algorithm.GEMM:
         return [np.ascontiguousarray(w.reshape(spec.K, -1))]
     kb = ks.knobs["tile_k"]
-    packed = w.reshape(spec.K // kb, kb, *w.shape[1:]).transpose(0, 2, 3, 4, 1)
+    kt = _ceil_div(spec.K, kb)
+    if kt * kb != spec.K:  # zero filters pad the last block (the output stage crops them)
+        w = np.concatenate([w, np.zeros((kt * kb - spec.K, *w.shape[1:]), w.dtype)])
+    packed = w.reshape(kt, kb, *w.shape[1:]).transpose(0, 2, 3, 4, 1)
     return [np.ascontiguousarray(packed)]
 
 
@@ -370,9 +373,12 @@ def _spatial_pack_compute(ks: KernelSpec) -> list:
     cg = spec.C // spec.groups
     kg = spec.K // spec.groups
     oht, owt = _ceil_div(spec.OH, vh_), _ceil_div(spec.OW, vw_)
+    # output channels in blocks of tile_k, the last padded with zero filters where tile_k
+    # does not divide K (ungrouped convs only), cropped by the output stage like the tiles
+    kt = _ceil_div(spec.K, kb)
     vh_in = (vh_ - 1) * spec.stride_h + (spec.R - 1) * spec.dilation_h + 1
     data = te.placeholder(spec.input_shape, dt.value, name="data")
-    kvec = te.placeholder((spec.K // kb, cg, spec.R, spec.S, kb), dt.value, name="weight")
+    kvec = te.placeholder((kt, cg, spec.R, spec.S, kb), dt.value, name="weight")
     sw = spec.stride_w
     # Width phase-split by the stride: column vw*sw + s*dw of a tile is stored at
     # [phase (s*dw) % sw, vw + (s*dw) // sw], so width vectors load contiguously.
@@ -395,7 +401,7 @@ def _spatial_pack_compute(ks: KernelSpec) -> list:
         return ((ko * kb) // kg) * cg + rc
 
     conv = te.compute(
-        (spec.K // kb, oht, owt, vh_, vw_, kb),
+        (kt, oht, owt, vh_, vw_, kb),
         lambda ko, ho, wo, vh, vw, ki: te.sum(_mul(
             data_vec[ho, wo, in_c(ko), vh * spec.stride_h + rr * spec.dilation_h,
                      (rs * spec.dilation_w) % sw, vw + (rs * spec.dilation_w) // sw],

@@ -75,6 +75,16 @@ def default_knobs(spec: ConvSpec, variant: Variant,
     if key == (Algorithm.SPATIAL_PACK, False):
         if kg >= 8:
             tile_k = _divisor_at_most(kg, 2 * lanes, prefer=(2 * lanes, lanes, 8))
+            if spec.groups == 1:
+                # an ungrouped conv may pad its last block with zero filters (a channel-
+                # pruned layer keeps any number of them): whole vectors where that takes
+                # fewer vector updates than the largest divisor's blocks
+                def updates(block: int, padded: bool) -> tuple[int, int, int]:
+                    n = -(-kg // block) * -(-block // lanes) if block >= 4 else kg
+                    return n, int(padded), -block
+
+                tile_k = min([(tile_k, False), (2 * lanes, True), (lanes, True)],
+                             key=lambda c: updates(*c))[0]
             vectors = -(-tile_k // lanes)  # accumulators per output column
             tile_w = max(1, min(acc // vectors, 16 if spec.OW >= 16 else 8))
             tile_w = min(tile_w, _pow2_at_least(spec.OW))
@@ -135,7 +145,9 @@ def resolve_knobs(spec: ConvSpec, variant: Variant,
     kg = spec.K // spec.groups
     if "tile_h" in knobs and variant.algorithm is Algorithm.DIRECT and not spec.depthwise:
         raise ConfigError("knob tile_h applies to depthwise direct kernels only")
-    if "tile_k" in knobs:
+    if "tile_k" in knobs and not (variant.algorithm is Algorithm.SPATIAL_PACK
+                                  and spec.groups == 1 and not variant.sparse):
+        # (a dense spatial pack of an ungrouped conv pads its last block of filters)
         divides = kg if variant.algorithm is Algorithm.SPATIAL_PACK else spec.K
         if divides % knobs["tile_k"]:
             raise ConfigError(f"knob tile_k={knobs['tile_k']} must divide {divides}")

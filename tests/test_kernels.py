@@ -191,6 +191,52 @@ def test_depthwise_direct_knobs_still_correct(knobs, target):
     assert result.verified, result.max_error
 
 
+#: a filter count no vector divides (a channel-pruned layer keeps any number)
+ODD_K_CONV = "C=16,H=9,W=11,K=53,R=3,S=3,stride=2,pad=1"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int8"])
+def test_spatial_pack_pads_its_last_block_of_filters(dtype):
+    """A spatial pack on 53 filters computes whole vector blocks of filters, the last one
+    padded with zero filters, and crops them through its (fused) epilogue."""
+    import numpy as np
+
+    from dlas_predict.space.config import DType
+
+    dt = DType(dtype)
+    out, ref, ks = _fused_case("spatial_pack", False, dt, conv=ODD_K_CONV)
+    assert ks.knobs["tile_k"] == 8 and ks.conv.K % 8  # AVX2's 8 lanes: blocks of 56
+    tol = (5e-3 if dt is DType.FLOAT16 else 1e-4) * max(1.0, np.abs(ref).max())
+    assert out.shape == ref.shape and np.abs(out.astype(np.float64) - ref).max() < tol
+    plain, ref, _ = _fused_case("spatial_pack", False, DType.FLOAT32, steps=(),
+                                conv=ODD_K_CONV)
+    assert np.abs(plain - ref).max() < 1e-4 * max(1.0, np.abs(ref).max())
+
+
+def test_the_filter_block_pads_only_where_no_vector_divides_the_filters():
+    from dlas_predict.errors import ConfigError
+
+    sp = Variant("spatial_pack", "dense")
+    k = {K: default_knobs(ConvSpec.parse(f"C=16,H=8,W=8,K={K},R=3,S=3,stride=1,pad=1"), sp,
+                          256)["tile_k"] for K in (64, 24, 20, 53, 31, 60)}
+    # fewest vector updates: 20 as 3 blocks of 8 (the divisor 10 takes 2 vectors a block)
+    assert k == {64: 16, 24: 8, 20: 8, 53: 8, 31: 16, 60: 15}
+    assert default_knobs(ConvSpec.parse("C=16,H=8,W=8,K=53,R=3,S=3,stride=1,pad=1"), sp,
+                         512)["tile_k"] == 32
+    # a grouped conv's blocks must stay within a group
+    grouped = ConvSpec.parse("C=24,H=9,W=10,K=36,R=1,S=1,stride=1,pad=0,groups=3")
+    with pytest.raises(ConfigError, match="must divide 12"):
+        resolve_knobs(grouped, Variant("spatial_pack", "dense", knobs=(("tile_k", 8),)))
+    # the kernel features count the padded filters
+    from dlas_predict.models.features import KernelConfig, _waste, loop_counts
+
+    spec = ConvSpec.parse(ODD_K_CONV)
+    cfg = KernelConfig(spec, Algorithm.SPATIAL_PACK, Compression.DENSE, 0.0)
+    knobs = {"tile_k": 8, "tile_h": 1, "tile_w": 8}
+    assert loop_counts(cfg, knobs)[0] == 7 * spec.OH
+    assert _waste(spec, knobs) == pytest.approx(56 / 53 * 8 / spec.OW * 1)
+
+
 def test_tile_h_is_refused_on_a_dense_direct_kernel():
     from dlas_predict.errors import ConfigError
 

@@ -333,10 +333,10 @@ class _ChannelRemover:
     (:meth:`execute`)."""
 
     def __init__(self, model) -> None:
-        import onnx
         from onnx import numpy_helper
 
-        from dlas_predict.networks.graph import _shapes, inline_constant_identities
+        from dlas_predict.networks.graph import (_infer_shapes, _shapes,
+                                                 inline_constant_identities)
 
         self.model = copy.deepcopy(model)
         inline_constant_identities(self.model)
@@ -350,7 +350,8 @@ class _ChannelRemover:
             for i in node.input:
                 self.consumers.setdefault(i, []).append(node)
         self.graph_outputs = {o.name for o in self.model.graph.output}
-        self.shapes = _shapes(onnx.shape_inference.infer_shapes(self.model, strict_mode=False))
+        _infer_shapes(self.model)  # into value_info, which run() clears: shapes change
+        self.shapes = _shapes(self.model)
 
     def run(self):
         from onnx import numpy_helper

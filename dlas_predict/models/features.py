@@ -100,6 +100,8 @@ class KernelConfig:
 def _waste(spec: ConvSpec, knobs: dict[str, int]) -> float:
     """Padded over useful work of the vector/tile loops (1.0: the tiles divide the output)."""
     w = 1.0
+    if knobs.get("tile_k"):  # a spatial pack's last block of filters, padded
+        w *= math.ceil(spec.K / knobs["tile_k"]) * knobs["tile_k"] / spec.K
     if knobs.get("tile_w"):
         w *= math.ceil(spec.OW / knobs["tile_w"]) * knobs["tile_w"] / spec.OW
     if knobs.get("tile_h"):
@@ -142,12 +144,12 @@ def loop_counts(cfg: KernelConfig, knobs: dict[str, int]) -> tuple[int, float, f
             return (s.K // tk) * _cdiv(p, tp), s.K * _cdiv(p, tp) * crs, 0.0, s.groups * crs * p
         kb, vh, vw = knobs["tile_k"], knobs["tile_h"], knobs["tile_w"]
         oht, owt = _cdiv(s.OH, vh), _cdiv(s.OW, vw)
-        if kb >= 4:  # vectorised over the output-channel block
-            ops = (s.K // kb) * oht * owt * vh * vw * crs * _cdiv(kb, LANES)
+        if kb >= 4:  # vectorised over the output-channel block (the last one padded)
+            ops = _cdiv(s.K, kb) * oht * owt * vh * vw * crs * _cdiv(kb, LANES)
         else:        # depthwise: vectorised along the output width
             ops = s.K * oht * owt * vh * crs * _cdiv(vw, LANES)
         packed = oht * owt * s.C * ((vh - 1) * s.stride_h + s.R) * (vw + s.S) * s.stride_w
-        return (s.K // kb) * oht, ops, 0.0, packed
+        return _cdiv(s.K, kb) * oht, ops, 0.0, packed
     nnz_row = max((1.0 - cfg.sparsity) * crs, 1.0)
     if alg is Algorithm.DIRECT:
         vl = knobs["tile_w"]

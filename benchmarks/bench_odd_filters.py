@@ -1,0 +1,110 @@
+"""Spatial pack on filter counts no vector divides: whole vector blocks of filters, the last
+padded with zero filters, against blocks of the largest divisor, same run; the GEMM kernel
+(the per-layer choice's alternative) beside them.
+
+The layers are those of channel-pruned networks with their zeroed filters removed
+(``zoo:resnet18-cifar`` and ``zoo:resnet50`` at ratio 0.5): every ungrouped layer whose
+filter count the CPU's vector width does not divide, the largest first. Each is built with
+its bias and ReLU fused, checked against the other builds, and timed with TVM's
+``time_evaluator`` (7 repeats of 20 calls, at least 20 ms each; the best repeat). Run it on
+a quiet machine:
+
+    .venv/bin/python benchmarks/bench_odd_filters.py [--threads 2] [--limit 12]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+NETWORKS = ("zoo:resnet18-cifar", "zoo:resnet50")
+RATIO = 0.5
+
+
+def _divisor_knobs(spec, simd_bits: int) -> dict[str, int]:
+    """Spatial pack's knobs with a filter block dividing K: the largest divisor up to two
+    vectors, the register tile sized as the default does."""
+    from dlas_predict.measure.knobs import _divisor_at_most, _pow2_at_least, registers
+
+    lanes, acc = registers(simd_bits)
+    tile_k = _divisor_at_most(spec.K, 2 * lanes, prefer=(2 * lanes, lanes, 8))
+    tile_w = max(1, min(acc // -(-tile_k // lanes), 16 if spec.OW >= 16 else 8))
+    return {"tile_k": tile_k, "tile_h": 1, "tile_w": min(tile_w, _pow2_at_least(spec.OW))}
+
+
+def layers(lanes: int, limit: int) -> list:
+    """The odd-filter layers of the removed networks, the most work first."""
+    from dlas_predict.compression.compress import cached_channel_removed
+
+    specs = set()
+    for model in NETWORKS:
+        layers_, _summary = cached_channel_removed(model, [RATIO])[RATIO]
+        specs |= {s for s, _left in layers_ if s.groups == 1 and s.K % lanes}
+    return sorted(specs, key=lambda s: -s.macs)[:limit]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--limit", type=int, default=12)
+    args = ap.parse_args()
+    if args.threads < 1 or args.limit < 1:
+        print("Error: --threads and --limit must be at least 1", file=sys.stderr)
+        return 1
+    os.environ["TVM_NUM_THREADS"] = str(args.threads)
+    import numpy as np
+    import tvm
+
+    from dlas_predict.measure.kernels import KernelSpec, build_kernel, device_args
+    from dlas_predict.measure.knobs import registers, resolve_knobs
+    from dlas_predict.space.config import Algorithm, DType, Variant
+    from dlas_predict.space.devices import get_device
+
+    device = get_device("local")
+    target = tvm.target.Target(device.target)
+    bits = device.simd_bits or 512
+    dev = tvm.cpu()
+    epilogue = (("bias",), ("relu",))
+    rng = np.random.default_rng(0)
+    print(f"{'layer':44s} {'divisor ms':>10s} {'padded ms':>10s} {'speedup':>8s} "
+          f"{'gemm ms':>8s}  divisor → padded knobs")
+    ratios = []
+    for spec in layers(registers(bits)[0], args.limit):
+        x = rng.random(spec.input_shape, dtype=np.float32)
+        w = rng.random(spec.weight_shape, dtype=np.float32)
+        bias = {"bias": rng.random(spec.K, dtype=np.float32)}
+        old = _divisor_knobs(spec, bits)
+        new = resolve_knobs(spec, Variant("spatial_pack", "dense"), bits)
+        gemm = resolve_knobs(spec, Variant("gemm", "dense"), bits)
+        times, outputs = [], []
+        for alg, knobs in ((Algorithm.SPATIAL_PACK, old), (Algorithm.SPATIAL_PACK, new),
+                           (Algorithm.GEMM, gemm)):
+            ks = KernelSpec(spec, alg, False, DType.FLOAT32, knobs, None, epilogue)
+            mod = build_kernel(ks, target).mod
+            call = device_args(ks, x, w, dev, bias)
+            mod["main"](*call)
+            outputs.append(call[-1].numpy())
+            timer = mod.time_evaluator("main", dev, number=20, repeat=7, min_repeat_ms=20)
+            times.append(min(timer(*call).results) * 1e3)
+        scale = max(1.0, float(np.abs(outputs[0]).max()))
+        if any(float(np.abs(o - outputs[0]).max()) > 1e-3 * scale for o in outputs[1:]):
+            print(f"Error: {spec.to_spec()}: the builds disagree", file=sys.stderr)
+            return 1
+        ratios.append(times[0] / times[1])
+        short = spec.to_spec().replace(",stride=1", "").replace(",pad=1", "")
+        print(f"{short:44s} {times[0]:10.4f} {times[1]:10.4f} {ratios[-1]:7.2f}x "
+              f"{times[2]:8.4f}  {old['tile_k']}×{old['tile_w']} → "
+              f"{new['tile_k']}×{new['tile_w']}", flush=True)
+    if ratios:
+        geo = float(np.exp(np.mean(np.log(ratios))))
+        print(f"\n{len(ratios)} layers: padded over divisor blocks ×{geo:.2f} (geometric "
+              f"mean), ×{min(ratios):.2f} to ×{max(ratios):.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
