@@ -11,7 +11,6 @@ repeat). Run it on a quiet machine:
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -57,46 +56,31 @@ def _build_nchw(ks, target):
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--threads", type=int, default=2)
-    args = ap.parse_args()
-    if args.threads < 1:
-        print(f"Error: --threads must be at least 1, got {args.threads}", file=sys.stderr)
-        return 1
-    os.environ["TVM_NUM_THREADS"] = str(args.threads)
-    import numpy as np
-    import tvm
+    from kerneltime import EPILOGUE, Timer, disagree, thread_args
 
-    from dlas_predict.measure.kernels import KernelSpec, build_kernel, device_args
+    args = thread_args(argparse.ArgumentParser(description=__doc__.split("\n")[0]))
+    if args is None:
+        return 1
+    import numpy as np
+
+    from dlas_predict.measure.kernels import KernelSpec, build_kernel
     from dlas_predict.measure.knobs import resolve_knobs
     from dlas_predict.space.config import Algorithm, ConvSpec, DType, Variant
-    from dlas_predict.space.devices import get_device
 
-    device = get_device("local")
-    target = tvm.target.Target(device.target)
-    bits = device.simd_bits or 512
-    dev = tvm.cpu()
-    epilogue = (("bias",), ("relu",))
+    timer = Timer()
     rng = np.random.default_rng(0)
     print(f"{'layer':58s} {'nchw ms':>8s} {'tiled ms':>9s} {'speedup':>8s}  tiled knobs")
     for text in LAYERS:
         spec = ConvSpec.parse(text)
-        x = rng.random(spec.input_shape, dtype=np.float32)
-        w = rng.random(spec.weight_shape, dtype=np.float32)
-        bias = {"bias": rng.random(spec.K, dtype=np.float32)}
-        times, outputs = [], []
-        tiled = resolve_knobs(spec, Variant("direct", "dense"), bits)
-        for knobs, build in ((_nchw_knobs(spec, bits), _build_nchw), (tiled, build_kernel)):
-            ks = KernelSpec(spec, Algorithm.DIRECT, False, DType.FLOAT32, knobs, None, epilogue)
-            mod = build(ks, target).mod
-            call = device_args(ks, x, w, dev, bias)
-            mod["main"](*call)
-            outputs.append(call[-1].numpy())
-            timer = mod.time_evaluator("main", dev, number=20, repeat=7, min_repeat_ms=20)
-            times.append(min(timer(*call).results) * 1e3)
-        err = float(np.abs(outputs[0] - outputs[1]).max())
-        if err > 1e-3 * max(1.0, float(np.abs(outputs[0]).max())):
-            print(f"Error: {text}: the two kernels disagree by {err:g}", file=sys.stderr)
+        inputs = timer.inputs(spec, rng)
+        tiled = resolve_knobs(spec, Variant("direct", "dense"), timer.bits)
+        runs = [timer.time(KernelSpec(spec, Algorithm.DIRECT, False, DType.FLOAT32, knobs,
+                                      None, EPILOGUE), build, inputs)
+                for knobs, build in ((_nchw_knobs(spec, timer.bits), _build_nchw),
+                                     (tiled, build_kernel))]
+        times = [t for t, _ in runs]
+        if disagree([out for _, out in runs]):
+            print(f"Error: {text}: the two kernels disagree", file=sys.stderr)
             return 1
         print(f"{text:58s} {times[0]:8.4f} {times[1]:9.4f} {times[0] / times[1]:7.2f}x  {tiled}",
               flush=True)

@@ -15,7 +15,6 @@ a quiet machine:
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -48,50 +47,38 @@ def layers(lanes: int, limit: int) -> list:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--limit", type=int, default=12)
-    args = ap.parse_args()
-    if args.threads < 1 or args.limit < 1:
-        print("Error: --threads and --limit must be at least 1", file=sys.stderr)
-        return 1
-    os.environ["TVM_NUM_THREADS"] = str(args.threads)
-    import numpy as np
-    import tvm
+    from kerneltime import EPILOGUE, Timer, disagree, thread_args
 
-    from dlas_predict.measure.kernels import KernelSpec, build_kernel, device_args
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--limit", type=int, default=12)
+    args = thread_args(ap)
+    if args is None:
+        return 1
+    if args.limit < 1:
+        print(f"Error: --limit must be at least 1, got {args.limit}", file=sys.stderr)
+        return 1
+    import numpy as np
+
+    from dlas_predict.measure.kernels import KernelSpec, build_kernel
     from dlas_predict.measure.knobs import registers, resolve_knobs
     from dlas_predict.space.config import Algorithm, DType, Variant
-    from dlas_predict.space.devices import get_device
 
-    device = get_device("local")
-    target = tvm.target.Target(device.target)
-    bits = device.simd_bits or 512
-    dev = tvm.cpu()
-    epilogue = (("bias",), ("relu",))
+    timer = Timer()
     rng = np.random.default_rng(0)
     print(f"{'layer':44s} {'divisor ms':>10s} {'padded ms':>10s} {'speedup':>8s} "
           f"{'gemm ms':>8s}  divisor → padded knobs")
     ratios = []
-    for spec in layers(registers(bits)[0], args.limit):
-        x = rng.random(spec.input_shape, dtype=np.float32)
-        w = rng.random(spec.weight_shape, dtype=np.float32)
-        bias = {"bias": rng.random(spec.K, dtype=np.float32)}
-        old = _divisor_knobs(spec, bits)
-        new = resolve_knobs(spec, Variant("spatial_pack", "dense"), bits)
-        gemm = resolve_knobs(spec, Variant("gemm", "dense"), bits)
-        times, outputs = [], []
-        for alg, knobs in ((Algorithm.SPATIAL_PACK, old), (Algorithm.SPATIAL_PACK, new),
-                           (Algorithm.GEMM, gemm)):
-            ks = KernelSpec(spec, alg, False, DType.FLOAT32, knobs, None, epilogue)
-            mod = build_kernel(ks, target).mod
-            call = device_args(ks, x, w, dev, bias)
-            mod["main"](*call)
-            outputs.append(call[-1].numpy())
-            timer = mod.time_evaluator("main", dev, number=20, repeat=7, min_repeat_ms=20)
-            times.append(min(timer(*call).results) * 1e3)
-        scale = max(1.0, float(np.abs(outputs[0]).max()))
-        if any(float(np.abs(o - outputs[0]).max()) > 1e-3 * scale for o in outputs[1:]):
+    for spec in layers(registers(timer.bits)[0], args.limit):
+        inputs = timer.inputs(spec, rng)
+        old = _divisor_knobs(spec, timer.bits)
+        new = resolve_knobs(spec, Variant("spatial_pack", "dense"), timer.bits)
+        gemm = resolve_knobs(spec, Variant("gemm", "dense"), timer.bits)
+        runs = [timer.time(KernelSpec(spec, alg, False, DType.FLOAT32, knobs, None, EPILOGUE),
+                           build_kernel, inputs)
+                for alg, knobs in ((Algorithm.SPATIAL_PACK, old), (Algorithm.SPATIAL_PACK, new),
+                                   (Algorithm.GEMM, gemm))]
+        times = [t for t, _ in runs]
+        if disagree([out for _, out in runs]):
             print(f"Error: {spec.to_spec()}: the builds disagree", file=sys.stderr)
             return 1
         ratios.append(times[0] / times[1])

@@ -1,0 +1,65 @@
+"""Timing single kernels in this process, for the benchmarks that compare schedules of one
+layer: TVM's ``time_evaluator``, 7 repeats of 20 calls of at least 20 ms each, the best
+repeat."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+#: Bias and ReLU, the epilogue the compared kernels run fused.
+EPILOGUE = (("bias",), ("relu",))
+
+
+def thread_args(ap: argparse.ArgumentParser) -> argparse.Namespace | None:
+    """Parse ``--threads`` (default 2) and set TVM's thread count before TVM loads; None
+    (after one ``Error:`` line) when it is below 1."""
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    if args.threads < 1:
+        print(f"Error: --threads must be at least 1, got {args.threads}", file=sys.stderr)
+        return None
+    os.environ["TVM_NUM_THREADS"] = str(args.threads)
+    return args
+
+
+class Timer:
+    """Builds and times kernels of one shape's inputs on the local CPU."""
+
+    def __init__(self) -> None:
+        import tvm
+
+        from dlas_predict.space.devices import get_device
+
+        device = get_device("local")
+        self.target = tvm.target.Target(device.target)
+        self.bits = device.simd_bits or 512
+        self.dev = tvm.cpu()
+
+    def inputs(self, spec, rng):
+        """Input, weights and the bias argument of ``spec``."""
+        import numpy as np
+
+        return (rng.random(spec.input_shape, dtype=np.float32),
+                rng.random(spec.weight_shape, dtype=np.float32),
+                {"bias": rng.random(spec.K, dtype=np.float32)})
+
+    def time(self, ks, build, inputs) -> tuple[float, "object"]:
+        """(best repeat in ms, output) of kernel ``ks`` built by ``build(ks, target)``."""
+        from dlas_predict.measure.kernels import device_args
+
+        x, w, extras = inputs
+        mod = build(ks, self.target).mod
+        call = device_args(ks, x, w, self.dev, extras)
+        mod["main"](*call)
+        timer = mod.time_evaluator("main", self.dev, number=20, repeat=7, min_repeat_ms=20)
+        return min(timer(*call).results) * 1e3, call[-1].numpy()
+
+
+def disagree(outputs: list) -> bool:
+    """Whether the outputs of builds of one layer differ by more than 1e-3 of its scale."""
+    import numpy as np
+
+    scale = max(1.0, float(np.abs(outputs[0]).max()))
+    return any(float(np.abs(o - outputs[0]).max()) > 1e-3 * scale for o in outputs[1:])
