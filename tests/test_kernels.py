@@ -170,6 +170,51 @@ def test_every_kernel_fuses_its_epilogue(algorithm, sparse, dtype, conv):
     assert np.abs(out.astype(np.float64) - ref).max() < tol
 
 
+def test_fast_exp_and_sigmoid_match_numpy_over_the_float32_range():
+    import numpy as np
+    import tvm
+    from tvm import te
+
+    from dlas_predict.measure.kernels import fast_exp, fast_sigmoid
+
+    x = np.concatenate([np.linspace(-87.0, 87.0, 20001), [-200.0, -88.0, 0.0, 1e-8, 88.0, 200.0]]
+                       ).astype(np.float32)
+    t = te.placeholder(x.shape, "float32", name="x")
+    outs = [te.compute(x.shape, lambda i: fast_exp(t[i]), name="e"),
+            te.compute(x.shape, lambda i: fast_sigmoid(t[i]), name="s")]
+    f = tvm.compile(te.create_prim_func([t, *outs]), target="llvm")
+    args = [tvm.runtime.tensor(x)] + [tvm.runtime.tensor(np.zeros_like(x)) for _ in outs]
+    f(*args)
+    e, s = (a.numpy().astype(np.float64) for a in args[1:])
+    ref = np.exp(x.astype(np.float64))
+    inner = np.abs(x) <= 87.0
+    assert np.max(np.abs(e[inner] - ref[inner]) / ref[inner]) < 1e-6
+    assert e[x == -200.0][0] == 0.0 and np.isfinite(s).all()
+    ref_s = 1.0 / (1.0 + np.exp(-x.astype(np.float64)))
+    assert np.max(np.abs(s - ref_s)) < 1e-6
+    assert s[x == 200.0][0] == 1.0 and s[x == -200.0][0] < 1e-30
+
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "csr"])
+def test_fused_silu_calls_no_scalar_exp(sparse):
+    """LLVM lowers ``exp`` to libm's scalar ``expf``, lane by lane: the fused SiLU must not."""
+    import tvm
+
+    from dlas_predict.space.config import DType
+    from dlas_predict.measure.kernels import KernelSpec, build_kernel
+
+    spec = ConvSpec.parse(FUSED_CONV)
+    comp = Compression.WEIGHT_PRUNING if sparse else Compression.DENSE
+    algorithm = Algorithm.DIRECT if sparse else Algorithm.SPATIAL_PACK
+    knobs = resolve_knobs(spec, Variant(algorithm, comp, 0.5 if sparse else 0.0), 256)
+    ks = KernelSpec(spec, algorithm, sparse, DType.FLOAT32, knobs, None,
+                    (("bias",), ("silu",)))
+    lib = build_kernel(ks, tvm.target.Target(get_device("local").target))
+    ir = lib.mod.inspect_source("ll")
+    assert "define" in ir
+    assert "expf" not in ir and "llvm.exp." not in ir
+
+
 def test_depthwise_direct_kernel_pads_its_tiles_and_fuses_its_epilogue():
     """The depthwise direct kernel computes whole register tiles (neither 11 nor 5 output
     columns divide its vector width) and crops them through the epilogue."""

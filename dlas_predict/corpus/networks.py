@@ -27,15 +27,16 @@ PER_LAYER = "per_layer"
 #: our kernels: the systems-software dimension of the grid.
 ONNXRUNTIME = "onnxruntime"
 #: The engine's version, in every whole-network record and its key, so a changed engine
-#: measures again: "5" builds a channel-pruned network with its zeroed filters removed, "4"
+#: measures again: "6" computes a fused SiLU's sigmoid with a polynomial exp that
+#: vectorises, "5" builds a channel-pruned network with its zeroed filters removed, "4"
 #: runs depthwise convs as register-tiled direct kernels, "3" runs the ops after each conv in
 #: its kernel's epilogue, "2" ran them as kernels of their own. onnxruntime's runs are as
 #: they were in "2".
-NETWORK_VERSION = "5"
+NETWORK_VERSION = "6"
 ONNXRUNTIME_VERSION = "2"
 #: Engine versions whose records the network model still learns from, each until the same
 #: configuration is measured by the current engine.
-PREVIOUS_NETWORK_VERSIONS = ("4", "3", "2")
+PREVIOUS_NETWORK_VERSIONS = ("5", "4", "3", "2")
 #: The first engine version that removes the zeroed filters of a channel-pruned network;
 #: older channel-pruning records timed another network (CSR kernels over the zeroed filters).
 CHANNEL_REMOVAL_VERSION = "5"
