@@ -28,7 +28,10 @@ block style: plain, residual, depthwise-separable, inverted-residual), drawn wit
 seed. Resumable: a network already in the output file is not measured again.
 
     .venv/bin/python benchmarks/bench_engine.py [--out benchmarks/out/engine.jsonl]
-        [--top 3] [--only NAME] [--skip-zoo] [--generated 20]
+        [--top 3] [--only NAME] [--skip-zoo] [--generated 20] [--markdown]
+
+``--markdown`` measures nothing: it prints the output file's tables for
+``benchmarks/README.md``.
 """
 
 from __future__ import annotations
@@ -156,6 +159,58 @@ def _geo(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
+FAMILIES = {"zoo": "zoo", "cnn plain": "plain", "cnn residual": "residual",
+            "cnn separable": "depthwise-separable", "cnn inverted": "inverted-residual"}
+
+
+def label(row: dict) -> str:
+    """A generated network's name as its shape: ``plain: 5 layers, 80 ch, 3×3, 36², ds 2``."""
+    if row["family"] == "zoo":
+        return row["name"]
+    from dlas_predict.networks.generate import name_value
+
+    v = {k: name_value(row["name"], k) for k in
+         ("block", "layers", "kernels", "kernel_size", "input", "downsample")}
+    k = v["kernel_size"] or "3"
+    return (f"{v['block']}: {v['layers']} layers, {v['kernels']} ch, {k}×{k}, "
+            f"{v['input']}², ds {v['downsample']}")
+
+
+def markdown(done: dict[str, dict]) -> int:
+    """The summary, family and per-network tables of ``benchmarks/README.md``."""
+    rows = [r for r in done.values() if ratios(r)]
+    if not rows:
+        raise DlasError("no measured network in the output file")
+    print("| ratio to onnxruntime fp32 (same run) | geometric mean | worst | over 1.5 |")
+    print("|---|---|---|---|")
+    for key, what in (("ours", "our fastest build"), ("dense", "our fastest dense fp32 build"),
+                      ("grid", "the whole grid's fastest (either backend)")):
+        vals = [ratios(r)[key] for r in rows if key in ratios(r)]
+        print(f"| {what} | ×{_geo(vals):.2f} | ×{max(vals):.2f} | "
+              f"{sum(v > 1.5 for v in vals)} of {len(vals)} |")
+    print("\n| family | networks | ours / ort | dense / ort | grid / ort |")
+    print("|---|---|---|---|---|")
+    for family, shown in FAMILIES.items():
+        fam = [ratios(r) for r in rows if r["family"] == family]
+        if fam:
+            print(f"| {shown} | {len(fam)} | " + " | ".join(
+                f"{_geo([f[k] for f in fam if k in f]):.2f}" for k in ("ours", "dense", "grid"))
+                + " |")
+    print("\n| network | onnxruntime fp32 ms | our best dense fp32 build | dense / ort "
+          "| our best build | ours / ort | grid's best | grid / ort |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        q = ratios(r)
+        cells = [label(r), f"{r['ort_fp32_ms']:.3f}"]
+        for key in ("dense", "ours", "grid"):
+            if key in q:
+                cells += [f"{r[f'{key}_config']} {r[f'{key}_ms']:.3f}", f"{q[key]:.2f}"]
+            else:
+                cells += ["—", "—"]
+        print("| " + " | ".join(cells) + " |")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "engine.jsonl")
@@ -163,8 +218,12 @@ def main() -> int:
     ap.add_argument("--generated", type=int, default=20)
     ap.add_argument("--skip-zoo", action="store_true")
     ap.add_argument("--only", help="measure just this network (name)")
+    ap.add_argument("--markdown", action="store_true",
+                    help="print the output file's tables as markdown; measure nothing")
     args = ap.parse_args()
     try:
+        if args.markdown:
+            return markdown(read_rows(args.out))
         return _run(args)
     except DlasError as exc:
         print(f"Error: {exc}", file=sys.stderr)

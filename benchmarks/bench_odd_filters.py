@@ -26,13 +26,22 @@ RATIO = 0.5
 
 def _divisor_knobs(spec, simd_bits: int) -> dict[str, int]:
     """Spatial pack's knobs with a filter block dividing K: the largest divisor up to two
-    vectors, the register tile sized as the default does."""
-    from dlas_predict.measure.knobs import _divisor_at_most, _pow2_at_least, registers
+    vectors, the register tile sized as the default does (fewer than 8 filters: the
+    default, which vectorises along the width)."""
+    from dlas_predict.measure.knobs import (_divisor_at_most, _pow2_at_least, registers,
+                                            resolve_knobs)
+    from dlas_predict.space.config import Variant
 
+    if spec.K < 8:
+        return resolve_knobs(spec, Variant("spatial_pack", "dense"), simd_bits)
     lanes, acc = registers(simd_bits)
     tile_k = _divisor_at_most(spec.K, 2 * lanes, prefer=(2 * lanes, lanes, 8))
     tile_w = max(1, min(acc // -(-tile_k // lanes), 16 if spec.OW >= 16 else 8))
     return {"tile_k": tile_k, "tile_h": 1, "tile_w": min(tile_w, _pow2_at_least(spec.OW))}
+
+
+def _tile(knobs: dict[str, int]) -> str:
+    return f"{knobs['tile_k']}×{knobs['tile_h']}×{knobs['tile_w']}"
 
 
 def layers(lanes: int, limit: int) -> list:
@@ -66,7 +75,7 @@ def main() -> int:
     timer = Timer()
     rng = np.random.default_rng(0)
     print(f"{'layer':44s} {'divisor ms':>10s} {'padded ms':>10s} {'speedup':>8s} "
-          f"{'gemm ms':>8s}  divisor → padded knobs")
+          f"{'gemm ms':>8s}  divisor → padded tile (k×h×w)")
     ratios = []
     for spec in layers(registers(timer.bits)[0], args.limit):
         inputs = timer.inputs(spec, rng)
@@ -84,8 +93,7 @@ def main() -> int:
         ratios.append(times[0] / times[1])
         short = spec.to_spec().replace(",stride=1", "").replace(",pad=1", "")
         print(f"{short:44s} {times[0]:10.4f} {times[1]:10.4f} {ratios[-1]:7.2f}x "
-              f"{times[2]:8.4f}  {old['tile_k']}×{old['tile_w']} → "
-              f"{new['tile_k']}×{new['tile_w']}", flush=True)
+              f"{times[2]:8.4f}  {_tile(old)} → {_tile(new)}", flush=True)
     if ratios:
         geo = float(np.exp(np.mean(np.log(ratios))))
         print(f"\n{len(ratios)} layers: padded over divisor blocks ×{geo:.2f} (geometric "
