@@ -58,13 +58,8 @@ def layers(lanes: int, limit: int) -> list:
 def main() -> int:
     from kerneltime import EPILOGUE, Timer, disagree, thread_args
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--limit", type=int, default=12)
-    args = thread_args(ap)
+    args = thread_args(argparse.ArgumentParser(description=__doc__.split("\n")[0]), limit=12)
     if args is None:
-        return 1
-    if args.limit < 1:
-        print(f"Error: --limit must be at least 1, got {args.limit}", file=sys.stderr)
         return 1
     import numpy as np
 

@@ -12,14 +12,20 @@ import sys
 EPILOGUE = (("bias",), ("relu",))
 
 
-def thread_args(ap: argparse.ArgumentParser) -> argparse.Namespace | None:
-    """Parse ``--threads`` (default 2) and set TVM's thread count before TVM loads; None
-    (after one ``Error:`` line) when it is below 1."""
+def thread_args(ap: argparse.ArgumentParser,
+                limit: int | None = None) -> argparse.Namespace | None:
+    """Parse ``--threads`` (default 2), and ``--limit`` (default ``limit``) where ``limit``
+    is given, and set TVM's thread count before TVM loads; None (after one ``Error:`` line)
+    when either is below 1."""
     ap.add_argument("--threads", type=int, default=2)
+    if limit is not None:
+        ap.add_argument("--limit", type=int, default=limit, help="layers timed")
     args = ap.parse_args()
-    if args.threads < 1:
-        print(f"Error: --threads must be at least 1, got {args.threads}", file=sys.stderr)
-        return None
+    for name in ("threads", "limit"):
+        value = getattr(args, name, None)
+        if value is not None and value < 1:
+            print(f"Error: --{name} must be at least 1, got {value}", file=sys.stderr)
+            return None
     os.environ["TVM_NUM_THREADS"] = str(args.threads)
     return args
 

@@ -130,21 +130,25 @@ _LOG2E = 1.44269504088896341
 _LN2_HI, _LN2_LO = 0.693359375, -2.12194440e-4
 
 
+def _exp(x, const, floor, clamp, pow2):
+    """The formula of :func:`fast_exp`, written once over the operations it is given: TIR
+    expressions for the TE kernels, TVMScript text (:class:`_Script`) for the CSR ones."""
+    x = clamp(x, const(-_EXP_CLAMP), const(_EXP_CLAMP))
+    n = floor(x * const(_LOG2E) + const(0.5))
+    r = x - n * const(_LN2_HI) - n * const(_LN2_LO)
+    p = const(_EXP_POLY[0])
+    for coef in _EXP_POLY[1:]:
+        p = p * r + const(coef)
+    return pow2(n) * (p * r * r + r + const(1.0))
+
+
 def fast_exp(x):
     """``exp(x)`` of a float32 TIR expression, as FMAs and an exponent shift (no libm call)."""
-    f32 = "float32"
-    c = (lambda v: tvm.tirx.const(v, f32))
-    x = tvm.tirx.max(tvm.tirx.min(x, c(_EXP_CLAMP)), c(-_EXP_CLAMP))
-    n = tvm.tirx.floor(x * c(_LOG2E) + c(0.5))
-    r = x - n * c(_LN2_HI) - n * c(_LN2_LO)
-    p = c(_EXP_POLY[0])
-    for coef in _EXP_POLY[1:]:
-        p = p * r + c(coef)
-    p = p * r * r + r + c(1.0)
-    two_n = tvm.tirx.reinterpret(
-        f32, tvm.tirx.shift_left(n.astype("int32") + tvm.tirx.const(127, "int32"),
-                                 tvm.tirx.const(23, "int32")))
-    return two_n * p
+    tir = tvm.tirx
+    return _exp(x, lambda v: tir.const(v, "float32"), tir.floor,
+                lambda v, lo, hi: tir.max(tir.min(v, hi), lo),
+                lambda n: tir.reinterpret("float32", tir.shift_left(
+                    n.astype("int32") + tir.const(127, "int32"), tir.const(23, "int32"))))
 
 
 def fast_sigmoid(x):
@@ -153,18 +157,27 @@ def fast_sigmoid(x):
     return one / (one + fast_exp(-x))
 
 
+class _Script(str):
+    """TVMScript text of a float32 expression, combined by ``+``, ``-`` and ``*``."""
+
+    def __add__(self, other):
+        return _Script(f"({self} + {other})")
+
+    def __sub__(self, other):
+        return _Script(f"({self} - {other})")
+
+    def __mul__(self, other):
+        return _Script(f"({self} * {other})")
+
+
 def fast_sigmoid_script(x: str) -> str:
     """:func:`fast_sigmoid` as a TVMScript expression of the float32 expression ``x``."""
-    f = (lambda v: f"T.float32({v!r})")
-    x = f"T.max(T.min(-({x}), {f(_EXP_CLAMP)}), {f(-_EXP_CLAMP)})"
-    n = f"T.floor({x} * {f(_LOG2E)} + {f(0.5)})"
-    r = f"({x} - {n} * {f(_LN2_HI)} - {n} * {f(_LN2_LO)})"
-    p = f(_EXP_POLY[0])
-    for coef in _EXP_POLY[1:]:
-        p = f"({p} * {r} + {f(coef)})"
-    p = f"({p} * {r} * {r} + {r} + {f(1.0)})"
-    two_n = f'T.reinterpret("float32", T.shift_left(T.Cast("int32", {n}) + 127, 23))'
-    return f"({f(1.0)} / ({f(1.0)} + {two_n} * {p}))"
+    e = _exp(_Script(f"(-({x}))"), lambda v: _Script(f"T.float32({v!r})"),
+             lambda v: _Script(f"T.floor({v})"),
+             lambda v, lo, hi: _Script(f"T.max(T.min({v}, {hi}), {lo})"),
+             lambda n: _Script(f'T.reinterpret("float32", T.shift_left(T.Cast("int32", {n})'
+                               ' + 127, 23))'))
+    return f"(T.float32(1.0) / (T.float32(1.0) + {e}))"
 
 
 def _extras(ks: KernelSpec) -> dict:
