@@ -159,6 +159,24 @@ def _geo(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
+#: The three ratios to onnxruntime fp32, in the order the summaries print them.
+RATIOS_SHOWN = (("ours", "our fastest build"), ("dense", "our fastest dense fp32 build"),
+                ("grid", "the whole grid's fastest (either backend)"))
+
+
+def summary(rows: list[dict]) -> list[tuple[str, float, float, str, int, int]]:
+    """Per ratio of :data:`RATIOS_SHOWN` the networks have: (what, geometric mean, worst,
+    the worst network's name, networks over 1.5, networks)."""
+    out = []
+    for key, what in RATIOS_SHOWN:
+        by_name = {r["name"]: ratios(r)[key] for r in rows if key in ratios(r)}
+        if by_name:
+            worst = max(by_name, key=by_name.get)
+            out.append((what, _geo(list(by_name.values())), by_name[worst], worst,
+                        sum(v > 1.5 for v in by_name.values()), len(by_name)))
+    return out
+
+
 FAMILIES = {"zoo": "zoo", "cnn plain": "plain", "cnn residual": "residual",
             "cnn separable": "depthwise-separable", "cnn inverted": "inverted-residual"}
 
@@ -183,11 +201,8 @@ def markdown(done: dict[str, dict]) -> int:
         raise DlasError("no measured network in the output file")
     print("| ratio to onnxruntime fp32 (same run) | geometric mean | worst | over 1.5 |")
     print("|---|---|---|---|")
-    for key, what in (("ours", "our fastest build"), ("dense", "our fastest dense fp32 build"),
-                      ("grid", "the whole grid's fastest (either backend)")):
-        vals = [ratios(r)[key] for r in rows if key in ratios(r)]
-        print(f"| {what} | ×{_geo(vals):.2f} | ×{max(vals):.2f} | "
-              f"{sum(v > 1.5 for v in vals)} of {len(vals)} |")
+    for what, geo, worst, _name, over, n in summary(rows):
+        print(f"| {what} | ×{geo:.2f} | ×{worst:.2f} | {over} of {n} |")
     print("\n| family | networks | ours / ort | dense / ort | grid / ort |")
     print("|---|---|---|---|---|")
     for family, shown in FAMILIES.items():
@@ -253,13 +268,9 @@ def _run(args) -> int:
         return 0
     print(f"\n{len(rows)} networks, ratios to onnxruntime fp32 measured in the same run "
           "(geometric mean, worst):")
-    for key, what in (("ours", "our fastest TVM build"), ("grid", "the whole grid's fastest"),
-                      ("dense", "our fastest dense fp32 build")):
-        vals = [ratios(r)[key] for r in rows if key in ratios(r)]
-        if vals:
-            worst = max(rows, key=lambda r: ratios(r).get(key, 0))
-            print(f"  {what:30s} ×{_geo(vals):.2f}  worst ×{max(vals):.2f} ({worst['name'][:40]}),"
-                  f" over 1.5 on {sum(v > 1.5 for v in vals)} of {len(vals)}")
+    for what, geo, worst, name, over, n in summary(rows):
+        print(f"  {what:42s} ×{geo:.2f}  worst ×{worst:.2f} ({name[:40]}), over 1.5 on "
+              f"{over} of {n}")
     return 0
 
 
