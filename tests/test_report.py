@@ -94,6 +94,22 @@ def test_verdicts_follow_their_rules():
         == R.FAILS
 
 
+def test_channel_pruning_evidence_says_how_its_builds_were_made():
+    comp = {"dense": 1.0, "float16": 2.0, "int8": 0.5, "weight_pruning@0.9": 0.8,
+            "channel_pruning@0.9": 0.2}
+    net = _net(_grid(lambda n, c, a: comp[c]))
+
+    def evidence(engine_of):
+        frame = net.assign(engine=[engine_of(n) for n in net["network"]])
+        return _by_number(R.observations(frame, None, None, CPU))["IV"].evidence
+
+    assert "zeroed filters removed)" in evidence(lambda n: "6")
+    assert "CSR kernels over their zeroed filters" in evidence(lambda n: "2")
+    assert "3 built with their zeroed filters removed, 1 with CSR kernels" in \
+        evidence(lambda n: "2" if n == "a" else "5")
+    assert "zeroed" not in evidence(lambda n: "")         # conv kernel sums: no build
+
+
 def test_backend_table_compares_what_both_backends_timed(tmp_path):
     from dlas_predict.corpus.networks import NetworkMeasurement, onnxruntime_plan
     from dlas_predict.corpus.store import CorpusStore

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -60,6 +60,7 @@ NETWORK_PARAMETERS: dict[str, str] = {
     "compression": KERNEL_PARAMETERS["compression"], "ratio": KERNEL_PARAMETERS["ratio"],
     "dtype": KERNEL_PARAMETERS["dtype"], "tuning": KERNEL_PARAMETERS["tuning"],
     "conv_layers": "conv layers in the network", "net_macs": "dense conv MACs of the network",
+    "engine": "engine version of the whole-network build timed (empty: a conv kernel sum)",
     **{k: v for k, v in KERNEL_PARAMETERS.items() if k.startswith("net_")},
 }
 
@@ -352,7 +353,8 @@ class NetworkLatency:
     net_macs: int
     effective_macs: float
     spread: float | None = None
-    extra: dict = field(default_factory=dict)
+    #: the engine version of the whole-network record (``kernels_version``); "" for a sum
+    engine: str = ""
 
     def as_row(self) -> dict[str, Any]:
         dtype = COMPRESSION_KERNEL[Compression.parse(self.compression)][1].value
@@ -365,7 +367,8 @@ class NetworkLatency:
             "latency_ms": self.latency_ms, "log_latency": math.log10(self.latency_ms),
             "gflops": 2.0 * self.net_macs / sec / 1e9, "spread": self.spread,
             "latency_source": self.source, "conv_sum_ms": self.conv_sum_ms,
-            "effective_macs": self.effective_macs, **generated_params(self.network),
+            "effective_macs": self.effective_macs, "engine": self.engine,
+            **generated_params(self.network),
         }
 
 
@@ -409,12 +412,13 @@ def network_latencies(store: Path, device: Device | None = None) -> list[Network
                               for s, g in zip(specs, got))
                     m = measured.get((dev, network, config, alg)) if tuning == "untuned" \
                         else None
-                    lat, source, spread = conv_sum, "conv kernel sum", None
+                    lat, source, spread, engine = conv_sum, "conv kernel sum", None, ""
                     if m is not None:
                         lat, source, spread = m["median_s"] * 1e3, "whole network", m["spread"]
+                        engine = m["kernels_version"] or ""
                     out.append(NetworkLatency(dev, network, config, comp, ratio, alg, tuning,
                                               lat, source, conv_sum, len(ls), net_macs, eff,
-                                              spread))
+                                              spread, engine))
                 m = measured.get((dev, network, config, "per_layer"))
                 if m is not None and tuning == "untuned":
                     plan = json.loads(m["plan"])
@@ -422,7 +426,8 @@ def network_latencies(store: Path, device: Device | None = None) -> list[Network
                               for s, l, (_, sp) in zip(specs, ls, plan))
                     out.append(NetworkLatency(dev, network, config, comp, ratio, "per_layer",
                                               tuning, m["median_s"] * 1e3, "whole network",
-                                              None, len(ls), net_macs, eff, m["spread"]))
+                                              None, len(ls), net_macs, eff, m["spread"],
+                                              m["kernels_version"] or ""))
     return out
 
 

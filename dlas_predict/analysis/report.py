@@ -330,10 +330,38 @@ def _iv(ev: Evidence) -> Observation:
             o.numbers = {"networks": len(common), "median_channel": mc, "median_weight": mw}
             o.verdict = HOLDS if mc > 1 and mc > mw else FAILS
             o.evidence = (f"median speedup over dense on {len(common)} networks: channel "
-                          f"pruning {mc:.2f}x, weight pruning {mw:.2f}x (our channel-pruned "
-                          "layers run CSR kernels over the zeroed channels)")
+                          f"pruning {mc:.2f}x, weight pruning {mw:.2f}x"
+                          f"{_channel_build_note(untuned, common)}")
     _no_data(o, "no network with both prunings and dense measured")
     return o
+
+
+def _channel_build_note(untuned, networks: list[str]) -> str:
+    """How the channel-pruned builds compared in IV were made: engines from
+    :data:`CHANNEL_REMOVAL_VERSION` on remove the zeroed filters, older ones ran CSR kernels
+    over them; a conv kernel sum says nothing about the build."""
+    from dlas_predict.corpus.networks import CHANNEL_REMOVAL_VERSION
+
+    removed = kept = 0
+    for network in networks:
+        configs = sorted(c for c in set(untuned[untuned["network"] == network]["config"])
+                         if c.startswith("channel_pruning"))
+        row = _best_by(untuned, network, configs[-1]) if configs else None
+        engine = str(row.get("engine", "") or "") if row is not None else ""
+        if not engine.isdigit():
+            continue
+        if int(engine) >= int(CHANNEL_REMOVAL_VERSION):
+            removed += 1
+        else:
+            kept += 1
+    if removed and not kept:
+        return " (channel-pruned networks built with their zeroed filters removed)"
+    if kept and not removed:
+        return " (channel-pruned networks built with CSR kernels over their zeroed filters)"
+    if removed and kept:
+        return (f" (channel-pruned networks: {removed} built with their zeroed filters "
+                f"removed, {kept} with CSR kernels over them)")
+    return ""
 
 
 def _v(ev: Evidence) -> Observation:
