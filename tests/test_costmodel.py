@@ -234,6 +234,39 @@ def test_stage_model_learns_an_additive_law_and_extrapolates(tmp_path):
     np.testing.assert_array_equal(back.predict(big), model.predict(big))
 
 
+def test_a_channel_pruned_csr_kernel_is_priced_like_the_csr_kernels_it_runs():
+    """A CSR kernel runs the same loops whichever pattern its zeros follow: trained on
+    weight-pruned CSR kernels only, the stage-cost model prices channel-pruned ones by their
+    costs (here three times a dense kernel's), not by the costs fitted on every row."""
+    from dlas_predict.models.costmodel import STAGE_FAMILY, StageCostModel
+
+    sparse = FEATURE_NAMES.index("sparse")
+    cols = [FEATURE_NAMES.index(n) for n in ("stage_const", "stage_vector_ops",
+                                             "stage_decodes", "stage_layout_elems")]
+    unit = np.array([2e-6, 1e-9, 2e-9, 5e-10])
+    law = lambda X: (X[:, cols] @ unit) * np.where(X[:, sparse] > 0, 3.0, 1.0)  # noqa: E731
+    train = _corpus()
+    assert "channel_pattern" not in STAGE_FAMILY
+    model = StageCostModel().fit(train.X, law(train.X))
+    cp = np.array([features(KernelConfig(spec, alg, Compression.CHANNEL_PRUNING, 0.5), DEV)
+                   for spec in _specs(10, 5) for alg in ALGS])
+    assert costmodel.mape(model.predict(cp), law(cp)) < 0.02
+
+
+def test_a_stage_model_saved_without_its_families_keeps_the_families_it_was_fitted_by():
+    from dlas_predict.models.costmodel import _FAMILY, StageCostModel
+
+    train = _corpus()
+    legacy = StageCostModel(family=_FAMILY).fit(train.X, train.seconds)
+    state = json.loads(json.dumps(legacy.to_dict()))
+    assert state.pop("family") == list(_FAMILY)
+    back = StageCostModel.from_dict(state)
+    assert back.family == _FAMILY
+    np.testing.assert_array_equal(back.predict(train.X), legacy.predict(train.X))
+    with pytest.raises(ModelError, match="unknown columns"):
+        StageCostModel.from_dict({**state, "family": ["no_such_column"]})
+
+
 def test_load_refuses_a_model_without_its_stage_costs(tmp_path):
     corpus = _corpus()
     LayerCostModel().fit(corpus.X, corpus.seconds).save(tmp_path, "layer")

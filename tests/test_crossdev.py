@@ -287,6 +287,7 @@ def test_a_model_of_another_machine_is_not_this_machines(monkeypatch):
     assert transfer.reference_for(here) in transfer.trained_devices()
 
 
+@pytest.mark.slow  # prices the whole grid of a zoo network through the mapped model
 def test_recommend_here_with_a_model_of_another_machine_maps_it_and_says_so(monkeypatch):
     """On a machine that is not the one the local model was trained on, ``local`` is
     answered as a device without a model: zero-shot from the nearest trained reference."""

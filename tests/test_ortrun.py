@@ -118,6 +118,7 @@ def test_modes_of_compressions():
     assert replace(dense, algorithm="direct").backend == "tvm"
 
 
+@pytest.mark.slow  # a real collection: onnxruntime timed with the full protocol
 def test_collect_times_onnxruntime_alone_and_refuses_what_it_cannot(tmp_path):
     store = tmp_path / "s.sqlite"
     fast = ["--max-repeats", "3", "--time-budget", "0.05", "--quiet-wait", "0", "-q"]

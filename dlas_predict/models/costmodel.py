@@ -72,22 +72,29 @@ def read_sidecar(directory: Path, name: str, what: str, hint: str) -> tuple[Path
 _TREES = len(TREE_FEATURES)
 _STAGE = slice(_TREES, _TREES + len(STAGE_TERMS))
 #: Columns that name a kernel family: algorithm, dtype, CSR, pruning pattern, tuning (the
-#: stage-cost model's and the baselines' groups).
+#: baselines' groups: one per algorithm × compression).
 _FAMILY = ("algo_direct", "algo_gemm", "algo_spatial_pack", "dtype_bytes", "sparse",
            "channel_pattern", "tuned")
+#: The stage-cost model's families: the same without the pruning pattern, since a CSR kernel
+#: runs the same loops whichever pattern its zeros follow (the stage terms count the
+#: nonzeros). Split by pattern, channel pruning's family held mostly filters pruned to one
+#: channel, whose costs scaled badly to the others.
+STAGE_FAMILY = tuple(n for n in _FAMILY if n != "channel_pattern")
 #: Rows of a family with at least this many measurements of one loop structure (depthwise,
 #: strided, 1×1) get costs of their own; the others share their family's.
 MIN_STRUCTURE_ROWS = 15
 
 
-def _family_keys(X: np.ndarray) -> tuple[list[str], list[str]]:
-    """Each row's family key, and its family × loop-structure key."""
+def _family_keys(X: np.ndarray, family: tuple[str, ...] = STAGE_FAMILY
+                 ) -> tuple[list[str], list[str]]:
+    """Each row's family key (over the ``family`` columns), and its family × loop-structure
+    key."""
     col = FEATURE_NAMES.index
     pointwise = (X[:, col("R")] * X[:, col("S")] == 1)
     strided = X[:, col("stage_vector_ops_strided")] > 0
     structure = np.column_stack([X[:, col("depthwise")], strided, pointwise])
-    n_fam = len(_FAMILY)
-    both = np.column_stack([X[:, [col(n) for n in _FAMILY]], structure])
+    n_fam = len(family)
+    both = np.column_stack([X[:, [col(n) for n in family]], structure])
     uniq, inverse = np.unique(both, axis=0, return_inverse=True)  # few distinct keys
     coarse_u = [",".join(f"{v:g}" for v in k[:n_fam]) for k in uniq]
     fine_u = [f"{c}|{','.join(str(int(v)) for v in k[n_fam:])}"
@@ -167,6 +174,7 @@ class StageCostModel(_JsonStateModel):
     scale: list = field(default_factory=list)   # each term's largest training value
     costs: dict = field(default_factory=dict)   # family or family|structure key → costs
     default: list = field(default_factory=list)  # fitted on every row
+    family: tuple = STAGE_FAMILY                # the columns a family key is made of
 
     def fit(self, X: np.ndarray, seconds: np.ndarray) -> "StageCostModel":
         from scipy.optimize import nnls
@@ -179,7 +187,7 @@ class StageCostModel(_JsonStateModel):
         def fit(sel: np.ndarray) -> list[float]:
             return [float(c) for c in nnls(A[sel], np.ones(int(sel.sum())))[0]]
 
-        coarse, fine = _family_keys(X)
+        coarse, fine = _family_keys(X, self.family)
         self.scale, self.costs = [float(v) for v in scale], {}
         for keys, least in ((coarse, 1), (fine, MIN_STRUCTURE_ROWS)):
             arr = np.array(keys)
@@ -193,20 +201,25 @@ class StageCostModel(_JsonStateModel):
     def predict(self, X: np.ndarray) -> np.ndarray:
         X = np.asarray(X, dtype=np.float64)
         T = X[:, _STAGE] / np.array(self.scale)
-        coarse, fine = _family_keys(X)
+        coarse, fine = _family_keys(X, self.family)
         costs = np.array([self.costs.get(f, self.costs.get(c, self.default))
                           for c, f in zip(coarse, fine)])
         # a family whose costs all came out 0 would predict 0: floor at 1 ns
         return np.maximum(np.sum(T * costs, axis=1), 1e-9)
 
     def to_dict(self) -> dict:
-        return {"scale": self.scale, "costs": self.costs, "default": self.default}
+        return {"scale": self.scale, "costs": self.costs, "default": self.default,
+                "family": list(self.family)}
 
     @classmethod
     def from_dict(cls, d: dict) -> "StageCostModel":
         if len(d.get("scale", ())) != len(STAGE_TERMS):
             raise ModelError("the stage-cost model has other terms than this version computes")
-        return cls(scale=d["scale"], costs=d["costs"], default=d["default"])
+        # a model saved without its family columns was keyed by the baselines' families
+        family = tuple(d.get("family", _FAMILY))
+        if not set(family) <= set(FEATURE_NAMES):
+            raise ModelError(f"the stage-cost model's families use unknown columns {family}")
+        return cls(scale=d["scale"], costs=d["costs"], default=d["default"], family=family)
 
 
 @dataclass
