@@ -419,3 +419,21 @@ def test_predict_prices_a_network_run_by_onnxruntime():
                        "per whole network")
     assert_clean_error(run_cli("predict", "zoo:resnet18-cifar", "--device", "rpi3b",
                                "--config", "dense/onnxruntime"), "no onnxruntime model")
+
+
+def test_a_channel_pruned_layer_left_without_zeros_is_a_plan_of_the_dense_kernel():
+    """After channel removal a layer may keep no zeroed filter (ratio 0): it runs the dense
+    kernel, so a replay scores its plan from the dense kernel's recording."""
+    import pandas as pd
+
+    from dlas_predict.crossdev.active import PoolKernel, _pool
+
+    convs = ["C=3,H=8,W=8,K=8,R=3,S=3,stride=1,pad=1", "C=8,H=8,W=8,K=5,R=3,S=3,stride=1,pad=1"]
+    layers = pd.DataFrame({"network": "n", "config": "channel_pruning@0.9",
+                           "layer_index": [0, 1], "conv": convs,
+                           "compression": "channel_pruning", "ratio": [0.0, 0.2]})
+    recorded = {PoolKernel(convs[0], "gemm", "dense", 0.0).key: 0.1,
+                PoolKernel(convs[1], "gemm", "channel_pruning", 0.2).key: 0.2}
+    pool = _pool(layers, recorded)
+    assert pool.plans == [("n", "channel_pruning@0.9", "gemm")]
+    assert [k.compression for k in pool.kernels] == ["dense", "channel_pruning"]

@@ -120,15 +120,18 @@ def pool_from_snapshot(path: Path, networks: list[str] | None) -> tuple[Pool, di
 
 
 def _pool(layers, measured: dict[str, float]) -> Pool:
-    from dlas_predict.space.config import Algorithm
+    from dlas_predict.compression.netplan import layer_kernel
+    from dlas_predict.space.config import Algorithm, Compression
 
     kernels: list[PoolKernel] = []
     index: dict[str, int] = {}
     plans, members = [], []
     for (net, cfg), g in layers.sort_values("layer_index").groupby(["network", "config"]):
+        # the kernel each layer runs: a channel-pruned layer with no zeroed filter left
+        # after removal runs the dense one
+        runs = [layer_kernel(Compression(p), float(r)) for p, r in zip(g.compression, g.ratio)]
         for alg in (a.value for a in Algorithm):
-            ks = [PoolKernel(c, alg, p, float(r)) for c, p, r in
-                  zip(g.conv, g.compression, g.ratio)]
+            ks = [PoolKernel(c, alg, p.value, r) for c, (p, r) in zip(g.conv, runs)]
             if measured and any(k.key not in measured for k in ks):
                 continue  # a plan the recordings cannot score
             rows = []
