@@ -316,6 +316,19 @@ def _depthwise_compute(ks: KernelSpec) -> list:
     return [data, weight, *extras.values(), out]
 
 
+def _vectorize(sch: Schedule, loop) -> None:
+    """Vectorise ``loop``, unless there is nothing to vectorise: a loop of one iteration (a
+    tile of one lane, as on SSE's four lanes for a width of 7), or an outer loop, which is
+    what a block's last loop is when its tile loops had one iteration each and were not
+    created (a layer of one filter). TVM refuses both."""
+    node = sch.get(loop)
+    if isinstance(node.extent, tvm.tirx.IntImm) and int(node.extent) == 1:
+        return
+    if isinstance(node.body, (tvm.tirx.For, tvm.tirx.SeqStmt)):
+        return
+    sch.vectorize(loop)
+
+
 def _depthwise_schedule(sch: Schedule, ks: KernelSpec) -> None:
     """Parallel over blocks of ``tile_k`` channels; each pads its input planes into a
     thread-local buffer, runs the register tiles (taps unrolled, the width vectorised) and
@@ -338,10 +351,10 @@ def _depthwise_schedule(sch: Schedule, ks: KernelSpec) -> None:
         sch.unroll(ph)
     for loop in (ki, hi, r_r, r_s):
         sch.unroll(loop)
-    sch.vectorize(wi)
+    _vectorize(sch, wi)
     sch.decompose_reduction(block, r_r)
-    sch.vectorize(sch.get_loops(wb)[-1])
-    sch.vectorize(sch.get_loops(sch.get_sblock("out"))[-1])
+    _vectorize(sch, sch.get_loops(wb)[-1])
+    _vectorize(sch, sch.get_loops(sch.get_sblock("out"))[-1])
 
 
 def _direct_schedule(sch: Schedule, ks: KernelSpec) -> None:
@@ -361,7 +374,7 @@ def _direct_nchw_schedule(sch: Schedule, ks: KernelSpec) -> None:
     sch.reverse_compute_at(wb, wo)
     sch.parallel(sch.fuse(n, ko, h))
     sch.unroll(ki)
-    sch.vectorize(wi)
+    _vectorize(sch, wi)
     sch.decompose_reduction(block, r_c)
     _finish_writeback(sch, wb, ks)
     if _unpadded(ks.conv):  # the copy would be the input itself: read it in place
@@ -417,7 +430,7 @@ def _gemm_schedule(sch: Schedule, ks: KernelSpec) -> None:
     sch.reverse_compute_at(wb, qo)
     sch.parallel(sch.fuse(n, ko, qo))
     sch.unroll(ki)
-    sch.vectorize(qi)
+    _vectorize(sch, qi)
     sch.decompose_reduction(block, r_j)
     _finish_writeback(sch, wb, ks)
     spec = ks.conv
@@ -487,15 +500,15 @@ def _spatial_pack_schedule(sch: Schedule, ks: KernelSpec) -> None:
         sch.reorder(ko, ho, wo, r_c, r_r, r_s, vh, vw, ki)
         sch.unroll(vh)
         sch.unroll(vw)
-        sch.vectorize(ki)
+        _vectorize(sch, ki)
     else:        # depthwise: vectorise along the output width
         sch.reorder(ko, ho, wo, r_c, r_r, r_s, ki, vh, vw)
         sch.unroll(vh)
-        sch.vectorize(vw)
+        _vectorize(sch, vw)
     sch.reverse_compute_at(wb, wo)
     sch.parallel(sch.fuse(ko, ho))
     sch.decompose_reduction(block, r_c)
-    sch.vectorize(sch.get_loops(wb)[-1])
+    _vectorize(sch, sch.get_loops(wb)[-1])
     _schedule_copy(sch, "data_vec")
     _schedule_copy(sch, "out")
 
@@ -523,7 +536,7 @@ def _finish_writeback(sch: Schedule, wb, ks: KernelSpec) -> None:
     bias, activation and residual add) into it, so it runs on the register tile."""
     if _has_epilogue_block(ks):
         sch.reverse_compute_inline(sch.get_sblock("epilogue"))
-    sch.vectorize(sch.get_loops(wb)[-1])
+    _vectorize(sch, sch.get_loops(wb)[-1])
 
 
 def _unpadded(spec: ConvSpec) -> bool:

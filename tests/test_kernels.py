@@ -90,6 +90,22 @@ def test_tiles_for_narrower_vectors_match_reference(bits, variant, target):
     assert result.verified, f"max error {result.max_error} with {knobs}"
 
 
+@pytest.mark.parametrize("conv", ["C=1,H=7,W=7,K=1,R=3,S=3,stride=1,pad=1",
+                                  "C=31,H=14,W=14,K=1,R=3,S=3,stride=2,pad=1",
+                                  "C=31,H=14,W=14,K=31,R=3,S=3,stride=2,pad=1,groups=31"])
+@pytest.mark.parametrize("algorithm", [Algorithm.DIRECT, Algorithm.GEMM])
+def test_a_tile_of_one_lane_builds_and_matches_reference(conv, algorithm, target):
+    """SSE's four lanes divide no width of 7 (nor 49 output pixels): the tile is one lane,
+    a loop of one iteration that is left unvectorised, not a failed build. Channel-pruned
+    layers reduced to one filter give such shapes."""
+    spec = ConvSpec.parse(conv)
+    variant = Variant(algorithm, Compression.DENSE)
+    knobs = resolve_knobs(spec, variant, 128)
+    assert 1 in knobs.values()
+    result = run_task(_task(spec, variant, target, knobs=knobs))
+    assert result.error is None and result.verified, (result.error, knobs)
+
+
 #: Every step of the fused epilogue, ReLU6 as its two clamps.
 ALL_STEPS = (("bias",), ("residual",), ("max", 0.0), ("min", 6.0), ("silu",))
 
