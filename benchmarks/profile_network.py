@@ -31,7 +31,7 @@ def kind(symbol: str) -> str:
     """The kind of a VM call: our conv kernel, a VM builtin, or a TVM-scheduled op."""
     if re.match(r"conv\d+_", symbol):
         return "conv kernel (ours)"
-    if symbol.startswith("vm.builtin.") or symbol.startswith("vm."):
+    if symbol.startswith("vm."):
         return "VM builtin (allocation, shapes)"
     return "other op (TVM-scheduled)"
 

@@ -85,8 +85,7 @@ STAGE_FAMILY = tuple(n for n in _FAMILY if n != "channel_pattern")
 MIN_STRUCTURE_ROWS = 15
 
 
-def _family_keys(X: np.ndarray, family: tuple[str, ...] = STAGE_FAMILY
-                 ) -> tuple[list[str], list[str]]:
+def _family_keys(X: np.ndarray, family: tuple[str, ...]) -> tuple[list[str], list[str]]:
     """Each row's family key (over the ``family`` columns), and its family × loop-structure
     key."""
     col = FEATURE_NAMES.index
