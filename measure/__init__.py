@@ -13,3 +13,44 @@ worker process. Everything importable from this package's top level is pure Pyth
 
 #: Bump when a kernel's code changes, so stored measurements of the old code are not reused.
 KERNELS_VERSION = "k4"
+
+
+def import_tvm():
+    """Import TVM without the torch import its FFI layer makes first, and return it.
+
+    ``tvm_ffi`` imports torch, when installed, before it loads (a workaround for one Windows
+    build) so as to convert torch tensors. That costs each TVM process about 2 s of start-up
+    on this machine, and the backend never hands TVM a torch tensor. torch is hidden only
+    while TVM loads: a later ``import torch`` in the same process works as usual."""
+    import sys
+
+    if "tvm" in sys.modules or "torch" in sys.modules:
+        import tvm
+
+        return tvm
+    sys.modules["torch"] = None  # `import torch` raises ImportError, which tvm_ffi expects
+    try:
+        import tvm
+    finally:
+        if sys.modules.get("torch", 0) is None:
+            del sys.modules["torch"]
+    return tvm
+
+
+def hide_torch_from_children(folder) -> dict[str, str]:
+    """``PYTHONPATH`` for child processes that cannot import torch, with a shim in
+    ``folder``: the TVM processes a measurement starts (MetaSchedule's builders and runners,
+    a loopback tracker and its boards) never need it, and each starts about 2 s sooner
+    without it (see :func:`import_tvm`)."""
+    import os
+    from pathlib import Path
+
+    shim = Path(folder) / "torch"
+    init = shim / "__init__.py"
+    if not init.is_file():
+        shim.mkdir(parents=True, exist_ok=True)
+        tmp = init.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text('raise ImportError("torch is hidden from this TVM helper process")\n')
+        tmp.replace(init)
+    path = os.environ.get("PYTHONPATH")
+    return {"PYTHONPATH": os.pathsep.join([str(shim.parent), *([path] if path else [])])}

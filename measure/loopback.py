@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+from . import hide_torch_from_children
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -21,9 +23,12 @@ def free_port() -> int:
 
 
 def _start(args: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """``python -m ARGS`` in its own session, logging to ``log``; a tracker or a board never
+    imports torch (:func:`hide_torch_from_children`)."""
+    hidden = hide_torch_from_children(log.parent / "without-torch")
     return subprocess.Popen([sys.executable, "-m", *args], stdout=open(log, "w"),
                             stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, **(env or {})})
+                            env={**os.environ, **hidden, **(env or {})})
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -34,6 +39,20 @@ def stop(proc: subprocess.Popen) -> None:
         except ProcessLookupError:
             pass
     proc.wait(timeout=30)
+
+
+def _wait_for_listener(port: int, proc: subprocess.Popen, deadline_s: float = 60.0) -> None:
+    """Until something accepts connections on 127.0.0.1:``port`` (``proc`` listening)."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < deadline_s:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the tracker exited with status {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1.0):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"the tracker did not listen on port {port} within {deadline_s} s")
 
 
 def wait_for_boards(port: int, key: str, n: int, deadline_s: float = 90.0) -> None:
@@ -69,6 +88,8 @@ class LoopbackFarm:
         self.servers: list[subprocess.Popen] = []
         self._by_address: dict[str, subprocess.Popen] = {}
         try:
+            # a server that finds no tracker yet retries 5 s later: start them once it listens
+            _wait_for_listener(self.port, self.tracker)
             for _ in range(boards):
                 self.add_server()
             wait_for_boards(self.port, key, boards)

@@ -39,20 +39,31 @@ MIN_GAIN = 0.01
 BUILD_TIMEOUT_S = 180.0
 
 
-def import_tensor_intrinsics() -> None:
-    """Import ``tvm.s_tir.tensor_intrin`` in seconds instead of about 40.
+#: The tensor intrinsics a CPU target's schedule rules can use (x86 and Arm dot products).
+CPU_INTRINSICS = ("x86", "arm_cpu", "riscv_cpu")
 
-    MetaSchedule imports it in the tuning process and in each builder worker. It parses
-    about 500 TVMScript functions, and each parse calls :func:`inspect.stack`, which reads the
-    source of every frame on the stack and, for the import machinery's frozen frames,
-    searches all of ``sys.modules``. TVMScript reads the code context of the first three
-    frames only (``tvm.script.parser.core.utils.is_defined_in_class``) and the locals of the
-    others, so during this import the stack carries context for those three. Also the
-    builder workers' initializer (:func:`_board_tuning`)."""
+
+def import_tensor_intrinsics() -> None:
+    """Import the CPU half of ``tvm.s_tir.tensor_intrin`` in half a second instead of about
+    40: MetaSchedule imports the package in the tuning process and in each builder worker
+    (this function is also their initializer, :func:`_board_tuning`).
+
+    - The package imports every architecture's intrinsics; the CUDA ones alone take about
+      5 s, and a CPU target's schedule rules never use them, nor ROCm's or Hexagon's. The
+      package is registered with only :data:`CPU_INTRINSICS` imported; any other submodule
+      still imports on demand (``import tvm.s_tir.tensor_intrin.cuda``).
+    - Each TVMScript function parsed calls :func:`inspect.stack`, which reads the source of
+      every frame on the stack and, for the import machinery's frozen frames, searches all of
+      ``sys.modules``. TVMScript reads the code context of the first three frames only
+      (``tvm.script.parser.core.utils.is_defined_in_class``) and the locals of the others,
+      so during this import the stack carries context for those three."""
+    import importlib
+    import importlib.util
     import inspect
     import sys
 
-    if "tvm.s_tir.tensor_intrin" in sys.modules:
+    name = "tvm.s_tir.tensor_intrin"
+    if name in sys.modules:
         return
     original = inspect.stack
 
@@ -69,9 +80,19 @@ def import_tensor_intrinsics() -> None:
             frame = frame.f_back
         return frames
 
+    import tvm.s_tir
+
+    spec = importlib.util.find_spec(name)
+    package = importlib.util.module_from_spec(spec)  # its __init__ is not run
+    sys.modules[name] = package
+    tvm.s_tir.tensor_intrin = package
     inspect.stack = stack
     try:
-        import tvm.s_tir.tensor_intrin  # noqa: F401
+        for sub in CPU_INTRINSICS:
+            importlib.import_module(f"{name}.{sub}")
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
     finally:
         inspect.stack = original
 
@@ -203,6 +224,25 @@ def _early_stop_callback(patience: int, budget: int, counter: dict):
     return EarlyStop()
 
 
+#: MetaSchedule's evolutionary search evolves a population of this many candidates by
+#: default; a search of fewer than POPULATION_TRIALS trials evolves proportionally fewer.
+POPULATION = 512
+POPULATION_TRIALS = 64
+
+
+def search_strategy(budget: int):
+    """MetaSchedule's evolutionary search for a budget of ``budget`` trials: its defaults
+    from :data:`POPULATION_TRIALS` trials up (the corpus's searches), a population of 8
+    candidates per trial (at least 16) below. Sampling and evolving 512 candidates on two
+    cores takes about 20 s, which a search of a few trials would otherwise spend
+    for nothing."""
+    from tvm.s_tir import meta_schedule as ms
+
+    population = POPULATION if budget >= POPULATION_TRIALS else max(16, 8 * budget)
+    return ms.search_strategy.EvolutionarySearch(
+        population_size=population, init_min_unmeasured=min(50, population))
+
+
 def tune_dense(ks: KernelSpec, target: "tvm.target.Target", db: TuningDB, key: str,
                budget: int, patience: int, per_iter: int = 16) -> tuple[tvm.IRModule,
                                                                         TuneOutcome]:
@@ -222,6 +262,7 @@ def tune_dense(ks: KernelSpec, target: "tvm.target.Target", db: TuningDB, key: s
         try:
             ms.tune_tir(func, target, work, max_trials_global=budget,
                         num_trials_per_iter=min(per_iter, budget),
+                        strategy=search_strategy(budget),
                         database=db.metaschedule(),
                         # LLVM builds of unrolled candidates take seconds; on a loaded
                         # two-core machine the default 30 s limit fails good candidates

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from dlas_predict.space.config import SparsityPattern
+from . import hide_torch_from_children, import_tvm
 from .remote import BoardError, RemoteExecution, execution, use
 from .reference import check_output, conv2d_reference, make_inputs
 from .sparse import prune, sparsity
@@ -225,7 +226,12 @@ def main(argv: list[str] | None = None) -> int:
     os.dup2(2, 1)                 # everything else printed goes to stderr
     sys.stdout = sys.stderr
     channel = os.fdopen(proto_fd, "w", buffering=1)
-    import tvm  # the slow import happens before the handshake, outside any task's timeout
+    # the slow import happens before the handshake, outside any task's timeout
+    tvm = import_tvm()
+    from dlas_predict.paths import cache_dir
+
+    # TVM's helper processes (MetaSchedule's builders and runners) start without torch
+    os.environ.update(hide_torch_from_children(cache_dir("without-torch")))
 
     import dlas_predict.measure.kernels  # noqa: F401
 

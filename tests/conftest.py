@@ -35,6 +35,15 @@ def run_cli(*args):
     return CliRunner().invoke(app, [str(a) for a in args])
 
 
+def run_python(*lines: str, env: dict | None = None, timeout: float = 120):
+    """Run ``lines`` as a program in a fresh Python process (for what one process's import
+    state would hide); returns the completed process, output captured as text."""
+    import subprocess
+
+    return subprocess.run([sys.executable, "-c", "\n".join(lines)], capture_output=True,
+                          text=True, env=env, timeout=timeout)
+
+
 def assert_clean_error(result, needle: str) -> None:
     """A non-zero exit, one ``Error:`` line naming ``needle``, and no traceback."""
     assert result.exit_code != 0, result.output

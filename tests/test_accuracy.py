@@ -88,6 +88,7 @@ def test_extreme_pruning_genuinely_drops_and_finetuning_is_refused_on_plain_onnx
                          ratio=0.5, finetune_epochs=1)
 
 
+@pytest.mark.slow
 def test_int8_reports_before_and_after_calibration():
     res = accuracy.measure("zoo:mobilenetv1-cifar", compression="int8")
     assert res.uncalibrated is not None and res.value >= 0.9

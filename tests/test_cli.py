@@ -20,6 +20,25 @@ def test_help_lists_commands():
         assert cmd in result.output
 
 
+
+def test_a_plain_install_carries_every_subpackage():
+    """``pip install .`` installs the packages pyproject names, not the ones it finds: each
+    subpackage of the library and of the TVM backend must be named there."""
+    import tomllib
+
+    from conftest import ROOT
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    named = set(config["packages"])
+    on_disk = {".".join(p.parent.relative_to(ROOT).parts)
+               for p in (ROOT / "dlas_predict").rglob("__init__.py")}
+    backend = ROOT / "measure"
+    on_disk |= {".".join(("dlas_predict.measure", *p.parent.relative_to(backend).parts))
+                for p in backend.rglob("__init__.py")}
+    assert "dlas_predict.crossdev" in on_disk and "dlas_predict.measure" in named
+    assert on_disk - named == set(), "subpackages a plain install would leave out"
+    assert config["package-dir"]["dlas_predict.measure"] == "measure"
+
 def test_devices_json():
     result = _run("devices", "--json")
     assert result.exit_code == 0

@@ -137,6 +137,7 @@ def test_bundle_is_resumable_and_results_import_once(tmp_path):
         assert import_results(out, results, db)["records"] == 0
 
 
+@pytest.mark.slow
 def test_gpu_runner_refuses_without_a_gpu_or_a_bundle(tmp_path):
     import tvm
 

@@ -87,7 +87,7 @@ def test_validate_builds_and_times_the_top_candidate(tmp_path):
 
 
 def test_table_output_names_sources():
-    res = _run("recommend", "zoo:vgg16-cifar", "--top", "5")
+    res = _run("recommend", "zoo:resnet18-cifar", "--top", "5")
     assert res.exit_code == 0, res.output
     assert "predicted ms" in res.output and "80% interval" in res.output
     assert "accuracy source: shipped curve" in res.output

@@ -125,3 +125,26 @@ def _state(pid: int) -> str:
             return f.read().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "gone"
+
+
+@pytest.mark.slow
+def test_tvm_loads_without_torch_and_torch_still_imports_after(tmp_path):
+    """A worker's TVM loads without torch (TVM's FFI layer imports it when installed); torch
+    imports as usual afterwards, and the worker's TVM helper processes cannot import it."""
+    import os
+
+    from conftest import run_python
+
+    from dlas_predict.measure import hide_torch_from_children
+
+    proc = run_python("import sys",
+                      "from dlas_predict.measure import import_tvm",
+                      "tvm = import_tvm()",
+                      "assert 'torch' not in sys.modules, 'TVM imported torch'",
+                      "assert tvm.cpu(0).exist",
+                      "import torch",
+                      "print(int(torch.ones(2).sum()))")
+    assert proc.returncode == 0 and proc.stdout.split() == ["2"], proc.stderr[-2000:]
+    env = {**os.environ, **hide_torch_from_children(tmp_path / "shim")}
+    child = run_python("import torch", env=env, timeout=60)
+    assert child.returncode != 0 and "torch is hidden" in child.stderr

@@ -55,6 +55,38 @@ def test_tuned_key_depends_on_budget_and_differs_from_untuned():
     assert t64.tuning.timeout_s() > t8.tuning.timeout_s() >= 300
 
 
+def test_a_small_budget_evolves_a_small_population_and_the_default_is_metaschedules():
+    from dlas_predict.measure import import_tvm
+
+    import_tvm()
+    from dlas_predict.measure.tuning import POPULATION, search_strategy
+
+    sizes = {b: search_strategy(b).population_size for b in (1, 2, 8, 63, 64, 1000)}
+    assert sizes == {1: 16, 2: 16, 8: 64, 63: 504, 64: POPULATION, 1000: POPULATION}
+    assert POPULATION == 512  # MetaSchedule's own default, which the corpus's searches used
+
+
+@pytest.mark.slow
+def test_only_the_cpu_tensor_intrinsics_are_imported_and_the_rest_on_demand():
+    """In a fresh process (this one may hold the package already): the CPU intrinsics are
+    registered for MetaSchedule's rules, the CUDA module is not imported, and it can be (its
+    import takes seconds: found, not run)."""
+    from conftest import run_python
+
+    proc = run_python("import importlib.util, sys",
+                      "from dlas_predict.measure import import_tvm",
+                      "import_tvm()",
+                      "from dlas_predict.measure.tuning import import_tensor_intrinsics",
+                      "import_tensor_intrinsics()",
+                      "from tvm.s_tir import TensorIntrin",
+                      "TensorIntrin.get('dot_16x4_avx512')",
+                      "assert 'tvm.s_tir.tensor_intrin.x86' in sys.modules",
+                      "assert 'tvm.s_tir.tensor_intrin.cuda' not in sys.modules",
+                      "print('ok', importlib.util.find_spec('tvm.s_tir.tensor_intrin.cuda').name)")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["ok", "tvm.s_tir.tensor_intrin.cuda"]
+
+
 def test_tuning_options_reject_impossible_values(tmp_path):
     with pytest.raises(ConfigError, match="between 1 and 20000"):
         TuningOptions(budget=20001)

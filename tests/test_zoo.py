@@ -41,7 +41,13 @@ def test_unknown_name_lists_the_zoo():
         zoo.resolve("resnet50")  # a bare zoo name that is not a file: hint at zoo:
 
 
-@pytest.mark.parametrize("name", [n for n, e in zoo.ZOO.items() if e.dataset == "cifar10"])
+#: The two largest CIFAR-10 networks take seconds each to classify 360 images: the full
+#: suite checks them.
+_BIG_CIFAR = {"resnet18-cifar", "vgg16-cifar"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in _BIG_CIFAR
+                                  else n for n, e in zoo.ZOO.items() if e.dataset == "cifar10"])
 def test_shipped_weights_classify_held_out_digits(name):
     entry = zoo.get(name)
     assert entry.trained, f"{entry.weights_path} is missing"
@@ -81,3 +87,30 @@ def test_weights_round_trip(tmp_path):
 def test_export_copy_is_cached_model(tmp_path):
     out = zoo.export("zoo:mobilenetv1-cifar", tmp_path / "sub" / "m.onnx")
     assert out.read_bytes() == zoo.export("mobilenetv1-cifar").read_bytes()
+
+
+def test_weights_are_decoded_once_and_each_model_gets_its_own_copy(tmp_path):
+    import torch
+
+    def small(width=8):
+        return torch.nn.Sequential(torch.nn.Conv2d(3, width, 3), torch.nn.BatchNorm2d(width))
+
+    path = tmp_path / "w.npz.xz"
+    zoo.save_weights(small(), path)
+    first, second = small(), small()
+    zoo.load_weights(first, path)
+    before = zoo._decoded_weights.cache_info().hits
+    zoo.load_weights(second, path)
+    assert zoo._decoded_weights.cache_info().hits == before + 1
+    with torch.no_grad():
+        for p in first.parameters():
+            p.zero_()  # pruning one model in place must not reach the other, or the cache
+    zoo.load_weights(first, path)
+    for a, b in zip(first.state_dict().values(), second.state_dict().values()):
+        assert torch.equal(a, b)
+    assert any(p.abs().sum() > 0 for p in first.parameters())
+    # A file written again is decoded again.
+    zoo.save_weights(small(16), path)
+    zoo.load_weights(small(16), path)
+    with pytest.raises(NetworkError, match="does not fit"):
+        zoo.load_weights(small(8), path)

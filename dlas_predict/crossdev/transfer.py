@@ -262,10 +262,11 @@ def fit_transfer(kind: str = "cpu", data: Path | None = None,
         _FITS[str(path), key] = TransferFit(**cached[key])
         return _FITS[str(path), key]
     mats = [sources.profiles_matrix("kernel")]
+    missing = ""
     try:
         mats.append(sources.tophub_matrix(data))
-    except DlasError:
-        pass
+    except DlasError as exc:
+        missing = f" (TopHub's kernels of other devices were not read: {exc})"
     pairs = []
     for mat in mats:
         specs = {d: every[d] for d in mat.devices if d in every and every[d].kind == kind}
@@ -273,7 +274,7 @@ def fit_transfer(kind: str = "cpu", data: Path | None = None,
     pairs = [p for p in pairs if exclude not in (p[0], p[1])]
     if not pairs:
         raise DlasError(f"no pair of {kind} devices measured the same kernels: no zero-shot "
-                        "map can be fitted")
+                        f"map can be fitted{missing}")
     devices = sorted({r for r, *_ in pairs} | {d for _, d, *_ in pairs})
 
     def fit(use):

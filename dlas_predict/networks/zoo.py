@@ -11,9 +11,11 @@ once and cached under ``DLAS_HOME/cache/zoo``.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import lzma
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,23 +105,40 @@ def save_weights(model, path: Path) -> None:
     path.write_bytes(lzma.compress(buf.getvalue(), preset=9))
 
 
-def load_weights(model, path: Path) -> None:
-    """Load :func:`save_weights`' file into a torch model (strict: every key must match)."""
-    import torch
-
+@functools.lru_cache(maxsize=8)
+def _decoded_weights(path: str, mtime_ns: int, size: int) -> dict[str, np.ndarray]:
+    """The float arrays of a :func:`save_weights` file, decoded once per process and file
+    version (decompressing a zoo network's weights takes about a second; a recommendation
+    builds its torch model several times). The arrays are read-only: loading copies them."""
     try:
-        data = np.load(io.BytesIO(lzma.decompress(path.read_bytes())))
+        data = np.load(io.BytesIO(lzma.decompress(Path(path).read_bytes())))
     except (lzma.LZMAError, ValueError, OSError) as exc:
         raise NetworkError(f"weights file {path} is unreadable ({exc})") from None
     state = {}
     for key in data.files:
         kind, name = key.split(":", 1)
         if kind == "q8":
-            state[name] = torch.from_numpy(
-                data[key].astype(np.float32)
-                * data[f"scale:{name}"].reshape(-1, *[1] * (data[key].ndim - 1)))
+            state[name] = (data[key].astype(np.float32)
+                           * data[f"scale:{name}"].reshape(-1, *[1] * (data[key].ndim - 1)))
         elif kind == "raw":
-            state[name] = torch.from_numpy(data[key].copy())
+            state[name] = data[key].copy()
+    for array in state.values():
+        array.flags.writeable = False
+    return state
+
+
+def load_weights(model, path: Path) -> None:
+    """Load :func:`save_weights`' file into a torch model (strict: every key must match)."""
+    import torch
+
+    try:
+        stat = Path(path).stat()
+    except OSError as exc:
+        raise NetworkError(f"weights file {path} is unreadable ({exc})") from None
+    arrays = _decoded_weights(str(path), stat.st_mtime_ns, stat.st_size)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # from_numpy on a read-only array; load copies it
+        state = {name: torch.from_numpy(a) for name, a in arrays.items()}
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as exc:
@@ -141,8 +160,6 @@ def torch_model(name: str):
 # ---- ONNX export -------------------------------------------------------------------------
 def export_model(model, input_shape: tuple[int, int, int], path: Path) -> Path:
     """Export a torch model to ONNX (batch 1, opset 17, batch norms folded in eval mode)."""
-    import warnings
-
     import torch
 
     path.parent.mkdir(parents=True, exist_ok=True)

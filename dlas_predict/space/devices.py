@@ -196,8 +196,8 @@ def _host_target(fingerprint: str) -> dict[str, Any]:
             return json.loads(cache.read_text())
         except ValueError:
             pass
-    code = ("import json, tvm; t = tvm.target.Target.from_device(tvm.cpu()); "
-            "print(json.dumps(json.loads(str(t))))")
+    code = ("import json; from dlas_predict.measure import import_tvm; tvm = import_tvm(); "
+            "t = tvm.target.Target.from_device(tvm.cpu()); print(json.dumps(json.loads(str(t))))")
     try:
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                               timeout=120)
