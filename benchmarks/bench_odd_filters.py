@@ -56,7 +56,7 @@ def layers(lanes: int, limit: int) -> list:
 
 
 def main() -> int:
-    from kerneltime import EPILOGUE, Timer, disagree, thread_args
+    from kerneltime import EPILOGUE, Timer, disagree, spread, thread_args
 
     args = thread_args(argparse.ArgumentParser(description=__doc__.split("\n")[0]), limit=12)
     if args is None:
@@ -90,9 +90,7 @@ def main() -> int:
         print(f"{short:44s} {times[0]:10.4f} {times[1]:10.4f} {ratios[-1]:7.2f}x "
               f"{times[2]:8.4f}  {_tile(old)} → {_tile(new)}", flush=True)
     if ratios:
-        geo = float(np.exp(np.mean(np.log(ratios))))
-        print(f"\n{len(ratios)} layers: padded over divisor blocks ×{geo:.2f} (geometric "
-              f"mean), ×{min(ratios):.2f} to ×{max(ratios):.2f}")
+        print(f"\n{len(ratios)} layers: padded over divisor blocks {spread(ratios)}")
     return 0
 
 

@@ -32,7 +32,7 @@ def layers(limit: int) -> list:
 
 
 def main() -> int:
-    from kerneltime import Timer, disagree, thread_args
+    from kerneltime import Timer, disagree, spread, thread_args
 
     args = thread_args(argparse.ArgumentParser(description=__doc__.split("\n")[0]), limit=12)
     if args is None:
@@ -80,10 +80,8 @@ def main() -> int:
         print(f"{short:54s} {alg.value:>12s} {times[0]:8.4f} {times[1]:8.4f} {times[2]:8.4f} "
               f"{ratios[-1]:7.2f}x  {share[0]:.0%} → {share[1]:.0%}", flush=True)
     if ratios:
-        geo = float(np.exp(np.mean(np.log(ratios))))
-        print(f"\n{len(ratios)} layers: polynomial over libm SiLU ×{geo:.2f} (geometric mean), "
-              f"×{min(ratios):.2f} to ×{max(ratios):.2f}; summed {totals[1]:.3f} → "
-              f"{totals[2]:.3f} ms (bias only {totals[0]:.3f} ms)")
+        print(f"\n{len(ratios)} layers: polynomial over libm SiLU {spread(ratios)}; summed "
+              f"{totals[1]:.3f} → {totals[2]:.3f} ms (bias only {totals[0]:.3f} ms)")
     return 0
 
 

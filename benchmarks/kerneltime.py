@@ -69,3 +69,11 @@ def disagree(outputs: list) -> bool:
 
     scale = max(1.0, float(np.abs(outputs[0]).max()))
     return any(float(np.abs(o - outputs[0]).max()) > 1e-3 * scale for o in outputs[1:])
+
+
+def spread(ratios: list[float]) -> str:
+    """``×G (geometric mean), ×MIN to ×MAX`` of a run's speedups."""
+    import numpy as np
+
+    geo = float(np.exp(np.mean(np.log(ratios))))
+    return f"×{geo:.2f} (geometric mean), ×{min(ratios):.2f} to ×{max(ratios):.2f}"
