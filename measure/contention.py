@@ -44,6 +44,7 @@ import math
 import os
 import statistics
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -55,7 +56,9 @@ CHAIN = 200_000
 #: (pool threads asleep, the other vCPU descheduled); seen as a ratio of 2 without a
 #: neighbour on the first three probes of a fresh process.
 WAKE_CALLS = 20
-#: Waits in a row that may end contended before the probe stops waiting.
+#: The probe stops waiting for quiet once this many of its last ``2 * GIVE_UP`` waits ended
+#: contended (a host whose slow spells come and go would otherwise cost a full wait every
+#: other record), and waits again once this many readings in a row were quiet.
 GIVE_UP = 3
 
 _SRC = '''
@@ -187,7 +190,7 @@ class ContentionProbe:
 
         from .remote import execution
 
-        self.timeouts = 0  # waits in a row that ended still contended
+        self.reset_waiting()
         self.canary = canary
         run = execution()
         dev = run.dev
@@ -215,19 +218,34 @@ class ContentionProbe:
         ratio = self.ratio()
         return Reading(ratio, None if self.canary is None else self.canary.slowdown())
 
+    def reset_waiting(self) -> None:
+        """Wait for quiet before each timing (again)."""
+        self.waits: deque[bool] = deque(maxlen=2 * GIVE_UP)  # True: ended contended
+        self.given_up = False
+        self.quiet_streak = 0
+
     def wait_for_quiet(self, protocol: Any, poll_s: float = 0.25) -> tuple[Reading, float]:
         """Probe until the reading is quiet (:meth:`Reading.quiet`) or
-        ``protocol.quiet_wait_s`` has passed; returns (last reading, seconds waited). After
-        ``GIVE_UP`` waits in a row that ended on a slow machine it is taken as slow for
-        good: no more waiting (still probed and recorded) until a probe finds it quiet
-        again, so a collection on a loaded machine is not slowed by a wait per record."""
+        ``protocol.quiet_wait_s`` has passed; returns (last reading, seconds waited). Once
+        ``GIVE_UP`` of the last ``2 * GIVE_UP`` waits ended on a slow machine, it is taken
+        as slow for good: no more waiting (still probed and recorded) until ``GIVE_UP``
+        readings in a row find it quiet, so a collection on a loaded machine, or on a host
+        whose slow spells come and go, is not slowed by a wait per record."""
         t0 = time.perf_counter()
         r = self.reading()
-        max_wait_s = 0.0 if self.timeouts >= GIVE_UP else float(protocol.quiet_wait_s)
+        max_wait_s = 0.0 if self.given_up else float(protocol.quiet_wait_s)
         while not r.quiet(protocol) and time.perf_counter() - t0 < max_wait_s:
             time.sleep(poll_s)
             r = self.reading()
-        self.timeouts = 0 if r.quiet(protocol) else self.timeouts + 1
+        quiet = r.quiet(protocol)
+        if self.given_up:
+            self.quiet_streak = self.quiet_streak + 1 if quiet else 0
+            if self.quiet_streak >= GIVE_UP:
+                self.reset_waiting()
+        else:
+            self.waits.append(not quiet)
+            if sum(self.waits) >= GIVE_UP:
+                self.given_up, self.quiet_streak = True, 0
         return r, time.perf_counter() - t0
 
 

@@ -18,8 +18,9 @@ class ScriptedProbe(ContentionProbe):
     """A probe whose chain ratios (and canary slowdowns) are given in advance (no TVM)."""
 
     def __init__(self, ratios, slowdowns=None):
-        self.ratios, self.calls, self.timeouts = list(ratios), 0, 0
+        self.ratios, self.calls = list(ratios), 0
         self.slowdowns = None if slowdowns is None else list(slowdowns)
+        self.reset_waiting()
 
     def reading(self):
         self.calls += 1
@@ -71,9 +72,32 @@ def test_a_machine_busy_for_good_is_recorded_and_no_longer_waited_for():
     for _ in range(GIVE_UP):
         t = timed(lambda: [1.0], probe, PROTO)
         assert t.contention == 2.0 and t.attempts == 2
-    assert probe.timeouts >= GIVE_UP
+    assert probe.given_up
     t = timed(lambda: [1.0], probe, Protocol(quiet_wait_s=3600, contention_limit=1.25))
     assert t.waited_s < 1.0 and t.contention == 2.0   # no hour-long wait
+
+
+def test_slow_spells_that_come_and_go_are_given_up_on_then_waited_for_again(monkeypatch):
+    """A host slow on every other record: each slow record's wait times out, and a quiet
+    reading between them does not start the count again; GIVE_UP quiet readings in a row
+    make the probe wait again."""
+    monkeypatch.setattr(contention.time, "sleep", lambda s: None)
+    proto = Protocol(quiet_wait_s=0.02, contention_limit=1.25)
+    probe = ScriptedProbe([2.0])
+    waits = []
+    for i in range(2 * GIVE_UP):
+        probe.ratios = [2.0] if i % 2 == 0 else [1.0]
+        waits.append(probe.wait_for_quiet(proto)[1])
+    assert probe.given_up
+    assert all(w >= 0.02 for w in waits[:2 * GIVE_UP - 1:2])  # the slow ones waited out
+    probe.ratios = [2.0]
+    assert probe.wait_for_quiet(proto)[1] < 0.02             # given up: no wait
+    probe.ratios = [1.0]
+    for _ in range(GIVE_UP):
+        probe.wait_for_quiet(proto)
+    assert not probe.given_up                                 # quiet again for a while
+    probe.ratios = [2.0]
+    assert probe.wait_for_quiet(proto)[1] >= 0.02             # so it waits again
 
 
 def test_without_a_probe_the_runs_pass_through():
