@@ -27,7 +27,7 @@ FILTERS = 6
 
 
 def main() -> int:
-    from kerneltime import EPILOGUE, Timer, disagree, spread, thread_args
+    from kerneltime import EPILOGUE, Timer, disagree, pointwise, spread, thread_args
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--network", default="zoo:efficientnet-b0")
@@ -48,8 +48,8 @@ def main() -> int:
     except (DlasError, OSError) as e:
         print(f"Error: {e}", file=sys.stderr)
         return 1
-    specs = sorted({c.spec for c in net.convs() if (c.spec.R, c.spec.S, c.spec.groups)
-                    == (1, 1, 1) and c.spec.OH * c.spec.OW > 1}, key=lambda s: -s.macs)
+    specs = sorted({c.spec for c in net.convs() if pointwise(c.spec)
+                    and c.spec.OH * c.spec.OW > 1}, key=lambda s: -s.macs)
     if not specs:
         print(f"Error: {args.network} has no pointwise layer", file=sys.stderr)
         return 1

@@ -77,3 +77,8 @@ def spread(ratios: list[float]) -> str:
 
     geo = float(np.exp(np.mean(np.log(ratios))))
     return f"×{geo:.2f} (geometric mean), ×{min(ratios):.2f} to ×{max(ratios):.2f}"
+
+
+def pointwise(spec) -> bool:
+    """An ungrouped 1×1 convolution."""
+    return (spec.R, spec.S, spec.groups) == (1, 1, 1)

@@ -41,7 +41,7 @@ def kind(symbol: str) -> str:
 
 
 def main() -> int:
-    from kerneltime import thread_args
+    from kerneltime import pointwise as is_pointwise, thread_args
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("network", help="zoo:NAME or an ONNX file")
@@ -81,9 +81,8 @@ def main() -> int:
     input_name = model.graph.input[0].name
     shape = tuple(net.input_shape)
     pointwise = args.pointwise or args.algorithm
-    choices = [LayerChoice(Algorithm.parse(
-        pointwise if (c.spec.R, c.spec.S, c.spec.groups) == (1, 1, 1) else args.algorithm),
-        False) for c in net.convs()]
+    choices = [LayerChoice(Algorithm.parse(pointwise if is_pointwise(c.spec)
+                                           else args.algorithm), False) for c in net.convs()]
     stats: dict = {}
     executable = build(model, input_name, shape, DType.FLOAT32, choices,
                        tvm.target.Target(device.target), simd_bits=device.simd_bits,
@@ -141,7 +140,7 @@ def main() -> int:
 
 def layer_kind(conv) -> str:
     """A conv layer's kind, for the comparison's groups."""
-    if conv.groups > 1 and conv.groups == conv.C:
+    if conv.depthwise:
         return f"depthwise {conv.R}x{conv.S}"
     if conv.H == 1 and conv.W == 1:
         return "1x1 on 1x1 (squeeze-excite)"
