@@ -11,8 +11,21 @@ functions that measure. Only the modules that compile or run kernels (``kernels`
 worker process. Everything importable from this package's top level is pure Python.
 """
 
-#: Bump when a kernel's code changes, so stored measurements of the old code are not reused.
+#: The kernels' code version, in every kernel record and its key, so stored measurements of
+#: old code are not reused: bump it when every kernel's code changes, or give the kernels
+#: whose code changed their own version in :data:`KERNEL_VERSIONS`.
 KERNELS_VERSION = "k4"
+#: Kernels (algorithm value, CSR or not, tuned or not) of a newer version than
+#: :data:`KERNELS_VERSION`: "k5" is spatial pack's hand schedule running the epilogue on the
+#: packed register tile and unpacking each tile to NCHW while it is in cache (a tuned
+#: spatial pack is MetaSchedule's schedule of the unchanged compute).
+KERNEL_VERSIONS = {("spatial_pack", False, False): "k5"}
+
+
+def kernels_version(algorithm: str, sparse: bool, tuned: bool = False) -> str:
+    """The code version of the kernel running ``algorithm`` (an Algorithm value), CSR or
+    not, tuned or not: what its records and keys carry."""
+    return KERNEL_VERSIONS.get((str(algorithm), bool(sparse), bool(tuned)), KERNELS_VERSION)
 
 
 def import_tvm():

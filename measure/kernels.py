@@ -14,6 +14,7 @@ not part of the timed run. This module imports TVM and runs inside the isolated 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import tvm
@@ -189,11 +190,28 @@ def _finish(acc, ks: KernelSpec, extras: dict, k, nchw: tuple):
     epilogue (:func:`_epilogue`), or the fused one of ``ks.epilogue`` computed in float32."""
     if not ks.epilogue:
         return _epilogue(acc, ks.requant_scale, ks.dtype)
+    return _to_output(_steps(_to_float32(acc, ks), ks.epilogue, extras, k, nchw), ks)
+
+
+def _to_float32(acc, ks: KernelSpec):
+    """An accumulator in float32, dequantised (int8): where a fused epilogue starts."""
     f32 = "float32"
     y = acc.astype(f32) if acc.dtype != f32 else acc
     if ks.dtype is DType.INT8:
         y = y * tvm.tirx.const(ks.requant_scale, f32)
-    for step in ks.epilogue:
+    return y
+
+
+def _to_output(y, ks: KernelSpec):
+    """A fused epilogue's float32 result in the kernel's output type."""
+    return y.astype(ks.out_dtype) if ks.out_dtype != "float32" else y
+
+
+def _steps(y, steps: tuple, extras: dict, k, nchw: tuple | None):
+    """The fused epilogue ``steps`` applied to the float32 value ``y`` of output channel ``k``
+    (a residual step reads its operand at the NCHW index ``nchw``)."""
+    f32 = "float32"
+    for step in steps:
         op = step[0]
         if op == "bias":
             y = y + extras["bias"][k]
@@ -210,7 +228,7 @@ def _finish(acc, ks: KernelSpec, extras: dict, k, nchw: tuple):
             y = y * fast_sigmoid(y)
         else:
             raise ValueError(f"unknown epilogue step {step!r}")
-    return y.astype(ks.out_dtype) if ks.out_dtype != f32 else y
+    return y
 
 
 def acc_dtype(ks: "KernelSpec") -> str:
@@ -441,7 +459,7 @@ def _gemm_schedule(sch: Schedule, ks: KernelSpec) -> None:
         _schedule_copy(sch, "col")
 
 
-def _spatial_pack_compute(ks: KernelSpec) -> list:
+def _spatial_pack_compute(ks: KernelSpec, tile_epilogue: bool = False) -> list:
     spec, dt = ks.conv, ks.dtype
     kb, vh_, vw_ = ks.knobs["tile_k"], ks.knobs["tile_h"], ks.knobs["tile_w"]
     cg = spec.C // spec.groups
@@ -482,6 +500,8 @@ def _spatial_pack_compute(ks: KernelSpec) -> list:
             kvec[ko, rc, rr, rs, ki], dt, acc_dtype(ks)), axis=[rc, rr, rs]),
         name="conv")
     extras = _extras(ks)
+    if tile_epilogue:
+        return [data, kvec, *extras.values(), _tile_epilogue(conv, ks, extras)]
     out = te.compute(
         spec.output_shape,
         lambda n, k, h, w: _finish(conv[k // kb, h // vh_, w // vw_, h % vh_, w % vw_, k % kb],
@@ -490,7 +510,41 @@ def _spatial_pack_compute(ks: KernelSpec) -> list:
     return [data, kvec, *extras.values(), out]
 
 
+def _tile_epilogue(conv, ks: KernelSpec, extras: dict):
+    """Spatial pack's output stage for the hand schedule: the epilogue's steps before a
+    residual add (and the output cast) on the packed tile, an ``epilogue`` block the
+    schedule folds into the accumulator write-back, vectorised over the filter block; the
+    residual add and what follows it while the tile is unpacked to NCHW (``out``)."""
+    spec = ks.conv
+    kb, vh_, vw_ = ks.knobs["tile_k"], ks.knobs["tile_h"], ks.knobs["tile_w"]
+    steps = ks.epilogue
+    cut = next((i for i, step in enumerate(steps) if step[0] == "residual"), len(steps))
+    head, tail = steps[:cut], steps[cut:]
+    last = tvm.tirx.const(spec.K - 1, "int32")
+
+    def packed(ko, ho, wo, vh, vw, ki):
+        acc = conv[ko, ho, wo, vh, vw, ki]
+        if not steps:
+            return _epilogue(acc, ks.requant_scale, ks.dtype)
+        # the filters padding the last block read the last real filter's bias
+        y = _steps(_to_float32(acc, ks), head, extras, tvm.tirx.min(ko * kb + ki, last), None)
+        return y if tail else _to_output(y, ks)
+
+    tile = conv
+    if _has_epilogue_block(ks):
+        tile = te.compute(conv.shape, packed, name="epilogue")
+
+    def unpacked(n, k, h, w):
+        y = tile[k // kb, h // vh_, w // vw_, h % vh_, w % vw_, k % kb]
+        return _to_output(_steps(y, tail, extras, k, (n, k, h, w)), ks) if tail else y
+
+    return te.compute(spec.output_shape, unpacked, name="out")
+
+
 def _spatial_pack_schedule(sch: Schedule, ks: KernelSpec) -> None:
+    """Parallel over blocks of filters by rows of tiles; each register tile accumulates over
+    the reduction, is written back through the epilogue's steps before a residual add
+    (:func:`_tile_epilogue`), and unpacked to NCHW while it is in cache."""
     kb = ks.knobs["tile_k"]
     sch.compute_inline(sch.get_sblock("pad"))
     block = sch.get_sblock("conv")
@@ -506,11 +560,15 @@ def _spatial_pack_schedule(sch: Schedule, ks: KernelSpec) -> None:
         sch.unroll(vh)
         _vectorize(sch, vw)
     sch.reverse_compute_at(wb, wo)
+    if _has_epilogue_block(ks):
+        sch.reverse_compute_inline(sch.get_sblock("epilogue"))
+    out = sch.get_sblock("out")
+    sch.reverse_compute_at(out, wo)
     sch.parallel(sch.fuse(ko, ho))
     sch.decompose_reduction(block, r_c)
     _vectorize(sch, sch.get_loops(wb)[-1])
+    _vectorize(sch, sch.get_loops(out)[-1])
     _schedule_copy(sch, "data_vec")
-    _schedule_copy(sch, "out")
 
 
 def _has_epilogue_block(ks: KernelSpec) -> bool:
@@ -792,8 +850,10 @@ def kernel_module(ks: KernelSpec) -> tvm.IRModule:
 
         func = from_source(_SPARSE[ks.algorithm](ks))
         return tvm.IRModule({"main": func})
-    _, schedule = _DENSE[ks.algorithm]
-    sch = Schedule(dense_prim_func(ks))
+    compute, schedule = _DENSE[ks.algorithm]
+    if ks.algorithm is Algorithm.SPATIAL_PACK:  # the output stage the hand schedule tiles
+        compute = partial(_spatial_pack_compute, tile_epilogue=True)
+    sch = Schedule(te.create_prim_func(compute(ks)))
     schedule(sch, ks)
     return sch.mod
 

@@ -25,7 +25,7 @@ from dlas_predict.space.config import ConvSpec, Tuning, Variant
 from dlas_predict.space.devices import Device
 from dlas_predict.errors import ConfigError
 from dlas_predict.corpus.records import MeasureResult, measurement_key
-from . import KERNELS_VERSION
+from . import kernels_version
 from .knobs import resolve_knobs, tuned_knobs
 from .remote import BoardError, BoardInfo, board_mismatch
 from .rpcopts import RpcOptions
@@ -93,7 +93,8 @@ class MeasureTask:
             tuning = None
             knobs = resolve_knobs(spec, variant, simd)
         key = measurement_key(device.name, device.fingerprint, spec, variant, knobs,
-                              KERNELS_VERSION)
+                              kernels_version(variant.algorithm.value, variant.sparse,
+                                              variant.tuning is Tuning.TUNED))
         return cls(spec=spec, variant=variant, knobs=knobs, key=key, seed=seed, fault=fault,
                    tuning=tuning)
 
@@ -303,7 +304,9 @@ class LocalRunner(Runner):
             verified=reply.verified, max_error=reply.max_error,
             error=None if reply.ok else str(reply.error or "unknown failure"),
             threads=self._ready.get("threads") or self.device.cores,
-            tvm_version=self._ready.get("tvm_version", ""), kernels_version=KERNELS_VERSION,
+            tvm_version=self._ready.get("tvm_version", ""), kernels_version=kernels_version(
+                task.variant.algorithm.value, task.variant.sparse,
+                task.variant.tuning is Tuning.TUNED),
             timestamp=time.time(), tuning_seconds=reply.tuning_seconds,
             trials=reply.trials, tuner=reply.tuner,
             contention=reply.contention, slowdown=reply.slowdown,

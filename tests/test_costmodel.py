@@ -334,7 +334,7 @@ def test_a_record_of_an_older_engine_counts_until_the_current_engine_measures_it
 
     old = PREVIOUS_NETWORK_VERSIONS[0]
 
-    def rec(config, version, algorithm="direct"):
+    def rec(config, version, algorithm="spatial_pack"):
         return NetworkMeasurement(key=f"{config}{version}{algorithm}", device="local",
                                   fingerprint="f", network="n", config=config,
                                   algorithm=algorithm, plan="[]", dtype="float32",
@@ -346,8 +346,13 @@ def test_a_record_of_an_older_engine_counts_until_the_current_engine_measures_it
     assert drop_older_engines([stale, fresh, only_old, ort]) == [fresh, only_old, ort]
     assert rec("dense", "").to_row()["kernels_version"] == NETWORK_VERSION
     assert NetworkMeasurement.from_row(stale.to_row()).version == old
-    assert engine_version("direct") == NETWORK_VERSION not in PREVIOUS_NETWORK_VERSIONS
+    assert engine_version("spatial_pack") == NETWORK_VERSION not in PREVIOUS_NETWORK_VERSIONS
+    assert engine_version("per_layer") == NETWORK_VERSION
     assert engine_version(ONNXRUNTIME) == ONNXRUNTIME_VERSION
+    # builds the newest engine left as they were keep their version, and their records count
+    direct = rec("dense", engine_version("direct"), "direct")
+    assert engine_version("direct") in PREVIOUS_NETWORK_VERSIONS
+    assert drop_older_engines([fresh, direct]) == [fresh, direct]
 
 
 def test_a_channel_pruning_record_pairs_only_with_the_layers_it_timed():

@@ -274,6 +274,23 @@ def test_spatial_pack_pads_its_last_block_of_filters(dtype):
     assert np.abs(plain - ref).max() < 1e-4 * max(1.0, np.abs(ref).max())
 
 
+@pytest.mark.parametrize("steps", [(("bias",), ("silu",)),
+                                   (("bias",), ("relu",), ("residual",), ("max", -0.5))],
+                         ids=["on-the-tile", "split-at-the-residual"])
+@pytest.mark.parametrize("dtype", ["float32", "int8"])
+def test_spatial_pack_splits_its_epilogue_at_the_residual_add(steps, dtype):
+    """The steps before a residual add run on the packed register tile (the padded filters
+    of the last block read a real bias), the rest while the tile is unpacked to NCHW."""
+    import numpy as np
+
+    from dlas_predict.space.config import DType
+
+    out, ref, ks = _fused_case("spatial_pack", False, DType(dtype), steps=steps,
+                               conv=ODD_K_CONV)
+    assert ks.conv.K % ks.knobs["tile_k"]
+    assert np.abs(out.astype(np.float64) - ref).max() < 1e-4 * max(1.0, np.abs(ref).max())
+
+
 def test_the_filter_block_pads_only_where_no_vector_divides_the_filters():
     from dlas_predict.errors import ConfigError
 

@@ -18,12 +18,13 @@ from dlas_predict.corpus.store import CorpusStore
 SPEC = ConvSpec.parse("C=8,H=10,W=10,K=16,R=3,S=3,stride=1,pad=1")
 
 
-def _result(variant=Variant("direct", "dense"), runs=(1e-3, 2e-3, 3e-3), error=None, fp="f"):
-    key = measurement_key("local", fp, SPEC, variant, {"tile_k": 8}, "k1")
+def _result(variant=Variant("direct", "dense"), runs=(1e-3, 2e-3, 3e-3), error=None, fp="f",
+            version="k1"):
+    key = measurement_key("local", fp, SPEC, variant, {"tile_k": 8}, version)
     return MeasureResult(key=key, device="local", fingerprint=fp, conv=SPEC, variant=variant,
                          knobs={"tile_k": 8}, run_secs=list(runs) if not error else [],
                          verified=None if error else True, max_error=0.0, error=error,
-                         timestamp=time.time())
+                         kernels_version=version, timestamp=time.time())
 
 
 def test_add_is_idempotent_and_keeps_all_runs(tmp_path):
@@ -45,6 +46,47 @@ def test_failure_replaced_by_retry_but_success_never_replaced(tmp_path):
         assert db.stats()["failures"] == 0 and db.stats()["records"] == 1
         assert not db.add(_result(error="later failure"))
         assert db.results()[0].error is None
+
+
+def test_a_kernel_measured_again_under_new_code_hides_its_old_records(tmp_path):
+    """A configuration timed under a newer kernels version keeps only those timings, even
+    where the old code was faster; other configurations and machines keep theirs."""
+    from dlas_predict.models.evaluation import load_corpus
+
+    sp = Variant("spatial_pack", "dense")
+    with CorpusStore(tmp_path / "c.sqlite") as db:
+        db.add(_result(sp, runs=(1e-3,) * 3, version="k4"))
+        db.add(_result(Variant("gemm", "dense"), runs=(5e-3,) * 3, version="k4"))
+        db.add(_result(sp, runs=(1e-3,) * 3, version="k4", fp="other machine"))
+        assert len(db.current_rows()) == 3  # nothing measured again yet
+        db.add(_result(sp, runs=(2e-3,) * 3, version="k5"))
+        rows = db.current_rows()
+        assert len(list(db.rows())) == 4 and len(rows) == 3
+        assert {(r["algorithm"], r["fingerprint"], r["kernels_version"]) for r in rows} == {
+            ("spatial_pack", "f", "k5"), ("gemm", "f", "k4"),
+            ("spatial_pack", "other machine", "k4")}
+    corpus = load_corpus(tmp_path / "c.sqlite")
+    seconds = dict(zip([k.algorithm for k in corpus.keys], corpus.seconds))
+    assert seconds["gemm"] > seconds["spatial_pack"] >= 1.5e-3  # the k5 timing, not k4's
+
+
+def test_each_kernel_carries_its_own_code_version():
+    from dlas_predict.measure import KERNELS_VERSION, KERNEL_VERSIONS, kernels_version
+    from dlas_predict.measure.runner import MeasureTask
+    from dlas_predict.space.devices import get_device
+
+    assert kernels_version("gemm", False) == KERNELS_VERSION
+    assert kernels_version("spatial_pack", True) == KERNELS_VERSION  # CSR: unchanged
+    assert kernels_version("spatial_pack", False, tuned=True) == KERNELS_VERSION
+    newer = kernels_version("spatial_pack", False)
+    assert newer == KERNEL_VERSIONS[("spatial_pack", False, False)] != KERNELS_VERSION
+    dev = get_device("local", with_target=False)
+    keys = {MeasureTask.make(SPEC, Variant(a, "dense"), dev).key
+            for a in ("direct", "gemm", "spatial_pack")}
+    assert len(keys) == 3
+    task = MeasureTask.make(SPEC, Variant("spatial_pack", "dense"), dev)
+    assert task.key == measurement_key("local", dev.fingerprint, SPEC, task.variant,
+                                       task.knobs, newer)
 
 
 def test_contention_and_slowdown_are_kept_exported_imported_and_migrated(tmp_path):

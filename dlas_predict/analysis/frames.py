@@ -210,7 +210,7 @@ def _read(store: Path, device: Device | None) -> tuple[list[dict], list[dict], l
         if device is not None:
             where += " AND device = ?"
             params = (device.name,)
-        rows = [r for r in db.rows(where, params) if r["verified"] in (1, True, None)]
+        rows = [r for r in db.current_rows(where, params) if r["verified"] in (1, True, None)]
         return rows, db.network_configs(), db.network_measurements(where, params)
 
 

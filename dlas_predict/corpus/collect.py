@@ -259,7 +259,7 @@ def whole_network_plans(networks: list[NetworkToCollect], algorithms: list[Algor
 
     latency = {kernel_key(r["conv"], r["algorithm"], r["compression"], r["ratio"],
                           r["tuning"]): modelled_seconds(r)
-               for r in store.rows("error IS NULL AND device = ?", (device.name,))}
+               for r in store.current_rows("error IS NULL AND device = ?", (device.name,))}
     todo = []
     for n in networks:
         for label, layers in n.configs.items():

@@ -27,16 +27,19 @@ PER_LAYER = "per_layer"
 #: our kernels: the systems-software dimension of the grid.
 ONNXRUNTIME = "onnxruntime"
 #: The engine's version, in every whole-network record and its key, so a changed engine
-#: measures again: "6" computes a fused SiLU's sigmoid with a polynomial exp that
-#: vectorises, "5" builds a channel-pruned network with its zeroed filters removed, "4"
+#: measures again: "7" runs spatial pack's epilogue on its packed register tile and unpacks
+#: each tile while it is in cache, "6" computes a fused SiLU's sigmoid with a polynomial exp
+#: that vectorises, "5" builds a channel-pruned network with its zeroed filters removed, "4"
 #: runs depthwise convs as register-tiled direct kernels, "3" runs the ops after each conv in
-#: its kernel's epilogue, "2" ran them as kernels of their own. onnxruntime's runs are as
-#: they were in "2".
-NETWORK_VERSION = "6"
+#: its kernel's epilogue, "2" ran them as kernels of their own.
+NETWORK_VERSION = "7"
 ONNXRUNTIME_VERSION = "2"
+#: Builds a newer engine left as they were keep their version, and their keys: direct and
+#: GEMM builds run no spatial pack kernel; onnxruntime's runs are as they were in "2".
+UNCHANGED_SINCE = {"direct": "6", "gemm": "6", ONNXRUNTIME: ONNXRUNTIME_VERSION}
 #: Engine versions whose records the network model still learns from, each until the same
 #: configuration is measured by the current engine.
-PREVIOUS_NETWORK_VERSIONS = ("5", "4", "3", "2")
+PREVIOUS_NETWORK_VERSIONS = ("6", "5", "4", "3", "2")
 #: The first engine version that removes the zeroed filters of a channel-pruned network;
 #: older channel-pruning records timed another network (CSR kernels over the zeroed filters).
 CHANNEL_REMOVAL_VERSION = "5"
@@ -44,7 +47,7 @@ CHANNEL_REMOVAL_VERSION = "5"
 
 def engine_version(algorithm: str) -> str:
     """The version of the engine that runs configurations of ``algorithm``."""
-    return ONNXRUNTIME_VERSION if algorithm == ONNXRUNTIME else NETWORK_VERSION
+    return UNCHANGED_SINCE.get(algorithm, NETWORK_VERSION)
 
 
 @dataclass(frozen=True)

@@ -176,6 +176,19 @@ def _row(result: MeasureResult) -> tuple:
     return tuple(values[c] for c in COLUMNS)
 
 
+def drop_older_kernels(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Kernel rows (in insertion order) less those whose configuration (device, machine,
+    workload, algorithm, compression, ratio, tuning) has a later row of another
+    ``kernels_version``: a kernel whose code changed is measured again under a new version,
+    and its old timings are no longer what it runs."""
+    def config(r: dict[str, Any]) -> tuple:
+        return (r["device"], r["fingerprint"], r["conv"], r["algorithm"], r["compression"],
+                r["ratio"] or 0.0, r["tuning"])
+
+    latest = {config(r): r["kernels_version"] or "" for r in rows}
+    return [r for r in rows if (r["kernels_version"] or "") == latest[config(r)]]
+
+
 def _refuse_emulated(board: str | None) -> None:
     """Timings on an emulated board are not a device's: the corpus never holds them."""
     if board_emulated(board):
@@ -318,6 +331,12 @@ class CorpusStore:
         for row in self._db.execute(sql, params):
             yield dict(row)
 
+    def current_rows(self, where: str = "", params: tuple = ()) -> list[dict[str, Any]]:
+        """:meth:`rows` less the records of an older kernel code: a configuration measured
+        again on the same machine with another ``kernels_version`` keeps only its latest
+        version's records (see :func:`drop_older_kernels`)."""
+        return drop_older_kernels(list(self.rows(where, params)))
+
     def tuned_rows(self, device: str) -> Iterator[dict[str, Any]]:
         """The device's successful tuned records that say how long their search took."""
         return self.rows("error IS NULL AND device = ? AND tuning = 'tuned' AND tuner IS NOT "
@@ -330,7 +349,7 @@ class CorpusStore:
         """The device's fastest successful kernel (by median) per (workload, compression,
         ratio), sorted by those."""
         best: dict[tuple, dict[str, Any]] = {}
-        for r in self.rows("error IS NULL AND device = ?", (device,)):
+        for r in self.current_rows("error IS NULL AND device = ?", (device,)):
             k = (r["conv"], r["compression"], r["ratio"] or 0.0)
             if k not in best or r["median_s"] < best[k]["median_s"]:
                 best[k] = r

@@ -91,7 +91,7 @@ def load_corpus(store: Path, device: str = "local") -> Corpus:
     dev = frame_device(store, device)
     keys, rows_x, secs, fps = [], [], [], []
     with CorpusStore(store, must_exist=True) as db:
-        rows = [r for r in db.rows("error IS NULL AND device = ?", (dev.name,))
+        rows = [r for r in db.current_rows("error IS NULL AND device = ?", (dev.name,))
                 if r["verified"] in (1, True, None)]
         configs = db.network_configs()
     seen: dict[tuple, int] = {}
