@@ -32,7 +32,7 @@ def layers(limit: int) -> list:
 
 
 def main() -> int:
-    from kerneltime import Timer, disagree, spread, thread_args
+    from kerneltime import Timer, disagree, short, spread, thread_args
 
     args = thread_args(argparse.ArgumentParser(description=__doc__.split("\n")[0]), limit=12)
     if args is None:
@@ -76,8 +76,7 @@ def main() -> int:
         totals += times
         ratios.append(times[1] / times[2])
         share = [max(0.0, (t - times[0]) / t) for t in times[1:]]
-        short = spec.to_spec().replace(",stride=1", "").replace(",pad=0", "")
-        print(f"{short:54s} {alg.value:>12s} {times[0]:8.4f} {times[1]:8.4f} {times[2]:8.4f} "
+        print(f"{short(spec):54s} {alg.value:>12s} {times[0]:8.4f} {times[1]:8.4f} {times[2]:8.4f} "
               f"{ratios[-1]:7.2f}x  {share[0]:.0%} → {share[1]:.0%}", flush=True)
     if ratios:
         print(f"\n{len(ratios)} layers: polynomial over libm SiLU {spread(ratios)}; summed "

@@ -63,6 +63,11 @@ class Timer:
         return min(timer(*call).results) * 1e3, call[-1].numpy()
 
 
+def short(spec) -> str:
+    """A layer's ``measure --conv`` text without its default stride and padding."""
+    return spec.to_spec().replace(",stride=1", "").replace(",pad=0", "")
+
+
 def disagree(outputs: list) -> bool:
     """Whether the outputs of builds of one layer differ by more than 1e-3 of its scale."""
     import numpy as np

@@ -567,7 +567,8 @@ def _spatial_pack_schedule(sch: Schedule, ks: KernelSpec) -> None:
     sch.parallel(sch.fuse(ko, ho))
     sch.decompose_reduction(block, r_c)
     _vectorize(sch, sch.get_loops(wb)[-1])
-    _vectorize(sch, sch.get_loops(out)[-1])
+    if ks.out_dtype == "float32":  # narrower lanes gather slower than scalar copies
+        _vectorize(sch, sch.get_loops(out)[-1])
     _schedule_copy(sch, "data_vec")
 
 

@@ -9,8 +9,10 @@ The ops that follow a conv, each the only user of the one before (:func:`plan_ep
 per-channel bias add, ReLU, the clamps of ReLU6, SiLU and one residual add, run in the
 kernel's epilogue, on the output tile before it is stored, for every algorithm, dense and
 CSR, in every dtype. (Exporters fold batch norm into the conv's weights and bias; a
-BatchNormalization node left in a graph runs as its own op.) Tuned builds keep their epilogues separate (the tuned schedules are
-of the bare convolution). Each record says which (``details``: :func:`epilogue_details`).
+BatchNormalization node left in a graph runs as its own op.) In a tuned build, the spatial
+pack and CSR layers fuse theirs too (:meth:`TunedKernels.fuses`): the tuned schedule of the
+bare convolution is replayed on the kernel with its epilogue. Each record says what was
+fused (``details``: :func:`epilogue_details`).
 
 - float16: ``ToMixedPrecision`` first, so the network runs in float16; convs use the float16
   kernels (float32 accumulation).
@@ -97,7 +99,8 @@ class TunedKernels:
         from .sparse import sparsity
 
         ratio = kernel_ratio(sparsity(w)) if ks.sparse else 0.0
-        asked = replace(ks, scale=None, knobs=tuned_knobs(
+        # the search was of the bare convolution, at the scale of random inputs
+        asked = replace(ks, scale=None, epilogue=(), knobs=tuned_knobs(
             ks.conv, Variant(ks.algorithm, comp, ratio), self.budget, self.simd_bits))
         key = tn.tuning_key(self.fingerprint, asked, self.budget, self.target_json,
                             (ratio, self.pattern) if ks.sparse else None)
@@ -116,9 +119,22 @@ class TunedKernels:
             self.untuned.append(i)
             return kernel_module(ks)["main"]
         sch = Schedule(dense_prim_func(replace(ks, knobs={**ks.knobs, **asked.knobs})))
-        sch_key.trace.apply_to_schedule(sch, remove_postproc=False)
+        try:
+            sch_key.trace.apply_to_schedule(sch, remove_postproc=False)
+        except (RuntimeError, ValueError):  # the trace does not replay with the epilogue
+            self.untuned.append(i)
+            return kernel_module(ks)["main"]
         self.tuned.append(i)
         return sch.mod["main"]
+
+    @staticmethod
+    def fuses(choice: "LayerChoice") -> bool:
+        """Whether a tuned layer of ``choice`` runs its epilogue in its kernel: a CSR layer
+        (its hand schedule with the searched knobs) and a spatial pack (its epilogue is in
+        the output stage the tuned schedule covers). A direct or GEMM layer's trace does not
+        replay on a kernel with an epilogue block (it counts the blocks), so its epilogue
+        stays a separate op."""
+        return choice.sparse or choice.algorithm is Algorithm.SPATIAL_PACK
 
 
 @dataclass
@@ -291,6 +307,8 @@ class _ConvLowering:
         #: conv layers lowered with a fused epilogue, and the ops those epilogues replaced
         self.fused_layers = 0
         self.fused_steps = 0
+        #: tuned layers whose epilogue stays a separate op (:meth:`TunedKernels.fuses`)
+        self.separate_layers = 0
 
     def next_index(self) -> int:
         i = self.count
@@ -431,6 +449,12 @@ def lower_convs(mod: tvm.IRModule, lowering: _ConvLowering) -> tvm.IRModule:
         if not isinstance(func, relax.Function):
             continue
         plans = plan_epilogues(func) if lowering.fuse else {}
+        if lowering.tuned is not None:  # plans are in graph order, the plan's layer order
+            kept = {conv: plan for i, (conv, plan) in enumerate(plans.items())
+                    if i >= len(lowering.choices) or TunedKernels.fuses(lowering.choices[i])}
+            lowering.separate_layers += sum(1 for conv, plan in plans.items()
+                                            if plan.steps and conv not in kept)
+            plans = kept
         mutator = _LowerConvs(mod, lowering, plans)
         new = mutator.visit_expr(func)
         mod = mutator.builder_.get()
@@ -620,15 +644,18 @@ def relax_module(model, input_name: str, input_shape: tuple[int, ...]) -> tvm.IR
 
 def epilogue_details(lowering: _ConvLowering) -> dict:
     """What a build's record says of its epilogues: ``fused`` (some conv ran its bias,
-    activation or residual add on the output tile), ``none`` (nothing followed a conv that
-    it could fuse) or ``separate`` (fusion off: tuned builds, whose schedules are of the
-    bare convolution); how many layers and ops."""
+    activation or residual add in its kernel), ``separate`` (fusion off, or a tuned build
+    whose every epilogue stayed its own op), or ``none`` (nothing followed a conv that it
+    could fuse); how many layers and ops were fused, and how many tuned layers kept their
+    epilogue separate."""
     if not lowering.fuse:
         kind = "separate"
+    elif lowering.fused_layers:
+        kind = "fused"
     else:
-        kind = "fused" if lowering.fused_layers else "none"
+        kind = "separate" if lowering.separate_layers else "none"
     return {"epilogue": kind, "fused_layers": lowering.fused_layers,
-            "fused_ops": lowering.fused_steps}
+            "fused_ops": lowering.fused_steps, "separate_layers": lowering.separate_layers}
 
 
 def lower(model, input_name: str, input_shape: tuple[int, ...], dtype: DType,
@@ -646,9 +673,7 @@ def lower(model, input_name: str, input_shape: tuple[int, ...], dtype: DType,
         mod = relax.transform.FoldConstant()(mod)
     if dtype is DType.INT8 and (scales is None or len(scales) != len(choices)):
         raise BuildError("int8 needs one calibrated (input, output) scale pair per conv")
-    # tuned kernels run as tuned: their schedules are of the bare convolution
-    lowering = _ConvLowering(choices, dtype, specs, scales, tuned, simd_bits,
-                             fuse=fuse and tuned is None)
+    lowering = _ConvLowering(choices, dtype, specs, scales, tuned, simd_bits, fuse=fuse)
     mod = lower_convs(mod, lowering)
     mod = relax.transform.LegalizeOps(customize_legalize_map={
         "relax.sigmoid": _fast_sigmoid})(mod)

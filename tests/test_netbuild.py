@@ -225,6 +225,47 @@ def test_each_conv_fuses_the_ops_after_it(tmp_path):
     assert first.bias.shape == (8,)
 
 
+@pytest.mark.slow
+def test_tuned_spatial_pack_kernels_fuse_their_epilogues(tmp_path):
+    """A tuned build replays a spatial pack layer's search of the bare convolution on the
+    kernel with its epilogue; a tuned GEMM or direct layer keeps its epilogue as its own op
+    (its trace does not replay with one). Every layer is tuned, the output onnxruntime's."""
+    import onnxruntime as ort
+    import tvm
+
+    from dlas_predict.measure import tuning as tn
+    from dlas_predict.measure.kernels import KernelSpec
+    from dlas_predict.measure.knobs import tuned_knobs
+    from dlas_predict.measure.netbuild import LayerChoice, TunedKernels, lower
+    from dlas_predict.space.config import Algorithm, DType, Variant
+
+    path = _epilogue_net(tmp_path / "epi.onnx")
+    model = onnx.load(str(path))
+    x = np.random.default_rng(2).normal(size=(1, 3, 10, 10)).astype(np.float32)
+    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})[0]
+    dev = get_device("local")
+    algs = [Algorithm.GEMM, Algorithm.DIRECT, Algorithm.SPATIAL_PACK]
+    db = tn.TuningDB(tmp_path / "db")
+    target = tn.tuning_target(dev.target, dev.cores)
+    for layer, alg in zip(read_network(path).convs(), algs):  # one trial each
+        ks = KernelSpec(layer.spec, alg, False, DType.FLOAT32,
+                        tuned_knobs(layer.spec, Variant(alg, "dense"), 1, dev.simd_bits))
+        tn.tune_dense(ks, target, db, tn.tuning_key(dev.fingerprint, ks, 1, dev.target), 1, 0)
+    tuned = TunedKernels(str(db.path), 1, dev.fingerprint, dev.target, dev.cores,
+                         simd_bits=dev.simd_bits)
+    stats: dict = {}
+    mod = lower(model, "x", x.shape, DType.FLOAT32, [LayerChoice(a, False) for a in algs],
+                tuned=tuned, stats=stats)
+    assert (tuned.tuned, tuned.untuned) == ([0, 1, 2], [])
+    # the third layer (spatial pack) runs its ReLU6 clamps; the others run theirs apart
+    assert stats == {"epilogue": "fused", "fused_layers": 1, "fused_ops": 2,
+                     "separate_layers": 2}
+    vm = tvm.relax.VirtualMachine(tvm.compile(mod, target=tuned.target), tvm.cpu())
+    out = vm["main"](tvm.runtime.tensor(x)).numpy()
+    assert np.abs(out - ref).max() < 1e-4 * max(1.0, np.abs(ref).max())
+
+
 @pytest.mark.parametrize("dtype,alg", [("float32", "gemm"), ("float32", "spatial_pack"),
                                        ("float16", "direct"), ("int8", "direct")])
 def test_fused_and_separate_epilogues_compute_the_same(tmp_path, dtype, alg):
@@ -252,8 +293,10 @@ def test_fused_and_separate_epilogues_compute_the_same(tmp_path, dtype, alg):
                                       tvm.cpu())
         outs.append(vm["main"](tvm.runtime.tensor(x)).numpy())
         stats.append(got)
-    assert stats[0] == {"epilogue": "separate", "fused_layers": 0, "fused_ops": 0}
-    assert stats[1] == {"epilogue": "fused", "fused_layers": 3, "fused_ops": 7}
+    assert stats[0] == {"epilogue": "separate", "fused_layers": 0, "fused_ops": 0,
+                        "separate_layers": 0}
+    assert stats[1] == {"epilogue": "fused", "fused_layers": 3, "fused_ops": 7,
+                        "separate_layers": 0}
     assert funcs[1] < funcs[0]  # the bias, activation and add functions are gone
     tol = {"float32": 1e-4, "float16": 2e-2}.get(dtype)
     if tol:  # float: both builds match onnxruntime

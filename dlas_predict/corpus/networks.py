@@ -34,8 +34,9 @@ ONNXRUNTIME = "onnxruntime"
 #: its kernel's epilogue, "2" ran them as kernels of their own.
 NETWORK_VERSION = "7"
 ONNXRUNTIME_VERSION = "2"
-#: Builds a newer engine left as they were keep their version, and their keys: direct and
-#: GEMM builds run no spatial pack kernel; onnxruntime's runs are as they were in "2".
+#: Builds a newer engine left as they were keep their version, and their keys: untuned
+#: direct and GEMM builds run no spatial pack kernel (tuned builds fuse their epilogues
+#: since "7"); onnxruntime's runs are as they were in "2".
 UNCHANGED_SINCE = {"direct": "6", "gemm": "6", ONNXRUNTIME: ONNXRUNTIME_VERSION}
 #: Engine versions whose records the network model still learns from, each until the same
 #: configuration is measured by the current engine.
@@ -45,8 +46,10 @@ PREVIOUS_NETWORK_VERSIONS = ("6", "5", "4", "3", "2")
 CHANNEL_REMOVAL_VERSION = "5"
 
 
-def engine_version(algorithm: str) -> str:
-    """The version of the engine that runs configurations of ``algorithm``."""
+def engine_version(algorithm: str, tuned: bool = False) -> str:
+    """The version of the engine that runs configurations of ``algorithm``, tuned or not."""
+    if tuned and algorithm != ONNXRUNTIME:
+        return NETWORK_VERSION
     return UNCHANGED_SINCE.get(algorithm, NETWORK_VERSION)
 
 
@@ -83,7 +86,8 @@ class NetworkPlan:
 
     def key(self, device: Device) -> str:
         parts = [device.name, device.fingerprint, self.network, self.config,
-                 self.algorithm, self.plan_json(), engine_version(self.algorithm)]
+                 self.algorithm, self.plan_json(),
+                 engine_version(self.algorithm, self.tuning is not None)]
         if self.tuning is not None:
             parts += ["tuned", str(self.tuning.budget)]
         text = "|".join(parts)
@@ -179,7 +183,8 @@ class NetworkMeasurement(TimedRuns):
                 "verified": None if self.verified is None else int(self.verified),
                 "max_error": self.max_error, "top1_agreement": self.top1_agreement,
                 "error": self.error,
-                "kernels_version": self.version or engine_version(self.algorithm),
+                "kernels_version": self.version or engine_version(
+                    self.algorithm, self.tuned_layers is not None),
                 "timestamp": self.timestamp, "summary": self.summary,
                 "contention": self.contention, "slowdown": self.slowdown,
                 "board": self.board,
