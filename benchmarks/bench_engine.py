@@ -69,6 +69,8 @@ def generated(n: int, seed: int = 27) -> list[str]:
     each block style, of shapes no corpus network has."""
     from dlas_predict.networks import generate as gen
 
+    if n <= 0:
+        return []
     rng = random.Random(seed)
     taken = _corpus_networks()
     out: list[str] = []
@@ -236,6 +238,9 @@ def main() -> int:
     ap.add_argument("--markdown", action="store_true",
                     help="print the output file's tables as markdown; measure nothing")
     args = ap.parse_args()
+    if args.generated < 0 or args.top < 1:
+        print("Error: --generated must be at least 0 and --top at least 1", file=sys.stderr)
+        return 1
     try:
         if args.markdown:
             return markdown(read_rows(args.out))
