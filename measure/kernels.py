@@ -524,11 +524,11 @@ def _tile_epilogue(conv, ks: KernelSpec, extras: dict):
 
     def packed(ko, ho, wo, vh, vw, ki):
         acc = conv[ko, ho, wo, vh, vw, ki]
-        if not steps:
-            return _epilogue(acc, ks.requant_scale, ks.dtype)
         # the filters padding the last block read the last real filter's bias
-        y = _steps(_to_float32(acc, ks), head, extras, tvm.tirx.min(ko * kb + ki, last), None)
-        return y if tail else _to_output(y, ks)
+        k = tvm.tirx.min(ko * kb + ki, last)
+        if not tail:  # the whole epilogue, or the plain one, on the tile
+            return _finish(acc, ks, extras, k, None)
+        return _steps(_to_float32(acc, ks), head, extras, k, None)
 
     tile = conv
     if _has_epilogue_block(ks):
