@@ -130,24 +130,36 @@ def predict_speed() -> dict:
             "engine_networks_per_minute": engine}
 
 
-def recommend_speed() -> dict:
+def recommend_speed(warm_runs: int = 5) -> dict:
+    """``recommend zoo:resnet50 --top 3`` as fresh processes on a fresh DLAS_HOME: the
+    first call (exports the network, parses the models) and ``warm_runs`` calls after it;
+    the warm figures are the median and range."""
     import os
     import re
     import subprocess
     import tempfile
 
     exe = str(Path(sys.executable).with_name("dlas-predict"))
-    out = {}
+    runs = []
     with tempfile.TemporaryDirectory() as home:
         env = {**os.environ, "DLAS_HOME": home}
-        for run in ("first", "second"):
+        for _ in range(1 + warm_runs):
             t = time.perf_counter()
             p = subprocess.run([exe, "recommend", "zoo:resnet50", "--top", "3"], env=env,
                                capture_output=True, text=True)
             wall = time.perf_counter() - t
             m = re.search(r"; ([0-9.]+) s\n", p.stdout)
-            out[run] = {"wall_s": wall, "reported_s": float(m.group(1)) if m else None,
-                        "rc": p.returncode}
+            runs.append({"wall_s": wall, "reported_s": float(m.group(1)) if m else None,
+                         "rc": p.returncode})
+    warm = runs[1:]
+    out = {"first": runs[0]}
+    if warm:
+        walls = [r["wall_s"] for r in warm]
+        out["warm"] = {"runs": len(warm), "wall_s": float(np.median(walls)),
+                       "wall_min_s": min(walls), "wall_max_s": max(walls),
+                       "reported_s": float(np.median([r["reported_s"] or np.nan
+                                                      for r in warm])),
+                       "rc": max(r["rc"] for r in warm)}
     return out
 
 
@@ -187,59 +199,79 @@ def active_learning(budget: int = 50, seeds: int = 3) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--sections", default="1,2,3,4,5,6",
+                    help="the sections to run, comma-separated (default: all six)")
     args = ap.parse_args()
+    try:
+        only = {int(x) for x in args.sections.split(",")}
+    except ValueError:
+        only = set()
+    if not only or not only <= set(range(1, 7)):
+        print(f"Error: --sections takes numbers 1-6, comma-separated; got {args.sections!r}",
+              file=sys.stderr)
+        return 1
     res = {}
     t0 = time.perf_counter()
-    res["help"] = h = help_protocol()
-    print("1. HELP's protocol (10 shots, Spearman over archs 900-1899, tails dropped)")
-    for d in HELP_VAL:
-        print(f"   {d:12s} model {h[d]['spearman']:.3f}   MACs {h[d]['macs_spearman']:.3f}")
-    print(f"   mean         model {h['mean']['spearman']:.3f}   MACs "
-          f"{h['mean']['macs_spearman']:.3f}   (k={h['k']}, chosen on the training devices)")
-    res["tophub"] = th = tophub_lodo()
-    print("2. TopHub kernels, each device left out (Spearman over its other workloads)")
-    for d, r in th.items():
-        print(f"   {d:12s} zero-shot {r['zero_shot']:.3f}  10-shot {r['ten_shot']:.3f}  "
-              f"MACs {r['macs']:.3f}  ceiling {r['ceiling']:.3f}"
-              + (f"  ({r['targets']} workloads)" if "targets" in r else ""))
-    for level in ("network", "kernel"):
-        res[f"profiles_{level}"] = pr = profiles_lodo(level)
-        print(f"3. profiles left out, {level} level")
-        for d, r in pr.items():
-            print(f"   {d:16s} n={r['targets']:5d} zero-shot ({r['zero_shot_from']}): "
-                  f"±25% {r['zero_within_25']:.0%} ±10% {r['zero_within_10']:.0%} "
-                  f"Spearman {r['zero_spearman']:.3f} | 10-shot: ±10% {r['ten_within_10']:.0%}"
-                  f" ±25% {r['ten_within_25']:.0%} Spearman {r['ten_spearman']:.3f} | ceiling "
-                  f"±10% {r['ceiling_within_10']:.0%}")
-    res["predict"] = sp = predict_speed()
-    print(f"4. predict: 1,000 NAS-Bench-201 networks in {sp['seconds_for_1000']:.3f} s = "
-          f"{sp['networks_per_minute']:,.0f} networks/min (first call {sp['cold_start_s']:.1f} s); "
-          "through the engine on local (new networks): "
-          + ", ".join(f"{k} config {v:,.0f} networks/min"
-                      for k, v in sp["engine_networks_per_minute"].items()))
-    res["recommend"] = rs = recommend_speed()
-    print("   recommend zoo:resnet50: " + "; ".join(
-        f"{k} call {v['reported_s']} s reported, {v['wall_s']:.1f} s wall (rc {v['rc']})"
-        for k, v in rs.items()))
-    res["zero_shot_map"] = zm = zero_shot_map()
-    print(f"5. zero-shot map (CPU kernels): α={zm['alpha']:.2f} β={zm['beta']:.2f}, "
-          f"held-out 80% interval ×{np.exp(zm['q10']):.2f}–×{np.exp(zm['q90']):.2f}, "
-          f"{zm['within_25pct']:.0%} within ±25% ({zm['pairs']} kernel pairs)")
-    for d, v in zm["per_device"].items():
-        print(f"   {d:16s} within ±25% {v['within_25pct']:.0%}, median error "
-              f"×{np.exp(v['median_log_error']):.2f}")
-    res["active_learning"] = al = active_learning()
-    print("6. active learning replayed (plans within ±10% after 0/10/25/50 measurements)")
-    for k, v in al.items():
-        fmt = (lambda d: "/".join(f"{d[n]:.0%}" for n in d))
-        print(f"   {k:34s} variance {fmt(v['variance'])}  uncertainty {fmt(v['uncertainty'])}"
-              f"  random {fmt(v['random'])}  90% after: {v['variance_reaches_90']} / "
-              f"{v['uncertainty_reaches_90']} / {v['random_reaches_90']}")
-    wins = sum(v["variance"][50] > v["random"][50] for v in al.values())
-    print(f"   variance beats random after 50 on {wins} of {len(al)}; mean after 50: variance "
-          f"{np.mean([v['variance'][50] for v in al.values()]):.0%}, uncertainty "
-          f"{np.mean([v['uncertainty'][50] for v in al.values()]):.0%}, random "
-          f"{np.mean([v['random'][50] for v in al.values()]):.0%}")
+    if 1 in only:
+        res["help"] = h = help_protocol()
+        print("1. HELP's protocol (10 shots, Spearman over archs 900-1899, tails dropped)")
+        for d in HELP_VAL:
+            print(f"   {d:12s} model {h[d]['spearman']:.3f}   MACs {h[d]['macs_spearman']:.3f}")
+        print(f"   mean         model {h['mean']['spearman']:.3f}   MACs "
+              f"{h['mean']['macs_spearman']:.3f}   (k={h['k']}, chosen on the training devices)")
+    if 2 in only:
+        res["tophub"] = th = tophub_lodo()
+        print("2. TopHub kernels, each device left out (Spearman over its other workloads)")
+        for d, r in th.items():
+            print(f"   {d:12s} zero-shot {r['zero_shot']:.3f}  10-shot {r['ten_shot']:.3f}  "
+                  f"MACs {r['macs']:.3f}  ceiling {r['ceiling']:.3f}"
+                  + (f"  ({r['targets']} workloads)" if "targets" in r else ""))
+    if 3 in only:
+        for level in ("network", "kernel"):
+            res[f"profiles_{level}"] = pr = profiles_lodo(level)
+            print(f"3. profiles left out, {level} level")
+            for d, r in pr.items():
+                print(f"   {d:16s} n={r['targets']:5d} zero-shot ({r['zero_shot_from']}): "
+                      f"±25% {r['zero_within_25']:.0%} ±10% {r['zero_within_10']:.0%} "
+                      f"Spearman {r['zero_spearman']:.3f} | 10-shot: ±10% {r['ten_within_10']:.0%}"
+                      f" ±25% {r['ten_within_25']:.0%} Spearman {r['ten_spearman']:.3f} | ceiling "
+                      f"±10% {r['ceiling_within_10']:.0%}")
+    if 4 in only:
+        res["predict"] = sp = predict_speed()
+        print(f"4. predict: 1,000 NAS-Bench-201 networks in {sp['seconds_for_1000']:.3f} s = "
+              f"{sp['networks_per_minute']:,.0f} networks/min "
+              f"(first call {sp['cold_start_s']:.1f} s); "
+              "through the engine on local (new networks): "
+              + ", ".join(f"{k} config {v:,.0f} networks/min"
+                          for k, v in sp["engine_networks_per_minute"].items()))
+        res["recommend"] = rs = recommend_speed()
+        first, warm = rs["first"], rs.get("warm")
+        print(f"   recommend zoo:resnet50: first call {first['reported_s']} s reported, "
+              f"{first['wall_s']:.1f} s wall (rc {first['rc']})" + (
+                  f"; {warm['runs']} calls after it: median {warm['reported_s']:.2f} s reported, "
+                  f"{warm['wall_s']:.2f} s wall ({warm['wall_min_s']:.2f}-{warm['wall_max_s']:.2f};"
+                  f" rc {warm['rc']})" if warm else ""))
+    if 5 in only:
+        res["zero_shot_map"] = zm = zero_shot_map()
+        print(f"5. zero-shot map (CPU kernels): α={zm['alpha']:.2f} β={zm['beta']:.2f}, "
+              f"held-out 80% interval ×{np.exp(zm['q10']):.2f}–×{np.exp(zm['q90']):.2f}, "
+              f"{zm['within_25pct']:.0%} within ±25% ({zm['pairs']} kernel pairs)")
+        for d, v in zm["per_device"].items():
+            print(f"   {d:16s} within ±25% {v['within_25pct']:.0%}, median error "
+                  f"×{np.exp(v['median_log_error']):.2f}")
+    if 6 in only:
+        res["active_learning"] = al = active_learning()
+        print("6. active learning replayed (plans within ±10% after 0/10/25/50 measurements)")
+        for k, v in al.items():
+            fmt = (lambda d: "/".join(f"{d[n]:.0%}" for n in d))
+            print(f"   {k:34s} variance {fmt(v['variance'])}  uncertainty {fmt(v['uncertainty'])}"
+                  f"  random {fmt(v['random'])}  90% after: {v['variance_reaches_90']} / "
+                  f"{v['uncertainty_reaches_90']} / {v['random_reaches_90']}")
+        wins = sum(v["variance"][50] > v["random"][50] for v in al.values())
+        print(f"   variance beats random after 50 on {wins} of {len(al)}; mean after 50: variance "
+              f"{np.mean([v['variance'][50] for v in al.values()]):.0%}, uncertainty "
+              f"{np.mean([v['uncertainty'][50] for v in al.values()]):.0%}, random "
+              f"{np.mean([v['random'][50] for v in al.values()]):.0%}")
     print(f"total {time.perf_counter() - t0:.0f} s")
     if args.json:
         args.json.write_text(json.dumps(res, indent=1, default=float))

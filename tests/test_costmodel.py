@@ -460,3 +460,37 @@ def test_a_tree_model_remembers_rows_and_files_without_changing_an_answer(tmp_pa
         trees._MEMO_ROWS = old
     path.write_text(src.read_text().replace("Tree=0", "Tree=0", 1) + "\n")
     assert TreeModel.load(path) is not model  # a changed file is read again
+
+
+def test_a_tree_model_parsed_once_is_kept_as_arrays_and_a_damaged_copy_is_parsed_again(
+        tmp_path, monkeypatch):
+    """A parsed model is cached under DLAS_HOME by its text: another process loads the
+    arrays and predicts the same numbers; a damaged cached copy is parsed and written
+    again."""
+    import shutil
+
+    from dlas_predict.models import trees
+    from dlas_predict.models.trees import TreeModel
+    from dlas_predict.paths import MODELS_STORE, cache_dir
+
+    monkeypatch.setenv("DLAS_HOME", str(tmp_path / "home"))
+    src = MODELS_STORE / "local" / "layer.median.txt"
+    path = tmp_path / "m.txt"
+    shutil.copy(src, path)
+    first = TreeModel.load(path)
+    cached = list(cache_dir("trees").glob("*.npz"))
+    assert len(cached) == 1
+    rng = np.random.default_rng(2)
+    X = rng.normal(size=(200, first.num_feature())) * 4 + 4
+    trees._LOADED.clear()  # as a new process: from the arrays, not the text
+    again = TreeModel.load(path)
+    assert again is not first
+    assert np.array_equal(again._predict(X), TreeModel.parse(src.read_text())._predict(X))
+    for name in ("feature", "threshold", "left", "right", "leaf"):
+        assert np.array_equal(getattr(again, name), getattr(first, name))
+    cached[0].write_bytes(b"not an npz")
+    trees._LOADED.clear()
+    repaired = TreeModel.load(path)
+    assert np.array_equal(repaired._predict(X), again._predict(X))
+    with np.load(cached[0]) as z:  # written again, whole
+        assert np.array_equal(z["leaf"], first.leaf)

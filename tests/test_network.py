@@ -82,3 +82,35 @@ def test_weights_saved_as_external_data_are_read_from_beside_the_file(tmp_path):
     assert [l.spec for l in conv_layers(path)] == [l.spec for l in conv_layers(DEMO)]
     grid = {"weight_pruning": [0.5]}
     assert pruned_sparsities(str(path), grid) == pruned_sparsities(str(DEMO), grid)
+
+
+def test_a_network_read_once_is_read_again_from_the_cache_until_its_file_changes(
+        tmp_path, monkeypatch):
+    """The second read of an unchanged file parses no ONNX and gives an equal network; a
+    changed file, a damaged cache entry or another name is read from the file again."""
+    import os
+    import shutil
+
+    from dlas_predict.networks import graph
+    from dlas_predict.paths import cache_dir
+
+    monkeypatch.setenv("DLAS_HOME", str(tmp_path / "home"))
+    path = tmp_path / "net.onnx"
+    shutil.copy(DEMO, path)
+    first = graph.read_network(path)
+    real = graph.load_onnx
+    calls = []
+    monkeypatch.setattr(graph, "load_onnx", lambda *a, **k: calls.append(a) or real(*a, **k))
+    again = graph.read_network(path)
+    assert again == first and again is not first and calls == []
+    assert graph.read_network(path, "other").name == "other" and len(calls) == 1
+    for entry in cache_dir("networks").glob("*.pkl"):
+        entry.write_bytes(b"damaged")
+    assert graph.read_network(path) == first and len(calls) == 2
+    # a different network under the same path and size: read again for its new mtime
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert graph.read_network(path) == first and len(calls) == 3
+    path.write_bytes(DEMO.read_bytes()[:2000])  # truncated since: an error, not the cache
+    with pytest.raises(NetworkError):
+        graph.read_network(path)

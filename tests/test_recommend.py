@@ -229,7 +229,11 @@ def test_onnxruntime_is_in_the_grid_and_its_fp32_is_the_reference():
                                                   "channel_pruning"}
     assert rec.reference in ort and rec.reference.compression.value == "dense"
     assert all(c.layers == () and c.source == "trained" for c in ort)
-    assert any("no sparse kernel" in why for _, why in rec.skipped)
+    # one skipped grid point per weight-pruning ratio, each named
+    sparse = [label for label, why in rec.skipped if "no sparse kernel" in why]
+    assert sparse and len(sparse) == len(set(sparse))
+    assert all(label.startswith("weight_pruning@") and label.endswith(" onnxruntime")
+               for label in sparse)
     # channel pruning removes work; the ranking is one list, both backends in it
     cp = [c for c in ort if c.compression.value == "channel_pruning"]
     assert max(c.predicted_s for c in cp if c.ratio >= 0.9) < rec.reference.predicted_s

@@ -151,7 +151,8 @@ def _corpus_fingerprint(name: str) -> str | None:
 def _read_fingerprint(path: Path, _mtime: int) -> str | None:
     import pyarrow.parquet as pq
 
-    col = pq.read_table(path, columns=["fingerprint"]).column("fingerprint").to_pylist()
+    # ParquetFile reads the one column without importing pyarrow.dataset (and pandas)
+    col = pq.ParquetFile(path).read(columns=["fingerprint"]).column("fingerprint").to_pylist()
     col = [c for c in col if c]
     return max(set(col), key=col.count) if col else None
 

@@ -279,8 +279,64 @@ def _fc_macs(node, name: str, ins: list, out: tuple | None) -> int:
 
 
 def read_network(path: str | Path, name: str | None = None) -> Network:
-    """Every compute op of the ONNX network at ``path``, in graph order."""
-    return _network(load_onnx(path), name or Path(path).stem, str(path))
+    """Every compute op of the ONNX network at ``path``, in graph order.
+
+    The result is kept under DLAS_HOME by the file's path, size and modification time
+    (and this module's source): reading a network again skips ONNX's parse and shape
+    inference (half a second for ResNet-50)."""
+    name = name or Path(path).stem
+    key = _network_key(path, name)
+    if key is not None:
+        net = _cached_network(key)
+        if net is not None:
+            return net
+    net = _network(load_onnx(path), name, str(path))
+    if key is not None:
+        _keep_network(key, net)
+    return net
+
+
+def _network_key(path: str | Path, name: str) -> str | None:
+    import hashlib
+
+    try:
+        st = Path(path).stat()
+        me = Path(__file__).stat()
+    except OSError:
+        return None  # load_onnx says what is wrong with the file
+    if not Path(path).is_file():
+        return None
+    raw = repr((str(Path(path).resolve()), st.st_size, st.st_mtime_ns, name,
+                me.st_size, me.st_mtime_ns))
+    return hashlib.sha1(raw.encode()).hexdigest()[:24]
+
+
+def _cached_network(key: str) -> Network | None:
+    import pickle
+
+    from dlas_predict.paths import cache_dir
+
+    try:
+        with open(cache_dir("networks") / f"{key}.pkl", "rb") as f:
+            net = pickle.load(f)
+    except Exception:  # none yet, or damaged: read the file again
+        return None
+    return net if isinstance(net, Network) else None
+
+
+def _keep_network(key: str, net: Network) -> None:
+    import os
+    import pickle
+
+    from dlas_predict.paths import cache_dir
+
+    try:
+        path = cache_dir("networks") / f"{key}.pkl"
+        tmp = path.with_name(f"{key}.{os.getpid()}.tmp")
+        tmp.write_bytes(pickle.dumps(net, protocol=pickle.HIGHEST_PROTOCOL))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a cache that cannot be written is only slower
 
 
 def network_of_proto(model, name: str) -> Network:

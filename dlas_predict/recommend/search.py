@@ -494,11 +494,9 @@ def _onnxruntime_candidates(points, su: _Setup) -> list[Candidate]:
     from dlas_predict.models.ortmodel import ort_terms
 
     weight_pruned = [p for p in points if p.compression is Compression.WEIGHT_PRUNING]
-    if weight_pruned:
-        su.skipped.append((", ".join(f"{p.compression.value}@{p.ratio:g} onnxruntime"
-                                     for p in weight_pruned),
-                           "onnxruntime has no sparse kernel: a weight-pruned model runs as "
-                           "fast as the dense one there, less accurate"))
+    su.skipped.extend((f"{p.compression.value}@{p.ratio:g} onnxruntime",
+                       "onnxruntime has no sparse kernel: a weight-pruned model runs as "
+                       "fast as the dense one there, less accurate") for p in weight_pruned)
     points = [p for p in points if p.compression is not Compression.WEIGHT_PRUNING]
     specs = [c.spec for c in su.net.convs()]
     summary = NetworkSummary.of(su.net)
