@@ -228,8 +228,9 @@ def test_each_conv_fuses_the_ops_after_it(tmp_path):
 @pytest.mark.slow
 def test_tuned_spatial_pack_kernels_fuse_their_epilogues(tmp_path):
     """A tuned build replays a spatial pack layer's search of the bare convolution on the
-    kernel with its epilogue; a tuned GEMM or direct layer keeps its epilogue as its own op
-    (its trace does not replay with one). Every layer is tuned, the output onnxruntime's."""
+    kernel with its epilogue; a GEMM or direct layer keeps its epilogue as its own op (its
+    trace does not replay with one), and so does one the database does not hold (it keeps
+    its hand schedule). The output is onnxruntime's."""
     import onnxruntime as ort
     import tvm
 
@@ -249,6 +250,8 @@ def test_tuned_spatial_pack_kernels_fuse_their_epilogues(tmp_path):
     db = tn.TuningDB(tmp_path / "db")
     target = tn.tuning_target(dev.target, dev.cores)
     for layer, alg in zip(read_network(path).convs(), algs):  # one trial each
+        if alg is Algorithm.DIRECT:
+            continue  # not tuned: the database does not hold it
         ks = KernelSpec(layer.spec, alg, False, DType.FLOAT32,
                         tuned_knobs(layer.spec, Variant(alg, "dense"), 1, dev.simd_bits))
         tn.tune_dense(ks, target, db, tn.tuning_key(dev.fingerprint, ks, 1, dev.target), 1, 0)
@@ -257,7 +260,7 @@ def test_tuned_spatial_pack_kernels_fuse_their_epilogues(tmp_path):
     stats: dict = {}
     mod = lower(model, "x", x.shape, DType.FLOAT32, [LayerChoice(a, False) for a in algs],
                 tuned=tuned, stats=stats)
-    assert (tuned.tuned, tuned.untuned) == ([0, 1, 2], [])
+    assert (tuned.tuned, tuned.untuned) == ([0, 2], [1])
     # the third layer (spatial pack) runs its ReLU6 clamps; the others run theirs apart
     assert stats == {"epilogue": "fused", "fused_layers": 1, "fused_ops": 2,
                      "separate_layers": 2}
