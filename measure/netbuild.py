@@ -127,13 +127,32 @@ class TunedKernels:
         self.tuned.append(i)
         return sch.mod["main"]
 
+    def holds(self, spec: ConvSpec, choice: "LayerChoice", dtype: DType) -> bool:
+        """Whether the database holds a search of a dense layer of ``spec`` (a layer it does
+        not hold keeps its hand schedule, and with it its fused epilogue). CSR layers: True
+        (their searched knobs depend on the pruned weights, and they fuse either way)."""
+        from dataclasses import replace
+
+        from . import tuning as tn
+        from .knobs import tuned_knobs
+
+        if choice.sparse:
+            return True
+        comp = {DType.FLOAT32: Compression.DENSE, DType.FLOAT16: Compression.FLOAT16,
+                DType.INT8: Compression.INT8}[dtype]
+        ks = KernelSpec(spec, choice.algorithm, False, dtype, {})
+        asked = replace(ks, knobs=tuned_knobs(spec, Variant(choice.algorithm, comp),
+                                              self.budget, self.simd_bits))
+        key = tn.tuning_key(self.fingerprint, asked, self.budget, self.target_json)
+        return self.db.lookup(key) is not None
+
     @staticmethod
     def fuses(choice: "LayerChoice") -> bool:
         """Whether a tuned layer of ``choice`` runs its epilogue in its kernel: a CSR layer
         (its hand schedule with the searched knobs) and a spatial pack (its epilogue is in
         the output stage the tuned schedule covers). A direct or GEMM layer's trace does not
         replay on a kernel with an epilogue block (it counts the blocks), so its epilogue
-        stays a separate op."""
+        stays a separate op, unless the database holds no search of it (:meth:`holds`)."""
         return choice.sparse or choice.algorithm is Algorithm.SPATIAL_PACK
 
 
@@ -293,6 +312,19 @@ def _next_step(cur, uses, plan: _Epilogue, shape, dtype, bindings, claimed, valu
     return None
 
 
+def _call_spec(call: relax.Call) -> ConvSpec:
+    """The workload of a ``relax.nn.conv2d`` call with constant weights."""
+    attrs = call.attrs
+    n, c, h, wd = (int(v) for v in call.args[0].ty.shape)
+    k, _, r, s_ = (int(v) for v in call.args[1].ty.shape)
+    pad = [int(p) for p in attrs.padding]
+    return ConvSpec(C=c, H=h, W=wd, K=k, R=r, S=s_,
+                    stride_h=int(attrs.strides[0]), stride_w=int(attrs.strides[1]),
+                    pad_t=pad[0], pad_l=pad[1], pad_b=pad[2], pad_r=pad[3],
+                    groups=int(attrs.groups), dilation_h=int(attrs.dilation[0]),
+                    dilation_w=int(attrs.dilation[1]), N=n)
+
+
 class _ConvLowering:
     """Lowers one ``relax.nn.conv2d`` (with the epilogue it fuses) to a ``call_tir`` of our
     kernel; convs are numbered in graph order, the plan's layer order."""
@@ -329,13 +361,7 @@ class _ConvLowering:
             raise BuildError(f"conv {i}: layout {attrs.data_layout}/{attrs.kernel_layout}; "
                              "only NCHW/OIHW")
         w = weight.value.numpy()
-        n, c, h, wd = (int(v) for v in call.args[0].ty.shape)
-        pad = [int(p) for p in attrs.padding]
-        spec = ConvSpec(C=c, H=h, W=wd, K=w.shape[0], R=w.shape[2], S=w.shape[3],
-                        stride_h=int(attrs.strides[0]), stride_w=int(attrs.strides[1]),
-                        pad_t=pad[0], pad_l=pad[1], pad_b=pad[2], pad_r=pad[3],
-                        groups=int(attrs.groups), dilation_h=int(attrs.dilation[0]),
-                        dilation_w=int(attrs.dilation[1]), N=n)
+        spec = _call_spec(call)
         if self.specs is not None and self.specs[i] != spec:
             raise BuildError(f"conv {i} is {spec.to_spec()} in TVM but "
                              f"{self.specs[i].to_spec()} in the plan")
@@ -450,8 +476,12 @@ def lower_convs(mod: tvm.IRModule, lowering: _ConvLowering) -> tvm.IRModule:
             continue
         plans = plan_epilogues(func) if lowering.fuse else {}
         if lowering.tuned is not None:  # plans are in graph order, the plan's layer order
+            calls = {b.var: b.value for block in func.body.blocks for b in block.bindings
+                     if isinstance(b, relax.VarBinding)}
             kept = {conv: plan for i, (conv, plan) in enumerate(plans.items())
-                    if i >= len(lowering.choices) or TunedKernels.fuses(lowering.choices[i])}
+                    if i >= len(lowering.choices) or TunedKernels.fuses(lowering.choices[i])
+                    or not lowering.tuned.holds(_call_spec(calls[conv]),
+                                                lowering.choices[i], lowering.dtype)}
             lowering.separate_layers += sum(1 for conv, plan in plans.items()
                                             if plan.steps and conv not in kept)
             plans = kept

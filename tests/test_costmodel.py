@@ -334,25 +334,35 @@ def test_a_record_of_an_older_engine_counts_until_the_current_engine_measures_it
 
     old = PREVIOUS_NETWORK_VERSIONS[0]
 
-    def rec(config, version, algorithm="spatial_pack"):
+    def rec(config, version, algorithm="spatial_pack", tuned=True):
         return NetworkMeasurement(key=f"{config}{version}{algorithm}", device="local",
                                   fingerprint="f", network="n", config=config,
                                   algorithm=algorithm, plan="[]", dtype="float32",
-                                  run_secs=[1e-3], version=version)
+                                  run_secs=[1e-3], version=version,
+                                  tuned_layers=[0] if tuned else None)
 
-    stale, fresh = rec("dense", old), rec("dense", NETWORK_VERSION)
-    only_old = rec("int8", old)
+    stale, fresh = rec("dense/tuned", old), rec("dense/tuned", NETWORK_VERSION)
+    only_old = rec("int8/tuned", old)
     ort = rec("dense", engine_version(ONNXRUNTIME), ONNXRUNTIME)
     assert drop_older_engines([stale, fresh, only_old, ort]) == [fresh, only_old, ort]
     assert rec("dense", "").to_row()["kernels_version"] == NETWORK_VERSION
+    assert rec("dense", "", tuned=False).to_row()["kernels_version"] == \
+        engine_version("spatial_pack")
     assert NetworkMeasurement.from_row(stale.to_row()).version == old
-    assert engine_version("spatial_pack") == NETWORK_VERSION not in PREVIOUS_NETWORK_VERSIONS
-    assert engine_version("per_layer") == NETWORK_VERSION
+    assert NETWORK_VERSION not in PREVIOUS_NETWORK_VERSIONS
+    for algorithm in ("direct", "gemm", "spatial_pack", "per_layer"):
+        assert engine_version(algorithm, tuned=True) == NETWORK_VERSION
     assert engine_version(ONNXRUNTIME) == ONNXRUNTIME_VERSION
+    assert engine_version(ONNXRUNTIME, tuned=True) == ONNXRUNTIME_VERSION
     # builds the newest engine left as they were keep their version, and their records count
-    direct = rec("dense", engine_version("direct"), "direct")
-    assert engine_version("direct") in PREVIOUS_NETWORK_VERSIONS
-    assert drop_older_engines([fresh, direct]) == [fresh, direct]
+    for algorithm in ("direct", "gemm", "spatial_pack", "per_layer"):
+        assert engine_version(algorithm) in PREVIOUS_NETWORK_VERSIONS
+    direct = rec("dense", engine_version("direct"), "direct", tuned=False)
+    untuned = rec("int8", engine_version("spatial_pack"), tuned=False)
+    assert drop_older_engines([fresh, direct, untuned]) == [fresh, direct, untuned]
+    # an untuned record of the current engine replaces an older one of its configuration
+    older = rec("int8", PREVIOUS_NETWORK_VERSIONS[-1], tuned=False)
+    assert drop_older_engines([older, untuned]) == [untuned]
 
 
 def test_a_channel_pruning_record_pairs_only_with_the_layers_it_timed():

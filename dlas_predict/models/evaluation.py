@@ -392,10 +392,12 @@ def drop_older_engines(meas: list) -> list:
     configuration and algorithm the current engine has measured."""
     from dlas_predict.corpus.networks import engine_version
 
-    current = {(m.network, m.config, m.algorithm) for m in meas
-               if not m.version or m.version == engine_version(m.algorithm)}
-    return [m for m in meas if not m.version or m.version == engine_version(m.algorithm)
-            or (m.network, m.config, m.algorithm) not in current]
+    def now(m) -> bool:
+        return not m.version or m.version == engine_version(m.algorithm,
+                                                            m.tuned_layers is not None)
+
+    current = {(m.network, m.config, m.algorithm) for m in meas if now(m)}
+    return [m for m in meas if now(m) or (m.network, m.config, m.algorithm) not in current]
 
 
 def whole_rows(corpus: Corpus, store: Path) -> list[WholeRow]:
