@@ -183,6 +183,27 @@ def onnxruntime_node_ms(path: Path, x, threads: int, runs: int) -> tuple[dict, d
     return dict(nodes), ops, whole[len(whole) // 2]
 
 
+def _conv_of_outputs(path: Path) -> dict[str, str]:
+    """Each output of the ONNX graph's Conv nodes and of the single-input chains after them
+    (what onnxruntime fuses into a conv) → the name of the conv it comes from."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    producer = {o: n for n in graph.node for o in n.output}
+    out: dict[str, str] = {}
+    def back(node):  # the input a conv chain comes through (a residual add: the conv's)
+        ins = [producer.get(i) for i in node.input if i in producer]
+        return next((n for n in ins if n.op_type == "Conv"), ins[0] if ins else None)
+
+    for node in graph.node:
+        start = node
+        while start is not None and start.op_type != "Conv":
+            start = back(start)
+        if start is not None and start.op_type == "Conv":
+            out[node.output[0]] = start.name or start.output[0]
+    return out
+
+
 def compare_onnxruntime(path: Path, net, ours: dict[int, float], ours_whole: float, x,
                         args) -> None:
     """Each conv layer's milliseconds in our build beside onnxruntime's, by layer kind, and
@@ -193,11 +214,14 @@ def compare_onnxruntime(path: Path, net, ours: dict[int, float], ours_whole: flo
     by_name = {c.name: c.index for c in convs}
     theirs: dict[int, float] = defaultdict(float)
     others: dict[str, float] = defaultdict(float)
+    conv_of = _conv_of_outputs(path)
     for name, ms in nodes.items():
         index = by_name.get(name)
-        if index is None and "Conv" in ops[name]:  # a rewritten node: named from its output
-            starts = [c for c in by_name if c and name.startswith(c)]
-            index = by_name[max(starts, key=len)] if starts else None
+        if index is None and "Conv" in ops[name]:
+            # a rewritten node, named from the output it ends with (the conv's, or the
+            # last op onnxruntime fused into it: a ReLU's, say) and a suffix
+            starts = [o for o in conv_of if o and name.startswith(o)]
+            index = by_name.get(conv_of[max(starts, key=len)]) if starts else None
         if index is not None:
             theirs[index] += ms
         else:
