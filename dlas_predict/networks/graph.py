@@ -282,7 +282,7 @@ def read_network(path: str | Path, name: str | None = None) -> Network:
     """Every compute op of the ONNX network at ``path``, in graph order.
 
     The result is kept under DLAS_HOME by the file's path, size and modification time
-    (and this module's source): reading a network again skips ONNX's parse and shape
+    (and the source of this module and of the records it builds): reading a network again skips ONNX's parse and shape
     inference (half a second for ResNet-50)."""
     name = name or Path(path).stem
     key = _network_key(path, name)
@@ -299,15 +299,18 @@ def read_network(path: str | Path, name: str | None = None) -> Network:
 def _network_key(path: str | Path, name: str) -> str | None:
     import hashlib
 
+    import dlas_predict.space.config as records
+
     try:
         st = Path(path).stat()
-        me = Path(__file__).stat()
+        # the code that reads a network and the records it is made of
+        code = [(p.st_size, p.st_mtime_ns) for p in (Path(__file__).stat(),
+                                                     Path(records.__file__).stat())]
     except OSError:
         return None  # load_onnx says what is wrong with the file
     if not Path(path).is_file():
         return None
-    raw = repr((str(Path(path).resolve()), st.st_size, st.st_mtime_ns, name,
-                me.st_size, me.st_mtime_ns))
+    raw = repr((str(Path(path).resolve()), st.st_size, st.st_mtime_ns, name, code))
     return hashlib.sha1(raw.encode()).hexdigest()[:24]
 
 
