@@ -191,6 +191,7 @@ def _conv_of_outputs(path: Path) -> dict[str, str]:
     graph = onnx.load(str(path), load_external_data=False).graph
     producer = {o: n for n in graph.node for o in n.output}
     out: dict[str, str] = {}
+
     def back(node):  # the input a conv chain comes through (a residual add: the conv's)
         ins = [producer.get(i) for i in node.input if i in producer]
         return next((n for n in ins if n.op_type == "Conv"), ins[0] if ins else None)

@@ -62,6 +62,11 @@ class LayerChoice:
         return cls(Algorithm.parse(d["algorithm"]), bool(d["sparse"]))
 
 
+#: The compression a dense layer of each dtype is measured (and tuned) as.
+DENSE_COMPRESSION = {DType.FLOAT32: Compression.DENSE, DType.FLOAT16: Compression.FLOAT16,
+                     DType.INT8: Compression.INT8}
+
+
 class BuildError(RuntimeError):
     """The network cannot be built as planned (reported as a recorded failure)."""
 
@@ -93,17 +98,11 @@ class TunedKernels:
         from dataclasses import replace
 
         from dlas_predict.compression.netplan import kernel_ratio
-        from . import tuning as tn
         from .kernels import dense_prim_func
-        from .knobs import tuned_knobs
         from .sparse import sparsity
 
         ratio = kernel_ratio(sparsity(w)) if ks.sparse else 0.0
-        # the search was of the bare convolution, at the scale of random inputs
-        asked = replace(ks, scale=None, epilogue=(), knobs=tuned_knobs(
-            ks.conv, Variant(ks.algorithm, comp, ratio), self.budget, self.simd_bits))
-        key = tn.tuning_key(self.fingerprint, asked, self.budget, self.target_json,
-                            (ratio, self.pattern) if ks.sparse else None)
+        asked, key = self._search(ks, comp, ratio)
         found = self.db.lookup(key)
         if found is None:
             self.untuned.append(i)
@@ -131,20 +130,25 @@ class TunedKernels:
         """Whether the database holds a search of a dense layer of ``spec`` (a layer it does
         not hold keeps its hand schedule, and with it its fused epilogue). CSR layers: True
         (their searched knobs depend on the pruned weights, and they fuse either way)."""
+        if choice.sparse:
+            return True
+        _, key = self._search(KernelSpec(spec, choice.algorithm, False, dtype, {}),
+                              DENSE_COMPRESSION[dtype], 0.0)
+        return self.db.lookup(key) is not None
+
+    def _search(self, ks: KernelSpec, comp: Compression,
+                ratio: float) -> tuple[KernelSpec, str]:
+        """The kernel a layer of ``ks`` was searched as (the bare convolution, at the scale
+        of random inputs, with the tuned knobs) and that search's database key."""
         from dataclasses import replace
 
         from . import tuning as tn
         from .knobs import tuned_knobs
 
-        if choice.sparse:
-            return True
-        comp = {DType.FLOAT32: Compression.DENSE, DType.FLOAT16: Compression.FLOAT16,
-                DType.INT8: Compression.INT8}[dtype]
-        ks = KernelSpec(spec, choice.algorithm, False, dtype, {})
-        asked = replace(ks, knobs=tuned_knobs(spec, Variant(choice.algorithm, comp),
-                                              self.budget, self.simd_bits))
-        key = tn.tuning_key(self.fingerprint, asked, self.budget, self.target_json)
-        return self.db.lookup(key) is not None
+        asked = replace(ks, scale=None, epilogue=(), knobs=tuned_knobs(
+            ks.conv, Variant(ks.algorithm, comp, ratio), self.budget, self.simd_bits))
+        return asked, tn.tuning_key(self.fingerprint, asked, self.budget, self.target_json,
+                                    (ratio, self.pattern) if ks.sparse else None)
 
     @staticmethod
     def fuses(choice: "LayerChoice") -> bool:
@@ -366,9 +370,7 @@ class _ConvLowering:
             raise BuildError(f"conv {i} is {spec.to_spec()} in TVM but "
                              f"{self.specs[i].to_spec()} in the plan")
         choice = self.choices[i]
-        comp = (Compression.WEIGHT_PRUNING if choice.sparse else
-                {DType.FLOAT32: Compression.DENSE, DType.FLOAT16: Compression.FLOAT16,
-                 DType.INT8: Compression.INT8}[self.dtype])
+        comp = Compression.WEIGHT_PRUNING if choice.sparse else DENSE_COMPRESSION[self.dtype]
         if choice.sparse and self.dtype is not DType.FLOAT32:
             raise BuildError("sparse kernels run in float32 only (the study's grid)")
         knobs = resolve_knobs(spec, Variant(choice.algorithm, comp,

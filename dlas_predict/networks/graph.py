@@ -282,8 +282,8 @@ def read_network(path: str | Path, name: str | None = None) -> Network:
     """Every compute op of the ONNX network at ``path``, in graph order.
 
     The result is kept under DLAS_HOME by the file's path, size and modification time
-    (and the source of this module and of the records it builds): reading a network again skips ONNX's parse and shape
-    inference (half a second for ResNet-50)."""
+    (and the source of this module and of the records it builds): reading a network again
+    skips ONNX's parse and shape inference (half a second for ResNet-50)."""
     name = name or Path(path).stem
     key = _network_key(path, name)
     if key is not None:
@@ -298,6 +298,7 @@ def read_network(path: str | Path, name: str | None = None) -> Network:
 
 def _network_key(path: str | Path, name: str) -> str | None:
     import hashlib
+    import stat
 
     import dlas_predict.space.config as records
 
@@ -308,7 +309,7 @@ def _network_key(path: str | Path, name: str) -> str | None:
                                                      Path(records.__file__).stat())]
     except OSError:
         return None  # load_onnx says what is wrong with the file
-    if not Path(path).is_file():
+    if not stat.S_ISREG(st.st_mode):
         return None
     raw = repr((str(Path(path).resolve()), st.st_size, st.st_mtime_ns, name, code))
     return hashlib.sha1(raw.encode()).hexdigest()[:24]
