@@ -271,33 +271,47 @@ def _in_channel(spec: ConvSpec, k, rc):
     return (k // (spec.K // spec.groups)) * (spec.C // spec.groups) + rc
 
 
-def _direct_nchw_compute(ks: KernelSpec) -> list:
-    """Direct convolution over the zero-padded NCHW input (also the GPU's compute)."""
+def _direct_nchw_compute(ks: KernelSpec, tiles: bool = False) -> list:
+    """Direct convolution over the zero-padded NCHW input (also the GPU's compute). With
+    ``tiles`` (the CPU's hand schedule), an output width its ``tile_w`` does not divide is
+    computed over whole vector tiles (the padded input wide enough, zeros beyond it) and
+    cropped by an ``out`` stage, so no tail predicate keeps the tile from vectorising."""
     spec, dt = ks.conv, ks.dtype
     data = te.placeholder(spec.input_shape, dt.value, name="data")
     weight = te.placeholder(spec.weight_shape, dt.value, name="weight")
+    owp = _padded_extent(spec.OW, ks.knobs.get("tile_w")) if tiles else spec.OW
     hp = spec.H + spec.pad_t + spec.pad_b
-    wp = spec.W + spec.pad_l + spec.pad_r
+    wp = max(spec.W + spec.pad_l + spec.pad_r,
+             (owp - 1) * spec.stride_w + (spec.S - 1) * spec.dilation_w + 1)
     pad = _padded(data, spec, hp, wp)
     rc, rr, rs = _reduce_axes(spec)
     conv = te.compute(
-        spec.output_shape,
+        (1, spec.K, spec.OH, owp),
         lambda n, k, h, w: te.sum(_mul(
             pad[n, _in_channel(spec, k, rc), h * spec.stride_h + rr * spec.dilation_h,
                 w * spec.stride_w + rs * spec.dilation_w],
             weight[k, rc, rr, rs], dt, acc_dtype(ks)), axis=[rc, rr, rs]),
         name="conv")
     extras = _extras(ks)
+    if owp != spec.OW:
+        out = te.compute(spec.output_shape, lambda n, k, h, w: _finish(
+            conv[n, k, h, w], ks, extras, k, (n, k, h, w)), name="out")
+        return [data, weight, *extras.values(), out]
     return [data, weight, *extras.values(),
             _maybe_epilogue(conv, ks, extras, lambda n, k, h, w: (k, (n, k, h, w)))]
 
 
-def _direct_compute(ks: KernelSpec) -> list:
+def _padded_extent(extent: int, tile: int | None) -> int:
+    """``extent`` rounded up to whole ``tile``s (no tile: unchanged)."""
+    return _ceil_div(extent, tile) * tile if tile else extent
+
+
+def _direct_compute(ks: KernelSpec, tiles: bool = False) -> list:
     # one input channel per output channel (a channel multiplier too): no input reuse
     # across output channels, so the tile runs along the output plane
     if ks.conv.depthwise:
         return _depthwise_compute(ks)
-    return _direct_nchw_compute(ks)
+    return _direct_nchw_compute(ks, tiles)
 
 
 def _depthwise_compute(ks: KernelSpec) -> list:
@@ -390,45 +404,67 @@ def _direct_nchw_schedule(sch: Schedule, ks: KernelSpec) -> None:
     wo, wi = sch.split(w, [None, ks.knobs["tile_w"]])
     sch.reorder(n, ko, h, wo, r_c, r_r, r_s, ki, wi)
     sch.reverse_compute_at(wb, wo)
-    sch.parallel(sch.fuse(n, ko, h))
+    task = sch.fuse(n, ko, h)
+    sch.parallel(task)
     sch.unroll(ki)
     _vectorize(sch, wi)
     sch.decompose_reduction(block, r_c)
-    _finish_writeback(sch, wb, ks)
+    cropped = bool(ks.conv.OW % ks.knobs["tile_w"])
+    _finish_writeback(sch, wb, ks, cropped)
+    if cropped:  # computed over whole tiles: crop each task's row while it is in cache
+        sch.reverse_compute_at(sch.get_sblock("out"), task)
     if _unpadded(ks.conv):  # the copy would be the input itself: read it in place
         sch.compute_inline(sch.get_sblock("pad"))
     else:
         _schedule_copy(sch, "pad")
 
 
-def _gemm_compute(ks: KernelSpec) -> list:
+def _gemm_compute(ks: KernelSpec, tiles: bool = False) -> list:
+    """im2col then a GEMM [K, CRS] x [CRS, OH*OW]. With ``tiles`` (the CPU's hand
+    schedule), output positions its ``tile_p`` does not divide are computed over whole
+    vector tiles (the im2col matrix padded with zero columns) and cropped by an ``out``
+    stage."""
     spec, dt = ks.conv, ks.dtype
     cg = spec.C // spec.groups
     crs = cg * spec.R * spec.S
     rs_ = spec.R * spec.S
     p = spec.OH * spec.OW
+    pp = _padded_extent(p, ks.knobs.get("tile_p")) if tiles else p
     data = te.placeholder(spec.input_shape, dt.value, name="data")
     weight = te.placeholder((spec.K, crs), dt.value, name="weight")
     hp = spec.H + spec.pad_t + spec.pad_b
     wp = spec.W + spec.pad_l + spec.pad_r
     pad = _padded(data, spec, hp, wp)
-    col = te.compute(
-        (spec.groups, crs, p),
-        lambda g, j, q: pad[0, g * cg + j // rs_,
-                            (q // spec.OW) * spec.stride_h + (j // spec.S) % spec.R
-                            * spec.dilation_h,
-                            (q % spec.OW) * spec.stride_w + (j % spec.S) * spec.dilation_w],
-        name="col")
+
+    def im2col(g, j, q):
+        return pad[0, g * cg + j // rs_,
+                   (q // spec.OW) * spec.stride_h + (j // spec.S) % spec.R * spec.dilation_h,
+                   (q % spec.OW) * spec.stride_w + (j % spec.S) * spec.dilation_w]
+
+    if pp == p:
+        col = te.compute((spec.groups, crs, p), im2col, name="col")
+    else:
+        zero = tvm.tirx.const(0, dt.value)
+        col = te.compute((spec.groups, crs, pp), lambda g, j, q: tvm.tirx.if_then_else(
+            q < p, im2col(g, j, tvm.tirx.min(q, p - 1)), zero), name="col")
     rj = te.reduce_axis((0, crs), "rj")
     kg = spec.K // spec.groups
     # Output [1, K, OH*OW]: the same memory as NCHW, the GEMM's natural shape.
     conv = te.compute(
-        (1, spec.K, p),
+        (1, spec.K, pp),
         lambda n, k, q: te.sum(_mul(weight[k, rj], col[k // kg, rj, q], dt, acc_dtype(ks)),
                                axis=[rj]),
         name="conv")
     extras = _extras(ks)
     ow = spec.OW
+    if pp != p:
+        if ks.epilogue:
+            out = te.compute(spec.output_shape, lambda n, k, h, w: _finish(
+                conv[n, k, h * ow + w], ks, extras, k, (n, k, h, w)), name="out")
+        else:
+            out = te.compute((1, spec.K, p), lambda n, k, q: _finish(
+                conv[n, k, q], ks, extras, k, (n, k, q // ow, q % ow)), name="out")
+        return [data, weight, *extras.values(), out]
     if ks.epilogue:  # written NCHW: the reshape after the GEMM folds into the epilogue
         out = te.compute(spec.output_shape, lambda n, k, h, w: _finish(
             conv[n, k, h * ow + w], ks, extras, k, (n, k, h, w)), name="epilogue")
@@ -438,6 +474,11 @@ def _gemm_compute(ks: KernelSpec) -> list:
 
 
 def _gemm_schedule(sch: Schedule, ks: KernelSpec) -> None:
+    """Parallel over blocks of filters by blocks of output positions, each a register tile
+    accumulated over the reduction. Output positions padded to whole tiles (``out``
+    stage): parallel over blocks of filters, each cropping its rows while in cache."""
+    spec = ks.conv
+    cropped = bool((spec.OH * spec.OW) % ks.knobs["tile_p"])
     sch.compute_inline(sch.get_sblock("pad"))
     block = sch.get_sblock("conv")
     wb = sch.cache_write(block, 0, "local")
@@ -446,13 +487,22 @@ def _gemm_schedule(sch: Schedule, ks: KernelSpec) -> None:
     ko, ki = sch.split(k, [None, ks.knobs["tile_k"]])
     sch.reorder(n, ko, qo, r_j, ki, qi)
     sch.reverse_compute_at(wb, qo)
-    sch.parallel(sch.fuse(n, ko, qo))
+    if cropped:
+        task = sch.fuse(n, ko)
+        out = sch.get_sblock("out")
+        if len(sch.get_loops(out)) == 3:  # [1, K, OH*OW]: crop each task's filters
+            sch.reverse_compute_at(out, task)
+        else:  # NCHW (a fused epilogue): TVM cannot bound h * OW + w, crop in a pass
+            _schedule_copy(sch, "out")
+    else:
+        task = sch.fuse(n, ko, qo)
+    sch.parallel(task)
     sch.unroll(ki)
     _vectorize(sch, qi)
     sch.decompose_reduction(block, r_j)
-    _finish_writeback(sch, wb, ks)
-    spec = ks.conv
-    if _unpadded(spec) and (spec.R, spec.S, spec.stride_h, spec.stride_w) == (1, 1, 1, 1):
+    _finish_writeback(sch, wb, ks, cropped)
+    if (not cropped and _unpadded(spec)
+            and (spec.R, spec.S, spec.stride_h, spec.stride_w) == (1, 1, 1, 1)):
         # pointwise: the im2col matrix is the input itself, read in place
         sch.compute_inline(sch.get_sblock("col"))
     else:
@@ -590,10 +640,11 @@ def _maybe_epilogue(conv, ks: KernelSpec, extras: dict, where):
     return te.compute(conv.shape, body, name="epilogue")
 
 
-def _finish_writeback(sch: Schedule, wb, ks: KernelSpec) -> None:
+def _finish_writeback(sch: Schedule, wb, ks: KernelSpec, cropped: bool = False) -> None:
     """Vectorise the accumulator write-back; fold the epilogue (cast, requantisation, fused
-    bias, activation and residual add) into it, so it runs on the register tile."""
-    if _has_epilogue_block(ks):
+    bias, activation and residual add) into it, so it runs on the register tile (unless the
+    tiles are ``cropped`` by an ``out`` stage, which runs the epilogue)."""
+    if _has_epilogue_block(ks) and not cropped:
         sch.reverse_compute_inline(sch.get_sblock("epilogue"))
     _vectorize(sch, sch.get_loops(wb)[-1])
 
@@ -854,6 +905,8 @@ def kernel_module(ks: KernelSpec) -> tvm.IRModule:
     compute, schedule = _DENSE[ks.algorithm]
     if ks.algorithm is Algorithm.SPATIAL_PACK:  # the output stage the hand schedule tiles
         compute = partial(_spatial_pack_compute, tile_epilogue=True)
+    else:  # extents the vector tiles do not divide, computed over whole tiles
+        compute = partial(compute, tiles=True)
     sch = Schedule(te.create_prim_func(compute(ks)))
     schedule(sch, ks)
     return sch.mod

@@ -41,14 +41,28 @@ def _divisor_at_most(n: int, limit: int, prefer: tuple[int, ...] = ()) -> int:
     return 1
 
 
+def _vector_tile(extent: int, lanes: int) -> int:
+    """The vector tile along a contiguous output axis of ``extent``: a divisor of it of at
+    least half a vector (the whole axis if it fits in one), so no tile is padded; where
+    there is none (11, 13, 22 on eight lanes), a whole vector or a half one, whichever
+    takes fewer vector operations over the axis padded to whole tiles (the kernel
+    computes the padding and crops it): a divisor of 1 or 2 would leave the loop
+    scalar."""
+    tile = _divisor_at_most(extent, lanes, prefer=(lanes, lanes // 2))
+    if tile >= min(extent, lanes // 2):
+        return tile
+    return min((lanes, lanes // 2), key=lambda v: (-(-extent // v), _ceil_to(extent, v)))
+
+
 def default_knobs(spec: ConvSpec, variant: Variant,
                   simd_bits: int | None = None) -> dict[str, int]:
     """The untuned schedule's knobs for ``variant`` on ``spec``, chosen from the shape and the
     vector width of the CPU it runs on (``simd_bits``; None: 512).
 
     Rules a performance engineer would apply by hand: vector tiles along the contiguous axis
-    sized to the SIMD width (a divisor of the extent, so no tail predicate blocks
-    vectorisation), output-channel blocks that keep the accumulators in registers
+    sized to the SIMD width (a divisor of the extent where one is wide enough, else the
+    extent padded to whole tiles, so no tail predicate blocks vectorisation), output-channel
+    blocks that keep the accumulators in registers
     (:func:`registers`: sized for AVX-512, an AVX2 tile of the same shape spills and runs
     2-4x slower).
     """
@@ -65,11 +79,11 @@ def default_knobs(spec: ConvSpec, variant: Variant,
         return {"tile_k": _divisor_at_most(spec.K, 2 if unit else 1),
                 "tile_h": 2 if spec.OH > 1 else 1, "tile_w": tile_w}
     if key == (Algorithm.DIRECT, False):
-        tile_w = _divisor_at_most(spec.OW, lanes, prefer=(lanes, lanes // 2))
+        tile_w = _vector_tile(spec.OW, lanes)
         tile_k = _divisor_at_most(spec.K, acc, prefer=(8, 16, 4) if tile_w >= 8 else (16, 8, 4))
         return {"tile_k": tile_k, "tile_w": tile_w}
     if key == (Algorithm.GEMM, False):
-        tile_p = _divisor_at_most(p, lanes, prefer=(lanes, lanes // 2))
+        tile_p = _vector_tile(p, lanes)
         tile_k = _divisor_at_most(spec.K, acc, prefer=(8, 4, 16))
         return {"tile_k": tile_k, "tile_p": tile_p}
     if key == (Algorithm.SPATIAL_PACK, False):

@@ -355,11 +355,13 @@ def test_a_record_of_an_older_engine_counts_until_the_current_engine_measures_it
     assert engine_version(ONNXRUNTIME) == ONNXRUNTIME_VERSION
     assert engine_version(ONNXRUNTIME, tuned=True) == ONNXRUNTIME_VERSION
     # builds the newest engine left as they were keep their version, and their records count
-    for algorithm in ("direct", "gemm", "spatial_pack", "per_layer"):
-        assert engine_version(algorithm) in PREVIOUS_NETWORK_VERSIONS
+    assert engine_version("spatial_pack") in PREVIOUS_NETWORK_VERSIONS
+    for algorithm in ("direct", "gemm", "per_layer"):
+        assert engine_version(algorithm) == NETWORK_VERSION
     direct = rec("dense", engine_version("direct"), "direct", tuned=False)
+    old_direct = rec("dense", old, "direct", tuned=False)
     untuned = rec("int8", engine_version("spatial_pack"), tuned=False)
-    assert drop_older_engines([fresh, direct, untuned]) == [fresh, direct, untuned]
+    assert drop_older_engines([fresh, direct, old_direct, untuned]) == [fresh, direct, untuned]
     # an untuned record of the current engine replaces an older one of its configuration
     older = rec("int8", PREVIOUS_NETWORK_VERSIONS[-1], tuned=False)
     assert drop_older_engines([older, untuned]) == [untuned]

@@ -95,15 +95,67 @@ def test_tiles_for_narrower_vectors_match_reference(bits, variant, target):
                                   "C=31,H=14,W=14,K=31,R=3,S=3,stride=2,pad=1,groups=31"])
 @pytest.mark.parametrize("algorithm", [Algorithm.DIRECT, Algorithm.GEMM])
 def test_a_tile_of_one_lane_builds_and_matches_reference(conv, algorithm, target):
-    """SSE's four lanes divide no width of 7 (nor 49 output pixels): the tile is one lane,
-    a loop of one iteration that is left unvectorised, not a failed build. Channel-pruned
-    layers reduced to one filter give such shapes."""
+    """A block of one filter (a channel-pruned layer reduced to one filter, 31 filters in
+    groups of one) is a loop of one iteration that is left unvectorised, not a failed
+    build."""
     spec = ConvSpec.parse(conv)
     variant = Variant(algorithm, Compression.DENSE)
     knobs = resolve_knobs(spec, variant, 128)
     assert 1 in knobs.values()
     result = run_task(_task(spec, variant, target, knobs=knobs))
     assert result.error is None and result.verified, (result.error, knobs)
+
+
+#: output widths (and positions) no vector tile of at least half a vector divides
+CROPPED_CONVS = ["C=16,H=11,W=11,K=24,R=3,S=3,stride=1,pad=1",
+                 "C=12,H=13,W=13,K=20,R=1,S=1,stride=1,pad=0",
+                 "C=16,H=18,W=18,K=24,R=3,S=3,stride=2,pad=1,groups=2"]
+
+
+@pytest.mark.parametrize("algorithm", ["direct", "gemm"])
+@pytest.mark.parametrize("conv", CROPPED_CONVS)
+def test_a_width_no_vector_divides_is_computed_over_whole_tiles(conv, algorithm, target):
+    """11 or 13 output columns (121, 169 positions) on eight lanes: the tile is a whole
+    vector, the output padded to whole tiles and cropped, not a scalar loop of one lane;
+    every dtype matches the reference."""
+    spec = ConvSpec.parse(conv)
+    name = "tile_w" if algorithm == "direct" else "tile_p"
+    extent = spec.OW if algorithm == "direct" else spec.OH * spec.OW
+    for compression in (Compression.DENSE, Compression.FLOAT16, Compression.INT8):
+        variant = Variant(algorithm, compression)
+        knobs = resolve_knobs(spec, variant, 256)
+        assert knobs[name] == 8 and extent % 8, knobs
+        result = run_task(_task(spec, variant, target, knobs=knobs))
+        assert result.error is None and result.verified, (result.error, result.max_error)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int8"])
+@pytest.mark.parametrize("algorithm", ["direct", "gemm"])
+def test_a_cropped_tile_runs_the_fused_epilogue(algorithm, dtype):
+    import numpy as np
+
+    from dlas_predict.space.config import DType
+
+    dt = DType(dtype)
+    out, ref, ks = _fused_case(algorithm, False, dt, conv=CROPPED_CONVS[0])
+    assert ks.conv.OW % ks.knobs.get("tile_w", 1) or 121 % ks.knobs.get("tile_p", 1)
+    tol = (5e-3 if dt is DType.FLOAT16 else 1e-4) * max(1.0, np.abs(ref).max())
+    assert out.shape == ref.shape and np.abs(out.astype(np.float64) - ref).max() < tol
+
+
+def test_vector_tiles_divide_where_they_can_and_pad_where_they_cannot():
+    from dlas_predict.measure.knobs import default_knobs
+
+    def tile_w(ow, bits):
+        spec = ConvSpec.parse(f"C=8,H={ow},W={ow},K=8,R=1,S=1,stride=1,pad=0")
+        return default_knobs(spec, Variant("direct", "dense"), bits)["tile_w"]
+
+    # a divisor of at least half a vector, or the whole row when it fits in one
+    assert [tile_w(ow, 256) for ow in (4, 7, 14, 16, 20, 28)] == [4, 7, 7, 8, 4, 4]
+    # none: a whole vector or a half one, whichever takes fewer vector ops
+    assert [tile_w(ow, 256) for ow in (11, 13, 22, 9)] == [8, 8, 8, 8]
+    assert [tile_w(ow, 128) for ow in (7, 5, 13)] == [4, 4, 4]
+    assert tile_w(25, 512) == 16 and tile_w(14, 512) == 14
 
 
 #: Every step of the fused epilogue, ReLU6 as its two clamps.

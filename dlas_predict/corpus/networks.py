@@ -27,23 +27,23 @@ PER_LAYER = "per_layer"
 #: our kernels: the systems-software dimension of the grid.
 ONNXRUNTIME = "onnxruntime"
 #: The engine's version, in every whole-network record and its key, so a changed engine
-#: measures again: "8" fuses the epilogue of a tuned build's direct or GEMM layer the tuning
-#: database holds no search of (it runs its hand schedule), "7" runs spatial pack's epilogue
-#: on its packed register tile and unpacks
+#: measures again: "9" computes a direct or GEMM layer over whole vector tiles where no tile
+#: of at least half a vector divides its output width (positions), "8" fuses the epilogue of
+#: a tuned build's direct or GEMM layer the tuning database holds no search of (it runs its
+#: hand schedule), "7" runs spatial pack's epilogue on its packed register tile and unpacks
 #: each tile while it is in cache, "6" computes a fused SiLU's sigmoid with a polynomial exp
 #: that vectorises, "5" builds a channel-pruned network with its zeroed filters removed, "4"
 #: runs depthwise convs as register-tiled direct kernels, "3" runs the ops after each conv in
 #: its kernel's epilogue, "2" ran them as kernels of their own.
-NETWORK_VERSION = "8"
+NETWORK_VERSION = "9"
 ONNXRUNTIME_VERSION = "2"
-#: Builds a newer engine left as they were keep their version, and their keys: "8" changed
-#: tuned builds only, "7" spatial pack kernels (which untuned direct and GEMM builds do not
-#: run); onnxruntime's runs are as they were in "2".
-UNCHANGED_SINCE = {"direct": "6", "gemm": "6", "spatial_pack": "7", PER_LAYER: "7",
-                   ONNXRUNTIME: ONNXRUNTIME_VERSION}
+#: Builds a newer engine left as they were keep their version, and their keys: "9" changed
+#: direct and GEMM kernels (which untuned spatial pack builds do not run), "8" tuned builds
+#: only; onnxruntime's runs are as they were in "2".
+UNCHANGED_SINCE = {"spatial_pack": "7", ONNXRUNTIME: ONNXRUNTIME_VERSION}
 #: Engine versions whose records the network model still learns from, each until the same
 #: configuration is measured by the current engine.
-PREVIOUS_NETWORK_VERSIONS = ("7", "6", "5", "4", "3", "2")
+PREVIOUS_NETWORK_VERSIONS = ("8", "7", "6", "5", "4", "3", "2")
 #: The first engine version that removes the zeroed filters of a channel-pruned network;
 #: older channel-pruning records timed another network (CSR kernels over the zeroed filters).
 CHANNEL_REMOVAL_VERSION = "5"
