@@ -136,12 +136,15 @@ def loop_counts(cfg: KernelConfig, knobs: dict[str, int]) -> tuple[int, float, f
             ohp, owp, hp, wq = depthwise_extents(s, knobs["tile_h"], tw)
             return (s.K // tk, s.K * ohp * (owp // tw) * crs * _cdiv(tw, LANES), 0.0,
                     s.C * hp * s.stride_w * wq)
-        if alg is Algorithm.DIRECT:
+        if alg is Algorithm.DIRECT:  # the output padded to whole tiles, its input wide enough
             tk, tw = knobs["tile_k"], knobs["tile_w"]
+            wide = (_cdiv(s.OW, tw) * tw - 1) * s.stride_w + (s.S - 1) * s.dilation_w + 1
+            padded = s.C * (s.H + s.pad_t + s.pad_b) * max(s.W + s.pad_l + s.pad_r, wide)
             return (s.K // tk) * s.OH, s.K * s.OH * _cdiv(s.OW, tw) * crs, 0.0, padded
-        if alg is Algorithm.GEMM:
+        if alg is Algorithm.GEMM:  # the im2col matrix padded to whole tiles of positions
             tk, tp = knobs["tile_k"], knobs["tile_p"]
-            return (s.K // tk) * _cdiv(p, tp), s.K * _cdiv(p, tp) * crs, 0.0, s.groups * crs * p
+            return ((s.K // tk) * _cdiv(p, tp), s.K * _cdiv(p, tp) * crs, 0.0,
+                    s.groups * crs * _cdiv(p, tp) * tp)
         kb, vh, vw = knobs["tile_k"], knobs["tile_h"], knobs["tile_w"]
         oht, owt = _cdiv(s.OH, vh), _cdiv(s.OW, vw)
         if kb >= 4:  # vectorised over the output-channel block (the last one padded)
