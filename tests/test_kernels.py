@@ -143,6 +143,24 @@ def test_a_cropped_tile_runs_the_fused_epilogue(algorithm, dtype):
     assert out.shape == ref.shape and np.abs(out.astype(np.float64) - ref).max() < tol
 
 
+def test_a_widened_unpadded_input_is_copied_not_read_through_a_bounds_check():
+    """A 1x1 conv on 13 columns computed over 16: the input is read 16 wide, so the direct
+    kernel copies it into a zero-padded buffer once; read in place, every vector load of
+    the tile would carry the bounds check (several times slower). 16 columns need no copy."""
+    from dlas_predict.measure.kernels import KernelSpec, kernel_module
+    from dlas_predict.space.config import DType
+
+    def blocks(width):
+        spec = ConvSpec.parse(f"C=12,H={width},W={width},K=16,R=1,S=1,stride=1,pad=0")
+        variant = Variant("direct", "dense")
+        ks = KernelSpec(spec, Algorithm.DIRECT, False, DType.FLOAT32,
+                        resolve_knobs(spec, variant, 256))
+        return kernel_module(ks).script()
+
+    cropped, whole = blocks(13), blocks(16)
+    assert 'T.sblock("pad")' in cropped and 'T.sblock("pad")' not in whole
+
+
 def test_vector_tiles_divide_where_they_can_and_pad_where_they_cannot():
     from dlas_predict.measure.knobs import default_knobs
 
