@@ -212,6 +212,65 @@ def _epilogue_net(path):
     return path
 
 
+def _padded_pool_add(c, size):
+    """An average pool (3x3, stride 1, padding not counted) plus a residual, as TE."""
+    from tvm import te, topi
+
+    x = te.placeholder((1, c, size, size), "float32", name="x")
+    z = te.placeholder((1, c, size, size), "float32", name="z")
+    pool = topi.nn.pool2d(x, (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), "avg",
+                          count_include_pad=False)
+    out = te.compute(pool.shape, lambda *i: pool(*i) + z(*i), name="T_add")
+    return te.create_prim_func([x, z, out])
+
+
+def _pool_reference(x, z):
+    n, c, h, w = x.shape
+    padded = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    ones = np.pad(np.ones((h, w)), 1)
+    total = sum(padded[:, :, i:i + h, j:j + w] for i in range(3) for j in range(3))
+    count = sum(ones[i:i + h, j:j + w] for i in range(3) for j in range(3))
+    return total / count + z
+
+
+@pytest.mark.parametrize("size", [32, 7])
+def test_a_padded_pool_keeps_its_padding_stage_and_finishes_in_its_own_loop(size):
+    """The generic schedule of a padded average pool and the add after it: the padding is a
+    stage of its own (inlined, every load of the window would carry a bounds check), and
+    the division and the add run in the pool's parallel loop, not in a pass of their own;
+    the result matches numpy's, on a width a vector divides (32) and on one none does (7)."""
+    import tvm
+
+    from dlas_predict.measure.netbuild import _schedule_generic
+
+    func = _schedule_generic(_padded_pool_add(16, size))
+    text = func.script()
+    assert 'T.sblock("pad_temp")' in text
+    if size % 4 == 0:  # the pool's row is vectorised: its consumers join its loop
+        assert text.count("T.parallel(") == 2, text  # the padding stage's, the pool's
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 16, size, size)).astype("float32")
+    z = rng.standard_normal((1, 16, size, size)).astype("float32")
+    dev = tvm.cpu()
+    ex = tvm.compile(tvm.IRModule({"main": func}), target=tvm.target.Target({"kind": "llvm"}))
+    out = tvm.runtime.tensor(np.zeros_like(x), dev)
+    ex["main"](tvm.runtime.tensor(x, dev), tvm.runtime.tensor(z, dev), out)
+    np.testing.assert_allclose(out.numpy(), _pool_reference(x, z), rtol=1e-5, atol=1e-5)
+
+
+def test_a_cell_of_padded_pools_builds_and_verifies(tmp_path, measurer):
+    from dlas_predict.networks.nasbench201 import build as build_cell, parse_arch
+
+    path = tmp_path / "cell.onnx"
+    onnx.save(build_cell(parse_arch(
+        "|avg_pool_3x3~0|+|avg_pool_3x3~0|avg_pool_3x3~1|+|nor_conv_3x3~0|avg_pool_3x3~1|"
+        "avg_pool_3x3~2|")), path)
+    rec = measurer.measure(uniform_plan(str(path), "cell", "dense", None, "direct", _n(path)))
+    assert rec.error is None, rec.error
+    # float32: verified means within 1e-3 of onnxruntime's output, relative to its largest
+    assert rec.verified, (rec.max_error, rec.top1_agreement)
+
+
 def test_each_conv_fuses_the_ops_after_it(tmp_path):
     from dlas_predict.measure.netbuild import plan_epilogues, relax_module
 

@@ -27,23 +27,25 @@ PER_LAYER = "per_layer"
 #: our kernels: the systems-software dimension of the grid.
 ONNXRUNTIME = "onnxruntime"
 #: The engine's version, in every whole-network record and its key, so a changed engine
-#: measures again: "9" computes a direct or GEMM layer over whole vector tiles where no tile
-#: of at least half a vector divides its output width (positions), "8" fuses the epilogue of
+#: measures again: "10" keeps a padded pool's padding as a stage of its own and runs the ops
+#: after a pool or other reduction in its parallel loop, "9" computes a direct or GEMM layer
+#: over whole vector tiles where no tile of at least half a vector divides its output width
+#: (positions), "8" fuses the epilogue of
 #: a tuned build's direct or GEMM layer the tuning database holds no search of (it runs its
 #: hand schedule), "7" runs spatial pack's epilogue on its packed register tile and unpacks
 #: each tile while it is in cache, "6" computes a fused SiLU's sigmoid with a polynomial exp
 #: that vectorises, "5" builds a channel-pruned network with its zeroed filters removed, "4"
 #: runs depthwise convs as register-tiled direct kernels, "3" runs the ops after each conv in
 #: its kernel's epilogue, "2" ran them as kernels of their own.
-NETWORK_VERSION = "9"
+NETWORK_VERSION = "10"
 ONNXRUNTIME_VERSION = "2"
-#: Builds a newer engine left as they were keep their version, and their keys: "9" changed
-#: direct and GEMM kernels (which untuned spatial pack builds do not run), "8" tuned builds
-#: only; onnxruntime's runs are as they were in "2".
-UNCHANGED_SINCE = {"spatial_pack": "7", ONNXRUNTIME: ONNXRUNTIME_VERSION}
+#: Builds a newer engine left as they were keep their version, and their keys: "10" changed
+#: the ops between the convs of every build of ours; onnxruntime's runs are as they were in
+#: "2".
+UNCHANGED_SINCE = {ONNXRUNTIME: ONNXRUNTIME_VERSION}
 #: Engine versions whose records the network model still learns from, each until the same
 #: configuration is measured by the current engine.
-PREVIOUS_NETWORK_VERSIONS = ("8", "7", "6", "5", "4", "3", "2")
+PREVIOUS_NETWORK_VERSIONS = ("9", "8", "7", "6", "5", "4", "3", "2")
 #: The first engine version that removes the zeroed filters of a channel-pruned network;
 #: older channel-pruning records timed another network (CSR kernels over the zeroed filters).
 CHANNEL_REMOVAL_VERSION = "5"
