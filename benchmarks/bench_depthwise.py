@@ -1,5 +1,6 @@
 """Depthwise direct kernels: the register-tiled depthwise schedule against the NCHW direct
-schedule with a width tile dividing the row, same run.
+schedule with a width tile dividing the row, same run; and on strided layers whose row the
+tiled kernel covers with half a vector (it pads the row less), against a whole vector.
 
 Each layer is built both ways with its bias and ReLU fused, checked against the other, and
 timed with TVM's ``time_evaluator`` (7 repeats of 20 calls, at least 20 ms each; the best
@@ -28,6 +29,8 @@ LAYERS = [
     "C=240,H=26,W=26,K=240,R=3,S=3,stride=1,pad=1,groups=240",
     "C=120,H=52,W=52,K=120,R=3,S=3,stride=2,pad=1,groups=120",
     "C=64,H=16,W=16,K=64,R=3,S=3,stride=1,pad=1,groups=64",
+    "C=144,H=56,W=56,K=144,R=3,S=3,stride=2,pad=1,groups=144",
+    "C=336,H=36,W=36,K=336,R=3,S=3,stride=2,pad=1,groups=336",
 ]
 
 
@@ -67,23 +70,31 @@ def main() -> int:
     from dlas_predict.measure.knobs import resolve_knobs
     from dlas_predict.space.config import Algorithm, ConvSpec, DType, Variant
 
+    from dlas_predict.measure.knobs import registers
+
     timer = Timer()
+    lanes = registers(timer.bits)[0]
     rng = np.random.default_rng(0)
-    print(f"{'layer':58s} {'nchw ms':>8s} {'tiled ms':>9s} {'speedup':>8s}  tiled knobs")
+    print(f"{'layer':58s} {'nchw ms':>8s} {'tiled ms':>9s} {'speedup':>8s} {'vector ms':>10s} "
+          f"{'speedup':>8s}  tiled knobs")
     for text in LAYERS:
         spec = ConvSpec.parse(text)
         inputs = timer.inputs(spec, rng)
         tiled = resolve_knobs(spec, Variant("direct", "dense"), timer.bits)
+        builds = [(_nchw_knobs(spec, timer.bits), _build_nchw), (tiled, build_kernel)]
+        if tiled["tile_w"] < lanes:  # half a vector: against a whole one
+            builds.append(({**tiled, "tile_w": lanes}, build_kernel))
         runs = [timer.time(KernelSpec(spec, Algorithm.DIRECT, False, DType.FLOAT32, knobs,
                                       None, EPILOGUE), build, inputs)
-                for knobs, build in ((_nchw_knobs(spec, timer.bits), _build_nchw),
-                                     (tiled, build_kernel))]
+                for knobs, build in builds]
         times = [t for t, _ in runs]
         if disagree([out for _, out in runs]):
-            print(f"Error: {text}: the two kernels disagree", file=sys.stderr)
+            print(f"Error: {text}: the kernels disagree", file=sys.stderr)
             return 1
-        print(f"{text:58s} {times[0]:8.4f} {times[1]:9.4f} {times[0] / times[1]:7.2f}x  {tiled}",
-              flush=True)
+        vector = (f"{times[2]:10.4f} {times[2] / times[1]:7.2f}x" if len(times) > 2
+                  else f"{'—':>10s} {'':8s}")
+        print(f"{text:58s} {times[0]:8.4f} {times[1]:9.4f} {times[0] / times[1]:7.2f}x "
+              f"{vector}  {tiled}", flush=True)
     return 0
 
 

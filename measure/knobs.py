@@ -72,10 +72,12 @@ def default_knobs(spec: ConvSpec, variant: Variant,
     key = (variant.algorithm, variant.sparse)
     if key == (Algorithm.DIRECT, False) and spec.depthwise:
         # one input plane per output channel: a tile of rows by vector columns, padded to
-        # whole tiles; at stride 1 the wider of one or two vectors that pads the row least
-        # and two channels a task, at larger strides (strided loads) one of each
+        # whole tiles; at stride 1 the wider of two vectors or one that pads the row least
+        # and two channels a task, at larger strides (strided loads) the wider of one vector
+        # or half of one (of at least four lanes) that pads it least, and one channel a task
         unit = spec.stride_w == 1
-        tile_w = min((2 * lanes, lanes), key=lambda v: _ceil_to(spec.OW, v)) if unit else lanes
+        widths = (2 * lanes, lanes) if unit else (lanes, max(lanes // 2, 4))
+        tile_w = min(widths, key=lambda v: _ceil_to(spec.OW, v))
         return {"tile_k": _divisor_at_most(spec.K, 2 if unit else 1),
                 "tile_h": 2 if spec.OH > 1 else 1, "tile_w": tile_w}
     if key == (Algorithm.DIRECT, False):

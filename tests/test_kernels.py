@@ -313,6 +313,21 @@ def test_depthwise_direct_kernel_pads_its_tiles_and_fuses_its_epilogue():
     assert np.abs(out - ref).max() < 1e-4 * max(1.0, np.abs(ref).max())
 
 
+def test_a_strided_depthwise_row_takes_the_vector_or_half_vector_that_pads_it_least():
+    """At stride 2 the row tile is a whole vector or half of one (never under four lanes),
+    whichever pads the output row least, ties to the whole vector; at stride 1, two
+    vectors or one."""
+    def tile_w(ow, stride, bits):
+        w = (ow - 1) * stride + 1
+        spec = ConvSpec.parse(f"C=8,H={w},W={w},K=8,R=3,S=3,stride={stride},pad=1,groups=8")
+        return default_knobs(spec, Variant("direct", "dense"), bits)["tile_w"]
+
+    assert [tile_w(ow, 2, 512) for ow in (18, 56, 7, 26, 16)] == [8, 8, 8, 16, 16]
+    assert [tile_w(ow, 2, 256) for ow in (18, 56, 7, 26, 4)] == [4, 8, 8, 4, 4]
+    assert [tile_w(ow, 2, 128) for ow in (18, 26, 5)] == [4, 4, 4]
+    assert [tile_w(ow, 1, 512) for ow in (18, 40, 32)] == [32, 16, 32]
+
+
 @pytest.mark.parametrize("knobs", [{"tile_k": 4, "tile_h": 3, "tile_w": 4},
                                    {"tile_k": 1, "tile_h": 1, "tile_w": 32}])
 def test_depthwise_direct_knobs_still_correct(knobs, target):

@@ -27,8 +27,9 @@ PER_LAYER = "per_layer"
 #: our kernels: the systems-software dimension of the grid.
 ONNXRUNTIME = "onnxruntime"
 #: The engine's version, in every whole-network record and its key, so a changed engine
-#: measures again: "10" keeps a padded pool's padding as a stage of its own and runs the ops
-#: after a pool or other reduction in its parallel loop, "9" computes a direct or GEMM layer
+#: measures again: "10" keeps a padded pool's padding as a stage of its own, runs the ops
+#: after a pool or other reduction in its parallel loop, and tiles a strided depthwise row
+#: with the vector or half vector that pads it least, "9" computes a direct or GEMM layer
 #: over whole vector tiles where no tile of at least half a vector divides its output width
 #: (positions), "8" fuses the epilogue of
 #: a tuned build's direct or GEMM layer the tuning database holds no search of (it runs its
