@@ -22,7 +22,7 @@ from tvm import te
 from tvm.s_tir import Schedule
 
 from dlas_predict.space.config import Algorithm, ConvSpec, DType
-from .knobs import depthwise_extents
+from .knobs import depthwise_extents, direct_input_width
 from .reference import int8_scale
 from .sparse import to_csr
 
@@ -281,7 +281,7 @@ def _direct_nchw_compute(ks: KernelSpec, tiles: bool = False) -> list:
     weight = te.placeholder(spec.weight_shape, dt.value, name="weight")
     owp = _padded_extent(spec.OW, ks.knobs.get("tile_w")) if tiles else spec.OW
     hp = spec.H + spec.pad_t + spec.pad_b
-    pad = _padded(data, spec, hp, _direct_input_width(spec, owp))
+    pad = _padded(data, spec, hp, direct_input_width(spec, owp))
     rc, rr, rs = _reduce_axes(spec)
     conv = te.compute(
         (1, spec.K, spec.OH, owp),
@@ -297,12 +297,6 @@ def _direct_nchw_compute(ks: KernelSpec, tiles: bool = False) -> list:
         return [data, weight, *extras.values(), out]
     return [data, weight, *extras.values(),
             _maybe_epilogue(conv, ks, extras, lambda n, k, h, w: (k, (n, k, h, w)))]
-
-
-def _direct_input_width(spec: ConvSpec, owp: int) -> int:
-    """The padded input's width a direct kernel reads to compute ``owp`` output columns."""
-    return max(spec.W + spec.pad_l + spec.pad_r,
-               (owp - 1) * spec.stride_w + (spec.S - 1) * spec.dilation_w + 1)
 
 
 def _padded_extent(extent: int, tile: int | None) -> int:
@@ -417,7 +411,7 @@ def _direct_nchw_schedule(sch: Schedule, ks: KernelSpec) -> None:
     _finish_writeback(sch, wb, ks, cropped)
     if cropped:  # computed over whole tiles: crop each task's row while it is in cache
         sch.reverse_compute_at(sch.get_sblock("out"), task)
-    widened = _direct_input_width(ks.conv, _padded_extent(ks.conv.OW, ks.knobs["tile_w"]))
+    widened = direct_input_width(ks.conv, _padded_extent(ks.conv.OW, ks.knobs["tile_w"]))
     if _unpadded(ks.conv) and widened == ks.conv.W:
         # the copy would be the input itself: read it in place (a widened input is copied,
         # so the vector loop reads no bounds check)

@@ -127,6 +127,13 @@ def depthwise_extents(spec: ConvSpec, tile_h: int, tile_w: int) -> tuple[int, in
     return ohp, owp, hp, owp + ((spec.S - 1) * spec.dilation_w) // spec.stride_w
 
 
+def direct_input_width(spec: ConvSpec, owp: int) -> int:
+    """The padded input's width the NCHW direct kernel reads to compute ``owp`` output
+    columns (the output width padded to whole tiles): the padded row, or wider."""
+    return max(spec.W + spec.pad_l + spec.pad_r,
+               (owp - 1) * spec.stride_w + (spec.S - 1) * spec.dilation_w + 1)
+
+
 def _ceil_to(n: int, tile: int) -> int:
     return -(-n // tile) * tile
 

@@ -137,9 +137,11 @@ def loop_counts(cfg: KernelConfig, knobs: dict[str, int]) -> tuple[int, float, f
             return (s.K // tk, s.K * ohp * (owp // tw) * crs * _cdiv(tw, LANES), 0.0,
                     s.C * hp * s.stride_w * wq)
         if alg is Algorithm.DIRECT:  # the output padded to whole tiles, its input wide enough
+            from dlas_predict.measure.knobs import direct_input_width
+
             tk, tw = knobs["tile_k"], knobs["tile_w"]
-            wide = (_cdiv(s.OW, tw) * tw - 1) * s.stride_w + (s.S - 1) * s.dilation_w + 1
-            padded = s.C * (s.H + s.pad_t + s.pad_b) * max(s.W + s.pad_l + s.pad_r, wide)
+            wide = direct_input_width(s, _cdiv(s.OW, tw) * tw)
+            padded = s.C * (s.H + s.pad_t + s.pad_b) * wide
             return (s.K // tk) * s.OH, s.K * s.OH * _cdiv(s.OW, tw) * crs, 0.0, padded
         if alg is Algorithm.GEMM:  # the im2col matrix padded to whole tiles of positions
             tk, tp = knobs["tile_k"], knobs["tile_p"]
