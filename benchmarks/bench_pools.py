@@ -173,13 +173,23 @@ def main() -> int:
     if args.cells < 0:
         print(f"Error: --cells must be at least 0, got {args.cells}", file=sys.stderr)
         return 1
+    from dlas_predict.errors import DlasError
+    from dlas_predict.networks.zoo import resolve
+
+    networks = args.network or NETWORKS
+    try:  # every network named is readable before anything is measured
+        for name in networks:
+            resolve(name)
+    except (DlasError, OSError) as e:
+        print(f"Error: {e}", file=sys.stderr)
+        return 1
     import tvm
 
     from dlas_predict.space.devices import get_device
 
     target = tvm.target.Target(get_device("local").target)
     ops = bench_ops(target, tvm.cpu())
-    nets = bench_networks(args.cells, args.network or NETWORKS)
+    nets = bench_networks(args.cells, networks)
     print(f"\nops: {len(ops)}, after over before {spread(ops)}")
     print(f"networks: {len(nets)}, after over before {spread(nets)}")
     return 0
