@@ -441,6 +441,10 @@ def collect(
              "configuration run by onnxruntime (fp32, static QDQ int8, float16), on this "
              "machine's CPU and its native-ISA profiles. onnxruntime alone measures no "
              "kernel."),
+    builds_only: bool = typer.Option(
+        False, "--builds-only",
+        help="With --whole-network: time the whole networks only, not their kernels (after "
+             "an engine change); per-layer plans read the kernels already in the store."),
     max_repeats: int = typer.Option(150, "--max-repeats"),
     time_budget: float = typer.Option(3.0, "--time-budget"),
     timeout: float = typer.Option(300.0, "--timeout"),
@@ -464,7 +468,7 @@ def collect(
              tuning=_tuning(tuning, trials, early_stop, tuning_db), quiet_wait=quiet_wait,
              retime_slow=retime_slow, retime_unprobed=retime_unprobed,
              remote=(tracker, rpc_key, allow_remote_tracker, boards, tries),
-             backends=backends)
+             backends=backends, builds_only=builds_only)
 
 
 @app.command()
@@ -545,7 +549,8 @@ def _backends(text: str) -> tuple[str, ...]:
 def _collect(networks, store, device, algorithms, compressions, ratio, retry_failures,
              max_repeats, time_budget, timeout, as_json, quiet, per_layer=True,
              whole_network=False, tuning=None, quiet_wait=30.0, retime_slow=False,
-             retime_unprobed=False, remote=(None, None, False, None, 3), backends="tvm"):
+             retime_unprobed=False, remote=(None, None, False, None, 3), backends="tvm",
+             builds_only=False):
     """Wire the runners (this machine's, or a farm of boards) into
     :func:`dlas_predict.corpus.collect.collect`; render."""
     from dlas_predict.corpus.collect import collect as run_collect
@@ -565,6 +570,8 @@ def _collect(networks, store, device, algorithms, compressions, ratio, retry_fai
     whole = ((lambda: network_runner(dev, proto, max(timeout, 600.0), rpc, log))
              if whole_network else None)
     chosen = _backends(backends)
+    if builds_only and not whole_network:
+        raise DlasError("--builds-only times whole networks: add --whole-network")
     if "onnxruntime" in chosen and not whole_network:
         if chosen == ("onnxruntime",):
             raise DlasError("--backends onnxruntime times whole networks: add --whole-network")
@@ -583,7 +590,8 @@ def _collect(networks, store, device, algorithms, compressions, ratio, retry_fai
         rep = run_collect(networks, store, dev, runner, algs, comps, ratio, tunings, opts,
                           per_layer=per_layer, retry_failures=retry_failures,
                           retime_slow=retime_slow, retime_unprobed=retime_unprobed,
-                          network_runner=whole, backends=chosen, progress=chatty, log=log)
+                          network_runner=whole, backends=chosen, kernels=not builds_only,
+                          progress=chatty, log=log)
     if chatty:
         _board_lines(runner)
     summary = rep.kernels

@@ -326,19 +326,25 @@ def collect(models: list[str], store_path: Path, device: Device, kernel_runner: 
             per_layer: bool = True, retry_failures: bool = False, retime_slow: bool = False,
             retime_unprobed: bool = False,
             network_runner: Callable[[], Any] | None = None,
-            backends: tuple[str, ...] = ("tvm",),
+            backends: tuple[str, ...] = ("tvm",), kernels: bool = True,
             progress: bool = True, log: Callable[[str], None] | None = None) -> CollectReport:
     """Measure the grid over every unique conv layer of ``models`` into ``store_path``, and,
     given a ``network_runner`` factory, every whole-network configuration too, built by
     each of ``backends`` (``tvm``: our kernels; ``onnxruntime``; without ``tvm`` no kernel
-    is measured)."""
+    is measured). ``kernels=False`` measures the whole networks only: each per-layer plan
+    then reads the kernels the store holds, whatever engine timed them."""
+    if not kernels and network_runner is None:
+        raise DlasError("measuring no kernel needs the whole networks (--whole-network)")
     networks = plan_networks(models, compressions, ratio, per_layer)
     tasks = (kernel_tasks(networks, algorithms, tunings, device, tuning)
              if "tvm" in backends else [])
     n_specs = len({t.spec for t in tasks})
     if log:
         log(f"{len(networks)} network(s), {n_specs} unique conv workloads, {len(tasks)} "
-            f"kernels (algorithm × compression × layer sparsity) on {device.name}")
+            f"kernels (algorithm × compression × layer sparsity) on {device.name}"
+            + ("" if kernels else "; the kernels are not measured (builds only)"))
+    if not kernels:
+        tasks = []
     with CorpusStore(store_path) as db:
         register_networks(db, networks)
         summary = collect_kernels(tasks, db, kernel_runner, retry_failures=retry_failures,
