@@ -106,6 +106,8 @@ def test_collect_bad_input(tmp_path):
                         "ONNX")
     _assert_clean_error(_run("collect", "--network", DEMO, "--store", tmp_path / "s.sqlite",
                              "--compressions", "dense,zip"), "allowed")
+    _assert_clean_error(_run("collect", "--network", DEMO, "--store", tmp_path / "s.sqlite",
+                             "--builds-only"), "add --whole-network")
 
 
 def test_corpus_bad_input(tmp_path):
@@ -191,6 +193,35 @@ def test_collect_then_resume_then_export(tmp_path):
                         "not found")
     _assert_clean_error(_run("corpus", "import", out.with_name("c.networks.parquet"),
                              "--store", copy), "not a corpus snapshot")
+
+
+@pytest.mark.slow
+def test_builds_only_times_the_builds_again_and_only_the_kernels_never_timed(tmp_path):
+    """After an engine change: ``--builds-only`` times every whole network again, and of the
+    kernels only those the store holds under no kernels version."""
+    import sqlite3
+
+    store = tmp_path / "c.sqlite"
+    args = ["collect", "--network", DEMO, "--store", store, "--algorithms", "gemm",
+            "--compressions", "dense", "--whole-network", "--backends", "tvm", "--json", *FAST]
+    first = json.loads(_run(*args).output)
+    assert first["measured"] == 6 and first["network_measurements"] >= 1
+    with sqlite3.connect(store) as db:
+        # every kernel as if timed by older kernel code, one of them never timed, and every
+        # build as if of an older engine
+        db.execute("UPDATE measurements SET kernels_version = 'k0', key = key || '-k0'")
+        db.execute("DELETE FROM measurements WHERE id = (SELECT MAX(id) FROM measurements)")
+        db.execute("UPDATE network_measurements SET kernels_version = '0', key = key || '-0'")
+    res = _run(*args, "--builds-only")
+    assert res.exit_code == 0, res.output
+    again = json.loads(res.output)
+    assert (again["planned"], again["measured"], again["skipped"]) == (1, 1, 0)
+    assert again["network_measurements"] == 2 * first["network_measurements"]
+    assert again["network_failures"] == 0
+    with sqlite3.connect(store) as db:
+        versions = dict(db.execute("SELECT kernels_version, COUNT(*) FROM measurements "
+                                   "GROUP BY kernels_version").fetchall())
+        assert versions.pop("k0") == 5 and sum(versions.values()) == 1
 
 
 def test_layers_zoo_export_generate(tmp_path):

@@ -367,6 +367,32 @@ def test_a_record_of_an_older_engine_counts_until_the_current_engine_measures_it
     assert drop_older_engines([older, untuned]) == [untuned]
 
 
+def test_once_enough_networks_are_timed_by_the_current_engine_older_builds_are_left_out():
+    from dlas_predict.corpus.networks import (NETWORK_VERSION, ONNXRUNTIME,
+                                              PREVIOUS_NETWORK_VERSIONS, NetworkMeasurement,
+                                              engine_version)
+    from dlas_predict.models.evaluation import MIN_CURRENT_ENGINE_NETWORKS, drop_older_engines
+
+    def rec(network, version, algorithm="gemm"):
+        return NetworkMeasurement(key=f"{network}{version}{algorithm}", device="local",
+                                  fingerprint="f", network=network, config="dense",
+                                  algorithm=algorithm, plan="[]", dtype="float32",
+                                  run_secs=[1e-3], version=version)
+
+    old = PREVIOUS_NETWORK_VERSIONS[0]
+    stale = rec("elsewhere", old)
+    ort = rec("elsewhere", engine_version(ONNXRUNTIME), ONNXRUNTIME)
+    fresh = [rec(f"n{i}", NETWORK_VERSION) for i in range(MIN_CURRENT_ENGINE_NETWORKS)]
+    # one network short: the older engine's build of another network still counts
+    assert drop_older_engines([stale, ort, *fresh[1:]]) == [stale, ort, *fresh[1:]]
+    # enough: only today's engine (and onnxruntime, whose version is its own) is kept
+    assert drop_older_engines([stale, ort, *fresh]) == [ort, *fresh]
+    # onnxruntime's runs do not count as networks our engine has timed
+    ort_only = [rec(f"n{i}", engine_version(ONNXRUNTIME), ONNXRUNTIME)
+                for i in range(MIN_CURRENT_ENGINE_NETWORKS)]
+    assert stale in drop_older_engines([stale, *ort_only])
+
+
 def test_a_channel_pruning_record_pairs_only_with_the_layers_it_timed():
     """Engines before channel removal timed a channel-pruned network at its dense shapes;
     later ones the removed network. A record counts only beside the layers it ran."""

@@ -235,6 +235,21 @@ def kernel_tasks(networks: list[NetworkToCollect], algorithms: list[Algorithm],
     return list(tasks.values())
 
 
+def unmeasured_kernels(tasks: list["MeasureTask"], store: CorpusStore,
+                       device: Device) -> list["MeasureTask"]:
+    """The tasks whose kernel configuration (workload, algorithm, compression, ratio,
+    tuning) the store holds no successful record of on ``device`` (this machine), at any
+    kernels version."""
+    held = {(r["conv"], r["algorithm"], r["compression"], float(r["ratio"] or 0.0),
+             r["tuning"])
+            for r in store.rows("error IS NULL AND device = ? AND fingerprint = ?",
+                                (device.name, device.fingerprint))}
+    return [t for t in tasks
+            if (t.spec.to_spec(), t.variant.algorithm.value,
+                t.variant.compression.value, float(t.variant.ratio),
+                t.variant.tuning.value) not in held]
+
+
 def register_networks(store: CorpusStore, networks: list[NetworkToCollect]) -> None:
     """Write each network's conv layers and its configurations' layer ratios to the store."""
     for n in networks:
@@ -331,8 +346,9 @@ def collect(models: list[str], store_path: Path, device: Device, kernel_runner: 
     """Measure the grid over every unique conv layer of ``models`` into ``store_path``, and,
     given a ``network_runner`` factory, every whole-network configuration too, built by
     each of ``backends`` (``tvm``: our kernels; ``onnxruntime``; without ``tvm`` no kernel
-    is measured). ``kernels=False`` measures the whole networks only: each per-layer plan
-    then reads the kernels the store holds, whatever engine timed them."""
+    is measured). ``kernels=False`` measures the whole networks, and only the kernels the
+    store holds under no kernels version (so every layer of a build has a kernel timing):
+    each per-layer plan then reads the kernels the store holds, whatever engine timed them."""
     if not kernels and network_runner is None:
         raise DlasError("measuring no kernel needs the whole networks (--whole-network)")
     networks = plan_networks(models, compressions, ratio, per_layer)
@@ -342,10 +358,11 @@ def collect(models: list[str], store_path: Path, device: Device, kernel_runner: 
     if log:
         log(f"{len(networks)} network(s), {n_specs} unique conv workloads, {len(tasks)} "
             f"kernels (algorithm × compression × layer sparsity) on {device.name}"
-            + ("" if kernels else "; the kernels are not measured (builds only)"))
-    if not kernels:
-        tasks = []
+            + ("" if kernels else "; builds only: only kernels with no timing of any "
+               "engine are measured"))
     with CorpusStore(store_path) as db:
+        if not kernels:
+            tasks = unmeasured_kernels(tasks, db, device)
         register_networks(db, networks)
         summary = collect_kernels(tasks, db, kernel_runner, retry_failures=retry_failures,
                                   progress=progress, retime_slow=retime_slow,

@@ -387,17 +387,34 @@ def timed_these_layers(m, layers_of: dict[tuple, list[dict]]) -> bool:
     return old != channels_removed(layers, layers_of.get((m.network, "dense")))
 
 
-def drop_older_engines(meas: list) -> list:
-    """Whole-network records less those of an older engine version whose network,
-    configuration and algorithm the current engine has measured."""
+#: With our builds of at least this many networks timed by today's engine, the network
+#: model learns from those alone: older engines' builds are left out, not mixed in.
+MIN_CURRENT_ENGINE_NETWORKS = 20
+
+
+def current_engine(m) -> bool:
+    """Whether whole-network record ``m`` was timed by today's engine (or carries no
+    version)."""
     from dlas_predict.corpus.networks import engine_version
 
-    def now(m) -> bool:
-        return not m.version or m.version == engine_version(m.algorithm,
-                                                            m.tuned_layers is not None)
+    return not m.version or m.version == engine_version(m.algorithm, m.tuned_layers is not None)
 
-    current = {(m.network, m.config, m.algorithm) for m in meas if now(m)}
-    return [m for m in meas if now(m) or (m.network, m.config, m.algorithm) not in current]
+
+def drop_older_engines(meas: list) -> list:
+    """Whole-network records less those of an older engine version whose network,
+    configuration and algorithm the current engine has measured; and, once today's engine
+    has timed our builds of :data:`MIN_CURRENT_ENGINE_NETWORKS` networks, less every older
+    engine's build (it ran other code)."""
+    from dlas_predict.corpus.networks import ONNXRUNTIME
+
+    current = {(m.network, m.config, m.algorithm) for m in meas if current_engine(m)}
+    meas = [m for m in meas
+            if current_engine(m) or (m.network, m.config, m.algorithm) not in current]
+    ours = {m.network for m in meas if m.algorithm != ONNXRUNTIME and current_engine(m)
+            and m.version}
+    if len(ours) >= MIN_CURRENT_ENGINE_NETWORKS:
+        meas = [m for m in meas if current_engine(m)]
+    return meas
 
 
 def whole_rows(corpus: Corpus, store: Path) -> list[WholeRow]:
