@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol as
 from dlas_predict.compression.netplan import LayerConfig
 from dlas_predict.corpus.networks import NetworkMeasurement, NetworkPlan
 from dlas_predict.corpus.records import MeasureResult
-from dlas_predict.corpus.store import CorpusStore
+from dlas_predict.corpus.store import CorpusStore, kernel_config
 from dlas_predict.errors import DlasError
 from dlas_predict.space.config import Algorithm, Compression, Tuning
 from dlas_predict.space.devices import Device
@@ -237,17 +237,16 @@ def kernel_tasks(networks: list[NetworkToCollect], algorithms: list[Algorithm],
 
 def unmeasured_kernels(tasks: list["MeasureTask"], store: CorpusStore,
                        device: Device) -> list["MeasureTask"]:
-    """The tasks whose kernel configuration (workload, algorithm, compression, ratio,
-    tuning) the store holds no successful record of on ``device`` (this machine), at any
-    kernels version."""
-    held = {(r["conv"], r["algorithm"], r["compression"], float(r["ratio"] or 0.0),
-             r["tuning"])
-            for r in store.rows("error IS NULL AND device = ? AND fingerprint = ?",
-                                (device.name, device.fingerprint))}
+    """The tasks whose kernel configuration (:func:`~dlas_predict.corpus.store.kernel_config`)
+    the store holds no successful record of on ``device`` (this machine), at any kernels
+    version."""
+    held = {kernel_config(r) for r in store.rows("error IS NULL")}
     return [t for t in tasks
-            if (t.spec.to_spec(), t.variant.algorithm.value,
-                t.variant.compression.value, float(t.variant.ratio),
-                t.variant.tuning.value) not in held]
+            if kernel_config({"device": device.name, "fingerprint": device.fingerprint,
+                              "conv": t.spec.to_spec(), "algorithm": t.variant.algorithm.value,
+                              "compression": t.variant.compression.value,
+                              "ratio": t.variant.ratio, "tuning": t.variant.tuning.value})
+            not in held]
 
 
 def register_networks(store: CorpusStore, networks: list[NetworkToCollect]) -> None:

@@ -176,17 +176,20 @@ def _row(result: MeasureResult) -> tuple:
     return tuple(values[c] for c in COLUMNS)
 
 
-def drop_older_kernels(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Kernel rows (in insertion order) less those whose configuration (device, machine,
-    workload, algorithm, compression, ratio, tuning) has a later row of another
-    ``kernels_version``: a kernel whose code changed is measured again under a new version,
-    and its old timings are no longer what it runs."""
-    def config(r: dict[str, Any]) -> tuple:
-        return (r["device"], r["fingerprint"], r["conv"], r["algorithm"], r["compression"],
-                r["ratio"] or 0.0, r["tuning"])
+def kernel_config(r: dict[str, Any]) -> tuple:
+    """A kernel row's configuration, whatever kernel code timed it: (device, machine,
+    workload, algorithm, compression, ratio, tuning)."""
+    return (r["device"], r["fingerprint"], r["conv"], r["algorithm"], r["compression"],
+            float(r["ratio"] or 0.0), r["tuning"])
 
-    latest = {config(r): r["kernels_version"] or "" for r in rows}
-    return [r for r in rows if (r["kernels_version"] or "") == latest[config(r)]]
+
+def drop_older_kernels(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Kernel rows (in insertion order) less those whose configuration
+    (:func:`kernel_config`) has a later row of another ``kernels_version``: a kernel whose
+    code changed is measured again under a new version, and its old timings are no longer
+    what it runs."""
+    latest = {kernel_config(r): r["kernels_version"] or "" for r in rows}
+    return [r for r in rows if (r["kernels_version"] or "") == latest[kernel_config(r)]]
 
 
 def _refuse_emulated(board: str | None) -> None:
