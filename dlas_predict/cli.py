@@ -1370,7 +1370,10 @@ def corpus_stats(store: Path = typer.Option(..., "--store", help="Corpus store."
 @handle_errors
 def corpus_export(store: Path = typer.Option(..., "--store", help="Corpus store."),
                   fmt: str = typer.Option("parquet", "--format", help="parquet | csv"),
-                  out: Path = typer.Option(..., "-o", "--out", help="Output file.")):
+                  out: Path = typer.Option(..., "-o", "--out", help="Output file."),
+                  latest: bool = typer.Option(False, "--latest", help="Leave out the kernel "
+                                              "records that a later kernels version of the "
+                                              "same configuration supersedes.")):
     """Export every measurement (all run times included) as Parquet or CSV."""
     from dlas_predict.errors import StoreError
     from dlas_predict.corpus.store import CorpusStore
@@ -1378,7 +1381,7 @@ def corpus_export(store: Path = typer.Option(..., "--store", help="Corpus store.
     if fmt not in ("parquet", "csv"):
         raise StoreError(f"unknown export format {fmt!r}; allowed: parquet, csv")
     with CorpusStore(store, must_exist=True) as db:
-        n = db.export(out, fmt)
+        n = db.export(out, fmt, latest=latest)
     from dlas_predict.corpus.store import networks_path
 
     typer.echo(f"wrote {n} records to {out} (network configurations: {networks_path(out)})")

@@ -170,6 +170,9 @@ def test_collect_then_resume_then_export(tmp_path):
 
     frame = pd.read_parquet(out)
     assert len(frame) == 13 and frame["verified"].all()
+    latest = _run("corpus", "export", "--store", store, "-o", tmp_path / "l.parquet",
+                  "--latest")  # one kernel code: nothing superseded
+    assert latest.exit_code == 0 and "wrote 13 records" in latest.output
     stats = json.loads(_run("corpus", "stats", "--store", store, "--json").output)
     assert stats["networks"] == 1 and stats["workloads"] == 6 and stats["duplicates"] == 0
     # snapshot → a new store: the same records and network configurations

@@ -8,13 +8,13 @@ from dlas_predict.corpus.networks import NetworkMeasurement, onnxruntime_plan
 from dlas_predict.corpus.store import CorpusStore
 from dlas_predict.errors import DlasError
 from dlas_predict.models.netmodel import NetworkSummary
-from dlas_predict.models.ortmodel import (OrtLatencyModel, TERMS, ort_terms,
-                                          training_rows)
+from dlas_predict.models.ortmodel import (OrtLatencyModel, TERMS, model_mode, nothing_removed,
+                                          ort_terms, training_rows)
 from dlas_predict.space.config import ConvSpec
 from dlas_predict.space.devices import get_device
 
 #: seconds per unit of each term: a law the fit should find again
-LAW = np.array([2e-5, 4e-3, 2e-2, 1e-5, 0.0, 2e-5, 1e-6, 3e-6, 0.0, 0.0])
+LAW = np.array([2e-5, 4e-3, 2e-2, 1e-5, 0.0, 2e-5, 1e-6, 3e-6, 0.0, 0.0, 3e-3, 1e-6])
 
 
 def _net(rng, i):
@@ -99,7 +99,7 @@ def test_channel_pruning_counts_the_density_weight_pruning_all_of_it():
     removed = ort_terms(specs, ratios, summary, "fp32", True)
     assert np.allclose(removed[1:3], full[1:3] * 0.5)
     assert removed[4] == pytest.approx(full[4] * 0.5)
-    assert removed[0] == full[0] and removed[5:].tolist() == full[5:].tolist()
+    assert removed[0] == full[0] and removed[5:10].tolist() == full[5:10].tolist()
     assert len(full) == len(TERMS)
     assert ort_terms(specs, ratios, summary, "int8", False)[4] == pytest.approx(full[4] / 4)
 
@@ -125,3 +125,52 @@ def test_training_rows_read_the_stores_onnxruntime_records(tmp_path):
     assert len(y) == 6 and sorted(set(modes)) == ["fp32", "int8"]
     assert np.all(y == 1e-3)  # the fastest run, as the other models learn
     assert X.shape == (6, len(TERMS))
+
+
+def test_channel_pruned_networks_are_a_mode_of_their_own():
+    assert [model_mode(c) for c in ("dense", "weight_pruning@0.9", "channel_pruning@0.5",
+                                     "int8", "float16")] == [
+        "fp32", "fp32", "channel_pruning", "int8", "float16"]
+    X, y, modes, nets = _data(seed=5)
+    fp32 = [i for i, m in enumerate(modes) if m == "fp32"]
+    # the same networks pruned: a fixed cost per network four times the dense one's
+    Xc, yc = X[fp32], y[fp32] + 3 * LAW[0]
+    both = OrtLatencyModel.fit(np.vstack([X, Xc]), np.concatenate([y, yc]),
+                               modes + ["channel_pruning"] * len(fp32),
+                               nets + [nets[i] for i in fp32])
+    assert set(both.coef) == {"fp32", "channel_pruning", "int8", "float16"}
+    pruned = both.predict(Xc, ["channel_pruning"] * len(fp32))[0]
+    assert np.all(np.abs(pruned / yc - 1) < 0.1)
+    assert np.all(both.predict(X[fp32], ["fp32"] * len(fp32))[0] < pruned)
+
+
+def test_narrow_and_unaligned_convs_are_counted():
+    wide = ConvSpec(C=32, H=8, W=8, K=32, R=3, S=3, pad_t=1, pad_l=1, pad_b=1, pad_r=1)
+    thin = ConvSpec(C=32, H=8, W=8, K=5, R=3, S=3, pad_t=1, pad_l=1, pad_b=1, pad_r=1)
+    summary = NetworkSummary(conv_layers=2, layers=4, nonconv_macs=0, nonconv_bytes=0,
+                             activation_ops=2, elementwise_ops=0, input_elems=32 * 64)
+    t = ort_terms([wide, thin], [0.0, 0.0], summary, "fp32", False)
+    assert t[TERMS.index("narrow_macs")] == pytest.approx(thin.macs / 1e9)
+    assert t[TERMS.index("unaligned_convs")] == 1.0
+    # dense shapes with a density: the kept filters decide (32 · 0.25 = 8: aligned, narrow)
+    t = ort_terms([wide], [0.75], summary, "fp32", True)
+    assert t[TERMS.index("unaligned_convs")] == 0.0
+    assert t[TERMS.index("narrow_macs")] == pytest.approx(wide.macs * 0.25 / 1e9)
+
+
+def test_a_model_fitted_on_other_terms_asks_to_be_fitted_again(tmp_path):
+    X, y, modes, nets = _data(seed=6)
+    OrtLatencyModel.fit(X, y, modes, nets).save(tmp_path)
+    d = json.loads((tmp_path / "onnxruntime.json").read_text())
+    d["meta"]["terms"] = d["meta"]["terms"][:10]
+    (tmp_path / "onnxruntime.json").write_text(json.dumps(d))
+    with pytest.raises(DlasError, match="fit it again"):
+        OrtLatencyModel.load(tmp_path)
+
+
+def test_a_pruned_model_with_nothing_removed_is_priced_at_its_dense_shapes():
+    line = ("0 zeroed channels physically removed; 1008 stay zeroed (they reach a residual "
+            "addition, a concatenation or an op the remover does not follow, such as SiLU)")
+    assert nothing_removed({"prepared": [line]})
+    assert not nothing_removed({"prepared": [line.replace("0 zeroed", "254 zeroed", 1)]})
+    assert not nothing_removed(None) and not nothing_removed({"backend": "onnxruntime"})

@@ -134,6 +134,46 @@ def test_export_parquet_and_csv(tmp_path):
     assert len(pd.read_csv(tmp_path / "c.csv")) == 2
 
 
+def test_export_latest_leaves_out_only_superseded_kernel_records(tmp_path):
+    """--latest drops a kernel timed again under newer code, keeps one whose newer timing
+    failed, and the imported snapshot trains on exactly the rows the store does."""
+    sp, gemm, direct = (Variant("spatial_pack", "dense"), Variant("gemm", "dense"),
+                        Variant("direct", "dense"))
+    with CorpusStore(tmp_path / "c.sqlite") as db:
+        db.add(_result(sp, version="k2"))
+        db.add(_result(sp, runs=(4e-3,) * 3, version="k4"))
+        db.add(_result(gemm, version="k2"))
+        db.add(_result(gemm, error="build failed", version="k4"))
+        db.add(_result(direct, version="k2"))
+        assert db.export(tmp_path / "all.parquet", "parquet") == 5
+        assert db.export(tmp_path / "new.parquet", "parquet", latest=True) == 4
+        current = {r["key"] for r in db.current_rows("error IS NULL")}
+    frame = pd.read_parquet(tmp_path / "new.parquet")
+    assert sorted(zip(frame.algorithm, frame.kernels_version)) == [
+        ("direct", "k2"), ("gemm", "k2"), ("gemm", "k4"), ("spatial_pack", "k4")]
+    with CorpusStore(tmp_path / "back.sqlite") as back:
+        assert back.import_snapshot(tmp_path / "new.parquet") == (4, 0)
+        assert {r["key"] for r in back.current_rows("error IS NULL")} == current
+
+
+def test_import_keeps_the_layers_of_a_network_configuration_the_store_holds(tmp_path):
+    """An older snapshot describing a channel-pruned network by its dense shapes does not
+    overwrite the store's removed layers; configurations the store lacks are added."""
+    removed = [(0, "conv0", "C=3,H=8,W=8,K=5,R=3,S=3,stride=1,pad=1", "channel_pruning", 0.0)]
+    dense = [(0, "conv0", "C=3,H=8,W=8,K=16,R=3,S=3,stride=1,pad=1", "channel_pruning", 0.7)]
+    with CorpusStore(tmp_path / "old.sqlite") as old:
+        old.add(_result())
+        old.add_network_config("net", "channel_pruning@0.7", dense)
+        old.add_network_config("other", "dense", dense)
+        old.export(tmp_path / "old.parquet", "parquet")
+    with CorpusStore(tmp_path / "new.sqlite") as db:
+        db.add_network_config("net", "channel_pruning@0.7", removed)
+        db.import_snapshot(tmp_path / "old.parquet")
+        configs = {(c["network"], c["config"]): c["conv"] for c in db.network_configs()}
+    assert configs == {("net", "channel_pruning@0.7"): removed[0][2],
+                       ("other", "dense"): dense[0][2]}
+
+
 def test_missing_or_corrupt_store_is_a_clear_error(tmp_path):
     with pytest.raises(StoreError, match="no corpus store"):
         CorpusStore(tmp_path / "nope.sqlite", must_exist=True)

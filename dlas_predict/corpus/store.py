@@ -384,11 +384,19 @@ class CorpusStore:
             "compressions": group("compression"), "tunings": group("tuning"),
         }
 
-    def export(self, out: str | Path, fmt: str) -> int:
-        """Write every measurement to ``out`` as parquet or csv; returns the row count."""
+    def export(self, out: str | Path, fmt: str, latest: bool = False) -> int:
+        """Write every measurement to ``out`` as parquet or csv; returns the row count.
+
+        With ``latest``, the successful kernel records that a later ``kernels_version`` of
+        the same configuration supersedes (:func:`drop_older_kernels`) are left out: they
+        train nothing. Failures and whole-network records are all written."""
         import pandas as pd
 
-        frame = pd.DataFrame(list(self.rows()))
+        rows = list(self.rows())
+        if latest:
+            kept = {r["id"] for r in drop_older_kernels([r for r in rows if r["error"] is None])}
+            rows = [r for r in rows if r["error"] is not None or r["id"] in kept]
+        frame = pd.DataFrame(rows)
         if frame.empty:
             frame = pd.DataFrame(columns=["id", *COLUMNS])
         out = Path(out)
@@ -408,7 +416,8 @@ class CorpusStore:
 
     def import_snapshot(self, path: str | Path) -> tuple[int, int]:
         """Add the records of an exported snapshot (and its ``.networks`` file, if present)
-        that this store does not hold; returns (records added, records already here)."""
+        that this store does not hold; returns (records added, records already here). A
+        network configuration the store already describes keeps the store's layers."""
         import pandas as pd
 
         from dlas_predict.corpus.records import MeasureResult
@@ -435,7 +444,10 @@ class CorpusStore:
         nets = networks_path(path)
         if nets.is_file():
             configs = read(nets)
+            held = {(c["network"], c["config"]) for c in self.network_configs()}
             for (network, config), group in configs.groupby(["network", "config"]):
+                if (network, config) in held:  # the store's own layers (an older snapshot's
+                    continue                   # may predate the removal of zeroed filters)
                 self.add_network_config(network, config, [
                     (int(r.layer_index), r.layer_name, r.conv, r.compression, float(r.ratio))
                     for r in group.itertuples()])

@@ -7,12 +7,16 @@ modelled from what the network does, as a non-negative sum of costs:
           + c4·conv weight bytes + c5·other ops' bytes + c6·layers
           + c7·elementwise ops + c8·elements through exponentials (SiLU's sigmoid)
           + c9·bytes of broadcasting elementwise ops (squeeze-excitation's scale)
+          + c10·MACs of narrow convs (under 16 input or output channels)
+          + c11·convs whose output channels are not a multiple of 8
 
-one coefficient vector per mode (``fp32``, ``int8``, ``float16``), fitted by non-negative
-least squares on relative error, so it extrapolates linearly to larger networks. A channel-
-pruned conv counts its density's share of the work (onnxruntime runs the model with the
-zeroed filters removed); a weight-pruned one all of it (onnxruntime multiplies the zeros);
-the other ops are the dense network's.
+one coefficient vector per mode (``fp32``, ``channel_pruning``, ``int8``, ``float16``),
+fitted by non-negative least squares on relative error, so it extrapolates linearly to
+larger networks. A channel-pruned network is its own mode: with its zeroed filters removed
+it is a small network of odd widths, whose fixed costs weigh more than a dense network's. A
+channel-pruned conv counts its density's share of the work where the store holds only the
+dense shapes (onnxruntime runs the model with the zeroed filters removed); a weight-pruned
+one all of it (onnxruntime multiplies the zeros); the other ops are the dense network's.
 
 The interval is the 10–90 % range of the leave-one-network-out relative errors of the fit,
 which :meth:`OrtLatencyModel.fit` also reports (``meta["lono"]``).
@@ -30,10 +34,26 @@ from dlas_predict.errors import DlasError
 
 #: The terms of the model, in order.
 TERMS = ("const", "dense_macs", "depthwise_macs", "conv_io_bytes", "weight_bytes",
-         "other_bytes", "layers", "elementwise_ops", "exp_elems", "broadcast_bytes")
+         "other_bytes", "layers", "elementwise_ops", "exp_elems", "broadcast_bytes",
+         "narrow_macs", "unaligned_convs")
+#: The modes fitted, each on its own rows (a mode with too few networks: the fp32 fit).
+MODES = ("fp32", "channel_pruning", "int8", "float16")
+#: A conv with fewer input or output channels than this is narrow.
+NARROW = 16
 FILE = "onnxruntime.json"
 #: Fewest networks a mode is fitted on (fewer: the fp32 fit scaled by the mode's median ratio).
 MIN_NETWORKS = 5
+
+
+def model_mode(config) -> str:
+    """The model's mode of a compression or configuration label (``channel_pruning@0.9``):
+    onnxruntime's run mode (:func:`~dlas_predict.corpus.networks.onnxruntime_mode`), with
+    channel-pruned networks apart."""
+    from dlas_predict.corpus.networks import onnxruntime_mode
+
+    mode = onnxruntime_mode(config)
+    value = getattr(config, "value", str(config)).split("@")[0]
+    return "channel_pruning" if mode == "fp32" and value == "channel_pruning" else mode
 
 
 def ort_terms(specs, ratios, summary, mode: str, channels_removed: bool) -> np.ndarray:
@@ -44,20 +64,23 @@ def ort_terms(specs, ratios, summary, mode: str, channels_removed: bool) -> np.n
     removed layers and summary; with ``channels_removed`` it is given as the dense network's
     instead, each conv doing its density's share of the work (the zeroed filters removed).
     ``mode`` picks the element size of the weights."""
-    elem = {"fp32": 4, "float16": 2, "int8": 1}[mode]
-    dense = dw = io = wbytes = 0.0
+    elem = {"float16": 2, "int8": 1}.get(mode, 4)
+    dense = dw = io = wbytes = narrow = unaligned = 0.0
     for s, r in zip(specs, ratios):
         keep = (1.0 - float(r)) if channels_removed else 1.0
         if s.depthwise:
             dw += s.macs * keep
         else:
             dense += s.macs * keep
+            k = max(1, round(s.K * keep))
+            narrow += s.macs * keep if min(s.C // s.groups, k) < NARROW else 0.0
+            unaligned += float(k % 8 != 0)
         io += 4 * (s.C * s.H * s.W + keep * s.K * s.OH * s.OW)
         wbytes += elem * keep * s.K * (s.C // s.groups) * s.R * s.S
     return np.array([1.0, dense / 1e9, dw / 1e9, io / 1e6, wbytes / 1e6,
                      summary.nonconv_bytes / 1e6, float(summary.layers),
                      float(summary.elementwise_ops), summary.exp_elems / 1e6,
-                     summary.broadcast_bytes / 1e6])
+                     summary.broadcast_bytes / 1e6, narrow / 1e9, unaligned])
 
 
 @dataclass
@@ -88,7 +111,7 @@ class OrtLatencyModel:
         m = cls(meta=dict(meta or {}))
         m.meta.update(terms=list(TERMS), n_train=int(len(y)),
                       networks=sorted(set(networks)), lono={})
-        for mode in ("fp32", "int8", "float16"):
+        for mode in MODES:
             rows = modes_a == mode
             if len(set(nets[rows])) < MIN_NETWORKS:
                 continue
@@ -138,15 +161,31 @@ class OrtLatencyModel:
             return None
         try:
             d = json.loads(path.read_text())
-            return cls(d["coef"], d["q10"], d["q90"], d.get("meta", {}))
+            model = cls(d["coef"], d["q10"], d["q90"], d.get("meta", {}))
         except (ValueError, KeyError) as exc:
             raise DlasError(f"{path} is not an onnxruntime model ({exc})") from None
+        if model.meta.get("terms", list(TERMS)) != list(TERMS):
+            raise DlasError(f"{path} was fitted on other terms than this version's: fit it "
+                            "again (`dlas-predict train --store S --only onnxruntime`)")
+        return model
+
+
+def nothing_removed(details: dict | None) -> bool:
+    """Whether a channel-pruned model's record says that none of its zeroed filters could be
+    removed (onnxruntime then ran the dense shapes, multiplying the zeros)."""
+    import re
+
+    for line in (details or {}).get("prepared") or []:
+        m = re.match(r"(\d+) zeroed channels physically removed", str(line))
+        if m:
+            return int(m.group(1)) == 0
+    return False
 
 
 def training_rows(store: Path, device: str):
     """(X, seconds, modes, networks) of the verified onnxruntime records of ``device`` in
     ``store`` (fp32 only when its output check passed; reduced precision by its time)."""
-    from dlas_predict.corpus.networks import ONNXRUNTIME, onnxruntime_mode
+    from dlas_predict.corpus.networks import ONNXRUNTIME
     from dlas_predict.corpus.store import CorpusStore
     from dlas_predict.models.evaluation import _summary, channels_removed
     from dlas_predict.space.config import ConvSpec
@@ -161,14 +200,16 @@ def training_rows(store: Path, device: str):
     dense_summary = {r.network: r.summary for r in recs if r.config == "dense"}
     X, y, modes, nets = [], [], [], []
     for r in recs:
-        mode = onnxruntime_mode(r.config)
-        if r.verified is False and mode == "fp32":
+        mode = model_mode(r.config)
+        if r.verified is False and mode in ("fp32", "channel_pruning"):
             continue
         ls = sorted(layers.get((r.network, r.config), []), key=lambda c: c["layer_index"])
         # channel pruning: the removed network's own layers where the store holds them,
-        # else the dense shapes, each conv doing its density's share
+        # else the dense shapes, each conv doing its density's share, unless onnxruntime's
+        # model had none of its zeroed filters removed (they all reach a residual add...)
         shares = r.config.startswith("channel_pruning") and \
-            not channels_removed(ls, layers.get((r.network, "dense")))
+            not channels_removed(ls, layers.get((r.network, "dense"))) and \
+            not nothing_removed(r.details)
         summary = _summary(r.network, (dense_summary.get(r.network) if shares or
                                        not r.config.startswith("channel_pruning") else None)
                            or r.summary)

@@ -489,9 +489,8 @@ def _onnxruntime_candidates(points, su: _Setup) -> list[Candidate]:
     in float32 (channel pruning with its zeroed filters removed), float16, static QDQ int8."""
     if su.ort_model is None or Tuning.UNTUNED not in su.tunings:
         return []
-    from dlas_predict.corpus.networks import onnxruntime_mode
     from dlas_predict.models.netmodel import NetworkSummary
-    from dlas_predict.models.ortmodel import ort_terms
+    from dlas_predict.models.ortmodel import model_mode, ort_terms
 
     weight_pruned = [p for p in points if p.compression is Compression.WEIGHT_PRUNING]
     su.skipped.extend((f"{p.compression.value}@{p.ratio:g} onnxruntime",
@@ -500,7 +499,7 @@ def _onnxruntime_candidates(points, su: _Setup) -> list[Candidate]:
     points = [p for p in points if p.compression is not Compression.WEIGHT_PRUNING]
     specs = [c.spec for c in su.net.convs()]
     summary = NetworkSummary.of(su.net)
-    modes = [onnxruntime_mode(p.compression) for p in points]
+    modes = [model_mode(p.compression) for p in points]
     X = np.array([ort_terms(p.specs or specs, p.layer_ratios, p.summary or summary, mode,
                             False) for p, mode in zip(points, modes)])
     mid, low, high = su.ort_model.predict(X, modes)
