@@ -170,3 +170,11 @@ def test_aliased_weights_are_inlined():
     assert len(layers) == 4 and layers[2].sparsity == 1.0
     c = compress.compress_onnx(m, "weight_pruning", 0.5)
     assert len(c.layers) == 4
+
+
+def test_the_removal_note_gives_back_its_count():
+    from dlas_predict.compression.compress import removal_note, removed_channels
+
+    assert removed_channels(removal_note(254, 322)) == 254
+    assert removed_channels(removal_note(0, 1008)) == 0
+    assert removed_channels("int8: calibrated on generated inputs") is None

@@ -238,10 +238,20 @@ def _quantize(model, calibration, Reader, os, tempfile, onnx, quantize_static, Q
         return onnx.load(dst)
 
 
+#: How :func:`removal_note` begins, after the count of removed channels.
+_REMOVED = " zeroed channels physically removed; "
+
+
 def removal_note(removed: int, kept_zero: int) -> str:
-    return (f"{removed} zeroed channels physically removed; {kept_zero} stay zeroed (they "
+    return (f"{removed}{_REMOVED}{kept_zero} stay zeroed (they "
             "reach a residual addition, a concatenation or an op the remover does not "
             "follow, such as SiLU)")
+
+
+def removed_channels(note: str) -> int | None:
+    """The count of removed channels a :func:`removal_note` gives (None: not such a note)."""
+    count, sep, _ = str(note).partition(_REMOVED)
+    return int(count) if sep and count.isdigit() else None
 
 
 def compress_onnx(model, compression: Compression | str, ratio: float | None = None,

@@ -51,9 +51,8 @@ def model_mode(config) -> str:
     channel-pruned networks apart."""
     from dlas_predict.corpus.networks import onnxruntime_mode
 
-    mode = onnxruntime_mode(config)
     value = getattr(config, "value", str(config)).split("@")[0]
-    return "channel_pruning" if mode == "fp32" and value == "channel_pruning" else mode
+    return "channel_pruning" if value == "channel_pruning" else onnxruntime_mode(value)
 
 
 def ort_terms(specs, ratios, summary, mode: str, channels_removed: bool) -> np.ndarray:
@@ -173,12 +172,12 @@ class OrtLatencyModel:
 def nothing_removed(details: dict | None) -> bool:
     """Whether a channel-pruned model's record says that none of its zeroed filters could be
     removed (onnxruntime then ran the dense shapes, multiplying the zeros)."""
-    import re
+    from dlas_predict.compression.compress import removed_channels
 
     for line in (details or {}).get("prepared") or []:
-        m = re.match(r"(\d+) zeroed channels physically removed", str(line))
-        if m:
-            return int(m.group(1)) == 0
+        removed = removed_channels(line)
+        if removed is not None:
+            return removed == 0
     return False
 
 
@@ -207,12 +206,11 @@ def training_rows(store: Path, device: str):
         # channel pruning: the removed network's own layers where the store holds them,
         # else the dense shapes, each conv doing its density's share, unless onnxruntime's
         # model had none of its zeroed filters removed (they all reach a residual add...)
-        shares = r.config.startswith("channel_pruning") and \
-            not channels_removed(ls, layers.get((r.network, "dense"))) and \
+        pruned = mode == "channel_pruning"
+        shares = pruned and not channels_removed(ls, layers.get((r.network, "dense"))) and \
             not nothing_removed(r.details)
-        summary = _summary(r.network, (dense_summary.get(r.network) if shares or
-                                       not r.config.startswith("channel_pruning") else None)
-                           or r.summary)
+        summary = _summary(r.network, (dense_summary.get(r.network) if shares or not pruned
+                                       else None) or r.summary)
         if not ls or summary is None or r.best_s is None:
             continue
         X.append(ort_terms([ConvSpec.parse(c["conv"]) for c in ls],
