@@ -223,3 +223,28 @@ def test_generate_nasbench201_cli(tmp_path):
                        "not a NAS-Bench-201 architecture")
     assert_clean_error(run_cli("generate", "cnn", "--arch", "333333", "-o", tmp_path),
                        "for nasbench201")
+
+
+def test_a_conv_says_what_its_output_feeds_and_the_summary_counts_the_joined_ones(tmp_path):
+    """A conv whose output (through batch norm and ReLU) reaches a residual add or SiLU's
+    gate joins a second tensor or an exponential: the summary counts its MACs apart."""
+    from dlas_predict.models.netmodel import NetworkSummary
+
+    plain, res, silu = (generate("cnn", ["layers=2", "kernels=8", "input=16", *extra],
+                                 tmp_path)[0]
+                        for extra in (["block=plain"], ["block=residual"],
+                                      ["block=plain", "activation=silu"]))
+    plain, res, silu = (read_network(m.path) for m in (plain, res, silu))
+    convs = {n.name: [l for l in n.layers if l.conv is not None] for n in (plain, res, silu)}
+    summary = {n.name: NetworkSummary.of(n) for n in (plain, res, silu)}
+    plain, res, silu = plain.name, res.name, silu.name
+    assert all(set(l.feeds) <= {"Conv", "MaxPool", "GlobalAveragePool"} for l in convs[plain])
+    assert summary[plain].joined_conv_macs == summary[plain].joined_conv_io_bytes == 0
+    # residual: the convs before each add, and the one whose output the add skips to
+    joined = [l for l in convs[res] if "Add" in l.feeds]
+    assert 0 < len(joined) < len(convs[res])
+    assert summary[res].joined_conv_macs == sum(l.macs for l in joined)
+    assert summary[res].joined_conv_io_bytes > 0
+    # x * sigmoid(x) after every conv: all of them
+    assert all({"Sigmoid", "Mul"} <= set(l.feeds) for l in convs[silu])
+    assert summary[silu].joined_conv_macs == sum(l.macs for l in convs[silu])

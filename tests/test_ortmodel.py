@@ -14,7 +14,8 @@ from dlas_predict.space.config import ConvSpec
 from dlas_predict.space.devices import get_device
 
 #: seconds per unit of each term: a law the fit should find again
-LAW = np.array([2e-5, 4e-3, 2e-2, 1e-5, 0.0, 2e-5, 1e-6, 3e-6, 0.0, 0.0, 3e-3, 1e-6])
+LAW = np.array([2e-5, 4e-3, 2e-2, 1e-5, 0.0, 2e-5, 1e-6, 3e-6, 0.0, 0.0, 3e-3, 1e-6, 2e-3,
+                1e-6])
 
 
 def _net(rng, i):
@@ -174,3 +175,27 @@ def test_a_pruned_model_with_nothing_removed_is_priced_at_its_dense_shapes():
     assert nothing_removed({"prepared": [line]})
     assert not nothing_removed({"prepared": [line.replace("0 zeroed", "254 zeroed", 1)]})
     assert not nothing_removed(None) and not nothing_removed({"backend": "onnxruntime"})
+
+
+def test_int8_prices_the_convs_that_join_an_add_or_a_gate_as_float():
+    """QDQ int8 leaves a conv whose output joins a residual add or SiLU's gate in float: the
+    shipped model of this machine prices int8 against fp32 dearer when the convs join."""
+    from dataclasses import replace
+
+    from dlas_predict.paths import MODELS_STORE
+
+    model = OrtLatencyModel.load(MODELS_STORE / "local")
+    specs = [ConvSpec(C=64, H=32, W=32, K=64, R=3, S=3, pad_t=1, pad_l=1, pad_b=1, pad_r=1)] * 4
+    plain = NetworkSummary(conv_layers=4, layers=9, nonconv_macs=0, nonconv_bytes=2_000_000,
+                           activation_ops=4, elementwise_ops=0, input_elems=3 * 32 * 32)
+    macs = sum(s.macs for s in specs)
+    joined = replace(plain, elementwise_ops=2, joined_conv_macs=macs,
+                     joined_conv_io_bytes=4 * 2 * 64 * 32 * 32 * 4)
+    t = ort_terms(specs, [0.0] * 4, joined, "int8", False)
+    assert t[TERMS.index("joined_macs")] == pytest.approx(macs / 1e9)
+    ratio = {}
+    for name, summary in (("plain", plain), ("joined", joined)):
+        x = [ort_terms(specs, [0.0] * 4, summary, mode, False) for mode in ("fp32", "int8")]
+        mid = model.predict(np.array(x), ["fp32", "int8"])[0]
+        ratio[name] = mid[1] / mid[0]
+    assert ratio["plain"] < 0.8 and ratio["joined"] > 1.5 * ratio["plain"]

@@ -636,7 +636,9 @@ def cached_channel_removed(model: str, ratios) -> dict[float, tuple[list, dict]]
     size, modification time) and ratios."""
     import hashlib
     import json
+    from dataclasses import fields
 
+    from dlas_predict.models.netmodel import NetworkSummary
     from dlas_predict.networks import zoo
     from dlas_predict.paths import cache_dir
 
@@ -644,7 +646,8 @@ def cached_channel_removed(model: str, ratios) -> dict[float, tuple[list, dict]]
     st = path.stat()
     ratios = sorted({float(r) for r in ratios})
     key = json.dumps([str(model), str(path.resolve()), st.st_size, st.st_mtime_ns,
-                      _SPARSITY_RULES, _REMOVAL_RULES, ratios])
+                      _SPARSITY_RULES, _REMOVAL_RULES, ratios,
+                      [f.name for f in fields(NetworkSummary)]])
     file = cache_dir("removed") / (hashlib.sha256(key.encode()).hexdigest()[:24] + ".json")
     try:
         rows = json.loads(file.read_text())

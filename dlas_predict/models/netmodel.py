@@ -55,23 +55,42 @@ class NetworkSummary:
     conv_io_bytes: int = 0  # float32 bytes of every conv's input and output activations
     exp_elems: int = 0  # elements through the ops of EXP_OPS
     broadcast_bytes: int = 0  # float32 bytes moved by elementwise ops that broadcast
+    #: MACs and float32 activation bytes of the convs whose output joins an elementwise op
+    #: or an activation other than ReLU (a residual add, SiLU's gate): an epilogue that
+    #: takes a second tensor or more than a clamp (onnxruntime's QDQ int8 leaves such a conv
+    #: in float).
+    joined_conv_macs: int = 0
+    joined_conv_io_bytes: int = 0
 
     @classmethod
     def of(cls, net: Network) -> "NetworkSummary":
         other = [layer for layer in net.layers if layer.conv is None]
+        joined = [layer for layer in net.layers if layer.conv is not None and _joins(layer)]
         return cls(conv_layers=len(net.layers) - len(other), layers=len(net.layers),
                    nonconv_macs=sum(layer.macs for layer in other),
                    nonconv_bytes=sum(layer.bytes_moved for layer in other),
                    activation_ops=sum(layer.kind == "activation" for layer in other),
                    elementwise_ops=sum(layer.kind == "elementwise" for layer in other),
                    input_elems=int(math.prod(net.input_shape)),
-                   conv_io_bytes=sum(4 * (int(math.prod(layer.input_shapes[0])) +
-                                          int(math.prod(layer.output_shape)))
-                                     for layer in net.layers if layer.conv is not None),
+                   conv_io_bytes=sum(_io_bytes(layer) for layer in net.layers
+                                     if layer.conv is not None),
                    exp_elems=sum(int(math.prod(layer.output_shape)) for layer in other
                                  if layer.op in EXP_OPS),
                    broadcast_bytes=sum(layer.bytes_moved for layer in other
-                                       if _broadcasts(layer)))
+                                       if _broadcasts(layer)),
+                   joined_conv_macs=sum(layer.macs for layer in joined),
+                   joined_conv_io_bytes=sum(_io_bytes(layer) for layer in joined))
+
+
+def _io_bytes(layer) -> int:
+    """float32 bytes of a layer's first input and its output."""
+    return 4 * (int(math.prod(layer.input_shapes[0])) + int(math.prod(layer.output_shape)))
+
+
+def _joins(layer) -> bool:
+    from dlas_predict.networks.graph import OP_KINDS
+
+    return any(OP_KINDS.get(op) in ("elementwise", "activation") for op in layer.feeds)
 
 
 def _broadcasts(layer) -> bool:

@@ -9,6 +9,9 @@ modelled from what the network does, as a non-negative sum of costs:
           + c9·bytes of broadcasting elementwise ops (squeeze-excitation's scale)
           + c10·MACs of narrow convs (under 16 input or output channels)
           + c11·convs whose output channels are not a multiple of 8
+          + c12·MACs and c13·activation bytes of the convs whose output joins a residual
+            add or a non-ReLU activation (QDQ int8 leaves those in float, with a quantize
+            and dequantize around them)
 
 one coefficient vector per mode (``fp32``, ``channel_pruning``, ``int8``, ``float16``),
 fitted by non-negative least squares on relative error, so it extrapolates linearly to
@@ -35,7 +38,7 @@ from dlas_predict.errors import DlasError
 #: The terms of the model, in order.
 TERMS = ("const", "dense_macs", "depthwise_macs", "conv_io_bytes", "weight_bytes",
          "other_bytes", "layers", "elementwise_ops", "exp_elems", "broadcast_bytes",
-         "narrow_macs", "unaligned_convs")
+         "narrow_macs", "unaligned_convs", "joined_macs", "joined_io_bytes")
 #: The modes fitted, each on its own rows (a mode with too few networks: the fp32 fit).
 MODES = ("fp32", "channel_pruning", "int8", "float16")
 #: A conv with fewer input or output channels than this is narrow.
@@ -79,7 +82,8 @@ def ort_terms(specs, ratios, summary, mode: str, channels_removed: bool) -> np.n
     return np.array([1.0, dense / 1e9, dw / 1e9, io / 1e6, wbytes / 1e6,
                      summary.nonconv_bytes / 1e6, float(summary.layers),
                      float(summary.elementwise_ops), summary.exp_elems / 1e6,
-                     summary.broadcast_bytes / 1e6, narrow / 1e9, unaligned])
+                     summary.broadcast_bytes / 1e6, narrow / 1e9, unaligned,
+                     summary.joined_conv_macs / 1e9, summary.joined_conv_io_bytes / 1e6])
 
 
 @dataclass

@@ -41,6 +41,10 @@ OP_KINDS = {
                                 "Dropout", "Pad")},
 }
 SILENT_OPS = {"Identity", "Constant", "Shape", "Gather", "Cast", "ConstantOfShape", "Range"}
+#: Ops a layer's output passes through to reach what it feeds (:attr:`Layer.feeds`); Shape
+#: reads no data and is not fed.
+EPILOGUE_OPS = {"BatchNormalization", "Relu", "Clip"}
+_PASS_OPS = EPILOGUE_OPS | {"Identity", "Cast"}
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,9 @@ class Layer:
     bytes_moved: int
     conv: ConvSpec | None = None
     weight: str | None = None  # the initializer holding a conv/fc weight
+    #: Op types its output reaches through batch norms, ReLU/Clip and identities (what a
+    #: conv's fused epilogue stops at), sorted; "output" where it is a graph output.
+    feeds: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
         d = {"index": self.index, "name": self.name, "op": self.op, "kind": self.kind,
@@ -371,6 +378,7 @@ def _network(model, name: str, path: str) -> Network:
     if not graph_inputs:
         raise NetworkError(f"{path} has no graph input")
     net = Network(name, shapes.get(graph_inputs[0].name) or ())
+    feeds = _feeds(model)
     for node in model.graph.node:
         if node.op_type in SILENT_OPS:
             continue
@@ -405,8 +413,36 @@ def _network(model, name: str, path: str) -> Network:
             input_shapes=tuple(tuple(shapes[i]) for i in act_in if shapes.get(i) is not None),
             output_shape=tuple(out) if out is not None else (), macs=int(macs),
             params=int(params), bytes_moved=4 * (act_elems + out_elems + all_weights),
-            conv=spec, weight=weight))
+            conv=spec, weight=weight, feeds=feeds(node.output[0])))
     return net
+
+
+def _feeds(model):
+    """tensor → the op types it reaches through :data:`EPILOGUE_OPS` and identities."""
+    consumers: dict[str, list] = {}
+    for node in model.graph.node:
+        for i in node.input:
+            consumers.setdefault(i, []).append(node)
+    outputs = {o.name for o in model.graph.output}
+
+    def reach(tensor: str) -> tuple[str, ...]:
+        found: set[str] = set()
+        todo, seen = [tensor], set()
+        while todo:
+            t = todo.pop()
+            if t in seen:
+                continue
+            seen.add(t)
+            if t in outputs:
+                found.add("output")
+            for c in consumers.get(t, ()):
+                if c.op_type in _PASS_OPS:
+                    todo.extend(o for o in c.output if o)
+                elif c.op_type != "Shape":
+                    found.add(c.op_type)
+        return tuple(sorted(found))
+
+    return reach
 
 
 def conv_layers(path: str | Path) -> list[ConvLayer]:
