@@ -299,6 +299,10 @@ def test_a_stored_summary_without_a_newer_field_is_computed_again(tmp_path):
     assert _summary(m.path.stem, json.dumps(asdict(fresh))) == fresh
     # neither a zoo network nor a name the generator writes: unusable, not a guess
     assert _summary("my-net", json.dumps(old)) is None
+    # another network's summary under this name (a channel-pruned build, its zeroed filters
+    # removed): not replaced by the named network's
+    removed = {**old, "nonconv_bytes": old["nonconv_bytes"] // 2}
+    assert _summary(m.path.stem, json.dumps(removed)) is None
 
 
 def test_an_unprobed_whole_network_record_is_superseded_by_a_probed_one():

@@ -309,20 +309,31 @@ class WholeRow:
 def _summary(network: str, text: str | None):
     """The stored summary of a measured network; one stored before a field existed (or
     none) is computed again from the zoo network of that name, or from the generated network
-    its name describes (built again: its weights are seeded by its name), else None
-    (unusable)."""
+    its name describes (built again: its weights are seeded by its name), and kept only if
+    it agrees with every field stored (a channel-pruned network's own summary, its zeroed
+    filters removed, is not the named network's); else None (unusable)."""
     import json
-    from dataclasses import fields
+    from dataclasses import asdict, fields
 
     from dlas_predict.models.netmodel import NetworkSummary
 
     stored = json.loads(text) if text else {}
     if stored and {f.name for f in fields(NetworkSummary)} <= set(stored):
         return NetworkSummary(**stored)
+    fresh = named_summary(network)
+    if fresh is None or any(asdict(fresh).get(k, v) != v for k, v in stored.items()):
+        return None
+    return fresh
+
+
+def named_summary(network: str):
+    """The :class:`~dlas_predict.models.netmodel.NetworkSummary` of the zoo network of that
+    name, or of the generated network its name describes; None for any other name."""
     import tempfile
 
     import onnx
 
+    from dlas_predict.models.netmodel import NetworkSummary
     from dlas_predict.networks import generate
     from dlas_predict.networks import zoo
     from dlas_predict.networks.graph import read_network
@@ -453,7 +464,7 @@ def whole_rows(corpus: Corpus, store: Path) -> list[WholeRow]:
         idx = [index.get(k) for k in layer_kernel_keys(layers, plan)]
         if any(i is None for i in idx):
             continue
-        if m.network not in summaries:
+        if summaries.get(m.network) is None:  # the first record whose summary is usable
             summaries[m.network] = _summary(m.network, m.summary)
         if summaries[m.network] is None:
             continue
