@@ -101,6 +101,7 @@ def test_channel_pruning_counts_the_density_weight_pruning_all_of_it():
     assert np.allclose(removed[1:3], full[1:3] * 0.5)
     assert removed[4] == pytest.approx(full[4] * 0.5)
     assert removed[0] == full[0] and removed[5:10].tolist() == full[5:10].tolist()
+    assert removed[12:].tolist() == full[12:].tolist()  # the summary's, not scaled
     assert len(full) == len(TERMS)
     assert ort_terms(specs, ratios, summary, "int8", False)[4] == pytest.approx(full[4] / 4)
 

@@ -17,6 +17,7 @@ measurements only.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import NamedTuple
 from pathlib import Path
@@ -326,9 +327,11 @@ def _summary(network: str, text: str | None):
     return fresh
 
 
+@functools.lru_cache(maxsize=None)
 def named_summary(network: str):
     """The :class:`~dlas_predict.models.netmodel.NetworkSummary` of the zoo network of that
-    name, or of the generated network its name describes; None for any other name."""
+    name, or of the generated network its name describes; None for any other name. Kept
+    per name: every record of a network asks for the same one."""
     import tempfile
 
     import onnx

@@ -22,7 +22,7 @@ import numpy as np
 from dlas_predict.space.config import COMPRESSION_KERNEL, Algorithm, Compression, DType
 from dlas_predict.models.costmodel import ModelError, _versions, read_sidecar, write_sidecar
 from dlas_predict.space.devices import Device
-from dlas_predict.networks.graph import Network
+from dlas_predict.networks.graph import OP_KINDS, Network
 
 NET_MODEL_FORMAT = "dlas-network-cost-5"
 
@@ -88,8 +88,6 @@ def _io_bytes(layer) -> int:
 
 
 def _joins(layer) -> bool:
-    from dlas_predict.networks.graph import OP_KINDS
-
     return any(OP_KINDS.get(op) in ("elementwise", "activation") for op in layer.feeds)
 
 
