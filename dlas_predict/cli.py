@@ -479,7 +479,10 @@ def bundle(networks: List[str] = typer.Argument(..., help="ONNX files or zoo:NAM
            algorithms: str = typer.Option("all", "--algorithms"),
            compressions: str = typer.Option("all", "--compressions"),
            ratio: float = typer.Option(0.9, "--ratio", help="Global pruning ratio."),
-           chunk: int = typer.Option(32, "--chunk", help="Kernels a module.")):
+           chunk: int = typer.Option(32, "--chunk", help="Kernels a module."),
+           trials: int = typer.Option(0, "--trials", help="Tune: each kernel becomes a "
+                                      "measured search of this many knob settings; the "
+                                      "fastest verified one is its tuned record.")):
     """Build the CUDA kernels of NETWORKS for a GPU no tracker reaches: measure the bundle
     there with `python -m measure.gpu_run OUT --out results.jsonl`, then bring the results
     back with `dlas-predict corpus import-results OUT results.jsonl --store S`."""
@@ -489,9 +492,12 @@ def bundle(networks: List[str] = typer.Argument(..., help="ONNX files or zoo:NAM
 
     if chunk < 1:
         raise DlasError(f"--chunk must be >= 1, got {chunk}")
+    if trials < 0 or trials == 1:
+        raise DlasError(f"--trials must be 0 (untuned) or at least 2, got {trials}")
     dev = get_device(device, with_target=False)
     tasks, plans = plan_networks(networks, Algorithm.parse_list(algorithms),
-                                 Compression.parse_list(compressions), check_ratio(ratio), dev)
+                                 Compression.parse_list(compressions), check_ratio(ratio), dev,
+                                 trials=trials)
     out.mkdir(parents=True, exist_ok=True)
     save_plans(out, plans)
     counts = write_bundle(tasks, dev, out, chunk, log=lambda s: typer.echo(s, err=True))
@@ -1406,7 +1412,11 @@ def corpus_import_results(
         bundle: Path = typer.Argument(..., help="A kernel bundle (`dlas-predict bundle`)."),
         results: Optional[Path] = typer.Argument(None, help="Its results file, written by "
                                                  "`python -m measure.gpu_run` on the GPU."),
-        store: Path = typer.Option(..., "--store", help="Corpus store (created if new).")):
+        store: Path = typer.Option(..., "--store", help="Corpus store (created if new)."),
+        device: Optional[str] = typer.Option(
+            None, "--device", help="File the results under this registry GPU: the one that "
+            "measured them, where it is not the bundle's (gpu.json beside the results says "
+            "which).")):
     """Import a kernel bundle's results (and its build failures) as corpus records."""
     from dlas_predict.corpus.store import CorpusStore
     from dlas_predict.measure.gpu_bundle import import_plans, import_results
@@ -1415,11 +1425,18 @@ def corpus_import_results(
         raise DlasError(f"{bundle} is not a kernel bundle (no bundle.json)")
     if results is not None and not results.is_file():
         raise DlasError(f"no results file {results}")
+    dev = None
+    if device is not None:
+        from dlas_predict.space.devices import get_device
+
+        dev = get_device(device, with_target=False)
     with CorpusStore(store) as db:
         nets = import_plans(bundle, db)
-        counts = import_results(bundle, results, db)
+        counts = import_results(bundle, results, db, dev)
     typer.echo(f"imported {counts['records']} records ({counts['failed']} failures) of "
-               f"{nets} networks into {store}; {counts['skipped']} were already there")
+               f"{nets} networks into {store}; {counts['skipped']} were already there"
+               + (f"; {counts['incomplete_searches']} knob searches not finished (run the "
+                  "bundle again)" if counts["incomplete_searches"] else ""))
 
 
 @corpus_app.command("import-tophub")

@@ -15,6 +15,7 @@ build returns carries CUDA C, compiled by the driver's NVRTC when it is loaded o
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import tvm
@@ -29,6 +30,14 @@ from .kernels import (_DENSE, _SPARSE_HEADER, KernelSpec, _decode, _direct_nchw_
 MIN_ARCH = 61
 #: Threads of the elementwise (layout) kernels' blocks.
 ELEMENTWISE_THREADS = 256
+#: Static shared memory a thread block may declare: 48 KiB on every NVIDIA GPU (more needs a
+#: dynamic allocation and an opt-in, which the kernels do not make).
+MAX_STATIC_SHARED = 48 * 1024
+_CTYPE_BYTES = {"float": 4, "half": 2, "signed char": 1, "unsigned char": 1, "char": 1,
+                "int8_t": 1, "uint8_t": 1, "int": 4, "int32_t": 4, "short": 2,
+                "double": 8, "int64_t": 8, "__nv_bfloat16": 2}
+_GLOBAL = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(')
+_SHARED = re.compile(r"__shared__ (?:alignas\(\d+\) |__align__\(\d+\) )?([\w ]+?) \w+\[(\d+)\]")
 
 
 def cuda_target(arch: str = "sm_90", host: dict[str, Any] | None = None) -> tvm.target.Target:
@@ -333,6 +342,39 @@ def verify(mod: tvm.IRModule, max_threads: int = 1024,
         if not ok:
             problems.append(f"{gv.name_hint}: over the GPU's per-block limits")
     return problems
+
+
+def shared_bytes(source: str) -> dict[str, int]:
+    """Static shared memory (bytes) each kernel function of CUDA C ``source`` declares."""
+    out: dict[str, int] = {}
+    name = None
+    for line in source.splitlines():
+        head = _GLOBAL.match(line)
+        if head:
+            name = head.group(1) if line.rstrip().endswith("{") else None
+            if name:
+                out[name] = 0
+            continue
+        shared = _SHARED.search(line) if name else None
+        if shared:
+            ctype = shared.group(1).strip()
+            out[name] += _CTYPE_BYTES.get(ctype, 8) * int(shared.group(2))
+    return out
+
+
+def over_shared(source: str, names: list[str]) -> dict[str, str]:
+    """Of the kernels ``names`` (each lowered to ``NAME_kernel``, ``NAME_kernel_1``, ...),
+    those whose GPU functions declare more static shared memory than a block may have, with
+    the reason; NVRTC would refuse the whole module they are in."""
+    used = shared_bytes(source)
+    bad: dict[str, str] = {}
+    for name in names:
+        for fn, n in used.items():
+            if (fn == f"{name}_kernel" or fn.startswith(f"{name}_kernel_")) \
+                    and n > MAX_STATIC_SHARED:
+                bad[name] = (f"build: {n} bytes of static shared memory in a thread block, "
+                             f"over the GPU's {MAX_STATIC_SHARED}")
+    return bad
 
 
 def build(kernels: dict[str, KernelSpec], target: "tvm.target.Target"):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,9 @@ from dlas_predict.space.devices import Device
 from dlas_predict.errors import DlasError
 from dlas_predict.corpus.records import MeasureResult, measurement_key
 from .knobs import resolve_gpu_knobs
+
+#: The tuner of a GPU kernel's tuned record: a measured search over its schedule's knobs.
+KNOB_SEARCH = "knob-search"
 
 #: Bump when a CUDA kernel's code changes, so stored measurements of the old code are not
 #: reused.
@@ -48,25 +52,53 @@ class GpuTask:
     knobs: dict[str, int]
     key: str
     seed: int = 0
+    #: The key of the tuned record this kernel is a candidate of (a knob search), or None,
+    #: and the trials that search was planned with.
+    search: str | None = None
+    search_trials: int = 0
 
     @classmethod
     def make(cls, spec: ConvSpec, variant: Variant, device: Device,
-             seed: int = 0) -> "GpuTask":
+             seed: int = 0, search: str | None = None,
+             search_trials: int = 0) -> "GpuTask":
         if device.kind != "gpu" or device.target.get("kind") != "cuda":
             raise DlasError(f"device {device.name!r} is not a CUDA GPU (kind {device.kind}, "
                             f"target {device.target.get('kind')}); CUDA kernels need one")
         knobs = resolve_gpu_knobs(spec, variant)
         key = measurement_key(device.name, device.fingerprint, spec, variant, knobs,
                               GPU_KERNELS_VERSION)
-        return cls(spec, variant, knobs, key, seed)
+        return cls(spec, variant, knobs, key, seed, search, search_trials)
 
     def payload(self) -> dict[str, Any]:
         v = self.variant
-        return {"key": self.key, "conv": self.spec.to_dict(), "algorithm": v.algorithm.value,
-                "sparse": v.sparse, "dtype": v.dtype.value, "knobs": self.knobs,
-                "ratio": v.ratio, "pattern": v.pattern.value,
-                "compression": v.compression.value, "tuning": v.tuning.value,
-                "seed": self.seed}
+        out = {"key": self.key, "conv": self.spec.to_dict(), "algorithm": v.algorithm.value,
+               "sparse": v.sparse, "dtype": v.dtype.value, "knobs": self.knobs,
+               "ratio": v.ratio, "pattern": v.pattern.value,
+               "compression": v.compression.value, "tuning": v.tuning.value,
+               "seed": self.seed}
+        if self.search is not None:
+            out.update(search=self.search, search_trials=self.search_trials)
+        return out
+
+
+def search_tasks(spec: ConvSpec, variant: Variant, device: Device,
+                 trials: int) -> list[GpuTask]:
+    """The candidates of a tuned kernel: up to ``trials`` knob settings of its hand schedule
+    (:func:`dlas_predict.measure.knobs.gpu_search_space`), each a task of the search whose
+    key is the tuned record's. The fastest verified candidate becomes the tuned record."""
+    from dlas_predict.space.config import Tuning
+
+    from .knobs import gpu_search_space
+
+    base = Variant(variant.algorithm, variant.compression, variant.ratio, Tuning.TUNED,
+                   variant.knobs)
+    search = measurement_key(device.name, device.fingerprint, spec, base,
+                             {"trials": trials}, GPU_KERNELS_VERSION)
+    out = []
+    for knobs in gpu_search_space(spec, base, trials):
+        v = Variant(base.algorithm, base.compression, base.ratio, Tuning.TUNED, knobs)
+        out.append(GpuTask.make(spec, v, device, search=search, search_trials=trials))
+    return out
 
 
 def kernel_spec(payload: dict[str, Any]):
@@ -139,7 +171,17 @@ def write_bundle(tasks: list[GpuTask], device: Device, out: Path, chunk_size: in
             lines.append({**task.payload(), "chunk": name, "func": fname})
         if funcs:
             t0 = time.time()
-            cuda.build(funcs, target).export_library(str(out / name))
+            module = cuda.build(funcs, target)
+            over = cuda.over_shared(module.mod.imports[0].inspect_source(), list(funcs))
+            if over:  # NVRTC would refuse the whole module: those kernels fail, alone
+                for line in [ln for ln in lines if ln["func"] in over]:
+                    bad.append({k: v for k, v in line.items() if k not in ("chunk", "func")}
+                               | {"error": over[line["func"]]})
+                lines = [ln for ln in lines if ln["func"] not in over]
+                funcs = {n: f for n, f in funcs.items() if n not in over}
+                module = cuda.build(funcs, target) if funcs else None
+        if funcs:
+            module.export_library(str(out / name))
             per = (time.time() - t0) / len(funcs)
             for line in lines:
                 line["build_s"] = round(per, 4)
@@ -155,11 +197,19 @@ def write_bundle(tasks: list[GpuTask], device: Device, out: Path, chunk_size: in
             "failed": failed}
 
 
-def import_results(bundle: Path, results: Path | None, store) -> dict[str, int]:
+def import_results(bundle: Path, results: Path | None, store,
+                   device: Device | None = None) -> dict[str, int]:
     """Turn a bundle's build failures and a GPU run's results into corpus records of
     ``store`` (a :class:`dlas_predict.corpus.store.CorpusStore`); records already there are
-    skipped. Returns counts."""
+    skipped. Returns counts.
+
+    The records are filed under the GPU that measured them: the ``gpu.json`` that
+    ``measure.gpu_run`` writes beside its results names it. A bundle measured on another GPU
+    than the one it was built for (``--allow-other-gpu``, same CUDA architecture) is filed
+    under ``device``, which must be that GPU's registry entry; every key is made again for
+    it."""
     header = json.loads((bundle / "bundle.json").read_text())
+    header = {**header, **_measured_on(header, results, device)}
     rows: list[dict[str, Any]] = []
     for path in [bundle / "build_failures.jsonl", results]:
         if path is not None and Path(path).is_file():
@@ -168,6 +218,7 @@ def import_results(bundle: Path, results: Path | None, store) -> dict[str, int]:
                     rows.append(json.loads(line))
                 except ValueError:
                     continue  # a line cut short when the run was killed
+    rows, incomplete = _searches(bundle, rows, header)
     have = store.keys()
     added = failed = skipped = 0
     for row in rows:
@@ -179,7 +230,131 @@ def import_results(bundle: Path, results: Path | None, store) -> dict[str, int]:
         have.add(rec.key)
         added += 1
         failed += rec.error is not None
-    return {"records": added, "failed": failed, "skipped": skipped}
+    return {"records": added, "failed": failed, "skipped": skipped,
+            "incomplete_searches": incomplete}
+
+
+def _measured_on(header: dict[str, Any], results: Path | None,
+                 device: Device | None) -> dict[str, Any]:
+    """The device and fingerprint the results are filed under (see :func:`import_results`),
+    and the bundle's own fingerprint as ``built_for``."""
+    from dlas_predict.space.devices import gpu_fingerprint
+
+    gpu_file = Path(results).parent / "gpu.json" if results is not None else None
+    measured = None
+    if gpu_file is not None and gpu_file.is_file():
+        gpu = json.loads(gpu_file.read_text())
+        measured = gpu.get("fingerprint") or gpu_fingerprint(gpu)
+    out = {"built_for": header["fingerprint"], "built_for_device": header["device"]}
+    if device is None or device.name == header["device"]:
+        if measured is not None and measured != header["fingerprint"]:
+            raise DlasError(
+                f"the results beside {gpu_file} were measured on {gpu.get('name')} "
+                f"(fingerprint {measured}), not on the bundle's {header['device']}: pass "
+                "--device with the registry device of that GPU")
+        return out
+    if measured is None:
+        raise DlasError(f"no gpu.json beside {results}: which GPU measured them is unknown, so "
+                        f"they cannot be filed under {device.name}")
+    if measured != device.fingerprint:
+        raise DlasError(f"the results were measured on {gpu.get('name')} (fingerprint "
+                        f"{measured}); {device.name}'s fingerprint is {device.fingerprint}")
+    return {**out, "device": device.name, "fingerprint": device.fingerprint}
+
+
+def _key(row: dict[str, Any], header: dict[str, Any], tuning: str | None = None,
+         knobs: dict[str, int] | None = None, fingerprint: str | None = None,
+         device: str | None = None) -> str:
+    """A row's measurement key for the header's device (or the device given)."""
+    v = Variant(row["algorithm"], row["compression"], float(row["ratio"]),
+                tuning or row.get("tuning", "untuned"))
+    return measurement_key(device or header["device"], fingerprint or header["fingerprint"],
+                           ConvSpec.from_dict(row["conv"]), v,
+                           row["knobs"] if knobs is None else knobs,
+                           header["kernels_version"])
+
+
+def _search_key(row: dict[str, Any], header: dict[str, Any]) -> str:
+    """The key of the tuned record a candidate belongs to, for the header's device. A row
+    without its search's trials has them found from its search key under the bundle's own
+    device."""
+    from dlas_predict.space.config import Tuning
+
+    if header["fingerprint"] == header["built_for"]:
+        return row["search"]
+    if row.get("search_trials"):
+        return _key(row, header, Tuning.TUNED.value, {"trials": row["search_trials"]})
+    for t in range(2, 257):
+        if _key(row, header, Tuning.TUNED.value, {"trials": t}, header["built_for"],
+                header["built_for_device"]) == row["search"]:
+            return _key(row, header, Tuning.TUNED.value, {"trials": t})
+    raise DlasError(f"cannot re-file the knob search {row['search']}: its trials are unknown")
+
+
+def _untuned_row(cand: dict[str, Any], header: dict[str, Any]) -> dict[str, Any] | None:
+    """A knob search's candidate whose knobs are the untuned schedule's (its first one) is
+    that untuned kernel, measured: the row of it, or None."""
+    from .knobs import resolve_gpu_knobs
+
+    knobs = dict(cand["knobs"])
+    own = {"acc_bits": knobs["acc_bits"]} if "acc_bits" in knobs else {}
+    spec = ConvSpec.from_dict(cand["conv"])
+    if knobs != resolve_gpu_knobs(spec, Variant(cand["algorithm"], cand["compression"],
+                                                float(cand["ratio"]), knobs=own)):
+        return None
+    row = {k: v for k, v in cand.items() if k not in ("search", "search_trials")}
+    row.update(tuning="untuned", key=_key(cand, header, "untuned"))
+    return row
+
+
+def _searches(bundle: Path, rows: list[dict[str, Any]],
+              header: dict[str, Any]) -> tuple[list[dict[str, Any]], int]:
+    """Rows with the candidates of each finished knob search replaced by one tuned row: the
+    fastest verified candidate, with the search's trials and cost (every candidate's build,
+    load and GPU time); its untuned candidate also gives the untuned row. A search with a
+    candidate not yet measured is left out (counted). Keys are the header device's."""
+    planned: dict[str, set[str]] = {}
+    for path in (bundle / "manifest.jsonl", bundle / "build_failures.jsonl"):
+        if path.is_file():
+            for line in path.read_text().splitlines():
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    continue
+                if row.get("search"):
+                    planned.setdefault(row["search"], set()).add(row["key"])
+    refile = header["fingerprint"] != header["built_for"]
+    plain = [({**r, "key": _key(r, header)} if refile else r)
+             for r in rows if not r.get("search")]
+    found: dict[str, dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        if r.get("search"):
+            found.setdefault(r["search"], {})[r["key"]] = r
+    incomplete = 0
+    for search, keys in planned.items():
+        got = found.get(search, {})
+        if not keys <= set(got):
+            incomplete += 1
+            continue
+        cands = [got[k] for k in sorted(keys)]
+        cost = sum(float(c.get("compile_s") or c.get("build_s") or 0.0)
+                   + float(c.get("measure_s") or 0.0) for c in cands)
+        ok = [c for c in cands if c.get("error") is None and c.get("verified") is not False
+              and c.get("run_secs")]
+        if ok:
+            best = min(ok, key=lambda c: statistics.median(c["run_secs"]))
+            tuned = dict(best)
+        else:
+            errors = sorted({str(c.get("error") or "verification failed") for c in cands})
+            tuned = {**cands[0], "run_secs": [], "error": f"no candidate of the knob search "
+                     f"ran and verified ({len(cands)} tried): {errors[0]}"}
+        tuned.update(key=_search_key(cands[0], header), trials=len(cands),
+                     tuning_seconds=round(cost, 3), tuner=KNOB_SEARCH)
+        tuned.pop("search", None)
+        tuned.pop("search_trials", None)
+        plain.append(tuned)
+        plain.extend(u for u in (_untuned_row(c, header) for c in cands) if u is not None)
+    return plain, incomplete
 
 
 def _record(row: dict[str, Any], header: dict[str, Any]) -> MeasureResult:
@@ -204,11 +379,12 @@ def _record(row: dict[str, Any], header: dict[str, Any]) -> MeasureResult:
 
 def plan_networks(networks: list[str], algorithms, compressions, ratio: float,
                   device: Device, acc16: bool = True,
-                  tuning=None) -> tuple[list[GpuTask], dict[str, Any]]:
+                  trials: int = 0) -> tuple[list[GpuTask], dict[str, Any]]:
     """GPU tasks for every conv layer of ``networks`` × algorithm × compression (each pruned
     layer at its own sparsity after global pruning at ``ratio``), and the networks' layers
     and configurations (what :func:`import_results` files in the store). float16 layers are
-    measured twice with ``acc16``: accumulating in float32 and in float16."""
+    measured twice with ``acc16``: accumulating in float32 and in float16. With ``trials``,
+    each kernel is a knob search of that many candidates (:func:`search_tasks`), tuned."""
     from pathlib import Path as _Path
 
     from dlas_predict.networks import zoo
@@ -234,13 +410,14 @@ def plan_networks(networks: list[str], algorithms, compressions, ratio: float,
             for lc in layers:
                 for alg in algorithms:
                     knob_sets: list[tuple] = [()]
-                    if acc16 and lc.compression is Compression.FLOAT16:
+                    if acc16 and lc.compression is Compression.FLOAT16 and not trials:
                         knob_sets.append((("acc_bits", 16),))
                     for knobs in knob_sets:
-                        v = Variant(alg, lc.compression, lc.ratio, tuning or Tuning.UNTUNED,
-                                    knobs)
-                        t = GpuTask.make(lc.spec, v, device)
-                        tasks.setdefault(t.key, t)
+                        v = Variant(alg, lc.compression, lc.ratio, Tuning.UNTUNED, knobs)
+                        found = (search_tasks(lc.spec, v, device, trials) if trials
+                                 else [GpuTask.make(lc.spec, v, device)])
+                        for t in found:
+                            tasks.setdefault(t.key, t)
     return list(tasks.values()), plans
 
 

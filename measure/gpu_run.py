@@ -120,6 +120,7 @@ def _measure_chunk(bundle: Path, chunk: str, lines: list[dict], proto: dict, que
             result["nnz"] = int(np.count_nonzero(w))
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)
+            t_gpu = time.perf_counter()
             try:
                 *args, out = device_args(ks, x, w, dev)
                 func = mod[line["func"]]
@@ -134,6 +135,7 @@ def _measure_chunk(bundle: Path, chunk: str, lines: list[dict], proto: dict, que
                 runs = list(timer(*args, out).results)
                 got = out.numpy().reshape(spec.output_shape)
             finally:
+                result["measure_s"] = round(time.perf_counter() - t_gpu, 4)
                 fcntl.flock(lock, fcntl.LOCK_UN)
             verified, err = check_output(got, ref, dtype)
             result.update(run_secs=runs, number=number, verified=verified, max_error=err,
@@ -142,7 +144,7 @@ def _measure_chunk(bundle: Path, chunk: str, lines: list[dict], proto: dict, que
                 result["error"] = f"verification failed: max error {err:.3g}"
             queue.put(("done", line["key"], {**_payload(line), **result}))
         except Exception as exc:  # noqa: BLE001 - the kernel's failure is data
-            text = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:500]}"
+            text = error_text(exc)
             queue.put(("done", line["key"], {**_payload(line), **result, "error": text,
                                              "timestamp": time.time()}))
             return False
@@ -151,7 +153,17 @@ def _measure_chunk(bundle: Path, chunk: str, lines: list[dict], proto: dict, que
 
 def _payload(line: dict) -> dict:
     return {k: line[k] for k in ("key", "conv", "algorithm", "sparse", "dtype", "knobs",
-                                 "ratio", "pattern", "compression", "tuning", "seed")}
+                                 "ratio", "pattern", "compression", "tuning", "seed",
+                                 "search", "search_trials", "build_s") if k in line}
+
+
+def error_text(exc: BaseException, limit: int = 500) -> str:
+    """One readable line of an exception: its lines that say "error" (NVRTC's and ptxas's
+    logs end in blank lines and notes), else its last non-empty line."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    said = [ln for ln in lines if "error" in ln.lower()]
+    text = " | ".join(said[-3:]) if said else (lines[-1] if lines else "(no message)")
+    return f"{type(exc).__name__}: {text[:limit]}"
 
 
 def _worker(bundle: str, jobs: list[tuple[str, list[dict]]], proto: dict, queue) -> None:
@@ -161,7 +173,7 @@ def _worker(bundle: str, jobs: list[tuple[str, list[dict]]], proto: dict, queue)
             if not _measure_chunk(Path(bundle), chunk, lines, proto, queue):
                 return  # a CUDA error may poison this process's context: start afresh
         except Exception as exc:  # noqa: BLE001 - e.g. the chunk failed to load
-            text = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:500]}"
+            text = error_text(exc)
             queue.put(("chunk-failed", chunk, text))
 
 

@@ -290,8 +290,126 @@ def default_gpu_knobs(spec: ConvSpec, variant: Variant) -> dict[str, int]:
         out = {"tile_h": 2 if spec.OH > 1 else 1, "tile_w": min(16, _pow2_at_least(spec.OW))}
     else:  # pragma: no cover - every algorithm is listed above
         raise ConfigError(f"no CUDA kernel for {variant.algorithm.value}")
+    # a grouped layer's block spans several groups, each staging its own inputs: halve the
+    # register tile, then the reduction tile, until the shared tiles fit a block
+    while gpu_shared_estimate(spec, variant.algorithm, variant.sparse, out) > GPU_SHARED_BYTES:
+        if out.get("reg_k", 1) > 1:
+            out["reg_k"] //= 2
+        elif out.get("tile_rc", 1) > 1:
+            out["tile_rc"] //= 2
+        else:
+            break
     if variant.dtype is DType.FLOAT16:
         out["acc_bits"] = 32
+    return out
+
+
+#: Static shared memory of a thread block (48 KiB on every NVIDIA GPU without an opt-in).
+GPU_SHARED_BYTES = 48 * 1024
+
+
+def gpu_shared_estimate(spec: ConvSpec, algorithm: Algorithm, sparse: bool,
+                        knobs: dict[str, int], elem_bytes: int = 4) -> int:
+    """Bytes of the shared-memory tiles a dense CUDA kernel's block stages with ``knobs``
+    (CSR kernels stage none): the weights of its output channels and the inputs they read
+    (a block whose channels span several groups stages each group's inputs). An upper bound
+    of what the lowered kernel declares, equal to it where the tiles divide the layer."""
+    if sparse:
+        return 0
+    cg, kg = spec.C // spec.groups, spec.K // spec.groups
+    r_eff = (spec.R - 1) * spec.dilation_h + 1
+    s_eff = (spec.S - 1) * spec.dilation_w + 1
+    height = spec.H + spec.pad_t + spec.pad_b
+    width = spec.W + spec.pad_l + spec.pad_r
+    if algorithm is Algorithm.SPATIAL_PACK:
+        rc = min(knobs["tile_rc"], cg)
+        rows = min(height, (knobs["tile_h"] - 1) * spec.stride_h + r_eff)
+        cols = min(width, (knobs["tile_w"] - 1) * spec.stride_w + s_eff)
+        return elem_bytes * rc * (min(knobs["tile_k"], kg) * spec.R * spec.S + rows * cols)
+    k_tile = min(spec.K, knobs["thr_k"] * knobs["reg_k"])
+    span = min(spec.groups, -(-k_tile // kg))
+    if algorithm is Algorithm.GEMM:
+        rc = min(knobs["tile_rc"], cg * spec.R * spec.S)
+        p_tile = min(spec.OH * spec.OW, knobs["thr_p"] * knobs["reg_p"])
+        return elem_bytes * rc * (k_tile + span * p_tile)
+    rc = min(knobs["tile_rc"], cg)
+    cols = min(width, (knobs["thr_w"] * knobs["reg_w"] - 1) * spec.stride_w + s_eff)
+    return elem_bytes * rc * (k_tile * spec.R * spec.S + span * r_eff * cols)
+
+
+def gpu_search_space(spec: ConvSpec, variant: Variant, trials: int,
+                     seed: int = 0) -> list[dict[str, int]]:
+    """Up to ``trials`` knob settings of a CUDA kernel for a measured search: the untuned
+    defaults first, then distinct settings drawn at random (seeded) from the grid below,
+    keeping blocks of 32 to 1,024 threads whose shared tiles fit a block. A float16 kernel's
+    accumulator width is one of the knobs."""
+    import random
+
+    base = resolve_gpu_knobs(spec, variant)
+    cg, kg = spec.C // spec.groups, spec.K // spec.groups
+    p = spec.OH * spec.OW
+    key = (variant.algorithm, variant.sparse)
+    pw = [2 ** i for i in range(11)]
+    grid: dict[str, list[int]]
+    if key == (Algorithm.DIRECT, False):
+        grid = {"thr_k": [k for k in pw if 1 <= k <= min(128, _pow2_at_least(spec.K))],
+                "reg_k": [1, 2, 4, 8],
+                "thr_w": [w for w in pw if 1 <= w <= min(32, _pow2_at_least(spec.OW))],
+                "reg_w": [1, 2, 4], "tile_rc": sorted({min(cg, t) for t in (1, 2, 4, 8, 16)})}
+        threads = ("thr_k", "thr_w")
+    elif key == (Algorithm.GEMM, False):
+        crs = cg * spec.R * spec.S
+        grid = {"thr_k": [k for k in pw if 1 <= k <= min(128, _pow2_at_least(spec.K))],
+                "reg_k": [1, 2, 4, 8],
+                "thr_p": [q for q in pw if 1 <= q <= min(64, _pow2_at_least(p))],
+                "reg_p": [1, 2, 4, 8], "tile_rc": sorted({min(crs, t) for t in (4, 8, 16, 32)})}
+        threads = ("thr_k", "thr_p")
+    elif key == (Algorithm.SPATIAL_PACK, False):
+        grid = {"tile_k": [d for d in (1, 2, 4, 8, 16, 32) if kg % d == 0],
+                "tile_h": [h for h in (1, 2, 4, 8) if h <= max(1, spec.OH)],
+                "tile_w": [w for w in (1, 2, 4, 8, 16, 32) if w <= _pow2_at_least(spec.OW)],
+                "tile_rc": sorted({min(cg, t) for t in (1, 2, 4, 8, 16)})}
+        threads = ("tile_k", "tile_h", "tile_w")
+    elif key == (Algorithm.DIRECT, True):
+        grid = {"thr_w": [w for w in (32, 64, 128, 256, 512)
+                          if w <= max(32, _pow2_at_least(spec.OW))]}
+        threads = ()
+    elif key == (Algorithm.GEMM, True):
+        grid = {"tile_p": [q for q in (32, 64, 128, 256, 512, 1024)
+                           if q <= max(32, _pow2_at_least(p))]}
+        threads = ()
+    else:
+        grid = {"tile_h": [h for h in (1, 2, 4, 8) if h <= max(1, spec.OH)],
+                "tile_w": [w for w in (4, 8, 16, 32) if w <= max(4, _pow2_at_least(spec.OW))]}
+        threads = ()
+    if variant.dtype is DType.FLOAT16:  # accumulating in float16 is a knob like the others
+        grid["acc_bits"] = [32, 16]
+    names = list(grid)
+
+    def fits(knobs: dict[str, int]) -> bool:
+        n = 1
+        for name in threads:
+            n *= knobs[name]
+        return ((not threads or 32 <= n <= 1024)
+                and gpu_shared_estimate(spec, variant.algorithm, variant.sparse, knobs)
+                <= GPU_SHARED_BYTES)
+
+    out = [base]
+    seen = {tuple(sorted(base.items()))}
+    total = 1
+    for values in grid.values():
+        total *= len(values)
+    rng = random.Random(seed)
+    tries = 0
+    while len(out) < trials and tries < 50 * trials and len(seen) < total + 1:
+        tries += 1
+        knobs = {n: rng.choice(grid[n]) for n in names}
+        sig = tuple(sorted(knobs.items()))
+        if sig in seen:
+            continue
+        seen.add(sig)
+        if fits(knobs):
+            out.append(knobs)
     return out
 
 

@@ -128,13 +128,108 @@ def test_bundle_is_resumable_and_results_import_once(tmp_path):
         + '{"key": "cut sh')
     with CorpusStore(tmp_path / "s.sqlite") as db:
         counts = import_results(out, results, db)
-        assert counts == {"records": 2, "failed": 1, "skipped": 0}
+        assert counts == {"records": 2, "failed": 1, "skipped": 0, "incomplete_searches": 0}
         recs = {r.key: r for r in db.results()}
         assert recs[ok["key"]].ok and recs[ok["key"]].median_s == pytest.approx(2.5e-5)
         assert recs[ok["key"]].device == "h100"
         assert recs[ok["key"]].fingerprint == get_device("h100").fingerprint
         assert "timeout" in recs[bad["key"]].error
         assert import_results(out, results, db)["records"] == 0
+
+
+DEPTHWISE_16 = ConvSpec.parse("C=128,H=16,W=16,K=128,R=3,S=3,stride=1,pad=1,groups=128")
+WIDE_2 = ConvSpec.parse("C=512,H=2,W=2,K=512,R=3,S=3,stride=1,pad=1")
+
+
+@pytest.mark.parametrize("spec", [DEPTHWISE_16, WIDE_2, SPEC], ids=["dw", "wide", "conv"])
+@pytest.mark.parametrize("alg", list(Algorithm))
+def test_default_tiles_fit_a_blocks_shared_memory_within_the_estimate(spec, alg):
+    from dlas_predict.measure import cuda
+    from dlas_predict.measure.knobs import gpu_shared_estimate
+
+    ks = _kernel(spec, alg, Compression.DENSE)
+    used = cuda.shared_bytes(_source({"k": ks}))
+    assert 0 < max(used.values()) <= cuda.MAX_STATIC_SHARED
+    estimate = gpu_shared_estimate(spec, alg, False, ks.knobs)
+    assert estimate >= max(used.values()) >= 0.6 * estimate
+
+
+def test_a_kernel_over_the_shared_memory_fails_alone_in_its_bundle(tmp_path):
+    from dlas_predict.measure.gpu_bundle import GpuTask, write_bundle
+
+    dev = get_device("h100")
+    over = GpuTask.make(DEPTHWISE_16, Variant(Algorithm.GEMM, Compression.DENSE, knobs={
+        "thr_k": 8, "reg_k": 4, "thr_p": 16, "reg_p": 4, "tile_rc": 9}), dev)
+    fine = GpuTask.make(DEPTHWISE_16, Variant(Algorithm.DIRECT, Compression.DENSE), dev)
+    counts = write_bundle([over, fine], dev, tmp_path / "b", chunk_size=8)
+    assert counts["built"] == 1 and counts["failed"] == 1
+    failure = json.loads((tmp_path / "b" / "build_failures.jsonl").read_text())
+    assert failure["key"] == over.key and "74880 bytes of static shared memory" in \
+        failure["error"]
+    built = json.loads((tmp_path / "b" / "manifest.jsonl").read_text())
+    assert built["key"] == fine.key and (tmp_path / "b" / built["chunk"]).is_file()
+
+
+@pytest.mark.parametrize("alg", list(Algorithm))
+@pytest.mark.parametrize("comp", [Compression.DENSE, Compression.FLOAT16,
+                                  Compression.WEIGHT_PRUNING])
+def test_knob_search_space_starts_untuned_and_stays_within_the_gpus_limits(alg, comp):
+    from dlas_predict.measure.knobs import (GPU_SHARED_BYTES, gpu_search_space,
+                                            gpu_shared_estimate)
+
+    v = Variant(alg, comp, 0.7 if comp is Compression.WEIGHT_PRUNING else 0.0)
+    space = gpu_search_space(WIDE_2, v, 10)
+    assert space[0] == resolve_gpu_knobs(WIDE_2, v) and 1 < len(space) <= 10
+    assert len({tuple(sorted(k.items())) for k in space}) == len(space)
+    assert space == gpu_search_space(WIDE_2, v, 10)  # seeded: the same bundle twice
+    for knobs in space:
+        assert resolve_gpu_knobs(WIDE_2, Variant(alg, comp, v.ratio, knobs=knobs)) == knobs
+        assert gpu_shared_estimate(WIDE_2, alg, v.sparse, knobs) <= GPU_SHARED_BYTES
+    if comp is Compression.FLOAT16:
+        assert {k["acc_bits"] for k in space} <= {16, 32}
+
+
+def test_a_knob_search_imports_as_one_tuned_record_once_every_candidate_ran(tmp_path):
+    from dlas_predict.corpus.store import CorpusStore
+    from dlas_predict.measure.gpu_bundle import (KNOB_SEARCH, GpuTask, import_results,
+                                                 search_tasks, write_bundle)
+
+    dev = get_device("h100")
+    tasks = search_tasks(SPEC, Variant(Algorithm.GEMM, Compression.DENSE), dev, 4)
+    assert len(tasks) == 4 and len({t.search for t in tasks}) == 1
+    out = tmp_path / "b"
+    write_bundle(tasks, dev, out, chunk_size=8)
+    lines = [json.loads(t) for t in (out / "manifest.jsonl").read_text().splitlines()]
+    secs = [[4e-5] * 3, [1e-5] * 3, [2e-5] * 3, [3e-5] * 3]
+    rows = [{**ln, "run_secs": s, "number": 10, "verified": True, "max_error": 0.0,
+             "error": None, "compile_s": 0.5, "measure_s": 0.1} for ln, s in zip(lines, secs)]
+    rows[1].update(verified=False, error="verification failed: max error 0.5")
+    results = tmp_path / "r.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in rows[:3]))
+    with CorpusStore(tmp_path / "s.sqlite") as db:
+        assert import_results(out, results, db) == {
+            "records": 0, "failed": 0, "skipped": 0, "incomplete_searches": 1}
+        results.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        assert import_results(out, results, db)["records"] == 2
+        recs = {r.variant.tuning.value: r for r in db.results()}
+    rec, first = recs["tuned"], recs["untuned"]
+    assert first.key == GpuTask.make(SPEC, Variant(Algorithm.GEMM, Compression.DENSE),
+                                     dev).key and first.median_s == pytest.approx(4e-5)
+    assert rec.key == tasks[0].search and rec.ok
+    assert rec.knobs == lines[2]["knobs"] and rec.median_s == pytest.approx(2e-5)
+    assert rec.trials == 4 and rec.tuner == KNOB_SEARCH
+    assert rec.tuning_seconds == pytest.approx(4 * 0.6)
+
+
+def test_a_gpu_error_keeps_its_message_line():
+    from dlas_predict.measure.gpu_run import error_text
+
+    exc = RuntimeError("NVRTC compilation failed:\nptxas info : Used 121 registers\n"
+                       " ptxas error   : Entry function 'k_kernel_1' uses too much shared "
+                       "data (0x12480 bytes, 0xc000 max)\n  \n")
+    assert error_text(exc) == ("RuntimeError: ptxas error   : Entry function 'k_kernel_1' uses too much shared data "
+                               "(0x12480 bytes, 0xc000 max)")
+    assert error_text(RuntimeError("")) == "RuntimeError: (no message)"
 
 
 @pytest.mark.slow
@@ -196,3 +291,55 @@ def test_recommend_answers_for_the_gpu_from_the_shipped_model():
     bad = CliRunner().invoke(app, ["recommend", "zoo:resnet18-cifar", "--device", "h100",
                                    "--validate", "1"])
     assert bad.exit_code != 0 and "Error: " in bad.output and "GPU" in bad.output
+
+
+def test_results_from_another_gpu_are_filed_under_the_gpu_that_measured_them(tmp_path):
+    from dlas_predict.corpus.store import CorpusStore
+    from dlas_predict.measure.gpu_bundle import (GpuTask, import_results, search_tasks,
+                                                 write_bundle)
+    from dlas_predict.space.devices import gpu_fingerprint
+
+    h100, h200 = get_device("h100"), get_device("h200")
+    plain = GpuTask.make(SPEC, Variant(Algorithm.DIRECT, Compression.DENSE), h100)
+    search = search_tasks(SPEC, Variant(Algorithm.GEMM, Compression.DENSE), h100, 3)
+    out = tmp_path / "b"
+    write_bundle([plain, *search], h100, out, chunk_size=8)
+    lines = [json.loads(t) for t in (out / "manifest.jsonl").read_text().splitlines()]
+    for ln in lines:
+        ln.pop("search_trials", None)  # a bundle whose candidates do not say their search's trials
+    results = tmp_path / "run" / "r.jsonl"
+    results.parent.mkdir()
+    results.write_text("".join(json.dumps({**ln, "run_secs": [1e-5 * (i + 1)] * 3,
+                                           "number": 10, "verified": True, "error": None})
+                               + "\n" for i, ln in enumerate(lines)))
+    (results.parent / "gpu.json").write_text(json.dumps(h200.gpu) + "\n")
+    assert gpu_fingerprint(h200.gpu) == h200.fingerprint
+    with CorpusStore(tmp_path / "s.sqlite") as db:
+        with pytest.raises(DlasError, match="--device"):
+            import_results(out, results, db)
+        with pytest.raises(DlasError, match="fingerprint"):
+            import_results(out, results, db, get_device("local", with_target=False))
+        counts = import_results(out, results, db, h200)
+        recs = {r.key: r for r in db.results()}
+    # the plain kernel, the search's tuned record and its untuned first candidate
+    assert counts["records"] == 3 and {r.device for r in recs.values()} == {"h200"}
+    again = search_tasks(SPEC, Variant(Algorithm.GEMM, Compression.DENSE), h200, 3)
+    untuned = GpuTask.make(SPEC, Variant(Algorithm.GEMM, Compression.DENSE), h200)
+    assert set(recs) == {GpuTask.make(SPEC, plain.variant, h200).key, again[0].search,
+                         untuned.key}
+    assert recs[again[0].search].trials == 3 and recs[untuned.key].tuning_seconds is None
+    assert recs[untuned.key].median_s == pytest.approx(2e-5)  # the search's first candidate
+
+
+def test_recommend_prices_the_h200s_tuned_kernels_at_their_search_size():
+    from typer.testing import CliRunner
+
+    from cli import app
+
+    res = CliRunner().invoke(app, ["recommend", "zoo:mobilenetv1-cifar", "--device", "h200",
+                                   "--top", "40", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    tuned = [c for c in out["candidates"] if c["config"]["tuning"] == "tuned"]
+    assert tuned and all(c["predicted_tuning_s"] > 0 for c in tuned)
+    assert any("knob searches of 8 trials, not 64" in n for n in out["notes"])

@@ -465,7 +465,10 @@ class TuningTimeModel:
             self.trial_share[tuner] = float(np.median(np.asarray(trials)[sel]
                                                       / np.asarray(budgets)[sel]))
         pred = np.exp(A @ coef) * np.asarray(trials)
+        medians = {t: float(np.median(np.asarray(budgets)[[u == t for u in tuners]]))
+                   for t in sorted(set(tuners))}
         self.meta = {**(meta or {}), "format": TUNING_FORMAT, "n_train": int(len(seconds)),
+                     "median_trials": medians,
                      "train_mape": mape(pred, np.asarray(seconds)),
                      "total_tuning_hours": float(np.sum(seconds) / 3600)}
         return self

@@ -365,6 +365,12 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
     low, high = su.layer_model.predict_interval(X)
     if su.mapping is not None:
         mid, low, high = _mapped(su, kernels, mid, low, high)
+    searched = _searched_trials(su.tuning_model)
+    if searched and searched != trials and Tuning.TUNED in su.tunings:
+        su.notes.append(f"{device}'s tuned kernels come from knob searches of {searched} "
+                        f"trials, not {trials}: tuned latencies and search times are for "
+                        f"{searched} trials a kernel")
+        trials = searched
     tune_s = _tuning_seconds(su.tuning_model, X, kernels, trials) \
         if su.mapping is None else None
     plans = _plans(points, su.tunings, options, mid, su.skipped)
@@ -676,6 +682,15 @@ def _tuning_model(info: dict, models_dir: Path | None, device: str):
     info["tuning_model"] = {"tuned_kernels": model.meta.get("n_train"),
                             "trial_share": model.trial_share}
     return model
+
+
+def _searched_trials(model) -> int | None:
+    """The trials of the knob searches a device's tuned kernels all came from (GPU bundles
+    tune by a fixed-size search, not by a budget), or None."""
+    if model is None or "metaschedule" in model.trial_share:
+        return None
+    trials = model.meta.get("median_trials", {}).get("knob-search")
+    return int(trials) if trials else None
 
 
 def _tuning_seconds(model, X: np.ndarray, kernels: list[tuple], trials: int):
