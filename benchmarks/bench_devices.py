@@ -13,7 +13,8 @@
    and its cold start; ``recommend zoo:resnet50`` (its own reported seconds and the
    process's wall clock, first call on a fresh DLAS_HOME and the next one).
 5. **The zero-shot map** ``recommend`` uses for a device without a model: kernels of each
-   CPU device predicted from the others' by the spec scaling, α and β fitted without it.
+   CPU device predicted from the others' by the spec scaling, α and β fitted without it;
+   the GPU map's fit, and each shipped GPU corpus predicted from another by it.
 6. **Active learning, replayed** on each one-thread profile (its shipped corpus is the
    device; its own trained model is no reference): plans (network × configuration ×
    algorithm, conv time) within ±10 % after 10, 25 and 50 kernel measurements, the
@@ -171,6 +172,53 @@ def zero_shot_map() -> dict:
             "within_25pct": f.within_25pct, "per_device": f.per_device, "pairs": f.pairs}
 
 
+def gpu_maps() -> dict:
+    """The GPU zero-shot map (fitted on TopHub's GPUs), and each shipped GPU corpus
+    predicted from another one by it: untuned kernels both measured (same shape, algorithm,
+    compression, knobs), neither GPU in the fit."""
+    import pandas as pd
+
+    from dlas_predict.crossdev.transfer import fit_transfer, zero_shot_map
+    from dlas_predict.paths import CORPUS_SNAPSHOTS
+    from dlas_predict.space.devices import device_names, get_device
+
+    try:
+        f = fit_transfer("gpu")
+    except Exception as exc:  # noqa: BLE001 - the public data may be absent
+        return {"error": str(exc)}
+    out = {"alpha": f.alpha, "beta": f.beta, "q10": f.q10, "q90": f.q90,
+           "within_25pct": f.within_25pct, "pairs": f.pairs, "shipped": {}}
+    gpus = [n for n in device_names() if (CORPUS_SNAPSHOTS / f"{n}.parquet").is_file()
+            and get_device(n, with_target=False).kind == "gpu"]
+    cols = ["conv", "algorithm", "compression", "ratio", "knobs", "tuning", "median_s",
+            "error"]
+    frames = {}
+    for n in gpus:
+        df = pd.read_parquet(CORPUS_SNAPSHOTS / f"{n}.parquet", columns=cols)
+        df = df[df.error.isna() & (df.tuning == "untuned")].copy()
+        df["knobs"] = df.knobs.astype(str)
+        frames[n] = df
+    key = ["conv", "algorithm", "compression", "ratio", "knobs"]
+    for r in gpus:
+        for d in gpus:
+            if r == d:
+                continue
+            m = frames[r].merge(frames[d], on=key, suffixes=("_r", "_d"))
+            if len(m) < 10:
+                continue
+            R, D = get_device(r, with_target=False), get_device(d, with_target=False)
+            zmap = zero_shot_map(D, r)
+            pred = np.array([zmap.log_scale(R, D, f"{c}@{q:g}" if q else c, conv)
+                             for c, q, conv in zip(m.compression, m.ratio, m.conv)])
+            err = np.log(m.median_s_d / m.median_s_r).to_numpy() - pred
+            out["shipped"][f"{r} -> {d}"] = {
+                "kernels": len(m), "within_25pct": float(np.mean(np.abs(np.exp(err) - 1)
+                                                                 <= 0.25)),
+                "median_error": float(np.exp(np.median(err))),
+                "coverage": float(np.mean((err >= f.q10) & (err <= f.q90)))}
+    return out
+
+
 def active_learning(budget: int = 50, seeds: int = 3) -> dict:
     from dlas_predict.crossdev import active
     from dlas_predict.paths import CORPUS_SNAPSHOTS
@@ -259,6 +307,17 @@ def main() -> int:
         for d, v in zm["per_device"].items():
             print(f"   {d:16s} within ±25% {v['within_25pct']:.0%}, median error "
                   f"×{np.exp(v['median_log_error']):.2f}")
+        res["gpu_map"] = gm = gpu_maps()
+        if "error" in gm:
+            print(f"   GPU map: not fitted ({gm['error']})")
+        else:
+            print(f"   GPU map: α={gm['alpha']:.2f} β={gm['beta']:.2f}, held-out 80% interval "
+                  f"×{np.exp(gm['q10']):.2f}–×{np.exp(gm['q90']):.2f}, "
+                  f"{gm['within_25pct']:.0%} within ±25% ({gm['pairs']} kernel pairs)")
+            for k, v in gm["shipped"].items():
+                print(f"   {k:16s} {v['kernels']} kernels: within ±25% {v['within_25pct']:.0%},"
+                      f" median error ×{v['median_error']:.2f}, interval holds "
+                      f"{v['coverage']:.0%}")
     if 6 in only:
         res["active_learning"] = al = active_learning()
         print("6. active learning replayed (plans within ±10% after 0/10/25/50 measurements)")

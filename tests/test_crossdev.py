@@ -440,3 +440,32 @@ def test_a_channel_pruned_layer_left_without_zeros_is_a_plan_of_the_dense_kernel
     pool = _pool(layers, recorded)
     assert pool.plans == [("n", "channel_pruning@0.9", "gemm")]
     assert [k.compression for k in pool.kernels] == ["dense", "channel_pruning"]
+
+
+def test_between_gpus_a_kernel_that_fits_their_l2_takes_little_of_the_bandwidth_term():
+    from dlas_predict.crossdev.transfer import DeviceMap, kernel_bytes, memory_share
+    from dlas_predict.space.config import ConvSpec
+    from dlas_predict.space.devices import get_device
+
+    small = ConvSpec.parse("C=64,H=32,W=32,K=64,R=3,S=3,stride=1,pad=1")
+    big = ConvSpec.parse("C=256,H=224,W=224,K=256,R=3,S=3,stride=1,pad=1")
+    assert kernel_bytes(small, "dense") == 4 * (2 * 64 * 32 * 32 + 64 * 64 * 9)
+    assert kernel_bytes(small, "int8") == kernel_bytes(small, "dense") / 4
+    assert kernel_bytes(small, "weight_pruning@0.9") == pytest.approx(
+        4 * 2 * 64 * 32 * 32 + 0.1 * 2 * 4 * 64 * 64 * 9)
+    h100, h200 = get_device("h100", with_target=False), get_device("h200", with_target=False)
+    xavier = get_device("xavier", with_target=False)
+    share = memory_share(kernel_bytes(small, "dense"), h100, h200)
+    assert 0 < share < 0.02  # 0.7 MB of a 50 MB L2
+    assert memory_share(kernel_bytes(big, "dense"), h100, h200) == 1.0
+    tiny = ConvSpec.parse("C=16,H=16,W=16,K=16,R=3,S=3,stride=1,pad=1")
+    assert memory_share(kernel_bytes(tiny, "dense"), h100, xavier) == pytest.approx(
+        kernel_bytes(tiny, "dense") / (512 * 1024))  # xavier's L2 is the smaller one
+    assert memory_share(kernel_bytes(small, "dense"), h100, xavier) == 1.0
+    cpu = get_device("rk3399-cpu", with_target=False)
+    assert memory_share(1.0, cpu, get_device("rpi3b", with_target=False)) == 1.0
+    m = DeviceMap("h200", "h100", "zero-shot", 0.5, 0.6, -1.0, 1.0)
+    whole = m.log_scale(h100, h200, "dense")
+    fitted = m.log_scale(h100, h200, "dense", small)
+    peak_only = 0.5 * np.log(h100.peak_gflops["float32"] / h200.peak_gflops["float32"])
+    assert abs(fitted - peak_only) < 0.01 < abs(whole - peak_only)

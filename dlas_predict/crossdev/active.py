@@ -192,8 +192,8 @@ def run(device: str, pool: Pool, oracle: Callable[[PoolKernel], float], budget: 
         fit = transfer.fit_transfer(dev.kind, exclude=device if exclude_reference else None)
         zmap = transfer.DeviceMap(device, reference, "zero-shot", fit.alpha, fit.beta,
                                   fit.q10, fit.q90)
-        scale = {c: zmap.log_scale(ref_dev, dev, c) for c in set(comps)}
-        log_scale = np.array([scale[c] for c in comps])
+        log_scale = np.array([zmap.log_scale(ref_dev, dev, c, conv)
+                              for c, conv in zip(comps, convs)])
     else:
         zmap = transfer.DeviceMap(device, reference, "zero-shot", 0.0, 0.0, -1.0, 1.0)
         log_scale = np.zeros(len(comps))

@@ -652,7 +652,8 @@ def _recommend_map(device: str, keys: list[str], log_ms: np.ndarray) -> dict | N
     ref_dev = transfer.data_spec(ref)
     if dev is not None:
         m0 = transfer.zero_shot_map(dev, ref)
-        scale = np.array([m0.log_scale(ref_dev, dev, r[2]) for r in rows])
+        scale = np.array([m0.log_scale(ref_dev, dev, f"{r[2]}@{r[3]:g}" if r[3] else r[2],
+                                       r[0]) for r in rows])
         m = transfer.adapted_map(dev, ref, log_ref, scale, log_ms,
                                  [transfer.group_of(r[2], r[1]) for r in rows], m0)
     else:

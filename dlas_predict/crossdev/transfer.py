@@ -4,7 +4,13 @@
 models of a reference device ``R`` (the nearest trained device of the same kind, by spec)
 price the grid, and every kernel's latency is mapped to ``D``:
 
-    log t_D = a + log t_R + α · log(peak_R[dtype] / peak_D[dtype]) + β · log(bw_R / bw_D)
+    log t_D = a + log t_R + α · log(peak_R[dtype] / peak_D[dtype])
+              + β · s · log(bw_R / bw_D),   s = min(1, bytes / LLC)
+
+where, between two GPUs, ``bytes`` is what the kernel touches (input, weights, output) and
+``LLC`` the smaller L2 of the two: a kernel timed again and again whose data stays in the
+L2 of both reads little from memory, so their memory bandwidths hardly matter to it
+(between CPUs, s = 1).
 
 - **zero-shot**: ``a = 0``; α and β are fitted on every pair of devices that measured the
   same kernels (the local CPU and its profiles, shipped; TopHub's devices where the public
@@ -33,6 +39,35 @@ from dlas_predict.paths import MODELS_STORE, cache_dir
 #: Compression → the data type whose peak scales it.
 DTYPE = {"dense": "float32", "weight_pruning": "float32", "channel_pruning": "float32",
          "float16": "float16", "int8": "int8"}
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "int8": 1}
+
+
+def kernel_bytes(conv, compression: str) -> float:
+    """Bytes a conv kernel touches: its input, weights and output at the compression's data
+    type; ``compression`` may carry the pruning ratio (``weight_pruning@0.9``: the CSR
+    weights' nonzeros with their column indices)."""
+    from dlas_predict.space.config import ConvSpec
+
+    comp, _, ratio = str(compression).partition("@")
+    b = _DTYPE_BYTES[DTYPE.get(comp, "float32")]
+    spec = conv if isinstance(conv, ConvSpec) else ConvSpec.parse(str(conv))
+    weights = b * spec.K * (spec.C // spec.groups) * spec.R * spec.S
+    if comp == "weight_pruning" and ratio:
+        weights *= (1.0 - float(ratio)) * (b + 4) / b
+    return b * (spec.C * spec.H * spec.W + spec.K * spec.OH * spec.OW) + weights
+
+
+def memory_share(nbytes: float | None, ref, dev) -> float:
+    """How much of the bandwidth term applies to a GPU kernel of ``nbytes``: 1 where it does
+    not fit the smaller L2 of the two GPUs (or one is unknown), its share of that L2 where it
+    fits. CPU kernels keep the whole term: weighting it so lowered the CPU map's held-out
+    share within ±25 % from 53 % to 39 % (benchmarks/README.md)."""
+    if nbytes is None or ref.kind != "gpu" or dev.kind != "gpu":
+        return 1.0
+    llc = [max((d.caches or {}).values(), default=0) for d in (ref, dev)]
+    if min(llc) <= 0:
+        return 1.0
+    return float(min(1.0, nbytes / (1024.0 * min(llc))))
 
 
 #: The zero-shot map's prior (α, β): a kernel half compute-, half bandwidth-bound.
@@ -72,20 +107,25 @@ class DeviceMap:
     #: adapted on these conv shapes: an offset per shape, for every group of it
     conv_offsets: dict[str, float] = field(default_factory=dict)
 
-    def log_scale(self, ref, dev, compression: str) -> float:
-        dt = DTYPE.get(compression, "float32")
+    def log_scale(self, ref, dev, compression: str, conv=None) -> float:
+        """The spec term of a kernel of ``compression`` (of ``conv``: its bandwidth term
+        weighted by :func:`memory_share`; without it, the whole term)."""
+        comp = str(compression).partition("@")[0]
+        dt = DTYPE.get(comp, "float32")
         peak = np.log(_peak(ref, dt) / _peak(dev, dt))
         bw = np.log(ref.mem_bandwidth_gbs / dev.mem_bandwidth_gbs) \
             if ref.mem_bandwidth_gbs and dev.mem_bandwidth_gbs else 0.0
-        return float(self.alpha * peak + self.beta * bw)
+        share = memory_share(None if conv is None else kernel_bytes(conv, compression),
+                             ref, dev)
+        return float(self.alpha * peak + self.beta * bw * share)
 
     def map_kernels(self, ref, dev, kernels: list[tuple[str, str, str]], mid, low, high):
         """(conv spec, algorithm, compression) rows' latencies on ``ref`` (median, 10 %,
         90 %) mapped to ``dev``, the interval widened by the map's own error; a device with
         no spec takes no spec term."""
-        scale = {c: self.log_scale(ref, dev, c) if dev.peak_gflops else 0.0
-                 for c in {k[2] for k in kernels}}
-        ls = np.array([scale[k[2]] for k in kernels])
+        scale = {(str(k[0]), k[2]): self.log_scale(ref, dev, k[2], k[0])
+                 if dev.peak_gflops else 0.0 for k in kernels}
+        ls = np.array([scale[str(k[0]), k[2]] for k in kernels])
         groups = [group_of(k[2], k[1]) for k in kernels]
         convs = [k[0] for k in kernels]
         return (np.exp(self.apply(np.log(mid), ls, groups, convs)),
@@ -228,7 +268,10 @@ def _pairs(mat, specs: dict) -> list[tuple[str, str, np.ndarray, np.ndarray, np.
         if len(rows) < 10:
             continue
         peak = np.array([np.log(_peak(R, t) / _peak(D, t)) for t in dts[rows]])
-        bw = np.full(len(rows), np.log(R.mem_bandwidth_gbs / D.mem_bandwidth_gbs))
+        share = np.array([memory_share(kernel_bytes(mat.targets[i].split("|")[0],
+                                                    mat.targets[i].split("|")[2]), R, D)
+                          for i in rows])
+        bw = np.log(R.mem_bandwidth_gbs / D.mem_bandwidth_gbs) * share
         out.append((r, d, mat.column(d)[rows] - mat.column(r)[rows], peak, bw))
     return out
 
@@ -248,9 +291,10 @@ def fit_transfer(kind: str = "cpu", data: Path | None = None,
         files += sorted(sources._shared("tophub", data).glob("*.jsonl"))
     except DlasError:
         pass  # the public data is optional: the shipped profiles alone
-    key = json.dumps([kind, exclude, [(str(f), f.stat().st_size, f.stat().st_mtime_ns)
+    key = json.dumps([MAP_FORMAT, kind, exclude, [(str(f), f.stat().st_size,
+                                                   f.stat().st_mtime_ns)
                                       for f in files],
-                      {n: [d.kind, d.peak_gflops, d.mem_bandwidth_gbs]
+                      {n: [d.kind, d.peak_gflops, d.mem_bandwidth_gbs, d.caches]
                        for n, d in every.items()}], sort_keys=True)
     path = cache_dir("crossdev") / "transfer.json"
     if (str(path), key) in _FITS:
@@ -313,6 +357,9 @@ def fit_transfer(kind: str = "cpu", data: Path | None = None,
     _FITS[str(path), key] = fitres
     return fitres
 
+
+#: The map's terms: a cached fit of other terms is fitted again.
+MAP_FORMAT = 3
 
 #: Fits found in a process, by (cache file, key).
 _FITS: dict[tuple[str, str], TransferFit] = {}
