@@ -336,9 +336,9 @@ class _ConvLowering:
     def __init__(self, choices: list[LayerChoice], dtype: DType,
                  specs: list[ConvSpec] | None, scales: list[tuple[float, float]] | None,
                  tuned: TunedKernels | None = None, simd_bits: int | None = None,
-                 fuse: bool = True):
+                 fuse: bool = True, gpu: bool = False):
         self.choices, self.dtype, self.specs, self.scales = choices, dtype, specs, scales
-        self.tuned, self.simd_bits, self.fuse = tuned, simd_bits, fuse
+        self.tuned, self.simd_bits, self.fuse, self.gpu = tuned, simd_bits, fuse, gpu
         self.count = 0
         #: conv layers lowered with a fused epilogue, and the ops those epilogues replaced
         self.fused_layers = 0
@@ -373,8 +373,13 @@ class _ConvLowering:
         comp = Compression.WEIGHT_PRUNING if choice.sparse else DENSE_COMPRESSION[self.dtype]
         if choice.sparse and self.dtype is not DType.FLOAT32:
             raise BuildError("sparse kernels run in float32 only (the study's grid)")
-        knobs = resolve_knobs(spec, Variant(choice.algorithm, comp,
-                                            0.5 if choice.sparse else 0.0), self.simd_bits)
+        variant = Variant(choice.algorithm, comp, 0.5 if choice.sparse else 0.0)
+        if self.gpu:
+            from .knobs import resolve_gpu_knobs
+
+            knobs = resolve_gpu_knobs(spec, variant)
+        else:
+            knobs = resolve_knobs(spec, variant, self.simd_bits)
         steps = tuple(epi.steps) if epi is not None else ()
         x = data
         scale = None
@@ -391,7 +396,12 @@ class _ConvLowering:
                 x = bb.emit_te(lambda t: te.compute(t.shape, lambda *j: t(*j).astype("float16"),
                                                     name="cast"), data)
         ks = KernelSpec(spec, choice.algorithm, choice.sparse, self.dtype, knobs, scale, steps)
-        if self.tuned is not None:
+        if self.gpu:
+            from .cuda import gpu_prim_func
+
+            func = gpu_prim_func(ks).without_attr("global_symbol").with_attr(
+                "tirx.is_scheduled", True)
+        elif self.tuned is not None:
             func = self.tuned.function(i, ks, comp, w).without_attr("global_symbol")
         else:
             func = kernel_module(ks)["main"].without_attr("global_symbol")
@@ -778,6 +788,36 @@ def lower(model, input_name: str, input_shape: tuple[int, ...], dtype: DType,
         relax.transform.FuseOps(), relax.transform.FuseTIR(),
         relax.transform.DeadCodeElimination()])(mod)
     return schedule_rest(mod)
+
+
+def lower_cuda(model, input_name: str, input_shape: tuple[int, ...], dtype: DType,
+               choices: list[LayerChoice], target: "tvm.target.Target",
+               specs: list[ConvSpec] | None = None,
+               scales: list[tuple[float, float]] | None = None) -> tvm.IRModule:
+    """The Relax module of a network for a CUDA GPU: every conv lowered to our CUDA kernel
+    (:func:`dlas_predict.measure.cuda.gpu_prim_func`, its bias and activation left as ops of
+    their own), every other op given dlight's default GPU schedule (thread-bound loops,
+    reductions across a block's threads)."""
+    from tvm.s_tir import dlight as dl
+
+    mod = relax_module(model, input_name, input_shape)
+    if dtype is DType.FLOAT16:
+        mod = relax.transform.ToMixedPrecision(out_dtype="float16")(mod)
+        mod = relax.transform.FoldConstant()(mod)
+    if dtype is DType.INT8 and (scales is None or len(scales) != len(choices)):
+        raise BuildError("int8 needs one calibrated (input, output) scale pair per conv")
+    lowering = _ConvLowering(choices, dtype, specs, scales, fuse=False, gpu=True)
+    mod = lower_convs(mod, lowering)
+    if lowering.count != len(choices):
+        raise BuildError(f"the plan has {len(choices)} conv layers, the network "
+                         f"{lowering.count}")
+    mod = tvm.transform.Sequential([
+        relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR(),
+        relax.transform.DeadCodeElimination()])(mod)
+    with target:
+        return dl.ApplyDefaultSchedule(dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
+                                       dl.gpu.Fallback())(mod)
 
 
 def build(model, input_name: str, input_shape: tuple[int, ...], dtype: DType,

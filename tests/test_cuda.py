@@ -343,3 +343,41 @@ def test_recommend_prices_the_h200s_tuned_kernels_at_their_search_size():
     tuned = [c for c in out["candidates"] if c["config"]["tuning"] == "tuned"]
     assert tuned and all(c["predicted_tuning_s"] > 0 for c in tuned)
     assert any("knob searches of 8 trials, not 64" in n for n in out["notes"])
+
+
+@pytest.mark.parametrize("dtype,sparse", [("float32", False), ("float32", True),
+                                          ("float16", False), ("int8", False)])
+def test_a_whole_network_lowers_to_cuda_with_our_kernels_and_every_op_on_the_gpu(
+        tmp_path, dtype, sparse):
+    import onnx
+    import tvm
+
+    from dlas_predict.measure import cuda
+    from dlas_predict.measure.netbuild import LayerChoice, lower_cuda
+    from dlas_predict.networks.generate import FAMILIES, build
+    from dlas_predict.space.config import DType
+
+    model = build("cnn", {**FAMILIES["cnn"], "layers": 2, "kernels": 16, "input": 16,
+                          "block": "residual", "downsample": 1})
+    n = sum(1 for node in model.graph.node if node.op_type == "Conv")
+    algs = [list(Algorithm)[i % 3] for i in range(n)]  # a per-layer plan of every algorithm
+    choices = [LayerChoice(a, sparse) for a in algs]
+    dt = DType.parse(dtype)
+    scales = [(0.05, 0.05)] * n if dt is DType.INT8 else None
+    target = cuda.cuda_target("sm_90")
+    mod = lower_cuda(model, model.graph.input[0].name, (1, 3, 16, 16), dt, choices, target,
+                     scales=scales)
+    convs = [gv.name_hint for gv, f in mod.functions_items()
+             if isinstance(f, tvm.tirx.PrimFunc) and gv.name_hint.startswith("conv")]
+    assert convs and all(("_csr" in c) == sparse for c in convs)
+    assert str(mod["main"]).count("R.call_tir(conv") == n  # one shape's layers share one
+    exe = tvm.compile(mod, target=target)  # refuses a GPU function with unbound loops
+    todo, src = [exe.mod], ""
+    while todo:  # the VM's host module imports the CUDA one
+        m = todo.pop()
+        src += m.inspect_source() if m.kind == "cuda" else ""
+        todo.extend(m.imports)
+    used = cuda.shared_bytes(src)
+    assert {c for c in convs} <= {f.split("_kernel")[0] for f in used}
+    assert max(used.values()) <= cuda.MAX_STATIC_SHARED
+    assert "blockIdx.x" in src and "threadIdx.x" in src
