@@ -482,7 +482,14 @@ def bundle(networks: List[str] = typer.Argument(..., help="ONNX files or zoo:NAM
            chunk: int = typer.Option(32, "--chunk", help="Kernels a module."),
            trials: int = typer.Option(0, "--trials", help="Tune: each kernel becomes a "
                                       "measured search of this many knob settings; the "
-                                      "fastest verified one is its tuned record.")):
+                                      "fastest verified one is its tuned record."),
+           whole_network: bool = typer.Option(False, "--whole-network", help="Build whole "
+                                              "networks instead of kernels: every "
+                                              "configuration × algorithm, and the per-layer "
+                                              "plan of the device's measured kernels."),
+           store: Optional[Path] = typer.Option(None, "--store", help="Whole networks: the "
+                                                "corpus whose kernels pick the per-layer "
+                                                "plans (default: the device's shipped one).")):
     """Build the CUDA kernels of NETWORKS for a GPU no tracker reaches: measure the bundle
     there with `python -m measure.gpu_run OUT --out results.jsonl`, then bring the results
     back with `dlas-predict corpus import-results OUT results.jsonl --store S`."""
@@ -495,6 +502,10 @@ def bundle(networks: List[str] = typer.Argument(..., help="ONNX files or zoo:NAM
     if trials < 0 or trials == 1:
         raise DlasError(f"--trials must be 0 (untuned) or at least 2, got {trials}")
     dev = get_device(device, with_target=False)
+    if whole_network:
+        _bundle_networks(networks, dev, out, Algorithm.parse_list(algorithms),
+                         Compression.parse_list(compressions), check_ratio(ratio), store)
+        return
     tasks, plans = plan_networks(networks, Algorithm.parse_list(algorithms),
                                  Compression.parse_list(compressions), check_ratio(ratio), dev,
                                  trials=trials)
@@ -1406,6 +1417,32 @@ def corpus_import(snapshot: Path = typer.Argument(..., help="An exported .parque
     typer.echo(f"imported {added} records into {store} ({present} were already there)")
 
 
+def _bundle_networks(networks: list[str], dev, out: Path, algorithms, compressions,
+                     ratio: float, store: Optional[Path]) -> None:
+    from dlas_predict.analysis.frames import resolve_store
+    from dlas_predict.corpus.collect import plan_networks as plan_whole, whole_network_plans
+    from dlas_predict.corpus.store import CorpusStore
+    from dlas_predict.measure.gpu_bundle import plan_networks, save_plans
+    from dlas_predict.measure.gpu_networks import write_network_bundle
+
+    nets = plan_whole(networks, compressions, ratio)
+    try:
+        path = resolve_store(dev.name, store)
+    except DlasError:
+        path = None  # no kernels of this GPU yet: the uniform plans alone
+    if path is None:
+        with CorpusStore(":memory:") as db:
+            plans = whole_network_plans(nets, algorithms, ratio, db, dev)
+    else:
+        with CorpusStore(path, must_exist=True) as db:
+            plans = whole_network_plans(nets, algorithms, ratio, db, dev)
+    out.mkdir(parents=True, exist_ok=True)
+    save_plans(out, plan_networks(networks, algorithms, compressions, ratio, dev)[1])
+    counts = write_network_bundle(plans, dev, out, log=lambda s: typer.echo(s, err=True))
+    typer.echo(f"{counts['built']} networks built, {counts['failed']} failed to build, "
+               f"{counts['skipped']} already in {out}")
+
+
 @corpus_app.command("import-results")
 @handle_errors
 def corpus_import_results(
@@ -1436,7 +1473,9 @@ def corpus_import_results(
     typer.echo(f"imported {counts['records']} records ({counts['failed']} failures) of "
                f"{nets} networks into {store}; {counts['skipped']} were already there"
                + (f"; {counts['incomplete_searches']} knob searches not finished (run the "
-                  "bundle again)" if counts["incomplete_searches"] else ""))
+                  "bundle again)" if counts["incomplete_searches"] else "")
+               + (f"; {counts['networks']} whole networks ({counts['network_failures']} "
+                  "failures)" if counts["networks"] else ""))
 
 
 @corpus_app.command("import-tophub")

@@ -218,6 +218,9 @@ def import_results(bundle: Path, results: Path | None, store,
                     rows.append(json.loads(line))
                 except ValueError:
                     continue  # a line cut short when the run was killed
+    networks = [r for r in rows if r.get("kind") == "network"]
+    rows = [r for r in rows if r.get("kind") != "network"]
+    nets_added, nets_failed = _import_networks(networks, header, store)
     rows, incomplete = _searches(bundle, rows, header)
     have = store.keys()
     added = failed = skipped = 0
@@ -231,7 +234,25 @@ def import_results(bundle: Path, results: Path | None, store,
         added += 1
         failed += rec.error is not None
     return {"records": added, "failed": failed, "skipped": skipped,
-            "incomplete_searches": incomplete}
+            "incomplete_searches": incomplete, "networks": nets_added,
+            "network_failures": nets_failed}
+
+
+def _import_networks(rows: list[dict[str, Any]], header: dict[str, Any],
+                     store) -> tuple[int, int]:
+    """File whole-network rows as network measurements (keys made for the header's device);
+    a key already stored as a success is left. Returns (added, failures among them)."""
+    from .gpu_networks import network_key, network_record
+
+    added = failed = 0
+    refile = header["fingerprint"] != header["built_for"]
+    for row in rows:
+        if refile:
+            row = {**row, "key": network_key(row, header)}
+        if store.add_network_measurement(network_record(row, header).to_row()):
+            added += 1
+            failed += row.get("error") is not None
+    return added, failed
 
 
 def _measured_on(header: dict[str, Any], results: Path | None,

@@ -107,6 +107,10 @@ def _measure_chunk(bundle: Path, chunk: str, lines: list[dict], proto: dict, que
     lock = open(bundle / _LOCK_NAME, "a")
     for line in lines:
         queue.put(("start", line["key"], os.getpid()))
+        if line.get("kind") == "network":
+            if not _measure_one_network(mod, line, bundle, dev, proto, lock, load_s, queue):
+                return False
+            continue
         ks = kernel_spec(line)
         spec, dtype = ks.conv, ks.dtype
         x, w = make_inputs(spec, dtype, seed=int(line.get("seed", 0)))
@@ -151,7 +155,35 @@ def _measure_chunk(bundle: Path, chunk: str, lines: list[dict], proto: dict, que
     return True
 
 
+def _measure_one_network(mod, line: dict, bundle: Path, dev, proto: dict, lock, load_s: float,
+                         queue) -> bool:
+    """Worker: check and time one whole network under the GPU lock; False after an error
+    (the CUDA context may be poisoned)."""
+    import tvm
+
+    from .gpu_networks import measure_network
+
+    result: dict[str, Any] = {"compile_s": round(load_s, 4) + float(line.get("build_s", 0))}
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        t_gpu = time.perf_counter()
+        try:
+            result.update(measure_network(mod, line, bundle, dev, proto))
+        finally:
+            result["measure_s"] = round(time.perf_counter() - t_gpu, 4)
+            fcntl.flock(lock, fcntl.LOCK_UN)
+        queue.put(("done", line["key"], {**_payload(line), **result, "timestamp": time.time(),
+                                         "tvm_version": tvm.__version__}))
+        return True
+    except Exception as exc:  # noqa: BLE001 - the network's failure is data
+        queue.put(("done", line["key"], {**_payload(line), **result, "error": error_text(exc),
+                                         "timestamp": time.time()}))
+        return False
+
+
 def _payload(line: dict) -> dict:
+    if line.get("kind") == "network":
+        return {k: v for k, v in line.items() if k not in ("chunk", "check")}
     return {k: line[k] for k in ("key", "conv", "algorithm", "sparse", "dtype", "knobs",
                                  "ratio", "pattern", "compression", "tuning", "seed",
                                  "search", "search_trials", "build_s") if k in line}

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dlas_predict.space.config import Algorithm, Compression, ConvSpec, Variant
@@ -128,7 +129,8 @@ def test_bundle_is_resumable_and_results_import_once(tmp_path):
         + '{"key": "cut sh')
     with CorpusStore(tmp_path / "s.sqlite") as db:
         counts = import_results(out, results, db)
-        assert counts == {"records": 2, "failed": 1, "skipped": 0, "incomplete_searches": 0}
+        assert counts == {"records": 2, "failed": 1, "skipped": 0, "incomplete_searches": 0,
+                          "networks": 0, "network_failures": 0}
         recs = {r.key: r for r in db.results()}
         assert recs[ok["key"]].ok and recs[ok["key"]].median_s == pytest.approx(2.5e-5)
         assert recs[ok["key"]].device == "h100"
@@ -208,7 +210,8 @@ def test_a_knob_search_imports_as_one_tuned_record_once_every_candidate_ran(tmp_
     results.write_text("".join(json.dumps(r) + "\n" for r in rows[:3]))
     with CorpusStore(tmp_path / "s.sqlite") as db:
         assert import_results(out, results, db) == {
-            "records": 0, "failed": 0, "skipped": 0, "incomplete_searches": 1}
+            "records": 0, "failed": 0, "skipped": 0, "incomplete_searches": 1,
+            "networks": 0, "network_failures": 0}
         results.write_text("".join(json.dumps(r) + "\n" for r in rows))
         assert import_results(out, results, db)["records"] == 2
         recs = {r.variant.tuning.value: r for r in db.results()}
@@ -381,3 +384,91 @@ def test_a_whole_network_lowers_to_cuda_with_our_kernels_and_every_op_on_the_gpu
     assert {c for c in convs} <= {f.split("_kernel")[0] for f in used}
     assert max(used.values()) <= cuda.MAX_STATIC_SHARED
     assert "blockIdx.x" in src and "threadIdx.x" in src
+
+
+def test_a_whole_network_bundle_builds_each_configuration_and_imports_as_network_records(
+        tmp_path):
+    import onnx
+
+    from dlas_predict.corpus.collect import plan_networks as plan_whole, whole_network_plans
+    from dlas_predict.corpus.store import CorpusStore
+    from dlas_predict.measure.gpu_bundle import import_results
+    from dlas_predict.measure.gpu_networks import write_network_bundle
+    from dlas_predict.networks.generate import FAMILIES, build
+
+    path = tmp_path / "net.onnx"
+    onnx.save(build("cnn", {**FAMILIES["cnn"], "layers": 2, "kernels": 16, "input": 16,
+                            "block": "residual"}), path)
+    h100, h200 = get_device("h100"), get_device("h200")
+    nets = plan_whole([str(path)], [Compression.DENSE, Compression.INT8], 0.9)
+    with CorpusStore(tmp_path / "kernels.sqlite") as db:
+        plans = whole_network_plans(nets, [Algorithm.DIRECT, Algorithm.SPATIAL_PACK], 0.9,
+                                    db, h100, backends=("tvm", "onnxruntime"))
+    out = tmp_path / "b"
+    counts = write_network_bundle(plans, h100, out)
+    assert counts == {"planned": 6, "skipped": 2, "built": 4, "failed": 0}  # 2 onnxruntime
+    assert write_network_bundle(plans, h100, out)["built"] == 0  # resumable
+    lines = [json.loads(t) for t in (out / "manifest.jsonl").read_text().splitlines()]
+    assert all((out / ln["chunk"]).is_file() and (out / ln["check"]).is_file()
+               for ln in lines)
+    assert {(ln["config"], ln["algorithm"]) for ln in lines} == {
+        ("dense", "direct"), ("dense", "spatial_pack"), ("int8", "direct"),
+        ("int8", "spatial_pack")}
+    # what measure.gpu_run writes on an H200 for a bundle built for the H100
+    results = tmp_path / "run" / "r.jsonl"
+    results.parent.mkdir()
+    rows = [{**{k: v for k, v in ln.items() if k not in ("chunk", "check")},
+             "run_secs": [1e-4 * (i + 1)] * 5, "number": 10, "verified": True,
+             "max_error": 1e-6, "top1_agreement": 1.0, "error": None}
+            for i, ln in enumerate(lines)]
+    rows[-1].update(verified=False, error="verification failed: max error 3")
+    results.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (results.parent / "gpu.json").write_text(json.dumps(h200.gpu) + "\n")
+    with CorpusStore(tmp_path / "s.sqlite") as db:
+        counts = import_results(out, results, db, h200)
+        recs = {r.key: r for r in db.network_records()}
+    assert counts["networks"] == 4 and counts["network_failures"] == 1
+    want = {p.key(h200) for p in plans if p.backend == "tvm"}
+    assert set(recs) == want and {r.device for r in recs.values()} == {"h200"}
+    ok = [r for r in recs.values() if r.error is None]
+    assert len(ok) == 3 and all(r.details["engine"] == "cuda" for r in ok)
+    assert sorted(r.median_s for r in ok) == pytest.approx([1e-4, 2e-4, 3e-4])
+
+
+def test_the_gpu_runners_network_check_and_timing_run_a_network_on_any_device(tmp_path):
+    """measure_network's check and timing, driven here on this CPU (the GPU machine runs the
+    same code on a CUDA build)."""
+    import onnx
+    import tvm
+
+    from dlas_predict.measure.gpu_networks import _Preparer, measure_network
+    from dlas_predict.measure.netbuild import LayerChoice, build as build_net
+    from dlas_predict.corpus.networks import uniform_plan
+    from dlas_predict.networks.generate import FAMILIES, build
+    from dlas_predict.space.config import DType
+
+    path = tmp_path / "net.onnx"
+    onnx.save(build("cnn", {**FAMILIES["cnn"], "layers": 2, "kernels": 8, "input": 12}), path)
+    n = sum(1 for node in onnx.load(str(path)).graph.node if node.op_type == "Conv")
+    plan = uniform_plan(str(path), "net", Compression.DENSE, None, "direct", n)
+    prep_of = _Preparer()
+    try:
+        prep = prep_of(plan)
+        exe = build_net(onnx.load(str(prep.path)), prep.input_name, tuple(prep.input_shape),
+                        DType.FLOAT32, [LayerChoice(Algorithm.DIRECT, False)] * n, "llvm",
+                        list(prep.specs))
+        exe.export_library(str(tmp_path / "net.so"))
+        (tmp_path / "net.check.npz").write_bytes(prep.check.read_bytes())
+    finally:
+        prep_of.close()
+    mod = tvm.runtime.load_module(str(tmp_path / "net.so"))
+    line = {"check": "net.check.npz", "dtype": "float32"}
+    proto = {"max_repeats": 5, "min_repeats": 2, "min_repeat_ms": 0.1, "time_budget_s": 0.05}
+    got = measure_network(mod, line, tmp_path, tvm.cpu(), proto)
+    assert got["verified"] and got["error"] is None and got["top1_agreement"] == 1.0
+    assert 2 <= len(got["run_secs"]) <= 5 and min(got["run_secs"]) > 0
+    bad = tmp_path / "bad.check.npz"
+    check = dict(np.load(tmp_path / "net.check.npz"))
+    np.savez(bad, x=check["x"], y=check["y"] + 1.0)
+    got = measure_network(mod, {**line, "check": "bad.check.npz"}, tmp_path, tvm.cpu(), proto)
+    assert not got["verified"] and "verification failed" in got["error"]
