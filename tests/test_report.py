@@ -183,6 +183,17 @@ def test_report_on_the_shipped_corpus(shipped_report):
     assert page.count("data:image/png;base64,") == len(data["plots"]) >= 5
 
 
+def test_a_gpus_report_decides_the_observations_of_its_measurements(tmp_path):
+    res = runner.invoke(app, ["report", "--device", "h200", "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    data = json.loads((tmp_path / "report.json").read_text())
+    obs = {o["number"]: o for o in data["observations"]}
+    assert obs["V"]["verdict"] == "no data"  # a CPU observation
+    assert obs["II"]["verdict"] != "no data"  # accuracy does not depend on the device
+    assert {"XI", "XII", "XIII"} <= {k for k, o in obs.items() if o["verdict"] != "no data"}
+    assert sum(o["verdict"] != "no data" for o in obs.values()) == 12
+
+
 def test_report_bad_input(tmp_path):
     res = runner.invoke(app, ["report", "--device", "nodev", "--out", str(tmp_path)])
     assert res.exit_code == 1 and "Error: unknown device 'nodev'" in res.output
