@@ -354,9 +354,12 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
     convs = su.net.convs()
     points = _grid(convs, model, tuple(ratios), su.skipped, tuple(compressions))
     if Tuning.TUNED in su.tunings and not su.info.get("tuned_kernels"):
-        su.skipped.append(("tuned", "the cost model of this device learned from no tuned "
-                           "kernel: collect some with `dlas-predict tune --network "
-                           "zoo:resnet18-cifar --store S`, then `dlas-predict train --store S`"))
+        whose = (f"{su.mapping.reference}'s cost model (the reference this device is mapped "
+                 "from)" if su.mapping is not None else "the cost model of this device")
+        su.skipped.append(("tuned", f"{whose} learned from no tuned kernel: collect some "
+                           "with `dlas-predict tune --network zoo:resnet18-cifar --store S` "
+                           "(a GPU: `dlas-predict bundle ... --trials 8`), then "
+                           "`dlas-predict train --store S`"))
         su.tunings = [t for t in su.tunings if t is not Tuning.TUNED]
     if not su.tunings:
         raise DlasError("nothing to recommend: " + su.skipped[-1][1])
