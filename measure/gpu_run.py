@@ -1,4 +1,4 @@
-"""Measure a kernel bundle on this machine's GPU: ``python -m measure.gpu_run BUNDLE --out R``.
+"""Measure a bundle on this machine's GPU: ``python -m measure.gpu_run BUNDLE --out R``.
 
 Needs only TVM's runtime (``TVM_USE_RUNTIME_LIB=1``), numpy and an NVIDIA driver: the bundle's
 modules carry CUDA C that the driver's NVRTC compiles when a module is loaded.
@@ -6,12 +6,13 @@ modules carry CUDA C that the driver's NVRTC compiles when a module is loaded.
 Loading (NVRTC) runs in ``--workers`` processes at once; the GPU work of a kernel (warm-up,
 verification run, timing) runs under one lock, so the GPU times one kernel at a time. Every
 kernel is verified against the numpy reference (:mod:`dlas_predict.measure.reference`) on the
-output of its warm-up run, then timed with TVM's ``time_evaluator`` (CUDA events are not used: the
-evaluator launches ``number`` calls back to back and synchronises the device around each timed
-run). A kernel that raises, crashes its process or hangs past ``--timeout`` is a recorded failure;
-its worker is replaced and the run goes on. Each result is appended to the results file as soon as
-it is known (fsync'd), and a re-run skips what is there, so a run killed at any moment resumes
-where it stopped.
+output of its warm-up run, then timed with TVM's ``time_evaluator``: ``number`` calls back to
+back between two CUDA events (TVM's CUDA timer), per timed run. A whole network
+(:mod:`dlas_predict.measure.gpu_networks`) is checked against onnxruntime's outputs and timed
+the same way. A kernel that raises, crashes its process or hangs past ``--timeout`` is a
+recorded failure; its worker is replaced and the run goes on. Each result is appended to the
+results file as soon as it is known (fsync'd), and a re-run skips what is there, so a run
+killed at any moment resumes where it stopped.
 """
 
 from __future__ import annotations
