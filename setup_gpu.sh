@@ -6,6 +6,12 @@
 #                                    with tvm-ffi for the GPU machine's Python (default 3.12)
 #   bash setup_gpu.sh unpack         there: extracts it to /tmp/dlas-gpu-site; then
 #       export PYTHONPATH=/tmp/dlas-gpu-site:$PWD TVM_USE_RUNTIME_LIB=1
+#   bash setup_gpu.sh run OUT BUNDLE[:SECONDS] ...
+#                                    there: unpacks if needed, then measures each bundle in
+#                                    turn for at most SECONDS (default: no limit) into
+#                                    OUT/NAME.jsonl (NAME: the bundle's folder name);
+#                                    WORKERS (default 8) loaders; OTHER_GPU=1 passes
+#                                    --allow-other-gpu. A bundle cut short resumes next time.
 #
 # The GPU machine needs an NVIDIA driver (its NVRTC compiles the kernels' CUDA C at load)
 # and numpy; nothing else.
@@ -35,8 +41,27 @@ unpack)
     mkdir -p /tmp/dlas-gpu-site
     tar -C /tmp/dlas-gpu-site -xJf .gpu/site.tar.xz
     ;;
+run)
+    out=${2:?usage: bash setup_gpu.sh run OUT BUNDLE[:SECONDS] ...}
+    shift 2
+    [ -d /tmp/dlas-gpu-site/tvm ] || bash "$0" unpack
+    export PYTHONPATH=/tmp/dlas-gpu-site:$PWD TVM_USE_RUNTIME_LIB=1 PYTHONUNBUFFERED=1
+    mkdir -p "$out"
+    status=0
+    for item in "$@"; do
+        bundle=${item%%:*}
+        limit=()
+        [ "$item" != "$bundle" ] && limit=(--time-limit "${item##*:}")
+        other=()
+        [ "${OTHER_GPU:-0}" = 1 ] && other=(--allow-other-gpu)
+        echo "== $bundle ${limit[*]}"
+        python3 -m measure.gpu_run "$bundle" --out "$out/$(basename "$bundle").jsonl" \
+            --workers "${WORKERS:-8}" "${limit[@]}" "${other[@]}" || status=$?
+    done
+    exit $status
+    ;;
 *)
-    echo "usage: bash setup_gpu.sh pack [PYVER] | unpack" >&2
+    echo "usage: bash setup_gpu.sh pack [PYVER] | unpack | run OUT BUNDLE[:SECONDS] ..." >&2
     exit 2
     ;;
 esac
