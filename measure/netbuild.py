@@ -8,11 +8,11 @@ in numpy, into the kernel's layout: CSR for sparse layers, with the layer's own 
 The ops that follow a conv, each the only user of the one before (:func:`plan_epilogues`): a
 per-channel bias add, ReLU, the clamps of ReLU6, SiLU and one residual add, run in the
 kernel's epilogue, on the output tile before it is stored, for every algorithm, dense and
-CSR, in every dtype. (Exporters fold batch norm into the conv's weights and bias; a
-BatchNormalization node left in a graph runs as its own op.) In a tuned build, the spatial
-pack and CSR layers fuse theirs too (:meth:`TunedKernels.fuses`): the tuned schedule of the
-bare convolution is replayed on the kernel with its epilogue. Each record says what was
-fused (``details``: :func:`epilogue_details`).
+CSR, in every dtype. A batch norm that is the only user of a conv's output is folded into the
+conv's weights and bias first, as exporters do (:func:`_fold_batch_norms`). In a tuned build,
+the spatial pack and CSR layers fuse theirs too (:meth:`TunedKernels.fuses`): the tuned
+schedule of the bare convolution is replayed on the kernel with its epilogue. Each record
+says what was fused (``details``: :func:`epilogue_details`).
 
 - float16: ``ToMixedPrecision`` first, so the network runs in float16; convs use the float16
   kernels (float32 accumulation).
@@ -691,6 +691,58 @@ def _clip_as_max_min(model) -> None:
     model.graph.node.extend(nodes)
 
 
+def _fold_batch_norms(model) -> int:
+    """Fold each inference ``BatchNormalization`` that is the only user of a ``Conv``'s output
+    into that conv's weights and bias, in place (what exporters do: a graph that kept its
+    norms runs them as ops of their own otherwise). Needs the conv's weights, bias and the
+    norm's four parameters as initializers. Returns how many were folded."""
+    from onnx import helper, numpy_helper
+
+    inits = {t.name: t for t in model.graph.initializer}
+    uses: dict[str, int] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            uses[name] = uses.get(name, 0) + 1
+    for out in model.graph.output:
+        uses[out.name] = uses.get(out.name, 0) + 1
+    producer = {node.output[0]: node for node in model.graph.node if node.output}
+    dropped, folded = set(), 0
+    for node in model.graph.node:
+        if node.op_type != "BatchNormalization" or len(node.output) != 1:
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        conv = producer.get(node.input[0])
+        params = node.input[1:5]
+        if (attrs.get("training_mode", 0) or conv is None or conv.op_type != "Conv"
+                or uses.get(node.input[0]) != 1 or len(params) != 4
+                or not all(p in inits for p in params)
+                or conv.input[1] not in inits
+                or (len(conv.input) > 2 and conv.input[2] and conv.input[2] not in inits)):
+            continue
+        gamma, beta, mean, var = (numpy_helper.to_array(inits[p]).astype(np.float64)
+                                  for p in params)
+        w = numpy_helper.to_array(inits[conv.input[1]])
+        bias = (numpy_helper.to_array(inits[conv.input[2]]).astype(np.float64)
+                if len(conv.input) > 2 and conv.input[2] else np.zeros(w.shape[0]))
+        scale = gamma / np.sqrt(var + float(attrs.get("epsilon", 1e-5)))
+        w_name, b_name = f"{node.output[0]}_folded_w", f"{node.output[0]}_folded_b"
+        model.graph.initializer.extend([
+            numpy_helper.from_array((w * scale.reshape(-1, *[1] * (w.ndim - 1))).astype(
+                w.dtype), w_name),
+            numpy_helper.from_array(((bias - mean) * scale + beta).astype(w.dtype), b_name)])
+        x = conv.input[0]
+        del conv.input[:]
+        conv.input.extend([x, w_name, b_name])
+        conv.output[0] = node.output[0]
+        dropped.add(id(node))
+        folded += 1
+    if folded:
+        keep = [n for n in model.graph.node if id(n) not in dropped]
+        del model.graph.node[:]
+        model.graph.node.extend(keep)
+    return folded
+
+
 def _stacked_extrema_as_binary(mod: tvm.IRModule) -> tvm.IRModule:
     """Rewrite ``max(stack((x, c)), axis=0)`` with ``c`` a constant of one value as
     ``maximum(x, c)`` (and ``min`` as ``minimum``).
@@ -737,6 +789,7 @@ def relax_module(model, input_name: str, input_shape: tuple[int, ...]) -> tvm.IR
     from tvm.relax.frontend.onnx import from_onnx
 
     model = copy.deepcopy(model)
+    _fold_batch_norms(model)
     _clip_as_max_min(model)
     mod = from_onnx(model, shape_dict={input_name: list(input_shape)})
     mod = relax.transform.FoldConstant()(mod)

@@ -127,6 +127,54 @@ def test_relu6_network_runs_and_verifies(tmp_path, measurer, compression):
     assert rec.verified
 
 
+def _bn_net(path):
+    """conv → BatchNormalization → ReLU, and a norm whose conv output is also used elsewhere
+    (an add): the first folds, the second cannot."""
+    rng = np.random.default_rng(1)
+    arr = {"w1": rng.normal(size=(6, 3, 3, 3)), "w2": rng.normal(size=(6, 6, 1, 1)) * 0.3,
+           "b2": rng.normal(size=6)}
+    for k in ("1", "2"):
+        arr |= {f"g{k}": rng.uniform(0.5, 2, 6), f"be{k}": rng.normal(size=6),
+                f"m{k}": rng.normal(size=6), f"v{k}": rng.uniform(0.2, 3, 6)}
+    inits = [numpy_helper.from_array(a.astype(np.float32), n) for n, a in arr.items()]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c1", "g1", "be1", "m1", "v1"], ["n1"],
+                         epsilon=1e-3),
+        helper.make_node("Relu", ["n1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"]),
+        helper.make_node("BatchNormalization", ["c2", "g2", "be2", "m2", "v2"], ["n2"]),
+        helper.make_node("Add", ["n2", "c2"], ["y"])]
+    graph = helper.make_graph(nodes, "bn", [helper.make_tensor_value_info(
+        "x", onnx.TensorProto.FLOAT, [1, 3, 8, 8])], [helper.make_tensor_value_info(
+            "y", onnx.TensorProto.FLOAT, [1, 6, 8, 8])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)],
+                                ir_version=8), path)
+    return path
+
+
+def test_a_batch_norm_after_a_conv_is_folded_into_its_weights(tmp_path):
+    import onnxruntime as ort
+    import tvm
+
+    from dlas_predict.measure.netbuild import LayerChoice, build as build_net, relax_module
+    from dlas_predict.space.config import Algorithm, DType
+
+    path = _bn_net(tmp_path / "bn.onnx")
+    model = onnx.load(str(path))
+    text = relax_module(model, "x", (1, 3, 8, 8)).script()
+    assert text.count("R.nn.batch_norm(") == 1  # the second norm's conv output is shared
+    assert sum(n.op_type == "BatchNormalization" for n in model.graph.node) == 2  # a copy
+    x = np.random.default_rng(2).normal(size=(1, 3, 8, 8)).astype(np.float32)
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})[0]
+    exe = build_net(model, "x", (1, 3, 8, 8), DType.FLOAT32,
+                    [LayerChoice(Algorithm.DIRECT, False)] * 2, "llvm")
+    vm = tvm.relax.VirtualMachine(exe, tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(x, tvm.cpu())).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
 def test_relu6_lowers_to_elementwise_ops_with_scalar_bounds(tmp_path):
     """The frontend's Max/Min is broadcast + stack + reduce over a full-size constant; the
     builder turns each back into one elementwise op with a scalar bound."""
