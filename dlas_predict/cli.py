@@ -1422,7 +1422,7 @@ def _bundle_networks(networks: list[str], dev, out: Path, algorithms, compressio
     from dlas_predict.analysis.frames import resolve_store
     from dlas_predict.corpus.collect import plan_networks as plan_whole, whole_network_plans
     from dlas_predict.corpus.store import CorpusStore
-    from dlas_predict.measure.gpu_bundle import plan_networks, save_plans
+    from dlas_predict.measure.gpu_bundle import network_entries, save_plans
     from dlas_predict.measure.gpu_networks import write_network_bundle
 
     nets = plan_whole(networks, compressions, ratio)
@@ -1437,7 +1437,7 @@ def _bundle_networks(networks: list[str], dev, out: Path, algorithms, compressio
         with CorpusStore(path, must_exist=True) as db:
             plans = whole_network_plans(nets, algorithms, ratio, db, dev)
     out.mkdir(parents=True, exist_ok=True)
-    save_plans(out, plan_networks(networks, algorithms, compressions, ratio, dev)[1])
+    save_plans(out, network_entries(nets))
     counts = write_network_bundle(plans, dev, out, log=lambda s: typer.echo(s, err=True))
     typer.echo(f"{counts['built']} networks built, {counts['failed']} failed to build, "
                f"{counts['skipped']} already in {out}")

@@ -362,6 +362,19 @@ def shared_bytes(source: str) -> dict[str, int]:
     return out
 
 
+def cuda_source(built) -> str:
+    """The CUDA C of what :func:`build` or ``tvm.compile`` returned (a kernel module, or a
+    Relax executable whose host module imports the CUDA one)."""
+    todo = [built.mod if isinstance(built, tvm.runtime.Executable) else built]
+    out = []
+    while todo:
+        m = todo.pop()
+        if m.kind == "cuda":
+            out.append(m.inspect_source())
+        todo.extend(m.imports)
+    return "".join(out)
+
+
 def over_shared(source: str, names: list[str]) -> dict[str, str]:
     """Of the kernels ``names`` (each lowered to ``NAME_kernel``, ``NAME_kernel_1``, ...),
     those whose GPU functions declare more static shared memory than a block may have, with

@@ -172,7 +172,7 @@ def write_bundle(tasks: list[GpuTask], device: Device, out: Path, chunk_size: in
         if funcs:
             t0 = time.time()
             module = cuda.build(funcs, target)
-            over = cuda.over_shared(module.mod.imports[0].inspect_source(), list(funcs))
+            over = cuda.over_shared(cuda.cuda_source(module), list(funcs))
             if over:  # NVRTC would refuse the whole module: those kernels fail, alone
                 for line in [ln for ln in lines if ln["func"] in over]:
                     bad.append({k: v for k, v in line.items() if k not in ("chunk", "func")}
@@ -406,28 +406,13 @@ def plan_networks(networks: list[str], algorithms, compressions, ratio: float,
     and configurations (what :func:`import_results` files in the store). float16 layers are
     measured twice with ``acc16``: accumulating in float32 and in float16. With ``trials``,
     each kernel is a knob search of that many candidates (:func:`search_tasks`), tuned."""
-    from pathlib import Path as _Path
-
-    from dlas_predict.networks import zoo
+    from dlas_predict.corpus.collect import plan_networks as read_networks
     from dlas_predict.space.config import Compression, Tuning
-    from dlas_predict.compression.netplan import network_configs
-    from dlas_predict.networks.graph import read_network
 
+    nets = read_networks(networks, list(compressions), ratio, True)
     tasks: dict[str, GpuTask] = {}
-    plans: dict[str, Any] = {}
-    for model in networks:
-        net = read_network(zoo.resolve(model))
-        if not net.convs():
-            raise DlasError(f"{model} has no Conv layer to measure")
-        name = model.removeprefix(zoo.ZOO_PREFIX) if model.startswith(zoo.ZOO_PREFIX) \
-            else _Path(model).stem
-        configs = network_configs(model, list(compressions), ratio, True, net=net)
-        plans[name] = {
-            "layers": [(c.index, c.name, c.spec.to_spec()) for c in net.convs()],
-            "configs": {label: [(lc.index, lc.name, lc.spec.to_spec(), lc.compression.value,
-                                 lc.ratio) for lc in layers]
-                        for label, layers in configs.items()}}
-        for layers in configs.values():
+    for n in nets:
+        for layers in n.configs.values():
             for lc in layers:
                 for alg in algorithms:
                     knob_sets: list[tuple] = [()]
@@ -439,7 +424,18 @@ def plan_networks(networks: list[str], algorithms, compressions, ratio: float,
                                  else [GpuTask.make(lc.spec, v, device)])
                         for t in found:
                             tasks.setdefault(t.key, t)
-    return list(tasks.values()), plans
+    return list(tasks.values()), network_entries(nets)
+
+
+def network_entries(nets) -> dict[str, Any]:
+    """The ``networks.json`` entries of planned networks
+    (:func:`dlas_predict.corpus.collect.plan_networks`): each one's conv layers and its
+    configurations' layers (what :func:`import_plans` files in the store)."""
+    return {n.name: {
+        "layers": [(c.index, c.name, c.spec.to_spec()) for c in n.net.convs()],
+        "configs": {label: [(lc.index, lc.name, lc.spec.to_spec(), lc.compression.value,
+                             lc.ratio) for lc in layers]
+                    for label, layers in n.configs.items()}} for n in nets}
 
 
 def save_plans(out: Path, plans: dict[str, Any]) -> None:

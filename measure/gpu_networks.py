@@ -36,19 +36,19 @@ NETWORK_PROTOCOL = {"max_repeats": 150, "min_repeats": 10, "min_repeat_ms": 1.0,
 
 
 class _Preparer:
-    """The CPU runner's preparation of a configuration's network (compression, check
-    outputs, int8 scales), without a runner."""
+    """Prepares each plan's network as the CPU runner does (:func:`~.netrunner.prepare_network`),
+    in a temporary folder of its own."""
 
     def __init__(self) -> None:
         import tempfile
 
         self._tmp = tempfile.TemporaryDirectory(prefix="dlas-gpunet-")
-        self._prepared: dict = {}
+        self._cache: dict = {}
 
     def __call__(self, plan):
-        from .netrunner import NetworkRunner
+        from .netrunner import prepare_network
 
-        return NetworkRunner._prepare(self, plan)  # it reads only _tmp and _prepared
+        return prepare_network(plan, Path(self._tmp.name), self._cache)
 
     def close(self) -> None:
         self._tmp.cleanup()
@@ -136,16 +136,11 @@ def _over_shared(exe) -> str | None:
     memory), or None."""
     from . import cuda
 
-    todo = [exe.mod]
-    while todo:
-        m = todo.pop()
-        if m.kind == "cuda":
-            used = cuda.shared_bytes(m.inspect_source())
-            worst = max(used.items(), key=lambda kv: kv[1], default=("", 0))
-            if worst[1] > cuda.MAX_STATIC_SHARED:
-                return (f"{worst[0]} declares {worst[1]} bytes of static shared memory, over "
-                        f"the GPU's {cuda.MAX_STATIC_SHARED}")
-        todo.extend(m.imports)
+    used = cuda.shared_bytes(cuda.cuda_source(exe))
+    worst = max(used.items(), key=lambda kv: kv[1], default=("", 0))
+    if worst[1] > cuda.MAX_STATIC_SHARED:
+        return (f"{worst[0]} declares {worst[1]} bytes of static shared memory, over the "
+                f"GPU's {cuda.MAX_STATIC_SHARED}")
     return None
 
 

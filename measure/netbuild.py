@@ -812,6 +812,25 @@ def epilogue_details(lowering: _ConvLowering) -> dict:
             "fused_ops": lowering.fused_steps, "separate_layers": lowering.separate_layers}
 
 
+def _with_kernels(model, input_name: str, input_shape: tuple[int, ...],
+                  lowering: _ConvLowering) -> tvm.IRModule:
+    """The network's Relax module (in float16 for a float16 plan) with every conv lowered
+    by ``lowering``; the plan must have a layer per conv (and int8, a scale pair each)."""
+    choices, dtype = lowering.choices, lowering.dtype
+    mod = relax_module(model, input_name, input_shape)
+    if dtype is DType.FLOAT16:
+        mod = relax.transform.ToMixedPrecision(out_dtype="float16")(mod)
+        mod = relax.transform.FoldConstant()(mod)
+    if dtype is DType.INT8 and (lowering.scales is None
+                                or len(lowering.scales) != len(choices)):
+        raise BuildError("int8 needs one calibrated (input, output) scale pair per conv")
+    mod = lower_convs(mod, lowering)
+    if lowering.count != len(choices):
+        raise BuildError(f"the plan has {len(choices)} conv layers, the network "
+                         f"{lowering.count}")
+    return mod
+
+
 def lower(model, input_name: str, input_shape: tuple[int, ...], dtype: DType,
           choices: list[LayerChoice], specs: list[ConvSpec] | None = None,
           scales: list[tuple[float, float]] | None = None,
@@ -821,19 +840,10 @@ def lower(model, input_name: str, input_shape: tuple[int, ...], dtype: DType,
     of ``simd_bits``; the bias, activation and residual add that follow it fused into its
     epilogue unless ``fuse`` is off) and every other op scheduled. ``stats``, if given,
     receives the epilogue fusion's counts (:func:`epilogue_details`)."""
-    mod = relax_module(model, input_name, input_shape)
-    if dtype is DType.FLOAT16:
-        mod = relax.transform.ToMixedPrecision(out_dtype="float16")(mod)
-        mod = relax.transform.FoldConstant()(mod)
-    if dtype is DType.INT8 and (scales is None or len(scales) != len(choices)):
-        raise BuildError("int8 needs one calibrated (input, output) scale pair per conv")
     lowering = _ConvLowering(choices, dtype, specs, scales, tuned, simd_bits, fuse=fuse)
-    mod = lower_convs(mod, lowering)
+    mod = _with_kernels(model, input_name, input_shape, lowering)
     mod = relax.transform.LegalizeOps(customize_legalize_map={
         "relax.sigmoid": _fast_sigmoid})(mod)
-    if lowering.count != len(choices):
-        raise BuildError(f"the plan has {len(choices)} conv layers, the network "
-                         f"{lowering.count}")
     if stats is not None:
         stats.update(epilogue_details(lowering))
     mod = tvm.transform.Sequential([
@@ -853,17 +863,8 @@ def lower_cuda(model, input_name: str, input_shape: tuple[int, ...], dtype: DTyp
     reductions across a block's threads)."""
     from tvm.s_tir import dlight as dl
 
-    mod = relax_module(model, input_name, input_shape)
-    if dtype is DType.FLOAT16:
-        mod = relax.transform.ToMixedPrecision(out_dtype="float16")(mod)
-        mod = relax.transform.FoldConstant()(mod)
-    if dtype is DType.INT8 and (scales is None or len(scales) != len(choices)):
-        raise BuildError("int8 needs one calibrated (input, output) scale pair per conv")
-    lowering = _ConvLowering(choices, dtype, specs, scales, fuse=False, gpu=True)
-    mod = lower_convs(mod, lowering)
-    if lowering.count != len(choices):
-        raise BuildError(f"the plan has {len(choices)} conv layers, the network "
-                         f"{lowering.count}")
+    mod = _with_kernels(model, input_name, input_shape,
+                        _ConvLowering(choices, dtype, specs, scales, fuse=False, gpu=True))
     mod = tvm.transform.Sequential([
         relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR(),

@@ -122,6 +122,53 @@ def _native_mcpu() -> str | None:
     return detect_local(with_target=True).target.get("mcpu")
 
 
+def prepare_network(plan: NetworkPlan, tmp: Path, cache: dict) -> _Prepared:
+    """A configuration's network made ready to build: its compressed ONNX model in ``tmp``
+    (a channel-pruned one with its zeroed filters removed), onnxruntime's outputs on sample
+    inputs as the check, its conv specs and summary, and int8's calibrated scales; shared
+    through ``cache`` by every algorithm of the same (model, compression, ratio)."""
+    # a channel-pruned model is built with its zeroed channels removed: a smaller dense
+    # model, whose layers the plan's kernels are for (network_configs)
+    remove = plan.compression is Compression.CHANNEL_PRUNING
+    key = (plan.model, plan.compression, plan.ratio, remove)
+    if key in cache:
+        return cache[key]
+    import onnx
+
+    from dlas_predict.compression.accuracy import _session, prepare
+    from dlas_predict.networks.graph import read_network
+
+    pruning = plan.compression in (Compression.WEIGHT_PRUNING, Compression.CHANNEL_PRUNING)
+    # float16 and int8 are applied by the build: start from the dense float model
+    prep = prepare(plan.model, plan.compression.value if pruning else "dense",
+                   plan.ratio if pruning else None, remove_channels=remove)
+    model = prep.compressed.model
+    n = len(cache)
+    path = tmp / f"net{n}.onnx"
+    onnx.save(model, str(path))
+    net = read_network(path, plan.network)
+    shape = tuple(net.input_shape)
+    x = _samples(plan.model, shape, "test")
+    sess = _session(model)
+    y = np.concatenate([sess.run(None, {sess.get_inputs()[0].name: x[i:i + 1]})[0]
+                        for i in range(len(x))])
+    check = tmp / f"net{n}.check.npz"
+    np.savez(check, x=x, y=y)
+    scales = None
+    if plan.compression is Compression.INT8:
+        scales = conv_scales(model, _samples(plan.model, shape, "train"))
+    from dataclasses import asdict
+
+    from dlas_predict.models.netmodel import NetworkSummary
+
+    done = _Prepared(path, sess.get_inputs()[0].name, shape,
+                     [c.spec for c in net.convs()], check, scales,
+                     json.dumps(asdict(NetworkSummary.of(net))), plan.model,
+                     notes=list(prep.compressed.notes) if remove else [])
+    cache[key] = done
+    return done
+
+
 class NetworkRunner:
     """Builds and times whole-network configurations on the local CPU, one worker task each.
 
@@ -165,46 +212,7 @@ class NetworkRunner:
         self.close()
 
     def _prepare(self, plan: NetworkPlan) -> _Prepared:
-        # a channel-pruned model is built with its zeroed channels removed: a smaller dense
-        # model, whose layers the plan's kernels are for (network_configs)
-        remove = plan.compression is Compression.CHANNEL_PRUNING
-        key = (plan.model, plan.compression, plan.ratio, remove)
-        if key in self._prepared:
-            return self._prepared[key]
-        import onnx
-
-        from dlas_predict.compression.accuracy import _session, prepare
-        from dlas_predict.networks.graph import read_network
-
-        pruning = plan.compression in (Compression.WEIGHT_PRUNING, Compression.CHANNEL_PRUNING)
-        # float16 and int8 are applied by the build: start from the dense float model
-        prep = prepare(plan.model, plan.compression.value if pruning else "dense",
-                       plan.ratio if pruning else None, remove_channels=remove)
-        model = prep.compressed.model
-        n = len(self._prepared)
-        path = Path(self._tmp.name) / f"net{n}.onnx"
-        onnx.save(model, str(path))
-        net = read_network(path, plan.network)
-        shape = tuple(net.input_shape)
-        x = _samples(plan.model, shape, "test")
-        sess = _session(model)
-        y = np.concatenate([sess.run(None, {sess.get_inputs()[0].name: x[i:i + 1]})[0]
-                            for i in range(len(x))])
-        check = Path(self._tmp.name) / f"net{n}.check.npz"
-        np.savez(check, x=x, y=y)
-        scales = None
-        if plan.compression is Compression.INT8:
-            scales = conv_scales(model, _samples(plan.model, shape, "train"))
-        from dataclasses import asdict
-
-        from dlas_predict.models.netmodel import NetworkSummary
-
-        done = _Prepared(path, sess.get_inputs()[0].name, shape,
-                         [c.spec for c in net.convs()], check, scales,
-                         json.dumps(asdict(NetworkSummary.of(net))), plan.model,
-                         notes=list(prep.compressed.notes) if remove else [])
-        self._prepared[key] = done
-        return done
+        return prepare_network(plan, Path(self._tmp.name), self._prepared)
 
     def _calibration(self, prep: _Prepared) -> Path:
         if prep.calibration is None:

@@ -34,8 +34,7 @@ def _kernel(spec, alg, comp, **knobs):
 def _source(kernels: dict) -> str:
     from dlas_predict.measure import cuda
 
-    mod = cuda.build(kernels, cuda.cuda_target("sm_90"))
-    return mod.mod.imports[0].inspect_source()
+    return cuda.cuda_source(cuda.build(kernels, cuda.cuda_target("sm_90")))
 
 
 @pytest.mark.parametrize("alg", list(Algorithm))
@@ -375,11 +374,7 @@ def test_a_whole_network_lowers_to_cuda_with_our_kernels_and_every_op_on_the_gpu
     assert convs and all(("_csr" in c) == sparse for c in convs)
     assert str(mod["main"]).count("R.call_tir(conv") == n  # one shape's layers share one
     exe = tvm.compile(mod, target=target)  # refuses a GPU function with unbound loops
-    todo, src = [exe.mod], ""
-    while todo:  # the VM's host module imports the CUDA one
-        m = todo.pop()
-        src += m.inspect_source() if m.kind == "cuda" else ""
-        todo.extend(m.imports)
+    src = cuda.cuda_source(exe)  # the VM's host module imports the CUDA one
     used = cuda.shared_bytes(src)
     assert {c for c in convs} <= {f.split("_kernel")[0] for f in used}
     assert max(used.values()) <= cuda.MAX_STATIC_SHARED

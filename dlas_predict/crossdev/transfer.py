@@ -39,22 +39,22 @@ from dlas_predict.paths import MODELS_STORE, cache_dir
 #: Compression → the data type whose peak scales it.
 DTYPE = {"dense": "float32", "weight_pruning": "float32", "channel_pruning": "float32",
          "float16": "float16", "int8": "int8"}
-_DTYPE_BYTES = {"float32": 4, "float16": 2, "int8": 1}
 
 
 def kernel_bytes(conv, compression: str) -> float:
     """Bytes a conv kernel touches: its input, weights and output at the compression's data
     type; ``compression`` may carry the pruning ratio (``weight_pruning@0.9``: the CSR
     weights' nonzeros with their column indices)."""
-    from dlas_predict.space.config import ConvSpec
+    from dlas_predict.models.features import DTYPE_BYTES
+    from dlas_predict.space.config import ConvSpec, DType
 
     comp, _, ratio = str(compression).partition("@")
-    b = _DTYPE_BYTES[DTYPE.get(comp, "float32")]
+    b = DTYPE_BYTES[DType.parse(DTYPE.get(comp, "float32"))]
     spec = conv if isinstance(conv, ConvSpec) else ConvSpec.parse(str(conv))
-    weights = b * spec.K * (spec.C // spec.groups) * spec.R * spec.S
-    if comp == "weight_pruning" and ratio:
-        weights *= (1.0 - float(ratio)) * (b + 4) / b
-    return b * (spec.C * spec.H * spec.W + spec.K * spec.OH * spec.OW) + weights
+    total = float(spec.bytes_moved(b))
+    if comp == "weight_pruning" and ratio:  # dense weights out, CSR nonzeros and indices in
+        total += b * spec.params * ((1.0 - float(ratio)) * (b + 4) / b - 1.0)
+    return total
 
 
 def memory_share(nbytes: float | None, ref, dev) -> float:
