@@ -489,7 +489,12 @@ def bundle(networks: List[str] = typer.Argument(..., help="ONNX files or zoo:NAM
                                               "plan of the device's measured kernels."),
            store: Optional[Path] = typer.Option(None, "--store", help="Whole networks: the "
                                                 "corpus whose kernels pick the per-layer "
-                                                "plans (default: the device's shipped one).")):
+                                                "plans (default: the device's shipped one)."),
+           timing_weights: bool = typer.Option(
+               False, "--timing-weights", help="Whole networks: give large weight tensors a "
+               "repeating pattern of their own magnitudes (zeros kept: same shapes, masks and "
+               "kernels), so big networks fit a small transfer; the check uses the same "
+               "weights.")):
     """Build the CUDA kernels of NETWORKS for a GPU no tracker reaches: measure the bundle
     there with `python -m measure.gpu_run OUT --out results.jsonl`, then bring the results
     back with `dlas-predict corpus import-results OUT results.jsonl --store S`."""
@@ -502,9 +507,12 @@ def bundle(networks: List[str] = typer.Argument(..., help="ONNX files or zoo:NAM
     if trials < 0 or trials == 1:
         raise DlasError(f"--trials must be 0 (untuned) or at least 2, got {trials}")
     dev = get_device(device, with_target=False)
+    if timing_weights and not whole_network:
+        raise DlasError("--timing-weights applies to whole networks: add --whole-network")
     if whole_network:
         _bundle_networks(networks, dev, out, Algorithm.parse_list(algorithms),
-                         Compression.parse_list(compressions), check_ratio(ratio), store)
+                         Compression.parse_list(compressions), check_ratio(ratio), store,
+                         timing_weights)
         return
     tasks, plans = plan_networks(networks, Algorithm.parse_list(algorithms),
                                  Compression.parse_list(compressions), check_ratio(ratio), dev,
@@ -1418,7 +1426,7 @@ def corpus_import(snapshot: Path = typer.Argument(..., help="An exported .parque
 
 
 def _bundle_networks(networks: list[str], dev, out: Path, algorithms, compressions,
-                     ratio: float, store: Optional[Path]) -> None:
+                     ratio: float, store: Optional[Path], timing_weights: bool = False) -> None:
     from dlas_predict.analysis.frames import resolve_store
     from dlas_predict.corpus.collect import plan_networks as plan_whole, whole_network_plans
     from dlas_predict.corpus.store import CorpusStore
@@ -1438,7 +1446,8 @@ def _bundle_networks(networks: list[str], dev, out: Path, algorithms, compressio
             plans = whole_network_plans(nets, algorithms, ratio, db, dev)
     out.mkdir(parents=True, exist_ok=True)
     save_plans(out, network_entries(nets))
-    counts = write_network_bundle(plans, dev, out, log=lambda s: typer.echo(s, err=True))
+    counts = write_network_bundle(plans, dev, out, log=lambda s: typer.echo(s, err=True),
+                                  timing_weights=timing_weights)
     typer.echo(f"{counts['built']} networks built, {counts['failed']} failed to build, "
                f"{counts['skipped']} already in {out}")
 

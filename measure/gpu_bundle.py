@@ -201,7 +201,7 @@ def import_results(bundle: Path, results: Path | None, store,
                    device: Device | None = None) -> dict[str, int]:
     """Turn a bundle's build failures and a GPU run's results into corpus records of
     ``store`` (a :class:`dlas_predict.corpus.store.CorpusStore`); records already there are
-    skipped. Returns counts.
+    skipped, but a stored failure is replaced by a measurement of its key. Returns counts.
 
     The records are filed under the GPU that measured them: the ``gpu.json`` that
     ``measure.gpu_run`` writes beside its results names it. A bundle measured on another GPU
@@ -222,15 +222,19 @@ def import_results(bundle: Path, results: Path | None, store,
     rows = [r for r in rows if r.get("kind") != "network"]
     nets_added, nets_failed = _import_networks(networks, header, store)
     rows, incomplete = _searches(bundle, rows, header)
-    have = store.keys()
+    have, ok = store.keys(), store.keys(include_failures=False)
     added = failed = skipped = 0
     for row in rows:
-        if row["key"] in have:
+        rec = _record(row, header)
+        # a stored failure gives way to a measurement of its kernel (a module NVRTC refused,
+        # rebuilt); a stored success, or a failure met again, is left
+        if rec.key in ok or (rec.error is not None and rec.key in have):
             skipped += 1
             continue
-        rec = _record(row, header)
         store.add(rec)
         have.add(rec.key)
+        if rec.error is None:
+            ok.add(rec.key)
         added += 1
         failed += rec.error is not None
     return {"records": added, "failed": failed, "skipped": skipped,
@@ -249,9 +253,10 @@ def _import_networks(rows: list[dict[str, Any]], header: dict[str, Any],
     for row in rows:
         if refile:
             row = {**row, "key": network_key(row, header)}
-        if store.add_network_measurement(network_record(row, header).to_row()):
+        rec = network_record(row, header)
+        if store.add_network_measurement(rec.to_row()):
             added += 1
-            failed += row.get("error") is not None
+            failed += rec.error is not None
     return added, failed
 
 
@@ -404,10 +409,12 @@ def plan_networks(networks: list[str], algorithms, compressions, ratio: float,
     """GPU tasks for every conv layer of ``networks`` × algorithm × compression (each pruned
     layer at its own sparsity after global pruning at ``ratio``), and the networks' layers
     and configurations (what :func:`import_results` files in the store). float16 layers are
-    measured twice with ``acc16``: accumulating in float32 and in float16. With ``trials``,
-    each kernel is a knob search of that many candidates (:func:`search_tasks`), tuned."""
+    measured twice with ``acc16``: accumulating in float32 and in float16; int8 GEMM layers
+    twice: plain and packed for ``dp4a`` (every GPU the CUDA kernels support has it).
+    With ``trials``, each kernel is a knob search of that many candidates
+    (:func:`search_tasks`), tuned."""
     from dlas_predict.corpus.collect import plan_networks as read_networks
-    from dlas_predict.space.config import Compression, Tuning
+    from dlas_predict.space.config import Algorithm, Compression, Tuning
 
     nets = read_networks(networks, list(compressions), ratio, True)
     tasks: dict[str, GpuTask] = {}
@@ -418,6 +425,9 @@ def plan_networks(networks: list[str], algorithms, compressions, ratio: float,
                     knob_sets: list[tuple] = [()]
                     if acc16 and lc.compression is Compression.FLOAT16 and not trials:
                         knob_sets.append((("acc_bits", 16),))
+                    if (not trials and alg is Algorithm.GEMM
+                            and lc.compression is Compression.INT8):
+                        knob_sets.append((("dp4a", 1),))
                     for knobs in knob_sets:
                         v = Variant(alg, lc.compression, lc.ratio, Tuning.UNTUNED, knobs)
                         found = (search_tasks(lc.spec, v, device, trials) if trials

@@ -92,7 +92,13 @@ def pack_weights(ks: KernelSpec, w: np.ndarray) -> list[np.ndarray]:
     if ks.algorithm is Algorithm.DIRECT:
         return [np.ascontiguousarray(w)]
     if ks.algorithm is Algorithm.GEMM:
-        return [np.ascontiguousarray(w.reshape(spec.K, -1))]
+        rows = np.ascontiguousarray(w.reshape(spec.K, -1))
+        if uses_dp4a(ks):  # four int8 of a row in one int32 (byte i = element 4j+i)
+            crs = rows.shape[1]
+            rows = np.concatenate([rows, np.zeros((spec.K, _ceil_div(crs, 4) * 4 - crs),
+                                                  rows.dtype)], axis=1)
+            return [np.ascontiguousarray(rows).view("<i4")]
+        return [rows]
     kb = ks.knobs["tile_k"]
     kt = _ceil_div(spec.K, kb)
     if kt * kb != spec.K:  # zero filters pad the last block (the output stage crops them)
@@ -420,11 +426,49 @@ def _direct_nchw_schedule(sch: Schedule, ks: KernelSpec) -> None:
         _schedule_copy(sch, "pad")
 
 
-def _gemm_compute(ks: KernelSpec, tiles: bool = False) -> list:
+def uses_dp4a(ks: KernelSpec) -> bool:
+    """An int8 GEMM kernel whose ``dp4a`` knob is set: four int8 products summed by one
+    instruction (CUDA's ``__dp4a``, compute capability 6.1 and later)."""
+    return (ks.dtype is DType.INT8 and ks.algorithm is Algorithm.GEMM and not ks.sparse
+            and bool(ks.knobs.get("dp4a")))
+
+
+def dp4a(a, b, native: bool = True):
+    """The sum of the four int8 products of two int32 words, each holding four int8 (byte 0
+    lowest): CUDA's ``__dp4a`` (``native``), or the same sum in shifts and multiplies
+    (any target: what the tests run on a CPU)."""
+    if native:
+        return tvm.tirx.call_pure_extern("int32", "__dp4a", a, b,
+                                         tvm.tirx.const(0, "int32"))
+    total = None
+    for i in range(4):
+        up = tvm.tirx.const(24 - 8 * i, "int32")
+        down = tvm.tirx.const(24, "int32")
+        term = ((a << up) >> down) * ((b << up) >> down)  # sign-extended byte i
+        total = term if total is None else total + term
+    return total
+
+
+def _pack4(values) -> "tvm.tirx.PrimExpr":
+    """Four int8 as one int32 word, the first in the lowest byte."""
+    word = None
+    for i, v in enumerate(values):
+        b = v.astype("int32")
+        b = (b << tvm.tirx.const(24, "int32")) if i == 3 else \
+            ((b & tvm.tirx.const(0xFF, "int32")) << tvm.tirx.const(8 * i, "int32"))
+        word = b if word is None else word | b
+    return word
+
+
+def _gemm_compute(ks: KernelSpec, tiles: bool = False, native_dp4a: bool = True) -> list:
     """im2col then a GEMM [K, CRS] x [CRS, OH*OW]. With ``tiles`` (the CPU's hand
     schedule), output positions its ``tile_p`` does not divide are computed over whole
     vector tiles (the im2col matrix padded with zero columns) and cropped by an ``out``
-    stage."""
+    stage. An int8 kernel with the ``dp4a`` knob (:func:`uses_dp4a`) packs the reduction
+    four int8 to an int32 word (the im2col matrix as it is written, the weights offline)
+    and sums each word pair's products with :func:`dp4a`."""
+    if uses_dp4a(ks):
+        return _gemm_dp4a_compute(ks, native_dp4a)
     spec, dt = ks.conv, ks.dtype
     cg = spec.C // spec.groups
     crs = cg * spec.R * spec.S
@@ -467,6 +511,44 @@ def _gemm_compute(ks: KernelSpec, tiles: bool = False) -> list:
                 conv[n, k, q], ks, extras, k, (n, k, q // ow, q % ow)), name="out")
         return [data, weight, *extras.values(), out]
     if ks.epilogue:  # written NCHW: the reshape after the GEMM folds into the epilogue
+        out = te.compute(spec.output_shape, lambda n, k, h, w: _finish(
+            conv[n, k, h * ow + w], ks, extras, k, (n, k, h, w)), name="epilogue")
+        return [data, weight, *extras.values(), out]
+    return [data, weight, *extras.values(),
+            _maybe_epilogue(conv, ks, extras, lambda n, k, q: (k, (n, k, q // ow, q % ow)))]
+
+
+def _gemm_dp4a_compute(ks: KernelSpec, native: bool) -> list:
+    spec, dt = ks.conv, ks.dtype
+    cg = spec.C // spec.groups
+    crs = cg * spec.R * spec.S
+    crs4 = _ceil_div(crs, 4)
+    rs_ = spec.R * spec.S
+    p = spec.OH * spec.OW
+    data = te.placeholder(spec.input_shape, dt.value, name="data")
+    weight = te.placeholder((spec.K, crs4), "int32", name="weight")
+    pad = _padded(data, spec, spec.H + spec.pad_t + spec.pad_b, spec.W + spec.pad_l
+                  + spec.pad_r)
+    zero = tvm.tirx.const(0, dt.value)
+
+    def element(g, j, q):  # im2col's [g, j, q], zero past the reduction's end
+        jj = tvm.tirx.min(j, crs - 1)
+        return tvm.tirx.if_then_else(j < crs, pad[
+            0, g * cg + jj // rs_,
+            (q // spec.OW) * spec.stride_h + (jj // spec.S) % spec.R * spec.dilation_h,
+            (q % spec.OW) * spec.stride_w + (jj % spec.S) * spec.dilation_w], zero)
+
+    col = te.compute((spec.groups, crs4, p), lambda g, j4, q: _pack4(
+        [element(g, j4 * 4 + i, q) for i in range(4)]), name="col")
+    rj = te.reduce_axis((0, crs4), "rj")
+    kg = spec.K // spec.groups
+    conv = te.compute(
+        (1, spec.K, p),
+        lambda n, k, q: te.sum(dp4a(weight[k, rj], col[k // kg, rj, q], native), axis=[rj]),
+        name="conv")
+    extras = _extras(ks)
+    ow = spec.OW
+    if ks.epilogue:
         out = te.compute(spec.output_shape, lambda n, k, h, w: _finish(
             conv[n, k, h * ow + w], ks, extras, k, (n, k, h, w)), name="epilogue")
         return [data, weight, *extras.values(), out]

@@ -230,7 +230,8 @@ def search_space(spec: ConvSpec, variant: Variant,
 # ------------------------------------------------------------------------------------------
 # GPU (CUDA) kernels: thread-block tiling knobs (see :mod:`dlas_predict.measure.cuda`).
 # ------------------------------------------------------------------------------------------
-#: The knobs each (algorithm, sparse) CUDA kernel takes; float16 kernels add ``acc_bits``.
+#: The knobs each (algorithm, sparse) CUDA kernel takes; float16 kernels add ``acc_bits``,
+#: dense int8 GEMM ``dp4a`` (:func:`dp4a_capable`).
 GPU_KNOB_NAMES: dict[tuple[Algorithm, bool], tuple[str, ...]] = {
     (Algorithm.DIRECT, False): ("thr_k", "reg_k", "thr_w", "reg_w", "tile_rc"),
     (Algorithm.GEMM, False): ("thr_k", "reg_k", "thr_p", "reg_p", "tile_rc"),
@@ -239,6 +240,13 @@ GPU_KNOB_NAMES: dict[tuple[Algorithm, bool], tuple[str, ...]] = {
     (Algorithm.GEMM, True): ("tile_p",),
     (Algorithm.SPATIAL_PACK, True): ("tile_h", "tile_w"),
 }
+
+def dp4a_capable(variant: Variant) -> bool:
+    """A CUDA kernel that takes the ``dp4a`` knob: dense int8 GEMM (its reduction packed four
+    int8 to a word, summed by ``__dp4a``; off unless set)."""
+    return (variant.dtype is DType.INT8 and variant.algorithm is Algorithm.GEMM
+            and not variant.sparse)
+
 
 #: Threads per block the untuned GPU schedules aim at.
 GPU_THREADS = 128
@@ -416,12 +424,15 @@ def gpu_search_space(spec: ConvSpec, variant: Variant, trials: int,
 def resolve_gpu_knobs(spec: ConvSpec, variant: Variant) -> dict[str, int]:
     """GPU defaults overridden by the variant's own knobs; unknown names are an error."""
     names = GPU_KNOB_NAMES[(variant.algorithm, variant.sparse)] + (
-        ("acc_bits",) if variant.dtype is DType.FLOAT16 else ())
+        ("acc_bits",) if variant.dtype is DType.FLOAT16 else ()) + (
+        ("dp4a",) if dp4a_capable(variant) else ())
     knobs = _override(default_gpu_knobs(spec, variant), variant, names,
                       f"the CUDA {variant.algorithm.value}"
                       f"{' (sparse)' if variant.sparse else ''} kernel")
     if knobs.get("acc_bits", 32) not in (16, 32):
         raise ConfigError(f"acc_bits must be 16 or 32, got {knobs['acc_bits']}")
+    if knobs.get("dp4a", 0) not in (0, 1):
+        raise ConfigError(f"dp4a must be 0 or 1, got {knobs['dp4a']}")
     if "tile_k" in knobs and (spec.K // spec.groups) % knobs["tile_k"]:
         raise ConfigError(f"knob tile_k={knobs['tile_k']} must divide "
                           f"{spec.K // spec.groups}")

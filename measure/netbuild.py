@@ -853,6 +853,38 @@ def lower(model, input_name: str, input_shape: tuple[int, ...], dtype: DType,
     return schedule_rest(mod)
 
 
+@relax.expr_functor.mutator
+class _UnitMatmuls(relax.PyExprMutator):
+    """A matmul whose reduction has one element becomes the broadcast product it is. dlight's
+    GPU reduction rules schedule such a matmul with a fused bias add wrongly (the bias is
+    added twice, measured on an H200: a channel-pruned network whose classifier reads one
+    feature), and the product needs no reduction."""
+
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+        value = binding.value
+        if _op_name(value) == "relax.matmul":
+            a, b = (self.visit_expr(x) for x in value.args)
+            sa, sb = list(a.ty.shape), list(b.ty.shape)
+            if len(sa) >= 1 and len(sb) >= 2 and int(sa[-1]) == 1 and int(sb[-2]) == 1:
+                y = self.builder_.emit(relax.op.multiply(a, b))
+                if not isinstance(binding.var, relax.DataflowVar):
+                    y = self.builder_.emit_output(y)
+                self.set_var_remap(binding.var, y)
+                return
+        super().visit_var_binding_(binding)
+
+
+def unit_matmuls(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with :class:`_UnitMatmuls` applied to its Relax functions."""
+    for gv, func in list(mod.functions_items()):
+        if isinstance(func, relax.Function):
+            mutator = _UnitMatmuls(mod)
+            new = mutator.visit_expr(func)
+            mod = mutator.builder_.get()
+            mod[gv] = new
+    return mod
+
+
 def lower_cuda(model, input_name: str, input_shape: tuple[int, ...], dtype: DType,
                choices: list[LayerChoice], target: "tvm.target.Target",
                specs: list[ConvSpec] | None = None,
@@ -865,6 +897,7 @@ def lower_cuda(model, input_name: str, input_shape: tuple[int, ...], dtype: DTyp
 
     mod = _with_kernels(model, input_name, input_shape,
                         _ConvLowering(choices, dtype, specs, scales, fuse=False, gpu=True))
+    mod = unit_matmuls(mod)
     mod = tvm.transform.Sequential([
         relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR(),

@@ -82,6 +82,50 @@ def conv_scales(onnx_model, x: np.ndarray) -> list[tuple[float, float]]:
              max(maxima[n.output[0] + "#acc"], 1e-8) / 127.0) for n in convs]
 
 
+#: Timing weights: a weight tensor smaller than this keeps its values.
+TIMING_MIN_SIZE = 4096
+#: Timing weights: the pattern's period (a prime, so it does not align with a layer's shape).
+TIMING_PERIOD = 1021
+
+
+def timing_weights(model, seed: int = 0) -> int:
+    """Give ``model``'s large conv and dense weights (in place) values that compress: each
+    tensor's nonzeros take the values of a seeded pattern, repeated every
+    :data:`TIMING_PERIOD` positions, of eight values: both signs of four quantiles of the
+    tensor's own magnitudes, scaled to its root mean square (a layer keeps its gain, so
+    activations keep their scale through a deep network). Zeros stay zeros, so shapes,
+    pruning masks and sparsity are the configuration's, and a kernel's time does not depend
+    on the values. For a build shipped to a machine reached only through a small
+    transfer; the check (onnxruntime's outputs) is computed on the same weights. Returns how
+    many tensors were changed."""
+    from onnx import numpy_helper
+
+    weights = {n.input[1] for n in model.graph.node
+               if n.op_type in ("Conv", "Gemm", "MatMul") and len(n.input) > 1}
+    rng = np.random.default_rng(seed)
+    changed = 0
+    for i, t in enumerate(model.graph.initializer):
+        if t.name not in weights:
+            continue
+        w = numpy_helper.to_array(t)
+        if w.size < TIMING_MIN_SIZE or w.dtype.kind != "f":
+            continue
+        nz = np.flatnonzero(w)
+        if nz.size == 0:
+            continue
+        values = np.abs(w.flat[nz]).astype(np.float64)
+        mags = np.quantile(values, [0.125, 0.375, 0.625, 0.875])
+        mags *= np.sqrt(np.mean(values ** 2) / max(np.mean(mags ** 2), 1e-30))
+        pattern = (rng.choice(mags, TIMING_PERIOD)
+                   * rng.choice([-1.0, 1.0], TIMING_PERIOD)).astype(w.dtype)
+        # the pattern runs over every position (a zero is a hole in it, not a shift), so
+        # that a layout that permutes the tensor (spatial pack's tiles) repeats too
+        out = np.where(w != 0, np.resize(pattern, w.shape), 0).astype(w.dtype)
+        model.graph.initializer[i].CopyFrom(numpy_helper.from_array(out, t.name))
+        changed += 1
+    return changed
+
+
 @dataclass
 class _Prepared:
     path: Path
@@ -122,15 +166,17 @@ def _native_mcpu() -> str | None:
     return detect_local(with_target=True).target.get("mcpu")
 
 
-def prepare_network(plan: NetworkPlan, tmp: Path, cache: dict) -> _Prepared:
+def prepare_network(plan: NetworkPlan, tmp: Path, cache: dict,
+                    timing: bool = False) -> _Prepared:
     """A configuration's network made ready to build: its compressed ONNX model in ``tmp``
     (a channel-pruned one with its zeroed filters removed), onnxruntime's outputs on sample
     inputs as the check, its conv specs and summary, and int8's calibrated scales; shared
-    through ``cache`` by every algorithm of the same (model, compression, ratio)."""
+    through ``cache`` by every algorithm of the same (model, compression, ratio).
+    ``timing``: the compressed model's weights become :func:`timing_weights` first."""
     # a channel-pruned model is built with its zeroed channels removed: a smaller dense
     # model, whose layers the plan's kernels are for (network_configs)
     remove = plan.compression is Compression.CHANNEL_PRUNING
-    key = (plan.model, plan.compression, plan.ratio, remove)
+    key = (plan.model, plan.compression, plan.ratio, remove, timing)
     if key in cache:
         return cache[key]
     import onnx
@@ -143,6 +189,13 @@ def prepare_network(plan: NetworkPlan, tmp: Path, cache: dict) -> _Prepared:
     prep = prepare(plan.model, plan.compression.value if pruning else "dense",
                    plan.ratio if pruning else None, remove_channels=remove)
     model = prep.compressed.model
+    notes = list(prep.compressed.notes) if remove else []
+    if timing:
+        import copy
+
+        model = copy.deepcopy(model)
+        notes.append(f"timing weights: {timing_weights(model)} weight tensors given a "
+                     f"periodic pattern of their own magnitudes (zeros kept)")
     n = len(cache)
     path = tmp / f"net{n}.onnx"
     onnx.save(model, str(path))
@@ -164,7 +217,7 @@ def prepare_network(plan: NetworkPlan, tmp: Path, cache: dict) -> _Prepared:
     done = _Prepared(path, sess.get_inputs()[0].name, shape,
                      [c.spec for c in net.convs()], check, scales,
                      json.dumps(asdict(NetworkSummary.of(net))), plan.model,
-                     notes=list(prep.compressed.notes) if remove else [])
+                     notes=notes)
     cache[key] = done
     return done
 

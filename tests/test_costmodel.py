@@ -3,6 +3,7 @@
 Unit tests on synthetic latencies with a known law (the model must learn it); the shipped
 corpus is what the benchmark and `evaluate` use."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -369,6 +370,37 @@ def test_a_record_of_an_older_engine_counts_until_the_current_engine_measures_it
     # an untuned record of the current engine replaces an older one of its configuration
     older = rec("int8", PREVIOUS_NETWORK_VERSIONS[-1], tuned=False)
     assert drop_older_engines([older, untuned]) == [untuned]
+
+
+def test_a_gpu_engines_network_records_are_current_and_train_the_network_model():
+    """Whole networks timed on a GPU carry the GPU engine's version: current, channel-pruned
+    ones built with their filters removed, and read by the network model's training rows."""
+    from dlas_predict.corpus.networks import (CHANNEL_REMOVAL_VERSION, GPU_NETWORK_VERSION,
+                                              NETWORK_VERSION, NetworkMeasurement,
+                                              removes_channels)
+    from dlas_predict.models.evaluation import current_engine, drop_older_engines
+
+    assert removes_channels(GPU_NETWORK_VERSION) and removes_channels(NETWORK_VERSION)
+    assert removes_channels(CHANNEL_REMOVAL_VERSION) and not removes_channels("4")
+    assert not removes_channels("g0")
+    gpu = NetworkMeasurement(key="k", device="h200", fingerprint="f", network="n",
+                             config="dense", algorithm="direct", plan="[]", dtype="float32",
+                             run_secs=[1e-3], version=GPU_NETWORK_VERSION)
+    assert current_engine(gpu) and drop_older_engines([gpu]) == [gpu]
+
+
+def test_the_shipped_gpu_corpus_trains_a_network_model_from_its_whole_networks(tmp_path):
+    from dlas_predict.corpus.store import CorpusStore
+    from dlas_predict.models.evaluation import load_corpus, whole_rows
+
+    store = tmp_path / "h200.sqlite"
+    with CorpusStore(store) as db:
+        db.import_snapshot(Path(__file__).resolve().parent.parent / "datasets" / "corpus"
+                           / "h200.parquet")
+    rows = whole_rows(load_corpus(store, "h200"), store)
+    networks = {r.network for r in rows}
+    assert len(rows) >= 200 and {"resnet18-cifar", "resnet50"} <= networks
+    assert any(n.startswith("cnn_") for n in networks)  # generated networks too
 
 
 def test_once_enough_networks_are_timed_by_the_current_engine_older_builds_are_left_out():

@@ -340,7 +340,7 @@ def _channel_build_note(untuned, networks: list[str]) -> str:
     """How the channel-pruned builds compared in IV were made: engines from
     :data:`CHANNEL_REMOVAL_VERSION` on remove the zeroed filters, older ones ran CSR kernels
     over them; a conv kernel sum says nothing about the build."""
-    from dlas_predict.corpus.networks import CHANNEL_REMOVAL_VERSION
+    from dlas_predict.corpus.networks import removes_channels
 
     removed = kept = 0
     for network in networks:
@@ -348,9 +348,9 @@ def _channel_build_note(untuned, networks: list[str]) -> str:
                          if c.startswith("channel_pruning"))
         row = _best_by(untuned, network, configs[-1]) if configs else None
         engine = str(row.get("engine", "") or "") if row is not None else ""
-        if not engine.isdigit():
+        if not engine:
             continue
-        if int(engine) >= int(CHANNEL_REMOVAL_VERSION):
+        if removes_channels(engine):
             removed += 1
         else:
             kept += 1

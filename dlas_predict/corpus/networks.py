@@ -50,6 +50,18 @@ PREVIOUS_NETWORK_VERSIONS = ("9", "8", "7", "6", "5", "4", "3", "2")
 #: The first engine version that removes the zeroed filters of a channel-pruned network;
 #: older channel-pruning records timed another network (CSR kernels over the zeroed filters).
 CHANNEL_REMOVAL_VERSION = "5"
+#: The engine of whole networks built for a CUDA GPU (``measure/gpu_networks.py``), a series
+#: of its own beside the CPU engine's: our CUDA kernels per layer, every other op scheduled by
+#: dlight; channel-pruned networks with their zeroed filters removed.
+GPU_NETWORK_VERSION = "g1"
+
+
+def removes_channels(version: str) -> bool:
+    """Whether engine ``version`` builds a channel-pruned network with its zeroed filters
+    removed (a GPU engine always does)."""
+    if not version.isdigit():
+        return version == GPU_NETWORK_VERSION
+    return int(version) >= int(CHANNEL_REMOVAL_VERSION)
 
 
 def engine_version(algorithm: str, tuned: bool = False) -> str:

@@ -390,14 +390,14 @@ def timed_these_layers(m, layers_of: dict[tuple, list[dict]]) -> bool:
     describe: a channel-pruning build of an engine before
     :data:`~dlas_predict.corpus.networks.CHANNEL_REMOVAL_VERSION` ran the dense shapes (CSR
     over the zeroed filters), the later ones the removed network."""
-    from dlas_predict.corpus.networks import CHANNEL_REMOVAL_VERSION, ONNXRUNTIME
+    from dlas_predict.corpus.networks import ONNXRUNTIME, removes_channels
 
     if not m.config.startswith("channel_pruning") or m.algorithm == ONNXRUNTIME:
         return True
     layers = layers_of.get((m.network, m.config))
     if not layers:
         return True
-    old = bool(m.version) and int(m.version) < int(CHANNEL_REMOVAL_VERSION)
+    old = bool(m.version) and not removes_channels(m.version)
     return old != channels_removed(layers, layers_of.get((m.network, "dense")))
 
 
@@ -408,10 +408,11 @@ MIN_CURRENT_ENGINE_NETWORKS = 20
 
 def current_engine(m) -> bool:
     """Whether whole-network record ``m`` was timed by today's engine (or carries no
-    version)."""
-    from dlas_predict.corpus.networks import engine_version
+    version): the CPU engine's version for its algorithm, or the GPU engine's."""
+    from dlas_predict.corpus.networks import GPU_NETWORK_VERSION, engine_version
 
-    return not m.version or m.version == engine_version(m.algorithm, m.tuned_layers is not None)
+    return (not m.version or m.version == GPU_NETWORK_VERSION
+            or m.version == engine_version(m.algorithm, m.tuned_layers is not None))
 
 
 def drop_older_engines(meas: list) -> list:
@@ -439,9 +440,10 @@ def whole_rows(corpus: Corpus, store: Path) -> list[WholeRow]:
 
     from dlas_predict.corpus.store import CorpusStore
 
-    from dlas_predict.corpus.networks import NETWORK_VERSION, PREVIOUS_NETWORK_VERSIONS
+    from dlas_predict.corpus.networks import (GPU_NETWORK_VERSION, NETWORK_VERSION,
+                                              PREVIOUS_NETWORK_VERSIONS)
 
-    versions = (NETWORK_VERSION, *PREVIOUS_NETWORK_VERSIONS)
+    versions = (NETWORK_VERSION, *PREVIOUS_NETWORK_VERSIONS, GPU_NETWORK_VERSION)
     with CorpusStore(store, must_exist=True) as db:
         meas = db.network_records(
             f"error IS NULL AND device = ? AND kernels_version IN "
