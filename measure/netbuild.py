@@ -864,14 +864,23 @@ class _UnitMatmuls(relax.PyExprMutator):
         value = binding.value
         if _op_name(value) == "relax.matmul":
             a, b = (self.visit_expr(x) for x in value.args)
-            sa, sb = list(a.ty.shape), list(b.ty.shape)
-            if len(sa) >= 1 and len(sb) >= 2 and int(sa[-1]) == 1 and int(sb[-2]) == 1:
+            if _static_dim(a, -1) == 1 and _static_dim(b, -2) == 1:
                 y = self.builder_.emit(relax.op.multiply(a, b))
                 if not isinstance(binding.var, relax.DataflowVar):
                     y = self.builder_.emit_output(y)
                 self.set_var_remap(binding.var, y)
                 return
         super().visit_var_binding_(binding)
+
+
+def _static_dim(expr: relax.Expr, axis: int) -> int | None:
+    """Extent ``axis`` of a tensor expression when it is a known constant, else None."""
+    shape = getattr(expr.ty, "shape", None)
+    try:
+        dims = list(shape)
+        return int(dims[axis]) if -len(dims) <= axis < len(dims) else None
+    except (TypeError, ValueError, RuntimeError):
+        return None
 
 
 def unit_matmuls(mod: tvm.IRModule) -> tvm.IRModule:

@@ -528,6 +528,23 @@ def test_a_matmul_over_one_feature_becomes_a_product_for_the_gpu(features):
     np.testing.assert_allclose(got, xs @ w + b, rtol=1e-5, atol=1e-5)
 
 
+def test_a_matmul_whose_reduction_is_not_known_stays_a_matmul():
+    import tvm
+    from tvm import relax
+
+    from dlas_predict.measure.netbuild import unit_matmuls
+
+    n = tvm.tirx.Var("n", "int64")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, n), "float32"))
+    w = relax.Var("w", relax.TensorType((n, 10), "float32"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.matmul(x, w))
+        bb.emit_func_output(out)
+    assert "R.matmul" in unit_matmuls(bb.get())["main"].script()
+
+
 def test_timing_weights_keep_shapes_and_zeros_and_compress():
     import lzma
 
@@ -617,3 +634,15 @@ def test_the_gpu_runners_network_check_and_timing_run_a_network_on_any_device(tm
     np.savez(bad, x=check["x"], y=check["y"] + 1.0)
     got = measure_network(mod, {**line, "check": "bad.check.npz"}, tmp_path, tvm.cpu(), proto)
     assert not got["verified"] and "verification failed" in got["error"]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--timing-weights"], "--timing-weights applies to whole networks"),
+    (["--whole-network", "--trials", "1"], "--trials must be 0"),
+])
+def test_bundle_refuses_options_that_do_not_go_together(tmp_path, args, needle):
+    from conftest import assert_clean_error, run_cli
+
+    assert_clean_error(run_cli("bundle", "zoo:resnet18-cifar", "--device", "h200", "--out",
+                               tmp_path / "b", *args), needle)
+    assert not (tmp_path / "b").exists()
