@@ -226,8 +226,9 @@ def import_results(bundle: Path, results: Path | None, store,
     added = failed = skipped = 0
     for row in rows:
         rec = _record(row, header)
-        # a stored failure gives way to a measurement of its kernel (a module NVRTC refused,
-        # rebuilt); a stored success, or a failure met again, is left
+        # a stored failure gives way to a measurement of its kernel (one whose module
+        # NVRTC refused, measured in another bundle); a stored success, or a failure met
+        # again, is left
         if rec.key in ok or (rec.error is not None and rec.key in have):
             skipped += 1
             continue
