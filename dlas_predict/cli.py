@@ -1438,12 +1438,8 @@ def _bundle_networks(networks: list[str], dev, out: Path, algorithms, compressio
         path = resolve_store(dev.name, store)
     except DlasError:
         path = None  # no kernels of this GPU yet: the uniform plans alone
-    if path is None:
-        with CorpusStore(":memory:") as db:
-            plans = whole_network_plans(nets, algorithms, ratio, db, dev)
-    else:
-        with CorpusStore(path, must_exist=True) as db:
-            plans = whole_network_plans(nets, algorithms, ratio, db, dev)
+    with CorpusStore(path or ":memory:", must_exist=path is not None) as db:
+        plans = whole_network_plans(nets, algorithms, ratio, db, dev)
     out.mkdir(parents=True, exist_ok=True)
     save_plans(out, network_entries(nets))
     counts = write_network_bundle(plans, dev, out, log=lambda s: typer.echo(s, err=True),

@@ -26,11 +26,8 @@ from typing import Any, Callable, Iterable
 from dlas_predict.space.config import ConvSpec, Variant
 from dlas_predict.space.devices import Device
 from dlas_predict.errors import DlasError
-from dlas_predict.corpus.records import MeasureResult, measurement_key
+from dlas_predict.corpus.records import KNOB_SEARCH, MeasureResult, measurement_key
 from .knobs import resolve_gpu_knobs
-
-#: The tuner of a GPU kernel's tuned record: a measured search over its schedule's knobs.
-KNOB_SEARCH = "knob-search"
 
 #: Bump when a CUDA kernel's code changes, so stored measurements of the old code are not
 #: reused.
@@ -415,7 +412,9 @@ def plan_networks(networks: list[str], algorithms, compressions, ratio: float,
     With ``trials``, each kernel is a knob search of that many candidates
     (:func:`search_tasks`), tuned."""
     from dlas_predict.corpus.collect import plan_networks as read_networks
-    from dlas_predict.space.config import Algorithm, Compression, Tuning
+    from dlas_predict.space.config import Compression, Tuning
+
+    from .knobs import dp4a_capable
 
     nets = read_networks(networks, list(compressions), ratio, True)
     tasks: dict[str, GpuTask] = {}
@@ -424,10 +423,10 @@ def plan_networks(networks: list[str], algorithms, compressions, ratio: float,
             for lc in layers:
                 for alg in algorithms:
                     knob_sets: list[tuple] = [()]
+                    plain = Variant(alg, lc.compression, lc.ratio)
                     if acc16 and lc.compression is Compression.FLOAT16 and not trials:
                         knob_sets.append((("acc_bits", 16),))
-                    if (not trials and alg is Algorithm.GEMM
-                            and lc.compression is Compression.INT8):
+                    if not trials and dp4a_capable(plain):
                         knob_sets.append((("dp4a", 1),))
                     for knobs in knob_sets:
                         v = Variant(alg, lc.compression, lc.ratio, Tuning.UNTUNED, knobs)

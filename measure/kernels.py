@@ -22,7 +22,7 @@ from tvm import te
 from tvm.s_tir import Schedule
 
 from dlas_predict.space.config import Algorithm, ConvSpec, DType
-from .knobs import depthwise_extents, direct_input_width
+from .knobs import depthwise_extents, direct_input_width, dp4a_capable
 from .reference import int8_scale
 from .sparse import to_csr
 
@@ -429,8 +429,7 @@ def _direct_nchw_schedule(sch: Schedule, ks: KernelSpec) -> None:
 def uses_dp4a(ks: KernelSpec) -> bool:
     """An int8 GEMM kernel whose ``dp4a`` knob is set: four int8 products summed by one
     instruction (CUDA's ``__dp4a``, compute capability 6.1 and later)."""
-    return (ks.dtype is DType.INT8 and ks.algorithm is Algorithm.GEMM and not ks.sparse
-            and bool(ks.knobs.get("dp4a")))
+    return dp4a_capable(ks) and bool(ks.knobs.get("dp4a"))
 
 
 def dp4a(a, b, native: bool = True):
@@ -465,18 +464,20 @@ def _gemm_compute(ks: KernelSpec, tiles: bool = False, native_dp4a: bool = True)
     schedule), output positions its ``tile_p`` does not divide are computed over whole
     vector tiles (the im2col matrix padded with zero columns) and cropped by an ``out``
     stage. An int8 kernel with the ``dp4a`` knob (:func:`uses_dp4a`) packs the reduction
-    four int8 to an int32 word (the im2col matrix as it is written, the weights offline)
-    and sums each word pair's products with :func:`dp4a`."""
-    if uses_dp4a(ks):
-        return _gemm_dp4a_compute(ks, native_dp4a)
+    four int8 to an int32 word (the im2col matrix as it is written, zero past the
+    reduction's end; the weights offline) and sums each word pair's products with
+    :func:`dp4a`."""
     spec, dt = ks.conv, ks.dtype
+    packed = uses_dp4a(ks)
     cg = spec.C // spec.groups
     crs = cg * spec.R * spec.S
+    red = _ceil_div(crs, 4) if packed else crs  # the reduction's extent (words if packed)
+    col_dtype = "int32" if packed else dt.value
     rs_ = spec.R * spec.S
     p = spec.OH * spec.OW
     pp = _padded_extent(p, ks.knobs.get("tile_p")) if tiles else p
     data = te.placeholder(spec.input_shape, dt.value, name="data")
-    weight = te.placeholder((spec.K, crs), dt.value, name="weight")
+    weight = te.placeholder((spec.K, red), col_dtype, name="weight")
     hp = spec.H + spec.pad_t + spec.pad_b
     wp = spec.W + spec.pad_l + spec.pad_r
     pad = _padded(data, spec, hp, wp)
@@ -486,20 +487,30 @@ def _gemm_compute(ks: KernelSpec, tiles: bool = False, native_dp4a: bool = True)
                    (q // spec.OW) * spec.stride_h + (j // spec.S) % spec.R * spec.dilation_h,
                    (q % spec.OW) * spec.stride_w + (j % spec.S) * spec.dilation_w]
 
-    if pp == p:
-        col = te.compute((spec.groups, crs, p), im2col, name="col")
-    else:
+    def column(g, j, q):  # the GEMM's [g, j, q]: four rows of im2col in a word if packed
+        if not packed:
+            return im2col(g, j, q)
         zero = tvm.tirx.const(0, dt.value)
-        col = te.compute((spec.groups, crs, pp), lambda g, j, q: tvm.tirx.if_then_else(
-            q < p, im2col(g, j, tvm.tirx.min(q, p - 1)), zero), name="col")
-    rj = te.reduce_axis((0, crs), "rj")
+        return _pack4([tvm.tirx.if_then_else(j * 4 + i < crs, im2col(
+            g, tvm.tirx.min(j * 4 + i, crs - 1), q), zero) for i in range(4)])
+
+    if pp == p:
+        col = te.compute((spec.groups, red, p), column, name="col")
+    else:
+        zero = tvm.tirx.const(0, col_dtype)
+        col = te.compute((spec.groups, red, pp), lambda g, j, q: tvm.tirx.if_then_else(
+            q < p, column(g, j, tvm.tirx.min(q, p - 1)), zero), name="col")
+    rj = te.reduce_axis((0, red), "rj")
     kg = spec.K // spec.groups
+
+    def product(k, q):
+        if packed:
+            return dp4a(weight[k, rj], col[k // kg, rj, q], native_dp4a)
+        return _mul(weight[k, rj], col[k // kg, rj, q], dt, acc_dtype(ks))
+
     # Output [1, K, OH*OW]: the same memory as NCHW, the GEMM's natural shape.
-    conv = te.compute(
-        (1, spec.K, pp),
-        lambda n, k, q: te.sum(_mul(weight[k, rj], col[k // kg, rj, q], dt, acc_dtype(ks)),
-                               axis=[rj]),
-        name="conv")
+    conv = te.compute((1, spec.K, pp), lambda n, k, q: te.sum(product(k, q), axis=[rj]),
+                      name="conv")
     extras = _extras(ks)
     ow = spec.OW
     if pp != p:
@@ -511,44 +522,6 @@ def _gemm_compute(ks: KernelSpec, tiles: bool = False, native_dp4a: bool = True)
                 conv[n, k, q], ks, extras, k, (n, k, q // ow, q % ow)), name="out")
         return [data, weight, *extras.values(), out]
     if ks.epilogue:  # written NCHW: the reshape after the GEMM folds into the epilogue
-        out = te.compute(spec.output_shape, lambda n, k, h, w: _finish(
-            conv[n, k, h * ow + w], ks, extras, k, (n, k, h, w)), name="epilogue")
-        return [data, weight, *extras.values(), out]
-    return [data, weight, *extras.values(),
-            _maybe_epilogue(conv, ks, extras, lambda n, k, q: (k, (n, k, q // ow, q % ow)))]
-
-
-def _gemm_dp4a_compute(ks: KernelSpec, native: bool) -> list:
-    spec, dt = ks.conv, ks.dtype
-    cg = spec.C // spec.groups
-    crs = cg * spec.R * spec.S
-    crs4 = _ceil_div(crs, 4)
-    rs_ = spec.R * spec.S
-    p = spec.OH * spec.OW
-    data = te.placeholder(spec.input_shape, dt.value, name="data")
-    weight = te.placeholder((spec.K, crs4), "int32", name="weight")
-    pad = _padded(data, spec, spec.H + spec.pad_t + spec.pad_b, spec.W + spec.pad_l
-                  + spec.pad_r)
-    zero = tvm.tirx.const(0, dt.value)
-
-    def element(g, j, q):  # im2col's [g, j, q], zero past the reduction's end
-        jj = tvm.tirx.min(j, crs - 1)
-        return tvm.tirx.if_then_else(j < crs, pad[
-            0, g * cg + jj // rs_,
-            (q // spec.OW) * spec.stride_h + (jj // spec.S) % spec.R * spec.dilation_h,
-            (q % spec.OW) * spec.stride_w + (jj % spec.S) * spec.dilation_w], zero)
-
-    col = te.compute((spec.groups, crs4, p), lambda g, j4, q: _pack4(
-        [element(g, j4 * 4 + i, q) for i in range(4)]), name="col")
-    rj = te.reduce_axis((0, crs4), "rj")
-    kg = spec.K // spec.groups
-    conv = te.compute(
-        (1, spec.K, p),
-        lambda n, k, q: te.sum(dp4a(weight[k, rj], col[k // kg, rj, q], native), axis=[rj]),
-        name="conv")
-    extras = _extras(ks)
-    ow = spec.OW
-    if ks.epilogue:
         out = te.compute(spec.output_shape, lambda n, k, h, w: _finish(
             conv[n, k, h * ow + w], ks, extras, k, (n, k, h, w)), name="epilogue")
         return [data, weight, *extras.values(), out]

@@ -241,11 +241,12 @@ GPU_KNOB_NAMES: dict[tuple[Algorithm, bool], tuple[str, ...]] = {
     (Algorithm.SPATIAL_PACK, True): ("tile_h", "tile_w"),
 }
 
-def dp4a_capable(variant: Variant) -> bool:
-    """A CUDA kernel that takes the ``dp4a`` knob: dense int8 GEMM (its reduction packed four
-    int8 to a word, summed by ``__dp4a``; off unless set)."""
-    return (variant.dtype is DType.INT8 and variant.algorithm is Algorithm.GEMM
-            and not variant.sparse)
+def dp4a_capable(kernel) -> bool:
+    """Whether a CUDA kernel (a :class:`Variant` or a ``KernelSpec``: anything with a dtype,
+    an algorithm and ``sparse``) takes the ``dp4a`` knob: dense int8 GEMM (its reduction
+    packed four int8 to a word, summed by ``__dp4a``; off unless set)."""
+    return (kernel.dtype is DType.INT8 and kernel.algorithm is Algorithm.GEMM
+            and not kernel.sparse)
 
 
 #: Threads per block the untuned GPU schedules aim at.

@@ -853,26 +853,6 @@ def lower(model, input_name: str, input_shape: tuple[int, ...], dtype: DType,
     return schedule_rest(mod)
 
 
-@relax.expr_functor.mutator
-class _UnitMatmuls(relax.PyExprMutator):
-    """A matmul whose reduction has one element becomes the broadcast product it is. dlight's
-    GPU reduction rules schedule such a matmul with a fused bias add wrongly (the bias is
-    added twice, measured on an H200: a channel-pruned network whose classifier reads one
-    feature), and the product needs no reduction."""
-
-    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
-        value = binding.value
-        if _op_name(value) == "relax.matmul":
-            a, b = (self.visit_expr(x) for x in value.args)
-            if _static_dim(a, -1) == 1 and _static_dim(b, -2) == 1:
-                y = self.builder_.emit(relax.op.multiply(a, b))
-                if not isinstance(binding.var, relax.DataflowVar):
-                    y = self.builder_.emit_output(y)
-                self.set_var_remap(binding.var, y)
-                return
-        super().visit_var_binding_(binding)
-
-
 def _static_dim(expr: relax.Expr, axis: int) -> int | None:
     """Extent ``axis`` of a tensor expression when it is a known constant, else None."""
     shape = getattr(expr.ty, "shape", None)
@@ -884,13 +864,22 @@ def _static_dim(expr: relax.Expr, axis: int) -> int | None:
 
 
 def unit_matmuls(mod: tvm.IRModule) -> tvm.IRModule:
-    """``mod`` with :class:`_UnitMatmuls` applied to its Relax functions."""
+    """Rewrite each matmul whose reduction has one element as the broadcast product it is.
+    dlight's GPU reduction rules schedule such a matmul with a fused bias add wrongly (the
+    bias is added twice, measured on an H200: a channel-pruned network whose classifier
+    reads one feature), and the product needs no reduction."""
+    from tvm.relax.dpl import is_op, rewrite_call, wildcard
+
+    def rewriter(call: relax.Call, _matches: dict) -> relax.Expr:
+        a, b = call.args
+        if _static_dim(a, -1) == 1 and _static_dim(b, -2) == 1:
+            return relax.op.multiply(a, b)
+        return call
+
+    pattern = is_op("relax.matmul")(wildcard(), wildcard())
     for gv, func in list(mod.functions_items()):
         if isinstance(func, relax.Function):
-            mutator = _UnitMatmuls(mod)
-            new = mutator.visit_expr(func)
-            mod = mutator.builder_.get()
-            mod[gv] = new
+            mod[gv] = rewrite_call(pattern, rewriter, func)
     return mod
 
 

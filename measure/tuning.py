@@ -30,8 +30,7 @@ import tvm
 from dlas_predict.space.config import stable_hash
 from .kernels import KernelSpec, build_kernel, dense_prim_func
 
-METASCHEDULE = "metaschedule"
-KNOB_SEARCH = "knob-search"
+from dlas_predict.corpus.records import KNOB_SEARCH, METASCHEDULE  # noqa: F401 - the tuners
 
 #: A trial improves on the best so far when it is at least this much faster.
 MIN_GAIN = 0.01

@@ -96,6 +96,12 @@ def slowness(contention: float | None, slowdown: float | None, protocol: Any) ->
                0.0 if slowdown is None else slowdown / float(protocol.slowdown_limit))
 
 
+#: The tuners of a tuned record (``tuner``): TVM's MetaSchedule, or a measured search over a
+#: hand schedule's knobs.
+METASCHEDULE = "metaschedule"
+KNOB_SEARCH = "knob-search"
+
+
 @dataclass(frozen=True)
 class MeasureResult(TimedRuns):
     """One measurement of one kernel variant on one workload and device.
@@ -129,7 +135,8 @@ class MeasureResult(TimedRuns):
     kernels_version: str = ""
     timestamp: float = 0.0
     #: Tuned records: the search's wall-clock cost, the trials it ran, and the tuner
-    #: ("metaschedule" for dense kernels, "knob-search" for CSR kernels).
+    #: (:data:`METASCHEDULE` for dense kernels, :data:`KNOB_SEARCH` for CSR kernels and
+    #: every GPU kernel).
     tuning_seconds: float | None = None
     trials: int | None = None
     tuner: str | None = None

@@ -480,7 +480,9 @@ class TuningTimeModel:
         """Seconds to tune each kernel of ``X`` with ``budget`` trials; ``search_sizes`` is
         each CSR kernel's number of knob candidates (ignored for dense kernels)."""
         sparse = np.asarray(X)[:, FEATURE_NAMES.index("sparse")] > 0
-        ms_share = self.trial_share.get("metaschedule", 1.0)
+        from dlas_predict.corpus.records import METASCHEDULE
+
+        ms_share = self.trial_share.get(METASCHEDULE, 1.0)
         trials = np.where(sparse, np.minimum(budget, np.asarray(search_sizes)),
                           np.maximum(1.0, budget * ms_share))
         return self.per_trial(X) * trials

@@ -690,9 +690,11 @@ def _tuning_model(info: dict, models_dir: Path | None, device: str):
 def _searched_trials(model) -> int | None:
     """The trials of the knob searches a device's tuned kernels all came from (GPU bundles
     tune by a fixed-size search, not by a budget), or None."""
-    if model is None or "metaschedule" in model.trial_share:
+    from dlas_predict.corpus.records import KNOB_SEARCH, METASCHEDULE
+
+    if model is None or METASCHEDULE in model.trial_share:
         return None
-    trials = model.meta.get("median_trials", {}).get("knob-search")
+    trials = model.meta.get("median_trials", {}).get(KNOB_SEARCH)
     return int(trials) if trials else None
 
 
