@@ -1430,9 +1430,10 @@ def _bundle_networks(networks: list[str], dev, out: Path, algorithms, compressio
     from dlas_predict.analysis.frames import resolve_store
     from dlas_predict.corpus.collect import plan_networks as plan_whole, whole_network_plans
     from dlas_predict.corpus.store import CorpusStore
-    from dlas_predict.measure.gpu_bundle import network_entries, save_plans
+    from dlas_predict.measure.gpu_bundle import network_entries, require_cuda, save_plans
     from dlas_predict.measure.gpu_networks import write_network_bundle
 
+    require_cuda(dev, "GPU network bundles")  # before anything is written to OUT
     nets = plan_whole(networks, compressions, ratio)
     try:
         path = resolve_store(dev.name, store)

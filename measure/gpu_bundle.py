@@ -40,6 +40,13 @@ GPU_PROTOCOL = {"max_repeats": 150, "min_repeats": 10, "min_repeat_ms": 0.2,
                 "time_budget_s": 0.2}
 
 
+def require_cuda(device: Device, what: str) -> None:
+    """Refuse a device that is not a CUDA GPU, saying that ``what`` needs one."""
+    if device.kind != "gpu" or device.target.get("kind") != "cuda":
+        raise DlasError(f"device {device.name!r} is not a CUDA GPU (kind {device.kind}, "
+                        f"target {device.target.get('kind')}); {what} need one")
+
+
 @dataclass(frozen=True)
 class GpuTask:
     """One CUDA kernel to measure: a workload, a variant, its resolved knobs, its key."""
@@ -58,9 +65,7 @@ class GpuTask:
     def make(cls, spec: ConvSpec, variant: Variant, device: Device,
              seed: int = 0, search: str | None = None,
              search_trials: int = 0) -> "GpuTask":
-        if device.kind != "gpu" or device.target.get("kind") != "cuda":
-            raise DlasError(f"device {device.name!r} is not a CUDA GPU (kind {device.kind}, "
-                            f"target {device.target.get('kind')}); CUDA kernels need one")
+        require_cuda(device, "CUDA kernels")
         knobs = resolve_gpu_knobs(spec, variant)
         key = measurement_key(device.name, device.fingerprint, spec, variant, knobs,
                               GPU_KERNELS_VERSION)

@@ -75,13 +75,11 @@ def write_network_bundle(plans: list, device: Device, out: Path,
     import tvm
 
     from . import cuda
-    from .gpu_bundle import GPU_KERNELS_VERSION, _append, done_keys
+    from .gpu_bundle import GPU_KERNELS_VERSION, _append, done_keys, require_cuda
     from .netbuild import LayerChoice, lower_cuda
     from dlas_predict.space.config import Algorithm
 
-    if device.kind != "gpu" or device.target.get("kind") != "cuda":
-        raise DlasError(f"device {device.name!r} is not a CUDA GPU; GPU network bundles "
-                        "need one")
+    require_cuda(device, "GPU network bundles")
     out.mkdir(parents=True, exist_ok=True)
     manifest, failures = out / "manifest.jsonl", out / "build_failures.jsonl"
     header = {"device": device.name, "fingerprint": device.fingerprint,

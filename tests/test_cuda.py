@@ -646,3 +646,12 @@ def test_bundle_refuses_options_that_do_not_go_together(tmp_path, args, needle):
     assert_clean_error(run_cli("bundle", "zoo:resnet18-cifar", "--device", "h200", "--out",
                                tmp_path / "b", *args), needle)
     assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("extra", [[], ["--whole-network"]], ids=["kernels", "networks"])
+def test_bundle_refuses_a_device_that_is_not_a_cuda_gpu_before_writing(tmp_path, extra):
+    from conftest import assert_clean_error, run_cli
+
+    assert_clean_error(run_cli("bundle", "zoo:resnet18-cifar", "--device", "local", "--out",
+                               tmp_path / "b", *extra), "is not a CUDA GPU")
+    assert not (tmp_path / "b").exists()
