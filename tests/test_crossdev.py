@@ -469,3 +469,33 @@ def test_between_gpus_a_kernel_that_fits_their_l2_takes_little_of_the_bandwidth_
     fitted = m.log_scale(h100, h200, "dense", small)
     peak_only = 0.5 * np.log(h100.peak_gflops["float32"] / h200.peak_gflops["float32"])
     assert abs(fitted - peak_only) < 0.01 < abs(whole - peak_only)
+
+
+def test_a_profile_left_out_is_answered_from_its_sibling_of_the_same_code():
+    """A held-out profile whose processor and vector width a training device shares (another
+    thread count) is answered zero-shot from that sibling's measurements, scaled by the
+    map's spec term; one of other code is not a sibling."""
+    from dlas_predict.crossdev import sources
+    from dlas_predict.crossdev.evaluate import sibling, sibling_map, zero_shot_prior
+
+    names = sources.profile_devices()
+    assert sibling("local-sse42-1t", names) == "local-sse42-2t"
+    assert sibling("local-native-1t", names) == "local"
+    assert sibling("local-sse42-1t", ["local", "local-native-1t"]) is None  # other code
+    assert sibling("rk3399-cpu", ["pynq", "rpi3b", "ultra96"]) is None  # no shared processor
+    mat = sources.profiles_matrix("kernel")
+    rep = leave_one_device_out(mat, shots=(0, 10), draws=2, devices=["local-sse42-1t"])
+    (h,) = rep.devices
+    assert h.zero_shot_from == "sibling"
+    model = LatentModel.fit(mat.without("local-sse42-1t"))
+    sib, shift = sibling_map(model, "local-sse42-1t")
+    assert sib == "local-sse42-2t" and 0 < shift < np.log(4)  # one thread is slower than two
+    assert zero_shot_prior(model, "local-sse42-1t")[1] == "sibling"
+    # the sibling's measurements, mapped, against the spec regression of the loadings
+    rows = mat.measured("local-sse42-1t")
+    y = mat.column("local-sse42-1t")[rows]
+    mapped = mat.column(sib)[rows] + shift
+    ok = np.isfinite(mapped)
+    assert np.isclose(h.by_shots[0].within_25pct,
+                      np.mean(np.abs(np.exp(mapped[ok] - y[ok]) - 1) <= 0.25), atol=0.02)
+    assert h.by_shots[0].within_25pct > 0.7 and h.by_shots[10].within_25pct > 0.7

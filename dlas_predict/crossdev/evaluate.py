@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from dlas_predict.crossdev.latent import LatentModel, spearman
+from dlas_predict.crossdev.latent import DevicePosterior, LatentModel, spearman
 from dlas_predict.models.costmodel import kendall_tau
 from dlas_predict.crossdev.sources import LatencyMatrix
 from dlas_predict.errors import DlasError
@@ -37,7 +37,9 @@ class Scores:
 class HeldOutDevice:
     device: str
     measured: int
-    #: the device's spec was used for the zero-shot prior (else the training devices' mean)
+    #: how the zero-shot answer was made: ``sibling`` (a training device of the same processor
+    #: and code, its measurements mapped), ``spec`` (the loading regressed on the spec) or
+    #: ``prior`` (the training devices' mean loading)
     zero_shot_from: str
     k: int
     by_shots: dict[int, Scores] = field(default_factory=dict)
@@ -103,9 +105,62 @@ def device_spec(name: str) -> np.ndarray | None:
                      np.log(d.cores), np.log(d.simd_bits or 32), float(d.kind == "gpu")])
 
 
+def sibling(device: str, candidates: list[str]) -> str | None:
+    """The candidate that is ``device``'s processor with the same code (the same CPU model
+    and vector width, of another thread count or clock), nearest in float32 peak; None where
+    no candidate is."""
+    from dlas_predict.crossdev.transfer import _peak, data_spec
+    from dlas_predict.space.devices import device_names
+
+    names = set(device_names())
+    if device not in names:
+        return None
+    own = data_spec(device)
+    if own.kind != "cpu" or not own.cpu_model or not own.simd_bits or not own.peak_gflops:
+        return None
+    best, best_d = None, np.inf
+    for c in candidates:
+        if c == device or c not in names:
+            continue
+        ref = data_spec(c)
+        if (ref.kind, ref.cpu_model, ref.simd_bits) != (own.kind, own.cpu_model,
+                                                        own.simd_bits) or not ref.peak_gflops:
+            continue
+        d = abs(np.log(_peak(ref, "float32") / _peak(own, "float32")))
+        if d < best_d:
+            best, best_d = c, d
+    return best
+
+
+def sibling_map(model: LatentModel, device: str) -> tuple[str, float] | None:
+    """(the training device that is ``device``'s :func:`sibling`, the log scale from it to
+    ``device``: the CPU zero-shot map's spec term, α and β fitted without ``device``), or
+    None."""
+    sib = sibling(device, model.devices)
+    if sib is None:
+        return None
+    from dlas_predict.crossdev.transfer import DeviceMap, data_spec, fit_transfer
+
+    fit = fit_transfer("cpu", exclude=device)
+    shift = DeviceMap(device, sib, "zero-shot", fit.alpha, fit.beta, fit.q10, fit.q90) \
+        .log_scale(data_spec(sib), data_spec(device), "dense")
+    return sib, shift
+
+
 def zero_shot_prior(model: LatentModel, device: str):
-    """The zero-shot loading of ``device``: from its spec when it and every training device
-    have one (missing spec entries take the mean of the others), else the prior mean."""
+    """The zero-shot loading of ``device`` and how it was obtained:
+
+    - ``sibling``: where a training device is the same processor with the same code (see
+      :func:`sibling`), its loading shifted by :func:`sibling_map`'s log scale;
+    - ``spec``: else from its spec, when it and every training device have one (missing
+      spec entries take the mean of the others);
+    - ``prior``: else the prior mean.
+    """
+    sm = sibling_map(model, device)
+    if sm is not None:
+        mean = model.loadings[model.devices.index(sm[0])].copy()
+        mean[0] += sm[1]
+        return DevicePosterior(mean, model.prior_cov.copy(), "zero-shot", 0), "sibling"
     specs = [device_spec(d) for d in model.devices]
     own = device_spec(device)
     if own is None or any(s is None for s in specs):
@@ -192,6 +247,11 @@ def leave_one_device_out(mat: LatencyMatrix, shots: tuple[int, ...] = DEFAULT_SH
         y = y_all[rows]
         prior, how = zero_shot_prior(model, d)
         h = HeldOutDevice(d, len(rows), how, model.k)
+        anchor = None
+        if how == "sibling":  # the sibling's own measurements, mapped, where it has them
+            sib, shift = sibling_map(model, d)
+            ys = mat.column(sib)[rows]
+            anchor = np.where(np.isfinite(ys), ys + shift, Z @ prior.mean)
         logmacs = np.log(np.maximum(mat.macs[rows], 1))
         if too_many and log:
             log(f"{d}: {len(rows)} targets, too few for " + ", ".join(map(str, too_many))
@@ -203,8 +263,12 @@ def leave_one_device_out(mat: LatencyMatrix, shots: tuple[int, ...] = DEFAULT_SH
             for _ in range(draws if s else 1):
                 pick = rng.choice(len(rows), s, replace=False) if s else np.zeros(0, int)
                 rest_i = np.setdiff1d(np.arange(len(rows)), pick)
-                post = model.adapt(Z[pick], y[pick], prior) if s else prior
-                got.append(score(Z[rest_i] @ post.mean, y[rest_i]))
+                if anchor is not None:  # one offset: the shots' median residual, shrunk
+                    res = y[pick] - anchor[pick]
+                    pred = anchor + (np.median(res) * s / (s + 1) if s else 0.0)
+                else:
+                    pred = Z @ (model.adapt(Z[pick], y[pick], prior) if s else prior).mean
+                got.append(score(pred[rest_i], y[rest_i]))
                 if s >= 2:
                     A = np.c_[np.ones(s), logmacs[pick]]
                     coef = np.linalg.lstsq(A, y[pick], rcond=None)[0]
