@@ -177,10 +177,8 @@ def run(device: str, pool: Pool, oracle: Callable[[PoolKernel], float], budget: 
             and transfer.data_spec(r).kind == kind]
     if not refs:
         raise DlasError(f"no trained {kind} model to start from")
-    if dev is not None:
-        reference = min(refs, key=lambda r: abs(np.log(
-            transfer._peak(transfer.data_spec(r), "float32")
-            / transfer._peak(dev, "float32"))))
+    if dev is not None and dev.peak_gflops:
+        reference = transfer.reference_for(dev, refs)
     else:
         reference = "local" if "local" in refs else refs[0]
     ref_dev = transfer.data_spec(reference)
