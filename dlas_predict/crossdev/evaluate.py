@@ -106,30 +106,22 @@ def device_spec(name: str) -> np.ndarray | None:
 
 
 def sibling(device: str, candidates: list[str]) -> str | None:
-    """The candidate that is ``device``'s processor with the same code (the same CPU model
-    and vector width, of another thread count or clock), nearest in float32 peak; None where
-    no candidate is."""
-    from dlas_predict.crossdev.transfer import _peak, data_spec
+    """The candidate that is ``device``'s processor with the same code
+    (:func:`~dlas_predict.crossdev.transfer.same_code`), nearest in spec as
+    :func:`~dlas_predict.crossdev.transfer.reference_for` ranks them; None where no
+    candidate is."""
+    from dlas_predict.crossdev.transfer import data_spec, reference_for, same_code
     from dlas_predict.space.devices import device_names
 
     names = set(device_names())
     if device not in names:
         return None
     own = data_spec(device)
-    if own.kind != "cpu" or not own.cpu_model or not own.simd_bits or not own.peak_gflops:
+    if not own.peak_gflops:
         return None
-    best, best_d = None, np.inf
-    for c in candidates:
-        if c == device or c not in names:
-            continue
-        ref = data_spec(c)
-        if (ref.kind, ref.cpu_model, ref.simd_bits) != (own.kind, own.cpu_model,
-                                                        own.simd_bits) or not ref.peak_gflops:
-            continue
-        d = abs(np.log(_peak(ref, "float32") / _peak(own, "float32")))
-        if d < best_d:
-            best, best_d = c, d
-    return best
+    same = [c for c in candidates if c != device and c in names
+            and same_code(ref := data_spec(c), own) and ref.peak_gflops]
+    return reference_for(own, same) if same else None
 
 
 def sibling_map(model: LatentModel, device: str) -> tuple[str, float] | None:
@@ -147,8 +139,13 @@ def sibling_map(model: LatentModel, device: str) -> tuple[str, float] | None:
     return sib, shift
 
 
-def zero_shot_prior(model: LatentModel, device: str):
-    """The zero-shot loading of ``device`` and how it was obtained:
+#: :func:`zero_shot_prior` looks the sibling up itself
+_LOOK_UP = object()
+
+
+def zero_shot_prior(model: LatentModel, device: str, sibling_of=_LOOK_UP):
+    """The zero-shot loading of ``device`` and how it was obtained (``sibling_of``: its
+    :func:`sibling_map`, where the caller has it):
 
     - ``sibling``: where a training device is the same processor with the same code (see
       :func:`sibling`), its loading shifted by :func:`sibling_map`'s log scale;
@@ -156,7 +153,7 @@ def zero_shot_prior(model: LatentModel, device: str):
       spec entries take the mean of the others);
     - ``prior``: else the prior mean.
     """
-    sm = sibling_map(model, device)
+    sm = sibling_map(model, device) if sibling_of is _LOOK_UP else sibling_of
     if sm is not None:
         mean = model.loadings[model.devices.index(sm[0])].copy()
         mean[0] += sm[1]
@@ -245,11 +242,12 @@ def leave_one_device_out(mat: LatencyMatrix, shots: tuple[int, ...] = DEFAULT_SH
                             "to score)")
         Z = model.z_rows(rows, mat.features)
         y = y_all[rows]
-        prior, how = zero_shot_prior(model, d)
+        sm = sibling_map(model, d)
+        prior, how = zero_shot_prior(model, d, sm)
         h = HeldOutDevice(d, len(rows), how, model.k)
         anchor = None
-        if how == "sibling":  # the sibling's own measurements, mapped, where it has them
-            sib, shift = sibling_map(model, d)
+        if sm is not None:  # the sibling's own measurements, mapped, where it has them
+            sib, shift = sm
             ys = mat.column(sib)[rows]
             anchor = np.where(np.isfinite(ys), ys + shift, Z @ prior.mean)
         logmacs = np.log(np.maximum(mat.macs[rows], 1))

@@ -234,6 +234,14 @@ def data_spec(name: str):
     return features_device(dev, meta)
 
 
+def same_code(ref, device) -> bool:
+    """``ref`` is ``device``'s processor with the same code: a CPU of the same model and
+    vector width (another thread count or clock)."""
+    return (device.kind == ref.kind == "cpu" and bool(device.cpu_model)
+            and bool(device.simd_bits)
+            and (ref.cpu_model, ref.simd_bits) == (device.cpu_model, device.simd_bits))
+
+
 def reference_for(device, candidates: list[str] | None = None) -> str:
     """The trained device (of ``candidates``, default every trained one) nearest ``device``
     in spec (same kind: CPU or GPU), each as its data was measured (:func:`data_spec`):
@@ -244,14 +252,12 @@ def reference_for(device, candidates: list[str] | None = None) -> str:
         ref = data_spec(name)
         if ref.kind != device.kind or not ref.peak_gflops:
             continue
-        same = (device.kind == "cpu" and bool(device.cpu_model) and device.simd_bits
-                and (ref.cpu_model, ref.simd_bits) == (device.cpu_model, device.simd_bits))
         d = abs(np.log(_peak(ref, "float32") / _peak(device, "float32")))
         if ref.mem_bandwidth_gbs and device.mem_bandwidth_gbs:
             d += abs(np.log(ref.mem_bandwidth_gbs / device.mem_bandwidth_gbs))
         if ref.simd_bits and device.simd_bits:  # code of another vector width: a doubling
             d += abs(np.log2(ref.simd_bits / device.simd_bits))  # counts 1 (a peak's: ln 2)
-        if not same:
+        if not same_code(ref, device):
             d += 100.0
         if d < best_d:
             best, best_d = name, d
