@@ -1,11 +1,11 @@
-"""Whole-network predictions on network families the corpus does not hold, proved by
-building and timing every candidate (``recommend NET --validate all``, untuned half).
+"""Whole-network predictions on networks the corpus does not hold, proved by building and
+timing every candidate (``recommend NET --validate all``, untuned half).
 
 The networks, none of them in ``datasets/corpus/local*``:
 
-- NAS-Bench-201 cells (a family the corpus has none of: a DAG cell of 3×3 and 1×1
-  ReLU-conv-BN, 3×3 average pools, skips and zeroed edges, 15 cells in 3 stages), chosen
-  at random from the search space with a fixed seed;
+- NAS-Bench-201 cells (a DAG cell of 3×3 and 1×1 ReLU-conv-BN, 3×3 average pools, skips
+  and zeroed edges, 15 cells in 3 stages), chosen at random from the search space with a
+  fixed seed; ``local``'s corpus holds eight other cells, the profiles' corpora none;
 - generated CNNs of shapes the corpus lacks (depths, widths, input sizes and kernel sizes
   none of its generated networks has), one of each block style.
 

@@ -306,6 +306,32 @@ def test_a_stored_summary_without_a_newer_field_is_computed_again(tmp_path):
     assert _summary(m.path.stem, json.dumps(removed)) is None
 
 
+def test_a_nasbench201_cell_s_summary_is_computed_again_from_its_name(tmp_path):
+    """A cell's name is its architecture's code: a row stored before a summary field
+    existed is rebuilt from it, and a stored summary that disagrees is unusable."""
+    from dataclasses import asdict
+
+    from dlas_predict.models.evaluation import _summary
+    from dlas_predict.models.netmodel import NetworkSummary
+    from dlas_predict.networks import nasbench201 as nb
+    from dlas_predict.networks.graph import read_network
+
+    (path,) = nb.generate([nb.parse_arch("p3s1np")], tmp_path)
+    fresh = NetworkSummary.of(read_network(path))
+    assert fresh.pool_window_elems > 0
+    old = {k: v for k, v in asdict(fresh).items() if k != "pool_window_elems"}
+    assert _summary(path.stem, json.dumps(old)) == fresh
+    # another network's summary lacking a field that does not scale with non-conv bytes
+    other = {k: v for k, v in old.items() if k != "exp_elems"}
+    assert _summary(path.stem, json.dumps({**other, "layers": old["layers"] + 1})) is None
+    assert _summary("nasbench201-p3s1nx", json.dumps(old)) is None  # no such code
+    # the cell's channel-pruned build, stored before the field: its pools' window reads are
+    # the named cell's, scaled by the two's non-conv bytes
+    removed = {**old, "nonconv_bytes": old["nonconv_bytes"] // 2}
+    assert _summary(path.stem, json.dumps(removed)).pool_window_elems == \
+        round(fresh.pool_window_elems * (old["nonconv_bytes"] // 2) / old["nonconv_bytes"])
+
+
 def test_an_unprobed_whole_network_record_is_superseded_by_a_probed_one():
     """A configuration timed again with the probes may have picked another per-layer plan (a
     record of its own): the old plan's unprobed record no longer counts; an unprobed record

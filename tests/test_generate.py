@@ -209,6 +209,26 @@ def test_nasbench201_networks_run_and_have_the_promised_convs_and_macs(tmp_path)
         nb.parse_arch("|conv_5x5~0|+|none~0|none~1|+|none~0|none~1|none~2|")
 
 
+def test_the_summary_counts_the_window_reads_of_windowed_pools_only(tmp_path):
+    """A NAS-Bench-201 cell's 3×3 average pools read nine inputs per output; its reduction
+    blocks' 2×2 pools four; the global pool before the classifier is not a windowed pool."""
+    from dlas_predict.models.netmodel import NetworkSummary
+    from dlas_predict.networks import nasbench201 as nb
+
+    pools = nb.parse_arch("|avg_pool_3x3~0|+|none~0|none~1|+|none~0|none~1|none~2|")
+    none = nb.parse_arch("nnnnnn")
+    p_path, n_path = nb.generate([pools, none], tmp_path)
+    p_net, n_net = read_network(p_path), read_network(n_path)
+    windows = sorted({(l.op, l.window) for l in p_net.layers if "Pool" in l.op})
+    assert windows == [("AveragePool", 4), ("AveragePool", 9), ("GlobalAveragePool", 0)]
+    # the cells' pools: 5 cells × 3 stages of C × H × W outputs (16×32², 32×16², 64×8²)
+    cells = 5 * (16 * 32 * 32 + 32 * 16 * 16 + 64 * 8 * 8) * 9
+    # each reduction block's shortcut: a 2×2 pool of its input (16×16² and 32×8² outputs)
+    shortcuts = (16 * 16 * 16 + 32 * 8 * 8) * 4
+    assert NetworkSummary.of(p_net).pool_window_elems == cells + shortcuts
+    assert NetworkSummary.of(n_net).pool_window_elems == shortcuts
+
+
 def test_generate_nasbench201_cli(tmp_path):
     from conftest import assert_clean_error, run_cli
 

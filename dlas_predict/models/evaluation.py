@@ -307,47 +307,66 @@ class WholeRow:
     ratios: tuple[float, ...]            # each conv layer's kernel ratio
 
 
+#: Summary fields that a network's own stored summary without them (a channel-pruned build,
+#: its zeroed filters removed) gets from the named network's, scaled by the two's non-conv
+#: bytes: the pools' window reads scale with their channels as their bytes do.
+SCALED_WITH_NONCONV_BYTES = frozenset({"pool_window_elems"})
+
+
 def _summary(network: str, text: str | None):
     """The stored summary of a measured network; one stored before a field existed (or
     none) is computed again from the zoo network of that name, or from the generated network
     its name describes (built again: its weights are seeded by its name), and kept only if
-    it agrees with every field stored (a channel-pruned network's own summary, its zeroed
-    filters removed, is not the named network's); else None (unusable)."""
+    it agrees with every field stored. A channel-pruned network's own summary, its zeroed
+    filters removed, is not the named network's: where it lacks only fields of
+    :data:`SCALED_WITH_NONCONV_BYTES` they are the named network's scaled, else it is None
+    (unusable)."""
     import json
     from dataclasses import asdict, fields
 
     from dlas_predict.models.netmodel import NetworkSummary
 
     stored = json.loads(text) if text else {}
-    if stored and {f.name for f in fields(NetworkSummary)} <= set(stored):
+    missing = {f.name for f in fields(NetworkSummary)} - set(stored)
+    if stored and not missing:
         return NetworkSummary(**stored)
     fresh = named_summary(network)
-    if fresh is None or any(asdict(fresh).get(k, v) != v for k, v in stored.items()):
+    if fresh is None:
         return None
-    return fresh
+    named = asdict(fresh)
+    if all(named.get(k, v) == v for k, v in stored.items()):
+        return fresh
+    if stored and missing <= SCALED_WITH_NONCONV_BYTES and named["nonconv_bytes"] > 0:
+        scale = stored.get("nonconv_bytes", 0) / named["nonconv_bytes"]
+        return NetworkSummary(**stored, **{k: round(named[k] * scale) for k in missing})
+    return None
 
 
 @functools.lru_cache(maxsize=None)
 def named_summary(network: str):
     """The :class:`~dlas_predict.models.netmodel.NetworkSummary` of the zoo network of that
-    name, or of the generated network its name describes; None for any other name. Kept
-    per name: every record of a network asks for the same one."""
+    name, or of the generated network or NAS-Bench-201 cell its name describes; None for
+    any other name. Kept per name: every record of a network asks for the same one."""
     import tempfile
 
     import onnx
 
     from dlas_predict.models.netmodel import NetworkSummary
-    from dlas_predict.networks import generate
+    from dlas_predict.networks import generate, nasbench201
     from dlas_predict.networks import zoo
     from dlas_predict.networks.graph import read_network
 
     spec = generate.parse_name(network)
     try:
-        if spec is None:
+        if spec is None and not network.startswith("nasbench201-"):
             return NetworkSummary.of(read_network(zoo.resolve(zoo.ZOO_PREFIX + network)))
+        if spec is None:  # a NAS-Bench-201 cell: its name is its architecture's code
+            proto = nasbench201.build(nasbench201.parse_arch(network))
+        else:
+            proto = generate.build(*spec)
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / f"{network}.onnx"
-            onnx.save(generate.build(*spec), str(path))
+            onnx.save(proto, str(path))
             return NetworkSummary.of(read_network(path))
     except DlasError:
         return None

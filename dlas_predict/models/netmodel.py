@@ -24,7 +24,7 @@ from dlas_predict.models.costmodel import ModelError, _versions, read_sidecar, w
 from dlas_predict.space.devices import Device
 from dlas_predict.networks.graph import OP_KINDS, Network
 
-NET_MODEL_FORMAT = "dlas-network-cost-5"
+NET_MODEL_FORMAT = "dlas-network-cost-6"
 
 #: Ops that evaluate an exponential per element (SiLU's sigmoid, tanh, softmax, ...): far
 #: dearer per element than a ReLU or an add, and dearer still in float16, which the CPU
@@ -61,6 +61,9 @@ class NetworkSummary:
     #: in float).
     joined_conv_macs: int = 0
     joined_conv_io_bytes: int = 0
+    #: Window reads of the windowed pools: output elements × window area (a 3×3 average
+    #: pool at stride 1 reads nine inputs per output, which its bytes moved do not count).
+    pool_window_elems: int = 0
 
     @classmethod
     def of(cls, net: Network) -> "NetworkSummary":
@@ -79,7 +82,9 @@ class NetworkSummary:
                    broadcast_bytes=sum(layer.bytes_moved for layer in other
                                        if _broadcasts(layer)),
                    joined_conv_macs=sum(layer.macs for layer in joined),
-                   joined_conv_io_bytes=sum(_io_bytes(layer) for layer in joined))
+                   joined_conv_io_bytes=sum(_io_bytes(layer) for layer in joined),
+                   pool_window_elems=sum(int(math.prod(layer.output_shape)) * layer.window
+                                         for layer in other))
 
 
 def _io_bytes(layer) -> int:
@@ -139,12 +144,12 @@ CONV_TERMS = tuple(f"conv_s_{f}_{a.value}" for f in CONV_FAMILIES for a in Algor
 #: apart); the bytes of broadcasting elementwise ops (squeeze-excitation's per-channel scale,
 #: measured at about 5× an ordinary non-conv byte's cost), and the conv weights that do not
 #: fit in the last-level cache, which a kernel timed alone finds cached but a whole network
-#: streams from memory at every inference.
+#: streams from memory at every inference; and the window reads of windowed pools.
 NET_TERMS = (
     *CONV_TERMS, "conv_s_mixed",
     "nonconv_gb", "nonconv_gb_float16", "nonconv_gb_int8", "broadcast_gb",
     "conv_io_gb_float16", "conv_io_gb_int8", "layers_k", "layers_k_float16",
-    "exp_gelems", "exp_gelems_float16", "weight_gb_beyond_cache",
+    "exp_gelems", "exp_gelems_float16", "weight_gb_beyond_cache", "pool_window_gelems",
 )
 
 
@@ -172,7 +177,8 @@ def net_terms(summary: NetworkSummary, layer_s, compression: Compression,
     exp, bc = summary.exp_elems / 1e9, summary.broadcast_bytes / 1e9
     beyond = max(float(sum(weight_bytes)) - cache_bytes, 0.0) / 1e9
     return [*conv.values(), total * mixed,
-            gb, gb * f16, gb * i8, bc, io * f16, io * i8, lk, lk * f16, exp, exp * f16, beyond]
+            gb, gb * f16, gb * i8, bc, io * f16, io * i8, lk, lk * f16, exp, exp * f16, beyond,
+            summary.pool_window_elems / 1e9]
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,8 @@ class Layer:
     #: Op types its output reaches through batch norms, ReLU/Clip and identities (what a
     #: conv's fused epilogue stops at), sorted; "output" where it is a graph output.
     feeds: tuple[str, ...] = ()
+    #: A windowed pool's window area (kernel height × width); 0 for every other op.
+    window: int = 0
 
     def to_dict(self) -> dict:
         d = {"index": self.index, "name": self.name, "op": self.op, "kind": self.kind,
@@ -405,6 +407,9 @@ def _network(model, name: str, path: str) -> Network:
         elif kind == "fc":
             macs = _fc_macs(node, name_, ins, out)
             weight = node.input[1] if node.input[1] in consts else None
+        window = 0
+        if kind == "pool":
+            window = int(math.prod(_attrs(node).get("kernel_shape") or [1]))
         act_elems = sum(int(math.prod(shapes[i])) for i in act_in if shapes.get(i) is not None)
         out_elems = int(math.prod(out)) if out is not None else 0
         all_weights = sum(consts[i] for i in node.input if i and i in consts)
@@ -413,7 +418,7 @@ def _network(model, name: str, path: str) -> Network:
             input_shapes=tuple(tuple(shapes[i]) for i in act_in if shapes.get(i) is not None),
             output_shape=tuple(out) if out is not None else (), macs=int(macs),
             params=int(params), bytes_moved=4 * (act_elems + out_elems + all_weights),
-            conv=spec, weight=weight, feeds=feeds(node.output[0])))
+            conv=spec, weight=weight, feeds=feeds(node.output[0]), window=window))
     return net
 
 
