@@ -142,8 +142,12 @@ def _run(args) -> int:
                   f"({row['seconds']:.0f} s)", flush=True)
     rows = list(done.values())
     print("\nfamily          candidates  within ±10 %  within ±25 %  MAPE   predicted/measured")
-    for fam in sorted({r["family"] for r in rows}) + ["all"]:
-        s = summarise([r for r in rows if fam in ("all", r["family"])])
+    groups = {fam: [r for r in rows if r["family"] == fam]
+              for fam in sorted({r["family"] for r in rows})}
+    groups["cnn (all)"] = [r for r in rows if r["family"].startswith("cnn ")]
+    groups["all"] = rows
+    for fam, members in groups.items():
+        s = summarise(members)
         if s["n"]:
             print(f"{fam:15s} {s['n']:10d}  {s['within_10']:11.0%}  {s['within_25']:11.0%}  "
                   f"{s['mape']:5.1%}  ×{s['geo_ratio']:.2f}")

@@ -73,6 +73,12 @@ def test_verdicts_follow_their_rules():
     assert obs["IV"].verdict == R.HOLDS         # channel 5x, weight 1.25x
     assert obs["VI"].verdict == R.HOLDS         # gemm wins dense
     assert obs["VII"].verdict == R.HOLDS and obs["VIII"].verdict == R.HOLDS
+    # the two prunings a hair apart (channel 0.2 % above weight): the same share, not larger
+    even = dict(slow16, **{"channel_pruning@0.9": 0.8 / 1.002})
+    tie = _by_number(R.observations(_net(_grid(lambda n, c, a: speed[a] * even[c])), None,
+                                    None, CPU))
+    assert tie["VIII"].numbers["median_share"] > tie["VIII"].numbers["median_share_other"]
+    assert tie["VIII"].verdict == R.FAILS
     assert obs["X"].verdict == R.FAILS          # gemm wins every cell
     assert obs["II"].verdict == R.NO_DATA and "curves" in obs["II"].evidence
     for n in ("XI", "XII", "XIII"):
