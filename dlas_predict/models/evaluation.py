@@ -347,27 +347,20 @@ def named_summary(network: str):
     """The :class:`~dlas_predict.models.netmodel.NetworkSummary` of the zoo network of that
     name, or of the generated network or NAS-Bench-201 cell its name describes; None for
     any other name. Kept per name: every record of a network asks for the same one."""
-    import tempfile
-
-    import onnx
-
     from dlas_predict.models.netmodel import NetworkSummary
     from dlas_predict.networks import generate, nasbench201
     from dlas_predict.networks import zoo
-    from dlas_predict.networks.graph import read_network
+    from dlas_predict.networks.graph import network_of_proto, read_network
 
     spec = generate.parse_name(network)
     try:
-        if spec is None and not network.startswith("nasbench201-"):
-            return NetworkSummary.of(read_network(zoo.resolve(zoo.ZOO_PREFIX + network)))
-        if spec is None:  # a NAS-Bench-201 cell: its name is its architecture's code
-            proto = nasbench201.build(nasbench201.parse_arch(network))
+        if spec is not None:
+            net = network_of_proto(generate.build(*spec), network)
+        elif network.startswith("nasbench201-"):  # a cell's name is its architecture's code
+            net = network_of_proto(nasbench201.build(nasbench201.parse_arch(network)), network)
         else:
-            proto = generate.build(*spec)
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / f"{network}.onnx"
-            onnx.save(proto, str(path))
-            return NetworkSummary.of(read_network(path))
+            net = read_network(zoo.resolve(zoo.ZOO_PREFIX + network))
+        return NetworkSummary.of(net)
     except DlasError:
         return None
 
