@@ -286,18 +286,20 @@ def _direct_nchw_compute(ks: KernelSpec, tiles: bool = False) -> list:
     data = te.placeholder(spec.input_shape, dt.value, name="data")
     weight = te.placeholder(spec.weight_shape, dt.value, name="weight")
     owp = _padded_extent(spec.OW, ks.knobs.get("tile_w")) if tiles else spec.OW
+    kp = _filters_padded(ks) if tiles else spec.K
     hp = spec.H + spec.pad_t + spec.pad_b
     pad = _padded(data, spec, hp, direct_input_width(spec, owp))
     rc, rr, rs = _reduce_axes(spec)
     conv = te.compute(
-        (1, spec.K, spec.OH, owp),
+        (1, kp, spec.OH, owp),
         lambda n, k, h, w: te.sum(_mul(
             pad[n, _in_channel(spec, k, rc), h * spec.stride_h + rr * spec.dilation_h,
                 w * spec.stride_w + rs * spec.dilation_w],
-            weight[k, rc, rr, rs], dt, acc_dtype(ks)), axis=[rc, rr, rs]),
+            weight[_filter(spec, k, kp), rc, rr, rs], dt, acc_dtype(ks)),
+            axis=[rc, rr, rs]),
         name="conv")
     extras = _extras(ks)
-    if owp != spec.OW:
+    if owp != spec.OW or kp != spec.K:
         out = te.compute(spec.output_shape, lambda n, k, h, w: _finish(
             conv[n, k, h, w], ks, extras, k, (n, k, h, w)), name="out")
         return [data, weight, *extras.values(), out]
@@ -308,6 +310,23 @@ def _direct_nchw_compute(ks: KernelSpec, tiles: bool = False) -> list:
 def _padded_extent(extent: int, tile: int | None) -> int:
     """``extent`` rounded up to whole ``tile``s (no tile: unchanged)."""
     return _ceil_div(extent, tile) * tile if tile else extent
+
+
+def _filters_padded(ks: KernelSpec) -> int:
+    """The filters a dense direct or GEMM kernel computes: its K rounded up to whole blocks
+    of ``tile_k`` (an ungrouped conv whose K has no divisor of at least four that fits the
+    accumulators, see :func:`~dlas_predict.measure.knobs.default_knobs`); the padded
+    filters repeat the last one and an ``out`` stage crops them."""
+    spec = ks.conv
+    if spec.groups != 1:
+        return spec.K
+    return _padded_extent(spec.K, ks.knobs.get("tile_k"))
+
+
+def _filter(spec: ConvSpec, k, kp: int):
+    """The weights' filter index of computed filter ``k`` of ``kp``: the last real filter
+    for a padded one (its output is cropped)."""
+    return k if kp == spec.K else tvm.tirx.min(k, spec.K - 1)
 
 
 def _direct_compute(ks: KernelSpec, tiles: bool = False) -> list:
@@ -413,7 +432,7 @@ def _direct_nchw_schedule(sch: Schedule, ks: KernelSpec) -> None:
     sch.unroll(ki)
     _vectorize(sch, wi)
     sch.decompose_reduction(block, r_c)
-    cropped = bool(ks.conv.OW % ks.knobs["tile_w"])
+    cropped = bool(ks.conv.OW % ks.knobs["tile_w"]) or _filters_padded(ks) != ks.conv.K
     _finish_writeback(sch, wb, ks, cropped)
     if cropped:  # computed over whole tiles: crop each task's row while it is in cache
         sch.reverse_compute_at(sch.get_sblock("out"), task)
@@ -476,6 +495,7 @@ def _gemm_compute(ks: KernelSpec, tiles: bool = False, native_dp4a: bool = True)
     rs_ = spec.R * spec.S
     p = spec.OH * spec.OW
     pp = _padded_extent(p, ks.knobs.get("tile_p")) if tiles else p
+    kp = _filters_padded(ks) if tiles else spec.K
     data = te.placeholder(spec.input_shape, dt.value, name="data")
     weight = te.placeholder((spec.K, red), col_dtype, name="weight")
     hp = spec.H + spec.pad_t + spec.pad_b
@@ -504,16 +524,17 @@ def _gemm_compute(ks: KernelSpec, tiles: bool = False, native_dp4a: bool = True)
     kg = spec.K // spec.groups
 
     def product(k, q):
+        f = _filter(spec, k, kp)
         if packed:
-            return dp4a(weight[k, rj], col[k // kg, rj, q], native_dp4a)
-        return _mul(weight[k, rj], col[k // kg, rj, q], dt, acc_dtype(ks))
+            return dp4a(weight[f, rj], col[f // kg, rj, q], native_dp4a)
+        return _mul(weight[f, rj], col[f // kg, rj, q], dt, acc_dtype(ks))
 
     # Output [1, K, OH*OW]: the same memory as NCHW, the GEMM's natural shape.
-    conv = te.compute((1, spec.K, pp), lambda n, k, q: te.sum(product(k, q), axis=[rj]),
+    conv = te.compute((1, kp, pp), lambda n, k, q: te.sum(product(k, q), axis=[rj]),
                       name="conv")
     extras = _extras(ks)
     ow = spec.OW
-    if pp != p:
+    if pp != p or kp != spec.K:
         if ks.epilogue:
             out = te.compute(spec.output_shape, lambda n, k, h, w: _finish(
                 conv[n, k, h * ow + w], ks, extras, k, (n, k, h, w)), name="out")
@@ -534,7 +555,7 @@ def _gemm_schedule(sch: Schedule, ks: KernelSpec) -> None:
     accumulated over the reduction. Output positions padded to whole tiles (``out``
     stage): parallel over blocks of filters, each cropping its rows while in cache."""
     spec = ks.conv
-    cropped = bool((spec.OH * spec.OW) % ks.knobs["tile_p"])
+    cropped = bool((spec.OH * spec.OW) % ks.knobs["tile_p"]) or _filters_padded(ks) != spec.K
     sch.compute_inline(sch.get_sblock("pad"))
     block = sch.get_sblock("conv")
     wb = sch.cache_write(block, 0, "local")

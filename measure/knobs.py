@@ -54,6 +54,21 @@ def _vector_tile(extent: int, lanes: int) -> int:
     return min((lanes, lanes // 2), key=lambda v: (-(-extent // v), _ceil_to(extent, v)))
 
 
+def _filter_tile(spec: ConvSpec, acc: int, prefer: tuple[int, ...]) -> int:
+    """The block of filters of a dense direct or GEMM register tile (``acc`` accumulator
+    rows at most): a divisor of K (``prefer``'s first that divides, else the largest); where
+    the largest is under four (K = 59, 118) and the conv is ungrouped, the block of at least
+    four that pads K least (the kernel computes whole blocks and crops the padding), ties
+    going to ``prefer``'s order, then the larger block: a block of one or two filters loads
+    each input vector for one or two multiply-adds."""
+    tile = _divisor_at_most(spec.K, acc, prefer=prefer)
+    if tile >= min(4, spec.K) or spec.groups != 1:
+        return tile
+    order = {t: i for i, t in enumerate(prefer)}
+    return min(range(4, acc + 1),
+               key=lambda t: (_ceil_to(spec.K, t), order.get(t, len(order)), -t))
+
+
 def default_knobs(spec: ConvSpec, variant: Variant,
                   simd_bits: int | None = None) -> dict[str, int]:
     """The untuned schedule's knobs for ``variant`` on ``spec``, chosen from the shape and the
@@ -82,12 +97,11 @@ def default_knobs(spec: ConvSpec, variant: Variant,
                 "tile_h": 2 if spec.OH > 1 else 1, "tile_w": tile_w}
     if key == (Algorithm.DIRECT, False):
         tile_w = _vector_tile(spec.OW, lanes)
-        tile_k = _divisor_at_most(spec.K, acc, prefer=(8, 16, 4) if tile_w >= 8 else (16, 8, 4))
-        return {"tile_k": tile_k, "tile_w": tile_w}
+        return {"tile_k": _filter_tile(spec, acc, (8, 16, 4) if tile_w >= 8 else (16, 8, 4)),
+                "tile_w": tile_w}
     if key == (Algorithm.GEMM, False):
         tile_p = _vector_tile(p, lanes)
-        tile_k = _divisor_at_most(spec.K, acc, prefer=(8, 4, 16))
-        return {"tile_k": tile_k, "tile_p": tile_p}
+        return {"tile_k": _filter_tile(spec, acc, (8, 4, 16)), "tile_p": tile_p}
     if key == (Algorithm.SPATIAL_PACK, False):
         if kg >= 8:
             tile_k = _divisor_at_most(kg, 2 * lanes, prefer=(2 * lanes, lanes, 8))
@@ -168,9 +182,9 @@ def resolve_knobs(spec: ConvSpec, variant: Variant,
     kg = spec.K // spec.groups
     if "tile_h" in knobs and variant.algorithm is Algorithm.DIRECT and not spec.depthwise:
         raise ConfigError("knob tile_h applies to depthwise direct kernels only")
-    if "tile_k" in knobs and not (variant.algorithm is Algorithm.SPATIAL_PACK
-                                  and spec.groups == 1 and not variant.sparse):
-        # (a dense spatial pack of an ungrouped conv pads its last block of filters)
+    if "tile_k" in knobs and not (spec.groups == 1 and not variant.sparse
+                                  and not spec.depthwise):
+        # (a dense kernel of an ungrouped conv pads its last block of filters)
         divides = kg if variant.algorithm is Algorithm.SPATIAL_PACK else spec.K
         if divides % knobs["tile_k"]:
             raise ConfigError(f"knob tile_k={knobs['tile_k']} must divide {divides}")

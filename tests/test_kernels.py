@@ -400,6 +400,54 @@ def test_the_filter_block_pads_only_where_no_vector_divides_the_filters():
     assert _waste(spec, knobs) == pytest.approx(56 / 53 * 8 / spec.OW * 1)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int8"])
+@pytest.mark.parametrize("algorithm", ["direct", "gemm"])
+def test_a_register_tile_pads_its_last_block_of_filters(algorithm, dtype):
+    """53 filters (prime) and 118 (twice a prime): the register tile computes whole blocks
+    of at least four filters, the last one padded, and crops them through the fused
+    epilogue; every dtype matches the reference."""
+    import numpy as np
+
+    from dlas_predict.space.config import DType
+
+    dt = DType(dtype)
+    for conv in (ODD_K_CONV, "C=8,H=6,W=8,K=118,R=1,S=1,stride=1,pad=0"):
+        out, ref, ks = _fused_case(algorithm, False, dt, conv=conv)
+        assert ks.knobs["tile_k"] >= 4 and ks.conv.K % ks.knobs["tile_k"], ks.knobs
+        tol = (5e-3 if dt is DType.FLOAT16 else 1e-4) * max(1.0, np.abs(ref).max())
+        assert out.shape == ref.shape and np.abs(out.astype(np.float64) - ref).max() < tol
+
+
+def test_the_register_tile_pads_filters_only_where_no_block_of_four_divides_them():
+    from dlas_predict.errors import ConfigError
+    from dlas_predict.models.features import KernelConfig, _waste, loop_counts
+
+    def tile_k(algorithm, K, groups=1, bits=512):
+        spec = ConvSpec.parse(f"C={2 * groups},H=8,W=8,K={K},R=3,S=3,stride=1,pad=1,"
+                              f"groups={groups}")
+        return default_knobs(spec, Variant(algorithm, "dense"), bits)["tile_k"]
+
+    for algorithm in ("direct", "gemm"):
+        # a divisor of at least four (or all of a K under four) is kept: no padding
+        assert [tile_k(algorithm, K) for K in (64, 48, 36, 35, 12, 3, 1)] == \
+            [8, 8, 4, 7, 4, 3, 1]
+        # otherwise the block of four or more that pads K least, within the accumulators
+        assert tile_k(algorithm, 118) == 7 and tile_k(algorithm, 59) == 4
+        assert tile_k(algorithm, 53, bits=512) == 9 and tile_k(algorithm, 53, bits=256) == 6
+        # a grouped conv's blocks stay within its groups
+        assert tile_k(algorithm, 118, groups=2) == 2
+        grouped = ConvSpec.parse("C=4,H=8,W=8,K=118,R=3,S=3,stride=1,pad=1,groups=2")
+        with pytest.raises(ConfigError, match="must divide 118"):
+            resolve_knobs(grouped, Variant(algorithm, "dense", knobs=(("tile_k", 8),)))
+    # the features count the padded filters
+    spec = ConvSpec.parse(ODD_K_CONV)
+    cfg = KernelConfig(spec, Algorithm.GEMM, Compression.DENSE, 0.0)
+    knobs = {"tile_k": 6, "tile_p": 6}
+    tasks, ops, _decodes, _layout = loop_counts(cfg, knobs)
+    assert tasks == 9 * 5 and ops == 54 * 5 * 16 * 9
+    assert _waste(spec, knobs) == pytest.approx(54 / 53 * 30 / 30)
+
+
 def test_tile_h_is_refused_on_a_dense_direct_kernel():
     from dlas_predict.errors import ConfigError
 

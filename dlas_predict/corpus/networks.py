@@ -27,8 +27,10 @@ PER_LAYER = "per_layer"
 #: our kernels: the systems-software dimension of the grid.
 ONNXRUNTIME = "onnxruntime"
 #: The engine's version, in every whole-network record and its key, so a changed engine
-#: measures again: "10" keeps a padded pool's padding as a stage of its own, runs the ops
-#: after a pool or other reduction in its parallel loop, and tiles a strided depthwise row
+#: measures again: "11" computes a direct or GEMM layer whose filter count has no divisor of
+#: at least four over whole blocks of filters, the last one padded, "10" keeps a padded
+#: pool's padding as a stage of its own, runs the ops after a pool or other reduction in its
+#: parallel loop, and tiles a strided depthwise row
 #: with the vector or half vector that pads it least, "9" computes a direct or GEMM layer
 #: over whole vector tiles where no tile of at least half a vector divides its output width
 #: (positions), "8" fuses the epilogue of
@@ -38,15 +40,19 @@ ONNXRUNTIME = "onnxruntime"
 #: that vectorises, "5" builds a channel-pruned network with its zeroed filters removed, "4"
 #: runs depthwise convs as register-tiled direct kernels, "3" runs the ops after each conv in
 #: its kernel's epilogue, "2" ran them as kernels of their own.
-NETWORK_VERSION = "10"
+NETWORK_VERSION = "11"
 ONNXRUNTIME_VERSION = "2"
-#: Builds a newer engine left as they were keep their version, and their keys: "10" changed
-#: the ops between the convs of every build of ours; onnxruntime's runs are as they were in
-#: "2".
-UNCHANGED_SINCE = {ONNXRUNTIME: ONNXRUNTIME_VERSION}
+#: Builds a newer engine left as they were keep their version, and their keys: "11" changed
+#: no untuned spatial pack build (its layers are spatial packs, and depthwise direct kernels
+#: of unchanged blocks); "10" changed the ops between the convs of every build of ours;
+#: onnxruntime's runs are as they were in "2".
+UNCHANGED_SINCE = {ONNXRUNTIME: ONNXRUNTIME_VERSION, Algorithm.SPATIAL_PACK.value: "10"}
+#: The engine before today's, whose builds today's engine changed only where
+#: :func:`rebuilt_by_today` says so: its other records are today's builds.
+LAST_NETWORK_VERSION = "10"
 #: Engine versions whose records the network model still learns from, each until the same
 #: configuration is measured by the current engine.
-PREVIOUS_NETWORK_VERSIONS = ("9", "8", "7", "6", "5", "4", "3", "2")
+PREVIOUS_NETWORK_VERSIONS = ("10", "9", "8", "7", "6", "5", "4", "3", "2")
 #: The first engine version that removes the zeroed filters of a channel-pruned network;
 #: older channel-pruning records timed another network (CSR kernels over the zeroed filters).
 CHANNEL_REMOVAL_VERSION = "5"
@@ -62,6 +68,24 @@ def removes_channels(version: str) -> bool:
     if not version.isdigit():
         return version == GPU_NETWORK_VERSION
     return int(version) >= int(CHANNEL_REMOVAL_VERSION)
+
+
+def rebuilt_by_today(plan: list, convs: list, simd_bits: int | None) -> bool:
+    """Whether today's engine builds a network of conv layers ``convs`` (ConvSpecs, in
+    order) under ``plan`` ((algorithm, CSR or not) per layer) otherwise than the engine of
+    :data:`LAST_NETWORK_VERSION` did, on a CPU of ``simd_bits``: it has a dense direct or
+    GEMM layer whose block of filters today's default pads (a filter count with no divisor
+    of at least four that fits the accumulators)."""
+    from dlas_predict.measure.knobs import default_knobs
+    from dlas_predict.space.config import Variant
+
+    for (algorithm, sparse), spec in zip(plan, convs):
+        if sparse or algorithm not in (Algorithm.DIRECT.value, Algorithm.GEMM.value):
+            continue
+        if spec.groups == 1 and spec.K % default_knobs(
+                spec, Variant(algorithm, "dense"), simd_bits)["tile_k"]:
+            return True
+    return False
 
 
 def engine_version(algorithm: str, tuned: bool = False) -> str:

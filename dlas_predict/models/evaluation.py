@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dlas_predict.space.config import Algorithm
+from dlas_predict.space.config import Algorithm, ConvSpec
 from dlas_predict.models.costmodel import (LayerCostModel, MacsLinearBaseline,
                                            RooflineBaseline, kendall_tau, mape, regret,
                                            top1_hit, within)
@@ -99,14 +99,17 @@ def load_corpus(store: Path, device: str = "local") -> Corpus:
     for r in rows:
         k = kernel_key(r["conv"], r["algorithm"], r["compression"], r["ratio"], r["tuning"])
         if k in seen:
-            if r["fingerprint"] == fps[seen[k]]:
+            i = seen[k]
+            if r["fingerprint"] == fps[i]:
                 # the same configuration with other knobs on the same machine (a GPU's
-                # float16 accumulating in float32 and in float16): the faster one is what a
-                # deployment would run
-                secs[seen[k]] = min(secs[seen[k]], modelled_seconds(r))
+                # float16 accumulating in float32 and in float16, a CPU kernel's blocks
+                # before and after a change of its defaults): the faster one is what a
+                # deployment would run, learned with its own knobs
+                if modelled_seconds(r) < secs[i]:
+                    secs[i], rows_x[i] = modelled_seconds(r), features(config_from_row(r), dev)
             else:  # a repeat measurement on another machine: keep the newest
-                secs[seen[k]] = modelled_seconds(r)
-                fps[seen[k]] = r["fingerprint"]
+                secs[i], rows_x[i] = modelled_seconds(r), features(config_from_row(r), dev)
+                fps[i] = r["fingerprint"]
             continue
         seen[k] = len(keys)
         keys.append(k)
@@ -418,30 +421,58 @@ def timed_these_layers(m, layers_of: dict[tuple, list[dict]]) -> bool:
 MIN_CURRENT_ENGINE_NETWORKS = 20
 
 
-def current_engine(m) -> bool:
+def current_engine(m, unchanged=None) -> bool:
     """Whether whole-network record ``m`` was timed by today's engine (or carries no
-    version): the CPU engine's version for its algorithm, or the GPU engine's."""
-    from dlas_predict.corpus.networks import GPU_NETWORK_VERSION, engine_version
+    version): the CPU engine's version for its algorithm, or the GPU engine's; or the
+    previous engine's, where ``unchanged(m)`` says today's engine builds it the same way."""
+    from dlas_predict.corpus.networks import (GPU_NETWORK_VERSION, LAST_NETWORK_VERSION,
+                                              NETWORK_VERSION, engine_version)
 
-    return (not m.version or m.version == GPU_NETWORK_VERSION
-            or m.version == engine_version(m.algorithm, m.tuned_layers is not None))
+    today = engine_version(m.algorithm, m.tuned_layers is not None)
+    if not m.version or m.version == GPU_NETWORK_VERSION or m.version == today:
+        return True
+    return (unchanged is not None and today == NETWORK_VERSION
+            and m.version == LAST_NETWORK_VERSION and unchanged(m))
 
 
-def drop_older_engines(meas: list) -> list:
+def drop_older_engines(meas: list, unchanged=None) -> list:
     """Whole-network records less those of an older engine version whose network,
     configuration and algorithm the current engine has measured; and, once today's engine
     has timed our builds of :data:`MIN_CURRENT_ENGINE_NETWORKS` networks, less every older
-    engine's build (it ran other code)."""
+    engine's build (it ran other code). ``unchanged(m)``: whether today's engine builds a
+    record of the previous engine the same way (it counts as today's)."""
     from dlas_predict.corpus.networks import ONNXRUNTIME
 
-    current = {(m.network, m.config, m.algorithm) for m in meas if current_engine(m)}
+    now = {id(m): current_engine(m, unchanged) for m in meas}
+    current = {(m.network, m.config, m.algorithm) for m in meas if now[id(m)]}
     meas = [m for m in meas
-            if current_engine(m) or (m.network, m.config, m.algorithm) not in current]
-    ours = {m.network for m in meas if m.algorithm != ONNXRUNTIME and current_engine(m)
+            if now[id(m)] or (m.network, m.config, m.algorithm) not in current]
+    ours = {m.network for m in meas if m.algorithm != ONNXRUNTIME and now[id(m)]
             and m.version}
     if len(ours) >= MIN_CURRENT_ENGINE_NETWORKS:
-        meas = [m for m in meas if current_engine(m)]
+        meas = [m for m in meas if now[id(m)]]
     return meas
+
+
+def unchanged_builds(layers_of: dict[tuple, list[dict]], device: Device):
+    """``unchanged(m)`` for :func:`drop_older_engines`: whether today's engine builds the
+    previous engine's record ``m`` the same way on ``device``
+    (:func:`~dlas_predict.corpus.networks.rebuilt_by_today` on its configuration's
+    layers)."""
+    import json
+
+    from dlas_predict.corpus.networks import rebuilt_by_today
+
+    simd = device.simd_bits if device.kind == "cpu" else None
+
+    def unchanged(m) -> bool:
+        layers = layers_of.get((m.network, m.config))
+        plan = json.loads(m.plan) if m.plan else []
+        if not layers or len(layers) != len(plan):
+            return False
+        return not rebuilt_by_today(plan, [ConvSpec.parse(l["conv"]) for l in layers], simd)
+
+    return unchanged
 
 
 def whole_rows(corpus: Corpus, store: Path) -> list[WholeRow]:
@@ -460,11 +491,12 @@ def whole_rows(corpus: Corpus, store: Path) -> list[WholeRow]:
         meas = db.network_records(
             f"error IS NULL AND device = ? AND kernels_version IN "
             f"({', '.join('?' * len(versions))})", (corpus.device.name, *versions))
-    meas = drop_superseded(drop_older_engines(meas))
-    index = corpus.index()
     layers_of: dict[tuple, list[dict]] = {}
     for r in corpus.configs:
         layers_of.setdefault((r["network"], r["config"]), []).append(r)
+    meas = drop_superseded(drop_older_engines(meas, unchanged_builds(layers_of,
+                                                                     corpus.device)))
+    index = corpus.index()
     meas = [m for m in meas if timed_these_layers(m, layers_of)]
     summaries: dict[str, object] = {}
     out = []

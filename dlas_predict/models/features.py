@@ -100,7 +100,7 @@ class KernelConfig:
 def _waste(spec: ConvSpec, knobs: dict[str, int]) -> float:
     """Padded over useful work of the vector/tile loops (1.0: the tiles divide the output)."""
     w = 1.0
-    if knobs.get("tile_k"):  # a spatial pack's last block of filters, padded
+    if knobs.get("tile_k"):  # a dense kernel's last block of filters, padded
         w *= math.ceil(spec.K / knobs["tile_k"]) * knobs["tile_k"] / spec.K
     if knobs.get("tile_w"):
         w *= math.ceil(spec.OW / knobs["tile_w"]) * knobs["tile_w"] / spec.OW
@@ -142,11 +142,12 @@ def loop_counts(cfg: KernelConfig, knobs: dict[str, int]) -> tuple[int, float, f
             tk, tw = knobs["tile_k"], knobs["tile_w"]
             wide = direct_input_width(s, _cdiv(s.OW, tw) * tw)
             padded = s.C * (s.H + s.pad_t + s.pad_b) * wide
-            return (s.K // tk) * s.OH, s.K * s.OH * _cdiv(s.OW, tw) * crs, 0.0, padded
+            return (_cdiv(s.K, tk) * s.OH, _cdiv(s.K, tk) * tk * s.OH * _cdiv(s.OW, tw) * crs,
+                    0.0, padded)
         if alg is Algorithm.GEMM:  # the im2col matrix padded to whole tiles of positions
             tk, tp = knobs["tile_k"], knobs["tile_p"]
-            return ((s.K // tk) * _cdiv(p, tp), s.K * _cdiv(p, tp) * crs, 0.0,
-                    s.groups * crs * _cdiv(p, tp) * tp)
+            return (_cdiv(s.K, tk) * _cdiv(p, tp), _cdiv(s.K, tk) * tk * _cdiv(p, tp) * crs,
+                    0.0, s.groups * crs * _cdiv(p, tp) * tp)
         kb, vh, vw = knobs["tile_k"], knobs["tile_h"], knobs["tile_w"]
         oht, owt = _cdiv(s.OH, vh), _cdiv(s.OW, vw)
         if kb >= 4:  # vectorised over the output-channel block (the last one padded)
