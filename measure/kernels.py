@@ -22,7 +22,7 @@ from tvm import te
 from tvm.s_tir import Schedule
 
 from dlas_predict.space.config import Algorithm, ConvSpec, DType
-from .knobs import depthwise_extents, direct_input_width, dp4a_capable
+from .knobs import depthwise_extents, direct_input_width, dp4a_capable, filters_computed
 from .reference import int8_scale
 from .sparse import to_csr
 
@@ -313,14 +313,11 @@ def _padded_extent(extent: int, tile: int | None) -> int:
 
 
 def _filters_padded(ks: KernelSpec) -> int:
-    """The filters a dense direct or GEMM kernel computes: its K rounded up to whole blocks
-    of ``tile_k`` (an ungrouped conv whose K has no divisor of at least four that fits the
-    accumulators, see :func:`~dlas_predict.measure.knobs.default_knobs`); the padded
-    filters repeat the last one and an ``out`` stage crops them."""
-    spec = ks.conv
-    if spec.groups != 1:
-        return spec.K
-    return _padded_extent(spec.K, ks.knobs.get("tile_k"))
+    """The filters a dense direct or GEMM kernel computes (:func:`~dlas_predict.measure.
+    knobs.filters_computed`: more than K where no block of at least four filters divides an
+    ungrouped conv's K); the padded filters repeat the last one and an ``out`` stage crops
+    them."""
+    return filters_computed(ks.conv, ks.knobs.get("tile_k"))
 
 
 def _filter(spec: ConvSpec, k, kp: int):

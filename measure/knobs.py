@@ -69,6 +69,15 @@ def _filter_tile(spec: ConvSpec, acc: int, prefer: tuple[int, ...]) -> int:
                key=lambda t: (_ceil_to(spec.K, t), order.get(t, len(order)), -t))
 
 
+def filters_computed(spec: ConvSpec, tile_k: int | None) -> int:
+    """The filters a dense direct or GEMM kernel computes with blocks of ``tile_k``: an
+    ungrouped conv's K rounded up to whole blocks (the kernel crops the padded ones), a
+    grouped conv's K (its blocks divide it)."""
+    if spec.groups != 1 or not tile_k:
+        return spec.K
+    return _ceil_to(spec.K, tile_k)
+
+
 def default_knobs(spec: ConvSpec, variant: Variant,
                   simd_bits: int | None = None) -> dict[str, int]:
     """The untuned schedule's knobs for ``variant`` on ``spec``, chosen from the shape and the

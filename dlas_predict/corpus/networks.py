@@ -76,14 +76,14 @@ def rebuilt_by_today(plan: list, convs: list, simd_bits: int | None) -> bool:
     :data:`LAST_NETWORK_VERSION` did, on a CPU of ``simd_bits``: it has a dense direct or
     GEMM layer whose block of filters today's default pads (a filter count with no divisor
     of at least four that fits the accumulators)."""
-    from dlas_predict.measure.knobs import default_knobs
+    from dlas_predict.measure.knobs import default_knobs, filters_computed
     from dlas_predict.space.config import Variant
 
     for (algorithm, sparse), spec in zip(plan, convs):
         if sparse or algorithm not in (Algorithm.DIRECT.value, Algorithm.GEMM.value):
             continue
-        if spec.groups == 1 and spec.K % default_knobs(
-                spec, Variant(algorithm, "dense"), simd_bits)["tile_k"]:
+        knobs = default_knobs(spec, Variant(algorithm, "dense"), simd_bits)
+        if filters_computed(spec, knobs["tile_k"]) != spec.K:
             return True
     return False
 

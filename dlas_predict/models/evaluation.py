@@ -464,13 +464,14 @@ def unchanged_builds(layers_of: dict[tuple, list[dict]], device: Device):
     from dlas_predict.corpus.networks import rebuilt_by_today
 
     simd = device.simd_bits if device.kind == "cpu" else None
+    parse = functools.lru_cache(maxsize=None)(ConvSpec.parse)  # networks share their layers
 
     def unchanged(m) -> bool:
         layers = layers_of.get((m.network, m.config))
         plan = json.loads(m.plan) if m.plan else []
         if not layers or len(layers) != len(plan):
             return False
-        return not rebuilt_by_today(plan, [ConvSpec.parse(l["conv"]) for l in layers], simd)
+        return not rebuilt_by_today(plan, [parse(l["conv"]) for l in layers], simd)
 
     return unchanged
 
