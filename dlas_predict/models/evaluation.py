@@ -30,7 +30,7 @@ from dlas_predict.models.costmodel import (LayerCostModel, MacsLinearBaseline,
                                            top1_hit, within)
 from dlas_predict.space.devices import Device, get_device
 from dlas_predict.errors import DlasError
-from dlas_predict.models.features import config_from_row, features
+from dlas_predict.models.features import _simd, config_from_row, features
 from dlas_predict.compression.netplan import ratio_key
 
 MODELS = ("lightgbm", "stage", "roofline", "macs_linear")
@@ -463,7 +463,7 @@ def unchanged_builds(layers_of: dict[tuple, list[dict]], device: Device):
 
     from dlas_predict.corpus.networks import rebuilt_by_today
 
-    simd = device.simd_bits if device.kind == "cpu" else None
+    simd = _simd(device)  # the vector width today's default knobs are sized for
     parse = functools.lru_cache(maxsize=None)(ConvSpec.parse)  # networks share their layers
 
     def unchanged(m) -> bool:
