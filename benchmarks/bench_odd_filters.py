@@ -1,8 +1,10 @@
 """Filter counts no vector divides: whole blocks of filters, the last padded, against blocks
-of the largest divisor, same run. Spatial pack (the default): vector blocks, the GEMM kernel
-(the per-layer choice's alternative) beside them; ``--kernel direct`` or ``gemm``: the
-register tile's block of filters, on the layers whose largest divisor is under four, with
-blocks of eight (the last padded) beside them.
+of the largest divisor, same run. Spatial pack (the default): the largest divisor's blocks,
+the block of fewest vector updates (a divisor where it ties with whole vectors: 31 of 124
+filters on 16 lanes) and the default (whole vectors, the last padded, wherever the largest
+divisor is no whole vector), the GEMM kernel (the per-layer choice's alternative) beside
+them; ``--kernel direct`` or ``gemm``: the register tile's block of filters, on the layers
+whose largest divisor is under four, with blocks of eight (the last padded) beside them.
 
 The layers are those of channel-pruned networks with their zeroed filters removed
 (``zoo:resnet18-cifar`` and ``zoo:resnet50`` at ratio 0.5): every ungrouped layer whose
@@ -26,20 +28,23 @@ NETWORKS = ("zoo:resnet18-cifar", "zoo:resnet50")
 RATIO = 0.5
 
 
-def _divisor_knobs(spec, simd_bits: int) -> dict[str, int]:
-    """Spatial pack's knobs with a filter block dividing K: the largest divisor up to two
-    vectors, the register tile sized as the default does (fewer than 8 filters: the
-    default, which vectorises along the width)."""
-    from dlas_predict.measure.knobs import (_divisor_at_most, _pow2_at_least, registers,
+def _pack_knobs(spec, simd_bits: int, block: str) -> dict[str, int]:
+    """Spatial pack's knobs with the filter block ``block`` names: ``divisor``, the largest
+    divisor of K up to two vectors; ``updates``, the block of fewest vector updates among
+    that divisor and whole vectors (the last padded), ties to the divisor; the register
+    tile sized as the default does (fewer than 8 filters: the default, which vectorises
+    along the width)."""
+    from dlas_predict.corpus.networks import _engine11_pack_block
+    from dlas_predict.measure.knobs import (_divisor_at_most, _pack_width, registers,
                                             resolve_knobs)
     from dlas_predict.space.config import Variant
 
     if spec.K < 8:
         return resolve_knobs(spec, Variant("spatial_pack", "dense"), simd_bits)
     lanes, acc = registers(simd_bits)
-    tile_k = _divisor_at_most(spec.K, 2 * lanes, prefer=(2 * lanes, lanes, 8))
-    tile_w = max(1, min(acc // -(-tile_k // lanes), 16 if spec.OW >= 16 else 8))
-    return {"tile_k": tile_k, "tile_h": 1, "tile_w": min(tile_w, _pow2_at_least(spec.OW))}
+    tile_k = (_divisor_at_most(spec.K, 2 * lanes, prefer=(2 * lanes, lanes, 8))
+              if block == "divisor" else _engine11_pack_block(spec, lanes))
+    return {"tile_k": tile_k, "tile_h": 1, "tile_w": _pack_width(spec, tile_k, lanes, acc)}
 
 
 def _tile(knobs: dict[str, int]) -> str:
@@ -118,27 +123,35 @@ def main() -> int:
         return _register_tiles(timer, args, args.kernel)
     rng = np.random.default_rng(0)
     lanes = registers(timer.bits)[0]
-    print(f"{'layer':44s} {'divisor ms':>10s} {'padded ms':>10s} {'speedup':>8s} "
-          f"{'gemm ms':>8s}  divisor → padded tile (k×h×w)")
-    ratios = []
+    print(f"{'layer':44s} {'divisor ms':>10s} {'updates ms':>10s} {'default ms':>10s} "
+          f"{'speedup':>8s} {'gemm ms':>8s}  tile (k×h×w): divisor, updates → default")
+    ratios, over_updates = [], []
     for spec in layers(lambda s: s.K % lanes, args.limit):
         inputs = timer.inputs(spec, rng)
-        old = _divisor_knobs(spec, timer.bits)
+        divisor = _pack_knobs(spec, timer.bits, "divisor")
+        updates = _pack_knobs(spec, timer.bits, "updates")
         new = resolve_knobs(spec, Variant("spatial_pack", "dense"), timer.bits)
         gemm = resolve_knobs(spec, Variant("gemm", "dense"), timer.bits)
         runs = [timer.time(KernelSpec(spec, alg, False, DType.FLOAT32, knobs, None, EPILOGUE),
                            build_kernel, inputs)
-                for alg, knobs in ((Algorithm.SPATIAL_PACK, old), (Algorithm.SPATIAL_PACK, new),
-                                   (Algorithm.GEMM, gemm))]
+                for alg, knobs in ((Algorithm.SPATIAL_PACK, divisor),
+                                   (Algorithm.SPATIAL_PACK, updates),
+                                   (Algorithm.SPATIAL_PACK, new), (Algorithm.GEMM, gemm))]
         times = [t for t, _ in runs]
         if disagree([out for _, out in runs]):
             print(f"Error: {spec.to_spec()}: the builds disagree", file=sys.stderr)
             return 1
-        ratios.append(times[0] / times[1])
-        print(f"{short(spec):44s} {times[0]:10.4f} {times[1]:10.4f} {ratios[-1]:7.2f}x "
-              f"{times[2]:8.4f}  {_tile(old)} → {_tile(new)}", flush=True)
+        ratios.append(times[0] / times[2])
+        if updates != new:
+            over_updates.append(times[1] / times[2])
+        print(f"{short(spec):44s} {times[0]:10.4f} {times[1]:10.4f} {times[2]:10.4f} "
+              f"{ratios[-1]:7.2f}x {times[3]:8.4f}  {_tile(divisor)}, {_tile(updates)} → "
+              f"{_tile(new)}", flush=True)
     if ratios:
-        print(f"\n{len(ratios)} layers: padded over divisor blocks {spread(ratios)}")
+        print(f"\n{len(ratios)} layers: the default over divisor blocks {spread(ratios)}")
+    if over_updates:
+        print(f"{len(over_updates)} layers whose fewest-updates block is no whole vector: "
+              f"the default over it {spread(over_updates)}")
     return 0
 
 

@@ -117,17 +117,19 @@ def default_knobs(spec: ConvSpec, variant: Variant,
             if spec.groups == 1:
                 # an ungrouped conv may pad its last block with zero filters (a channel-
                 # pruned layer keeps any number of them): whole vectors where that takes
-                # fewer vector updates than the largest divisor's blocks
+                # fewer vector updates than the largest divisor's blocks, and always where
+                # that divisor is no whole vector (31 filters on 16 lanes run 10-17x slower
+                # than 32 with one padded: the odd-width vector is split into pieces)
                 def updates(block: int, padded: bool) -> tuple[int, int, int]:
                     n = -(-kg // block) * -(-block // lanes) if block >= 4 else kg
                     return n, int(padded), -block
 
                 tile_k = min([(tile_k, False), (2 * lanes, True), (lanes, True)],
                              key=lambda c: updates(*c))[0]
-            vectors = -(-tile_k // lanes)  # accumulators per output column
-            tile_w = max(1, min(acc // vectors, 16 if spec.OW >= 16 else 8))
-            tile_w = min(tile_w, _pow2_at_least(spec.OW))
-            return {"tile_k": tile_k, "tile_h": 1, "tile_w": tile_w}
+                if tile_k not in (2 * lanes, lanes, 8):
+                    tile_k = min((2 * lanes, lanes),
+                                 key=lambda b: _pack_block_cost(spec, b, lanes, acc))
+            return {"tile_k": tile_k, "tile_h": 1, "tile_w": _pack_width(spec, tile_k, lanes, acc)}
         # depthwise / narrow groups: vectorise along output width instead.
         return {"tile_k": _divisor_at_most(kg, 4), "tile_h": 2 if spec.OH > 1 else 1,
                 "tile_w": min(lanes, _pow2_at_least(spec.OW))}
@@ -138,6 +140,26 @@ def default_knobs(spec: ConvSpec, variant: Variant,
     if key == (Algorithm.SPATIAL_PACK, True):
         return {"tile_h": 2 if spec.OH > 1 else 1, "tile_w": min(lanes, _pow2_at_least(spec.OW))}
     raise ConfigError(f"no kernel for {variant.algorithm.value} (sparse={variant.sparse})")
+
+
+def _pack_width(spec: ConvSpec, tile_k: int, lanes: int, acc: int) -> int:
+    """Spatial pack's register tile width for blocks of ``tile_k`` filters: the columns
+    whose accumulators (a vector of filters each) fit, at most 16 (8 on rows under 16
+    wide), and no wider than the row rounded up to a power of two."""
+    vectors = -(-tile_k // lanes)  # accumulators per output column
+    tile_w = max(1, min(acc // vectors, 16 if spec.OW >= 16 else 8))
+    return min(tile_w, _pow2_at_least(spec.OW))
+
+
+def _pack_block_cost(spec: ConvSpec, block: int, lanes: int, acc: int) -> tuple[int, int]:
+    """What a row of spatial pack's register tiles with blocks of ``block`` filters (the last
+    padded) executes per reduction step: each tile's vector multiply-adds plus its loads (a
+    weight vector per accumulator row, an input broadcast per column), over the blocks and
+    the row padded to whole tiles; ties go to the larger block."""
+    width = _pack_width(spec, block, lanes, acc)
+    vectors = -(-block // lanes)
+    tiles = -(-spec.K // block) * -(-spec.OW // width)
+    return tiles * (vectors * width + vectors + width), -block
 
 
 def depthwise_extents(spec: ConvSpec, tile_h: int, tile_w: int) -> tuple[int, int, int, int]:

@@ -385,11 +385,10 @@ def test_a_record_of_an_older_engine_counts_until_the_current_engine_measures_it
         assert engine_version(algorithm, tuned=True) == NETWORK_VERSION
     assert engine_version(ONNXRUNTIME) == ONNXRUNTIME_VERSION
     assert engine_version(ONNXRUNTIME, tuned=True) == ONNXRUNTIME_VERSION
-    # the newest engine pads the filter blocks of direct and GEMM layers: the builds that
-    # run them take its version, an untuned spatial pack build keeps the one before
-    for algorithm in ("direct", "gemm", "per_layer"):
-        assert engine_version(algorithm) == NETWORK_VERSION
-    assert engine_version("spatial_pack") == old != NETWORK_VERSION
+    # every build of ours takes the newest engine's version (the unchanged builds of the
+    # carried engines count as today's through their layers, not their key)
+    for algorithm in ("direct", "gemm", "spatial_pack", "per_layer"):
+        assert engine_version(algorithm) == NETWORK_VERSION != old
     direct = rec("dense", engine_version("direct"), "direct", tuned=False)
     old_direct = rec("dense", old, "direct", tuned=False)
     untuned = rec("int8", engine_version("spatial_pack"), tuned=False)
@@ -456,21 +455,23 @@ def test_once_enough_networks_are_timed_by_the_current_engine_older_builds_are_l
     assert stale in drop_older_engines([stale, *ort_only])
 
 
-def test_a_previous_engine_build_todays_engine_builds_the_same_way_counts_as_today():
-    """Today's engine changed only direct and GEMM layers whose filter count has no block of
-    at least four: the previous engine's records of other builds stay in, even once today's
+def test_a_carried_engine_build_todays_engine_builds_the_same_way_counts_as_today():
+    """Engine 11 changed only direct and GEMM layers whose filter count has no block of at
+    least four, engine 12 only spatial pack layers whose block of filters was a divisor of no
+    whole vector: the carried engines' records of other builds stay in, even once today's
     engine has timed enough networks to leave older builds out."""
-    from dlas_predict.corpus.networks import (LAST_NETWORK_VERSION, NETWORK_VERSION,
-                                              NetworkMeasurement, rebuilt_by_today)
+    from dlas_predict.corpus.networks import (CARRIED_VERSIONS, NETWORK_VERSION,
+                                              NetworkMeasurement, rebuilt_since)
     from dlas_predict.models.evaluation import (MIN_CURRENT_ENGINE_NETWORKS,
                                                 drop_older_engines, unchanged_builds)
 
-    assert LAST_NETWORK_VERSION != NETWORK_VERSION
+    assert NETWORK_VERSION not in CARRIED_VERSIONS
     even = "C=16,H=8,W=8,K=64,R=3,S=3,stride=1,pad=1"
     odd = "C=16,H=8,W=8,K=59,R=3,S=3,stride=1,pad=1"
+    reblocked = "C=16,H=8,W=8,K=124,R=3,S=3,stride=1,pad=1"  # 31 a block; now 32, padded
     layers_of = {(net, "dense"): [{"network": net, "config": "dense", "layer_index": 0,
                                    "conv": conv, "compression": "dense", "ratio": 0.0}]
-                 for net, conv in (("even", even), ("odd", odd))}
+                 for net, conv in (("even", even), ("odd", odd), ("reblocked", reblocked))}
 
     def rec(network, version, algorithm="direct", sparse=False, i=0):
         return NetworkMeasurement(key=f"{network}{version}{algorithm}{sparse}{i}",
@@ -480,20 +481,34 @@ def test_a_previous_engine_build_todays_engine_builds_the_same_way_counts_as_tod
                                   dtype="float32", run_secs=[1e-3], version=version)
 
     unchanged = unchanged_builds(layers_of, get_device("local"))
-    kept, rebuilt = rec("even", LAST_NETWORK_VERSION), rec("odd", LAST_NETWORK_VERSION)
-    csr = rec("odd", LAST_NETWORK_VERSION, "gemm", sparse=True)
-    assert unchanged(kept) and not unchanged(rebuilt) and unchanged(csr)
+    kept, rebuilt = rec("even", "11"), rec("odd", "10")
+    csr = rec("odd", "10", "gemm", sparse=True)
+    # engine 11's build of the odd layer is today's; 12 changed no direct layer
+    odd11 = rec("odd", "11")
+    pack_kept = rec("odd", "10", "spatial_pack")      # 59 filters: two padded vectors in 11
+    pack_rebuilt = rec("reblocked", "11", "spatial_pack")
+    for m in (kept, csr, odd11, pack_kept):
+        assert unchanged(m), m.network
+    for m in (rebuilt, pack_rebuilt):
+        assert not unchanged(m), m.network
     fresh = [rec(f"n{i}", NETWORK_VERSION, i=i) for i in range(MIN_CURRENT_ENGINE_NETWORKS)]
-    assert drop_older_engines([kept, rebuilt, csr, *fresh], unchanged) == [kept, csr, *fresh]
-    # without the check every previous build is left out
+    assert drop_older_engines([kept, rebuilt, csr, pack_rebuilt, *fresh], unchanged) == [
+        kept, csr, *fresh]
+    # without the check every carried build is left out
     assert drop_older_engines([kept, rebuilt, csr, *fresh]) == fresh
-    # an older engine than the previous one is never today's
+    # an engine older than the carried ones is never today's
     older = rec("even", "9")
     assert drop_older_engines([older, *fresh], unchanged) == fresh
     # 59 filters pad on every vector width; 64 on none
     for bits in (128, 256, 512):
-        assert rebuilt_by_today([["gemm", False]], [ConvSpec.parse(odd)], bits)
-        assert not rebuilt_by_today([["gemm", False]], [ConvSpec.parse(even)], bits)
+        assert rebuilt_since("10", [["gemm", False]], [ConvSpec.parse(odd)], bits)
+        assert not rebuilt_since("11", [["gemm", False]], [ConvSpec.parse(odd)], bits)
+        assert not rebuilt_since("10", [["gemm", False]], [ConvSpec.parse(even)], bits)
+    # 124 filters: 31 a block on 16 lanes (reblocked), 2-vector blocks of 16 on 8 lanes (kept)
+    plan = [["spatial_pack", False]]
+    assert rebuilt_since("11", plan, [ConvSpec.parse(reblocked)], 512)
+    assert not rebuilt_since("11", plan, [ConvSpec.parse(reblocked)], 256)
+    assert not rebuilt_since("11", [["spatial_pack", True]], [ConvSpec.parse(reblocked)], 512)
 
 
 def test_a_channel_pruning_record_pairs_only_with_the_layers_it_timed():

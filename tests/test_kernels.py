@@ -382,8 +382,17 @@ def test_the_filter_block_pads_only_where_no_vector_divides_the_filters():
     sp = Variant("spatial_pack", "dense")
     k = {K: default_knobs(ConvSpec.parse(f"C=16,H=8,W=8,K={K},R=3,S=3,stride=1,pad=1"), sp,
                           256)["tile_k"] for K in (64, 24, 20, 53, 31, 60)}
-    # fewest vector updates: 20 as 3 blocks of 8 (the divisor 10 takes 2 vectors a block)
-    assert k == {64: 16, 24: 8, 20: 8, 53: 8, 31: 16, 60: 15}
+    # fewest vector updates: 20 as 3 blocks of 8 (the divisor 10 takes 2 vectors a block);
+    # a divisor that is no whole vector (15, 12 on 8 lanes) gives way to whole vectors
+    assert k == {64: 16, 24: 8, 20: 8, 53: 8, 31: 16, 60: 16}
+    wide = {K: default_knobs(ConvSpec.parse(f"C=16,H=20,W=20,K={K},R=3,S=3,stride=1,pad=1"),
+                             sp, 512) for K in (124, 54, 18, 13, 48)}
+    # on 16 lanes: two vectors where that executes less (124 = 4 x 31, 54 = 2 x 27,
+    # 18 = 2 x 9 each as two 32s, the last padded), one where a single vector covers the
+    # filters (13), and a divisor of whole vectors is kept (48 as three 16s)
+    assert {K: kn["tile_k"] for K, kn in wide.items()} == {124: 32, 54: 32, 18: 32, 13: 16,
+                                                           48: 16}
+    assert wide[124]["tile_w"] == 8 and wide[13]["tile_w"] == 16
     assert default_knobs(ConvSpec.parse("C=16,H=8,W=8,K=53,R=3,S=3,stride=1,pad=1"), sp,
                          512)["tile_k"] == 32
     # a grouped conv's blocks must stay within a group

@@ -415,3 +415,38 @@ def test_fused_and_separate_epilogues_compute_the_same(tmp_path, dtype, alg):
             assert np.abs(out - ref).max() < tol * max(1.0, np.abs(ref).max())
     else:  # int8: the fused build dequantises in the epilogue, the separate one requantises
         assert np.abs(outs[1] - ref).max() <= np.abs(outs[0] - ref).max() * 1.5 + 1e-3
+
+
+def test_a_collection_after_an_engine_change_times_only_the_builds_it_altered(tmp_path):
+    """A build a carried engine timed is not timed again where today's engine builds it the
+    same way: on 16 lanes, 124 filters were blocked 31 at a time (today 32, the last padded),
+    so the spatial pack build is timed again; the direct build and the 64-filter network's
+    spatial pack are the same builds, and are skipped; a failed record carries nothing."""
+    from dlas_predict.compression.netplan import LayerConfig
+    from dlas_predict.corpus.collect import NetworkToCollect, uncarried
+    from dlas_predict.corpus.networks import CARRIED_VERSIONS, NetworkMeasurement
+    from dlas_predict.space.config import ConvSpec
+
+    dev = get_device("local")
+    if (dev.simd_bits or 512) < 512:
+        pytest.skip("the 31-filter block is chosen on 16 lanes (AVX-512) only")
+    nets, plans = [], []
+    for name, k in (("wide", 124), ("even", 64)):
+        spec = ConvSpec.parse(f"C=16,H=8,W=8,K={k},R=3,S=3,stride=1,pad=1")
+        nets.append(NetworkToCollect(f"{name}.onnx", name, None, {
+            "dense": [LayerConfig(0, "conv0", spec, Compression.DENSE, 0.0)]}))
+        plans += [uniform_plan(f"{name}.onnx", name, "dense", None, alg, 1)
+                  for alg in ("direct", "spatial_pack")]
+    with CorpusStore(tmp_path / "s.sqlite") as db:
+        assert uncarried(plans, nets, db, dev) == plans  # nothing stored: all to time
+        for p in plans:
+            failed = p.network == "even" and p.algorithm == "direct"
+            db.add_network_measurement(NetworkMeasurement(
+                key=p.key(dev, CARRIED_VERSIONS[-1]), device=dev.name,
+                fingerprint=dev.fingerprint, network=p.network, config=p.config,
+                algorithm=p.algorithm, plan=p.plan_json(), dtype="float32",
+                run_secs=[] if failed else [1e-3], version=CARRIED_VERSIONS[-1],
+                error="crashed" if failed else None).to_row())
+        left = uncarried(plans, nets, db, dev)
+    assert [(p.network, p.algorithm) for p in left] == [("wide", "spatial_pack"),
+                                                        ("even", "direct")]

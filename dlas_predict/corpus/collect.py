@@ -306,6 +306,31 @@ def whole_network_plans(networks: list[NetworkToCollect], algorithms: list[Algor
     return todo
 
 
+def uncarried(plans: list[NetworkPlan], networks: list[NetworkToCollect], store: CorpusStore,
+              device: Device) -> list[NetworkPlan]:
+    """The plans less those whose build the store holds a record of from a carried engine
+    (:data:`~dlas_predict.corpus.networks.CARRIED_VERSIONS`) that today's engine builds the
+    same way (:func:`~dlas_predict.corpus.networks.rebuilt_since`): after an engine change,
+    a collection times only the builds the change altered."""
+    from dlas_predict.corpus.networks import ONNXRUNTIME, CARRIED_VERSIONS, rebuilt_since
+    from dlas_predict.models.features import _simd
+
+    held = {r["key"] for r in store.network_measurements("error IS NULL")}
+    convs = {(n.name, label): [lc.spec for lc in layers]
+             for n in networks for label, layers in n.configs.items()}
+    simd = _simd(device)
+
+    def carried(p: NetworkPlan) -> bool:
+        if p.algorithm == ONNXRUNTIME or p.key(device) in held:
+            return False
+        layers = [list(layer) for layer in p.layers]
+        return any(p.key(device, v) in held
+                   and not rebuilt_since(v, layers, convs[(p.network, p.config)], simd)
+                   for v in CARRIED_VERSIONS)
+
+    return [p for p in plans if not carried(p)]
+
+
 @dataclass
 class CollectReport:
     """The outcome of :func:`collect`: the kernel summary and the whole-network counts."""
@@ -369,7 +394,8 @@ def collect(models: list[str], store_path: Path, device: Device, kernel_runner: 
         whole = NetworkCollectSummary()
         contended = 0
         if network_runner is not None:
-            plans = whole_network_plans(networks, algorithms, ratio, db, device, backends)
+            plans = uncarried(whole_network_plans(networks, algorithms, ratio, db, device,
+                                                  backends), networks, db, device)
             with network_runner() as nr:
                 whole = collect_networks(plans, db, nr, device, retime_slow=retime_slow,
                                          retime_unprobed=retime_unprobed, log=log)

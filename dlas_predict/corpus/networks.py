@@ -27,32 +27,32 @@ PER_LAYER = "per_layer"
 #: our kernels: the systems-software dimension of the grid.
 ONNXRUNTIME = "onnxruntime"
 #: The engine's version, in every whole-network record and its key, so a changed engine
-#: measures again: "11" computes a direct or GEMM layer whose filter count has no divisor of
-#: at least four over whole blocks of filters, the last one padded, "10" keeps a padded
-#: pool's padding as a stage of its own, runs the ops after a pool or other reduction in its
-#: parallel loop, and tiles a strided depthwise row
-#: with the vector or half vector that pads it least, "9" computes a direct or GEMM layer
-#: over whole vector tiles where no tile of at least half a vector divides its output width
-#: (positions), "8" fuses the epilogue of
-#: a tuned build's direct or GEMM layer the tuning database holds no search of (it runs its
-#: hand schedule), "7" runs spatial pack's epilogue on its packed register tile and unpacks
-#: each tile while it is in cache, "6" computes a fused SiLU's sigmoid with a polynomial exp
-#: that vectorises, "5" builds a channel-pruned network with its zeroed filters removed, "4"
-#: runs depthwise convs as register-tiled direct kernels, "3" runs the ops after each conv in
-#: its kernel's epilogue, "2" ran them as kernels of their own.
-NETWORK_VERSION = "11"
+#: measures again: "12" blocks a spatial pack layer's filters in whole vectors where the
+#: largest divisor of its filter count up to two vectors is no whole vector, "11" computes
+#: a direct or GEMM layer whose filter count has no divisor of at least four over whole
+#: blocks of filters, the last one padded, "10" keeps a padded pool's padding as a stage of
+#: its own, runs the ops after a pool or other reduction in its parallel loop, and tiles a
+#: strided depthwise row with the vector or half vector that pads it least, "9" computes a
+#: direct or GEMM layer over whole vector tiles where no tile of at least half a vector
+#: divides its output width (positions), "8" fuses the epilogue of a tuned build's direct or
+#: GEMM layer the tuning database holds no search of (it runs its hand schedule), "7" runs
+#: spatial pack's epilogue on its packed register tile and unpacks each tile while it is in
+#: cache, "6" computes a fused SiLU's sigmoid with a polynomial exp that vectorises, "5"
+#: builds a channel-pruned network with its zeroed filters removed, "4" runs depthwise convs
+#: as register-tiled direct kernels, "3" runs the ops after each conv in its kernel's
+#: epilogue, "2" ran them as kernels of their own.
+NETWORK_VERSION = "12"
 ONNXRUNTIME_VERSION = "2"
-#: Builds a newer engine left as they were keep their version, and their keys: "11" changed
-#: no untuned spatial pack build (its layers are spatial packs, and depthwise direct kernels
-#: of unchanged blocks); "10" changed the ops between the convs of every build of ours;
-#: onnxruntime's runs are as they were in "2".
-UNCHANGED_SINCE = {ONNXRUNTIME: ONNXRUNTIME_VERSION, Algorithm.SPATIAL_PACK.value: "10"}
-#: The engine before today's, whose builds today's engine changed only where
-#: :func:`rebuilt_by_today` says so: its other records are today's builds.
-LAST_NETWORK_VERSION = "10"
+#: Builds a newer engine left as they were keep their version, and their keys: onnxruntime's
+#: runs are as they were in "2".
+UNCHANGED_SINCE = {ONNXRUNTIME: ONNXRUNTIME_VERSION}
+#: Engines whose builds today's engine carries where it builds them the same way
+#: (:func:`rebuilt_since`): their records count as today's, and a collection does not
+#: time them again. "10" changed the ops between the convs of every build of ours.
+CARRIED_VERSIONS = ("10", "11")
 #: Engine versions whose records the network model still learns from, each until the same
 #: configuration is measured by the current engine.
-PREVIOUS_NETWORK_VERSIONS = ("10", "9", "8", "7", "6", "5", "4", "3", "2")
+PREVIOUS_NETWORK_VERSIONS = ("11", "10", "9", "8", "7", "6", "5", "4", "3", "2")
 #: The first engine version that removes the zeroed filters of a channel-pruned network;
 #: older channel-pruning records timed another network (CSR kernels over the zeroed filters).
 CHANNEL_REMOVAL_VERSION = "5"
@@ -70,12 +70,10 @@ def removes_channels(version: str) -> bool:
     return int(version) >= int(CHANNEL_REMOVAL_VERSION)
 
 
-def rebuilt_by_today(plan: list, convs: list, simd_bits: int | None) -> bool:
-    """Whether today's engine builds a network of conv layers ``convs`` (ConvSpecs, in
-    order) under ``plan`` ((algorithm, CSR or not) per layer) otherwise than the engine of
-    :data:`LAST_NETWORK_VERSION` did, on a CPU of ``simd_bits``: it has a dense direct or
-    GEMM layer whose block of filters today's default pads (a filter count with no divisor
-    of at least four that fits the accumulators)."""
+def _pads_register_filters(plan: list, convs: list, simd_bits: int | None) -> bool:
+    """What engine "11" builds otherwise than "10": a dense direct or GEMM layer whose block
+    of filters today's default pads (a filter count with no divisor of at least four that
+    fits the accumulators)."""
     from dlas_predict.measure.knobs import default_knobs, filters_computed
     from dlas_predict.space.config import Variant
 
@@ -86,6 +84,55 @@ def rebuilt_by_today(plan: list, convs: list, simd_bits: int | None) -> bool:
         if filters_computed(spec, knobs["tile_k"]) != spec.K:
             return True
     return False
+
+
+def _reblocks_pack_filters(plan: list, convs: list, simd_bits: int | None) -> bool:
+    """What engine "12" builds otherwise than "11": a dense spatial pack layer whose block
+    of filters engine 11 took as a divisor of its filter count that is no whole vector (nor
+    eight), which today's default replaces with whole vectors."""
+    from dlas_predict.measure.knobs import default_knobs, registers
+    from dlas_predict.space.config import Variant
+
+    lanes = registers(simd_bits)[0]
+    for (algorithm, sparse), spec in zip(plan, convs):
+        if sparse or algorithm != Algorithm.SPATIAL_PACK.value or spec.groups != 1:
+            continue
+        if spec.K < 8:
+            continue
+        today = default_knobs(spec, Variant(algorithm, "dense"), simd_bits)["tile_k"]
+        if today != _engine11_pack_block(spec, lanes):
+            return True
+    return False
+
+
+def _engine11_pack_block(spec, lanes: int) -> int:
+    """Engine 11's block of filters for a dense ungrouped spatial pack layer of at least
+    eight filters: the largest divisor up to two vectors, or whole vectors where those take
+    fewer vector updates."""
+    from dlas_predict.measure.knobs import _divisor_at_most
+
+    k = spec.K
+    tile_k = _divisor_at_most(k, 2 * lanes, prefer=(2 * lanes, lanes, 8))
+
+    def updates(block: int, padded: bool) -> tuple[int, int, int]:
+        n = -(-k // block) * -(-block // lanes) if block >= 4 else k
+        return n, int(padded), -block
+
+    return min([(tile_k, False), (2 * lanes, True), (lanes, True)],
+               key=lambda c: updates(*c))[0]
+
+
+#: Each engine after the oldest of :data:`CARRIED_VERSIONS`, and which builds it makes
+#: otherwise than the engine before it: ``rule(plan, convs, simd_bits)``.
+ENGINE_CHANGES = {"11": _pads_register_filters, "12": _reblocks_pack_filters}
+
+
+def rebuilt_since(version: str, plan: list, convs: list, simd_bits: int | None) -> bool:
+    """Whether today's engine builds a network of conv layers ``convs`` (ConvSpecs, in
+    order) under ``plan`` ((algorithm, CSR or not) per layer) otherwise than engine
+    ``version`` (one of :data:`CARRIED_VERSIONS`) did, on a CPU of ``simd_bits``."""
+    return any(rule(plan, convs, simd_bits) for v, rule in ENGINE_CHANGES.items()
+               if int(v) > int(version))
 
 
 def engine_version(algorithm: str, tuned: bool = False) -> str:
@@ -126,10 +173,11 @@ class NetworkPlan:
     def plan_json(self) -> str:
         return json.dumps([[a, bool(s)] for a, s in self.layers])
 
-    def key(self, device: Device) -> str:
+    def key(self, device: Device, version: str | None = None) -> str:
+        """The record's key on ``device``: under today's engine, or engine ``version``."""
         parts = [device.name, device.fingerprint, self.network, self.config,
                  self.algorithm, self.plan_json(),
-                 engine_version(self.algorithm, self.tuning is not None)]
+                 version or engine_version(self.algorithm, self.tuning is not None)]
         if self.tuning is not None:
             parts += ["tuned", str(self.tuning.budget)]
         text = "|".join(parts)

@@ -423,16 +423,17 @@ MIN_CURRENT_ENGINE_NETWORKS = 20
 
 def current_engine(m, unchanged=None) -> bool:
     """Whether whole-network record ``m`` was timed by today's engine (or carries no
-    version): the CPU engine's version for its algorithm, or the GPU engine's; or the
-    previous engine's, where ``unchanged(m)`` says today's engine builds it the same way."""
-    from dlas_predict.corpus.networks import (GPU_NETWORK_VERSION, LAST_NETWORK_VERSION,
+    version): the CPU engine's version for its algorithm, or the GPU engine's; or a carried
+    engine's (:data:`~dlas_predict.corpus.networks.CARRIED_VERSIONS`), where
+    ``unchanged(m)`` says today's engine builds it the same way."""
+    from dlas_predict.corpus.networks import (CARRIED_VERSIONS, GPU_NETWORK_VERSION,
                                               NETWORK_VERSION, engine_version)
 
     today = engine_version(m.algorithm, m.tuned_layers is not None)
     if not m.version or m.version == GPU_NETWORK_VERSION or m.version == today:
         return True
     return (unchanged is not None and today == NETWORK_VERSION
-            and m.version == LAST_NETWORK_VERSION and unchanged(m))
+            and m.version in CARRIED_VERSIONS and unchanged(m))
 
 
 def drop_older_engines(meas: list, unchanged=None) -> list:
@@ -440,7 +441,7 @@ def drop_older_engines(meas: list, unchanged=None) -> list:
     configuration and algorithm the current engine has measured; and, once today's engine
     has timed our builds of :data:`MIN_CURRENT_ENGINE_NETWORKS` networks, less every older
     engine's build (it ran other code). ``unchanged(m)``: whether today's engine builds a
-    record of the previous engine the same way (it counts as today's)."""
+    record of a carried engine the same way (it counts as today's)."""
     from dlas_predict.corpus.networks import ONNXRUNTIME
 
     now = {id(m): current_engine(m, unchanged) for m in meas}
@@ -455,13 +456,12 @@ def drop_older_engines(meas: list, unchanged=None) -> list:
 
 
 def unchanged_builds(layers_of: dict[tuple, list[dict]], device: Device):
-    """``unchanged(m)`` for :func:`drop_older_engines`: whether today's engine builds the
-    previous engine's record ``m`` the same way on ``device``
-    (:func:`~dlas_predict.corpus.networks.rebuilt_by_today` on its configuration's
-    layers)."""
+    """``unchanged(m)`` for :func:`drop_older_engines`: whether today's engine builds a
+    carried engine's record ``m`` the same way on ``device``
+    (:func:`~dlas_predict.corpus.networks.rebuilt_since` on its configuration's layers)."""
     import json
 
-    from dlas_predict.corpus.networks import rebuilt_by_today
+    from dlas_predict.corpus.networks import CARRIED_VERSIONS, rebuilt_since
 
     simd = _simd(device)  # the vector width today's default knobs are sized for
     parse = functools.lru_cache(maxsize=None)(ConvSpec.parse)  # networks share their layers
@@ -469,9 +469,9 @@ def unchanged_builds(layers_of: dict[tuple, list[dict]], device: Device):
     def unchanged(m) -> bool:
         layers = layers_of.get((m.network, m.config))
         plan = json.loads(m.plan) if m.plan else []
-        if not layers or len(layers) != len(plan):
+        if not layers or len(layers) != len(plan) or m.version not in CARRIED_VERSIONS:
             return False
-        return not rebuilt_by_today(plan, [parse(l["conv"]) for l in layers], simd)
+        return not rebuilt_since(m.version, plan, [parse(l["conv"]) for l in layers], simd)
 
     return unchanged
 
