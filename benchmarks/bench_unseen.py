@@ -17,6 +17,18 @@ here. Resumable: a network already in the output file is not measured again.
 
     .venv/bin/python benchmarks/bench_unseen.py [--out benchmarks/out/unseen.jsonl]
         [--device local] [--nasbench 6] [--only NAME]
+
+Two modes measure nothing and read a finished run's file instead (of the same device on
+the same machine):
+
+- ``--rescore`` prices every measured candidate again with the device's models as they
+  are now (after ``devices --measure-peaks``, ``active-learn`` or ``adapt``, say) and
+  scores them beside the run's own predictions;
+- ``--adapt-networks N`` is few-shot with whole networks, each network held out in turn:
+  ``adapt`` on N measured candidates drawn at random from the other generated CNNs (not
+  per-layer ones, which no other runtime has; NAS-Bench-201 cells are HELP's targets, dense
+  only), then the held-out network's candidates scored; ``--draws`` seeds. The device's
+  own adapted map, if any, is put back afterwards.
 """
 
 from __future__ import annotations
@@ -108,8 +120,15 @@ def main() -> int:
     ap.add_argument("--only", help="measure just this network (name)")
     ap.add_argument("--device", default="local",
                     help="this machine or one of its profiles (default: local)")
+    ap.add_argument("--rescore", action="store_true",
+                    help="price --out's measured candidates again with today's models")
+    ap.add_argument("--adapt-networks", type=int, metavar="N",
+                    help="few-shot: adapt on N whole networks of the others, each held out")
+    ap.add_argument("--draws", type=int, default=3, help="--adapt-networks: random draws")
     args = ap.parse_args()
     try:
+        if args.rescore or args.adapt_networks is not None:
+            return _rescore(args)
         return _run(args)
     except DlasError as exc:  # an unknown device, a build that cannot start: one line
         print(f"Error: {exc}", file=sys.stderr)
@@ -152,6 +171,104 @@ def _run(args) -> int:
             print(f"{fam:15s} {s['n']:10d}  {s['within_10']:11.0%}  {s['within_25']:11.0%}  "
                   f"{s['mape']:5.1%}  ×{s['geo_ratio']:.2f}")
     return 0
+
+
+def _predicted(path: Path, device: str) -> tuple[str, dict[str, float]]:
+    """(the latencies' source, today's predicted ms of every untuned candidate of ours by
+    label)."""
+    from dlas_predict.recommend.search import recommend
+
+    rec = recommend(str(path), device, max_accuracy_drop=float("inf"), top=0, validate=0,
+                    tuning="untuned", ratios=RATIOS)
+    return rec.source, {c.label: c.predicted_s * 1e3 for c in rec.candidates
+                        if c.backend == "tvm"}
+
+
+def _ours(row: dict) -> list[dict]:
+    return [c for c in row["candidates"]
+            if c["measured_ms"] and c.get("backend", "tvm") == "tvm"]
+
+
+def _rescore(args) -> int:
+    rows = list(read_rows(args.out, lambda r: r.get("device", "local") == args.device).values())
+    if not rows:
+        raise DlasError(f"{args.out} holds no run of {args.device}")
+    scored: dict[str, list[dict]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = {name: (fam, path) for fam, name, path in networks(args.nasbench, Path(tmp))}
+        missing = [r["name"] for r in rows if r["name"] not in paths]
+        if missing:
+            raise DlasError(f"{missing[0]} is not among this benchmark's networks (the run "
+                            "used another --nasbench?)")
+        if args.adapt_networks is None:
+            source = None
+            for r in rows:
+                source, pred = _predicted(paths[r["name"]][1], args.device)
+                scored.setdefault(r["family"], []).append(_rescored(r, pred))
+            print(f"today's {args.device} models ({source}) against the run's own predictions")
+        else:
+            source = _adapt_held_out(args, rows, paths, scored)
+            print(f"adapted on {args.adapt_networks} whole networks of the other generated "
+                  f"CNNs, {args.draws} draws, each network held out ({source})")
+    print("\nfamily          candidates  within ±10 %  within ±25 %  MAPE   predicted/measured"
+          "   (the run's: within ±10 %, ±25 %)")
+    groups = dict(sorted(scored.items()))
+    groups["all"] = [x for v in scored.values() for x in v]
+    for fam, members in groups.items():
+        now = summarise([{"candidates": [c for m in members for c in m["now"]]}])
+        then = summarise([{"candidates": [c for m in members for c in m["then"]]}])
+        if now["n"]:
+            print(f"{fam:15s} {now['n']:10d}  {now['within_10']:11.0%}  {now['within_25']:11.0%}"
+                  f"  {now['mape']:5.1%}  ×{now['geo_ratio']:.2f}               "
+                  f"({then['within_10']:.0%}, {then['within_25']:.0%})")
+    return 0
+
+
+def _rescored(row: dict, pred: dict[str, float]) -> dict:
+    """A run's row as (today's prediction, measured) and (the run's, measured) pairs."""
+    ours = [c for c in _ours(row) if c["config"] in pred]
+    return {"now": [{**c, "predicted_ms": pred[c["config"]]} for c in ours], "then": ours}
+
+
+def _adapt_held_out(args, rows: list[dict], paths: dict, scored: dict) -> str:
+    import numpy as np
+
+    from dlas_predict.crossdev import predictor, transfer
+
+    saved = predictor.adapted_dir() / f"{args.device}.json"
+    backup = saved.read_bytes() if saved.is_file() else None
+    source = None
+    try:
+        for seed in range(args.draws):
+            for held in rows:
+                pool = [(r["name"], c) for r in rows
+                        if r["name"] != held["name"] and r["family"].startswith("cnn")
+                        for c in _ours(r) if "per_layer" not in c["config"]]
+                if len(pool) < args.adapt_networks:
+                    raise DlasError(f"{len(pool)} candidates to adapt on, fewer than "
+                                    f"{args.adapt_networks}")
+                pick = np.random.default_rng(seed).choice(len(pool), args.adapt_networks,
+                                                          replace=False)
+                with tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False) as f:
+                    f.write("target,config,latency_ms\n")
+                    for i in pick:
+                        name, c = pool[i]
+                        f.write(f"{paths[name][1]},{c['config'].replace(' ', '/')},"
+                                f"{c['measured_ms']}\n")
+                try:
+                    transfer._MAPS.clear()
+                    predictor.adapt(args.device, Path(f.name))
+                finally:
+                    Path(f.name).unlink()
+                source, pred = _predicted(paths[held["name"]][1], args.device)
+                scored.setdefault(held["family"], []).append(_rescored(held, pred))
+    finally:
+        if backup is None:
+            saved.unlink(missing_ok=True)
+        else:
+            saved.write_bytes(backup)
+        transfer._MAPS.clear()
+    return source
 
 
 if __name__ == "__main__":

@@ -287,6 +287,24 @@ def test_a_model_of_another_machine_is_not_this_machines(monkeypatch):
     assert transfer.reference_for(here) in transfer.trained_devices()
 
 
+def test_active_learn_on_a_machine_its_model_was_not_trained_on_starts_from_that_model(
+        monkeypatch):
+    """Live, ``local``'s shipped model of another machine is a reference like any other
+    device's (it is not the device's own data), and the nearest one: the loop starts from
+    it. On the machine it was trained on, the device's own model is no reference of
+    itself."""
+    from dlas_predict.crossdev import active
+
+    pool = active.pool_from_networks(["zoo:mobilenetv1-cifar"])
+    oracle = lambda kernel: 0.05  # noqa: E731  (ms; what is measured does not matter here)
+    _trained_here(monkeypatch, False)
+    curve = active.run("local", pool, oracle, 1)
+    assert curve.reference == "local"
+    _trained_here(monkeypatch, True)
+    curve = active.run("local", pool, oracle, 1)
+    assert curve.reference != "local"
+
+
 @pytest.mark.slow  # prices the whole grid of a zoo network through the mapped model
 def test_recommend_here_with_a_model_of_another_machine_maps_it_and_says_so(monkeypatch):
     """On a machine that is not the one the local model was trained on, ``local`` is

@@ -172,6 +172,11 @@ def run(device: str, pool: Pool, oracle: Callable[[PoolKernel], float], budget: 
            transfer.data_spec(device) if isinstance(oracle, Replay) else
            get_device(device, with_target=False))
     kind = dev.kind if dev else "cpu"
+    # the device's own data must not answer for it: a replay's (its recorded measurements),
+    # and a live device's shipped model where it was trained on this very machine (the
+    # local CPU's model on another machine is a reference like any other device's)
+    exclude_reference = exclude_reference and (isinstance(oracle, Replay)
+                                               or transfer.own_model(device))
     refs = [r for r in transfer.trained_devices()
             if not (exclude_reference and r == device)
             and transfer.data_spec(r).kind == kind]
