@@ -489,6 +489,55 @@ def test_between_gpus_a_kernel_that_fits_their_l2_takes_little_of_the_bandwidth_
     assert abs(fitted - peak_only) < 0.01 < abs(whole - peak_only)
 
 
+def test_an_adapted_map_prices_kernels_in_the_milliseconds_it_was_fitted_in():
+    """A map is of log milliseconds (active-learn, adapt fit it there); kernels priced in
+    seconds are mapped through milliseconds, so a slope pivots at 1 ms whatever the unit:
+    with slope 1/2, 1 ms stays 1 ms and 4 ms becomes 2 ms."""
+    from types import SimpleNamespace
+
+    from dlas_predict.crossdev.transfer import DeviceMap
+
+    m = DeviceMap("box", "local", "adapted", 0.0, 0.0, -0.1, 0.2, offset=0.0, slope=0.5)
+    no_spec = SimpleNamespace(peak_gflops={}, mem_bandwidth_gbs=None)
+    conv = "C=16,H=8,W=8,K=16,R=3,S=3,stride=1,pad=1"
+    secs = np.array([1e-3, 4e-3])
+    mid, low, high = m.map_kernels(no_spec, no_spec, [(conv, "direct", "dense")] * 2,
+                                   secs, secs, secs)
+    assert mid == pytest.approx([1e-3, 2e-3])
+    assert low == pytest.approx(mid * np.exp(-0.1)) and high == pytest.approx(mid * np.exp(0.2))
+
+
+def test_predict_a_conv_here_with_a_model_of_another_machine_is_mapped_as_recommend_is(
+        monkeypatch):
+    """On a machine the shipped local model was not trained on, a conv on ``local`` is
+    priced as ``recommend`` prices it (the reference mapped to this machine, zero-shot),
+    not as the kernel data's column of that name, which is the other machine."""
+    from dlas_predict.crossdev.predictor import adapted_dir, predict
+    from dlas_predict.crossdev.transfer import DeviceMap, device_map
+
+    conv = "conv:C=64,H=32,W=32,K=64,R=3,S=3,pad=1"
+    _trained_here(monkeypatch, False)
+    (p,) = predict([conv], "local", config="dense/direct")
+    assert p.source == "zero-shot" and p.basis == "engine:local"
+    # after active-learn: its map (the file it writes), which doubles the zero-shot times
+    saved = adapted_dir() / "local.json"
+    zero = device_map("local")[0]  # the same spec term, and twice the time
+    m = DeviceMap("local", zero.reference, "adapted", zero.alpha, zero.beta, -0.1, 0.1,
+                  offset=np.log(2.0))
+    saved.write_text(json.dumps({"device": "local", "source": "profiles", "level": "kernel",
+                                 "targets": [], "log_ms": [],
+                                 "recommend_map": m.to_dict()}))
+    try:
+        (a,) = predict([conv], "local", config="dense/direct")
+        assert a.source == "adapted" and a.basis == "engine:local"
+        assert a.predicted_ms == pytest.approx(2 * p.predicted_ms, rel=1e-6)
+        _trained_here(monkeypatch, True)
+        (own,) = predict([conv], "local", config="dense/direct")
+        assert own.source == "trained"
+    finally:
+        saved.unlink()
+
+
 def test_a_profile_left_out_is_answered_from_its_sibling_of_the_same_code():
     """A held-out profile whose processor and vector width a training device shares (another
     thread count) is answered zero-shot from that sibling's measurements, scaled by the

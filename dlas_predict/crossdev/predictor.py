@@ -168,11 +168,16 @@ def _basis_of(target: Target, device: str) -> tuple[str, str]:
         return "engine", "network"
     if target.kind == "network":
         return "engine", "network"
-    from dlas_predict.crossdev.transfer import own_model
+    from dlas_predict.crossdev.transfer import _of_this_machine, own_model
     from dlas_predict.space.devices import get_device
 
     if own_model(device):
         return "engine", "kernel"  # the device's own layer model
+    if _of_this_machine(device):
+        # this CPU (or a profile of it) whose shipped data and model are another machine's:
+        # a trained reference mapped to it, zero-shot or by its adapted map, as `recommend`
+        # prices it (the kernel data's column of that name is the other machine)
+        return "engine", "kernel"
     adapted = _read_adapted(device)
     if adapted is not None and adapted["level"] == "kernel":
         return adapted["source"], adapted["level"]

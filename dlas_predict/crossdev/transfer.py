@@ -95,6 +95,8 @@ class DeviceMap:
     device: str
     reference: str
     source: str            # "zero-shot" | "adapted"
+    #: log ms (device) = offset + slope · log ms (reference) + spec term (+ group and conv
+    #: offsets): every map is of log milliseconds
     alpha: float
     beta: float
     q10: float
@@ -121,16 +123,20 @@ class DeviceMap:
 
     def map_kernels(self, ref, dev, kernels: list[tuple[str, str, str]], mid, low, high):
         """(conv spec, algorithm, compression) rows' latencies on ``ref`` (median, 10 %,
-        90 %) mapped to ``dev``, the interval widened by the map's own error; a device with
-        no spec takes no spec term."""
+        90 %; seconds) mapped to ``dev`` (seconds), the interval widened by the map's own
+        error; a device with no spec takes no spec term. The map is of log milliseconds,
+        the unit it is fitted in: an adapted slope pivots there."""
         scale = {(str(k[0]), k[2]): self.log_scale(ref, dev, k[2], k[0])
                  if dev.peak_gflops else 0.0 for k in kernels}
         ls = np.array([scale[str(k[0]), k[2]] for k in kernels])
         groups = [group_of(k[2], k[1]) for k in kernels]
         convs = [k[0] for k in kernels]
-        return (np.exp(self.apply(np.log(mid), ls, groups, convs)),
-                np.exp(self.apply(np.log(low), ls, groups, convs) + self.q10),
-                np.exp(self.apply(np.log(high), ls, groups, convs) + self.q90))
+
+        def mapped(seconds, widen: float = 0.0):
+            log_ms = self.apply(np.log(np.asarray(seconds) * 1e3), ls, groups, convs)
+            return np.exp(log_ms + widen) / 1e3
+
+        return mapped(mid), mapped(low, self.q10), mapped(high, self.q90)
 
     def apply(self, log_t_ref: np.ndarray, log_scale: np.ndarray,
               groups: list[str] | None = None, convs: list[str] | None = None) -> np.ndarray:
