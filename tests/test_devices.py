@@ -28,6 +28,20 @@ def test_local_is_detected_with_a_specific_target_and_stable_fingerprint():
     assert (local.mem_bandwidth_gbs is not None) == (local.source == "measured")
 
 
+def test_estimated_roofs_are_of_the_kernels_arithmetic_not_the_isas_best():
+    """Unmeasured, a CPU's roofs are what our kernels execute: float16 converted and
+    multiply-added in float32, int8 widened to int32 and multiplied then added (half the
+    float32 rate); VNNI and native FP16, which no kernel uses, count for nothing."""
+    from dlas_predict.space.devices import _estimated_peaks
+
+    plain = _estimated_peaks(2, 2.6, 512, {"fma", "avx512f"})
+    assert plain == {"float32": 332.8, "float16": 332.8, "int8": 166.4}
+    assert _estimated_peaks(2, 2.6, 512, {"fma", "avx512f", "avx512_vnni",
+                                          "avx512_fp16"}) == plain
+    assert _estimated_peaks(1, 3.0, 128, set())["float32"] == 24.0  # no FMA: one unit
+    assert _estimated_peaks(2, None, 512, {"fma"}) == {}
+
+
 def test_measured_roofs_replace_the_estimate():
     import json
 
