@@ -426,6 +426,29 @@ def test_adapt_on_whole_network_latencies_then_recommend(tmp_path):
     rec = json.loads(run_cli("recommend", "zoo:resnet18-cifar", "--device", "net-box",
                              "--json").output)
     assert rec["source"] == "adapted" and rec["mapping"]["shots"] == 3
+    # fitted on whole networks, applied to each of their kernels: offsets only
+    assert rec["mapping"]["slope"] == 1.0
+
+
+def test_a_map_fitted_without_a_slope_fits_offsets_to_what_the_slope_leaves():
+    """``fit_slope=False``: slope 1, and the offset (shrunk towards the zero-shot map's 0 as
+    strongly as five rows) and group offsets fit y - x."""
+    from types import SimpleNamespace
+
+    from dlas_predict.crossdev.transfer import DeviceMap, adapted_map
+
+    x = np.log(np.linspace(0.1, 30.0, 20))
+    groups = ["dense/direct"] * 10 + ["int8/direct"] * 10
+    y = x + 0.3 + np.where(np.arange(20) < 10, 0.0, 0.5)
+    base = DeviceMap("box", "local", "zero-shot", 0.0, 0.0, -0.5, 0.5)
+    dev = SimpleNamespace(name="box", peak_gflops={})
+    m = adapted_map(dev, "local", x, np.zeros(20), y, groups, base, fit_slope=False)
+    assert m.slope == 1.0
+    pred = m.apply(x, np.zeros(20), groups)
+    assert np.abs(pred - y).max() < 0.2  # the prior pulls the offsets in a little
+    assert m.group_offsets["int8/direct"] - m.group_offsets["dense/direct"] > 0.3
+    free = adapted_map(dev, "local", x, np.zeros(20), y, groups, base)
+    assert free.slope != 1.0
 
 
 def test_predict_prices_a_network_run_by_onnxruntime():

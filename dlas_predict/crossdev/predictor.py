@@ -614,12 +614,13 @@ def _adapt_networks(device: str, measurements: Path, rows) -> AdaptReport:
         groups.append(transfer.group_of(comp, alg))
         y.append(np.log(v))
     log_ref, scale, y = map(np.array, (log_ref, scale, y))
-    m = transfer.adapted_map(stub, ref, log_ref, scale, y, groups, base)
+    # fitted on whole networks, applied to each of their kernels: offsets, no slope
+    m = transfer.adapted_map(stub, ref, log_ref, scale, y, groups, base, fit_slope=False)
     loo = []
     for i in range(len(y)):
         keep = np.delete(np.arange(len(y)), i)
         mi = transfer.adapted_map(stub, ref, log_ref[keep], scale[keep], y[keep],
-                                  [groups[j] for j in keep], base)
+                                  [groups[j] for j in keep], base, fit_slope=False)
         loo.append(mi.apply(log_ref[i:i + 1], scale[i:i + 1], [groups[i]])[0])
     loo = np.array(loo)
     path = adapted_dir() / f"{device}.json"
@@ -630,8 +631,8 @@ def _adapt_networks(device: str, measurements: Path, rows) -> AdaptReport:
     return AdaptReport(device, f"{ref}'s models (whole networks)", len(rows), registered,
                        str(path), spearman(loo, y),
                        float(np.median(np.abs(np.exp(loo - y) - 1))),
-                       [m.offset, m.slope, *m.group_offsets.values()],
-                       "map (offset, slope, " + ", ".join(m.group_offsets) + " offsets)")
+                       [m.offset, *m.group_offsets.values()],
+                       "map (offset, " + ", ".join(m.group_offsets) + " offsets; slope 1)")
 
 
 def _recommend_map(device: str, keys: list[str], log_ms: np.ndarray) -> dict | None:

@@ -395,7 +395,7 @@ def group_of(compression: str, algorithm: str) -> str:
 def adapted_map(device, reference: str, log_ref: np.ndarray, log_scale: np.ndarray,
                 log_meas: np.ndarray, groups: list[str], base: DeviceMap | None = None,
                 data: Path | None = None, convs: list[str] | None = None,
-                x_var: float | None = None) -> DeviceMap:
+                x_var: float | None = None, fit_slope: bool = True) -> DeviceMap:
     """An offset, a slope on the reference's log latency and an offset per kernel group
     (compression/algorithm: a device may run float16 or one algorithm unlike the
     reference), fitted on the user's measurements; the slope is shrunk to 1 and the group
@@ -404,7 +404,10 @@ def adapted_map(device, reference: str, log_ref: np.ndarray, log_scale: np.ndarr
     kernels of every group: what one measurement of a layer says about its other
     configurations. ``x_var``: the spread of the reference's log latencies over every kernel
     that will be predicted (default: over the measured ones), which scales the slope's
-    prior so that a few measurements of similar kernels cannot tilt it."""
+    prior so that a few measurements of similar kernels cannot tilt it. ``fit_slope=False``
+    keeps the slope at 1: a map fitted on whole networks is applied to each of their kernels,
+    and a power of a sum is not the sum of the powers of its terms (with a slope under 1
+    every small kernel would be priced up)."""
     if base is None:
         base = zero_shot_map(device, reference, data) if device.peak_gflops else \
             DeviceMap(device.name, reference, "zero-shot", 0.0, 0.0, -1.0, 1.0)
@@ -413,30 +416,36 @@ def adapted_map(device, reference: str, log_ref: np.ndarray, log_scale: np.ndarr
     shapes = sorted(set(convs)) if convs else []
     xm = x.mean()
 
+    slopes = 1 if fit_slope else 0  # the slope's column, where it is fitted
+    y_fit = y if fit_slope else y - x  # slope 1: the offsets fit what is left
+
     def design(idx):
-        return np.c_[np.ones(len(idx)), x[idx] - xm,
+        return np.c_[np.ones(len(idx)), (x[idx] - xm)[:, None][:, :slopes],
                      [[float(groups[i] == g) for g in extra] for i in idx],
                      [[float(convs[i] == c) for c in shapes] for i in idx]
                      if shapes else np.zeros((len(idx), 0))]
 
     def fit(idx):
         A = design(idx)
-        P = np.diag([5.0, 5.0 * max(np.var(x) if x_var is None else x_var, 1e-3)]
+        P = np.diag([5.0] + [5.0 * max(np.var(x) if x_var is None else x_var, 1e-3)] * slopes
                     + [2.0] * len(extra)
                     + [0.5] * len(shapes))
         # the prior is the zero-shot map: y = x, i.e. xm at the centre, slope 1, no offsets
-        target = np.r_[xm, 1.0, np.zeros(len(extra) + len(shapes))]
-        return np.linalg.solve(A.T @ A + P, A.T @ y[idx] + P @ target)
+        target = np.r_[xm if fit_slope else 0.0, [1.0] * slopes,
+                       np.zeros(len(extra) + len(shapes))]
+        return np.linalg.solve(A.T @ A + P, A.T @ y_fit[idx] + P @ target)
 
     every = np.arange(len(x))
     coef = fit(every)
-    loo = np.array([design([i])[0] @ fit(np.delete(every, i)) for i in every]) - y
+    loo = np.array([design([i])[0] @ fit(np.delete(every, i)) for i in every]) - y_fit
     q10, q90 = (np.quantile(loo, [0.1, 0.9]) if len(loo) >= 5 else (base.q10, base.q90))
+    slope = float(coef[1]) if fit_slope else 1.0
+    offset = float(coef[0] - slope * xm) if fit_slope else float(coef[0])
+    rest = coef[1 + slopes:]
     return DeviceMap(device.name, reference, "adapted", base.alpha, base.beta,
-                     float(min(q10, -0.05)), float(max(q90, 0.05)),
-                     float(coef[0] - coef[1] * xm), float(coef[1]), len(x),
-                     {g: float(v) for g, v in zip(extra, coef[2:2 + len(extra)])},
-                     {c: float(v) for c, v in zip(shapes, coef[2 + len(extra):])})
+                     float(min(q10, -0.05)), float(max(q90, 0.05)), offset, slope, len(x),
+                     {g: float(v) for g, v in zip(extra, rest[:len(extra)])},
+                     {c: float(v) for c, v in zip(shapes, rest[len(extra):])})
 
 
 def reference_predictions(reference: str, kernels: list[tuple]
