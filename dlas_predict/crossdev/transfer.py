@@ -16,10 +16,10 @@ L2 of both reads little from memory, so their memory bandwidths hardly matter to
   same kernels (the local CPU and its profiles, shipped; TopHub's devices where the public
   data lies), and the interval is the 10-90 % range of the leave-one-device-out error of
   that fit (each device's pairs predicted with α, β fitted without it);
-- **adapted**: ``a`` and a slope on ``log t_R`` are fitted on the user's measurements (convs,
-  or whole networks priced by the reference's engine)
-  (``adapt``), shrunk towards the zero-shot map, with the interval of its leave-one-out
-  residuals;
+- **adapted**: ``a`` and a slope on ``log t_R`` (in log milliseconds) are fitted on the
+  user's measurements (``adapt``, ``active-learn``: convs; or whole networks priced by the
+  reference's engine, which fit offsets only), shrunk towards the zero-shot map, with the
+  interval of its leave-one-out residuals;
 - **trained**: the device's own models; no map.
 """
 
