@@ -34,16 +34,15 @@ def _pack_knobs(spec, simd_bits: int, block: str) -> dict[str, int]:
     that divisor and whole vectors (the last padded), ties to the divisor; the register
     tile sized as the default does (fewer than 8 filters: the default, which vectorises
     along the width)."""
-    from dlas_predict.corpus.networks import _engine11_pack_block
-    from dlas_predict.measure.knobs import (_divisor_at_most, _pack_width, registers,
-                                            resolve_knobs)
+    from dlas_predict.measure.knobs import (_divisor_at_most, _pack_width,
+                                            pack_block_by_updates, registers, resolve_knobs)
     from dlas_predict.space.config import Variant
 
     if spec.K < 8:
         return resolve_knobs(spec, Variant("spatial_pack", "dense"), simd_bits)
     lanes, acc = registers(simd_bits)
     tile_k = (_divisor_at_most(spec.K, 2 * lanes, prefer=(2 * lanes, lanes, 8))
-              if block == "divisor" else _engine11_pack_block(spec, lanes))
+              if block == "divisor" else pack_block_by_updates(spec.K, lanes))
     return {"tile_k": tile_k, "tile_h": 1, "tile_w": _pack_width(spec, tile_k, lanes, acc)}
 
 

@@ -100,9 +100,15 @@ def measure(path: Path, device: str) -> tuple[str, list[dict]]:
                          "note": c.measured_note} for c in rec.validated]
 
 
+def _ours(row: dict) -> list[dict]:
+    """A row's measured candidates of our builds (not onnxruntime's)."""
+    return [c for c in row["candidates"]
+            if c["measured_ms"] and c.get("backend", "tvm") == "tvm"]
+
+
 def summarise(rows: list[dict]) -> dict:
-    pairs = [(c["predicted_ms"], c["measured_ms"]) for r in rows for c in r["candidates"]
-             if c["measured_ms"] and c.get("backend", "tvm") == "tvm"]  # our builds' models
+    pairs = [(c["predicted_ms"], c["measured_ms"]) for r in rows
+             for c in _ours(r)]  # our builds' models
     if not pairs:
         return {"n": 0}
     errs = [p / m - 1 for p, m in pairs]
@@ -126,6 +132,12 @@ def main() -> int:
                     help="few-shot: adapt on N whole networks of the others, each held out")
     ap.add_argument("--draws", type=int, default=3, help="--adapt-networks: random draws")
     args = ap.parse_args()
+    for name in ("adapt_networks", "draws"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            print(f"Error: --{name.replace('_', '-')} must be at least 1, got {value}",
+                  file=sys.stderr)
+            return 1
     try:
         if args.rescore or args.adapt_networks is not None:
             return _rescore(args)
@@ -182,11 +194,6 @@ def _predicted(path: Path, device: str) -> tuple[str, dict[str, float]]:
                     tuning="untuned", ratios=RATIOS)
     return rec.source, {c.label: c.predicted_s * 1e3 for c in rec.candidates
                         if c.backend == "tvm"}
-
-
-def _ours(row: dict) -> list[dict]:
-    return [c for c in row["candidates"]
-            if c["measured_ms"] and c.get("backend", "tvm") == "tvm"]
 
 
 def _rescore(args) -> int:

@@ -120,16 +120,12 @@ def default_knobs(spec: ConvSpec, variant: Variant,
                 # fewer vector updates than the largest divisor's blocks, and always where
                 # that divisor is no whole vector (31 filters on 16 lanes run 10-17x slower
                 # than 32 with one padded: the odd-width vector is split into pieces)
-                def updates(block: int, padded: bool) -> tuple[int, int, int]:
-                    n = -(-kg // block) * -(-block // lanes) if block >= 4 else kg
-                    return n, int(padded), -block
-
-                tile_k = min([(tile_k, False), (2 * lanes, True), (lanes, True)],
-                             key=lambda c: updates(*c))[0]
+                tile_k = pack_block_by_updates(kg, lanes)
                 if tile_k not in (2 * lanes, lanes, 8):
                     tile_k = min((2 * lanes, lanes),
                                  key=lambda b: _pack_block_cost(spec, b, lanes, acc))
-            return {"tile_k": tile_k, "tile_h": 1, "tile_w": _pack_width(spec, tile_k, lanes, acc)}
+            return {"tile_k": tile_k, "tile_h": 1,
+                    "tile_w": _pack_width(spec, tile_k, lanes, acc)}
         # depthwise / narrow groups: vectorise along output width instead.
         return {"tile_k": _divisor_at_most(kg, 4), "tile_h": 2 if spec.OH > 1 else 1,
                 "tile_w": min(lanes, _pow2_at_least(spec.OW))}
@@ -140,6 +136,21 @@ def default_knobs(spec: ConvSpec, variant: Variant,
     if key == (Algorithm.SPATIAL_PACK, True):
         return {"tile_h": 2 if spec.OH > 1 else 1, "tile_w": min(lanes, _pow2_at_least(spec.OW))}
     raise ConfigError(f"no kernel for {variant.algorithm.value} (sparse={variant.sparse})")
+
+
+def pack_block_by_updates(k: int, lanes: int) -> int:
+    """The block of ``k`` (at least eight) filters of fewest vector updates among the largest
+    divisor of ``k`` up to two vectors and whole vectors of ``lanes`` (the last block
+    padded), ties to the divisor, then the larger block: a dense ungrouped spatial pack's
+    block before :func:`default_knobs` replaces one that is no whole vector."""
+    tile_k = _divisor_at_most(k, 2 * lanes, prefer=(2 * lanes, lanes, 8))
+
+    def updates(block: int, padded: bool) -> tuple[int, int, int]:
+        n = -(-k // block) * -(-block // lanes) if block >= 4 else k
+        return n, int(padded), -block
+
+    return min([(tile_k, False), (2 * lanes, True), (lanes, True)],
+               key=lambda c: updates(*c))[0]
 
 
 def _pack_width(spec: ConvSpec, tile_k: int, lanes: int, acc: int) -> int:

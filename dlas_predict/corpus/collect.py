@@ -323,9 +323,8 @@ def uncarried(plans: list[NetworkPlan], networks: list[NetworkToCollect], store:
     def carried(p: NetworkPlan) -> bool:
         if p.algorithm == ONNXRUNTIME or p.key(device) in held:
             return False
-        layers = [list(layer) for layer in p.layers]
         return any(p.key(device, v) in held
-                   and not rebuilt_since(v, layers, convs[(p.network, p.config)], simd)
+                   and not rebuilt_since(v, p.layers, convs[(p.network, p.config)], simd)
                    for v in CARRIED_VERSIONS)
 
     return [p for p in plans if not carried(p)]

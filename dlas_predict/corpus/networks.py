@@ -87,39 +87,22 @@ def _pads_register_filters(plan: list, convs: list, simd_bits: int | None) -> bo
 
 
 def _reblocks_pack_filters(plan: list, convs: list, simd_bits: int | None) -> bool:
-    """What engine "12" builds otherwise than "11": a dense spatial pack layer whose block
-    of filters engine 11 took as a divisor of its filter count that is no whole vector (nor
-    eight), which today's default replaces with whole vectors."""
-    from dlas_predict.measure.knobs import default_knobs, registers
+    """What engine "12" builds otherwise than "11": a dense ungrouped spatial pack layer
+    whose block of filters engine 11 took by fewest vector updates alone
+    (:func:`~dlas_predict.measure.knobs.pack_block_by_updates`), where that block is no whole
+    vector and today's default replaces it."""
+    from dlas_predict.measure.knobs import default_knobs, pack_block_by_updates, registers
     from dlas_predict.space.config import Variant
 
     lanes = registers(simd_bits)[0]
     for (algorithm, sparse), spec in zip(plan, convs):
-        if sparse or algorithm != Algorithm.SPATIAL_PACK.value or spec.groups != 1:
-            continue
-        if spec.K < 8:
+        if (sparse or algorithm != Algorithm.SPATIAL_PACK.value or spec.groups != 1
+                or spec.K < 8):
             continue
         today = default_knobs(spec, Variant(algorithm, "dense"), simd_bits)["tile_k"]
-        if today != _engine11_pack_block(spec, lanes):
+        if today != pack_block_by_updates(spec.K, lanes):
             return True
     return False
-
-
-def _engine11_pack_block(spec, lanes: int) -> int:
-    """Engine 11's block of filters for a dense ungrouped spatial pack layer of at least
-    eight filters: the largest divisor up to two vectors, or whole vectors where those take
-    fewer vector updates."""
-    from dlas_predict.measure.knobs import _divisor_at_most
-
-    k = spec.K
-    tile_k = _divisor_at_most(k, 2 * lanes, prefer=(2 * lanes, lanes, 8))
-
-    def updates(block: int, padded: bool) -> tuple[int, int, int]:
-        n = -(-k // block) * -(-block // lanes) if block >= 4 else k
-        return n, int(padded), -block
-
-    return min([(tile_k, False), (2 * lanes, True), (lanes, True)],
-               key=lambda c: updates(*c))[0]
 
 
 #: Each engine after the oldest of :data:`CARRIED_VERSIONS`, and which builds it makes
