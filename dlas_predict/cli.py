@@ -494,7 +494,19 @@ def bundle(networks: List[str] = typer.Argument(..., help="ONNX files or zoo:NAM
                False, "--timing-weights", help="Whole networks: give large weight tensors a "
                "repeating pattern of their own magnitudes (zeros kept: same shapes, masks and "
                "kernels), so big networks fit a small transfer; the check uses the same "
-               "weights.")):
+               "weights."),
+           tuner: str = typer.Option("knob-search", "--tuner", help="With --trials: "
+                                     "knob-search (every kernel) or metaschedule (dense "
+                                     "kernels: the hand schedule and trials-1 candidates of "
+                                     "one round of MetaSchedule's evolutionary search)."),
+           tuning_db: Optional[Path] = typer.Option(
+               None, "--tuning-db", help="metaschedule: the tuning database of earlier "
+               "rounds (their measured schedules seed and train the search; default: "
+               "DLAS_HOME/tuning/DEVICE-FINGERPRINT)."),
+           round_no: int = typer.Option(1, "--round", help="metaschedule: the round's number "
+                                        "(a search per round, each its own tuned record)."),
+           kernel_sizes: str = typer.Option("", "--kernel-sizes", help="Only layers of these "
+                                            "kernel sizes R (comma list), e.g. 3.")):
     """Build the CUDA kernels of NETWORKS for a GPU no tracker reaches: measure the bundle
     there with `python -m measure.gpu_run OUT --out results.jsonl`, then bring the results
     back with `dlas-predict corpus import-results OUT results.jsonl --store S`."""
@@ -509,6 +521,35 @@ def bundle(networks: List[str] = typer.Argument(..., help="ONNX files or zoo:NAM
     dev = get_device(device, with_target=False)
     if timing_weights and not whole_network:
         raise DlasError("--timing-weights applies to whole networks: add --whole-network")
+    if tuner not in ("knob-search", "metaschedule"):
+        raise DlasError(f"--tuner must be knob-search or metaschedule, got {tuner!r}")
+    try:
+        sizes = tuple(int(x) for x in kernel_sizes.split(",") if x.strip())
+    except ValueError:
+        raise DlasError(f"--kernel-sizes takes integers, got {kernel_sizes!r}") from None
+    if any(r < 1 for r in sizes) or round_no < 1:
+        raise DlasError("--kernel-sizes and --round must be positive")
+    if tuner == "metaschedule":
+        if trials < 2 or whole_network:
+            raise DlasError("--tuner metaschedule tunes kernels: give --trials of at least 2 "
+                            "and no --whole-network")
+        from dlas_predict.measure.gpu_bundle import dense_kernels, write_metaschedule_bundle
+
+        kernels = dense_kernels(networks, Algorithm.parse_list(algorithms),
+                                Compression.parse_list(compressions), check_ratio(ratio),
+                                sizes)
+        if not kernels:
+            raise DlasError("no dense kernel to tune: MetaSchedule cannot sample CSR kernels "
+                            "(use --tuner knob-search)")
+        from dlas_predict.paths import tuning_db_dir
+
+        counts = write_metaschedule_bundle(
+            kernels, dev, out, trials, tuning_db or tuning_db_dir(dev.name, dev.fingerprint),
+            round_no, log=lambda s: typer.echo(s, err=True))
+        typer.echo(f"{counts['searches']} MetaSchedule searches: {counts['built']} kernels "
+                   f"built, {counts['failed']} failed to build, {counts['skipped']} searches "
+                   f"already in {out}")
+        return
     if whole_network:
         _bundle_networks(networks, dev, out, Algorithm.parse_list(algorithms),
                          Compression.parse_list(compressions), check_ratio(ratio), store,
@@ -516,7 +557,7 @@ def bundle(networks: List[str] = typer.Argument(..., help="ONNX files or zoo:NAM
         return
     tasks, plans = plan_networks(networks, Algorithm.parse_list(algorithms),
                                  Compression.parse_list(compressions), check_ratio(ratio), dev,
-                                 trials=trials)
+                                 trials=trials, kernel_sizes=sizes)
     out.mkdir(parents=True, exist_ok=True)
     save_plans(out, plans)
     counts = write_bundle(tasks, dev, out, chunk, log=lambda s: typer.echo(s, err=True))
@@ -1459,7 +1500,12 @@ def corpus_import_results(
         device: Optional[str] = typer.Option(
             None, "--device", help="File the results under this registry GPU: the one that "
             "measured them, where it is not the bundle's (gpu.json beside the results says "
-            "which).")):
+            "which)."),
+        tuning_db: Optional[Path] = typer.Option(
+            None, "--tuning-db", help="File the measured MetaSchedule candidates in this "
+            "tuning database, what the next round of `bundle --tuner metaschedule` reads "
+            "(default: DLAS_HOME/tuning/DEVICE-FINGERPRINT of the GPU they are filed "
+            "under).")):
     """Import a kernel bundle's results (and its build failures) as corpus records."""
     from dlas_predict.corpus.store import CorpusStore
     from dlas_predict.measure.gpu_bundle import import_plans, import_results
@@ -1473,13 +1519,29 @@ def corpus_import_results(
         from dlas_predict.space.devices import get_device
 
         dev = get_device(device, with_target=False)
+    if tuning_db is not None and results is None:
+        raise DlasError("--tuning-db files measured candidates: give the results file")
     with CorpusStore(store) as db:
         nets = import_plans(bundle, db)
         counts = import_results(bundle, results, db, dev)
+    from dlas_predict.measure.gpu_bundle import TRACES, file_metaschedule
+
+    filed = 0
+    if results is not None and (bundle / TRACES).is_file():
+        if tuning_db is None:
+            from dlas_predict.paths import tuning_db_dir
+            from dlas_predict.space.devices import get_device
+
+            gpu = dev or get_device(json.loads((bundle / "bundle.json").read_text())["device"],
+                                    with_target=False)
+            tuning_db = tuning_db_dir(gpu.name, gpu.fingerprint)
+        filed = file_metaschedule(bundle, results, tuning_db)
     typer.echo(f"imported {counts['records']} records ({counts['failed']} failures) of "
                f"{nets} networks into {store}; {counts['skipped']} were already there"
-               + (f"; {counts['incomplete_searches']} knob searches not finished (run the "
+               + (f"; {counts['incomplete_searches']} searches not finished (run the "
                   "bundle again)" if counts["incomplete_searches"] else "")
+               + (f"; {filed} MetaSchedule candidates filed in {tuning_db}"
+                  if filed else "")
                + (f"; {counts['networks']} whole networks ({counts['network_failures']} "
                   "failures)" if counts["networks"] else ""))
 

@@ -68,3 +68,8 @@ def cache_dir(name: str) -> Path:
     path = dlas_home() / "cache" / name
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def tuning_db_dir(device: str, fingerprint: str) -> Path:
+    """A device's default tuning database: ``DLAS_HOME/tuning/DEVICE-FINGERPRINT``."""
+    return dlas_home() / "tuning" / f"{device}-{fingerprint}"

@@ -321,11 +321,14 @@ def gpu_prim_func(ks: KernelSpec) -> "tvm.tirx.PrimFunc":
     return sch.mod["main"]
 
 
-def kernels_module(kernels: dict[str, KernelSpec]) -> tvm.IRModule:
-    """One module holding each kernel under its own name (one CUDA source, one load)."""
+def kernels_module(kernels: dict[str, "KernelSpec | tvm.tirx.PrimFunc"]) -> tvm.IRModule:
+    """One module holding each kernel under its own name (one CUDA source, one load): a
+    kernel spec gets its hand schedule; a scheduled function (a MetaSchedule candidate) is
+    taken as it is."""
     funcs = {}
     for name, ks in kernels.items():
-        funcs[name] = gpu_prim_func(ks).with_attr("global_symbol", name)
+        func = gpu_prim_func(ks) if isinstance(ks, KernelSpec) else ks
+        funcs[name] = func.with_attr("global_symbol", name)
     return tvm.IRModule(funcs)
 
 
@@ -390,7 +393,7 @@ def over_shared(source: str, names: list[str]) -> dict[str, str]:
     return bad
 
 
-def build(kernels: dict[str, KernelSpec], target: "tvm.target.Target"):
+def build(kernels: dict[str, "KernelSpec | tvm.tirx.PrimFunc"], target: "tvm.target.Target"):
     """Compile the kernels into one module for ``target`` (CUDA C inside, compiled by the
     driver when the module is loaded)."""
     return tvm.compile(kernels_module(kernels), target=target)

@@ -19,14 +19,15 @@ import json
 import os
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from dlas_predict.space.config import ConvSpec, Variant
 from dlas_predict.space.devices import Device
 from dlas_predict.errors import DlasError
-from dlas_predict.corpus.records import KNOB_SEARCH, MeasureResult, measurement_key
+from dlas_predict.corpus.records import (KNOB_SEARCH, METASCHEDULE, MeasureResult,
+                                         measurement_key)
 from .knobs import resolve_gpu_knobs
 
 #: Bump when a CUDA kernel's code changes, so stored measurements of the old code are not
@@ -38,6 +39,10 @@ GPU_KERNELS_VERSION = "g1"
 #: the microsecond), at most ``time_budget_s`` a kernel (but at least 10 runs).
 GPU_PROTOCOL = {"max_repeats": 150, "min_repeats": 10, "min_repeat_ms": 0.2,
                 "time_budget_s": 0.2}
+
+#: A bundle's MetaSchedule candidates' traces (key, trace), which the import files in the
+#: tuning database; the GPU machine does not need this file.
+TRACES = "traces.jsonl"
 
 
 def require_cuda(device: Device, what: str) -> None:
@@ -56,20 +61,28 @@ class GpuTask:
     knobs: dict[str, int]
     key: str
     seed: int = 0
-    #: The key of the tuned record this kernel is a candidate of (a knob search), or None,
-    #: and the trials that search was planned with.
+    #: The key of the tuned record this kernel is a candidate of (a search), or None, the
+    #: trials that search was planned with, and its tuner.
     search: str | None = None
     search_trials: int = 0
+    tuner: str = KNOB_SEARCH
+    #: A MetaSchedule candidate's schedule trace (TVM JSON), replayed on the unscheduled
+    #: kernel; None: the hand schedule with ``knobs``.
+    trace: str | None = field(default=None, compare=False, repr=False)
+    #: Seconds a MetaSchedule search spent proposing, per candidate (part of its cost), and
+    #: the search's round (0: a knob search).
+    search_s: float = 0.0
+    search_round: int = 0
 
     @classmethod
     def make(cls, spec: ConvSpec, variant: Variant, device: Device,
              seed: int = 0, search: str | None = None,
-             search_trials: int = 0) -> "GpuTask":
+             search_trials: int = 0, tuner: str = KNOB_SEARCH) -> "GpuTask":
         require_cuda(device, "CUDA kernels")
         knobs = resolve_gpu_knobs(spec, variant)
         key = measurement_key(device.name, device.fingerprint, spec, variant, knobs,
                               GPU_KERNELS_VERSION)
-        return cls(spec, variant, knobs, key, seed, search, search_trials)
+        return cls(spec, variant, knobs, key, seed, search, search_trials, tuner)
 
     def payload(self) -> dict[str, Any]:
         v = self.variant
@@ -79,7 +92,14 @@ class GpuTask:
                "compression": v.compression.value, "tuning": v.tuning.value,
                "seed": self.seed}
         if self.search is not None:
-            out.update(search=self.search, search_trials=self.search_trials)
+            out.update(search=self.search, search_trials=self.search_trials,
+                       tuner=self.tuner)
+        if self.trace is not None:
+            out["schedule"] = METASCHEDULE
+        if self.search_s:
+            out["search_s"] = self.search_s
+        if self.search_round:
+            out["search_round"] = self.search_round
         return out
 
 
@@ -103,6 +123,48 @@ def search_tasks(spec: ConvSpec, variant: Variant, device: Device,
     return out
 
 
+def metaschedule_tasks(spec: ConvSpec, variant: Variant, device: Device, trials: int,
+                       db=None, round_no: int = 1) -> tuple[list[GpuTask], float]:
+    """The candidates of a dense kernel's MetaSchedule search
+    (:mod:`dlas_predict.measure.gpu_metaschedule`): its hand schedule first, then up to
+    ``trials - 1`` candidates of one round of the evolutionary search (``db``: MetaSchedule's
+    database of earlier rounds). Returns the tasks and the seconds the search took here."""
+    from . import gpu_metaschedule as gm
+
+    base, search = _metaschedule_search(spec, variant, device, trials, round_no)
+    hand = replace(GpuTask.make(spec, base, device, search=search, search_trials=trials,
+                                tuner=METASCHEDULE), search_round=round_no)
+    traces, seconds = gm.propose(kernel_spec(hand.payload()),
+                                 gm.ms_target(device.target.get("arch", "sm_90")),
+                                 trials - 1, db, seed=round_no)
+    out = [hand]
+    for trace in traces:
+        knobs = {**hand.knobs, "metaschedule": _trace_id(trace)}
+        key = measurement_key(device.name, device.fingerprint, spec, base, knobs,
+                              GPU_KERNELS_VERSION)
+        out.append(replace(hand, key=key, trace=trace))
+    return out, seconds
+
+
+def _metaschedule_search(spec: ConvSpec, variant: Variant, device: Device, trials: int,
+                         round_no: int) -> tuple[Variant, str]:
+    """A MetaSchedule search's tuned variant and key (its trials and round in the key)."""
+    from dlas_predict.space.config import Tuning
+
+    base = Variant(variant.algorithm, variant.compression, variant.ratio, Tuning.TUNED,
+                   variant.knobs)
+    return base, measurement_key(device.name, device.fingerprint, spec, base,
+                                 {"trials": trials, "metaschedule": round_no},
+                                 GPU_KERNELS_VERSION)
+
+
+def _trace_id(trace: str) -> int:
+    """A number that tells a MetaSchedule candidate's key from its search's others."""
+    import hashlib
+
+    return int(hashlib.sha256(trace.encode()).hexdigest()[:12], 16)
+
+
 def kernel_spec(payload: dict[str, Any]):
     """The :class:`dlas_predict.measure.kernels.KernelSpec` of a manifest line."""
     from dlas_predict.space.config import Algorithm, DType
@@ -114,17 +176,22 @@ def kernel_spec(payload: dict[str, Any]):
                       knobs=dict(payload["knobs"]))
 
 
-def done_keys(path: Path) -> set[str]:
-    """Keys of a JSON-lines file (manifest, failures or results); a line cut short by a kill
-    is ignored, so its task is done again."""
-    keys: set[str] = set()
-    if path.is_file():
-        for line in path.read_text().splitlines():
+def read_lines(path: Path | None) -> list[dict[str, Any]]:
+    """The rows of a JSON-lines file (manifest, failures, results, traces), none if it is
+    missing; a line cut short by a kill is ignored, so its task is done again."""
+    rows: list[dict[str, Any]] = []
+    if path is not None and Path(path).is_file():
+        for line in Path(path).read_text().splitlines():
             try:
-                keys.add(json.loads(line)["key"])
-            except (ValueError, KeyError):
+                rows.append(json.loads(line))
+            except ValueError:
                 continue
-    return keys
+    return rows
+
+
+def done_keys(path: Path) -> set[str]:
+    """Keys of a JSON-lines file (manifest, failures or results)."""
+    return {row["key"] for row in read_lines(path) if "key" in row}
 
 
 def _append(path: Path, rows: Iterable[dict[str, Any]]) -> None:
@@ -143,6 +210,7 @@ def write_bundle(tasks: list[GpuTask], device: Device, out: Path, chunk_size: in
     import tvm
 
     from . import cuda
+    from . import gpu_metaschedule as gm
 
     out.mkdir(parents=True, exist_ok=True)
     manifest, failures = out / "manifest.jsonl", out / "build_failures.jsonl"
@@ -163,30 +231,36 @@ def write_bundle(tasks: list[GpuTask], device: Device, out: Path, chunk_size: in
         for i, task in enumerate(chunk):
             fname = f"k{chunk_no:04d}_{i:03d}"
             ks = kernel_spec(task.payload())
-            try:
-                cuda.gpu_prim_func(ks)  # schedule errors are this task's, not the chunk's
+            try:  # schedule errors are this task's, not the chunk's
+                funcs[fname] = (cuda.gpu_prim_func(ks) if task.trace is None
+                                else gm.candidate_func(ks, task.trace))
             except Exception as exc:  # noqa: BLE001 - a failed build is a recorded failure
                 bad.append({**task.payload(), "error": f"build: {type(exc).__name__}: "
                             f"{str(exc).strip().splitlines()[-1][:500]}"})
                 continue
-            funcs[fname] = ks
             lines.append({**task.payload(), "chunk": name, "func": fname})
         if funcs:
             t0 = time.time()
-            module = cuda.build(funcs, target)
-            over = cuda.over_shared(cuda.cuda_source(module), list(funcs))
-            if over:  # NVRTC would refuse the whole module: those kernels fail, alone
-                for line in [ln for ln in lines if ln["func"] in over]:
+            module, refused = _build_chunk(funcs, target)
+            over = cuda.over_shared(cuda.cuda_source(module), list(funcs)) if module else {}
+            # a kernel TVM cannot compile, or one NVRTC would refuse the whole module for:
+            # it fails alone, and the module is built without it
+            refused.update(over)
+            if refused:
+                for line in [ln for ln in lines if ln["func"] in refused]:
                     bad.append({k: v for k, v in line.items() if k not in ("chunk", "func")}
-                               | {"error": over[line["func"]]})
-                lines = [ln for ln in lines if ln["func"] not in over]
-                funcs = {n: f for n, f in funcs.items() if n not in over}
+                               | {"error": refused[line["func"]]})
+                lines = [ln for ln in lines if ln["func"] not in refused]
+                funcs = {n: f for n, f in funcs.items() if n not in refused}
                 module = cuda.build(funcs, target) if funcs else None
         if funcs:
             module.export_library(str(out / name))
             per = (time.time() - t0) / len(funcs)
             for line in lines:
                 line["build_s"] = round(per, 4)
+            _append(out / TRACES, [{"key": t.key, "trace": t.trace} for t in chunk
+                                   if t.trace is not None and t.key in
+                                   {ln["key"] for ln in lines}])
             _append(manifest, lines)  # after the library exists: a killed build is redone
             chunk_no += 1
         _append(failures, bad)
@@ -197,6 +271,29 @@ def write_bundle(tasks: list[GpuTask], device: Device, out: Path, chunk_size: in
                 f"{time.time() - t_start:.0f} s")
     return {"planned": len(tasks), "skipped": len(tasks) - len(todo), "built": built,
             "failed": failed}
+
+
+def _build_chunk(funcs: dict[str, Any], target) -> tuple[Any, dict[str, str]]:
+    """Compile a chunk's kernels into one module. If TVM fails on the module, each kernel is
+    compiled alone to find which fail: returns (the module, or None if any failed; the
+    failing kernels' errors)."""
+    from . import cuda
+
+    try:
+        return cuda.build(funcs, target), {}
+    except Exception as exc:  # noqa: BLE001 - one kernel's lowering error, found below
+        error = exc
+    refused = {}
+    for name, func in funcs.items():
+        try:
+            cuda.build({name: func}, target)
+        except Exception as exc:  # noqa: BLE001 - a failed build is a recorded failure
+            lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+            refused[name] = (f"build: {type(exc).__name__}: "
+                             f"{(lines[-1] if lines else '(no message)')[:500]}")
+    if not refused:  # no kernel fails alone: the module's own error
+        raise error
+    return None, refused
 
 
 def import_results(bundle: Path, results: Path | None, store,
@@ -212,14 +309,7 @@ def import_results(bundle: Path, results: Path | None, store,
     it."""
     header = json.loads((bundle / "bundle.json").read_text())
     header = {**header, **_measured_on(header, results, device)}
-    rows: list[dict[str, Any]] = []
-    for path in [bundle / "build_failures.jsonl", results]:
-        if path is not None and Path(path).is_file():
-            for line in Path(path).read_text().splitlines():
-                try:
-                    rows.append(json.loads(line))
-                except ValueError:
-                    continue  # a line cut short when the run was killed
+    rows = read_lines(bundle / "build_failures.jsonl") + read_lines(results)
     networks = [r for r in rows if r.get("kind") == "network"]
     rows = [r for r in rows if r.get("kind") != "network"]
     nets_added, nets_failed = _import_networks(networks, header, store)
@@ -243,6 +333,38 @@ def import_results(bundle: Path, results: Path | None, store,
     return {"records": added, "failed": failed, "skipped": skipped,
             "incomplete_searches": incomplete, "networks": nets_added,
             "network_failures": nets_failed}
+
+
+def file_metaschedule(bundle: Path, results: Path, tuning_db: Path) -> int:
+    """File a bundle's measured MetaSchedule candidates in the tuning database
+    ``tuning_db`` (MetaSchedule's JSON database: each trace with its run times; a candidate
+    that failed or did not verify with none), which the next round's search reads. Returns
+    how many were filed; a candidate already there is not filed again."""
+    from . import gpu_metaschedule as gm
+    from .tuning import TuningDB
+
+    traces = {row["key"]: row["trace"] for row in read_lines(bundle / TRACES)}
+    header = json.loads((bundle / "bundle.json").read_text())
+    target = gm.ms_target(header["target"].get("arch", "sm_90"))
+    index = Path(tuning_db) / "filed.jsonl"
+    filed = done_keys(index)
+    groups: dict[str, list[tuple[str, list[float] | None]]] = {}
+    specs: dict[str, Any] = {}
+    keys: list[str] = []
+    for row in read_lines(results):
+        if row.get("schedule") != METASCHEDULE or row["key"] in filed \
+                or row["key"] not in traces:
+            continue
+        ok = row.get("error") is None and row.get("verified") is not False
+        groups.setdefault(row["search"], []).append(
+            (traces[row["key"]], row.get("run_secs") if ok else None))
+        specs[row["search"]] = kernel_spec(row)
+        filed.add(row["key"])
+        keys.append(row["key"])
+    db = TuningDB(tuning_db).metaschedule()
+    n = sum(gm.record_round(db, specs[s], target, measured) for s, measured in groups.items())
+    _append(index, [{"key": k} for k in keys])
+    return n
 
 
 def _import_networks(rows: list[dict[str, Any]], header: dict[str, Any],
@@ -311,6 +433,9 @@ def _search_key(row: dict[str, Any], header: dict[str, Any]) -> str:
 
     if header["fingerprint"] == header["built_for"]:
         return row["search"]
+    if row.get("tuner") == METASCHEDULE:
+        return _key(row, header, Tuning.TUNED.value, {"trials": row["search_trials"],
+                                                      "metaschedule": row["search_round"]})
     if row.get("search_trials"):
         return _key(row, header, Tuning.TUNED.value, {"trials": row["search_trials"]})
     for t in range(2, 257):
@@ -325,6 +450,8 @@ def _untuned_row(cand: dict[str, Any], header: dict[str, Any]) -> dict[str, Any]
     that untuned kernel, measured: the row of it, or None."""
     from .knobs import resolve_gpu_knobs
 
+    if cand.get("schedule") == METASCHEDULE:
+        return None
     knobs = dict(cand["knobs"])
     own = {"acc_bits": knobs["acc_bits"]} if "acc_bits" in knobs else {}
     spec = ConvSpec.from_dict(cand["conv"])
@@ -343,15 +470,10 @@ def _searches(bundle: Path, rows: list[dict[str, Any]],
     load and GPU time); its untuned candidate also gives the untuned row. A search with a
     candidate not yet measured is left out (counted). Keys are the header device's."""
     planned: dict[str, set[str]] = {}
-    for path in (bundle / "manifest.jsonl", bundle / "build_failures.jsonl"):
-        if path.is_file():
-            for line in path.read_text().splitlines():
-                try:
-                    row = json.loads(line)
-                except ValueError:
-                    continue
-                if row.get("search"):
-                    planned.setdefault(row["search"], set()).add(row["key"])
+    for row in read_lines(bundle / "manifest.jsonl") + read_lines(
+            bundle / "build_failures.jsonl"):
+        if row.get("search"):
+            planned.setdefault(row["search"], set()).add(row["key"])
     refile = header["fingerprint"] != header["built_for"]
     plain = [({**r, "key": _key(r, header)} if refile else r)
              for r in rows if not r.get("search")]
@@ -367,7 +489,9 @@ def _searches(bundle: Path, rows: list[dict[str, Any]],
             continue
         cands = [got[k] for k in sorted(keys)]
         cost = sum(float(c.get("compile_s") or c.get("build_s") or 0.0)
-                   + float(c.get("measure_s") or 0.0) for c in cands)
+                   + float(c.get("measure_s") or 0.0) + float(c.get("search_s") or 0.0)
+                   for c in cands)
+        tuner = cands[0].get("tuner", KNOB_SEARCH)
         ok = [c for c in cands if c.get("error") is None and c.get("verified") is not False
               and c.get("run_secs")]
         if ok:
@@ -375,12 +499,12 @@ def _searches(bundle: Path, rows: list[dict[str, Any]],
             tuned = dict(best)
         else:
             errors = sorted({str(c.get("error") or "verification failed") for c in cands})
-            tuned = {**cands[0], "run_secs": [], "error": f"no candidate of the knob search "
-                     f"ran and verified ({len(cands)} tried): {errors[0]}"}
+            tuned = {**cands[0], "run_secs": [], "error": f"no candidate of the {tuner} "
+                     f"search ran and verified ({len(cands)} tried): {errors[0]}"}
         tuned.update(key=_search_key(cands[0], header), trials=len(cands),
-                     tuning_seconds=round(cost, 3), tuner=KNOB_SEARCH)
-        tuned.pop("search", None)
-        tuned.pop("search_trials", None)
+                     tuning_seconds=round(cost, 3), tuner=tuner)
+        for name in ("search", "search_trials", "schedule", "search_s", "search_round"):
+            tuned.pop(name, None)
         plain.append(tuned)
         plain.extend(u for u in (_untuned_row(c, header) for c in cands) if u is not None)
     return plain, incomplete
@@ -407,15 +531,15 @@ def _record(row: dict[str, Any], header: dict[str, Any]) -> MeasureResult:
 
 
 def plan_networks(networks: list[str], algorithms, compressions, ratio: float,
-                  device: Device, acc16: bool = True,
-                  trials: int = 0) -> tuple[list[GpuTask], dict[str, Any]]:
+                  device: Device, acc16: bool = True, trials: int = 0,
+                  kernel_sizes: tuple[int, ...] = ()) -> tuple[list[GpuTask], dict[str, Any]]:
     """GPU tasks for every conv layer of ``networks`` × algorithm × compression (each pruned
     layer at its own sparsity after global pruning at ``ratio``), and the networks' layers
     and configurations (what :func:`import_results` files in the store). float16 layers are
     measured twice with ``acc16``: accumulating in float32 and in float16; int8 GEMM layers
     twice: plain and packed for ``dp4a`` (every GPU the CUDA kernels support has it).
     With ``trials``, each kernel is a knob search of that many candidates
-    (:func:`search_tasks`), tuned."""
+    (:func:`search_tasks`), tuned. With ``kernel_sizes``, only layers whose R is one."""
     from dlas_predict.corpus.collect import plan_networks as read_networks
     from dlas_predict.space.config import Compression, Tuning
 
@@ -426,6 +550,8 @@ def plan_networks(networks: list[str], algorithms, compressions, ratio: float,
     for n in nets:
         for layers in n.configs.values():
             for lc in layers:
+                if kernel_sizes and lc.spec.R not in kernel_sizes:
+                    continue
                 for alg in algorithms:
                     knob_sets: list[tuple] = [()]
                     plain = Variant(alg, lc.compression, lc.ratio)
@@ -473,3 +599,56 @@ def import_plans(bundle: Path, store) -> int:
         for label, layers in plan["configs"].items():
             store.add_network_config(name, label, [tuple(x) for x in layers])
     return len(plans)
+
+
+def dense_kernels(networks: list[str], algorithms, compressions, ratio: float,
+                  kernel_sizes: tuple[int, ...] = ()) -> list[tuple[ConvSpec, Variant]]:
+    """The distinct dense kernels (workload, untuned variant) of ``networks`` × algorithm ×
+    compression, CSR kernels left out; with ``kernel_sizes``, only layers whose R is one."""
+    from dlas_predict.corpus.collect import plan_networks as read_networks
+
+    out: dict[tuple, tuple[ConvSpec, Variant]] = {}
+    for n in read_networks(networks, list(compressions), ratio, True):
+        for layers in n.configs.values():
+            for lc in layers:
+                if kernel_sizes and lc.spec.R not in kernel_sizes:
+                    continue
+                for alg in algorithms:
+                    v = Variant(alg, lc.compression, lc.ratio)
+                    if not v.sparse:
+                        out.setdefault((lc.spec, alg, lc.compression, lc.ratio), (lc.spec, v))
+    return list(out.values())
+
+
+def write_metaschedule_bundle(kernels: list[tuple[ConvSpec, Variant]], device: Device,
+                              out: Path, trials: int, tuning_db: Path | None = None,
+                              round_no: int = 1,
+                              log: Callable[[str], None] | None = None) -> dict[str, int]:
+    """A bundle of MetaSchedule searches, one module each: every kernel's hand schedule and
+    ``trials - 1`` candidates of one round of the evolutionary search, seeded by the tuning
+    database's earlier rounds (``tuning_db``). Resumable by search: a search already in the
+    bundle is not proposed again. Returns counts."""
+    from .tuning import TuningDB
+
+    require_cuda(device, "MetaSchedule's CUDA candidates")
+    db = TuningDB(tuning_db).metaschedule() if tuning_db is not None else None
+    out.mkdir(parents=True, exist_ok=True)
+    planned = {row.get("search") for row in read_lines(out / "manifest.jsonl")
+               + read_lines(out / "build_failures.jsonl")}
+    counts = {"searches": 0, "skipped": 0, "built": 0, "failed": 0}
+    t_start = time.time()
+    for i, (spec, variant) in enumerate(kernels):
+        if _metaschedule_search(spec, variant, device, trials, round_no)[1] in planned:
+            counts["skipped"] += 1
+            continue
+        tasks, seconds = metaschedule_tasks(spec, variant, device, trials, db, round_no)
+        tasks = [replace(t, search_s=round(seconds / len(tasks), 4)) for t in tasks]
+        got = write_bundle(tasks, device, out, chunk_size=len(tasks))
+        counts["searches"] += 1
+        counts["built"] += got["built"]
+        counts["failed"] += got["failed"]
+        if log:
+            log(f"search {i + 1}/{len(kernels)}: {got['built']} candidates built "
+                f"({got['failed']} failed), proposed in {seconds:.1f} s; "
+                f"{time.time() - t_start:.0f} s in all")
+    return counts

@@ -56,9 +56,9 @@ class TuningOptions:
     def db_path(self, device: Device) -> Path:
         if self.db:
             return Path(self.db)
-        from dlas_predict.paths import dlas_home
+        from dlas_predict.paths import tuning_db_dir
 
-        return dlas_home() / "tuning" / f"{device.name}-{device.fingerprint}"
+        return tuning_db_dir(device.name, device.fingerprint)
 
     def timeout_s(self) -> float:
         """A generous wall-clock limit for one tuned kernel (MetaSchedule builds each trial

@@ -231,6 +231,30 @@ def test_a_kernel_over_the_shared_memory_fails_alone_in_its_bundle(tmp_path):
     assert built["key"] == fine.key and (tmp_path / "b" / built["chunk"]).is_file()
 
 
+def test_a_kernel_tvm_cannot_compile_fails_alone_in_its_bundle(tmp_path, monkeypatch):
+    from dlas_predict.measure import cuda
+    from dlas_predict.measure.gpu_bundle import GpuTask, write_bundle
+
+    dev = get_device("h100")
+    tasks = [GpuTask.make(SPEC, Variant(a, Compression.DENSE), dev) for a in Algorithm]
+    real = cuda.build
+
+    def build(funcs, target):  # TVM's lowering fails on the second kernel of the chunk
+        if "k0000_001" in funcs:
+            raise RuntimeError("InternalError: Check failed: (eval_vec_) is false:")
+        return real(funcs, target)
+
+    monkeypatch.setattr(cuda, "build", build)
+    counts = write_bundle(tasks, dev, tmp_path / "b", chunk_size=8)
+    assert counts["built"] == 2 and counts["failed"] == 1
+    failure = json.loads((tmp_path / "b" / "build_failures.jsonl").read_text())
+    assert failure["key"] == tasks[1].key and "eval_vec_" in failure["error"]
+    built = [json.loads(t) for t in (tmp_path / "b" / "manifest.jsonl").read_text()
+             .splitlines()]
+    assert [b["key"] for b in built] == [tasks[0].key, tasks[2].key]
+    assert (tmp_path / "b" / built[0]["chunk"]).is_file()
+
+
 @pytest.mark.parametrize("alg", list(Algorithm))
 @pytest.mark.parametrize("comp", [Compression.DENSE, Compression.FLOAT16,
                                   Compression.WEIGHT_PRUNING])
@@ -281,6 +305,23 @@ def test_a_knob_search_imports_as_one_tuned_record_once_every_candidate_ran(tmp_
     assert rec.knobs == lines[2]["knobs"] and rec.median_s == pytest.approx(2e-5)
     assert rec.trials == 4 and rec.tuner == KNOB_SEARCH
     assert rec.tuning_seconds == pytest.approx(4 * 0.6)
+
+
+def test_a_modules_cubin_is_compiled_once_across_processes(tmp_path):
+    from dlas_predict.measure.gpu_run import _cached_cubin
+
+    calls = []
+
+    def compile_cuda(code, **kw):  # stands in for NVRTC
+        calls.append((code, kw["arch"]))
+        return bytearray(f"cubin of {code} for {kw['arch']}".encode())
+
+    first = _cached_cubin(tmp_path / "c", "__global__ void k() {}", "sm_90", compile_cuda)
+    again = _cached_cubin(tmp_path / "c", "__global__ void k() {}", "sm_90", compile_cuda)
+    other = _cached_cubin(tmp_path / "c", "__global__ void k() {}", "sm_80", compile_cuda)
+    assert first == again == bytearray(b"cubin of __global__ void k() {} for sm_90")
+    assert other != first and len(calls) == 2
+    assert sorted(p.suffix for p in (tmp_path / "c").iterdir()) == [".cubin", ".cubin"]
 
 
 def test_a_gpu_error_keeps_its_message_line():

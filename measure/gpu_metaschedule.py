@@ -1,0 +1,158 @@
+"""MetaSchedule for the CUDA kernels, searched here and measured on a GPU machine.
+
+MetaSchedule measures its candidates while it searches, so it needs TVM's compiler beside the
+GPU. A lent GPU machine has no network and takes a 64 MiB working tree, which TVM's compiler
+library (259 MB) does not fit. The search is therefore run in rounds, each a kernel bundle:
+
+1. here, :func:`propose` runs one iteration of MetaSchedule's evolutionary search on a dense
+   kernel's unscheduled TensorIR (the compute of :func:`dlas_predict.measure.cuda.gpu_prim_func`,
+   so a candidate takes the hand-scheduled kernel's arguments) for a CUDA target: design spaces
+   from MetaSchedule's CUDA schedule rules, a population sampled and evolved under its XGBoost
+   cost model, GPU validity checked by its post-processors. The cost model is trained on what
+   the tuning database already holds for the workload, and the database's fastest schedules
+   seed the population; a first round has neither, as a first iteration of ``tune_tir`` has
+   not;
+2. the bundle builds each candidate (:func:`candidate_func` replays its trace) and the GPU
+   machine verifies and times it like every other kernel;
+3. :func:`record_round` files each measured candidate in the tuning database (MetaSchedule's
+   JSON database: the trace and its run times), so the next round learns from it.
+
+A tuned record is the fastest verified candidate of the search so far, the hand schedule
+included (the search's first candidate, as in the knob search).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import tvm
+
+from .kernels import KernelSpec
+
+#: Evolutionary search's population for a round of ``trials`` candidates: MetaSchedule's
+#: default (512) from 64 trials up, eight candidates per trial below (at least 64).
+POPULATION_TRIALS = 64
+
+
+def ms_target(arch: str = "sm_90") -> "tvm.target.Target":
+    """The CUDA target with the limits MetaSchedule's GPU checks read (on a machine with no
+    GPU nothing queries them): 1,024 threads and the 48 KiB of static shared memory a block
+    may declare, 64 Ki registers."""
+    from . import cuda
+
+    base = cuda.cuda_target(arch)
+    return tvm.target.Target({**{k: v for k, v in base.export().items() if k != "host"},
+                              "max_threads_per_block": 1024, "max_num_threads": 1024,
+                              "max_shared_memory_per_block": cuda.MAX_STATIC_SHARED,
+                              "thread_warp_size": 32, "registers_per_block": 65536,
+                              "host": {"kind": "llvm"}})
+
+
+def workload(ks: KernelSpec) -> tvm.IRModule:
+    """The unscheduled TensorIR a dense CUDA kernel is tuned from: the compute its hand
+    schedule starts from, so a tuned kernel takes the same arguments."""
+    from tvm import te
+
+    from dlas_predict.space.config import Algorithm
+
+    from .kernels import _DENSE, _direct_nchw_compute
+
+    if ks.sparse:
+        raise ValueError("CSR kernels have data-dependent loops; MetaSchedule cannot "
+                         "sample them (their tuned variant is the knob search)")
+    compute = (_direct_nchw_compute if ks.algorithm is Algorithm.DIRECT
+               else _DENSE[ks.algorithm][0])
+    func = te.create_prim_func(compute(ks)).with_attr("global_symbol", "main")
+    return tvm.IRModule({"main": func})
+
+
+def _cost_model(ctx, db, wl_mod: tvm.IRModule):
+    """MetaSchedule's XGBoost cost model trained on the database's measured schedules of the
+    workload (untrained, it ranks at random, as in a first iteration of ``tune_tir``)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    model = ms.cost_model.XGBModel(adaptive_training=False, num_warmup_samples=0)
+    if db is None or not db.has_workload(wl_mod):
+        return model
+    records = db.get_top_k(db.commit_workload(wl_mod), 10 ** 6)
+    cands, results = [], []
+    for rec in records:
+        sch = tvm.s_tir.Schedule(wl_mod)
+        rec.trace.apply_to_schedule(sch, remove_postproc=False)
+        cands.append(ms.MeasureCandidate(sch, rec.args_info))
+        results.append(ms.runner.RunnerResult(list(rec.run_secs), None))
+    if cands:
+        model.update(ctx, cands, results)
+    return model
+
+
+def propose(ks: KernelSpec, target: "tvm.target.Target", trials: int, db=None,
+            seed: int = 0) -> tuple[list[str], float]:
+    """One round of MetaSchedule's evolutionary search for ``ks``: up to ``trials`` new
+    candidates, each its schedule trace as TVM JSON text (post-processing included), and the
+    seconds the search took. ``db``: MetaSchedule's database of earlier rounds."""
+    from tvm.s_tir import meta_schedule as ms
+
+    logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
+    t0 = time.perf_counter()
+    mod = workload(ks)
+    population = 512 if trials >= POPULATION_TRIALS else max(64, 8 * trials)
+    ctx = ms.TuneContext(
+        mod=mod, target=target, space_generator="post-order-apply",
+        # a small workload's design space holds few distinct valid schedules: ask the
+        # initial population for as many new ones as the round measures, not 50
+        search_strategy=ms.search_strategy.EvolutionarySearch(
+            population_size=population, init_min_unmeasured=max(1, min(50, trials)),
+            max_fail_count=20),
+        task_name="conv", rand_state=seed + 1, num_threads=2)
+    spaces = ctx.space_generator.generate_design_space(mod)
+    cost = _cost_model(ctx, db, mod)
+    memory = ms.database.MemoryDatabase()
+    if db is not None and db.has_workload(mod):
+        for rec in db.get_top_k(db.commit_workload(mod), 10 ** 6):
+            memory.commit_tuning_record(ms.database.TuningRecord(
+                rec.trace, memory.commit_workload(mod), rec.run_secs, rec.target,
+                rec.args_info))
+    ctx.search_strategy.pre_tuning(trials, trials, spaces, memory, cost)
+    try:
+        found = ctx.search_strategy.generate_measure_candidates() or []
+    finally:
+        ctx.search_strategy.post_tuning()
+    seen = {tvm.ir.save_json(r.trace.as_json(remove_postproc=False))
+            for r in memory.get_all_tuning_records()}
+    traces: list[str] = []
+    for cand in found:
+        text = tvm.ir.save_json(cand.sch.trace.as_json(remove_postproc=False))
+        if text not in seen and len(traces) < trials:
+            seen.add(text)
+            traces.append(text)
+    return traces, time.perf_counter() - t0
+
+
+def candidate_func(ks: KernelSpec, trace: str) -> "tvm.tirx.PrimFunc":
+    """The CUDA TensorIR of one MetaSchedule candidate: its trace replayed on the workload."""
+    sch = tvm.s_tir.Schedule(workload(ks))
+    tvm.s_tir.schedule.Trace.apply_json_to_schedule(tvm.ir.load_json(trace), sch)
+    return sch.mod["main"]
+
+
+def record_round(db, ks: KernelSpec, target: "tvm.target.Target",
+                 measured: list[tuple[str, list[float] | None]]) -> int:
+    """File measured candidates in MetaSchedule's database ``db``: (trace JSON, run seconds,
+    or None for a candidate that failed or did not verify, kept as MetaSchedule keeps a
+    failed run: with no times). Returns how many were filed."""
+    from tvm.s_tir import meta_schedule as ms
+
+    mod = workload(ks)
+    wl = db.commit_workload(mod)
+    args = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
+    n = 0
+    for trace_json, secs in measured:
+        sch = tvm.s_tir.Schedule(mod)
+        tvm.s_tir.schedule.Trace.apply_json_to_schedule(tvm.ir.load_json(trace_json), sch)
+        db.commit_tuning_record(ms.database.TuningRecord(
+            sch.trace, wl, [float(s) for s in secs] if secs else None,
+            tvm.target.Target(target.export()), args))
+        n += 1
+    return n
+
