@@ -446,6 +446,8 @@ def test_recommend_prices_the_h200s_tuned_kernels_at_their_search_size():
     tuned = [c for c in out["candidates"] if c["config"]["tuning"] == "tuned"]
     assert tuned and all(c["predicted_tuning_s"] > 0 for c in tuned)
     assert any("knob searches of 8 trials, not 64" in n for n in out["notes"])
+    # MetaSchedule's rounds tuned its 3×3 dense layers: the note names them too
+    assert any("MetaSchedule searches of 32 trials ran too" in n for n in out["notes"])
 
 
 @pytest.mark.parametrize("dtype,sparse", [("float32", False), ("float32", True),

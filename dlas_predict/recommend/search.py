@@ -368,11 +368,13 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
     low, high = su.layer_model.predict_interval(X)
     if su.mapping is not None:
         mid, low, high = _mapped(su, kernels, mid, low, high)
-    searched = _searched_trials(su.tuning_model)
+    searched, ms_trials = _searched_trials(su.tuning_model, su.dev.kind == "gpu")
     if searched and searched != trials and Tuning.TUNED in su.tunings:
+        also = (f"; where MetaSchedule searches of {ms_trials} trials ran too, the faster "
+                "kernel is priced" if ms_trials else "")
         su.notes.append(f"{device}'s tuned kernels come from knob searches of {searched} "
                         f"trials, not {trials}: tuned latencies and search times are for "
-                        f"{searched} trials a kernel")
+                        f"{searched} trials a kernel{also}")
         trials = searched
     tune_s = _tuning_seconds(su.tuning_model, X, kernels, trials) \
         if su.mapping is None else None
@@ -687,15 +689,18 @@ def _tuning_model(info: dict, models_dir: Path | None, device: str):
     return model
 
 
-def _searched_trials(model) -> int | None:
-    """The trials of the knob searches a device's tuned kernels all came from (GPU bundles
-    tune by a fixed-size search, not by a budget), or None."""
+def _searched_trials(model, gpu: bool) -> tuple[int | None, int | None]:
+    """The trials of the fixed-size searches a device's tuned kernels came from (GPU bundles
+    tune by searches of a set size, not by a budget): the knob searches', or None; and a
+    GPU's MetaSchedule rounds', or None. A CPU's MetaSchedule searches run to a budget
+    (``--trials``): (None, None)."""
     from dlas_predict.corpus.records import KNOB_SEARCH, METASCHEDULE
 
-    if model is None or METASCHEDULE in model.trial_share:
-        return None
-    trials = model.meta.get("median_trials", {}).get(KNOB_SEARCH)
-    return int(trials) if trials else None
+    if model is None or (METASCHEDULE in model.trial_share and not gpu):
+        return None, None
+    medians = model.meta.get("median_trials", {})
+    trials, ms = medians.get(KNOB_SEARCH), medians.get(METASCHEDULE)
+    return (int(trials) if trials else None), (int(ms) if ms else None)
 
 
 def _tuning_seconds(model, X: np.ndarray, kernels: list[tuple], trials: int):
