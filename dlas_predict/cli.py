@@ -481,8 +481,8 @@ def bundle(networks: List[str] = typer.Argument(..., help="ONNX files or zoo:NAM
            ratio: float = typer.Option(0.9, "--ratio", help="Global pruning ratio."),
            chunk: int = typer.Option(32, "--chunk", help="Kernels a module."),
            trials: int = typer.Option(0, "--trials", help="Tune: each kernel becomes a "
-                                      "measured search of this many knob settings; the "
-                                      "fastest verified one is its tuned record."),
+                                      "measured search of this many candidates (--tuner); "
+                                      "the fastest verified one is its tuned record."),
            whole_network: bool = typer.Option(False, "--whole-network", help="Build whole "
                                               "networks instead of kernels: every "
                                               "configuration × algorithm, and the per-layer "
