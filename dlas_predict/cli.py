@@ -521,15 +521,17 @@ def bundle(networks: List[str] = typer.Argument(..., help="ONNX files or zoo:NAM
     dev = get_device(device, with_target=False)
     if timing_weights and not whole_network:
         raise DlasError("--timing-weights applies to whole networks: add --whole-network")
-    if tuner not in ("knob-search", "metaschedule"):
-        raise DlasError(f"--tuner must be knob-search or metaschedule, got {tuner!r}")
+    from dlas_predict.corpus.records import KNOB_SEARCH, METASCHEDULE
+
+    if tuner not in (KNOB_SEARCH, METASCHEDULE):
+        raise DlasError(f"--tuner must be {KNOB_SEARCH} or {METASCHEDULE}, got {tuner!r}")
     try:
         sizes = tuple(int(x) for x in kernel_sizes.split(",") if x.strip())
     except ValueError:
         raise DlasError(f"--kernel-sizes takes integers, got {kernel_sizes!r}") from None
     if any(r < 1 for r in sizes) or round_no < 1:
         raise DlasError("--kernel-sizes and --round must be positive")
-    if tuner == "metaschedule":
+    if tuner == METASCHEDULE:
         if trials < 2 or whole_network:
             raise DlasError("--tuner metaschedule tunes kernels: give --trials of at least 2 "
                             "and no --whole-network")
@@ -1528,14 +1530,7 @@ def corpus_import_results(
 
     filed = 0
     if results is not None and (bundle / TRACES).is_file():
-        if tuning_db is None:
-            from dlas_predict.paths import tuning_db_dir
-            from dlas_predict.space.devices import get_device
-
-            gpu = dev or get_device(json.loads((bundle / "bundle.json").read_text())["device"],
-                                    with_target=False)
-            tuning_db = tuning_db_dir(gpu.name, gpu.fingerprint)
-        filed = file_metaschedule(bundle, results, tuning_db)
+        filed, tuning_db = file_metaschedule(bundle, results, tuning_db, dev)
     typer.echo(f"imported {counts['records']} records ({counts['failed']} failures) of "
                f"{nets} networks into {store}; {counts['skipped']} were already there"
                + (f"; {counts['incomplete_searches']} searches not finished (run the "

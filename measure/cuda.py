@@ -306,17 +306,23 @@ def csr_source(ks: KernelSpec) -> str:
     return _CSR_GPU[ks.algorithm](ks)
 
 
+def unscheduled(ks: KernelSpec) -> "tvm.tirx.PrimFunc":
+    """A dense kernel's unscheduled TensorIR for the GPU: what its hand schedule and
+    MetaSchedule's candidates start from (the same arguments)."""
+    from tvm import te
+
+    compute = (_direct_nchw_compute if ks.algorithm is Algorithm.DIRECT
+               else _DENSE[ks.algorithm][0])
+    return te.create_prim_func(compute(ks))
+
+
 def gpu_prim_func(ks: KernelSpec) -> "tvm.tirx.PrimFunc":
     """The hand-scheduled CUDA TensorIR function of a kernel (not yet compiled)."""
     if ks.sparse:
         from tvm.script import from_source
 
         return from_source(csr_source(ks))
-    from tvm import te
-
-    compute = (_direct_nchw_compute if ks.algorithm is Algorithm.DIRECT
-               else _DENSE[ks.algorithm][0])
-    sch = Schedule(te.create_prim_func(compute(ks)))
+    sch = Schedule(unscheduled(ks))
     _DENSE_GPU[ks.algorithm](sch, ks)
     return sch.mod["main"]
 

@@ -137,6 +137,7 @@ def metaschedule_tasks(spec: ConvSpec, variant: Variant, device: Device, trials:
     traces, seconds = gm.propose(kernel_spec(hand.payload()),
                                  gm.ms_target(device.target.get("arch", "sm_90")),
                                  trials - 1, db, seed=round_no)
+    hand = replace(hand, search_s=round(seconds / (len(traces) + 1), 4))
     out = [hand]
     for trace in traces:
         knobs = {**hand.knobs, "metaschedule": _trace_id(trace)}
@@ -189,6 +190,18 @@ def read_lines(path: Path | None) -> list[dict[str, Any]]:
     return rows
 
 
+def _ran_ok(row: dict[str, Any]) -> bool:
+    """Whether a result row ran without error and was not found wrong."""
+    return row.get("error") is None and row.get("verified") is not False
+
+
+def _build_error(exc: BaseException) -> str:
+    """A build failure's record text: its exception's last line."""
+    text = str(exc).strip()
+    return (f"build: {type(exc).__name__}: "
+            f"{(text.splitlines()[-1] if text else '(no message)')[:500]}")
+
+
 def done_keys(path: Path) -> set[str]:
     """Keys of a JSON-lines file (manifest, failures or results)."""
     return {row["key"] for row in read_lines(path) if "key" in row}
@@ -235,8 +248,7 @@ def write_bundle(tasks: list[GpuTask], device: Device, out: Path, chunk_size: in
                 funcs[fname] = (cuda.gpu_prim_func(ks) if task.trace is None
                                 else gm.candidate_func(ks, task.trace))
             except Exception as exc:  # noqa: BLE001 - a failed build is a recorded failure
-                bad.append({**task.payload(), "error": f"build: {type(exc).__name__}: "
-                            f"{str(exc).strip().splitlines()[-1][:500]}"})
+                bad.append({**task.payload(), "error": _build_error(exc)})
                 continue
             lines.append({**task.payload(), "chunk": name, "func": fname})
         if funcs:
@@ -258,9 +270,9 @@ def write_bundle(tasks: list[GpuTask], device: Device, out: Path, chunk_size: in
             per = (time.time() - t0) / len(funcs)
             for line in lines:
                 line["build_s"] = round(per, 4)
+            kept = {ln["key"] for ln in lines}
             _append(out / TRACES, [{"key": t.key, "trace": t.trace} for t in chunk
-                                   if t.trace is not None and t.key in
-                                   {ln["key"] for ln in lines}])
+                                   if t.trace is not None and t.key in kept])
             _append(manifest, lines)  # after the library exists: a killed build is redone
             chunk_no += 1
         _append(failures, bad)
@@ -288,9 +300,7 @@ def _build_chunk(funcs: dict[str, Any], target) -> tuple[Any, dict[str, str]]:
         try:
             cuda.build({name: func}, target)
         except Exception as exc:  # noqa: BLE001 - a failed build is a recorded failure
-            lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-            refused[name] = (f"build: {type(exc).__name__}: "
-                             f"{(lines[-1] if lines else '(no message)')[:500]}")
+            refused[name] = _build_error(exc)
     if not refused:  # no kernel fails alone: the module's own error
         raise error
     return None, refused
@@ -335,16 +345,26 @@ def import_results(bundle: Path, results: Path | None, store,
             "network_failures": nets_failed}
 
 
-def file_metaschedule(bundle: Path, results: Path, tuning_db: Path) -> int:
+def file_metaschedule(bundle: Path, results: Path, tuning_db: Path | None = None,
+                      device: Device | None = None) -> tuple[int, Path]:
     """File a bundle's measured MetaSchedule candidates in the tuning database
     ``tuning_db`` (MetaSchedule's JSON database: each trace with its run times; a candidate
-    that failed or did not verify with none), which the next round's search reads. Returns
-    how many were filed; a candidate already there is not filed again."""
+    that failed or did not verify with none), which the next round's search reads. Default:
+    the tuning database of ``device``, else of the bundle's device. Returns how many were
+    filed (a candidate already there is not filed again) and the database's folder."""
+    from dlas_predict.paths import tuning_db_dir
+
     from . import gpu_metaschedule as gm
     from .tuning import TuningDB
 
     traces = {row["key"]: row["trace"] for row in read_lines(bundle / TRACES)}
     header = json.loads((bundle / "bundle.json").read_text())
+    if tuning_db is None:
+        if device is None:
+            from dlas_predict.space.devices import get_device
+
+            device = get_device(header["device"], with_target=False)
+        tuning_db = tuning_db_dir(device.name, device.fingerprint)
     target = gm.ms_target(header["target"].get("arch", "sm_90"))
     index = Path(tuning_db) / "filed.jsonl"
     filed = done_keys(index)
@@ -355,16 +375,15 @@ def file_metaschedule(bundle: Path, results: Path, tuning_db: Path) -> int:
         if row.get("schedule") != METASCHEDULE or row["key"] in filed \
                 or row["key"] not in traces:
             continue
-        ok = row.get("error") is None and row.get("verified") is not False
         groups.setdefault(row["search"], []).append(
-            (traces[row["key"]], row.get("run_secs") if ok else None))
+            (traces[row["key"]], row.get("run_secs") if _ran_ok(row) else None))
         specs[row["search"]] = kernel_spec(row)
         filed.add(row["key"])
         keys.append(row["key"])
     db = TuningDB(tuning_db).metaschedule()
     n = sum(gm.record_round(db, specs[s], target, measured) for s, measured in groups.items())
     _append(index, [{"key": k} for k in keys])
-    return n
+    return n, Path(tuning_db)
 
 
 def _import_networks(rows: list[dict[str, Any]], header: dict[str, Any],
@@ -492,8 +511,7 @@ def _searches(bundle: Path, rows: list[dict[str, Any]],
                    + float(c.get("measure_s") or 0.0) + float(c.get("search_s") or 0.0)
                    for c in cands)
         tuner = cands[0].get("tuner", KNOB_SEARCH)
-        ok = [c for c in cands if c.get("error") is None and c.get("verified") is not False
-              and c.get("run_secs")]
+        ok = [c for c in cands if _ran_ok(c) and c.get("run_secs")]
         if ok:
             best = min(ok, key=lambda c: statistics.median(c["run_secs"]))
             tuned = dict(best)
@@ -513,7 +531,7 @@ def _searches(bundle: Path, rows: list[dict[str, Any]],
 def _record(row: dict[str, Any], header: dict[str, Any]) -> MeasureResult:
     variant = Variant(row["algorithm"], row["compression"], float(row["ratio"]),
                       row.get("tuning", "untuned"))
-    ok = row.get("error") is None and row.get("verified") is not False
+    ok = _ran_ok(row)
     error = row.get("error")
     if error is None and row.get("verified") is False:
         error = f"verification failed: max error {row.get('max_error')}"
@@ -547,25 +565,31 @@ def plan_networks(networks: list[str], algorithms, compressions, ratio: float,
 
     nets = read_networks(networks, list(compressions), ratio, True)
     tasks: dict[str, GpuTask] = {}
+    for lc in _layers(nets, kernel_sizes):
+        for alg in algorithms:
+            knob_sets: list[tuple] = [()]
+            plain = Variant(alg, lc.compression, lc.ratio)
+            if acc16 and lc.compression is Compression.FLOAT16 and not trials:
+                knob_sets.append((("acc_bits", 16),))
+            if not trials and dp4a_capable(plain):
+                knob_sets.append((("dp4a", 1),))
+            for knobs in knob_sets:
+                v = Variant(alg, lc.compression, lc.ratio, Tuning.UNTUNED, knobs)
+                found = (search_tasks(lc.spec, v, device, trials) if trials
+                         else [GpuTask.make(lc.spec, v, device)])
+                for t in found:
+                    tasks.setdefault(t.key, t)
+    return list(tasks.values()), network_entries(nets)
+
+
+def _layers(nets, kernel_sizes: tuple[int, ...] = ()):
+    """Every layer of every configuration of planned networks; with ``kernel_sizes``, only
+    those whose R is one."""
     for n in nets:
         for layers in n.configs.values():
             for lc in layers:
-                if kernel_sizes and lc.spec.R not in kernel_sizes:
-                    continue
-                for alg in algorithms:
-                    knob_sets: list[tuple] = [()]
-                    plain = Variant(alg, lc.compression, lc.ratio)
-                    if acc16 and lc.compression is Compression.FLOAT16 and not trials:
-                        knob_sets.append((("acc_bits", 16),))
-                    if not trials and dp4a_capable(plain):
-                        knob_sets.append((("dp4a", 1),))
-                    for knobs in knob_sets:
-                        v = Variant(alg, lc.compression, lc.ratio, Tuning.UNTUNED, knobs)
-                        found = (search_tasks(lc.spec, v, device, trials) if trials
-                                 else [GpuTask.make(lc.spec, v, device)])
-                        for t in found:
-                            tasks.setdefault(t.key, t)
-    return list(tasks.values()), network_entries(nets)
+                if not kernel_sizes or lc.spec.R in kernel_sizes:
+                    yield lc
 
 
 def network_entries(nets) -> dict[str, Any]:
@@ -608,15 +632,11 @@ def dense_kernels(networks: list[str], algorithms, compressions, ratio: float,
     from dlas_predict.corpus.collect import plan_networks as read_networks
 
     out: dict[tuple, tuple[ConvSpec, Variant]] = {}
-    for n in read_networks(networks, list(compressions), ratio, True):
-        for layers in n.configs.values():
-            for lc in layers:
-                if kernel_sizes and lc.spec.R not in kernel_sizes:
-                    continue
-                for alg in algorithms:
-                    v = Variant(alg, lc.compression, lc.ratio)
-                    if not v.sparse:
-                        out.setdefault((lc.spec, alg, lc.compression, lc.ratio), (lc.spec, v))
+    for lc in _layers(read_networks(networks, list(compressions), ratio, True), kernel_sizes):
+        for alg in algorithms:
+            v = Variant(alg, lc.compression, lc.ratio)
+            if not v.sparse:
+                out.setdefault((lc.spec, alg, lc.compression, lc.ratio), (lc.spec, v))
     return list(out.values())
 
 
@@ -642,7 +662,6 @@ def write_metaschedule_bundle(kernels: list[tuple[ConvSpec, Variant]], device: D
             counts["skipped"] += 1
             continue
         tasks, seconds = metaschedule_tasks(spec, variant, device, trials, db, round_no)
-        tasks = [replace(t, search_s=round(seconds / len(tasks), 4)) for t in tasks]
         got = write_bundle(tasks, device, out, chunk_size=len(tasks))
         counts["searches"] += 1
         counts["built"] += got["built"]

@@ -49,32 +49,31 @@ def ms_target(arch: str = "sm_90") -> "tvm.target.Target":
 
 
 def workload(ks: KernelSpec) -> tvm.IRModule:
-    """The unscheduled TensorIR a dense CUDA kernel is tuned from: the compute its hand
-    schedule starts from, so a tuned kernel takes the same arguments."""
-    from tvm import te
-
-    from dlas_predict.space.config import Algorithm
-
-    from .kernels import _DENSE, _direct_nchw_compute
+    """The unscheduled TensorIR a dense CUDA kernel is tuned from
+    (:func:`dlas_predict.measure.cuda.unscheduled`), so a tuned kernel takes the hand-scheduled
+    one's arguments."""
+    from . import cuda
 
     if ks.sparse:
         raise ValueError("CSR kernels have data-dependent loops; MetaSchedule cannot "
                          "sample them (their tuned variant is the knob search)")
-    compute = (_direct_nchw_compute if ks.algorithm is Algorithm.DIRECT
-               else _DENSE[ks.algorithm][0])
-    func = te.create_prim_func(compute(ks)).with_attr("global_symbol", "main")
-    return tvm.IRModule({"main": func})
+    return tvm.IRModule({"main": cuda.unscheduled(ks).with_attr("global_symbol", "main")})
 
 
-def _cost_model(ctx, db, wl_mod: tvm.IRModule):
-    """MetaSchedule's XGBoost cost model trained on the database's measured schedules of the
-    workload (untrained, it ranks at random, as in a first iteration of ``tune_tir``)."""
+def _replay(mod: tvm.IRModule, trace: str) -> "tvm.s_tir.Schedule":
+    """The schedule of a candidate's trace (TVM JSON) replayed on its workload."""
+    sch = tvm.s_tir.Schedule(mod)
+    tvm.s_tir.schedule.Trace.apply_json_to_schedule(tvm.ir.load_json(trace), sch)
+    return sch
+
+
+def _cost_model(ctx, records, wl_mod: tvm.IRModule):
+    """MetaSchedule's XGBoost cost model trained on ``records``, the database's measured
+    schedules of the workload (with none, it ranks at random, as in a first iteration of
+    ``tune_tir``)."""
     from tvm.s_tir import meta_schedule as ms
 
     model = ms.cost_model.XGBModel(adaptive_training=False, num_warmup_samples=0)
-    if db is None or not db.has_workload(wl_mod):
-        return model
-    records = db.get_top_k(db.commit_workload(wl_mod), 10 ** 6)
     cands, results = [], []
     for rec in records:
         sch = tvm.s_tir.Schedule(wl_mod)
@@ -106,13 +105,13 @@ def propose(ks: KernelSpec, target: "tvm.target.Target", trials: int, db=None,
             max_fail_count=20),
         task_name="conv", rand_state=seed + 1, num_threads=2)
     spaces = ctx.space_generator.generate_design_space(mod)
-    cost = _cost_model(ctx, db, mod)
+    records = (db.get_top_k(db.commit_workload(mod), 10 ** 6)
+               if db is not None and db.has_workload(mod) else [])
+    cost = _cost_model(ctx, records, mod)
     memory = ms.database.MemoryDatabase()
-    if db is not None and db.has_workload(mod):
-        for rec in db.get_top_k(db.commit_workload(mod), 10 ** 6):
-            memory.commit_tuning_record(ms.database.TuningRecord(
-                rec.trace, memory.commit_workload(mod), rec.run_secs, rec.target,
-                rec.args_info))
+    for rec in records:
+        memory.commit_tuning_record(ms.database.TuningRecord(
+            rec.trace, memory.commit_workload(mod), rec.run_secs, rec.target, rec.args_info))
     ctx.search_strategy.pre_tuning(trials, trials, spaces, memory, cost)
     try:
         found = ctx.search_strategy.generate_measure_candidates() or []
@@ -131,9 +130,7 @@ def propose(ks: KernelSpec, target: "tvm.target.Target", trials: int, db=None,
 
 def candidate_func(ks: KernelSpec, trace: str) -> "tvm.tirx.PrimFunc":
     """The CUDA TensorIR of one MetaSchedule candidate: its trace replayed on the workload."""
-    sch = tvm.s_tir.Schedule(workload(ks))
-    tvm.s_tir.schedule.Trace.apply_json_to_schedule(tvm.ir.load_json(trace), sch)
-    return sch.mod["main"]
+    return _replay(workload(ks), trace).mod["main"]
 
 
 def record_round(db, ks: KernelSpec, target: "tvm.target.Target",
@@ -148,11 +145,8 @@ def record_round(db, ks: KernelSpec, target: "tvm.target.Target",
     args = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
     n = 0
     for trace_json, secs in measured:
-        sch = tvm.s_tir.Schedule(mod)
-        tvm.s_tir.schedule.Trace.apply_json_to_schedule(tvm.ir.load_json(trace_json), sch)
         db.commit_tuning_record(ms.database.TuningRecord(
-            sch.trace, wl, [float(s) for s in secs] if secs else None,
+            _replay(mod, trace_json).trace, wl, [float(s) for s in secs] if secs else None,
             tvm.target.Target(target.export()), args))
         n += 1
     return n
-

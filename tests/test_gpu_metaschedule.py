@@ -125,7 +125,7 @@ def test_a_metaschedule_round_imports_as_one_tuned_record_and_seeds_the_next(tmp
     assert untuned.median_s == pytest.approx(3e-5)
 
     # each candidate is filed once; the next round reads the database
-    assert file_metaschedule(out, results, db_dir) == 0
+    assert file_metaschedule(out, results, db_dir) == (0, db_dir)
     from dlas_predict.measure.tuning import TuningDB
 
     ms_db = TuningDB(db_dir).metaschedule()
