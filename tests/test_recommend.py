@@ -158,6 +158,52 @@ def test_network_model_save_load_predict_equal(tmp_path):
         NetworkCostModel.load(tmp_path, "network")
 
 
+def test_network_model_correction_learns_what_terms_miss(tmp_path):
+    """A latency the linear terms cannot express (a factor that depends on a network feature)
+    is learned by the correction, predicted alike after save → load, and an interval is
+    widened by out-of-fold errors; a correction whose file is missing is one clear error."""
+    from dlas_predict.models.netmodel import (CORRECTION_FEATURES, NET_FEATURE_NAMES,
+                                              NET_TERMS, NetworkCostModel, NetworkInputs)
+
+    rng = np.random.default_rng(1)
+    n = 240
+    T = np.abs(rng.normal(size=(n, len(NET_TERMS)))) * 1e-3
+    F = rng.normal(size=(n, len(NET_FEATURE_NAMES)))
+    layers = NET_FEATURE_NAMES.index("layers")
+    F[:, layers] = rng.integers(2, 40, size=n)
+    factor = np.where(F[:, layers] > 20, 1.3, 0.8)  # deeper networks: slower than the terms
+    whole = T[:, 0] * factor * np.exp(0.01 * rng.normal(size=n))
+    groups = [f"net{i % 48}" for i in range(n)]
+    T[:, 1:] = 0
+    linear = NetworkCostModel().fit(T, whole, 0)
+    assert linear.correction is None  # no features: the linear model alone
+    few = NetworkCostModel().fit(T, whole, 0, features=F, groups=[f"net{i % 5}" for i in range(n)])
+    assert few.correction is None  # too few networks to learn a correction from
+    m = NetworkCostModel().fit(T, whole, 0, features=F, groups=groups)
+    assert m.meta["correction"] == list(CORRECTION_FEATURES)
+    X = NetworkInputs.point(T, T[:, 0], F)
+    err = lambda model: np.median(np.abs(model.predict(X) / whole - 1))
+    assert err(m) < 0.05 < err(linear)
+    m.save(tmp_path, "network")
+    back = NetworkCostModel.load(tmp_path, "network")
+    assert np.allclose(m.predict(X), back.predict(X))
+    lo, hi = back.predict_interval(X)
+    assert np.all(lo <= back.predict(X)) and np.all(back.predict(X) <= hi)
+    with pytest.raises(DlasError, match="network features"):
+        back.predict(NetworkInputs.point(T, T[:, 0]))
+    # kernels mapped to a device 3x slower: the linear part scales, while the correction
+    # reads the model's own device's terms, so its factor is the same
+    slower = NetworkInputs(3 * T, 3 * T[:, 0], 3 * T[:, 0], 3 * T[:, 0], F, correction_terms=T)
+    assert np.allclose(back.predict(slower), 3 * back.predict(X))
+    linear.save(tmp_path, "network")  # a fit without correction removes the old one's file
+    assert not (tmp_path / "network.correction.txt").exists()
+    m.save(tmp_path, "network")
+    (tmp_path / "network.correction.txt").unlink()
+    with pytest.raises(DlasError, match="missing"):
+        NetworkCostModel.load(tmp_path, "network")
+
+
+
 def test_network_terms_scale_each_kernel_family():
     from dlas_predict.space.config import Compression
     from dlas_predict.models.netmodel import NET_TERMS, NetworkSummary, net_terms

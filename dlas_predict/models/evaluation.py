@@ -573,7 +573,8 @@ def whole_network_lono(corpus: Corpus, rows: list[WholeRow], seed: int = 0,
                        fits: HeldOutFits | None = None) -> EvaluationReport:
     """Leave one network out over measured whole networks: per held-out network and
     overall, MAPE, share within ±10 %, Kendall τ, top-1 hit, regret and the top-3 gap."""
-    from dlas_predict.models.netmodel import ConfigRanker, NetworkCostModel, last_level_cache_bytes
+    from dlas_predict.models.netmodel import (ConfigRanker, NetworkCostModel, NetworkInputs,
+                                              last_level_cache_bytes)
 
     networks = sorted({r.network for r in rows})
     if len(networks) < 3:
@@ -598,22 +599,25 @@ def whole_network_lono(corpus: Corpus, rows: list[WholeRow], seed: int = 0,
         layer_models = fits.models(net)
         if layer_models is None:
             continue
-        residual = NetworkCostModel().fit(T_meas[trainw], truth[trainw], cache)
+        residual = NetworkCostModel().fit(T_meas[trainw], truth[trainw], cache,
+                                          features=X_meas[trainw], seed=seed)
         ranker = ConfigRanker(seed=seed).fit(X_meas[trainw], truth[trainw],
                                              [rows[i].network for i in trainw])
-        preds = {BOUND: T_meas[test] @ residual.coef}
+        preds = {BOUND: residual.predict(NetworkInputs.point(T_meas[test], measured_conv[test],
+                                                             X_meas[test]))}
+        held = [rows[i] for i in test]
         for name, model in layer_models.items():
             lp = dict(zip(used, model.predict(corpus.X[used])))
-            held = [rows[i] for i in test]
             layer_s = [[lp[k] for k in r.rows] for r in held]
             conv = np.array([sum(s) for s in layer_s])
+            X = whole_features(held, conv, dev)
             label = {"lightgbm": "lightgbm+residual", "stage": "stage+residual",
                      "roofline": "roofline+residual",
                      "macs_linear": "macs_linear+residual"}[name]
-            preds[label] = whole_terms(corpus, held, layer_s) @ residual.coef
+            preds[label] = residual.predict(NetworkInputs.point(
+                whole_terms(corpus, held, layer_s), conv, X))
             if name == "lightgbm":
                 preds["lightgbm_conv_sum"] = conv
-                X = whole_features(held, conv, dev)
                 preds["ranker"] = -ranker.scores(X)  # lower is better, like a latency
         t = truth[test]
         per_net[net] = HeldOutNetwork(len(test), {})

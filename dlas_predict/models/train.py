@@ -83,7 +83,7 @@ def train(store: Path, device: str = "local", out: Path | None = None,
 
     from dlas_predict.models.costmodel import LayerCostModel, mape, within
     from dlas_predict.models.evaluation import (load_corpus, measured_layer_seconds,
-                                                whole_rows, whole_terms)
+                                                whole_features, whole_rows, whole_terms)
     from dlas_predict.models.netmodel import NetworkCostModel, last_level_cache_bytes
 
     corpus = load_corpus(store, device)
@@ -109,9 +109,13 @@ def train(store: Path, device: str = "local", out: Path | None = None,
     rows = whole_rows(corpus, store)
     if rows:
         truth = np.array([r.seconds for r in rows])
-        T = whole_terms(corpus, rows, measured_layer_seconds(corpus, rows))
-        net = NetworkCostModel().fit(T, truth, last_level_cache_bytes(corpus.device), meta={
-            **meta, "networks": sorted({r.network for r in rows})})
+        layer_s = measured_layer_seconds(corpus, rows)
+        T = whole_terms(corpus, rows, layer_s)
+        F = whole_features(rows, np.array([s.sum() for s in layer_s]), corpus.device)
+        net = NetworkCostModel().fit(
+            T, truth, last_level_cache_bytes(corpus.device), features=F,
+            groups=[r.network for r in rows], seed=seed,
+            meta={**meta, "networks": sorted({r.network for r in rows})})
         net.save(directory, "network")
         report.whole_networks = len(rows)
         report.networks = len({r.network for r in rows})

@@ -364,7 +364,7 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
     if not su.tunings:
         raise DlasError("nothing to recommend: " + su.skipped[-1][1])
     X, kernels, options = _kernel_rows(convs, points, su.tunings, su.feat_dev)
-    mid = su.layer_model.predict(X)
+    mid = own = su.layer_model.predict(X)
     low, high = su.layer_model.predict_interval(X)
     if su.mapping is not None:
         mid, low, high = _mapped(su, kernels, mid, low, high)
@@ -379,7 +379,7 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
     tune_s = _tuning_seconds(su.tuning_model, X, kernels, trials) \
         if su.mapping is None else None
     plans = _plans(points, su.tunings, options, mid, su.skipped)
-    cands = _price(plans, su, X, (mid, low, high), tune_s)
+    cands = _price(plans, su, X, (mid, low, high), tune_s, own)
     dense = [c for c in cands if c.compression is Compression.DENSE and c.algorithm != PER_LAYER
              and c.tuning is Tuning.UNTUNED] or [
         c for c in cands if c.compression is Compression.DENSE and c.algorithm != PER_LAYER]
@@ -621,23 +621,36 @@ def _plans(points, tunings: list[Tuning], options, mid: np.ndarray,
     return plans
 
 
-def _price(plans: list[Plan], su: _Setup, X: np.ndarray, layer_pred, tune_s) -> list[Candidate]:
+def _price(plans: list[Plan], su: _Setup, X: np.ndarray, layer_pred, tune_s,
+           own: np.ndarray) -> list[Candidate]:
     """Stage 4: the network model's latency (and interval) of every plan, and the predicted
-    search time of the tuned ones."""
-    from dlas_predict.models.features import weight_bytes
-    from dlas_predict.models.netmodel import NetworkInputs, NetworkSummary, net_terms
+    search time of the tuned ones. ``own``: the layer model's kernel times on its own device
+    (``layer_pred``'s middle where the device is not mapped), which the network model's
+    correction reads."""
+    from dlas_predict.models.features import FEATURE_NAMES, weight_bytes
+    from dlas_predict.models.netmodel import (NetworkInputs, NetworkSummary, net_features,
+                                              net_terms)
 
     mid, low, high = layer_pred
     conv_mid = np.array([sum(mid[o.row] for o in p.layers) for p in plans])
     conv_low = np.array([sum(low[o.row] for o in p.layers) for p in plans])
     conv_high = np.array([sum(high[o.row] for o in p.layers) for p in plans])
     wbytes = weight_bytes(X)
+    sparsity = X[:, FEATURE_NAMES.index("sparsity")]
     summary = NetworkSummary.of(su.net)
-    NX = np.array([net_terms(p.summary or summary, [mid[o.row] for o in p.layers], p.compression,
-                             [(o.algorithm, o.sparse) for o in p.layers],
-                             [wbytes[o.row] for o in p.layers], su.net_model.cache_bytes)
-                   for p in plans])
-    inputs = NetworkInputs(NX, conv_mid, conv_low, conv_high)
+    NX, NF, NO = [], [], []
+    for p in plans:
+        kinds = [(o.algorithm, o.sparse) for o in p.layers]
+        wb = [wbytes[o.row] for o in p.layers]
+        NX.append(net_terms(p.summary or summary, [mid[o.row] for o in p.layers], p.compression,
+                            kinds, wb, su.net_model.cache_bytes))
+        mine = [float(own[o.row]) for o in p.layers]
+        NO.append(net_terms(p.summary or summary, mine, p.compression, kinds, wb,
+                            su.net_model.cache_bytes) if own is not mid else NX[-1])
+        NF.append(net_features(p.summary or summary, sum(mine), p.compression, kinds,
+                               [float(sparsity[o.row]) for o in p.layers], su.feat_dev))
+    inputs = NetworkInputs(np.array(NX), conv_mid, conv_low, conv_high, np.array(NF),
+                           np.array(NO))
     pm = su.net_model.predict(inputs)
     pl, ph = su.net_model.predict_interval(inputs)
     cands = []
