@@ -255,14 +255,14 @@ class NetworkCostModel:
                              f"({len(T)}); collect some with `dlas-predict collect "
                              "--whole-network`")
         self.coef = _nnls_relative(T, whole_s)
-        nets = len(set(groups)) if groups is not None else MIN_CORRECTION_NETWORKS
+        enough_networks = groups is None or len(set(groups)) >= MIN_CORRECTION_NETWORKS
         self.correction = None
-        if features is not None and len(T) >= MIN_CORRECTION_ROWS and \
-                nets >= MIN_CORRECTION_NETWORKS:
+        if features is not None and len(T) >= MIN_CORRECTION_ROWS and enough_networks:
             self.correction = self._fit_correction(self.coef, T, whole_s, features, seed)
-        ratio = whole_s / np.maximum(self._predict(T, features), 1e-12)
         if groups is not None and self.correction is not None:
             ratio = self._out_of_fold(T, whole_s, features, np.asarray(groups), seed)
+        else:
+            ratio = whole_s / np.maximum(self._predict(T, features), 1e-12)
         self.meta = {"format": NET_MODEL_FORMAT, "terms": list(NET_TERMS),
                      "cache_bytes": int(cache_bytes),
                      "coef": [float(c) for c in self.coef],
@@ -293,12 +293,16 @@ class NetworkCostModel:
         for f in range(_FOLDS):
             te, tr = fold == f, fold != f
             coef = _nnls_relative(T[tr], whole_s[tr])
-            booster = self._fit_correction(coef, T[tr], whole_s[tr], features[tr], seed)
-            base = np.maximum(T[te] @ coef, 1e-12)
-            pred = base * np.exp(booster.predict(correction_rows(features[te], T[te], coef,
-                                                                 base)))
-            ratio[te] = whole_s[te] / pred
+            part = NetworkCostModel(coef, self._fit_correction(coef, T[tr], whole_s[tr],
+                                                               features[tr], seed))
+            ratio[te] = whole_s[te] / np.maximum(part._predict(T[te], features[te]), 1e-12)
         return ratio
+
+    @property
+    def corrected(self) -> bool:
+        """Whether predictions read :attr:`NetworkInputs.features` (the model has a
+        correction)."""
+        return self.correction is not None
 
     @property
     def cache_bytes(self) -> int:
@@ -321,8 +325,11 @@ class NetworkCostModel:
         if features is None:
             raise ModelError("the network model's correction needs each configuration's "
                              "network features (NetworkInputs.features)")
-        Tc = T if correction_terms is None else np.asarray(correction_terms, dtype=np.float64)
-        rows = correction_rows(features, Tc, self.coef, np.maximum(Tc @ self.coef, 1e-12))
+        Tc, base_c = T, base
+        if correction_terms is not None:
+            Tc = np.asarray(correction_terms, dtype=np.float64)
+            base_c = Tc @ self.coef
+        rows = correction_rows(features, Tc, self.coef, np.maximum(base_c, 1e-12))
         return base * np.exp(self.correction.predict(rows))
 
     def predict_interval(self, X: NetworkInputs) -> tuple[np.ndarray, np.ndarray]:
@@ -433,6 +440,7 @@ class ConvSumModel:
     so (``meta["scope"]``)."""
 
     cache_bytes = 0
+    corrected = False
 
     def __init__(self) -> None:
         self.meta = {"n_train": 0, "scope": "conv sum"}

@@ -638,19 +638,23 @@ def _price(plans: list[Plan], su: _Setup, X: np.ndarray, layer_pred, tune_s,
     wbytes = weight_bytes(X)
     sparsity = X[:, FEATURE_NAMES.index("sparsity")]
     summary = NetworkSummary.of(su.net)
+    cache, corrected = su.net_model.cache_bytes, su.net_model.corrected
     NX, NF, NO = [], [], []
     for p in plans:
         kinds = [(o.algorithm, o.sparse) for o in p.layers]
         wb = [wbytes[o.row] for o in p.layers]
         NX.append(net_terms(p.summary or summary, [mid[o.row] for o in p.layers], p.compression,
-                            kinds, wb, su.net_model.cache_bytes))
+                            kinds, wb, cache))
+        if not corrected:  # only the correction reads the features and own-device terms
+            continue
         mine = [float(own[o.row]) for o in p.layers]
-        NO.append(net_terms(p.summary or summary, mine, p.compression, kinds, wb,
-                            su.net_model.cache_bytes) if own is not mid else NX[-1])
+        NO.append(NX[-1] if su.mapping is None else
+                  net_terms(p.summary or summary, mine, p.compression, kinds, wb, cache))
         NF.append(net_features(p.summary or summary, sum(mine), p.compression, kinds,
                                [float(sparsity[o.row]) for o in p.layers], su.feat_dev))
-    inputs = NetworkInputs(np.array(NX), conv_mid, conv_low, conv_high, np.array(NF),
-                           np.array(NO))
+    inputs = NetworkInputs(np.array(NX), conv_mid, conv_low, conv_high,
+                           np.array(NF) if corrected else None,
+                           np.array(NO) if corrected else None)
     pm = su.net_model.predict(inputs)
     pl, ph = su.net_model.predict_interval(inputs)
     cands = []
