@@ -40,6 +40,7 @@ def test_candidates_take_the_hand_kernels_arguments_and_lower_to_cuda(proposed, 
 
     from dlas_predict.measure import cuda
     from dlas_predict.measure import gpu_metaschedule as gm
+    from dlas_predict.measure.gpu_bundle import _build_chunk
 
     traces = proposed[alg]
     assert len(traces) == 3 and len(set(traces)) == 3
@@ -53,9 +54,18 @@ def test_candidates_take_the_hand_kernels_arguments_and_lower_to_cuda(proposed, 
         assert args(func) == shapes
         funcs[f"c{i}"] = func
     assert cuda.verify(cuda.kernels_module(funcs)) == []
-    source = cuda.cuda_source(cuda.build(funcs, cuda.cuda_target("sm_90")))
-    assert "threadIdx.x" in source and "c0_kernel" in source
-    assert not cuda.over_shared(source, list(funcs))
+    # the search is random (its threads race), and now and then it proposes a schedule
+    # TVM's own lowering rejects (an internal error in its integer-set analysis): the
+    # bundle's build records that candidate as a failure and compiles the others
+    target = cuda.cuda_target("sm_90")
+    module, refused = _build_chunk(funcs, target)
+    assert len(refused) < len(funcs)
+    assert all(refused[name].strip() for name in refused)
+    kept = {name: f for name, f in funcs.items() if name not in refused}
+    source = cuda.cuda_source(module if module is not None else cuda.build(kept, target))
+    assert "threadIdx.x" in source
+    assert all((f"{name}_kernel" in source) == (name in kept) for name in funcs)
+    assert not cuda.over_shared(source, list(kept))
     assert isinstance(gm.candidate_func(_kernel(alg), traces[0]), tvm.tirx.PrimFunc)
 
 
