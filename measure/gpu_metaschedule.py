@@ -67,12 +67,14 @@ def _replay(mod: tvm.IRModule, trace: str) -> "tvm.s_tir.Schedule":
     return sch
 
 
-def _cost_model(ctx, records, wl_mod: tvm.IRModule):
+def _cost_model(ctx, records, wl_mod: tvm.IRModule, seed: int):
     """MetaSchedule's XGBoost cost model trained on ``records``, the database's measured
-    schedules of the workload (with none, it ranks at random, as in a first iteration of
-    ``tune_tir``)."""
+    schedules of the workload; with none, its random model seeded with ``seed`` (a first
+    iteration of ``tune_tir`` ranks at random too)."""
     from tvm.s_tir import meta_schedule as ms
 
+    if not records:
+        return ms.cost_model.RandomModel(seed=seed)
     model = ms.cost_model.XGBModel(adaptive_training=False, num_warmup_samples=0)
     cands, results = [], []
     for rec in records:
@@ -89,7 +91,12 @@ def propose(ks: KernelSpec, target: "tvm.target.Target", trials: int, db=None,
             seed: int = 0) -> tuple[list[str], float]:
     """One round of MetaSchedule's evolutionary search for ``ks``: up to ``trials`` new
     candidates, each its schedule trace as TVM JSON text (post-processing included), and the
-    seconds the search took. ``db``: MetaSchedule's database of earlier rounds."""
+    seconds the search took. ``db``: MetaSchedule's database of earlier rounds.
+
+    The same workload, database and ``seed`` give the same candidates: the search runs on
+    one thread (two threads race for the population's indices, each with its own random
+    stream), and a round with no measurements ranks with MetaSchedule's seeded random model
+    (the untrained XGBoost model draws from numpy's global generator)."""
     from tvm.s_tir import meta_schedule as ms
 
     logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
@@ -103,11 +110,11 @@ def propose(ks: KernelSpec, target: "tvm.target.Target", trials: int, db=None,
         search_strategy=ms.search_strategy.EvolutionarySearch(
             population_size=population, init_min_unmeasured=max(1, min(50, trials)),
             max_fail_count=20),
-        task_name="conv", rand_state=seed + 1, num_threads=2)
+        task_name="conv", rand_state=seed + 1, num_threads=1)
     spaces = ctx.space_generator.generate_design_space(mod)
     records = (db.get_top_k(db.commit_workload(mod), 10 ** 6)
                if db is not None and db.has_workload(mod) else [])
-    cost = _cost_model(ctx, records, mod)
+    cost = _cost_model(ctx, records, mod, seed)
     memory = ms.database.MemoryDatabase()
     for rec in records:
         memory.commit_tuning_record(ms.database.TuningRecord(

@@ -70,6 +70,15 @@ def test_candidates_take_the_hand_kernels_arguments_and_lower_to_cuda(proposed, 
 
 
 @pytest.mark.slow
+def test_a_search_is_reproducible_from_its_seed(proposed):
+    from dlas_predict.measure import gpu_metaschedule as gm
+
+    ks, target = _kernel(Algorithm.DIRECT), gm.ms_target("sm_90")
+    assert gm.propose(ks, target, 3)[0] == proposed[Algorithm.DIRECT]
+    assert not set(gm.propose(ks, target, 3, seed=1)[0]) & set(proposed[Algorithm.DIRECT])
+
+
+@pytest.mark.slow
 def test_csr_kernels_are_not_metaschedule_workloads():
     from dlas_predict.measure import gpu_metaschedule as gm
     from dlas_predict.measure.kernels import KernelSpec
