@@ -82,8 +82,7 @@ def _cost_model(ctx, records, wl_mod: tvm.IRModule, seed: int):
         rec.trace.apply_to_schedule(sch, remove_postproc=False)
         cands.append(ms.MeasureCandidate(sch, rec.args_info))
         results.append(ms.runner.RunnerResult(list(rec.run_secs), None))
-    if cands:
-        model.update(ctx, cands, results)
+    model.update(ctx, cands, results)
     return model
 
 

@@ -287,8 +287,6 @@ class LayerCostModel(KernelCostModel):
 
     @classmethod
     def load(cls, directory: Path, name: str) -> "LayerCostModel":
-        from dlas_predict.models.trees import TreeFormatError, TreeModel
-
         sidecar, meta = read_sidecar(directory, name, "cost model",
                                      "train one with `dlas-predict train`")
         if meta.get("format") != MODEL_FORMAT:
@@ -302,17 +300,26 @@ class LayerCostModel(KernelCostModel):
         except (KeyError, TypeError, ModelError) as exc:
             raise ModelError(f"{sidecar}: no usable stage-cost model ({exc}); retrain with "
                              "`dlas-predict train`") from None
-        models = {}
-        for key in ("median", *(f"q{int(q * 100)}" for q in QUANTILES)):
-            path = Path(directory) / f"{name}.{key}.txt"
-            try:  # numpy walks the trees: predicting never imports LightGBM
-                models[key] = TreeModel.load(path)
-            except TreeFormatError:
-                models[key] = _lightgbm_booster(path)
-            if models[key].num_feature() != _TREES:
-                raise ModelError(f"{path} expects {models[key].num_feature()} features, not "
-                                 f"{_TREES}")
+        models = {key: load_trees(Path(directory) / f"{name}.{key}.txt", _TREES)
+                  for key in ("median", *(f"q{int(q * 100)}" for q in QUANTILES))}
         return cls(models=models, stage=stage, meta=meta)
+
+
+def load_trees(path: Path, n_features: int, advice: str = ""):
+    """A saved LightGBM model of ``n_features`` features, walked by numpy
+    (:class:`dlas_predict.models.trees.TreeModel`: predicting never imports LightGBM), or
+    read by LightGBM where that reader does not handle it. ``advice`` ends the error of a
+    model of another feature count."""
+    from dlas_predict.models.trees import TreeFormatError, TreeModel
+
+    try:
+        model = TreeModel.load(path)
+    except TreeFormatError:
+        model = _lightgbm_booster(path)
+    if model.num_feature() != n_features:
+        raise ModelError(f"{path} expects {model.num_feature()} features, not "
+                         f"{n_features}{advice}")
+    return model
 
 
 def _lightgbm_booster(path: Path):

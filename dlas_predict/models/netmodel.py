@@ -351,8 +351,7 @@ class NetworkCostModel:
 
     @classmethod
     def load(cls, directory: Path, name: str) -> "NetworkCostModel":
-        from dlas_predict.models.costmodel import _lightgbm_booster
-        from dlas_predict.models.trees import TreeFormatError, TreeModel
+        from dlas_predict.models.costmodel import load_trees
 
         sidecar, meta = read_sidecar(directory, name, "network model",
                                      "train one with `dlas-predict train` on a store with "
@@ -375,13 +374,7 @@ class NetworkCostModel:
             if not path.is_file():
                 raise ModelError(f"{sidecar} names a correction, but {path} is missing; "
                                  "retrain with `dlas-predict train`")
-            try:  # numpy walks the trees: predicting never imports LightGBM
-                correction = TreeModel.load(path)
-            except TreeFormatError:
-                correction = _lightgbm_booster(path)
-            if correction.num_feature() != len(CORRECTION_FEATURES):
-                raise ModelError(f"{path} expects {correction.num_feature()} features, not "
-                                 f"{len(CORRECTION_FEATURES)}; retrain")
+            correction = load_trees(path, len(CORRECTION_FEATURES), "; retrain")
         return cls(coef=coef, correction=correction, meta=meta)
 
 
