@@ -253,18 +253,11 @@ def write_bundle(tasks: list[GpuTask], device: Device, out: Path, chunk_size: in
             lines.append({**task.payload(), "chunk": name, "func": fname})
         if funcs:
             t0 = time.time()
-            module, refused = _build_chunk(funcs, target)
-            over = cuda.over_shared(cuda.cuda_source(module), list(funcs)) if module else {}
-            # a kernel TVM cannot compile, or one NVRTC would refuse the whole module for:
-            # it fails alone, and the module is built without it
-            refused.update(over)
-            if refused:
-                for line in [ln for ln in lines if ln["func"] in refused]:
-                    bad.append({k: v for k, v in line.items() if k not in ("chunk", "func")}
-                               | {"error": refused[line["func"]]})
-                lines = [ln for ln in lines if ln["func"] not in refused]
-                funcs = {n: f for n, f in funcs.items() if n not in refused}
-                module = cuda.build(funcs, target) if funcs else None
+            module, funcs, refused = _build_chunk(funcs, target)
+            for line in [ln for ln in lines if ln["func"] in refused]:
+                bad.append({k: v for k, v in line.items() if k not in ("chunk", "func")}
+                           | {"error": refused[line["func"]]})
+            lines = [ln for ln in lines if ln["func"] not in refused]
         if funcs:
             module.export_library(str(out / name))
             per = (time.time() - t0) / len(funcs)
@@ -285,25 +278,41 @@ def write_bundle(tasks: list[GpuTask], device: Device, out: Path, chunk_size: in
             "failed": failed}
 
 
-def _build_chunk(funcs: dict[str, Any], target) -> tuple[Any, dict[str, str]]:
-    """Compile a chunk's kernels into one module. If TVM fails on the module, each kernel is
-    compiled alone to find which fail: returns (the module, or None if any failed; the
-    failing kernels' errors)."""
+def _build_chunk(funcs: dict[str, Any], target) -> tuple[Any, dict[str, Any], dict[str, str]]:
+    """Compile a chunk's kernels into one module. A kernel TVM cannot compile, or one NVRTC
+    would refuse the whole module for (over the static shared memory), fails alone, and the
+    module is built without it: returns (the module, None if no kernel is left; the kernels
+    in it; the failing kernels' errors)."""
     from . import cuda
 
     try:
-        return cuda.build(funcs, target), {}
+        module, refused = cuda.build(funcs, target), {}
     except Exception as exc:  # noqa: BLE001 - one kernel's lowering error, found below
-        error = exc
+        module, refused = None, _compile_alone(funcs, target, exc)
+    kept = {n: f for n, f in funcs.items() if n not in refused}
+    if module is None and kept:
+        module = cuda.build(kept, target)
+    over = cuda.over_shared(cuda.cuda_source(module), list(kept)) if kept else {}
+    if over:
+        kept = {n: f for n, f in kept.items() if n not in over}
+        module = cuda.build(kept, target) if kept else None
+    return module, kept, {**refused, **over}
+
+
+def _compile_alone(funcs: dict[str, Any], target, error: Exception) -> dict[str, str]:
+    """The errors of the kernels that fail to compile alone, after ``error`` failed their
+    module (raised again where none fails alone: the module's own error)."""
+    from . import cuda
+
     refused = {}
     for name, func in funcs.items():
         try:
             cuda.build({name: func}, target)
         except Exception as exc:  # noqa: BLE001 - a failed build is a recorded failure
             refused[name] = _build_error(exc)
-    if not refused:  # no kernel fails alone: the module's own error
+    if not refused:
         raise error
-    return None, refused
+    return refused
 
 
 def import_results(bundle: Path, results: Path | None, store,

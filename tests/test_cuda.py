@@ -231,6 +231,34 @@ def test_a_kernel_over_the_shared_memory_fails_alone_in_its_bundle(tmp_path):
     assert built["key"] == fine.key and (tmp_path / "b" / built["chunk"]).is_file()
 
 
+def test_a_kernel_over_the_shared_memory_fails_beside_one_tvm_cannot_compile(tmp_path,
+                                                                              monkeypatch):
+    from dlas_predict.measure import cuda
+    from dlas_predict.measure.gpu_bundle import GpuTask, write_bundle
+
+    dev = get_device("h100")
+    over = GpuTask.make(DEPTHWISE_16, Variant(Algorithm.GEMM, Compression.DENSE, knobs={
+        "thr_k": 8, "reg_k": 4, "thr_p": 16, "reg_p": 4, "tile_rc": 9}), dev)
+    fine = [GpuTask.make(DEPTHWISE_16, Variant(a, Compression.DENSE), dev)
+            for a in (Algorithm.DIRECT, Algorithm.SPATIAL_PACK)]
+    real = cuda.build
+
+    def build(funcs, target):  # TVM's lowering fails on the second kernel of the chunk
+        if "k0000_001" in funcs:
+            raise RuntimeError("InternalError: Check failed: (eval_vec_) is false:")
+        return real(funcs, target)
+
+    monkeypatch.setattr(cuda, "build", build)
+    counts = write_bundle([fine[0], fine[1], over], dev, tmp_path / "b", chunk_size=8)
+    assert counts["built"] == 1 and counts["failed"] == 2
+    failures = {json.loads(t)["key"]: json.loads(t)["error"] for t in
+                (tmp_path / "b" / "build_failures.jsonl").read_text().splitlines()}
+    assert "eval_vec_" in failures[fine[1].key]
+    assert "74880 bytes of static shared memory" in failures[over.key]
+    built = json.loads((tmp_path / "b" / "manifest.jsonl").read_text())
+    assert built["key"] == fine[0].key
+
+
 def test_a_kernel_tvm_cannot_compile_fails_alone_in_its_bundle(tmp_path, monkeypatch):
     from dlas_predict.measure import cuda
     from dlas_predict.measure.gpu_bundle import GpuTask, write_bundle
