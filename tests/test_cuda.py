@@ -231,9 +231,22 @@ def test_a_kernel_over_the_shared_memory_fails_alone_in_its_bundle(tmp_path):
     assert built["key"] == fine.key and (tmp_path / "b" / built["chunk"]).is_file()
 
 
+def _fail_second_kernel(monkeypatch) -> None:
+    """Make TVM's CUDA build fail, as its lowering does, on the second kernel of a chunk."""
+    from dlas_predict.measure import cuda
+
+    real = cuda.build
+
+    def build(funcs, target):
+        if "k0000_001" in funcs:
+            raise RuntimeError("InternalError: Check failed: (eval_vec_) is false:")
+        return real(funcs, target)
+
+    monkeypatch.setattr(cuda, "build", build)
+
+
 def test_a_kernel_over_the_shared_memory_fails_beside_one_tvm_cannot_compile(tmp_path,
                                                                               monkeypatch):
-    from dlas_predict.measure import cuda
     from dlas_predict.measure.gpu_bundle import GpuTask, write_bundle
 
     dev = get_device("h100")
@@ -241,14 +254,7 @@ def test_a_kernel_over_the_shared_memory_fails_beside_one_tvm_cannot_compile(tmp
         "thr_k": 8, "reg_k": 4, "thr_p": 16, "reg_p": 4, "tile_rc": 9}), dev)
     fine = [GpuTask.make(DEPTHWISE_16, Variant(a, Compression.DENSE), dev)
             for a in (Algorithm.DIRECT, Algorithm.SPATIAL_PACK)]
-    real = cuda.build
-
-    def build(funcs, target):  # TVM's lowering fails on the second kernel of the chunk
-        if "k0000_001" in funcs:
-            raise RuntimeError("InternalError: Check failed: (eval_vec_) is false:")
-        return real(funcs, target)
-
-    monkeypatch.setattr(cuda, "build", build)
+    _fail_second_kernel(monkeypatch)
     counts = write_bundle([fine[0], fine[1], over], dev, tmp_path / "b", chunk_size=8)
     assert counts["built"] == 1 and counts["failed"] == 2
     failures = {json.loads(t)["key"]: json.loads(t)["error"] for t in
@@ -260,19 +266,11 @@ def test_a_kernel_over_the_shared_memory_fails_beside_one_tvm_cannot_compile(tmp
 
 
 def test_a_kernel_tvm_cannot_compile_fails_alone_in_its_bundle(tmp_path, monkeypatch):
-    from dlas_predict.measure import cuda
     from dlas_predict.measure.gpu_bundle import GpuTask, write_bundle
 
     dev = get_device("h100")
     tasks = [GpuTask.make(SPEC, Variant(a, Compression.DENSE), dev) for a in Algorithm]
-    real = cuda.build
-
-    def build(funcs, target):  # TVM's lowering fails on the second kernel of the chunk
-        if "k0000_001" in funcs:
-            raise RuntimeError("InternalError: Check failed: (eval_vec_) is false:")
-        return real(funcs, target)
-
-    monkeypatch.setattr(cuda, "build", build)
+    _fail_second_kernel(monkeypatch)
     counts = write_bundle(tasks, dev, tmp_path / "b", chunk_size=8)
     assert counts["built"] == 2 and counts["failed"] == 1
     failure = json.loads((tmp_path / "b" / "build_failures.jsonl").read_text())
