@@ -224,11 +224,9 @@ def _per_channel(expr, k: int) -> np.ndarray | None:
     return None
 
 
-def plan_epilogues(func: relax.Function) -> dict:
-    """For each conv binding of ``func``'s dataflow blocks, the chain of ops it can fuse
-    (conv var -> :class:`_Epilogue`): a per-channel bias add, ReLU, clamps (ReLU6), SiLU
-    (``x * sigmoid(x)``) and one residual add of a tensor of the output's shape, in any
-    order, each op the only user of the one before it."""
+def _dataflow(func: relax.Function) -> tuple[list, dict, set]:
+    """``func``'s dataflow bindings in order, the bindings using each var, and the vars its
+    result uses."""
     bindings = [b for block in func.body.blocks if isinstance(block, relax.DataflowBlock)
                 for b in block.bindings if isinstance(b, relax.VarBinding)]
     users: dict = {}
@@ -239,7 +237,15 @@ def plan_epilogues(func: relax.Function) -> dict:
             users.setdefault(v, []).append(b)
     outputs: list = []
     _used_vars(func.body.body, outputs)
-    output_set = set(outputs)
+    return bindings, users, set(outputs)
+
+
+def plan_epilogues(func: relax.Function) -> dict:
+    """For each conv binding of ``func``'s dataflow blocks, the chain of ops it can fuse
+    (conv var -> :class:`_Epilogue`): a per-channel bias add, ReLU, clamps (ReLU6), SiLU
+    (``x * sigmoid(x)``) and one residual add of a tensor of the output's shape, in any
+    order, each op the only user of the one before it."""
+    bindings, users, output_set = _dataflow(func)
     binding_set = set(b.var for b in bindings)
     values = {b.var: b.value for b in bindings}
     claimed: set = set()
@@ -336,15 +342,26 @@ class _ConvLowering:
     def __init__(self, choices: list[LayerChoice], dtype: DType,
                  specs: list[ConvSpec] | None, scales: list[tuple[float, float]] | None,
                  tuned: TunedKernels | None = None, simd_bits: int | None = None,
-                 fuse: bool = True, gpu: bool = False):
+                 fuse: bool = True, gpu: bool = False, fold_scales: bool = True):
         self.choices, self.dtype, self.specs, self.scales = choices, dtype, specs, scales
         self.tuned, self.simd_bits, self.fuse, self.gpu = tuned, simd_bits, fuse, gpu
+        #: fold a sigmoid gate's channel scale into the next conv's weights (with ``fuse``)
+        self.fold_scales = fuse and fold_scales
         self.count = 0
         #: conv layers lowered with a fused epilogue, and the ops those epilogues replaced
         self.fused_layers = 0
         self.fused_steps = 0
         #: tuned layers whose epilogue stays a separate op (:meth:`TunedKernels.fuses`)
         self.separate_layers = 0
+        #: convs whose input's channel scale was folded into their weights
+        self.folded_scales = 0
+
+    def folds_scale(self, i: int, spec: ConvSpec) -> bool:
+        """Whether conv ``i`` of workload ``spec`` takes a channel scale of its input into
+        its weights (:func:`plan_scale_folds`): an untuned dense float kernel on a CPU."""
+        return (not self.gpu and self.tuned is None and self.dtype is not DType.INT8
+                and i < len(self.choices) and not self.choices[i].sparse
+                and scale_fold_pays(spec))
 
     def next_index(self) -> int:
         i = self.count
@@ -356,7 +373,8 @@ class _ConvLowering:
 
     def lower(self, bb: relax.BlockBuilder, i: int, call: relax.Call, data: relax.Expr,
               want: str, epi: _Epilogue | None = None,
-              residual: relax.Expr | None = None) -> relax.Expr:
+              residual: relax.Expr | None = None,
+              channel_scale: relax.Expr | None = None) -> relax.Expr:
         weight = call.args[1]
         if not isinstance(weight, tvm.ir.expr.Constant):
             raise BuildError(f"conv {i}: weights are not constants; cannot pack them offline")
@@ -413,6 +431,10 @@ class _ConvLowering:
         if choice.sparse and packed[0].size == 0:  # all-zero layer: keep buffers non-empty
             packed = [np.zeros(1, packed[0].dtype), np.zeros(1, np.int32), packed[2]]
         args = [x, *(relax.const(a) for a in packed)]
+        if channel_scale is not None:  # the input's channel scale, folded into the weights
+            args[1] = bb.emit_te(_scale_weights, args[1], relax.const(_weight_channels(ks)),
+                                 channel_scale, primfunc_name_hint=f"scale_weights{i}")
+            self.folded_scales += 1
         for name, _shape, dt in ks.extra_inputs():
             if name == "bias":
                 args.append(relax.const(epi.bias.astype(dt)))
@@ -442,13 +464,24 @@ class _LowerConvs(relax.PyExprMutator):
     A fused kernel is emitted where the last op of its chain was, so a residual operand
     computed after the conv is ready by then."""
 
-    def __init__(self, mod: tvm.IRModule, lowering: _ConvLowering, plans: dict):
+    def __init__(self, mod: tvm.IRModule, lowering: _ConvLowering, plans: dict,
+                 folds: dict | None = None):
         super().__init__(mod)
         self.lowering = lowering
         self.plans = plans
+        self.folds = folds or {}
         self.by_end = {p.end: p for p in plans.values() if p.steps}
         self.skip = {v for p in plans.values() if p.steps for v in [p.conv, *p.replaced[:-1]]}
+        self.skip |= {m for m, _x, _s in self.folds.values()}
         self.pending: dict = {}
+
+    def _input(self, conv: relax.Var, call: relax.Call) -> tuple:
+        """A conv's data operand and the channel scale folded into its weights (or None)."""
+        fold = self.folds.get(conv)
+        if fold is None:
+            return self.visit_expr(call.args[0]), None
+        _m, x, scale = fold
+        return self.visit_expr(x), self.visit_expr(scale)
 
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
         var, value = binding.var, binding.value
@@ -458,8 +491,9 @@ class _LowerConvs(relax.PyExprMutator):
             if plan is not None and plan.steps:
                 self.pending[var] = (i, value)  # emitted at the chain's end
                 return
-            y = self.lowering.lower(self.builder_, i, value, self.visit_expr(value.args[0]),
-                                    var.ty.dtype)
+            data, scale = self._input(var, value)
+            y = self.lowering.lower(self.builder_, i, value, data, var.ty.dtype,
+                                    channel_scale=scale)
             self._bind(var, y)
             return
         if var in self.skip:
@@ -468,8 +502,9 @@ class _LowerConvs(relax.PyExprMutator):
         if plan is not None:
             i, call = self.pending.pop(plan.conv)
             residual = None if plan.residual is None else self.visit_expr(plan.residual)
-            y = self.lowering.lower(self.builder_, i, call, self.visit_expr(call.args[0]),
-                                    var.ty.dtype, plan, residual)
+            data, scale = self._input(plan.conv, call)
+            y = self.lowering.lower(self.builder_, i, call, data, var.ty.dtype, plan,
+                                    residual, channel_scale=scale)
             self._bind(var, y)
             return
         super().visit_var_binding_(binding)
@@ -497,7 +532,8 @@ def lower_convs(mod: tvm.IRModule, lowering: _ConvLowering) -> tvm.IRModule:
             lowering.separate_layers += sum(1 for conv, plan in plans.items()
                                             if plan.steps and conv not in kept)
             plans = kept
-        mutator = _LowerConvs(mod, lowering, plans)
+        folds = plan_scale_folds(func, plans, lowering) if lowering.fold_scales else {}
+        mutator = _LowerConvs(mod, lowering, plans, folds)
         new = mutator.visit_expr(func)
         mod = mutator.builder_.get()
         mod[gv] = new
@@ -518,15 +554,78 @@ def _dequantize(t: te.Tensor, scale: float, dtype: str) -> te.Tensor:
 
 
 def _fast_sigmoid(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
-    """Sigmoid through TVM's polynomial ``fast_exp`` (vectorises; libm's exp does not)."""
-    from tvm import topi
+    """Sigmoid as the kernels' fused SiLU computes it (:func:`~.kernels.fast_sigmoid`, in
+    float32): it vectorises, where libm's exp does not."""
+    from .kernels import fast_sigmoid
 
     def sigmoid(t: te.Tensor) -> te.Tensor:
-        e = topi.fast_exp(te.compute(t.shape, lambda *i: -t(*i), name="neg"))
-        one = tvm.tirx.const(1.0, t.dtype)
-        return te.compute(t.shape, lambda *i: one / (one + e(*i)), name="sigmoid")
+        if t.dtype == "float32":
+            return te.compute(t.shape, lambda *i: fast_sigmoid(t(*i)), name="sigmoid")
+        return te.compute(t.shape, lambda *i: fast_sigmoid(t(*i).astype("float32"))
+                          .astype(t.dtype), name="sigmoid")
 
     return bb.call_te(sigmoid, call.args[0], primfunc_name_hint="sigmoid")
+
+
+def scale_fold_pays(spec: ConvSpec) -> bool:
+    """Whether scaling an ungrouped conv's weights per input channel costs no more
+    multiplies than scaling its input: ``conv(x * s) = conv'(x)`` with filter ``k``'s
+    channel ``c`` times ``s[c]``."""
+    return spec.groups == 1 and spec.K * spec.R * spec.S <= spec.H * spec.W
+
+
+def _weight_channels(ks: KernelSpec) -> np.ndarray:
+    """The input channel of each element of ``ks``'s packed dense weights (int32)."""
+    c = ks.conv
+    channels = np.broadcast_to(np.arange(c.C, dtype=np.int32)[None, :, None, None],
+                               (c.K, c.C, c.R, c.S))
+    return np.ascontiguousarray(pack_weights(ks, channels)[0]).astype(np.int32)
+
+
+def _scale_weights(w: te.Tensor, channel: te.Tensor, scale: te.Tensor) -> te.Tensor:
+    """Packed weights ``w`` with each element times the scale [1, C, 1, 1] of its input
+    channel (``channel``, in ``w``'s layout)."""
+    return te.compute(w.shape, lambda *j: w(*j) * scale[0, channel(*j), 0, 0].astype(w.dtype),
+                      name="scale_weights")
+
+
+def plan_scale_folds(func: relax.Function, plans: dict, lowering: "_ConvLowering") -> dict:
+    """The channel scales ``func``'s convs take into their weights: conv var -> (the
+    ``x * s`` binding's var, ``x``, ``s``) where ``s`` [1, C, 1, 1] is a sigmoid's output
+    (a squeeze-excitation's gate) scaling ``x`` [1, C, H, W], the product's one user is the
+    conv, and :meth:`_ConvLowering.folds_scale` holds. The product is then never computed."""
+    bindings, users, outputs = _dataflow(func)
+    claimed = {v for p in plans.values() for v in p.replaced}
+    values = {b.var: b.value for b in bindings}
+    folds = {}
+    i = -1
+    for b in bindings:
+        if _op_name(b.value) != "relax.nn.conv2d":
+            continue
+        i += 1
+        m = b.value.args[0]
+        call = values.get(m)
+        if (_op_name(call) != "relax.multiply" or m in claimed or m in outputs
+                or len(users.get(m, [])) != 1 or not isinstance(m, relax.DataflowVar)):
+            continue
+        shape = [int(d) for d in m.ty.shape]
+        pair = [a for a in call.args if isinstance(a, relax.Var)]
+        if len(pair) != 2:
+            continue
+        shapes = [[int(d) for d in a.ty.shape] if getattr(a.ty, "shape", None) is not None
+                  else None for a in pair]
+        gate = [1, shape[1], 1, 1]
+        if shapes[0] == shape and shapes[1] == gate:
+            x, scale = pair
+        elif shapes[1] == shape and shapes[0] == gate:
+            scale, x = pair
+        else:
+            continue
+        if (shape[2] * shape[3] == 1 or _op_name(values.get(scale)) != "relax.sigmoid"
+                or not lowering.folds_scale(i, _call_spec(b.value))):
+            continue
+        folds[b.var] = (m, x, scale)
+    return folds
 
 
 def _reshape(t: te.Tensor, shape: tuple[int, ...]) -> te.Tensor:
@@ -809,7 +908,8 @@ def epilogue_details(lowering: _ConvLowering) -> dict:
     else:
         kind = "separate" if lowering.separate_layers else "none"
     return {"epilogue": kind, "fused_layers": lowering.fused_layers,
-            "fused_ops": lowering.fused_steps, "separate_layers": lowering.separate_layers}
+            "fused_ops": lowering.fused_steps, "separate_layers": lowering.separate_layers,
+            "folded_gates": lowering.folded_scales}
 
 
 def _with_kernels(model, input_name: str, input_shape: tuple[int, ...],
@@ -835,12 +935,15 @@ def lower(model, input_name: str, input_shape: tuple[int, ...], dtype: DType,
           choices: list[LayerChoice], specs: list[ConvSpec] | None = None,
           scales: list[tuple[float, float]] | None = None,
           tuned: TunedKernels | None = None, simd_bits: int | None = None,
-          fuse: bool = True, stats: dict | None = None) -> tvm.IRModule:
+          fuse: bool = True, stats: dict | None = None,
+          fold_scales: bool = True) -> tvm.IRModule:
     """The Relax module with every conv lowered to its kernel (register tiles sized for a CPU
     of ``simd_bits``; the bias, activation and residual add that follow it fused into its
-    epilogue unless ``fuse`` is off) and every other op scheduled. ``stats``, if given,
-    receives the epilogue fusion's counts (:func:`epilogue_details`)."""
-    lowering = _ConvLowering(choices, dtype, specs, scales, tuned, simd_bits, fuse=fuse)
+    epilogue, and a sigmoid gate's channel scale before it folded into its weights
+    (:func:`plan_scale_folds`), unless ``fuse`` is off) and every other op scheduled.
+    ``stats``, if given, receives the epilogue fusion's counts (:func:`epilogue_details`)."""
+    lowering = _ConvLowering(choices, dtype, specs, scales, tuned, simd_bits, fuse=fuse,
+                             fold_scales=fold_scales)
     mod = _with_kernels(model, input_name, input_shape, lowering)
     mod = relax.transform.LegalizeOps(customize_legalize_map={
         "relax.sigmoid": _fast_sigmoid})(mod)
@@ -907,10 +1010,11 @@ def lower_cuda(model, input_name: str, input_shape: tuple[int, ...], dtype: DTyp
 
 def build(model, input_name: str, input_shape: tuple[int, ...], dtype: DType,
           choices: list[LayerChoice], target, specs=None, scales=None, tuned=None,
-          simd_bits: int | None = None, fuse: bool = True, stats: dict | None = None):
+          simd_bits: int | None = None, fuse: bool = True, stats: dict | None = None,
+          fold_scales: bool = True):
     """Compile; returns the executable (run it with :class:`_Runnable`)."""
     mod = lower(model, input_name, input_shape, dtype, choices, specs, scales, tuned,
-                simd_bits, fuse, stats)
+                simd_bits, fuse, stats, fold_scales)
     return tvm.compile(mod, target=target)
 
 

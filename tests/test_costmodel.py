@@ -2,6 +2,7 @@
 
 Unit tests on synthetic latencies with a known law (the model must learn it); the shipped
 corpus is what the benchmark and `evaluate` use."""
+import dataclasses
 import json
 from pathlib import Path
 
@@ -458,8 +459,9 @@ def test_once_enough_networks_are_timed_by_the_current_engine_older_builds_are_l
 def test_a_carried_engine_build_todays_engine_builds_the_same_way_counts_as_today():
     """Engine 11 changed only direct and GEMM layers whose filter count has no block of at
     least four, engine 12 only spatial pack layers whose block of filters was a divisor of no
-    whole vector: the carried engines' records of other builds stay in, even once today's
-    engine has timed enough networks to leave older builds out."""
+    whole vector, engine 13 only networks with a sigmoid: the carried engines' records of
+    other builds stay in, even once today's engine has timed enough networks to leave older
+    builds out."""
     from dlas_predict.corpus.networks import (CARRIED_VERSIONS, NETWORK_VERSION,
                                               NetworkMeasurement, rebuilt_since)
     from dlas_predict.models.evaluation import (MIN_CURRENT_ENGINE_NETWORKS,
@@ -473,12 +475,13 @@ def test_a_carried_engine_build_todays_engine_builds_the_same_way_counts_as_toda
                                    "conv": conv, "compression": "dense", "ratio": 0.0}]
                  for net, conv in (("even", even), ("odd", odd), ("reblocked", reblocked))}
 
-    def rec(network, version, algorithm="direct", sparse=False, i=0):
+    def rec(network, version, algorithm="direct", sparse=False, i=0, exp_elems=0):
         return NetworkMeasurement(key=f"{network}{version}{algorithm}{sparse}{i}",
                                   device="local", fingerprint="f", network=network,
                                   config="dense", algorithm=algorithm,
                                   plan=f'[["{algorithm}", {str(sparse).lower()}]]',
-                                  dtype="float32", run_secs=[1e-3], version=version)
+                                  dtype="float32", run_secs=[1e-3], version=version,
+                                  summary=json.dumps({"exp_elems": exp_elems}))
 
     unchanged = unchanged_builds(layers_of, get_device("local"))
     kept, rebuilt = rec("even", "11"), rec("odd", "10")
@@ -487,9 +490,13 @@ def test_a_carried_engine_build_todays_engine_builds_the_same_way_counts_as_toda
     odd11 = rec("odd", "11")
     pack_kept = rec("odd", "10", "spatial_pack")      # 59 filters: two padded vectors in 11
     pack_rebuilt = rec("reblocked", "11", "spatial_pack")
-    for m in (kept, csr, odd11, pack_kept):
+    # a network with a sigmoid (its exp-like ops compute elements) or no known summary: 13
+    # builds it otherwise
+    gated = rec("even", "12", exp_elems=64)
+    unknown = dataclasses.replace(rec("even", "12"), summary=None)
+    for m in (kept, csr, odd11, pack_kept, rec("even", "12")):
         assert unchanged(m), m.network
-    for m in (rebuilt, pack_rebuilt):
+    for m in (rebuilt, pack_rebuilt, gated, unknown):
         assert not unchanged(m), m.network
     fresh = [rec(f"n{i}", NETWORK_VERSION, i=i) for i in range(MIN_CURRENT_ENGINE_NETWORKS)]
     assert drop_older_engines([kept, rebuilt, csr, pack_rebuilt, *fresh], unchanged) == [
@@ -501,14 +508,16 @@ def test_a_carried_engine_build_todays_engine_builds_the_same_way_counts_as_toda
     assert drop_older_engines([older, *fresh], unchanged) == fresh
     # 59 filters pad on every vector width; 64 on none
     for bits in (128, 256, 512):
-        assert rebuilt_since("10", [["gemm", False]], [ConvSpec.parse(odd)], bits)
-        assert not rebuilt_since("11", [["gemm", False]], [ConvSpec.parse(odd)], bits)
-        assert not rebuilt_since("10", [["gemm", False]], [ConvSpec.parse(even)], bits)
+        assert rebuilt_since("10", [["gemm", False]], [ConvSpec.parse(odd)], bits, 0)
+        assert not rebuilt_since("11", [["gemm", False]], [ConvSpec.parse(odd)], bits, 0)
+        assert not rebuilt_since("10", [["gemm", False]], [ConvSpec.parse(even)], bits, 0)
+        assert rebuilt_since("12", [["gemm", False]], [ConvSpec.parse(even)], bits, 1)
     # 124 filters: 31 a block on 16 lanes (reblocked), 2-vector blocks of 16 on 8 lanes (kept)
     plan = [["spatial_pack", False]]
-    assert rebuilt_since("11", plan, [ConvSpec.parse(reblocked)], 512)
-    assert not rebuilt_since("11", plan, [ConvSpec.parse(reblocked)], 256)
-    assert not rebuilt_since("11", [["spatial_pack", True]], [ConvSpec.parse(reblocked)], 512)
+    assert rebuilt_since("11", plan, [ConvSpec.parse(reblocked)], 512, 0)
+    assert not rebuilt_since("11", plan, [ConvSpec.parse(reblocked)], 256, 0)
+    assert not rebuilt_since("11", [["spatial_pack", True]], [ConvSpec.parse(reblocked)], 512,
+                             0)
 
 
 def test_a_channel_pruning_record_pairs_only_with_the_layers_it_timed():

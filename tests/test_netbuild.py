@@ -260,6 +260,85 @@ def _epilogue_net(path):
     return path
 
 
+def _gated_net(path, size: int = 12, project: int = 8):
+    """conv+bias → SiLU → a squeeze-excitation gate (pool, 1×1 conv, ReLU, 1×1 conv,
+    Sigmoid) multiplied in → 1×1 projection conv of ``project`` filters + bias."""
+    rng = np.random.default_rng(5)
+    inits = [numpy_helper.from_array(a.astype(np.float32), n) for n, a in [
+        ("w1", rng.normal(size=(16, 8, 3, 3)) * 0.3), ("b1", rng.normal(size=16)),
+        ("ws", rng.normal(size=(4, 16, 1, 1))), ("bs", rng.normal(size=4)),
+        ("we", rng.normal(size=(16, 4, 1, 1))), ("be", rng.normal(size=16)),
+        ("wp", rng.normal(size=(project, 16, 1, 1)) * 0.3), ("bp", rng.normal(size=project))]]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Sigmoid", ["c1"], ["s1"]),
+        helper.make_node("Mul", ["c1", "s1"], ["a1"]),
+        helper.make_node("GlobalAveragePool", ["a1"], ["p"]),
+        helper.make_node("Conv", ["p", "ws", "bs"], ["q"]),
+        helper.make_node("Relu", ["q"], ["qa"]),
+        helper.make_node("Conv", ["qa", "we", "be"], ["e"]),
+        helper.make_node("Sigmoid", ["e"], ["g"]),
+        helper.make_node("Mul", ["a1", "g"], ["gated"]),
+        helper.make_node("Conv", ["gated", "wp", "bp"], ["y"])]
+    graph = helper.make_graph(nodes, "gated", [helper.make_tensor_value_info(
+        "x", onnx.TensorProto.FLOAT, [1, 8, size, size])], [helper.make_tensor_value_info(
+            "y", onnx.TensorProto.FLOAT, [1, project, size, size])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)],
+                                ir_version=8), path)
+    return path
+
+
+@pytest.mark.parametrize("dtype,alg", [("float32", "gemm"), ("float32", "spatial_pack"),
+                                       ("float32", "direct"), ("float16", "gemm")])
+def test_a_sigmoid_gate_folded_into_the_next_convs_weights_computes_the_same(
+        tmp_path, dtype, alg):
+    import tvm
+    import onnxruntime as ort
+
+    from dlas_predict.space.config import Algorithm, DType
+    from dlas_predict.measure.netbuild import LayerChoice, lower
+
+    path = _gated_net(tmp_path / "gated.onnx")
+    model = onnx.load(str(path))
+    x = np.random.default_rng(3).normal(size=(1, 8, 12, 12)).astype(np.float32)
+    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})[0]
+    target = tvm.target.Target(get_device("local").target)
+    outs, funcs, folded = [], [], []
+    for fold in (False, True):
+        got: dict = {}
+        mod = lower(model, "x", x.shape, DType(dtype), [LayerChoice(Algorithm(alg), False)] * 4,
+                    stats=got, fold_scales=fold)
+        names = [gv.name_hint for gv, f in mod.functions_items()
+                 if isinstance(f, tvm.tirx.PrimFunc)]
+        funcs.append(names)
+        folded.append(got["folded_gates"])
+        vm = tvm.relax.VirtualMachine(tvm.compile(mod, target=target), tvm.cpu())
+        outs.append(vm["main"](tvm.runtime.tensor(x)).numpy())
+    # the projection (8 filters on 12×12) takes the gate; the gate's own convs (on 1×1) do not
+    assert folded == [0, 1]
+    assert any("multiply" in n for n in funcs[0])
+    assert not any("multiply" in n for n in funcs[1])
+    assert any("scale_weights" in n for n in funcs[1])
+    tol = 1e-4 if dtype == "float32" else 2e-2
+    for out in outs:
+        assert np.abs(out - ref).max() < tol * max(1.0, np.abs(ref).max())
+
+
+@pytest.mark.parametrize("dtype,project,size", [("int8", 8, 12), ("float32", 64, 6)])
+def test_a_gate_stays_a_multiply_for_int8_or_where_the_weights_outnumber_the_input(
+        tmp_path, dtype, project, size):
+    from dlas_predict.space.config import Algorithm, DType
+    from dlas_predict.measure.netbuild import LayerChoice, lower
+
+    model = onnx.load(str(_gated_net(tmp_path / "gated.onnx", size, project)))
+    got: dict = {}
+    scales = [(0.05, 0.05)] * 4 if dtype == "int8" else None
+    lower(model, "x", (1, 8, size, size), DType(dtype),
+          [LayerChoice(Algorithm.GEMM, False)] * 4, scales=scales, stats=got)
+    assert got["folded_gates"] == 0
+
+
 def _padded_pool_add(c, size):
     """An average pool (3x3, stride 1, padding not counted) plus a residual, as TE."""
     from tvm import te, topi
@@ -371,7 +450,7 @@ def test_tuned_spatial_pack_kernels_fuse_their_epilogues(tmp_path):
     # the untuned direct layer runs its bias, residual and ReLU, the tuned spatial pack
     # layer its ReLU6 clamps; the tuned GEMM layer's bias and SiLU run apart
     assert stats == {"epilogue": "fused", "fused_layers": 2, "fused_ops": 5,
-                     "separate_layers": 1}
+                     "separate_layers": 1, "folded_gates": 0}
     vm = tvm.relax.VirtualMachine(tvm.compile(mod, target=tuned.target), tvm.cpu())
     out = vm["main"](tvm.runtime.tensor(x)).numpy()
     assert np.abs(out - ref).max() < 1e-4 * max(1.0, np.abs(ref).max())
@@ -405,9 +484,9 @@ def test_fused_and_separate_epilogues_compute_the_same(tmp_path, dtype, alg):
         outs.append(vm["main"](tvm.runtime.tensor(x)).numpy())
         stats.append(got)
     assert stats[0] == {"epilogue": "separate", "fused_layers": 0, "fused_ops": 0,
-                        "separate_layers": 0}
+                        "separate_layers": 0, "folded_gates": 0}
     assert stats[1] == {"epilogue": "fused", "fused_layers": 3, "fused_ops": 7,
-                        "separate_layers": 0}
+                        "separate_layers": 0, "folded_gates": 0}
     assert funcs[1] < funcs[0]  # the bias, activation and add functions are gone
     tol = {"float32": 1e-4, "float16": 2e-2}.get(dtype)
     if tol:  # float: both builds match onnxruntime
@@ -419,21 +498,28 @@ def test_fused_and_separate_epilogues_compute_the_same(tmp_path, dtype, alg):
 
 def test_a_collection_after_an_engine_change_times_only_the_builds_it_altered(tmp_path):
     """A build a carried engine timed is not timed again where today's engine builds it the
-    same way: on 16 lanes, 124 filters were blocked 31 at a time (today 32, the last padded),
-    so the spatial pack build is timed again; the direct build and the 64-filter network's
-    spatial pack are the same builds, and are skipped; a failed record carries nothing."""
+    same way: on 16 lanes, 124 filters were blocked 31 at a time by engine 11 (today 32, the
+    last padded), so that spatial pack build is timed again; a network with a sigmoid is
+    built otherwise since engine 12, so each of its builds is; the direct build and the
+    64-filter network's spatial pack are the same builds, and are skipped; a failed record
+    carries nothing."""
     from dlas_predict.compression.netplan import LayerConfig
     from dlas_predict.corpus.collect import NetworkToCollect, uncarried
-    from dlas_predict.corpus.networks import CARRIED_VERSIONS, NetworkMeasurement
+    from dlas_predict.corpus.networks import NetworkMeasurement
+    from dlas_predict.networks.graph import Layer, Network
     from dlas_predict.space.config import ConvSpec
 
     dev = get_device("local")
     if (dev.simd_bits or 512) < 512:
         pytest.skip("the 31-filter block is chosen on 16 lanes (AVX-512) only")
-    nets, plans = [], []
-    for name, k in (("wide", 124), ("even", 64)):
+    nets, plans, versions = [], [], {"wide": "11", "even": "11", "gated": "12"}
+    for name, k in (("wide", 124), ("even", 64), ("gated", 64)):
         spec = ConvSpec.parse(f"C=16,H=8,W=8,K={k},R=3,S=3,stride=1,pad=1")
-        nets.append(NetworkToCollect(f"{name}.onnx", name, None, {
+        net = Network(name, (1, 16, 8, 8))
+        if name == "gated":
+            net.layers.append(Layer(1, "gate", "Sigmoid", "activation", ((1, 64, 8, 8),),
+                                    (1, 64, 8, 8), 0, 0, 0))
+        nets.append(NetworkToCollect(f"{name}.onnx", name, net, {
             "dense": [LayerConfig(0, "conv0", spec, Compression.DENSE, 0.0)]}))
         plans += [uniform_plan(f"{name}.onnx", name, "dense", None, alg, 1)
                   for alg in ("direct", "spatial_pack")]
@@ -441,12 +527,14 @@ def test_a_collection_after_an_engine_change_times_only_the_builds_it_altered(tm
         assert uncarried(plans, nets, db, dev) == plans  # nothing stored: all to time
         for p in plans:
             failed = p.network == "even" and p.algorithm == "direct"
+            version = versions[p.network]
             db.add_network_measurement(NetworkMeasurement(
-                key=p.key(dev, CARRIED_VERSIONS[-1]), device=dev.name,
+                key=p.key(dev, version), device=dev.name,
                 fingerprint=dev.fingerprint, network=p.network, config=p.config,
                 algorithm=p.algorithm, plan=p.plan_json(), dtype="float32",
-                run_secs=[] if failed else [1e-3], version=CARRIED_VERSIONS[-1],
+                run_secs=[] if failed else [1e-3], version=version,
                 error="crashed" if failed else None).to_row())
         left = uncarried(plans, nets, db, dev)
-    assert [(p.network, p.algorithm) for p in left] == [("wide", "spatial_pack"),
-                                                        ("even", "direct")]
+    assert [(p.network, p.algorithm) for p in left] == [
+        ("wide", "spatial_pack"), ("even", "direct"), ("gated", "direct"),
+        ("gated", "spatial_pack")]

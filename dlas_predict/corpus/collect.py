@@ -315,16 +315,20 @@ def uncarried(plans: list[NetworkPlan], networks: list[NetworkToCollect], store:
     from dlas_predict.corpus.networks import ONNXRUNTIME, CARRIED_VERSIONS, rebuilt_since
     from dlas_predict.models.features import _simd
 
+    from dlas_predict.models.netmodel import NetworkSummary
+
     held = {r["key"] for r in store.network_measurements("error IS NULL")}
     convs = {(n.name, label): [lc.spec for lc in layers]
              for n in networks for label, layers in n.configs.items()}
+    exp_elems = {n.name: NetworkSummary.of(n.net).exp_elems for n in networks}
     simd = _simd(device)
 
     def carried(p: NetworkPlan) -> bool:
         if p.algorithm == ONNXRUNTIME or p.key(device) in held:
             return False
         return any(p.key(device, v) in held
-                   and not rebuilt_since(v, p.layers, convs[(p.network, p.config)], simd)
+                   and not rebuilt_since(v, p.layers, convs[(p.network, p.config)], simd,
+                                         exp_elems[p.network])
                    for v in CARRIED_VERSIONS)
 
     return [p for p in plans if not carried(p)]

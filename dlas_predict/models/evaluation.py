@@ -471,7 +471,9 @@ def unchanged_builds(layers_of: dict[tuple, list[dict]], device: Device):
         plan = json.loads(m.plan) if m.plan else []
         if not layers or len(layers) != len(plan) or m.version not in CARRIED_VERSIONS:
             return False
-        return not rebuilt_since(m.version, plan, [parse(l["conv"]) for l in layers], simd)
+        exp_elems = json.loads(m.summary).get("exp_elems") if m.summary else None
+        return not rebuilt_since(m.version, plan, [parse(l["conv"]) for l in layers], simd,
+                                 exp_elems)
 
     return unchanged
 
