@@ -406,17 +406,30 @@ def test_kernels_match_numpy_reference_on_the_gpu(tmp_path):
     assert counts["measured"] == len(tasks) and counts["failed"] == 0
 
 
-def test_recommend_answers_for_the_gpu_from_the_shipped_model():
+def test_recommend_answers_for_the_gpu_from_the_shipped_model(tmp_path):
+    import shutil
+
     from typer.testing import CliRunner
 
     from cli import app
+    from dlas_predict.paths import MODELS_STORE
 
-    res = CliRunner().invoke(app, ["recommend", "zoo:resnet18-cifar", "--device", "h100",
-                                   "--top", "3", "--json"])
-    assert res.exit_code == 0, res.output
-    out = json.loads(res.output)
-    assert out["device"] == "h100" and out["candidates"]
-    assert any("no whole-network measurements" in n for n in out["notes"])
+    def notes(*extra):
+        res = CliRunner().invoke(app, ["recommend", "zoo:resnet18-cifar", "--device", "h100",
+                                       "--top", "3", "--json", *extra])
+        assert res.exit_code == 0, res.output
+        out = json.loads(res.output)
+        assert out["device"] == "h100" and out["candidates"]
+        return out["notes"]
+
+    # the shipped model has a network model (its whole networks); without one, the
+    # latencies are conv sums, and the answer says so
+    assert not any("no whole-network measurements" in n for n in notes())
+    layer_only = tmp_path / "h100"
+    shutil.copytree(MODELS_STORE / "h100", layer_only)
+    (layer_only / "network.json").unlink()
+    assert any("no whole-network measurements" in n
+               for n in notes("--models", str(layer_only)))
     bad = CliRunner().invoke(app, ["recommend", "zoo:resnet18-cifar", "--device", "h100",
                                    "--validate", "1"])
     assert bad.exit_code != 0 and "Error: " in bad.output and "GPU" in bad.output
