@@ -175,7 +175,8 @@ _SIGMOID_Q = (1.0, 0.004942097699361777, -0.0005199109020404272, 0.0010609990128
 
 
 def _sigmoid(x, const, clamp):
-    """The formula of :func:`fast_sigmoid` over the operations it is given (as :func:`_exp`)."""
+    """The formula of :func:`fast_sigmoid` over the operations it is given: TIR expressions
+    for the TE kernels, TVMScript text (:class:`_Script`) for the CSR ones."""
     x = clamp(x, const(-_SIGMOID_BOUND), const(_SIGMOID_BOUND))
     t = x * x
     p, q = const(_SIGMOID_P[-1]), const(_SIGMOID_Q[-1])

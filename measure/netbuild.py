@@ -579,7 +579,7 @@ def _weight_channels(ks: KernelSpec) -> np.ndarray:
     c = ks.conv
     channels = np.broadcast_to(np.arange(c.C, dtype=np.int32)[None, :, None, None],
                                (c.K, c.C, c.R, c.S))
-    return np.ascontiguousarray(pack_weights(ks, channels)[0]).astype(np.int32)
+    return pack_weights(ks, channels)[0].astype(np.int32)
 
 
 def _scale_weights(w: te.Tensor, channel: te.Tensor, scale: te.Tensor) -> te.Tensor:

@@ -314,7 +314,6 @@ def uncarried(plans: list[NetworkPlan], networks: list[NetworkToCollect], store:
     a collection times only the builds the change altered."""
     from dlas_predict.corpus.networks import ONNXRUNTIME, CARRIED_VERSIONS, rebuilt_since
     from dlas_predict.models.features import _simd
-
     from dlas_predict.models.netmodel import NetworkSummary
 
     held = {r["key"] for r in store.network_measurements("error IS NULL")}
