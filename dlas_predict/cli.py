@@ -889,7 +889,9 @@ def train(store: Path = typer.Option(..., "--store", help="Corpus store to learn
           device: str = typer.Option("local", "--device"),
           out: Optional[Path] = typer.Option(None, "--out",
                                              help="Model directory (default: "
-                                                  "models_store/DEVICE)."),
+                                                  "models_store/DEVICE, or models_store/"
+                                                  "machines/FINGERPRINT/DEVICE where the "
+                                                  "corpus's machine has one)."),
           seed: int = typer.Option(0, "--seed"),
           only: Optional[str] = typer.Option(None, "--only",
                                              help="onnxruntime: fit only the onnxruntime "

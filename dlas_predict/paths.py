@@ -27,6 +27,9 @@ def _shipped_root() -> Path:
 SHIPPED = _shipped_root()
 #: Trained cost models, one folder per device.
 MODELS_STORE = SHIPPED / "models_store"
+#: The local CPU's models and corpora measured on further machines, one folder per machine
+#: fingerprint under MODELS_STORE and CORPUS_SNAPSHOTS (see :func:`model_dir`).
+MACHINES = "machines"
 #: Data sets shipped with the tool.
 DATASETS = SHIPPED / "datasets"
 #: Corpus snapshots (Parquet), one per device.
@@ -37,6 +40,31 @@ CURVES = DATASETS / "accuracy" / "curves.json"
 WEIGHTS_DIR = DATASETS / "weights"
 #: The demo's network.
 DEMO_NETWORK = DATASETS / "networks" / "demo-cnn.onnx"
+
+
+def model_dir(name: str) -> Path:
+    """The shipped model folder of device ``name`` on this machine. The local CPU (and its
+    profiles) are whatever machine the tool runs on: where the project measured this very
+    machine, its models are ``models_store/machines/FINGERPRINT/NAME`` (FINGERPRINT this
+    machine's); otherwise, and for every other device, ``models_store/NAME``."""
+    if name == "local" or name.startswith("local-"):
+        from dlas_predict.space.devices import local_fingerprint
+
+        mine = MODELS_STORE / MACHINES / local_fingerprint() / name
+        if (mine / "layer.json").is_file():
+            return mine
+    return MODELS_STORE / name
+
+
+def machine_model_dir(name: str, fingerprint: str | None) -> Path:
+    """Where ``train`` saves the models of ``name`` measured on the machine ``fingerprint``
+    by default: that machine's shipped folder where there is one, else
+    ``models_store/NAME``."""
+    if fingerprint:
+        mine = MODELS_STORE / MACHINES / fingerprint / name
+        if mine.is_dir():
+            return mine
+    return MODELS_STORE / name
 
 
 #: Public measurements of other projects (TopHub, HELP): read where they lie, never shipped.

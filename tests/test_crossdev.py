@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import SHARED_DATA, assert_clean_error, run_cli
+from conftest import DEMO, SHARED_DATA, assert_clean_error, run_cli
 from dlas_predict.crossdev.evaluate import leave_one_device_out
 from dlas_predict.crossdev.latent import LatentModel, _complete, spearman
 from dlas_predict.crossdev.sources import LatencyMatrix
@@ -285,6 +285,54 @@ def test_a_model_of_another_machine_is_not_this_machines(monkeypatch):
     # the reference of a device is a trained one of its kind, nearest in spec
     here = get_device("local", with_target=False)
     assert transfer.reference_for(here) in transfer.trained_devices()
+
+
+def _shipped_for(root, fingerprint: str):
+    """A models_store under ``root`` whose ``local`` is the shipped one, with a copy of it
+    shipped for the machine ``fingerprint`` (its metadata saying it was trained there)."""
+    from dlas_predict import paths
+
+    store = root / "models_store"
+    store.mkdir(parents=True)
+    (store / "local").symlink_to(paths.MODELS_STORE / "local")
+    mine = store / paths.MACHINES / fingerprint / "local"
+    mine.mkdir(parents=True)
+    for f in (paths.MODELS_STORE / "local").iterdir():
+        if f.name != "layer.json":
+            (mine / f.name).symlink_to(f)
+    meta = json.loads((paths.MODELS_STORE / "local" / "layer.json").read_text())
+    meta["device_fingerprint"] = fingerprint
+    (mine / "layer.json").write_text(json.dumps(meta))
+    return store
+
+
+def test_the_models_shipped_for_this_very_machine_answer_local_as_trained(monkeypatch,
+                                                                          tmp_path):
+    """Where the project measured the machine the tool runs on, ``local`` is answered by
+    that machine's shipped models (trained, not mapped); a folder of another machine is
+    never used, and a reference still answers with its own shipped models."""
+    from dlas_predict import paths
+    from dlas_predict.crossdev import transfer
+    from dlas_predict.recommend import search
+    from dlas_predict.space.devices import local_fingerprint
+
+    here = local_fingerprint()
+    store = _shipped_for(tmp_path / "a", here)
+    monkeypatch.setattr(paths, "MODELS_STORE", store)
+    mine = store / paths.MACHINES / here / "local"
+    assert paths.model_dir("local") == mine
+    assert paths.model_dir("local-avx2-1t") == store / "local-avx2-1t"  # none shipped here
+    assert paths.model_dir("h100") == store / "h100"
+    assert transfer.model_machine("local") == here and transfer.own_model("local")
+    rec = search.recommend(str(DEMO), "local", tuning="untuned", top=0)
+    assert rec.source == "trained" and rec.mapping is None
+    assert rec.model_info["directory"] == str(mine)
+    assert not any("local's model was trained on another machine" in n
+                   or "price the grid" in n for n in rec.notes), rec.notes
+    # a folder shipped for another machine is not this one's
+    other = _shipped_for(tmp_path / "b", "0123456789abcdef")
+    monkeypatch.setattr(paths, "MODELS_STORE", other)
+    assert paths.model_dir("local") == other / "local"
 
 
 def test_active_learn_on_a_machine_its_model_was_not_trained_on_starts_from_that_model(

@@ -204,16 +204,26 @@ def _read_fingerprint(path: Path, _mtime: int) -> str | None:
 
 
 def model_machine(name: str) -> str | None:
-    """The fingerprint of the machine ``name``'s model was trained on (None: not recorded,
-    or no model)."""
-    return _model_meta(name).get("device_fingerprint") or None
+    """The fingerprint of the machine that trained the model ``name`` is answered with here
+    (:func:`dlas_predict.paths.model_dir`; None: not recorded, or no model)."""
+    from dlas_predict.paths import model_dir
+
+    path = model_dir(name) / "layer.json"
+    try:
+        return _read_meta(path, path.stat().st_mtime_ns).get("device_fingerprint") or None
+    except OSError:
+        return None
 
 
 def own_model(name: str) -> bool:
     """``name`` has a trained model of the machine it names. The local CPU's and its
-    profiles' models are this machine's only when they were trained on it: on another
-    machine, ``local`` is a device without a model (answered from a reference, mapped)."""
-    if not (MODELS_STORE / name / "layer.json").is_file():
+    profiles' models are this machine's only when they were trained on it (the models
+    shipped for this very machine, :func:`dlas_predict.paths.model_dir`, or ``models_store``'s
+    own); on another machine, ``local`` is a device without a model (answered from a
+    reference, mapped)."""
+    from dlas_predict.paths import model_dir
+
+    if not (model_dir(name) / "layer.json").is_file():
         return False
     if not _of_this_machine(name):
         return True

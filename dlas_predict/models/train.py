@@ -60,7 +60,7 @@ def train(store: Path, device: str = "local", out: Path | None = None,
     ``only_onnxruntime``, trains the onnxruntime model alone."""
     import numpy as np
 
-    from dlas_predict.paths import MODELS_STORE
+    from dlas_predict.paths import machine_model_dir
 
     with CorpusStore(store, must_exist=True) as db:
         has_kernels = next(db.rows("device = ? AND error IS NULL", (device,)), None) is not None
@@ -68,7 +68,7 @@ def train(store: Path, device: str = "local", out: Path | None = None,
         from dlas_predict.space.devices import get_device
 
         dev = get_device(device, with_target=False)
-        directory = out or MODELS_STORE / dev.name
+        directory = out or machine_model_dir(dev.name, dev.fingerprint)
         ort = train_onnxruntime(store, dev, directory, {"device": dev.name})
         if ort is None and only_onnxruntime:
             from dlas_predict.errors import DlasError
@@ -101,7 +101,7 @@ def train(store: Path, device: str = "local", out: Path | None = None,
         "mape": mape(pred, corpus.seconds), "within_10pct": within(pred, corpus.seconds),
         "interval_coverage": float(np.mean((corpus.seconds >= low) & (corpus.seconds <= high)))}
     model.meta["train_seconds"] = round(time.time() - t0, 2)
-    directory = out or MODELS_STORE / corpus.device.name
+    directory = out or machine_model_dir(corpus.device.name, corpus.device.fingerprint)
     sidecar = model.save(directory, "layer")
     report = TrainReport(device=corpus.device.name, model=str(sidecar),
                          kernels=len(corpus.keys), **model.meta["train_metrics"],

@@ -27,7 +27,7 @@ from dlas_predict.space.config import (COMPRESSION_KERNEL, DEFAULT_CURVE_RATIOS,
 from dlas_predict.errors import DlasError
 from dlas_predict.corpus.networks import ONNXRUNTIME, PER_LAYER
 
-from dlas_predict.paths import CURVES, MODELS_STORE
+from dlas_predict.paths import CURVES, MODELS_STORE, model_dir
 
 
 @dataclass
@@ -148,7 +148,7 @@ def load_models(device_name: str, directory: Path | None = None):
     from dlas_predict.models.costmodel import LayerCostModel
     from dlas_predict.models.netmodel import NetworkCostModel
 
-    directory = Path(directory) if directory else MODELS_STORE / device_name
+    directory = Path(directory) if directory else model_dir(device_name)
     if not (directory / "layer.json").is_file():
         hint = ("collect a corpus on this machine with `dlas-predict collect --network "
                 "zoo:resnet18-cifar --whole-network --store S` (repeat for more networks), "
@@ -431,8 +431,10 @@ def _setup(model: str, device: str, validate: int, models_dir: Path | None,
     if validate > 0 and dev.kind == "gpu":
         raise DlasError(f"--validate builds and times whole networks on this machine's CPU; "
                         f"{dev.name} is a GPU, whose whole networks are not built yet")
-    layer_model, net_model, info = load_models(ref_dev.name if ref_dev else dev.name,
-                                               models_dir)
+    # a reference answers with its shipped models, as its data was measured (data_spec)
+    layer_model, net_model, info = (
+        load_models(dev.name, models_dir) if ref_dev is None else
+        load_models(ref_dev.name, models_dir or MODELS_STORE / ref_dev.name))
     tuning_model = _tuning_model(info, models_dir, dev.name)
     path = zoo.resolve(model)
     entry = zoo.get(model) if str(model).startswith(zoo.ZOO_PREFIX) else None
@@ -480,7 +482,7 @@ def _onnxruntime_setup(su: _Setup, models_dir: Path | None) -> None:
     """The device's onnxruntime model (beside its other models), or why there is none."""
     from dlas_predict.models.ortmodel import OrtLatencyModel
 
-    directory = Path(models_dir) if models_dir else MODELS_STORE / su.dev.name
+    directory = Path(models_dir) if models_dir else model_dir(su.dev.name)
     su.ort_model = OrtLatencyModel.load(directory)
     if su.ort_model is None:
         su.skipped.append(("onnxruntime", f"no onnxruntime model for {su.dev.name} in "
@@ -697,7 +699,7 @@ def _tuning_model(info: dict, models_dir: Path | None, device: str):
     """The device's tuning-time model, or None when its corpus had no tuned record."""
     from dlas_predict.models.costmodel import TuningTimeModel
 
-    directory = Path(models_dir) if models_dir else MODELS_STORE / device
+    directory = Path(models_dir) if models_dir else model_dir(device)
     if not (directory / "tuning.json").is_file():
         return None
     model = TuningTimeModel.load(directory)
