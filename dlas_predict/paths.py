@@ -47,10 +47,10 @@ def model_dir(name: str) -> Path:
     profiles) are whatever machine the tool runs on: where the project measured this very
     machine, its models are ``models_store/machines/FINGERPRINT/NAME`` (FINGERPRINT this
     machine's); otherwise, and for every other device, ``models_store/NAME``."""
-    if name == "local" or name.startswith("local-"):
-        from dlas_predict.space.devices import local_fingerprint
+    from dlas_predict.space.devices import LOCAL, is_profile_name, local_fingerprint
 
-        mine = MODELS_STORE / MACHINES / local_fingerprint() / name
+    if name == LOCAL or is_profile_name(name):
+        mine = machine_model_dir(name, local_fingerprint())
         if (mine / "layer.json").is_file():
             return mine
     return MODELS_STORE / name
@@ -58,8 +58,8 @@ def model_dir(name: str) -> Path:
 
 def machine_model_dir(name: str, fingerprint: str | None) -> Path:
     """Where ``train`` saves the models of ``name`` measured on the machine ``fingerprint``
-    by default: that machine's shipped folder where there is one, else
-    ``models_store/NAME``."""
+    by default: that machine's shipped folder (``models_store/machines/FINGERPRINT/NAME``)
+    where there is one, else ``models_store/NAME``."""
     if fingerprint:
         mine = MODELS_STORE / MACHINES / fingerprint / name
         if mine.is_dir():

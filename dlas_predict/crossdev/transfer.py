@@ -162,7 +162,12 @@ def trained_devices() -> list[str]:
 
 
 def _model_meta(name: str) -> dict:
-    path = MODELS_STORE / name / "layer.json"
+    return _layer_meta(MODELS_STORE / name)
+
+
+def _layer_meta(directory: Path) -> dict:
+    """The layer model's sidecar in ``directory`` ({} where there is none)."""
+    path = directory / "layer.json"
     try:
         return _read_meta(path, path.stat().st_mtime_ns)
     except OSError:
@@ -208,11 +213,7 @@ def model_machine(name: str) -> str | None:
     (:func:`dlas_predict.paths.model_dir`; None: not recorded, or no model)."""
     from dlas_predict.paths import model_dir
 
-    path = model_dir(name) / "layer.json"
-    try:
-        return _read_meta(path, path.stat().st_mtime_ns).get("device_fingerprint") or None
-    except OSError:
-        return None
+    return _layer_meta(model_dir(name)).get("device_fingerprint") or None
 
 
 def own_model(name: str) -> bool:
