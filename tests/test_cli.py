@@ -337,6 +337,8 @@ def test_train_and_evaluate_on_a_subset_of_the_shipped_snapshot(tmp_path):
     assert ev["overall"]["lightgbm"]["mape"] < ev["overall"]["roofline"]["mape"]
     w = ev["whole_networks"]
     assert set(w["networks"]) == set(SUBSET)
+    # two training networks: like the trained model, the held-out one has no correction
+    assert net["correction"] is None and "linear terms alone" in w["scope"]
     assert w["overall"]["lightgbm+residual"]["mape"] < w["overall"]["roofline+residual"]["mape"]
     assert w["overall"]["ranker"]["mape"] is None  # a ranker gives no milliseconds
 

@@ -8,6 +8,7 @@ detected in a subprocess once and cached under ``DLAS_HOME``.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -131,7 +132,9 @@ def _estimated_peaks(cores: int, ghz: float | None, simd: int | None,
 
 
 # ---- local detection ---------------------------------------------------------------------
-def _cpuinfo() -> tuple[str, set[str], float | None]:
+@functools.cache
+def _cpuinfo() -> tuple[str, frozenset[str], float | None]:
+    """The CPU's model name, flags and clock from /proc/cpuinfo, read once a process."""
     model, flags, mhz = platform.processor() or platform.machine(), set(), None
     try:
         with open("/proc/cpuinfo") as fh:
@@ -147,7 +150,7 @@ def _cpuinfo() -> tuple[str, set[str], float | None]:
                     mhz = float(value)
     except OSError:
         pass
-    return model, flags, mhz
+    return model, frozenset(flags), mhz
 
 
 def _local_caches() -> dict[str, int]:
