@@ -194,8 +194,8 @@ CORRECTION_FEATURES = (*(NET_FEATURE_NAMES[i] for i in _CORRECTION_FROM),
 #: them the linear model answers alone. Leaving one network out of the shipped corpora of
 #: 15 to 18 networks, a correction learned from the other 14 to 17 was no clear gain (within
 #: ±10 %: the five CPU profiles 65-78 % without it, 66-79 % with it; h100 40 → 37 %, h200
-#: 48 → 47 %); from the Intel Xeon's 43 it helped (69 → 72 %, MAPE 8.8 → 7.9 %, the bound
-#: 81 → 87 %), and from `local`'s 139 (82.6 → 87.0 %).
+#: 48 → 47 %); from the Intel Xeon's 50 it helped (67 → 72 %, MAPE 9.0 → 7.9 %, the bound
+#: 78 → 86 %), and from `local`'s 139 (82.6 → 87.0 %).
 MIN_CORRECTION_ROWS, MIN_CORRECTION_NETWORKS = 100, 20
 #: Shallow trees, few of them: the correction learns what the terms' scales miss from
 #: about a hundred networks. On the shipped `local` snapshot, leave one network out, 15
