@@ -575,9 +575,9 @@ def whole_network_lono(corpus: Corpus, rows: list[WholeRow], seed: int = 0,
                        fits: HeldOutFits | None = None) -> EvaluationReport:
     """Leave one network out over measured whole networks: per held-out network and
     overall, MAPE, share within ±10 %, Kendall τ, top-1 hit, regret and the top-3 gap."""
-    from dlas_predict.models.netmodel import (MIN_CORRECTION_NETWORKS, ConfigRanker,
-                                              NetworkCostModel, NetworkInputs,
-                                              last_level_cache_bytes)
+    from dlas_predict.models.netmodel import (MIN_CORRECTION_NETWORKS, MIN_CORRECTION_ROWS,
+                                              ConfigRanker, NetworkCostModel, NetworkInputs,
+                                              fits_correction, last_level_cache_bytes)
 
     networks = sorted({r.network for r in rows})
     if len(networks) < 3:
@@ -593,8 +593,7 @@ def whole_network_lono(corpus: Corpus, rows: list[WholeRow], seed: int = 0,
     T_meas = whole_terms(corpus, rows, layer_meas)
     per_net: dict[str, HeldOutNetwork] = {}
     pooled = {m: ([], []) for m in WHOLE_MODELS}
-    # the shipped models' rule: a correction only where enough networks train it
-    corrected = len(networks) - 1 >= MIN_CORRECTION_NETWORKS
+    corrected = set()  # whether each held-out network's model had a correction
     for net in networks:
         test = [i for i, r in enumerate(rows) if r.network == net]
         trainw = [i for i, r in enumerate(rows) if r.network != net]
@@ -604,9 +603,13 @@ def whole_network_lono(corpus: Corpus, rows: list[WholeRow], seed: int = 0,
         layer_models = fits.models(net)
         if layer_models is None:
             continue
+        # the shipped models' rule (their fit knows the networks): a correction only where
+        # enough networks train it
+        enough = fits_correction(len(trainw), len(networks) - 1)
         residual = NetworkCostModel().fit(T_meas[trainw], truth[trainw], cache,
-                                          features=X_meas[trainw] if corrected else None,
+                                          features=X_meas[trainw] if enough else None,
                                           seed=seed)
+        corrected.add(residual.corrected)
         ranker = ConfigRanker(seed=seed).fit(X_meas[trainw], truth[trainw],
                                              [rows[i].network for i in trainw])
         preds = {BOUND: residual.predict(NetworkInputs.point(T_meas[test], measured_conv[test],
@@ -651,8 +654,12 @@ def whole_network_lono(corpus: Corpus, rows: list[WholeRow], seed: int = 0,
             regret=float(np.mean([n.regret for n in nets])),
             top3_gap=float(np.mean([n.top3_gap for n in nets])),
             top3_within_5pct=float(np.mean([n.top3_gap <= 1.05 for n in nets])))
-    network_model = ("the linear terms times the correction" if corrected else
-                     f"the linear terms alone (a correction needs {MIN_CORRECTION_NETWORKS} "
-                     "training networks)")
+    if corrected == {True}:
+        network_model = "the linear terms times the correction"
+    elif corrected == {False}:
+        network_model = (f"the linear terms alone (a correction needs {MIN_CORRECTION_ROWS} "
+                         f"measurements of {MIN_CORRECTION_NETWORKS} training networks)")
+    else:
+        network_model = "the linear terms, times the correction where enough rows trained one"
     return EvaluationReport(dev.name, "whole networks (built by TVM Relax and timed); network "
                             f"model: {network_model}", per_net, overall)

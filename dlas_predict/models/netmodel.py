@@ -197,6 +197,14 @@ CORRECTION_FEATURES = (*(NET_FEATURE_NAMES[i] for i in _CORRECTION_FROM),
 #: 48 → 47 %); from the Intel Xeon's 50 it helped (67 → 72 %, MAPE 9.0 → 7.9 %, the bound
 #: 78 → 86 %), and from `local`'s 139 (82.6 → 87.0 %).
 MIN_CORRECTION_ROWS, MIN_CORRECTION_NETWORKS = 100, 20
+
+
+def fits_correction(rows: int, networks: int | None) -> bool:
+    """Whether a network model fitted on ``rows`` whole-network measurements of ``networks``
+    networks (None: not known) learns a correction."""
+    return rows >= MIN_CORRECTION_ROWS and (networks is None
+                                            or networks >= MIN_CORRECTION_NETWORKS)
+
 #: Shallow trees, few of them: the correction learns what the terms' scales miss from
 #: about a hundred networks. On the shipped `local` snapshot, leave one network out, 15
 #: leaves and 200 trees put as many within ±10 % as 31 leaves or 400 trees.
@@ -256,9 +264,9 @@ class NetworkCostModel:
                              f"({len(T)}); collect some with `dlas-predict collect "
                              "--whole-network`")
         self.coef = _nnls_relative(T, whole_s)
-        enough_networks = groups is None or len(set(groups)) >= MIN_CORRECTION_NETWORKS
         self.correction = None
-        if features is not None and len(T) >= MIN_CORRECTION_ROWS and enough_networks:
+        if features is not None and fits_correction(
+                len(T), None if groups is None else len(set(groups))):
             self.correction = self._fit_correction(self.coef, T, whole_s, features, seed)
         if groups is not None and self.correction is not None:
             ratio = self._out_of_fold(T, whole_s, features, np.asarray(groups), seed)
