@@ -27,7 +27,8 @@ FILTERS = 6
 
 
 def main() -> int:
-    from kerneltime import EPILOGUE, Timer, disagree, pointwise, spread, thread_args
+    from kerneltime import EPILOGUE, Timer, disagree, network_layers, pointwise, spread, \
+        thread_args
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--network", default="zoo:efficientnet-b0")
@@ -36,22 +37,13 @@ def main() -> int:
         return 1
     import numpy as np
 
-    from dlas_predict.errors import DlasError
     from dlas_predict.measure.kernels import KernelSpec, build_kernel
     from dlas_predict.measure.knobs import registers, resolve_knobs
-    from dlas_predict.networks.graph import read_network
-    from dlas_predict.networks.zoo import resolve
     from dlas_predict.space.config import Algorithm, DType, Variant
 
-    try:
-        net = read_network(resolve(args.network))
-    except (DlasError, OSError) as e:
-        print(f"Error: {e}", file=sys.stderr)
-        return 1
-    specs = sorted({c.spec for c in net.convs() if pointwise(c.spec)
-                    and c.spec.OH * c.spec.OW > 1}, key=lambda s: -s.macs)
-    if not specs:
-        print(f"Error: {args.network} has no pointwise layer", file=sys.stderr)
+    specs = network_layers(args.network, lambda s: pointwise(s) and s.OH * s.OW > 1,
+                           "pointwise layer")
+    if specs is None:
         return 1
     timer = Timer()
     lanes = registers(timer.bits)[0]

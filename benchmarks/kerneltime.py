@@ -87,3 +87,23 @@ def spread(ratios: list[float]) -> str:
 def pointwise(spec) -> bool:
     """An ungrouped 1×1 convolution."""
     return (spec.R, spec.S, spec.groups) == (1, 1, 1)
+
+
+def network_layers(network: str, keep, what: str) -> list | None:
+    """The conv workloads of ``network`` (an ONNX file or ``zoo:NAME``) that ``keep`` holds
+    for, one each, the most work first; None (after one ``Error:`` line) when it cannot be
+    read or has no ``what``."""
+    from dlas_predict.errors import DlasError
+    from dlas_predict.networks.graph import read_network
+    from dlas_predict.networks.zoo import resolve
+
+    try:
+        net = read_network(resolve(network))
+    except (DlasError, OSError) as e:
+        print(f"Error: {e}", file=sys.stderr)
+        return None
+    specs = sorted({c.spec for c in net.convs() if keep(c.spec)}, key=lambda s: -s.macs)
+    if not specs:
+        print(f"Error: {network} has no {what}", file=sys.stderr)
+        return None
+    return specs

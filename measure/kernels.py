@@ -22,7 +22,8 @@ from tvm import te
 from tvm.s_tir import Schedule
 
 from dlas_predict.space.config import Algorithm, ConvSpec, DType
-from .knobs import depthwise_extents, direct_input_width, dp4a_capable, filters_computed
+from .knobs import (VNNI_LANES, depthwise_extents, direct_input_width, dp4a_capable,
+                    filters_computed, vnni_capable)
 from .reference import int8_scale
 from .sparse import to_csr
 
@@ -91,6 +92,16 @@ def pack_weights(ks: KernelSpec, w: np.ndarray) -> list[np.ndarray]:
         return [csr.data, csr.indices, csr.indptr]
     if ks.algorithm is Algorithm.DIRECT:
         return [np.ascontiguousarray(w)]
+    if ks.algorithm is Algorithm.GEMM and uses_vnni(ks):
+        # [filter blocks, ceil(CRS/4), tile_k, 4], zero filters and reduction padding; and
+        # 128 times each filter's weight sum (the unsigned bytes' offset), per padded filter
+        kb = ks.knobs["tile_k"]
+        crs = w[0].size
+        rows = np.zeros((_ceil_div(spec.K, kb) * kb, _ceil_div(crs, 4) * 4), np.int8)
+        rows[:spec.K, :crs] = w.reshape(spec.K, -1)
+        packed = rows.reshape(-1, kb, rows.shape[1] // 4, 4).transpose(0, 2, 1, 3)
+        wsum = 128 * rows.astype(np.int32).sum(axis=1, dtype=np.int32)
+        return [np.ascontiguousarray(packed), wsum]
     if ks.algorithm is Algorithm.GEMM:
         rows = np.ascontiguousarray(w.reshape(spec.K, -1))
         if uses_dp4a(ks):  # four int8 of a row in one int32 (byte i = element 4j+i)
@@ -110,14 +121,17 @@ def pack_weights(ks: KernelSpec, w: np.ndarray) -> list[np.ndarray]:
 # ------------------------------------------------------------------------------------------
 # Dense kernels: TE compute definitions and hand schedules.
 # ------------------------------------------------------------------------------------------
-def _epilogue(acc, scale: float, dtype: DType):
+def _epilogue(acc, scale: float, dtype: DType, vector_round: bool = False):
     """Accumulator -> output element: identity (float32), rounding to float16, or int8
-    requantisation."""
+    requantisation (rounding half to even). ``vector_round``: round with ``round``, which
+    TVM vectorises, instead of ``nearbyint``, which it leaves scalar (the same results; the
+    kernels measured before keep ``nearbyint``)."""
     if dtype is DType.FLOAT32:
         return acc
     if dtype is DType.FLOAT16:
         return acc.astype("float16")
-    scaled = tvm.tirx.nearbyint(acc.astype("float32") * tvm.tirx.const(scale, "float32"))
+    rnd = tvm.tirx.round if vector_round else tvm.tirx.nearbyint
+    scaled = rnd(acc.astype("float32") * tvm.tirx.const(scale, "float32"))
     clipped = tvm.tirx.max(tvm.tirx.min(scaled, tvm.tirx.const(127.0, "float32")),
                            tvm.tirx.const(-128.0, "float32"))
     return clipped.astype("int8")
@@ -232,7 +246,8 @@ def _finish(acc, ks: KernelSpec, extras: dict, k, nchw: tuple):
 def _to_float32(acc, ks: KernelSpec):
     """An accumulator in float32, dequantised (int8): where a fused epilogue starts."""
     f32 = "float32"
-    y = acc.astype(f32) if acc.dtype != f32 else acc
+    # (a tensor element has a dtype; an arithmetic expression of them only its type)
+    y = acc if str(getattr(acc, "dtype", None) or acc.ty) == f32 else acc.astype(f32)
     if ks.dtype is DType.INT8:
         y = y * tvm.tirx.const(ks.requant_scale, f32)
     return y
@@ -613,6 +628,182 @@ def _gemm_schedule(sch: Schedule, ks: KernelSpec) -> None:
         _schedule_copy(sch, "col")
 
 
+# ------------------------------------------------------------------------------------------
+# int8 GEMM on AVX-512 VNNI: four int8 products summed per int32 lane by one instruction.
+# ------------------------------------------------------------------------------------------
+def uses_vnni(ks: KernelSpec) -> bool:
+    """An int8 GEMM kernel whose ``vnni`` knob is set (:func:`~dlas_predict.measure.knobs.
+    vnni_capable`): AVX-512 VNNI's ``vpdpbusd`` sums four products per int32 lane."""
+    return vnni_capable(ks) and bool(ks.knobs.get("vnni"))
+
+
+def vnni_intrin(lanes: int) -> str:
+    """The name of the tensor intrinsic (registered on first use) that adds to ``lanes``
+    int32 accumulators (one per output position) the four products of each position's word
+    of four unsigned bytes by one filter's four int8 weights, broadcast: ``vpdpbusd`` on 8
+    or 16 lanes, its weights a broadcast memory operand.
+
+    The unsigned bytes are a position's four reduction elements, each its int8 value plus
+    128 (:func:`_gemm_vnni_compute` subtracts 128 times the filter's weight sum). TVM's own
+    VNNI intrinsic broadcasts the unsigned operand and passes int32 vectors, which this
+    LLVM's ``vpdpbusd`` declaration (byte vectors) rejects."""
+    from tvm.s_tir import TensorIntrin
+    from tvm.script import tirx as T
+
+    name = f"dlas_vnni_u8s8i32_{lanes}x4"
+    if TensorIntrin.get(name, allow_missing=True) is not None:
+        return name
+    if lanes not in VNNI_LANES:
+        raise ValueError(f"VNNI runs on 8 or 16 int32 lanes, not {lanes}")
+    vec, acc = f"int8x{4 * lanes}", f"int32x{lanes}"
+    llvm_name = f"llvm.x86.avx512.vpdpbusd.{32 * lanes}"
+
+    @T.prim_func(s_tir=True)
+    def desc(a: T.Buffer((lanes,), "int32", offset_factor=1),
+             b: T.Buffer((4,), "int8", offset_factor=1),
+             c: T.Buffer((lanes,), "int32", offset_factor=1, scope="local")) -> None:
+        with T.sblock("root"):
+            T.reads(c[0:lanes], a[0:lanes], b[0:4])
+            T.writes(c[0:lanes])
+            for i, k in T.grid(lanes, 4):
+                with T.sblock("update"):
+                    vi, vk = T.axis.remap("SR", [i, k])
+                    c[vi] = c[vi] + T.bitwise_and(T.shift_right(a[vi], vk * 8), 255) \
+                        * T.Cast("int32", b[vk])
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.Buffer((lanes,), "int32", offset_factor=1),
+             b: T.Buffer((4,), "int8", offset_factor=1),
+             c: T.Buffer((lanes,), "int32", offset_factor=1, scope="local")) -> None:
+        with T.sblock("root"):
+            T.reads(c[0:lanes], a[0:lanes], b[0:4])
+            T.writes(c[0:lanes])
+            c[T.ramp(T.int32(0), 1, lanes)] = T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id(llvm_name), c.vload([0], dtype=acc),
+                T.reinterpret(a.vload([0], dtype=acc), dtype=vec),
+                T.reinterpret(T.broadcast(T.reinterpret(b.vload([0], dtype="int8x4"),
+                                                        dtype="int32"), lanes), dtype=vec),
+                dtype=acc)
+
+    TensorIntrin.register(name, desc, impl)
+    return name
+
+
+def _gemm_vnni_compute(ks: KernelSpec) -> list:
+    """im2col into words of four reduction elements per position, each byte the int8 input
+    plus 128 (``col`` [ceil(CRS/4), positions]), then a GEMM [filters, positions] whose
+    every lane (a position) sums the unsigned bytes times a filter's int8 weights (packed
+    [filter blocks, ceil(CRS/4), tile_k, 4]), and an output stage that subtracts 128 times
+    each filter's weight sum (a third weight argument, packed offline) before the epilogue.
+    Positions are padded to whole vectors of ``tile_p`` lanes and filters to whole blocks of
+    ``tile_k`` (zero weights), both cropped."""
+    spec = ks.conv
+    kb, lanes = ks.knobs["tile_k"], ks.knobs["tile_p"]
+    crs = spec.C * spec.R * spec.S
+    red, kt = _ceil_div(crs, 4), _ceil_div(spec.K, kb)
+    p = spec.OH * spec.OW
+    pp = _padded_extent(p, lanes)
+    data = te.placeholder(spec.input_shape, "int8", name="data")
+    weight = te.placeholder((kt, red, kb, 4), "int8", name="weight")
+    wsum = te.placeholder((kt * kb,), "int32", name="weight_sum")
+    hp = spec.H + spec.pad_t + spec.pad_b
+    wp = spec.W + spec.pad_l + spec.pad_r
+    pad = _padded(data, spec, hp, wp)
+    rs_ = spec.R * spec.S
+    i32 = "int32"
+
+    def byte(j, q):  # reduction element j at position q, plus 128 (128: zero, or padding)
+        jc, qc = tvm.tirx.min(j, crs - 1), tvm.tirx.min(q, p - 1)
+        x = pad[0, jc // rs_,
+                (qc // spec.OW) * spec.stride_h + (jc // spec.S) % spec.R * spec.dilation_h,
+                (qc % spec.OW) * spec.stride_w + (jc % spec.S) * spec.dilation_w]
+        v = x.astype(i32) + tvm.tirx.const(128, i32)
+        if crs % 4 == 0 and pp == p:
+            return v
+        return tvm.tirx.if_then_else(tvm.tirx.all(j < crs, q < p), v,
+                                     tvm.tirx.const(128, i32))
+
+    def word(j, q):
+        w = byte(j * 4, q)
+        for i in range(1, 4):
+            w = w | (byte(j * 4 + i, q) << tvm.tirx.const(8 * i, i32))
+        return w
+
+    # [vectors of positions, words, lanes]: a register tile reads its words contiguously
+    col = te.compute((pp // lanes, red, lanes),
+                     lambda qo, j, qi: word(j, qo * lanes + qi), name="col")
+    rj, ri = te.reduce_axis((0, red), "rj"), te.reduce_axis((0, 4), "ri")
+    conv = te.compute(
+        (kt * kb, pp),
+        lambda k, q: te.sum(
+            tvm.tirx.bitwise_and(tvm.tirx.shift_right(col[q // lanes, rj, q % lanes], ri * 8),
+                                 255)
+            * weight[k // kb, rj, k % kb, ri].astype(i32), axis=[rj, ri]),
+        name="conv")
+    extras = _extras(ks)
+    ow = spec.OW
+    # [1, K, OH*OW]: the schedule writes each register tile's block of it, then (with an
+    # epilogue) declares it NCHW, the same memory
+    def finish(n, k, q):
+        acc = conv(k, q) - wsum(k)
+        if not ks.epilogue:  # requantised, rounding in vectors
+            return _epilogue(acc, ks.requant_scale, ks.dtype, vector_round=True)
+        return _finish(acc, ks, extras, k, (n, k, q // ow, q % ow))
+
+    out = te.compute((1, spec.K, p), finish, name="out")
+    return [data, weight, wsum, *extras.values(), out]
+
+
+def _gemm_vnni_schedule(sch: Schedule, ks: KernelSpec) -> None:
+    """The words of ``col`` parallel over vectors of positions; the GEMM parallel over
+    vectors of ``tile_p`` positions by blocks of ``tile_k`` filters (in that order, so each
+    core reads the words it wrote), a register tile of one accumulator vector per filter
+    updated by :func:`vnni_intrin` per word, then written through the epilogue while in
+    cache."""
+    kb, lanes = ks.knobs["tile_k"], ks.knobs["tile_p"]
+    spec = ks.conv
+    sch.compute_inline(sch.get_sblock("pad"))
+    block = sch.get_sblock("conv")
+    wb = sch.cache_write(block, 0, "local")
+    k, q, rj, ri = sch.get_loops(block)
+    ko, ki = sch.split(k, [None, kb])
+    qo, qi = sch.split(q, [None, lanes])
+    # vectors of positions outer: a core's tasks read the words its share of ``col`` wrote
+    sch.reorder(qo, ko, rj, ki, qi, ri)
+    task = sch.fuse(qo, ko)
+    sch.parallel(task)
+    # each tile's accumulators written back through the output stage (or, where the tiles
+    # are cropped, written back and then through it), while in cache
+    sch.reverse_compute_at(wb, task)
+    out = sch.get_sblock("out")
+    cropped = spec.K % kb or (spec.OH * spec.OW) % lanes
+    if cropped:
+        sch.reverse_compute_at(out, task)
+        _vectorize(sch, sch.get_loops(out)[-1])
+    else:
+        sch.reverse_compute_inline(out)
+    init = sch.decompose_reduction(block, rj)
+    sch.tensorize(qi, vnni_intrin(lanes))
+    sch.unroll(ki)
+    _vectorize(sch, sch.get_loops(init)[-1])
+    _vectorize(sch, sch.get_loops(wb)[-1])
+    qo, _j, qi = sch.get_loops(sch.get_sblock("col"))
+    sch.parallel(qo)
+    _vectorize(sch, qi)
+    if ks.epilogue:  # the kernel's output is NCHW
+        ow = spec.OW
+        sch.transform_layout(out, ("write", 0), lambda n, k, q: (n, k, q // ow, q % ow))
+
+
+def _vectorize_by(sch: Schedule, loop, lanes: int) -> None:
+    """Vectorise ``loop`` in pieces of its largest divisor of at most ``lanes``."""
+    extent = int(sch.get(loop).extent)
+    piece = max(d for d in range(1, min(lanes, extent) + 1) if extent % d == 0)
+    if piece < extent:
+        loop = sch.split(loop, [None, piece])[1]
+    _vectorize(sch, loop)
+
+
 def _spatial_pack_compute(ks: KernelSpec, tile_epilogue: bool = False) -> list:
     spec, dt = ks.conv, ks.dtype
     kb, vh_, vw_ = ks.knobs["tile_k"], ks.knobs["tile_h"], ks.knobs["tile_w"]
@@ -962,6 +1153,13 @@ _SPARSE = {Algorithm.DIRECT: _direct_sparse, Algorithm.GEMM: _gemm_sparse,
            Algorithm.SPATIAL_PACK: _spatial_pack_sparse}
 
 
+def _dense(ks: KernelSpec) -> tuple:
+    """A dense kernel's (TE compute definition, hand schedule)."""
+    if uses_vnni(ks):
+        return _gemm_vnni_compute, _gemm_vnni_schedule
+    return _DENSE[ks.algorithm]
+
+
 def output_shape(ks: KernelSpec) -> tuple[int, ...]:
     """Shape of the kernel's output buffer; always the same memory layout as NCHW (a dense
     GEMM without a fused epilogue writes its natural [1, K, OH*OW])."""
@@ -995,7 +1193,7 @@ def dense_prim_func(ks: KernelSpec) -> "tvm.tirx.PrimFunc":
     """
     if ks.sparse:
         raise ValueError("CSR kernels have data-dependent loops; they are not TE computes")
-    compute, _ = _DENSE[ks.algorithm]
+    compute, _ = _dense(ks)
     return te.create_prim_func(compute(ks))
 
 
@@ -1006,10 +1204,10 @@ def kernel_module(ks: KernelSpec) -> tvm.IRModule:
 
         func = from_source(_SPARSE[ks.algorithm](ks))
         return tvm.IRModule({"main": func})
-    compute, schedule = _DENSE[ks.algorithm]
+    compute, schedule = _dense(ks)
     if ks.algorithm is Algorithm.SPATIAL_PACK:  # the output stage the hand schedule tiles
         compute = partial(_spatial_pack_compute, tile_epilogue=True)
-    else:  # extents the vector tiles do not divide, computed over whole tiles
+    elif not uses_vnni(ks):  # extents the vector tiles do not divide, over whole tiles
         compute = partial(compute, tiles=True)
     sch = Schedule(te.create_prim_func(compute(ks)))
     schedule(sch, ks)

@@ -78,8 +78,37 @@ def filters_computed(spec: ConvSpec, tile_k: int | None) -> int:
     return _ceil_to(spec.K, tile_k)
 
 
-def default_knobs(spec: ConvSpec, variant: Variant,
-                  simd_bits: int | None = None) -> dict[str, int]:
+def vnni_capable(kernel, spec: ConvSpec | None = None) -> bool:
+    """Whether a CPU kernel (a :class:`Variant` of workload ``spec``, or a ``KernelSpec``)
+    takes the ``vnni`` knob: dense int8 GEMM of an ungrouped conv, whose four reduction
+    elements per int32 lane AVX-512 VNNI's ``vpdpbusd`` sums (its im2col words hold four
+    input channels, which a grouped conv's group may not fill)."""
+    spec = spec if spec is not None else kernel.conv
+    return (kernel.dtype is DType.INT8 and kernel.algorithm is Algorithm.GEMM
+            and not kernel.sparse and spec.groups == 1)
+
+
+#: The int32 lanes (output positions, ``tile_p``) of a VNNI GEMM's accumulators: an AVX-512
+#: register, or half of one.
+VNNI_LANES = (8, 16)
+#: The fewest output positions a default VNNI GEMM computes: fewer would leave most of its
+#: lanes padding, and the plain int8 GEMM's vectors are narrower.
+VNNI_MIN_POSITIONS = 8
+
+
+def _vnni_knobs(spec: ConvSpec, simd_bits: int | None) -> dict[str, int]:
+    """The VNNI GEMM's defaults: a register tile of up to 16 filters (16 or 12 where they
+    divide K, else the largest divisor within the accumulators, or the block that pads K
+    least), one accumulator vector of 16 positions each (8 where fewer than 12 positions
+    would leave half of 16 lanes padding)."""
+    p = spec.OH * spec.OW
+    acc = registers(simd_bits)[1]
+    return {"tile_k": _filter_tile(spec, acc, (16, 12)), "tile_p": 16 if p >= 12 else 8,
+            "vnni": 1}
+
+
+def default_knobs(spec: ConvSpec, variant: Variant, simd_bits: int | None = None,
+                  vnni: bool = False) -> dict[str, int]:
     """The untuned schedule's knobs for ``variant`` on ``spec``, chosen from the shape and the
     vector width of the CPU it runs on (``simd_bits``; None: 512).
 
@@ -90,6 +119,9 @@ def default_knobs(spec: ConvSpec, variant: Variant,
     (:func:`registers`: sized for AVX-512, an AVX2 tile of the same shape spills and runs
     2-4x slower).
     """
+    if (vnni and vnni_capable(variant, spec)
+            and spec.OH * spec.OW >= VNNI_MIN_POSITIONS):
+        return _vnni_knobs(spec, simd_bits)
     lanes, acc = registers(simd_bits)
     kg = spec.K // spec.groups
     p = spec.OH * spec.OW
@@ -214,13 +246,27 @@ def _override(knobs: dict[str, int], variant: Variant, names, kernel: str) -> di
     return knobs
 
 
-def resolve_knobs(spec: ConvSpec, variant: Variant,
-                  simd_bits: int | None = None) -> dict[str, int]:
-    """Defaults (for a CPU of ``simd_bits``) overridden by the variant's own knobs; unknown
-    knob names are an error."""
-    knobs = _override(default_knobs(spec, variant, simd_bits), variant,
-                      KNOB_NAMES[(variant.algorithm, variant.sparse)],
+def resolve_knobs(spec: ConvSpec, variant: Variant, simd_bits: int | None = None,
+                  vnni: bool = False) -> dict[str, int]:
+    """Defaults (for a CPU of ``simd_bits``, with AVX-512 VNNI or not) overridden by the
+    variant's own knobs; unknown knob names are an error. The ``vnni`` knob (1) asks for the
+    VNNI GEMM where the CPU's defaults do not."""
+    names = KNOB_NAMES[(variant.algorithm, variant.sparse)]
+    asked = False
+    if vnni_capable(variant, spec):
+        names += ("vnni",)
+        asked = dict(variant.knobs).get("vnni") == 1
+    defaults = _vnni_knobs(spec, simd_bits) if asked else default_knobs(spec, variant,
+                                                                        simd_bits, vnni)
+    knobs = _override(defaults, variant, names,
                       f"{variant.algorithm.value}{' (sparse)' if variant.sparse else ''}")
+    if knobs.get("vnni"):
+        if knobs["vnni"] != 1:
+            raise ConfigError(f"vnni must be 1 (on), got {knobs['vnni']}")
+        if knobs["tile_p"] not in VNNI_LANES:
+            raise ConfigError(f"the VNNI GEMM's tile_p is its lanes, 8 or 16; got "
+                              f"{knobs['tile_p']}")
+        return knobs
     kg = spec.K // spec.groups
     if "tile_h" in knobs and variant.algorithm is Algorithm.DIRECT and not spec.depthwise:
         raise ConfigError("knob tile_h applies to depthwise direct kernels only")

@@ -342,9 +342,12 @@ class _ConvLowering:
     def __init__(self, choices: list[LayerChoice], dtype: DType,
                  specs: list[ConvSpec] | None, scales: list[tuple[float, float]] | None,
                  tuned: TunedKernels | None = None, simd_bits: int | None = None,
-                 fuse: bool = True, gpu: bool = False, fold_scales: bool = True):
+                 fuse: bool = True, gpu: bool = False, fold_scales: bool = True,
+                 vnni: bool = False):
         self.choices, self.dtype, self.specs, self.scales = choices, dtype, specs, scales
         self.tuned, self.simd_bits, self.fuse, self.gpu = tuned, simd_bits, fuse, gpu
+        #: the CPU has AVX-512 VNNI: int8 GEMM layers use it (their default knobs)
+        self.vnni = vnni
         #: fold a sigmoid gate's channel scale into the next conv's weights (with ``fuse``)
         self.fold_scales = fuse and fold_scales
         self.count = 0
@@ -397,7 +400,9 @@ class _ConvLowering:
 
             knobs = resolve_gpu_knobs(spec, variant)
         else:
-            knobs = resolve_knobs(spec, variant, self.simd_bits)
+            # a tuned build's layers keep the knobs they were tuned under (no VNNI)
+            knobs = resolve_knobs(spec, variant, self.simd_bits,
+                                  self.vnni and self.tuned is None)
         steps = tuple(epi.steps) if epi is not None else ()
         x = data
         scale = None
@@ -936,14 +941,15 @@ def lower(model, input_name: str, input_shape: tuple[int, ...], dtype: DType,
           scales: list[tuple[float, float]] | None = None,
           tuned: TunedKernels | None = None, simd_bits: int | None = None,
           fuse: bool = True, stats: dict | None = None,
-          fold_scales: bool = True) -> tvm.IRModule:
+          fold_scales: bool = True, vnni: bool = False) -> tvm.IRModule:
     """The Relax module with every conv lowered to its kernel (register tiles sized for a CPU
     of ``simd_bits``; the bias, activation and residual add that follow it fused into its
     epilogue, and a sigmoid gate's channel scale before it folded into its weights
-    (:func:`plan_scale_folds`), unless ``fuse`` is off) and every other op scheduled.
+    (:func:`plan_scale_folds`), unless ``fuse`` is off) and every other op scheduled; int8
+    GEMM layers on AVX-512 VNNI where ``vnni``.
     ``stats``, if given, receives the epilogue fusion's counts (:func:`epilogue_details`)."""
     lowering = _ConvLowering(choices, dtype, specs, scales, tuned, simd_bits, fuse=fuse,
-                             fold_scales=fold_scales)
+                             fold_scales=fold_scales, vnni=vnni)
     mod = _with_kernels(model, input_name, input_shape, lowering)
     mod = relax.transform.LegalizeOps(customize_legalize_map={
         "relax.sigmoid": _fast_sigmoid})(mod)
@@ -1011,10 +1017,10 @@ def lower_cuda(model, input_name: str, input_shape: tuple[int, ...], dtype: DTyp
 def build(model, input_name: str, input_shape: tuple[int, ...], dtype: DType,
           choices: list[LayerChoice], target, specs=None, scales=None, tuned=None,
           simd_bits: int | None = None, fuse: bool = True, stats: dict | None = None,
-          fold_scales: bool = True):
+          fold_scales: bool = True, vnni: bool = False):
     """Compile; returns the executable (run it with :class:`_Runnable`)."""
     mod = lower(model, input_name, input_shape, dtype, choices, specs, scales, tuned,
-                simd_bits, fuse, stats, fold_scales)
+                simd_bits, fuse, stats, fold_scales, vnni)
     return tvm.compile(mod, target=target)
 
 
@@ -1073,7 +1079,7 @@ def run_network_task(task: "NetworkTask") -> dict[str, Any]:
     engine: dict[str, Any] = {}
     executable = build(model, task.input_name, shape, dtype, choices,
                        tuned.target if tuned else _target(task.target), specs, scales, tuned,
-                       task.simd_bits, stats=engine)
+                       task.simd_bits, stats=engine, vnni=task.vnni)
     result: dict[str, Any] = {"compile_s": time.perf_counter() - t0, "details": engine}
     if tuned is not None:
         result.update(tuned_layers=tuned.tuned, untuned_layers=tuned.untuned)

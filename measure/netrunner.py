@@ -326,7 +326,8 @@ class NetworkRunner:
                            scales=tuple(tuple(s) for s in prep.scales) if prep.scales else None,
                            check=str(prep.check), target=dev.target,
                            protocol=self.runner.protocol, fingerprint=dev.fingerprint,
-                           tuning=tuning, simd_bits=dev.simd_bits if dev.kind == "cpu" else None)
+                           tuning=tuning, simd_bits=dev.simd_bits if dev.kind == "cpu" else None,
+                           vnni=dev.vnni)
         rec = self._record(rec, self.runner.call(task))
         if rec.details is not None and prep.notes:
             rec.details["prepared"] = prep.notes

@@ -91,7 +91,7 @@ class MeasureTask:
             knobs = tuned_knobs(spec, variant, tuning.budget, simd)
         else:
             tuning = None
-            knobs = resolve_knobs(spec, variant, simd)
+            knobs = resolve_knobs(spec, variant, simd, device.vnni)
         key = measurement_key(device.name, device.fingerprint, spec, variant, knobs,
                               kernels_version(variant.algorithm.value, variant.sparse,
                                               variant.tuning is Tuning.TUNED))

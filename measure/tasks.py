@@ -103,6 +103,7 @@ class NetworkTask:
     tuning: TuningRequest | None = None
     fault: str | None = None
     simd_bits: int | None = None  # the CPU's vector width: the layers' register tiles
+    vnni: bool = False  # the CPU has AVX-512 VNNI: int8 GEMM layers use it
 
     kind = "network"
 
@@ -182,7 +183,7 @@ def from_wire(d: dict[str, Any]) -> Task:
             scales=tuple(tuple(s) for s in d["scales"]) if d.get("scales") else None,
             check=d["check"], target=d["target"], protocol=proto,
             fingerprint=d.get("fingerprint", ""), tuning=tuning, fault=d.get("fault"),
-            simd_bits=d.get("simd_bits"))
+            simd_bits=d.get("simd_bits"), vnni=bool(d.get("vnni", False)))
     if kind != "kernel":
         raise ValueError(f"unknown task kind {kind!r}")
     return KernelTask(

@@ -518,6 +518,17 @@ def test_a_carried_engine_build_todays_engine_builds_the_same_way_counts_as_toda
     assert not rebuilt_since("11", plan, [ConvSpec.parse(reblocked)], 256, 0)
     assert not rebuilt_since("11", [["spatial_pack", True]], [ConvSpec.parse(reblocked)], 512,
                              0)
+    # an int8 network's ungrouped GEMM layers run on VNNI where the CPU has it
+    from dlas_predict.space.config import DType
+
+    gemm, grouped = ConvSpec.parse(even), ConvSpec.parse("C=8,H=8,W=8,K=8,R=3,S=3,groups=8")
+    assert rebuilt_since("13", [["gemm", False]], [gemm], 512, 0, DType.INT8, True)
+    assert rebuilt_since("13", [["gemm", False]], [gemm], 512, 0, None, True)  # dtype unknown
+    for plan, convs, dtype, vnni in (([["gemm", False]], [gemm], DType.INT8, False),
+                                     ([["gemm", False]], [gemm], DType.FLOAT32, True),
+                                     ([["direct", False]], [gemm], DType.INT8, True),
+                                     ([["gemm", False]], [grouped], DType.INT8, True)):
+        assert not rebuilt_since("13", plan, convs, 512, 0, dtype, vnni)
 
 
 def test_a_channel_pruning_record_pairs_only_with_the_layers_it_timed():

@@ -136,6 +136,11 @@ def test_profiles_are_this_cpu_with_their_own_code_generation_threads_and_finger
     assert len(fps) == len(names) + 1  # every profile is a device of its own
     if "local-avx2-1t" in names:
         assert get_device("local-avx2-1t").target["mcpu"] == "x86-64-v3"
+    # AVX-512 VNNI (the int8 GEMM's) where the CPU has it and the code may use it
+    assert local.vnni == ("avx512_vnni" in local.isa_flags)
+    for name in names:
+        dev = get_device(name)
+        assert dev.vnni == (local.vnni and "native" in name)
 
 
 def test_a_profile_measures_with_its_own_isa_and_threads():

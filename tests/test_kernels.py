@@ -185,8 +185,10 @@ FUSED_CONV = "C=16,H=9,W=11,K=24,R=3,S=3,stride=2,pad=1"
 DEPTHWISE_CONV = "C=12,H=9,W=11,K=24,R=3,S=3,stride=2,pad=1,groups=12"
 
 
-def _fused_case(algorithm, sparse, dtype, steps=ALL_STEPS, conv=FUSED_CONV):
-    """(kernel output, numpy reference) of a strided conv with the epilogue ``steps``."""
+def _fused_case(algorithm, sparse, dtype, steps=ALL_STEPS, conv=FUSED_CONV, vnni=False,
+                target=None):
+    """(kernel output, numpy reference) of a strided conv with the epilogue ``steps``
+    (int8 GEMM: on AVX-512 VNNI where ``vnni``), built for ``target`` (None: this CPU)."""
     import numpy as np
     import tvm
 
@@ -198,7 +200,7 @@ def _fused_case(algorithm, sparse, dtype, steps=ALL_STEPS, conv=FUSED_CONV):
     comp = Compression.WEIGHT_PRUNING if sparse else {
         DType.FLOAT32: Compression.DENSE, DType.FLOAT16: Compression.FLOAT16,
         DType.INT8: Compression.INT8}[dtype]
-    knobs = resolve_knobs(spec, Variant(algorithm, comp, 0.5 if sparse else 0.0), 256)
+    knobs = resolve_knobs(spec, Variant(algorithm, comp, 0.5 if sparse else 0.0), 256, vnni)
     rng = np.random.default_rng(3)
     x, w = make_inputs(spec, dtype, 1)
     if sparse:
@@ -209,7 +211,7 @@ def _fused_case(algorithm, sparse, dtype, steps=ALL_STEPS, conv=FUSED_CONV):
     scale = 1e-3 if dtype is DType.INT8 else None
     ks = KernelSpec(spec, Algorithm(algorithm), sparse, dtype, knobs, scale, steps)
     args = device_args(ks, x, w, tvm.cpu(), {"bias": bias, "residual": residual})
-    build_kernel(ks, tvm.target.Target(get_device("local").target))["main"](*args)
+    build_kernel(ks, tvm.target.Target(target or get_device("local").target))["main"](*args)
     out = args[-1].numpy()
     y = np.einsum("gkj,gjp->gkp",
                   w.astype(np.float64).reshape(spec.groups, spec.K // spec.groups, -1),
@@ -480,3 +482,88 @@ def test_a_missing_epilogue_argument_is_refused():
     with pytest.raises(ValueError, match="residual"):
         device_args(ks, np.zeros(spec.input_shape, np.float32),
                     np.zeros(spec.weight_shape, np.float32), None, {"bias": np.zeros(8)})
+
+
+#: The VNNI GEMM runs where this CPU has AVX-512 VNNI; it is built and read anywhere.
+needs_vnni = pytest.mark.skipif(not get_device("local").vnni,
+                                reason="this CPU has no AVX-512 VNNI to run the VNNI GEMM")
+VNNI_SHAPES = [SHAPES[0], SHAPES[3],
+               "C=40,H=7,W=7,K=20,R=1,S=1,stride=1,pad=0",     # K and positions padded
+               "C=8,H=1,W=1,K=1000,R=1,S=1,stride=1,pad=0",    # one position
+               "C=5,H=6,W=6,K=3,R=1,S=1,stride=1,pad=0"]       # half a vector of filters
+
+
+@needs_vnni
+@pytest.mark.parametrize("text", VNNI_SHAPES)
+def test_vnni_gemm_matches_reference(text, target):
+    spec = ConvSpec.parse(text)
+    variant = Variant("gemm", "int8", knobs=(("vnni", 1),))  # asked for: one position too
+    knobs = resolve_knobs(spec, variant, 512)
+    assert knobs["vnni"] == 1 and knobs["tile_p"] in (8, 16)
+    result = run_task(_task(spec, variant, target, knobs))
+    assert result.verified, f"max error {result.max_error}"
+
+
+@needs_vnni
+@pytest.mark.parametrize("steps", [ALL_STEPS, (("bias",), ("relu",))], ids=["all", "relu"])
+@pytest.mark.parametrize("conv", [FUSED_CONV, "C=8,H=5,W=13,K=33,R=3,S=1,stride=1,pad=1"])
+def test_vnni_gemm_fuses_its_epilogue_and_writes_nchw(steps, conv):
+    import numpy as np
+
+    from dlas_predict.space.config import DType
+    from dlas_predict.measure.kernels import uses_vnni
+
+    out, ref, ks = _fused_case("gemm", False, DType.INT8, steps=steps, conv=conv, vnni=True)
+    assert uses_vnni(ks) and out.shape == ref.shape and str(out.dtype) == "float32"
+    assert np.abs(out.astype(np.float64) - ref).max() < 1e-4 * max(1.0, np.abs(ref).max())
+
+
+def test_vnni_gemm_compiles_to_vpdpbusd_for_a_vnni_cpu():
+    """Built for Cascade Lake (no VNNI hardware needed to compile): the main loop is
+    ``vpdpbusd``; the same kernel without the knob has none."""
+    import tvm
+
+    from dlas_predict.space.config import DType
+    from dlas_predict.measure.kernels import KernelSpec, build_kernel
+
+    spec = ConvSpec.parse(SHAPES[0])
+    target = tvm.target.Target({"kind": "llvm", "mtriple": "x86_64-linux-gnu",
+                                "mcpu": "cascadelake"})
+    for vnni in (True, False):
+        knobs = resolve_knobs(spec, Variant("gemm", "int8"), 512, vnni)
+        asm = build_kernel(KernelSpec(spec, Algorithm.GEMM, False, DType.INT8, knobs),
+                           target).mod.inspect_source("s")
+        assert ("vpdpbusd" in asm) is vnni
+
+
+def test_vnni_knobs_apply_to_ungrouped_int8_gemm_only():
+    from dlas_predict.errors import ConfigError
+    from dlas_predict.measure.knobs import vnni_capable
+    from dlas_predict.models.features import KernelConfig, loop_counts
+
+    dense = ConvSpec.parse("C=64,H=16,W=16,K=24,R=3,S=3,stride=1,pad=1")
+    grouped = ConvSpec.parse(SHAPES[1])
+    assert default_knobs(dense, Variant("gemm", "int8"), 512, vnni=True) == \
+        {"tile_k": 12, "tile_p": 16, "vnni": 1}
+    # too few positions for a vector of them: the plain int8 GEMM
+    one = ConvSpec.parse("C=64,H=2,W=2,K=24,R=1,S=1,stride=1,pad=0")
+    assert "vnni" not in default_knobs(one, Variant("gemm", "int8"), 512, vnni=True)
+    assert "vnni" not in default_knobs(dense, Variant("gemm", "int8"), 512)
+    for spec, variant in ((grouped, Variant("gemm", "int8")),
+                          (dense, Variant("gemm", "dense")),
+                          (dense, Variant("direct", "int8")),
+                          (dense, Variant("gemm", "weight_pruning", 0.5))):
+        assert not vnni_capable(variant, spec)
+        assert "vnni" not in default_knobs(spec, variant, 512, vnni=True)
+    # asked for by name on a CPU whose defaults do not use it; its lanes are 8 or 16
+    asked = resolve_knobs(dense, Variant("gemm", "int8", knobs=(("vnni", 1),)), 512)
+    assert asked["vnni"] == 1 and asked["tile_k"] == 12
+    with pytest.raises(ConfigError, match="8 or 16"):
+        resolve_knobs(dense, Variant("gemm", "int8", knobs=(("vnni", 1), ("tile_p", 12))))
+    with pytest.raises(ConfigError, match="unknown knob 'vnni'"):
+        resolve_knobs(dense, Variant("gemm", "dense", knobs=(("vnni", 1),)))
+    # the features count one instruction per filter, vector of 16 positions and word of
+    # four reduction elements
+    cfg = KernelConfig(dense, Algorithm.GEMM, Compression.INT8, 0.0)
+    tasks, ops, _decodes, layout = loop_counts(cfg, asked)
+    assert tasks == 2 * 16 and ops == 24 * 16 * 144 and layout == 144 * 256

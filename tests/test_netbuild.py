@@ -496,6 +496,33 @@ def test_fused_and_separate_epilogues_compute_the_same(tmp_path, dtype, alg):
         assert np.abs(outs[1] - ref).max() <= np.abs(outs[0] - ref).max() * 1.5 + 1e-3
 
 
+@pytest.mark.skipif(not get_device("local").vnni,
+                    reason="this CPU has no AVX-512 VNNI to run the VNNI GEMM")
+@pytest.mark.parametrize("fuse", [True, False], ids=["fused", "separate"])
+def test_an_int8_network_on_vnni_computes_what_the_plain_int8_gemm_does(tmp_path, fuse):
+    """The same int8 network built with its GEMM layers on VNNI and without: the layers'
+    int32 sums are exact either way, so the outputs agree to float32 rounding."""
+    import tvm
+
+    from dlas_predict.space.config import Algorithm, DType
+    from dlas_predict.measure.netbuild import LayerChoice, lower
+
+    model = onnx.load(str(_epilogue_net(tmp_path / "epi.onnx")))
+    x = np.random.default_rng(2).normal(size=(1, 3, 10, 10)).astype(np.float32)
+    target = tvm.target.Target(get_device("local").target)
+    outs = []
+    for vnni in (False, True):
+        mod = lower(model, "x", x.shape, DType.INT8, [LayerChoice(Algorithm.GEMM, False)] * 3,
+                    scales=[(0.05, 0.05)] * 3, fuse=fuse, vnni=vnni)
+        names = [gv.name_hint for gv, f in mod.functions_items()
+                 if isinstance(f, tvm.tirx.PrimFunc)
+                 and "vpdpbusd" in f.script()]
+        assert bool(names) is vnni, names
+        vm = tvm.relax.VirtualMachine(tvm.compile(mod, target=target), tvm.cpu())
+        outs.append(vm["main"](tvm.runtime.tensor(x)).numpy())
+    assert np.abs(outs[1] - outs[0]).max() <= 1e-5 * max(1.0, np.abs(outs[0]).max())
+
+
 def test_a_collection_after_an_engine_change_times_only_the_builds_it_altered(tmp_path):
     """A build a carried engine timed is not timed again where today's engine builds it the
     same way: on 16 lanes, 124 filters were blocked 31 at a time by engine 11 (today 32, the

@@ -327,7 +327,7 @@ def uncarried(plans: list[NetworkPlan], networks: list[NetworkToCollect], store:
             return False
         return any(p.key(device, v) in held
                    and not rebuilt_since(v, p.layers, convs[(p.network, p.config)], simd,
-                                         exp_elems[p.network])
+                                         exp_elems[p.network], p.dtype, device.vnni)
                    for v in CARRIED_VERSIONS)
 
     return [p for p in plans if not carried(p)]

@@ -27,7 +27,8 @@ PER_LAYER = "per_layer"
 #: our kernels: the systems-software dimension of the grid.
 ONNXRUNTIME = "onnxruntime"
 #: The engine's version, in every whole-network record and its key, so a changed engine
-#: measures again: "13" computes a sigmoid (a fused SiLU's, and every Sigmoid op's) as a
+#: measures again: "14" runs an int8 network's ungrouped GEMM layers on AVX-512 VNNI where
+#: the CPU has it (:func:`~dlas_predict.measure.kernels.uses_vnni`), "13" computes a sigmoid (a fused SiLU's, and every Sigmoid op's) as a
 #: rational function instead of through a polynomial exp, and folds a sigmoid gate's channel
 #: scale (a squeeze-excitation's) into the next conv's weights where they are fewer than its
 #: input's elements, "12" blocks a spatial pack layer's filters in whole vectors where the
@@ -44,7 +45,7 @@ ONNXRUNTIME = "onnxruntime"
 #: builds a channel-pruned network with its zeroed filters removed, "4" runs depthwise convs
 #: as register-tiled direct kernels, "3" runs the ops after each conv in its kernel's
 #: epilogue, "2" ran them as kernels of their own.
-NETWORK_VERSION = "13"
+NETWORK_VERSION = "14"
 ONNXRUNTIME_VERSION = "2"
 #: Builds a newer engine left as they were keep their version, and their keys: onnxruntime's
 #: runs are as they were in "2".
@@ -52,10 +53,10 @@ UNCHANGED_SINCE = {ONNXRUNTIME: ONNXRUNTIME_VERSION}
 #: Engines whose builds today's engine carries where it builds them the same way
 #: (:func:`rebuilt_since`): their records count as today's, and a collection does not
 #: time them again. "10" changed the ops between the convs of every build of ours.
-CARRIED_VERSIONS = ("10", "11", "12")
+CARRIED_VERSIONS = ("10", "11", "12", "13")
 #: Engine versions whose records the network model still learns from, each until the same
 #: configuration is measured by the current engine.
-PREVIOUS_NETWORK_VERSIONS = ("12", "11", "10", "9", "8", "7", "6", "5", "4", "3", "2")
+PREVIOUS_NETWORK_VERSIONS = ("13", "12", "11", "10", "9", "8", "7", "6", "5", "4", "3", "2")
 #: The first engine version that removes the zeroed filters of a channel-pruned network;
 #: older channel-pruning records timed another network (CSR kernels over the zeroed filters).
 CHANNEL_REMOVAL_VERSION = "5"
@@ -74,7 +75,7 @@ def removes_channels(version: str) -> bool:
 
 
 def _pads_register_filters(plan: list, convs: list, simd_bits: int | None,
-                           _exp_elems: int | None) -> bool:
+                           _exp_elems: int | None, _dtype: DType | None, _vnni: bool) -> bool:
     """What engine "11" builds otherwise than "10": a dense direct or GEMM layer whose block
     of filters today's default pads (a filter count with no divisor of at least four that
     fits the accumulators)."""
@@ -91,7 +92,7 @@ def _pads_register_filters(plan: list, convs: list, simd_bits: int | None,
 
 
 def _reblocks_pack_filters(plan: list, convs: list, simd_bits: int | None,
-                           _exp_elems: int | None) -> bool:
+                           _exp_elems: int | None, _dtype: DType | None, _vnni: bool) -> bool:
     """What engine "12" builds otherwise than "11": a dense ungrouped spatial pack layer
     whose block of filters engine 11 took by fewest vector updates alone
     (:func:`~dlas_predict.measure.knobs.pack_block_by_updates`), where that block is no whole
@@ -111,27 +112,41 @@ def _reblocks_pack_filters(plan: list, convs: list, simd_bits: int | None,
 
 
 def _computes_sigmoid(_plan: list, _convs: list, _simd_bits: int | None,
-                      exp_elems: int | None) -> bool:
+                      exp_elems: int | None, _dtype: DType | None, _vnni: bool) -> bool:
     """What engine "13" builds otherwise than "12": a network with a sigmoid (its SiLUs and
     gates), known by the elements its exp-like ops compute (a network whose summary is
     unknown is taken to have one)."""
     return exp_elems is None or exp_elems > 0
 
 
+def _runs_vnni(plan: list, convs: list, _simd_bits: int | None, _exp_elems: int | None,
+               dtype: DType | None, vnni: bool) -> bool:
+    """What engine "14" builds otherwise than "13": an int8 network with a dense GEMM
+    layer of an ungrouped conv, on a CPU with AVX-512 VNNI (a network whose dtype is
+    unknown is taken to be int8)."""
+    if not vnni or dtype not in (None, DType.INT8):
+        return False
+    return any(algorithm == Algorithm.GEMM.value and not sparse and spec.groups == 1
+               for (algorithm, sparse), spec in zip(plan, convs))
+
+
 #: Each engine after the oldest of :data:`CARRIED_VERSIONS`, and which builds it makes
-#: otherwise than the engine before it: ``rule(plan, convs, simd_bits, exp_elems)``.
+#: otherwise than the engine before it:
+#: ``rule(plan, convs, simd_bits, exp_elems, dtype, vnni)``.
 ENGINE_CHANGES = {"11": _pads_register_filters, "12": _reblocks_pack_filters,
-                  "13": _computes_sigmoid}
+                  "13": _computes_sigmoid, "14": _runs_vnni}
 
 
 def rebuilt_since(version: str, plan: list, convs: list, simd_bits: int | None,
-                  exp_elems: int | None) -> bool:
+                  exp_elems: int | None, dtype: DType | None = None,
+                  vnni: bool = False) -> bool:
     """Whether today's engine builds a network of conv layers ``convs`` (ConvSpecs, in
     order) under ``plan`` ((algorithm, CSR or not) per layer) otherwise than engine
-    ``version`` (one of :data:`CARRIED_VERSIONS`) did, on a CPU of ``simd_bits``;
-    ``exp_elems``: the elements its exp-like ops compute (its summary's, None if unknown)."""
-    return any(rule(plan, convs, simd_bits, exp_elems) for v, rule in ENGINE_CHANGES.items()
-               if int(v) > int(version))
+    ``version`` (one of :data:`CARRIED_VERSIONS`) did, on a CPU of ``simd_bits`` (with
+    AVX-512 VNNI or not); ``exp_elems``: the elements its exp-like ops compute (its
+    summary's, None if unknown); ``dtype``: the network's (None if unknown)."""
+    return any(rule(plan, convs, simd_bits, exp_elems, dtype, vnni)
+               for v, rule in ENGINE_CHANGES.items() if int(v) > int(version))
 
 
 def engine_version(algorithm: str, tuned: bool = False) -> str:
@@ -181,6 +196,11 @@ class NetworkPlan:
             parts += ["tuned", str(self.tuning.budget)]
         text = "|".join(parts)
         return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def config_dtype(label: str) -> DType:
+    """The data type a configuration label (``int8``, ``channel_pruning@0.9``) runs in."""
+    return COMPRESSION_KERNEL[Compression.parse(label.split("@")[0])][1]
 
 
 def onnxruntime_mode(compression: Compression | str) -> str:

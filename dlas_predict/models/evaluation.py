@@ -461,7 +461,7 @@ def unchanged_builds(layers_of: dict[tuple, list[dict]], device: Device):
     (:func:`~dlas_predict.corpus.networks.rebuilt_since` on its configuration's layers)."""
     import json
 
-    from dlas_predict.corpus.networks import CARRIED_VERSIONS, rebuilt_since
+    from dlas_predict.corpus.networks import CARRIED_VERSIONS, config_dtype, rebuilt_since
 
     simd = _simd(device)  # the vector width today's default knobs are sized for
     parse = functools.lru_cache(maxsize=None)(ConvSpec.parse)  # networks share their layers
@@ -473,7 +473,7 @@ def unchanged_builds(layers_of: dict[tuple, list[dict]], device: Device):
             return False
         exp_elems = json.loads(m.summary).get("exp_elems") if m.summary else None
         return not rebuilt_since(m.version, plan, [parse(l["conv"]) for l in layers], simd,
-                                 exp_elems)
+                                 exp_elems, config_dtype(m.config), device.vnni)
 
     return unchanged
 

@@ -76,14 +76,15 @@ class KernelConfig:
         sparse = COMPRESSION_KERNEL[self.compression][0]
         return Variant(self.algorithm, self.compression, 0.5 if sparse else 0.0)
 
-    def untuned_knobs(self, simd_bits: int | None = None) -> dict[str, int]:
-        """The untuned schedule's knobs for the shape on a CPU of ``simd_bits``
-        (:func:`dlas_predict.measure.knobs.default_knobs`)."""
+    def untuned_knobs(self, simd_bits: int | None = None, vnni: bool = False) -> dict[str, int]:
+        """The untuned schedule's knobs for the shape on a CPU of ``simd_bits``, with AVX-512
+        VNNI or not (:func:`dlas_predict.measure.knobs.default_knobs`)."""
         from dlas_predict.measure.knobs import default_knobs
 
-        return default_knobs(self.spec, self._variant(), simd_bits)
+        return default_knobs(self.spec, self._variant(), simd_bits, vnni)
 
-    def resolved_knobs(self, simd_bits: int | None = None) -> dict[str, int]:
+    def resolved_knobs(self, simd_bits: int | None = None,
+                       vnni: bool = False) -> dict[str, int]:
         """The knobs known before measuring: the untuned defaults; for a tuned kernel only
         the layout knobs it is tuned under (its loop schedule is the search's result, unknown
         when predicting, so training rows do not use it either)."""
@@ -94,7 +95,7 @@ class KernelConfig:
         if self.tuning is Tuning.TUNED:
             return {k: v for k, v in tuned_knobs(self.spec, self._variant(), 1,
                                                  simd_bits).items() if k != "budget"}
-        return self.untuned_knobs(simd_bits)
+        return self.untuned_knobs(simd_bits, vnni)
 
 
 def _waste(spec: ConvSpec, knobs: dict[str, int]) -> float:
@@ -144,6 +145,14 @@ def loop_counts(cfg: KernelConfig, knobs: dict[str, int]) -> tuple[int, float, f
             padded = s.C * (s.H + s.pad_t + s.pad_b) * wide
             return (_cdiv(s.K, tk) * s.OH, _cdiv(s.K, tk) * tk * s.OH * _cdiv(s.OW, tw) * crs,
                     0.0, padded)
+        if alg is Algorithm.GEMM and knobs.get("vnni"):
+            # blocks of tile_k filters by vectors of tile_p positions, one instruction per
+            # filter, vector and word of four reduction elements; the im2col words over the
+            # padded positions
+            tk, tp = knobs["tile_k"], knobs["tile_p"]
+            words, vectors = _cdiv(crs, 4), _cdiv(p, tp)
+            return (_cdiv(s.K, tk) * vectors, _cdiv(s.K, tk) * tk * vectors * words, 0.0,
+                    words * vectors * tp)
         if alg is Algorithm.GEMM:  # the im2col matrix padded to whole tiles of positions
             tk, tp = knobs["tile_k"], knobs["tile_p"]
             return (_cdiv(s.K, tk) * _cdiv(p, tp), _cdiv(s.K, tk) * tk * _cdiv(p, tp) * crs,
@@ -181,7 +190,7 @@ def stage_terms(cfg: KernelConfig, knobs: dict[str, int], device: Device) -> lis
     sparse, dtype, _ = COMPRESSION_KERNEL[cfg.compression]
     # a tuned kernel's loop knobs are the search's result, unknown before it runs: its loops
     # are counted as the untuned schedule's, under the layout knobs it is tuned with
-    tasks, ops, decodes, layout = loop_counts(cfg, {**cfg.untuned_knobs(_simd(device)),
+    tasks, ops, decodes, layout = loop_counts(cfg, {**cfg.untuned_knobs(*_codegen(device)),
                                                     **knobs})
     cores = max(device.cores, 1)
     per_core = _cdiv(tasks, cores) / tasks  # a core's share, with the loop's imbalance
@@ -210,6 +219,12 @@ def _simd(device: Device) -> int | None:
     return device.simd_bits if device.kind == "cpu" else None
 
 
+def _codegen(device: Device) -> tuple[int | None, bool]:
+    """What the untuned knobs of ``device``'s kernels depend on: its vector width, and
+    whether it has AVX-512 VNNI."""
+    return _simd(device), device.vnni
+
+
 def features(cfg: KernelConfig, device: Device) -> list[float]:
     """The feature row of one kernel (order: :data:`FEATURE_NAMES`)."""
     s = cfg.spec
@@ -221,7 +236,7 @@ def features(cfg: KernelConfig, device: Device) -> list[float]:
     peak = device.peak_gflops.get(dtype.value) or device.peak_gflops.get("float32") or 1.0
     bw = device.mem_bandwidth_gbs or 1.0
     roofline = max(2 * macs * density / (peak * 1e9), moved / (bw * 1e9))
-    knobs = cfg.resolved_knobs(_simd(device))
+    knobs = cfg.resolved_knobs(*_codegen(device))
     return [
         s.C, s.K, s.H, s.W, s.R, s.S, s.stride_h, s.groups, s.OH, s.OW, float(s.depthwise),
         s.C // s.groups, math.log(macs), math.log(moved), math.log(s.params),

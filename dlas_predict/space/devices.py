@@ -77,6 +77,11 @@ class Device:
         device is measured through an RPC tracker."""
         return self.name == LOCAL or self.profile_of == LOCAL
 
+    @property
+    def vnni(self) -> bool:
+        """A CPU whose code may use AVX-512 VNNI (its int8 GEMM kernels do)."""
+        return self.kind == "cpu" and "avx512_vnni" in self.isa_flags
+
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["isa_flags"] = list(self.isa_flags)
