@@ -20,11 +20,17 @@ KERNELS_VERSION = "k4"
 #: packed register tile and unpacking each tile to NCHW while it is in cache (a tuned
 #: spatial pack is MetaSchedule's schedule of the unchanged compute).
 KERNEL_VERSIONS = {("spatial_pack", False, False): "k5"}
+#: The int8 GEMM on AVX-512 VNNI (its ``vnni`` knob): other code than the int8 GEMM the same
+#: configuration ran before, whose records it supersedes on a machine that measured both.
+VNNI_KERNELS_VERSION = "k6"
 
 
-def kernels_version(algorithm: str, sparse: bool, tuned: bool = False) -> str:
+def kernels_version(algorithm: str, sparse: bool, tuned: bool = False,
+                    knobs: dict | None = None) -> str:
     """The code version of the kernel running ``algorithm`` (an Algorithm value), CSR or
-    not, tuned or not: what its records and keys carry."""
+    not, tuned or not, with ``knobs``: what its records and keys carry."""
+    if knobs and knobs.get("vnni"):
+        return VNNI_KERNELS_VERSION
     return KERNEL_VERSIONS.get((str(algorithm), bool(sparse), bool(tuned)), KERNELS_VERSION)
 
 

@@ -790,18 +790,10 @@ def _gemm_vnni_schedule(sch: Schedule, ks: KernelSpec) -> None:
     qo, _j, qi = sch.get_loops(sch.get_sblock("col"))
     sch.parallel(qo)
     _vectorize(sch, qi)
-    if ks.epilogue:  # the kernel's output is NCHW
+    if ks.epilogue:  # the kernel's output is NCHW (written by the write-back if inlined)
         ow = spec.OW
-        sch.transform_layout(out, ("write", 0), lambda n, k, q: (n, k, q // ow, q % ow))
-
-
-def _vectorize_by(sch: Schedule, loop, lanes: int) -> None:
-    """Vectorise ``loop`` in pieces of its largest divisor of at most ``lanes``."""
-    extent = int(sch.get(loop).extent)
-    piece = max(d for d in range(1, min(lanes, extent) + 1) if extent % d == 0)
-    if piece < extent:
-        loop = sch.split(loop, [None, piece])[1]
-    _vectorize(sch, loop)
+        sch.transform_layout(out if cropped else wb, ("write", 0),
+                             lambda n, k, q: (n, k, q // ow, q % ow))
 
 
 def _spatial_pack_compute(ks: KernelSpec, tile_epilogue: bool = False) -> list:

@@ -94,7 +94,7 @@ class MeasureTask:
             knobs = resolve_knobs(spec, variant, simd, device.vnni)
         key = measurement_key(device.name, device.fingerprint, spec, variant, knobs,
                               kernels_version(variant.algorithm.value, variant.sparse,
-                                              variant.tuning is Tuning.TUNED))
+                                              variant.tuning is Tuning.TUNED, knobs))
         return cls(spec=spec, variant=variant, knobs=knobs, key=key, seed=seed, fault=fault,
                    tuning=tuning)
 
@@ -306,7 +306,7 @@ class LocalRunner(Runner):
             threads=self._ready.get("threads") or self.device.cores,
             tvm_version=self._ready.get("tvm_version", ""), kernels_version=kernels_version(
                 task.variant.algorithm.value, task.variant.sparse,
-                task.variant.tuning is Tuning.TUNED),
+                task.variant.tuning is Tuning.TUNED, task.knobs),
             timestamp=time.time(), tuning_seconds=reply.tuning_seconds,
             trials=reply.trials, tuner=reply.tuner,
             contention=reply.contention, slowdown=reply.slowdown,

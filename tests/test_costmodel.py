@@ -416,6 +416,7 @@ def test_a_gpu_engines_network_records_are_current_and_train_the_network_model()
     assert current_engine(gpu) and drop_older_engines([gpu]) == [gpu]
 
 
+@pytest.mark.slow  # trains on a shipped snapshot
 def test_the_shipped_gpu_corpus_trains_a_network_model_from_its_whole_networks(tmp_path):
     from dlas_predict.corpus.store import CorpusStore
     from dlas_predict.models.evaluation import load_corpus, whole_rows

@@ -493,6 +493,7 @@ VNNI_SHAPES = [SHAPES[0], SHAPES[3],
                "C=5,H=6,W=6,K=3,R=1,S=1,stride=1,pad=0"]       # half a vector of filters
 
 
+@pytest.mark.slow
 @needs_vnni
 @pytest.mark.parametrize("text", VNNI_SHAPES)
 def test_vnni_gemm_matches_reference(text, target):
@@ -504,9 +505,12 @@ def test_vnni_gemm_matches_reference(text, target):
     assert result.verified, f"max error {result.max_error}"
 
 
+@pytest.mark.slow
 @needs_vnni
 @pytest.mark.parametrize("steps", [ALL_STEPS, (("bias",), ("relu",))], ids=["all", "relu"])
-@pytest.mark.parametrize("conv", [FUSED_CONV, "C=8,H=5,W=13,K=33,R=3,S=1,stride=1,pad=1"])
+@pytest.mark.parametrize("conv", [FUSED_CONV, "C=8,H=5,W=13,K=33,R=3,S=1,stride=1,pad=1",
+                                  "C=8,H=8,W=8,K=32,R=3,S=3,stride=1,pad=1"],
+                         ids=["cropped", "cropped-odd", "whole-tiles"])
 def test_vnni_gemm_fuses_its_epilogue_and_writes_nchw(steps, conv):
     import numpy as np
 

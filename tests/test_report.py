@@ -189,6 +189,7 @@ def test_report_on_the_shipped_corpus(shipped_report):
     assert page.count("data:image/png;base64,") == len(data["plots"]) >= 5
 
 
+@pytest.mark.slow  # a report from a shipped snapshot
 def test_a_gpus_report_decides_the_observations_of_its_measurements(tmp_path):
     res = runner.invoke(app, ["report", "--device", "h200", "--out", str(tmp_path)])
     assert res.exit_code == 0, res.output

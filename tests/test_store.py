@@ -87,6 +87,15 @@ def test_each_kernel_carries_its_own_code_version():
     task = MeasureTask.make(SPEC, Variant("spatial_pack", "dense"), dev)
     assert task.key == measurement_key("local", dev.fingerprint, SPEC, task.variant,
                                        task.knobs, newer)
+    # the int8 GEMM on VNNI is other code than the plain int8 GEMM of the same configuration
+    from dlas_predict.measure import VNNI_KERNELS_VERSION
+
+    vnni = MeasureTask.make(SPEC, Variant("gemm", "int8", knobs=(("vnni", 1),)), dev)
+    assert kernels_version("gemm", False, knobs=vnni.knobs) == VNNI_KERNELS_VERSION
+    assert kernels_version("gemm", False, knobs={"tile_k": 8, "tile_p": 16}) == \
+        KERNELS_VERSION
+    assert vnni.key == measurement_key("local", dev.fingerprint, SPEC, vnni.variant,
+                                       vnni.knobs, VNNI_KERNELS_VERSION)
 
 
 def test_contention_and_slowdown_are_kept_exported_imported_and_migrated(tmp_path):
