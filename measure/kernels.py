@@ -520,6 +520,15 @@ def _pack4(values) -> "tvm.tirx.PrimExpr":
     return word
 
 
+def _im2col(pad, spec: ConvSpec, channel, j, q):
+    """Element ``j`` of the im2col column of output position ``q`` (``j`` runs over a
+    group's channels, then the filter's rows and columns) in the zero-padded input ``pad``,
+    ``channel`` its input channel."""
+    return pad[0, channel,
+               (q // spec.OW) * spec.stride_h + (j // spec.S) % spec.R * spec.dilation_h,
+               (q % spec.OW) * spec.stride_w + (j % spec.S) * spec.dilation_w]
+
+
 def _gemm_compute(ks: KernelSpec, tiles: bool = False, native_dp4a: bool = True) -> list:
     """im2col then a GEMM [K, CRS] x [CRS, OH*OW]. With ``tiles`` (the CPU's hand
     schedule), output positions its ``tile_p`` does not divide are computed over whole
@@ -545,9 +554,7 @@ def _gemm_compute(ks: KernelSpec, tiles: bool = False, native_dp4a: bool = True)
     pad = _padded(data, spec, hp, wp)
 
     def im2col(g, j, q):
-        return pad[0, g * cg + j // rs_,
-                   (q // spec.OW) * spec.stride_h + (j // spec.S) % spec.R * spec.dilation_h,
-                   (q % spec.OW) * spec.stride_w + (j % spec.S) * spec.dilation_w]
+        return _im2col(pad, spec, g * cg + j // rs_, j, q)
 
     def column(g, j, q):  # the GEMM's [g, j, q]: four rows of im2col in a word if packed
         if not packed:
@@ -714,10 +721,7 @@ def _gemm_vnni_compute(ks: KernelSpec) -> list:
 
     def byte(j, q):  # reduction element j at position q, plus 128 (128: zero, or padding)
         jc, qc = tvm.tirx.min(j, crs - 1), tvm.tirx.min(q, p - 1)
-        x = pad[0, jc // rs_,
-                (qc // spec.OW) * spec.stride_h + (jc // spec.S) % spec.R * spec.dilation_h,
-                (qc % spec.OW) * spec.stride_w + (jc % spec.S) * spec.dilation_w]
-        v = x.astype(i32) + tvm.tirx.const(128, i32)
+        v = _im2col(pad, spec, jc // rs_, jc, qc).astype(i32) + tvm.tirx.const(128, i32)
         if crs % 4 == 0 and pp == p:
             return v
         return tvm.tirx.if_then_else(tvm.tirx.all(j < crs, q < p), v,

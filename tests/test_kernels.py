@@ -185,10 +185,9 @@ FUSED_CONV = "C=16,H=9,W=11,K=24,R=3,S=3,stride=2,pad=1"
 DEPTHWISE_CONV = "C=12,H=9,W=11,K=24,R=3,S=3,stride=2,pad=1,groups=12"
 
 
-def _fused_case(algorithm, sparse, dtype, steps=ALL_STEPS, conv=FUSED_CONV, vnni=False,
-                target=None):
+def _fused_case(algorithm, sparse, dtype, steps=ALL_STEPS, conv=FUSED_CONV, vnni=False):
     """(kernel output, numpy reference) of a strided conv with the epilogue ``steps``
-    (int8 GEMM: on AVX-512 VNNI where ``vnni``), built for ``target`` (None: this CPU)."""
+    (int8 GEMM: on AVX-512 VNNI where ``vnni``)."""
     import numpy as np
     import tvm
 
@@ -211,7 +210,7 @@ def _fused_case(algorithm, sparse, dtype, steps=ALL_STEPS, conv=FUSED_CONV, vnni
     scale = 1e-3 if dtype is DType.INT8 else None
     ks = KernelSpec(spec, Algorithm(algorithm), sparse, dtype, knobs, scale, steps)
     args = device_args(ks, x, w, tvm.cpu(), {"bias": bias, "residual": residual})
-    build_kernel(ks, tvm.target.Target(target or get_device("local").target))["main"](*args)
+    build_kernel(ks, tvm.target.Target(get_device("local").target))["main"](*args)
     out = args[-1].numpy()
     y = np.einsum("gkj,gjp->gkp",
                   w.astype(np.float64).reshape(spec.groups, spec.K // spec.groups, -1),
