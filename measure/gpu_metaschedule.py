@@ -98,8 +98,11 @@ def propose(ks: KernelSpec, target: "tvm.target.Target", trials: int, db=None,
     (the untrained XGBoost model draws from numpy's global generator)."""
     from tvm.s_tir import meta_schedule as ms
 
+    from .tuning import CPU_INTRINSICS, import_tensor_intrinsics
+
     logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
     t0 = time.perf_counter()
+    import_tensor_intrinsics(CPU_INTRINSICS + ("cuda",))  # TuneContext imports the package
     mod = workload(ks)
     population = 512 if trials >= POPULATION_TRIALS else max(64, 8 * trials)
     ctx = ms.TuneContext(

@@ -42,27 +42,31 @@ BUILD_TIMEOUT_S = 180.0
 CPU_INTRINSICS = ("x86", "arm_cpu", "riscv_cpu")
 
 
-def import_tensor_intrinsics() -> None:
-    """Import the CPU half of ``tvm.s_tir.tensor_intrin`` in half a second instead of about
-    40: MetaSchedule imports the package in the tuning process and in each builder worker
-    (this function is also their initializer, :func:`_board_tuning`).
+def import_tensor_intrinsics(families: tuple[str, ...] = CPU_INTRINSICS) -> None:
+    """Import ``families`` of ``tvm.s_tir.tensor_intrin`` (default: the CPU half,
+    :data:`CPU_INTRINSICS`) in a second or two instead of 20-100 s: MetaSchedule imports the
+    package in the tuning process and in each builder worker (this function is also their
+    initializer, :func:`_board_tuning`); the CUDA search asks for ``cuda`` too.
 
-    - The package imports every architecture's intrinsics; the CUDA ones alone take about
-      5 s, and a CPU target's schedule rules never use them, nor ROCm's or Hexagon's. The
-      package is registered with only :data:`CPU_INTRINSICS` imported; any other submodule
-      still imports on demand (``import tvm.s_tir.tensor_intrin.cuda``).
+    - The package imports every architecture's intrinsics; a CPU target's schedule rules
+      never use the CUDA ones, nor ROCm's or Hexagon's. The package is registered with only
+      the families asked for imported; any other submodule still imports on demand (``import
+      tvm.s_tir.tensor_intrin.cuda``), or through a later call with it.
     - Each TVMScript function parsed calls :func:`inspect.stack`, which reads the source of
       every frame on the stack and, for the import machinery's frozen frames, searches all of
-      ``sys.modules``. TVMScript reads the code context of the first three frames only
+      ``sys.modules`` (the more modules a process holds, the slower: torch's make it twice
+      as slow). TVMScript reads the code context of the first three frames only
       (``tvm.script.parser.core.utils.is_defined_in_class``) and the locals of the others,
-      so during this import the stack carries context for those three."""
+      so during this import the stack carries context for those three. The intrinsics
+      registered are the same either way (their TVMScript, compared for all 124)."""
     import importlib
     import importlib.util
     import inspect
     import sys
 
     name = "tvm.s_tir.tensor_intrin"
-    if name in sys.modules:
+    missing = [f for f in families if f"{name}.{f}" not in sys.modules]
+    if name in sys.modules and not missing:
         return
     original = inspect.stack
 
@@ -81,16 +85,19 @@ def import_tensor_intrinsics() -> None:
 
     import tvm.s_tir
 
-    spec = importlib.util.find_spec(name)
-    package = importlib.util.module_from_spec(spec)  # its __init__ is not run
-    sys.modules[name] = package
-    tvm.s_tir.tensor_intrin = package
+    registered = name not in sys.modules
+    if registered:
+        spec = importlib.util.find_spec(name)
+        package = importlib.util.module_from_spec(spec)  # its __init__ is not run
+        sys.modules[name] = package
+        tvm.s_tir.tensor_intrin = package
     inspect.stack = stack
     try:
-        for sub in CPU_INTRINSICS:
+        for sub in missing:
             importlib.import_module(f"{name}.{sub}")
     except BaseException:
-        sys.modules.pop(name, None)
+        if registered:
+            sys.modules.pop(name, None)
         raise
     finally:
         inspect.stack = original

@@ -82,9 +82,16 @@ def test_only_the_cpu_tensor_intrinsics_are_imported_and_the_rest_on_demand():
                       "TensorIntrin.get('dot_16x4_avx512')",
                       "assert 'tvm.s_tir.tensor_intrin.x86' in sys.modules",
                       "assert 'tvm.s_tir.tensor_intrin.cuda' not in sys.modules",
-                      "print('ok', importlib.util.find_spec('tvm.s_tir.tensor_intrin.cuda').name)")
+                      "print('ok', importlib.util.find_spec('tvm.s_tir.tensor_intrin.cuda').name)",
+                      # the CUDA search asks for its family on top of the CPU's
+                      "import_tensor_intrinsics(('cuda',))",
+                      "from tvm.s_tir.tensor_intrin.cuda import LDMATRIX_f16_A_INTRIN as A",
+                      "TensorIntrin.get(A)",
+                      "print(A)",
+                      "assert 'tvm.s_tir.tensor_intrin.rocm' not in sys.modules")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.split() == ["ok", "tvm.s_tir.tensor_intrin.cuda"]
+    assert proc.stdout.split() == ["ok", "tvm.s_tir.tensor_intrin.cuda",
+                                   "mma_ldmatrix_f16_a"]
 
 
 def test_tuning_options_reject_impossible_values(tmp_path):
