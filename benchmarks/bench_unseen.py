@@ -23,7 +23,8 @@ the same machine):
 
 - ``--rescore`` prices every measured candidate again with the device's models as they
   are now (after ``devices --measure-peaks``, ``active-learn`` or ``adapt``, say) and
-  scores them beside the run's own predictions;
+  scores them beside the run's own predictions; a per-layer candidate only where today's
+  models choose the layers it was built with (the file records them);
 - ``--adapt-networks N`` is few-shot with whole networks, each network held out in turn:
   ``adapt`` on N measured candidates drawn at random from the other generated CNNs (not
   per-layer ones, which no other runtime has; NAS-Bench-201 cells are HELP's targets, dense
@@ -43,6 +44,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from dlas_predict.corpus.networks import PER_LAYER  # noqa: E402
 from dlas_predict.errors import DlasError  # noqa: E402
 from jsonl import append_row, read_rows  # noqa: E402
 
@@ -97,7 +99,15 @@ def measure(path: Path, device: str) -> tuple[str, list[dict]]:
     return rec.source, [{"config": c.label, "backend": c.backend,
                          "predicted_ms": c.predicted_s * 1e3,
                          "measured_ms": None if c.measured_s is None else c.measured_s * 1e3,
-                         "note": c.measured_note} for c in rec.validated]
+                         "note": c.measured_note, **_layers(c)} for c in rec.validated]
+
+
+def _layers(c) -> dict:
+    """A per-layer candidate's layers as built (algorithm, sparse), which its label does not
+    say: a rescore compares it only with a prediction of the same layers."""
+    if c.algorithm != PER_LAYER:
+        return {}
+    return {"layers": [[a, s] for a, s in c.layers]}
 
 
 def _ours(row: dict) -> list[dict]:
@@ -192,8 +202,8 @@ def _predicted(path: Path, device: str) -> tuple[str, dict[str, float]]:
 
     rec = recommend(str(path), device, max_accuracy_drop=float("inf"), top=0, validate=0,
                     tuning="untuned", ratios=RATIOS)
-    return rec.source, {c.label: c.predicted_s * 1e3 for c in rec.candidates
-                        if c.backend == "tvm"}
+    return rec.source, {c.label: (c.predicted_s * 1e3, _layers(c).get("layers"))
+                        for c in rec.candidates if c.backend == "tvm"}
 
 
 def _rescore(args) -> int:
@@ -217,6 +227,10 @@ def _rescore(args) -> int:
             source = _adapt_held_out(args, rows, paths, scored)
             print(f"adapted on {args.adapt_networks} whole networks of the other generated "
                   f"CNNs, {args.draws} draws, each network held out ({source})")
+    skipped = sum(m["skipped"] for v in scored.values() for m in v)
+    if skipped:
+        print(f"{skipped} per-layer candidates left out: built with other layers than "
+              "today's models choose, or with layers the file does not record")
     print("\nfamily          candidates  within ±10 %  within ±25 %  MAPE   predicted/measured"
           "   (the run's: within ±10 %, ±25 %)")
     groups = dict(sorted(scored.items()))
@@ -231,10 +245,14 @@ def _rescore(args) -> int:
     return 0
 
 
-def _rescored(row: dict, pred: dict[str, float]) -> dict:
-    """A run's row as (today's prediction, measured) and (the run's, measured) pairs."""
-    ours = [c for c in _ours(row) if c["config"] in pred]
-    return {"now": [{**c, "predicted_ms": pred[c["config"]]} for c in ours], "then": ours}
+def _rescored(row: dict, pred: dict[str, tuple]) -> dict:
+    """A run's row as (today's prediction, measured) and (the run's, measured) pairs. A
+    per-layer candidate is scored only where today's models choose the layers it was built
+    with (a file that does not record them: never); ``skipped`` counts the others."""
+    ours = [c for c in _ours(row) if c["config"] in pred
+            and pred[c["config"]][1] == c.get("layers")]
+    return {"now": [{**c, "predicted_ms": pred[c["config"]][0]} for c in ours], "then": ours,
+            "skipped": sum(c["config"] in pred for c in _ours(row)) - len(ours)}
 
 
 def _adapt_held_out(args, rows: list[dict], paths: dict, scored: dict) -> str:

@@ -1,0 +1,42 @@
+"""The benchmarks' scoring: what a rescore compares a measurement with."""
+
+from __future__ import annotations
+
+import sys
+
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+def _row(*cands):
+    return {"family": "cnn plain", "name": "n", "candidates": list(cands)}
+
+
+def test_a_rescore_scores_a_per_layer_build_only_against_a_prediction_of_its_layers():
+    import bench_unseen as bu
+
+    direct = {"config": "dense direct", "backend": "tvm", "predicted_ms": 1.0,
+              "measured_ms": 2.0, "note": None}
+    built = [["direct", False], ["gemm", False]]
+    per_layer = {"config": "dense per_layer", "backend": "tvm", "predicted_ms": 1.0,
+                 "measured_ms": 4.0, "note": None, "layers": built}
+    unrecorded = {**per_layer, "config": "int8 per_layer"}
+    del unrecorded["layers"]
+    ort = {"config": "dense onnxruntime", "backend": "onnxruntime", "predicted_ms": 1.0,
+           "measured_ms": 1.0, "note": None}
+    row = _row(direct, per_layer, unrecorded, ort)
+
+    same = bu._rescored(row, {"dense direct": (1.8, None), "dense per_layer": (3.0, built),
+                              "int8 per_layer": (3.0, built)})
+    assert [(c["config"], c["predicted_ms"]) for c in same["now"]] == [
+        ("dense direct", 1.8), ("dense per_layer", 3.0)]
+    assert [c["predicted_ms"] for c in same["then"]] == [1.0, 1.0]
+    assert same["skipped"] == 1  # the int8 build's layers are not in the file
+
+    other = [["gemm", False], ["gemm", False]]
+    moved = bu._rescored(row, {"dense direct": (1.8, None), "dense per_layer": (3.0, other)})
+    assert [c["config"] for c in moved["now"]] == ["dense direct"]
+    assert moved["skipped"] == 1
+    s = bu.summarise([{"candidates": same["now"]}])
+    assert s["n"] == 2 and s["within_10"] == 0.5  # 1.8 / 2.0 is within 10 %, 3 / 4 is not
