@@ -1343,6 +1343,10 @@ def _show_recommendation(rec, top: int, max_accuracy_drop: float) -> None:
             typer.echo(f"validated {len(rec.validated)}: fastest measured is {win.label} "
                        f"({win.backend}) at {win.measured_s * 1e3:.2f} ms (predicted "
                        f"{win.predicted_s * 1e3:.2f})")
+        for c in rec.validated:
+            if c.same_build_as:
+                typer.echo(f"{c.label} chose {c.layers[0][0]} for every layer: the same "
+                           f"network as {c.same_build_as}, built and timed once")
         if ref is not None and ref.measured_s:
             ours = [c for c in ok if c.backend == "tvm"]
             best = min(ours, key=lambda c: c.measured_s) if ours else None

@@ -86,6 +86,53 @@ def test_validate_builds_and_times_the_top_candidate(tmp_path):
     assert any("no accuracy figure" in n for n in rec["notes"])
 
 
+def test_a_per_layer_choice_of_one_algorithm_is_built_and_timed_once_for_both():
+    """Validation builds each distinct network once: a per-layer choice that picked GEMM for
+    every layer is the GEMM build, and gets its measurement (not a second run's noise)."""
+    from types import SimpleNamespace
+
+    from dlas_predict.recommend.search import Candidate, Recommendation, _validate
+    from dlas_predict.space.config import Compression
+
+    gemm2 = (("gemm", False), ("gemm", False))
+    mixed = (("direct", False), ("gemm", False))
+
+    def cand(comp, alg, layers, ratio=None):
+        return Candidate(comp, ratio, alg, layers, 1e-3, 1e-3, 1e-3)
+
+    same = cand(Compression.INT8, PER_LAYER, gemm2)
+    gemm = cand(Compression.INT8, "gemm", gemm2)
+    other = cand(Compression.DENSE, PER_LAYER, mixed)
+    pruned = cand(Compression.CHANNEL_PRUNING, PER_LAYER, gemm2, 0.5)  # no twin among them
+    rec = Recommendation("net", "local", [same, gemm, other, pruned], [], [], 1e-3, {},
+                         reference=cand(Compression.DENSE, ONNXRUNTIME, ()))
+    dev = SimpleNamespace(name="local", fingerprint="f", measured_here=False)
+    ran = []
+
+    class Runner:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+        def run(self, plans):
+            for i, p in enumerate(plans):
+                ran.append((p.config, p.algorithm))
+                yield SimpleNamespace(key=p.key(dev), error=None, best_s=(i + 2) * 1e-3,
+                                      median_s=(i + 2) * 1e-3, verified=True,
+                                      untuned_layers=None, details=None)
+
+    got = _validate(rec, "net.onnx", dev, 4, network_runner=Runner)
+    assert got == [same, gemm, other, pruned]
+    assert ran == [("int8", "gemm"), ("dense", PER_LAYER), ("channel_pruning@0.5", PER_LAYER)]
+    assert same.same_build_as == "int8 gemm" and same.measured_s == gemm.measured_s == 2e-3
+    assert other.same_build_as is None and other.measured_s == 3e-3
+    assert pruned.same_build_as is None and pruned.measured_s == 4e-3
+    assert same.to_dict()["same_build_as"] == "int8 gemm" and "same_build_as" not in \
+        other.to_dict()
+
+
 def test_table_output_names_sources():
     res = _run("recommend", "zoo:resnet18-cifar", "--top", "5")
     assert res.exit_code == 0, res.output

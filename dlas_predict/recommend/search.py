@@ -51,6 +51,9 @@ class Candidate:
     tuning_s: float | None = None          # predicted search time (tuned candidates)
     conv_s: float | None = None            # predicted conv kernels' sum, before the network
     source: str = "trained"                # the prediction's: trained | adapted | zero-shot
+    #: a per-layer candidate that chose one algorithm for every layer: that candidate's
+    #: label (the same network, built and timed once for both)
+    same_build_as: str | None = None
 
     @property
     def backend(self) -> str:
@@ -86,6 +89,8 @@ class Candidate:
             out["config"]["layers"] = [{"algorithm": a, "sparse": s} for a, s in self.layers]
         if self.measured_note:
             out["measured_note"] = self.measured_note
+        if self.same_build_as:
+            out["same_build_as"] = self.same_build_as
         return out
 
 
@@ -793,9 +798,11 @@ def _validate(rec: Recommendation, model: str, dev, k: int, log=None,
         return NetworkPlan(model, rec.network, c.compression, c.ratio, c.algorithm, c.layers,
                            tuning=tuned_opts if c.tuning is Tuning.TUNED else None)
 
-    plans = [plan_of(c) for c in timed]
+    twins = _same_builds(timed)
+    built = [c for c in timed if id(c) not in twins]
+    plans = [plan_of(c) for c in built]
     with network_runner() as nr:
-        by_key = {p.key(dev): c for p, c in zip(plans, timed)}  # a farm answers as boards
+        by_key = {p.key(dev): c for p, c in zip(plans, built)}  # a farm answers as boards
         for m in nr.run(plans):                                 # finish
             c = by_key[m.key]
             if m.error:
@@ -812,4 +819,27 @@ def _validate(rec: Recommendation, model: str, dev, k: int, log=None,
                                        "kept their hand schedules")
                 elif c.backend == "onnxruntime" and (m.details or {}).get("calibration"):
                     c.measured_note = f"int8 calibrated on {m.details['calibration']}"
+    for c in timed:
+        if id(c) in twins:
+            twin = twins[id(c)]
+            c.same_build_as = twin.label
+            c.measured_s, c.measured_median_s = twin.measured_s, twin.measured_median_s
+            c.measured_note = twin.measured_note
     return chosen
+
+
+def _same_builds(timed: list[Candidate]) -> dict[int, Candidate]:
+    """Per-layer candidates whose choice is one algorithm on every layer, by id, each to
+    the single-algorithm candidate among ``timed`` that builds the same network: timing it
+    twice would report one network's run-to-run noise as a difference."""
+    twins = {}
+    for c in timed:
+        if c.algorithm != PER_LAYER:
+            continue
+        for o in timed:
+            if (o.backend == "tvm" and o.algorithm != PER_LAYER and o.layers == c.layers
+                    and o.compression is c.compression and o.ratio == c.ratio
+                    and o.tuning is c.tuning):
+                twins[id(c)] = o
+                break
+    return twins
