@@ -249,10 +249,10 @@ def _rescored(row: dict, pred: dict[str, tuple]) -> dict:
     """A run's row as (today's prediction, measured) and (the run's, measured) pairs. A
     per-layer candidate is scored only where today's models choose the layers it was built
     with (a file that does not record them: never); ``skipped`` counts the others."""
-    ours = [c for c in _ours(row) if c["config"] in pred
-            and pred[c["config"]][1] == c.get("layers")]
+    priced = [c for c in _ours(row) if c["config"] in pred]
+    ours = [c for c in priced if pred[c["config"]][1] == c.get("layers")]
     return {"now": [{**c, "predicted_ms": pred[c["config"]][0]} for c in ours], "then": ours,
-            "skipped": sum(c["config"] in pred for c in _ours(row)) - len(ours)}
+            "skipped": len(priced) - len(ours)}
 
 
 def _adapt_held_out(args, rows: list[dict], paths: dict, scored: dict) -> str:
