@@ -19,10 +19,11 @@ SPEC = ConvSpec.parse("C=8,H=10,W=10,K=16,R=3,S=3,stride=1,pad=1")
 
 
 def _result(variant=Variant("direct", "dense"), runs=(1e-3, 2e-3, 3e-3), error=None, fp="f",
-            version="k1"):
-    key = measurement_key("local", fp, SPEC, variant, {"tile_k": 8}, version)
+            version="k1", knobs=None):
+    knobs = knobs or {"tile_k": 8}
+    key = measurement_key("local", fp, SPEC, variant, knobs, version)
     return MeasureResult(key=key, device="local", fingerprint=fp, conv=SPEC, variant=variant,
-                         knobs={"tile_k": 8}, run_secs=list(runs) if not error else [],
+                         knobs=knobs, run_secs=list(runs) if not error else [],
                          verified=None if error else True, max_error=0.0, error=error,
                          kernels_version=version, timestamp=time.time())
 
@@ -68,6 +69,37 @@ def test_a_kernel_measured_again_under_new_code_hides_its_old_records(tmp_path):
     corpus = load_corpus(tmp_path / "c.sqlite")
     seconds = dict(zip([k.algorithm for k in corpus.keys], corpus.seconds))
     assert seconds["gemm"] > seconds["spatial_pack"] >= 1.5e-3  # the k5 timing, not k4's
+
+
+def test_a_kernel_timed_before_and_after_a_change_of_its_defaults_keeps_todays(tmp_path):
+    """Two records of one configuration and code version on one machine, with other knobs:
+    the one of today's untuned schedule is kept, even where the other was faster (a build
+    of today's engine runs it, so a whole network's layers are paired with it); where
+    neither is today's, the faster."""
+    from dlas_predict.analysis.frames import frame_device
+    from dlas_predict.measure.knobs import default_knobs
+    from dlas_predict.models.evaluation import load_corpus, runs_today
+    from dlas_predict.models.features import _codegen
+
+    direct, gemm = Variant("direct", "dense"), Variant("gemm", "dense")
+    store = tmp_path / "c.sqlite"
+    old = {"tile_k": 2, "tile_w": 4}
+    with CorpusStore(store) as db:
+        db.add(_result(direct, runs=(1e-3,) * 3, version="k4", knobs=old))
+    dev = frame_device(store, "local")
+    today = default_knobs(SPEC, direct, *_codegen(dev))
+    others = ({"tile_k": 2, "tile_p": 4}, {"tile_k": 4, "tile_p": 4})
+    assert today != old and default_knobs(SPEC, gemm, *_codegen(dev)) not in others
+    with CorpusStore(store) as db:
+        db.add(_result(direct, runs=(3e-3,) * 3, version="k4", knobs=today))
+        db.add(_result(gemm, runs=(2e-3,) * 3, version="k4", knobs=others[0]))
+        db.add(_result(gemm, runs=(1e-3,) * 3, version="k4", knobs=others[1]))
+        rows = db.current_rows()
+    assert [runs_today(r, dev) for r in rows] == [False, True, False, False]
+    corpus = load_corpus(store)
+    seconds = dict(zip([k.algorithm for k in corpus.keys], corpus.seconds))
+    assert seconds["direct"] == pytest.approx(3e-3)  # today's schedule, though slower
+    assert seconds["gemm"] == pytest.approx(1e-3)  # neither is today's: the faster
 
 
 def test_each_kernel_carries_its_own_code_version():

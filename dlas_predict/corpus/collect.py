@@ -267,13 +267,12 @@ def whole_network_plans(networks: list[NetworkToCollect], algorithms: list[Algor
     each layer on its fastest measured kernel (any algorithm; for a pruned layer, CSR or
     dense), when the store holds every layer's kernels and they do not all agree: the
     ``tvm`` backend's plans. The ``onnxruntime`` backend's: each configuration run by it."""
-    from dlas_predict.models.evaluation import kernel_key, modelled_seconds
+    from dlas_predict.models.evaluation import kernel_key, modelled_seconds, preferred_records
     from dlas_predict.compression.netplan import layer_kernel, layer_sparse
     from dlas_predict.corpus.networks import PER_LAYER, onnxruntime_plan, uniform_plan
 
-    latency = {kernel_key(r["conv"], r["algorithm"], r["compression"], r["ratio"],
-                          r["tuning"]): modelled_seconds(r)
-               for r in store.current_rows("error IS NULL AND device = ?", (device.name,))}
+    latency = {k: modelled_seconds(r) for k, r in preferred_records(
+        store.current_rows("error IS NULL AND device = ?", (device.name,)), device).items()}
     todo = []
     for n in networks:
         for label, layers in n.configs.items():

@@ -30,7 +30,7 @@ from dlas_predict.models.costmodel import (LayerCostModel, MacsLinearBaseline,
                                            top1_hit, within)
 from dlas_predict.space.devices import Device, get_device
 from dlas_predict.errors import DlasError
-from dlas_predict.models.features import _simd, config_from_row, features
+from dlas_predict.models.features import _codegen, _simd, config_from_row, features
 from dlas_predict.compression.netplan import ratio_key
 
 MODELS = ("lightgbm", "stage", "roofline", "macs_linear")
@@ -90,38 +90,53 @@ def load_corpus(store: Path, device: str = "local") -> Corpus:
     get_device(device, with_target=False)  # an unknown name is one clear error
     # the roofs of the machine that measured the corpus, whichever machine trains
     dev = frame_device(store, device)
-    keys, rows_x, secs, fps = [], [], [], []
     with CorpusStore(store, must_exist=True) as db:
         rows = [r for r in db.current_rows("error IS NULL AND device = ?", (dev.name,))
                 if r["verified"] in (1, True, None)]
         configs = db.network_configs()
-    seen: dict[tuple, int] = {}
-    for r in rows:
-        k = kernel_key(r["conv"], r["algorithm"], r["compression"], r["ratio"], r["tuning"])
-        if k in seen:
-            i = seen[k]
-            if r["fingerprint"] == fps[i]:
-                # the same configuration with other knobs on the same machine (a GPU's
-                # float16 accumulating in float32 and in float16, a CPU kernel's blocks
-                # before and after a change of its defaults): the faster one is what a
-                # deployment would run, learned with its own knobs
-                if modelled_seconds(r) < secs[i]:
-                    secs[i], rows_x[i] = modelled_seconds(r), features(config_from_row(r), dev)
-            else:  # a repeat measurement on another machine: keep the newest
-                secs[i], rows_x[i] = modelled_seconds(r), features(config_from_row(r), dev)
-                fps[i] = r["fingerprint"]
-            continue
-        seen[k] = len(keys)
-        keys.append(k)
-        fps.append(r["fingerprint"])
-        rows_x.append(features(config_from_row(r), dev))
-        secs.append(modelled_seconds(r))
+    chosen = preferred_records(rows, dev)
+    keys = list(chosen)
+    rows_x = [features(config_from_row(r), dev) for r in chosen.values()]
+    secs = [modelled_seconds(r) for r in chosen.values()]
     if not keys:
         raise DlasError(f"{store} holds no successful measurement for device {dev.name!r}; "
                         f"collect some with `dlas-predict collect --device {dev.name} "
                         f"--network zoo:resnet18-cifar --store {store}`")
     fp = hashlib.sha256(repr(sorted(zip(keys, secs))).encode()).hexdigest()[:16]
     return Corpus(dev, keys, np.array(rows_x, dtype=np.float64), np.array(secs), configs, fp)
+
+
+def preferred_records(rows: list[dict], device: Device) -> dict[KernelKey, dict]:
+    """The record each kernel configuration of ``device`` is learned from and a whole
+    network's layers are paired with, by kernel key (in order of first appearance), among
+    ``rows`` (kernel records, in insertion order). Records of one configuration on one
+    machine with other knobs (a CPU kernel's blocks before and after a change of its
+    defaults, a GPU's float16 accumulating in float32 and in float16): the one of today's
+    untuned schedule (:func:`runs_today`), which our builds run; between two of today's, or
+    two of neither, the faster, which a deployment would run. A repeat measurement on
+    another machine replaces the earlier machine's."""
+    out: dict[KernelKey, dict] = {}
+    rank: dict[KernelKey, tuple] = {}
+    for r in rows:
+        k = kernel_key(r["conv"], r["algorithm"], r["compression"], r["ratio"], r["tuning"])
+        mine = (runs_today(r, device), -modelled_seconds(r))
+        old = out.get(k)
+        if old is None or old["fingerprint"] != r["fingerprint"] or mine > rank[k]:
+            out[k], rank[k] = r, mine
+    return out
+
+
+def runs_today(row: dict, device: Device) -> bool:
+    """Whether untuned kernel record ``row`` of CPU ``device`` ran the schedule today's code
+    gives its configuration (:meth:`~dlas_predict.models.features.KernelConfig.untuned_knobs`
+    for the device's vector width): a record timed before a change of the defaults ran other
+    blocks than a build of today's engine runs."""
+    import json
+
+    if row["tuning"] != "untuned" or device.kind != "cpu" or not row.get("knobs"):
+        return False
+    cfg = config_from_row(row)
+    return json.loads(row["knobs"]) == cfg.untuned_knobs(*_codegen(device))
 
 
 @dataclass(frozen=True)
