@@ -193,7 +193,7 @@ CORRECTION_FEATURES = (*(NET_FEATURE_NAMES[i] for i in _CORRECTION_FROM),
 #: Fewest whole-network measurements, and fewest networks, a correction is fitted on; below
 #: them the linear model answers alone. Leaving one network out of the shipped corpora of
 #: 15 to 18 networks, a correction learned from the other 14 to 17 was no clear gain (within
-#: ±10 %: the five CPU profiles 65-78 % without it, 66-79 % with it; h100 40 → 37 %, h200
+#: ±10 %: the five CPU profiles 63-79 % without it, 65-78 % with it; h100 40 → 37 %, h200
 #: 48 → 47 %); from the Intel Xeon's 50 it helped (67 → 72 %, MAPE 9.0 → 7.9 %, the bound
 #: 78 → 86 %), and from `local`'s 139 (82.6 → 87.0 %).
 MIN_CORRECTION_ROWS, MIN_CORRECTION_NETWORKS = 100, 20
