@@ -115,14 +115,15 @@ def preferred_records(rows: list[dict], device: Device) -> dict[KernelKey, dict]
     untuned schedule (:func:`runs_today`), which our builds run; between two of today's, or
     two of neither, the faster, which a deployment would run. A repeat measurement on
     another machine replaces the earlier machine's."""
+    def rank(r: dict) -> tuple:  # only where a configuration has two records
+        return runs_today(r, device), -modelled_seconds(r)
+
     out: dict[KernelKey, dict] = {}
-    rank: dict[KernelKey, tuple] = {}
     for r in rows:
         k = kernel_key(r["conv"], r["algorithm"], r["compression"], r["ratio"], r["tuning"])
-        mine = (runs_today(r, device), -modelled_seconds(r))
         old = out.get(k)
-        if old is None or old["fingerprint"] != r["fingerprint"] or mine > rank[k]:
-            out[k], rank[k] = r, mine
+        if old is None or old["fingerprint"] != r["fingerprint"] or rank(r) > rank(old):
+            out[k] = r
     return out
 
 
