@@ -16,7 +16,8 @@ from dlas_predict.models.costmodel import (LayerCostModel, MacsLinearBaseline, M
                                            RooflineBaseline)
 from dlas_predict.space.devices import get_device
 from dlas_predict.models.evaluation import Corpus, kernel_key, leave_one_network_out
-from dlas_predict.models.features import (FEATURE_NAMES, KernelConfig, config_from_row, features,
+from dlas_predict.models.features import (FEATURE_NAMES, STAGE_TERMS, TREE_FEATURES,
+                                          KernelConfig, config_from_row, features,
                                           weight_bytes)
 
 DEV = get_device("xavier-cpu", with_target=False)
@@ -128,6 +129,28 @@ def test_load_refuses_missing_stale_and_corrupt_models(tmp_path):
         LayerCostModel.load(tmp_path, "layer")
     with pytest.raises(ModelError, match="too few"):
         LayerCostModel().fit(corpus.X[:3], corpus.seconds[:3])
+
+
+def test_a_model_saved_before_a_tree_feature_was_added_predicts_from_its_own(tmp_path):
+    """A shipped model trained on fewer tree features (here without ``vnni``) loads, and its
+    trees read the columns they were trained on."""
+    import lightgbm as lgb
+
+    corpus = _corpus()
+    names = [n for n in TREE_FEATURES if n != "vnni"]
+    cols = [TREE_FEATURES.index(n) for n in names]
+    model = LayerCostModel().fit(corpus.X, corpus.seconds)
+    y = np.log(corpus.seconds) - np.log(model.stage.predict(corpus.X))
+    for key in model.models:  # trees as a version without the feature trained them
+        model.models[key] = lgb.LGBMRegressor(n_estimators=20, verbose=-1).fit(
+            corpus.X[:, cols], y + (key == "q90") - (key == "q10")).booster_
+    model.meta["features"] = [*names, *STAGE_TERMS]
+    model.save(tmp_path, "layer")
+    back = LayerCostModel.load(tmp_path, "layer")
+    assert back.tree_columns() == cols
+    test = _corpus(seed=7)
+    expect = model.stage.predict(test.X) * np.exp(model.models["median"].predict(test.X[:, cols]))
+    np.testing.assert_allclose(back.predict(test.X), expect, rtol=1e-9)
 
 
 def test_baselines():

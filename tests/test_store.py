@@ -100,6 +100,11 @@ def test_a_kernel_timed_before_and_after_a_change_of_its_defaults_keeps_todays(t
     seconds = dict(zip([k.algorithm for k in corpus.keys], corpus.seconds))
     assert seconds["direct"] == pytest.approx(3e-3)  # today's schedule, though slower
     assert seconds["gemm"] == pytest.approx(1e-3)  # neither is today's: the faster
+    # the layer model learns from today's schedule only; the gemm record, the only timing
+    # of its configuration, still pairs with the whole networks built with it
+    learns = dict(zip([k.algorithm for k in corpus.keys], corpus.learns))
+    assert learns == {"direct": True, "gemm": False}
+    assert [corpus.keys[i].algorithm for i in corpus.learned()] == ["direct"]
 
 
 def test_each_kernel_carries_its_own_code_version():

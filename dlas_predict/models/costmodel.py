@@ -79,7 +79,9 @@ _FAMILY = ("algo_direct", "algo_gemm", "algo_spatial_pack", "dtype_bytes", "spar
 #: runs the same loops whichever pattern its zeros follow (the stage terms count the
 #: nonzeros). Split by pattern, channel pruning's family held mostly filters pruned to one
 #: channel, whose costs scaled badly to the others.
-STAGE_FAMILY = tuple(n for n in _FAMILY if n != "channel_pattern")
+#: An int8 GEMM on AVX-512 VNNI is a family of its own: one instruction per word of four
+#: reduction elements, whose cost is not the plain int8 GEMM's per vector op.
+STAGE_FAMILY = tuple(n for n in _FAMILY if n != "channel_pattern") + ("vnni",)
 #: Rows of a family with at least this many measurements of one loop structure (depthwise,
 #: strided, 1×1) get costs of their own; the others share their family's.
 MIN_STRUCTURE_ROWS = 15
@@ -264,8 +266,14 @@ class LayerCostModel(KernelCostModel):
         if not self.models:
             raise ModelError("the cost model is not trained")
         X = np.asarray(X, dtype=np.float64)
-        base, trees = np.log(self.stage.predict(X)), X[:, :_TREES]
+        base, trees = np.log(self.stage.predict(X)), X[:, self.tree_columns()]
         return [np.exp(self._raw(k, trees) + base) for k in keys]
+
+    def tree_columns(self) -> list[int]:
+        """The columns of a :data:`FEATURE_NAMES` row the trees were trained on: every tree
+        feature, or, for a model saved before a feature was added, those it knew."""
+        names = self.meta.get("features", FEATURE_NAMES)[:-len(STAGE_TERMS)]
+        return [TREE_FEATURES.index(n) for n in names]
 
     def _raw(self, key: str, trees: np.ndarray) -> np.ndarray:
         """One booster's output; the last input's outputs are remembered, so a median and
@@ -292,7 +300,9 @@ class LayerCostModel(KernelCostModel):
         if meta.get("format") != MODEL_FORMAT:
             raise ModelError(f"{sidecar}: format {meta.get('format')!r}, expected "
                              f"{MODEL_FORMAT!r}; retrain with `dlas-predict train`")
-        if meta.get("features") != list(FEATURE_NAMES):
+        known = meta.get("features")
+        if (not isinstance(known, list) or known[-len(STAGE_TERMS):] != list(STAGE_TERMS)
+                or not set(known[:-len(STAGE_TERMS)]) <= set(TREE_FEATURES)):
             raise ModelError(f"{sidecar}: trained on other features than this version "
                              "computes; retrain with `dlas-predict train`")
         try:
@@ -300,7 +310,8 @@ class LayerCostModel(KernelCostModel):
         except (KeyError, TypeError, ModelError) as exc:
             raise ModelError(f"{sidecar}: no usable stage-cost model ({exc}); retrain with "
                              "`dlas-predict train`") from None
-        models = {key: load_trees(Path(directory) / f"{name}.{key}.txt", _TREES)
+        models = {key: load_trees(Path(directory) / f"{name}.{key}.txt",
+                                  len(known) - len(STAGE_TERMS))
                   for key in ("median", *(f"q{int(q * 100)}" for q in QUANTILES))}
         return cls(models=models, stage=stage, meta=meta)
 

@@ -74,6 +74,16 @@ class Corpus:
     seconds: np.ndarray
     configs: list[dict] = field(default_factory=list)  # network_configs rows
     fingerprint: str = ""
+    #: Which measurements the layer model learns from (all, if empty): not the records of
+    #: an untuned kernel that ran another schedule than today's code builds
+    #: (:func:`other_schedule`), which still pair with the whole networks built with them.
+    learns: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+
+    def learned(self) -> np.ndarray:
+        """The indices of the measurements the layer model learns from."""
+        if not len(self.learns):
+            return np.arange(len(self.keys))
+        return np.flatnonzero(self.learns)
 
     def index(self) -> dict[KernelKey, int]:
         return {k: i for i, k in enumerate(self.keys)}
@@ -103,7 +113,9 @@ def load_corpus(store: Path, device: str = "local") -> Corpus:
                         f"collect some with `dlas-predict collect --device {dev.name} "
                         f"--network zoo:resnet18-cifar --store {store}`")
     fp = hashlib.sha256(repr(sorted(zip(keys, secs))).encode()).hexdigest()[:16]
-    return Corpus(dev, keys, np.array(rows_x, dtype=np.float64), np.array(secs), configs, fp)
+    learns = np.array([not other_schedule(r, dev) for r in chosen.values()], dtype=bool)
+    return Corpus(dev, keys, np.array(rows_x, dtype=np.float64), np.array(secs), configs, fp,
+                  learns)
 
 
 def preferred_records(rows: list[dict], device: Device) -> dict[KernelKey, dict]:
@@ -138,6 +150,14 @@ def runs_today(row: dict, device: Device) -> bool:
         return False
     cfg = config_from_row(row)
     return json.loads(row["knobs"]) == cfg.untuned_knobs(*_codegen(device))
+
+
+def other_schedule(row: dict, device: Device) -> bool:
+    """Whether ``row`` is an untuned CPU kernel record timed with other knobs than today's
+    untuned schedule of its configuration (before a change of the defaults): the only
+    timing of that configuration, but not of the kernel a build of today's engine runs."""
+    return (row["tuning"] == "untuned" and device.kind == "cpu" and bool(row.get("knobs"))
+            and not runs_today(row, device))
 
 
 @dataclass(frozen=True)
@@ -192,7 +212,7 @@ class HeldOutFits:
     def models(self, net: str) -> dict | None:
         """The models trained without ``net``'s kernels (None: too little left to train)."""
         if net not in self._fits:
-            train = np.setdiff1d(np.arange(len(self.corpus.keys)), sorted(self.used[net]))
+            train = np.setdiff1d(self.corpus.learned(), sorted(self.used[net]))
             self._fits[net] = (None if len(train) < 10 else
                                _fit_all(self.corpus.X[train], self.corpus.seconds[train],
                                         self.seed))

@@ -35,7 +35,7 @@ TREE_FEATURES = (
     "dev_peak_gflops", "dev_bandwidth_gbs", "dev_cores", "dev_simd_bits",
     "log_roofline_s",
     # schedule knobs (the untuned defaults, or a tuned record's own) and the work they waste
-    "tile_k", "tile_w", "tile_h", "tile_p", "tile_waste",
+    "tile_k", "tile_w", "tile_h", "tile_p", "tile_waste", "vnni",
 )
 
 #: What the kernel's loops execute, in units that cost about the same on every shape: the
@@ -248,7 +248,7 @@ def features(cfg: KernelConfig, device: Device) -> list[float]:
         float(cfg.algorithm is Algorithm.SPATIAL_PACK), float(cfg.tuning is Tuning.TUNED),
         peak, bw, device.cores, device.simd_bits or 0, math.log(roofline),
         knobs.get("tile_k", 0), knobs.get("tile_w", 0), knobs.get("tile_h", 0),
-        knobs.get("tile_p", 0), _waste(s, knobs),
+        knobs.get("tile_p", 0), _waste(s, knobs), float(bool(knobs.get("vnni"))),
         *stage_terms(cfg, knobs, device),
     ]
 

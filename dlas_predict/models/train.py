@@ -94,12 +94,15 @@ def train(store: Path, device: str = "local", out: Path | None = None,
                              "source": corpus.device.source},
             "corpus": str(store), "corpus_fingerprint": corpus.fingerprint,
             "tuned_kernels": sum(1 for k in corpus.keys if k.tuning == "tuned")}
-    model = LayerCostModel(seed=seed).fit(corpus.X, corpus.seconds, meta=meta)
-    pred = model.predict(corpus.X)
-    low, high = model.predict_interval(corpus.X)
+    learned = corpus.learned()
+    meta["other_schedule_kernels"] = int(len(corpus.keys) - len(learned))
+    X, seconds = corpus.X[learned], corpus.seconds[learned]
+    model = LayerCostModel(seed=seed).fit(X, seconds, meta=meta)
+    pred = model.predict(X)
+    low, high = model.predict_interval(X)
     model.meta["train_metrics"] = {
-        "mape": mape(pred, corpus.seconds), "within_10pct": within(pred, corpus.seconds),
-        "interval_coverage": float(np.mean((corpus.seconds >= low) & (corpus.seconds <= high)))}
+        "mape": mape(pred, seconds), "within_10pct": within(pred, seconds),
+        "interval_coverage": float(np.mean((seconds >= low) & (seconds <= high)))}
     model.meta["train_seconds"] = round(time.time() - t0, 2)
     directory = out or machine_model_dir(corpus.device.name, corpus.device.fingerprint)
     sidecar = model.save(directory, "layer")
