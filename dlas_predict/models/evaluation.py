@@ -30,7 +30,8 @@ from dlas_predict.models.costmodel import (LayerCostModel, MacsLinearBaseline,
                                            top1_hit, within)
 from dlas_predict.space.devices import Device, get_device
 from dlas_predict.errors import DlasError
-from dlas_predict.models.features import _codegen, _simd, config_from_row, features
+from dlas_predict.models.features import (KernelConfig, _codegen, _simd, config_from_row,
+                                          features)
 from dlas_predict.compression.netplan import ratio_key
 
 MODELS = ("lightgbm", "stage", "roofline", "macs_linear")
@@ -106,14 +107,16 @@ def load_corpus(store: Path, device: str = "local") -> Corpus:
         configs = db.network_configs()
     chosen = preferred_records(rows, dev)
     keys = list(chosen)
-    rows_x = [features(config_from_row(r), dev) for r in chosen.values()]
+    cfgs = [config_from_row(r) for r in chosen.values()]
+    rows_x = [features(c, dev) for c in cfgs]
     secs = [modelled_seconds(r) for r in chosen.values()]
     if not keys:
         raise DlasError(f"{store} holds no successful measurement for device {dev.name!r}; "
                         f"collect some with `dlas-predict collect --device {dev.name} "
                         f"--network zoo:resnet18-cifar --store {store}`")
     fp = hashlib.sha256(repr(sorted(zip(keys, secs))).encode()).hexdigest()[:16]
-    learns = np.array([not other_schedule(r, dev) for r in chosen.values()], dtype=bool)
+    learns = np.array([not other_schedule(r, dev, c) for r, c in zip(chosen.values(), cfgs)],
+                      dtype=bool)
     return Corpus(dev, keys, np.array(rows_x, dtype=np.float64), np.array(secs), configs, fp,
                   learns)
 
@@ -139,25 +142,30 @@ def preferred_records(rows: list[dict], device: Device) -> dict[KernelKey, dict]
     return out
 
 
-def runs_today(row: dict, device: Device) -> bool:
+def _untuned_cpu_record(row: dict, device: Device) -> bool:
+    """Whether ``row`` is an untuned kernel record of CPU ``device`` that carries its knobs."""
+    return row["tuning"] == "untuned" and device.kind == "cpu" and bool(row.get("knobs"))
+
+
+def runs_today(row: dict, device: Device, cfg: KernelConfig | None = None) -> bool:
     """Whether untuned kernel record ``row`` of CPU ``device`` ran the schedule today's code
     gives its configuration (:meth:`~dlas_predict.models.features.KernelConfig.untuned_knobs`
     for the device's vector width): a record timed before a change of the defaults ran other
-    blocks than a build of today's engine runs."""
+    blocks than a build of today's engine runs. ``cfg``: the row's configuration, where the
+    caller has parsed it already."""
     import json
 
-    if row["tuning"] != "untuned" or device.kind != "cpu" or not row.get("knobs"):
+    if not _untuned_cpu_record(row, device):
         return False
-    cfg = config_from_row(row)
+    cfg = cfg or config_from_row(row)
     return json.loads(row["knobs"]) == cfg.untuned_knobs(*_codegen(device))
 
 
-def other_schedule(row: dict, device: Device) -> bool:
+def other_schedule(row: dict, device: Device, cfg: KernelConfig | None = None) -> bool:
     """Whether ``row`` is an untuned CPU kernel record timed with other knobs than today's
     untuned schedule of its configuration (before a change of the defaults): the only
     timing of that configuration, but not of the kernel a build of today's engine runs."""
-    return (row["tuning"] == "untuned" and device.kind == "cpu" and bool(row.get("knobs"))
-            and not runs_today(row, device))
+    return _untuned_cpu_record(row, device) and not runs_today(row, device, cfg)
 
 
 @dataclass(frozen=True)
