@@ -110,15 +110,15 @@ def _layers(c) -> dict:
     return {"layers": [[a, s] for a, s in c.layers]}
 
 
-def _ours(row: dict) -> list[dict]:
-    """A row's measured candidates of our builds (not onnxruntime's)."""
+def _ours(row: dict, backend: str = "tvm") -> list[dict]:
+    """A row's measured candidates of our builds (``backend`` tvm) or onnxruntime's."""
     return [c for c in row["candidates"]
-            if c["measured_ms"] and c.get("backend", "tvm") == "tvm"]
+            if c["measured_ms"] and c.get("backend", "tvm") == backend]
 
 
-def summarise(rows: list[dict]) -> dict:
+def summarise(rows: list[dict], backend: str = "tvm") -> dict:
     pairs = [(c["predicted_ms"], c["measured_ms"]) for r in rows
-             for c in _ours(r)]  # our builds' models
+             for c in _ours(r, backend)]  # our builds' models, or the onnxruntime model
     if not pairs:
         return {"n": 0}
     errs = [p / m - 1 for p, m in pairs]
@@ -187,11 +187,14 @@ def _run(args) -> int:
               for fam in sorted({r["family"] for r in rows})}
     groups["cnn (all)"] = [r for r in rows if r["family"].startswith("cnn ")]
     groups["all"] = rows
-    for fam, members in groups.items():
-        s = summarise(members)
-        if s["n"]:
-            print(f"{fam:15s} {s['n']:10d}  {s['within_10']:11.0%}  {s['within_25']:11.0%}  "
-                  f"{s['mape']:5.1%}  ×{s['geo_ratio']:.2f}")
+    for backend in ("tvm", "onnxruntime"):
+        if backend == "onnxruntime":
+            print("\nonnxruntime's candidates, priced by the onnxruntime model")
+        for fam, members in groups.items():
+            s = summarise(members, backend)
+            if s["n"]:
+                print(f"{fam:15s} {s['n']:10d}  {s['within_10']:11.0%}  "
+                      f"{s['within_25']:11.0%}  {s['mape']:5.1%}  ×{s['geo_ratio']:.2f}")
     return 0
 
 
@@ -202,8 +205,8 @@ def _predicted(path: Path, device: str) -> tuple[str, dict[str, float]]:
 
     rec = recommend(str(path), device, max_accuracy_drop=float("inf"), top=0, validate=0,
                     tuning="untuned", ratios=RATIOS)
-    return rec.source, {c.label: (c.predicted_s * 1e3, _layers(c).get("layers"))
-                        for c in rec.candidates if c.backend == "tvm"}
+    return rec.source, {(c.backend, c.label): (c.predicted_s * 1e3, _layers(c).get("layers"))
+                        for c in rec.candidates}
 
 
 def _rescore(args) -> int:
@@ -235,23 +238,31 @@ def _rescore(args) -> int:
           "   (the run's: within ±10 %, ±25 %)")
     groups = dict(sorted(scored.items()))
     groups["all"] = [x for v in scored.values() for x in v]
-    for fam, members in groups.items():
-        now = summarise([{"candidates": [c for m in members for c in m["now"]]}])
-        then = summarise([{"candidates": [c for m in members for c in m["then"]]}])
-        if now["n"]:
-            print(f"{fam:15s} {now['n']:10d}  {now['within_10']:11.0%}  {now['within_25']:11.0%}"
-                  f"  {now['mape']:5.1%}  ×{now['geo_ratio']:.2f}               "
-                  f"({then['within_10']:.0%}, {then['within_25']:.0%})")
+    for backend in ("tvm", "onnxruntime"):
+        if backend == "onnxruntime":
+            print("\nonnxruntime's candidates, priced by the onnxruntime model")
+        for fam, members in groups.items():
+            now = summarise([{"candidates": [c for m in members for c in m["now"]]}], backend)
+            then = summarise([{"candidates": [c for m in members for c in m["then"]]}],
+                             backend)
+            if now["n"]:
+                print(f"{fam:15s} {now['n']:10d}  {now['within_10']:11.0%}  "
+                      f"{now['within_25']:11.0%}  {now['mape']:5.1%}  ×{now['geo_ratio']:.2f}"
+                      f"               ({then['within_10']:.0%}, {then['within_25']:.0%})")
     return 0
 
 
-def _rescored(row: dict, pred: dict[str, tuple]) -> dict:
-    """A run's row as (today's prediction, measured) and (the run's, measured) pairs. A
-    per-layer candidate is scored only where today's models choose the layers it was built
-    with (a file that does not record them: never); ``skipped`` counts the others."""
-    priced = [c for c in _ours(row) if c["config"] in pred]
-    ours = [c for c in priced if pred[c["config"]][1] == c.get("layers")]
-    return {"now": [{**c, "predicted_ms": pred[c["config"]][0]} for c in ours], "then": ours,
+def _rescored(row: dict, pred: dict[tuple, tuple], onnxruntime: bool = True) -> dict:
+    """A run's row as (today's prediction, measured) and (the run's, measured) pairs, of our
+    builds and (``onnxruntime``) onnxruntime's runs. A per-layer candidate is scored only
+    where today's models choose the layers it was built with (a file that does not record
+    them: never); ``skipped`` counts the others."""
+    priced = [c for c in _ours(row) if ("tvm", c["config"]) in pred]
+    ours = [c for c in priced if pred["tvm", c["config"]][1] == c.get("layers")]
+    ort = [c for c in _ours(row, "onnxruntime") if ("onnxruntime", c["config"]) in pred
+           and onnxruntime]
+    return {"now": [{**c, "predicted_ms": pred[c.get("backend", "tvm"), c["config"]][0]}
+                    for c in ours + ort], "then": ours + ort,
             "skipped": len(priced) - len(ours)}
 
 
@@ -286,7 +297,7 @@ def _adapt_held_out(args, rows: list[dict], paths: dict, scored: dict) -> str:
                 finally:
                     Path(f.name).unlink()
                 source, pred = _predicted(paths[held["name"]][1], args.device)
-                scored.setdefault(held["family"], []).append(_rescored(held, pred))
+                scored.setdefault(held["family"], []).append(_rescored(held, pred, False))
     finally:
         if backup is None:
             saved.unlink(missing_ok=True)

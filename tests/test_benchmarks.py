@@ -27,19 +27,27 @@ def test_a_rescore_scores_a_per_layer_build_only_against_a_prediction_of_its_lay
            "measured_ms": 1.0, "note": None}
     row = _row(direct, per_layer, unrecorded, ort)
 
-    same = bu._rescored(row, {"dense direct": (1.8, None), "dense per_layer": (3.0, built),
-                              "int8 per_layer": (3.0, built)})
+    pred = {("tvm", "dense direct"): (1.8, None), ("tvm", "dense per_layer"): (3.0, built),
+            ("tvm", "int8 per_layer"): (3.0, built),
+            ("onnxruntime", "dense onnxruntime"): (1.5, None)}
+    same = bu._rescored(row, pred)
     assert [(c["config"], c["predicted_ms"]) for c in same["now"]] == [
-        ("dense direct", 1.8), ("dense per_layer", 3.0)]
-    assert [c["predicted_ms"] for c in same["then"]] == [1.0, 1.0]
+        ("dense direct", 1.8), ("dense per_layer", 3.0), ("dense onnxruntime", 1.5)]
+    assert [c["predicted_ms"] for c in same["then"]] == [1.0, 1.0, 1.0]
     assert same["skipped"] == 1  # the int8 build's layers are not in the file
+    # adapting a map of our kernels: onnxruntime's runs are left out
+    assert [c["config"] for c in bu._rescored(row, pred, False)["now"]] == [
+        "dense direct", "dense per_layer"]
 
     other = [["gemm", False], ["gemm", False]]
-    moved = bu._rescored(row, {"dense direct": (1.8, None), "dense per_layer": (3.0, other)})
+    moved = bu._rescored(row, {("tvm", "dense direct"): (1.8, None),
+                               ("tvm", "dense per_layer"): (3.0, other)})
     assert [c["config"] for c in moved["now"]] == ["dense direct"]
     assert moved["skipped"] == 1
     s = bu.summarise([{"candidates": same["now"]}])
     assert s["n"] == 2 and s["within_10"] == 0.5  # 1.8 / 2.0 is within 10 %, 3 / 4 is not
+    s = bu.summarise([{"candidates": same["now"]}], "onnxruntime")
+    assert s["n"] == 1 and s["within_10"] == 0.0  # 1.5 / 1.0
 
 
 def test_int8_builds_says_clearly_what_a_store_lacks(tmp_path):

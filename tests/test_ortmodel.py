@@ -15,7 +15,7 @@ from dlas_predict.space.devices import get_device
 
 #: seconds per unit of each term: a law the fit should find again
 LAW = np.array([2e-5, 4e-3, 2e-2, 1e-5, 0.0, 2e-5, 1e-6, 3e-6, 0.0, 0.0, 3e-3, 1e-6, 2e-3,
-                1e-6])
+                1e-6, 5e-3, 2e-6])
 
 
 def _net(rng, i):
@@ -101,7 +101,7 @@ def test_channel_pruning_counts_the_density_weight_pruning_all_of_it():
     assert np.allclose(removed[1:3], full[1:3] * 0.5)
     assert removed[4] == pytest.approx(full[4] * 0.5)
     assert removed[0] == full[0] and removed[5:10].tolist() == full[5:10].tolist()
-    assert removed[12:].tolist() == full[12:].tolist()  # the summary's, not scaled
+    assert removed[12:14].tolist() == full[12:14].tolist()  # the summary's, not scaled
     assert len(full) == len(TERMS)
     assert ort_terms(specs, ratios, summary, "int8", False)[4] == pytest.approx(full[4] / 4)
 
@@ -158,6 +158,35 @@ def test_narrow_and_unaligned_convs_are_counted():
     t = ort_terms([wide], [0.75], summary, "fp32", True)
     assert t[TERMS.index("unaligned_convs")] == 0.0
     assert t[TERMS.index("narrow_macs")] == pytest.approx(wide.macs * 0.25 / 1e9)
+
+
+def test_convs_the_blocked_layout_cannot_take_are_counted_at_the_devices_block():
+    """onnxruntime's NCHWc block is the vector width in floats: 16 channels on AVX-512, 8 on
+    AVX2; a first conv of a few input channels is taken, a channel-pruned conv is counted at
+    its kept channels."""
+    from dataclasses import replace
+
+    from dlas_predict.models.ortmodel import nchwc_block
+
+    pad = dict(pad_t=1, pad_l=1, pad_b=1, pad_r=1)
+    first = ConvSpec(C=3, H=8, W=8, K=32, R=3, S=3, **pad)
+    k24 = ConvSpec(C=32, H=8, W=8, K=24, R=3, S=3, **pad)
+    c24 = ConvSpec(C=24, H=8, W=8, K=32, R=3, S=3, **pad)
+    summary = NetworkSummary(conv_layers=3, layers=6, nonconv_macs=0, nonconv_bytes=0,
+                             activation_ops=3, elementwise_ops=0, input_elems=3 * 64)
+    macs, n = TERMS.index("unblocked_macs"), TERMS.index("unblocked_convs")
+    t16 = ort_terms([first, k24, c24], [0.0] * 3, summary, "fp32", False, block=16)
+    assert t16[n] == 2.0 and t16[macs] == pytest.approx((k24.macs + c24.macs) / 1e9)
+    t8 = ort_terms([first, k24, c24], [0.0] * 3, summary, "fp32", False, block=8)
+    assert t8[n] == 0.0 and t8[macs] == 0.0
+    wide = ConvSpec(C=64, H=8, W=8, K=64, R=3, S=3, **pad)
+    assert ort_terms([wide], [0.75], summary, "fp32", True, block=16)[n] == 0.0  # 16 kept
+    assert ort_terms([wide], [0.5], summary, "fp32", True, block=16)[n] == 0.0   # 32 kept
+    assert ort_terms([wide], [0.375], summary, "fp32", True, block=16)[n] == 1.0  # 40 kept
+    local = get_device("local", with_target=False)
+    assert nchwc_block(replace(local, simd_bits=512)) == 16
+    assert nchwc_block(replace(local, simd_bits=256)) == 8
+    assert nchwc_block(replace(local, simd_bits=128)) == 8
 
 
 def test_a_model_fitted_on_other_terms_asks_to_be_fitted_again(tmp_path):

@@ -12,6 +12,10 @@ modelled from what the network does, as a non-negative sum of costs:
           + c12·MACs and c13·activation bytes of the convs whose output joins a residual
             add or a non-ReLU activation (QDQ int8 leaves those in float, with a quantize
             and dequantize around them)
+          + c14·MACs of, and c15·the number of, the convs onnxruntime's blocked (NCHWc)
+            layout cannot take: a channel count that is not a multiple of its block, the
+            vector width in floats (16 on AVX-512, 8 below; a first conv of up to 4 input
+            channels is taken). Those run MLAS's im2col GEMM, slower per MAC.
 
 one coefficient vector per mode (``fp32``, ``channel_pruning``, ``int8``, ``float16``),
 fitted by non-negative least squares on relative error, so it extrapolates linearly to
@@ -38,12 +42,15 @@ from dlas_predict.errors import DlasError
 #: The terms of the model, in order.
 TERMS = ("const", "dense_macs", "depthwise_macs", "conv_io_bytes", "weight_bytes",
          "other_bytes", "layers", "elementwise_ops", "exp_elems", "broadcast_bytes",
-         "narrow_macs", "unaligned_convs", "joined_macs", "joined_io_bytes")
+         "narrow_macs", "unaligned_convs", "joined_macs", "joined_io_bytes",
+         "unblocked_macs", "unblocked_convs")
 #: The modes fitted, each on its own rows (a mode with too few networks: the fp32 fit).
 MODES = ("fp32", "channel_pruning", "int8", "float16")
 #: A conv with fewer input or output channels than this is narrow.
 NARROW = 16
 FILE = "onnxruntime.json"
+#: A first conv with at most this many input channels reads plain NCHW into the blocked layout.
+BLOCKED_FIRST_CHANNELS = 4
 #: Fewest networks a mode is fitted on (fewer: the fp32 fit scaled by the mode's median ratio).
 MIN_NETWORKS = 5
 
@@ -58,16 +65,25 @@ def model_mode(config) -> str:
     return "channel_pruning" if value == "channel_pruning" else onnxruntime_mode(value)
 
 
-def ort_terms(specs, ratios, summary, mode: str, channels_removed: bool) -> np.ndarray:
+def nchwc_block(device) -> int:
+    """onnxruntime's NCHWc block on ``device``: its vector width in floats, at least 8."""
+    bits = getattr(device, "simd_bits", None) or 256
+    return max(8, int(bits) // 32)
+
+
+def ort_terms(specs, ratios, summary, mode: str, channels_removed: bool,
+              block: int = 16) -> np.ndarray:
     """The model's terms for a network whose convs are ``specs`` with layer sparsities
     ``ratios`` and whose other ops are ``summary``'s (a
     :class:`~dlas_predict.models.netmodel.NetworkSummary`). Weight pruning leaves the work
     dense (onnxruntime multiplies the zeros). A channel-pruned network is given as its
     removed layers and summary; with ``channels_removed`` it is given as the dense network's
     instead, each conv doing its density's share of the work (the zeroed filters removed).
-    ``mode`` picks the element size of the weights."""
+    ``mode`` picks the element size of the weights, ``block`` is onnxruntime's NCHWc block
+    (:func:`nchwc_block`); with ``channels_removed`` a conv's input channels are counted at
+    its own density, which its producer's need not be."""
     elem = {"float16": 2, "int8": 1}.get(mode, 4)
-    dense = dw = io = wbytes = narrow = unaligned = 0.0
+    dense = dw = io = wbytes = narrow = unaligned = unblocked = unblocked_n = 0.0
     for s, r in zip(specs, ratios):
         keep = (1.0 - float(r)) if channels_removed else 1.0
         if s.depthwise:
@@ -75,15 +91,20 @@ def ort_terms(specs, ratios, summary, mode: str, channels_removed: bool) -> np.n
         else:
             dense += s.macs * keep
             k = max(1, round(s.K * keep))
+            c = max(1, round(s.C * keep)) if channels_removed else s.C
             narrow += s.macs * keep if min(s.C // s.groups, k) < NARROW else 0.0
             unaligned += float(k % 8 != 0)
+            if k % block or (c % block and c > BLOCKED_FIRST_CHANNELS):
+                unblocked += s.macs * keep
+                unblocked_n += 1.0
         io += 4 * (s.C * s.H * s.W + keep * s.K * s.OH * s.OW)
         wbytes += elem * keep * s.K * (s.C // s.groups) * s.R * s.S
     return np.array([1.0, dense / 1e9, dw / 1e9, io / 1e6, wbytes / 1e6,
                      summary.nonconv_bytes / 1e6, float(summary.layers),
                      float(summary.elementwise_ops), summary.exp_elems / 1e6,
                      summary.broadcast_bytes / 1e6, narrow / 1e9, unaligned,
-                     summary.joined_conv_macs / 1e9, summary.joined_conv_io_bytes / 1e6])
+                     summary.joined_conv_macs / 1e9, summary.joined_conv_io_bytes / 1e6,
+                     unblocked / 1e9, unblocked_n])
 
 
 @dataclass
@@ -192,7 +213,9 @@ def training_rows(store: Path, device: str):
     from dlas_predict.corpus.store import CorpusStore
     from dlas_predict.models.evaluation import _summary, channels_removed
     from dlas_predict.space.config import ConvSpec
+    from dlas_predict.space.devices import get_device
 
+    block = nchwc_block(get_device(device, with_target=False))
     with CorpusStore(store, must_exist=True) as db:
         recs = db.network_records("error IS NULL AND device = ? AND algorithm = ?",
                                   (device, ONNXRUNTIME))
@@ -218,7 +241,7 @@ def training_rows(store: Path, device: str):
         if not ls or summary is None or r.best_s is None:
             continue
         X.append(ort_terms([ConvSpec.parse(c["conv"]) for c in ls],
-                           [float(c["ratio"]) for c in ls], summary, mode, shares))
+                           [float(c["ratio"]) for c in ls], summary, mode, shares, block))
         y.append(r.best_s)
         modes.append(mode)
         nets.append(r.network)

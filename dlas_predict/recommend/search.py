@@ -508,7 +508,7 @@ def _onnxruntime_candidates(points, su: _Setup) -> list[Candidate]:
     if su.ort_model is None or Tuning.UNTUNED not in su.tunings:
         return []
     from dlas_predict.models.netmodel import NetworkSummary
-    from dlas_predict.models.ortmodel import model_mode, ort_terms
+    from dlas_predict.models.ortmodel import model_mode, nchwc_block, ort_terms
 
     weight_pruned = [p for p in points if p.compression is Compression.WEIGHT_PRUNING]
     su.skipped.extend((f"{p.compression.value}@{p.ratio:g} onnxruntime",
@@ -518,8 +518,9 @@ def _onnxruntime_candidates(points, su: _Setup) -> list[Candidate]:
     specs = [c.spec for c in su.net.convs()]
     summary = NetworkSummary.of(su.net)
     modes = [model_mode(p.compression) for p in points]
+    block = nchwc_block(su.dev)
     X = np.array([ort_terms(p.specs or specs, p.layer_ratios, p.summary or summary, mode,
-                            False) for p, mode in zip(points, modes)])
+                            False, block) for p, mode in zip(points, modes)])
     mid, low, high = su.ort_model.predict(X, modes)
     return [Candidate(p.compression, p.ratio, ONNXRUNTIME, (), float(m), float(lo), float(hi))
             for p, m, lo, hi in zip(points, mid, low, high)]
