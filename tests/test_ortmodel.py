@@ -229,3 +229,36 @@ def test_int8_prices_the_convs_that_join_an_add_or_a_gate_as_float():
         mid = model.predict(np.array(x), ["fp32", "int8"])[0]
         ratio[name] = mid[1] / mid[0]
     assert ratio["plain"] < 0.8 and ratio["joined"] > 1.5 * ratio["plain"]
+
+
+def test_training_on_another_machines_onnxruntime_runs_saves_into_that_machines_folder(
+        tmp_path, monkeypatch):
+    """A store of onnxruntime runs alone, timed on a machine with a folder of its own under
+    ``models_store/machines``, trains that machine's model, not this one's."""
+    from dlas_predict import paths
+    from dlas_predict.models.train import train
+
+    monkeypatch.setattr(paths, "MODELS_STORE", tmp_path / "models")
+    other = "0123456789abcdef"
+    (tmp_path / "models" / paths.MACHINES / other / "local").mkdir(parents=True)
+    dev = get_device("local")
+    rng = np.random.default_rng(7)
+    store = tmp_path / "s.sqlite"
+    with CorpusStore(store) as db:
+        for i in range(6):
+            name, specs, summary = _net(rng, i)
+            db.add_network_config(name, "dense", [(j, f"c{j}", s.to_spec(), "dense", 0.0)
+                                                  for j, s in enumerate(specs)])
+            plan = onnxruntime_plan(f"{name}.onnx", name, "dense", None)
+            t = float(ort_terms(specs, [0.0] * len(specs), summary, "fp32", False) @ LAW)
+            db.add_network_measurement(NetworkMeasurement(
+                key=plan.key(dev), device="local", fingerprint=other, network=name,
+                config="dense", algorithm=plan.algorithm, plan=plan.plan_json(),
+                dtype=plan.dtype.value, run_secs=[t], verified=True,
+                summary=json.dumps(summary.__dict__),
+                details={"backend": "onnxruntime"}).to_row())
+    report = train(store, "local", only_onnxruntime=True)
+    saved = tmp_path / "models" / paths.MACHINES / other / "local" / "onnxruntime.json"
+    assert report.onnxruntime_model == str(saved) and saved.is_file()
+    assert not (tmp_path / "models" / "local").exists()
+    assert OrtLatencyModel.load(saved.parent).meta["onnxruntime_fingerprints"] == [other]

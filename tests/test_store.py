@@ -273,3 +273,22 @@ def test_sigkill_mid_collection_loses_nothing_and_resume_completes(tmp_path):
         keys_after = {r["key"]: r["run_secs"] for r in db.rows()}
     assert stats["records"] == 24 and stats["duplicates"] == 0 and stats["failures"] == 0
     assert all(keys_after[k] == runs for k, runs in before)  # old records untouched
+
+
+def test_a_corpus_of_vnni_kernels_proves_its_machine_has_vnni():
+    """Another machine's shipped roofs carry no ISA flags: its verified kernel records built
+    with the vnni knob prove the flag, and today's default knobs (which records are today's
+    schedules) are reckoned with it."""
+    from dataclasses import replace
+
+    from dlas_predict.models.evaluation import with_evidenced_isa
+    from dlas_predict.space.devices import get_device
+
+    bare = replace(get_device("local", with_target=False), isa_flags=())
+    plain = {"knobs": '{"block_k": 16}'}
+    vnni = {"knobs": '{"block_k": 16, "vnni": true}'}
+    assert not with_evidenced_isa(bare, [plain, {"knobs": None}]).vnni
+    assert not with_evidenced_isa(bare, [{"knobs": '{"vnni": false}'}]).vnni
+    assert with_evidenced_isa(bare, [plain, vnni]).vnni
+    gpu = replace(bare, kind="gpu")
+    assert not with_evidenced_isa(gpu, [vnni]).vnni

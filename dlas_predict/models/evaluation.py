@@ -105,6 +105,7 @@ def load_corpus(store: Path, device: str = "local") -> Corpus:
         rows = [r for r in db.current_rows("error IS NULL AND device = ?", (dev.name,))
                 if r["verified"] in (1, True, None)]
         configs = db.network_configs()
+    dev = with_evidenced_isa(dev, rows)
     chosen = preferred_records(rows, dev)
     keys = list(chosen)
     cfgs = [config_from_row(r) for r in chosen.values()]
@@ -119,6 +120,23 @@ def load_corpus(store: Path, device: str = "local") -> Corpus:
                       dtype=bool)
     return Corpus(dev, keys, np.array(rows_x, dtype=np.float64), np.array(secs), configs, fp,
                   learns)
+
+
+def with_evidenced_isa(device: Device, rows: list[dict]) -> Device:
+    """``device`` with AVX-512 VNNI among its ISA flags where its own verified kernel records
+    prove it: a kernel built with the ``vnni`` knob ran there and matched the reference. The
+    shipped roofs of another machine carry no flags, and the default knobs that decide which
+    records are today's schedules (:func:`runs_today`) depend on them."""
+    import json
+    from dataclasses import replace
+
+    if device.kind != "cpu" or device.vnni:
+        return device
+    for r in rows:
+        knobs = r.get("knobs") or ""
+        if '"vnni"' in knobs and json.loads(knobs).get("vnni"):
+            return replace(device, isa_flags=(*device.isa_flags, "avx512_vnni"))
+    return device
 
 
 def preferred_records(rows: list[dict], device: Device) -> dict[KernelKey, dict]:

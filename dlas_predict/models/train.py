@@ -68,7 +68,9 @@ def train(store: Path, device: str = "local", out: Path | None = None,
         from dlas_predict.space.devices import get_device
 
         dev = get_device(device, with_target=False)
-        directory = out or machine_model_dir(dev.name, dev.fingerprint)
+        # the folder of the machine that ran onnxruntime, which need not be this one
+        directory = out or machine_model_dir(
+            dev.name, onnxruntime_fingerprint(store, dev.name) or dev.fingerprint)
         ort = train_onnxruntime(store, dev, directory, {"device": dev.name})
         if ort is None and only_onnxruntime:
             from dlas_predict.errors import DlasError
@@ -140,6 +142,14 @@ def _with_onnxruntime(report: TrainReport, ort, directory: Path) -> TrainReport:
     report.onnxruntime_records = ort.meta["n_train"]
     report.onnxruntime_lono = ort.meta["lono"]
     return report
+
+
+def onnxruntime_fingerprint(store: Path, device: str) -> str | None:
+    """The machine fingerprint most of ``device``'s onnxruntime records in ``store`` carry."""
+    with CorpusStore(store, must_exist=True) as db:
+        prints = [r["fingerprint"] for r in db.network_measurements(
+            "algorithm = 'onnxruntime' AND device = ?", (device,))]
+    return max(set(prints), key=prints.count) if prints else None
 
 
 def train_onnxruntime(store: Path, dev: Device, directory: Path, meta: dict):
