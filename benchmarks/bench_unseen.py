@@ -259,8 +259,8 @@ def _rescored(row: dict, pred: dict[tuple, tuple], onnxruntime: bool = True) -> 
     them: never); ``skipped`` counts the others."""
     priced = [c for c in _ours(row) if ("tvm", c["config"]) in pred]
     ours = [c for c in priced if pred["tvm", c["config"]][1] == c.get("layers")]
-    ort = [c for c in _ours(row, "onnxruntime") if ("onnxruntime", c["config"]) in pred
-           and onnxruntime]
+    ort = [c for c in _ours(row, "onnxruntime")
+           if ("onnxruntime", c["config"]) in pred] if onnxruntime else []
     return {"now": [{**c, "predicted_ms": pred[c.get("backend", "tvm"), c["config"]][0]}
                     for c in ours + ort], "then": ours + ort,
             "skipped": len(priced) - len(ours)}

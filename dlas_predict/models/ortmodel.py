@@ -67,8 +67,7 @@ def model_mode(config) -> str:
 
 def nchwc_block(device) -> int:
     """onnxruntime's NCHWc block on ``device``: its vector width in floats, at least 8."""
-    bits = getattr(device, "simd_bits", None) or 256
-    return max(8, int(bits) // 32)
+    return max(8, (device.simd_bits or 256) // 32)
 
 
 def ort_terms(specs, ratios, summary, mode: str, channels_removed: bool,
@@ -206,16 +205,18 @@ def nothing_removed(details: dict | None) -> bool:
     return False
 
 
-def training_rows(store: Path, device: str):
+def training_rows(store: Path, device: str, block: int | None = None):
     """(X, seconds, modes, networks) of the verified onnxruntime records of ``device`` in
-    ``store`` (fp32 only when its output check passed; reduced precision by its time)."""
+    ``store`` (fp32 only when its output check passed; reduced precision by its time);
+    ``block``: the NCHWc block of the machine that ran them (default: the registry's
+    ``device``)."""
     from dlas_predict.corpus.networks import ONNXRUNTIME
     from dlas_predict.corpus.store import CorpusStore
     from dlas_predict.models.evaluation import _summary, channels_removed
     from dlas_predict.space.config import ConvSpec
     from dlas_predict.space.devices import get_device
 
-    block = nchwc_block(get_device(device, with_target=False))
+    block = block or nchwc_block(get_device(device, with_target=False))
     with CorpusStore(store, must_exist=True) as db:
         recs = db.network_records("error IS NULL AND device = ? AND algorithm = ?",
                                   (device, ONNXRUNTIME))

@@ -65,12 +65,13 @@ def train(store: Path, device: str = "local", out: Path | None = None,
     with CorpusStore(store, must_exist=True) as db:
         has_kernels = next(db.rows("device = ? AND error IS NULL", (device,)), None) is not None
     if only_onnxruntime or not has_kernels:
-        from dlas_predict.space.devices import get_device
+        from dlas_predict.space.devices import corpus_device, get_device
 
-        dev = get_device(device, with_target=False)
-        # the folder of the machine that ran onnxruntime, which need not be this one
-        directory = out or machine_model_dir(
-            dev.name, onnxruntime_fingerprint(store, dev.name) or dev.fingerprint)
+        # the machine that ran onnxruntime, which need not be this one: its folder, its block
+        prints = onnxruntime_fingerprints(store, device)
+        dev = (corpus_device(device, prints[0]) if prints
+               else get_device(device, with_target=False))
+        directory = out or machine_model_dir(dev.name, dev.fingerprint)
         ort = train_onnxruntime(store, dev, directory, {"device": dev.name})
         if ort is None and only_onnxruntime:
             from dlas_predict.errors import DlasError
@@ -144,30 +145,29 @@ def _with_onnxruntime(report: TrainReport, ort, directory: Path) -> TrainReport:
     return report
 
 
-def onnxruntime_fingerprint(store: Path, device: str) -> str | None:
-    """The machine fingerprint most of ``device``'s onnxruntime records in ``store`` carry."""
+def onnxruntime_fingerprints(store: Path, device: str) -> list[str]:
+    """The machine fingerprints ``device``'s onnxruntime records in ``store`` carry, the most
+    common first."""
+    from collections import Counter
+
     with CorpusStore(store, must_exist=True) as db:
-        prints = [r["fingerprint"] for r in db.network_measurements(
-            "algorithm = 'onnxruntime' AND device = ?", (device,))]
-    return max(set(prints), key=prints.count) if prints else None
+        prints = Counter(r["fingerprint"] for r in db.network_measurements(
+            "algorithm = 'onnxruntime' AND device = ?", (device,)))
+    return [fp for fp, _ in prints.most_common()]
 
 
 def train_onnxruntime(store: Path, dev: Device, directory: Path, meta: dict):
     """Fit and save the onnxruntime latency model when the store has onnxruntime records of
     ``dev`` (else None; a model already in ``directory`` is kept: it may come from another
     store, as the kernels' models do not time onnxruntime)."""
-    from dlas_predict.models.ortmodel import OrtLatencyModel, training_rows
+    from dlas_predict.models.ortmodel import OrtLatencyModel, nchwc_block, training_rows
 
-    X, y, modes, nets = training_rows(store, dev.name)
+    X, y, modes, nets = training_rows(store, dev.name, nchwc_block(dev))
     if not len(y):
         return None
-    fps = set()
-    with CorpusStore(store, must_exist=True) as db:
-        for r in db.network_measurements("algorithm = 'onnxruntime' AND device = ?",
-                                         (dev.name,)):
-            fps.add(r["fingerprint"])
     model = OrtLatencyModel.fit(X, y, modes, nets, meta={
-        **meta, "corpus": str(store), "onnxruntime_fingerprints": sorted(fps),
+        **meta, "corpus": str(store),
+        "onnxruntime_fingerprints": sorted(onnxruntime_fingerprints(store, dev.name)),
         "cpu_model": dev.cpu_model})
     model.save(directory)
     return model
