@@ -207,6 +207,33 @@ def test_a_pruned_model_with_nothing_removed_is_priced_at_its_dense_shapes():
     assert not nothing_removed(None) and not nothing_removed({"backend": "onnxruntime"})
 
 
+def test_a_pruned_model_with_nothing_removed_trains_and_prices_as_the_dense_fp32_one(tmp_path):
+    """onnxruntime ran the dense network: its record is an fp32 row, with the dense terms."""
+    assert model_mode("channel_pruning@0.5", removed=False) == "fp32"
+    assert model_mode("channel_pruning@0.5", removed=True) == "channel_pruning"
+    assert model_mode("int8", removed=False) == "int8"
+    dev = get_device("local")
+    name, specs, summary = _net(np.random.default_rng(6), 0)
+    kept = ("0 zeroed channels physically removed; 90 stay zeroed (they reach a residual "
+            "addition, a concatenation or an op the remover does not follow, such as SiLU)")
+    with CorpusStore(tmp_path / "s.sqlite") as db:
+        for config, ratio, details in (("dense", 0.0, {}),
+                                       ("channel_pruning@0.5", 0.5, {"prepared": [kept]})):
+            db.add_network_config(name, config, [(j, f"c{j}", s.to_spec(), config.split("@")[0],
+                                                  ratio) for j, s in enumerate(specs)])
+            plan = onnxruntime_plan(f"{name}.onnx", name, config.split("@")[0], ratio or None)
+            rec = NetworkMeasurement(
+                key=plan.key(dev), device="local", fingerprint=dev.fingerprint, network=name,
+                config=config, algorithm=plan.algorithm, plan=plan.plan_json(),
+                dtype=plan.dtype.value, run_secs=[1e-3], verified=True,
+                summary=json.dumps(summary.__dict__),
+                details={"backend": "onnxruntime", **details})
+            db.add_network_measurement(rec.to_row())
+    X, y, modes, nets = training_rows(tmp_path / "s.sqlite", "local")
+    assert modes == ["fp32", "fp32"]
+    assert X[0].tolist() == X[1].tolist()
+
+
 def test_int8_prices_the_convs_that_join_an_add_or_a_gate_as_float():
     """QDQ int8 leaves a conv whose output joins a residual add or SiLU's gate in float: the
     shipped model of this machine prices int8 against fp32 dearer when the convs join."""

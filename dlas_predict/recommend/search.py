@@ -517,7 +517,9 @@ def _onnxruntime_candidates(points, su: _Setup) -> list[Candidate]:
     points = [p for p in points if p.compression is not Compression.WEIGHT_PRUNING]
     specs = [c.spec for c in su.net.convs()]
     summary = NetworkSummary.of(su.net)
-    modes = [model_mode(p.compression) for p in points]
+    # a channel-pruned network none of whose zeroed filters could be removed is the dense one
+    modes = [model_mode(p.compression, p.specs is None or list(p.specs) != specs)
+             for p in points]
     block = nchwc_block(su.dev)
     X = np.array([ort_terms(p.specs or specs, p.layer_ratios, p.summary or summary, mode,
                             False, block) for p, mode in zip(points, modes)])
