@@ -246,12 +246,13 @@ class LayerCostModel(KernelCostModel):
         self.stage = StageCostModel().fit(X, seconds)
         y = np.log(seconds) - np.log(self.stage.predict(X))
         trees = X[:, :_TREES]
-        common = dict(_LGB_PARAMS, random_state=self.seed)
-        self.models = {"median": lgb.LGBMRegressor(objective="regression", random_state=self.seed,
-                                                   **_MEDIAN_PARAMS).fit(trees, y).booster_}
+        median = dict(_MEDIAN_PARAMS, random_state=self.seed)
+        quantile = dict(_LGB_PARAMS, random_state=self.seed)
+        self.models = {"median": lgb.LGBMRegressor(objective="regression", **median)
+                       .fit(trees, y).booster_}
         for q in QUANTILES:
             self.models[f"q{int(q * 100)}"] = lgb.LGBMRegressor(
-                objective="quantile", alpha=q, **common).fit(trees, y).booster_
+                objective="quantile", alpha=q, **quantile).fit(trees, y).booster_
         self.meta = {"format": MODEL_FORMAT, "features": list(FEATURE_NAMES),
                      "versions": _versions(), "n_train": int(len(X)),
                      "trees": {key: {"num_leaves": p["num_leaves"],

@@ -518,7 +518,7 @@ def _onnxruntime_candidates(points, su: _Setup) -> list[Candidate]:
     specs = [c.spec for c in su.net.convs()]
     summary = NetworkSummary.of(su.net)
     # a channel-pruned network none of whose zeroed filters could be removed is the dense one
-    modes = [model_mode(p.compression, p.specs is None or list(p.specs) != specs)
+    modes = [model_mode(p.compression, p.specs is not None and list(p.specs) != specs)
              for p in points]
     block = nchwc_block(su.dev)
     X = np.array([ort_terms(p.specs or specs, p.layer_ratios, p.summary or summary, mode,
