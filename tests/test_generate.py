@@ -268,3 +268,12 @@ def test_a_conv_says_what_its_output_feeds_and_the_summary_counts_the_joined_one
     # x * sigmoid(x) after every conv: all of them
     assert all({"Sigmoid", "Mul"} <= set(l.feeds) for l in convs[silu])
     assert summary[silu].joined_conv_macs == sum(l.macs for l in convs[silu])
+    # onnxruntime's QDQ int8 leaves in float every conv of SiLU's gate, and in the residual
+    # network the convs whose input also skips to the add; none of the plain network's
+    assert not any(l.qdq_float for l in convs[plain])
+    assert summary[plain].qdq_float_conv_macs == 0
+    assert all(l.qdq_float for l in convs[silu])
+    assert summary[silu].qdq_float_conv_params == sum(l.params for l in convs[silu])
+    floats = [l for l in convs[res] if l.qdq_float]
+    assert 0 < len(floats) < len(convs[res])
+    assert summary[res].qdq_float_conv_macs == sum(l.macs for l in floats)

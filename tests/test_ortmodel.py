@@ -15,7 +15,7 @@ from dlas_predict.space.devices import get_device
 
 #: seconds per unit of each term: a law the fit should find again
 LAW = np.array([2e-5, 4e-3, 2e-2, 1e-5, 0.0, 2e-5, 1e-6, 3e-6, 0.0, 0.0, 3e-3, 1e-6, 2e-3,
-                1e-6, 5e-3, 2e-6])
+                1e-6, 5e-3, 2e-6, 1e-6, 0.0, 0.0, 0.0, 2e-3])
 
 
 def _net(rng, i):
@@ -162,8 +162,9 @@ def test_narrow_and_unaligned_convs_are_counted():
 
 def test_convs_the_blocked_layout_cannot_take_are_counted_at_the_devices_block():
     """onnxruntime's NCHWc block is the vector width in floats: 16 channels on AVX-512, 8 on
-    AVX2; a first conv of a few input channels is taken, a channel-pruned conv is counted at
-    its kept channels."""
+    AVX2. It takes a conv of fewer input channels than the block, or of a multiple of 4,
+    padding its filters up to the block (work counted apart); a channel-pruned conv is
+    counted at its kept channels."""
     from dataclasses import replace
 
     from dlas_predict.models.ortmodel import nchwc_block
@@ -171,22 +172,87 @@ def test_convs_the_blocked_layout_cannot_take_are_counted_at_the_devices_block()
     pad = dict(pad_t=1, pad_l=1, pad_b=1, pad_r=1)
     first = ConvSpec(C=3, H=8, W=8, K=32, R=3, S=3, **pad)
     k24 = ConvSpec(C=32, H=8, W=8, K=24, R=3, S=3, **pad)
-    c24 = ConvSpec(C=24, H=8, W=8, K=32, R=3, S=3, **pad)
-    summary = NetworkSummary(conv_layers=3, layers=6, nonconv_macs=0, nonconv_bytes=0,
-                             activation_ops=3, elementwise_ops=0, input_elems=3 * 64)
+    c30 = ConvSpec(C=30, H=8, W=8, K=32, R=3, S=3, **pad)
+    c6 = ConvSpec(C=6, H=8, W=8, K=32, R=3, S=3, **pad)
+    summary = NetworkSummary(conv_layers=4, layers=8, nonconv_macs=0, nonconv_bytes=0,
+                             activation_ops=4, elementwise_ops=0, input_elems=3 * 64)
     macs, n = TERMS.index("unblocked_macs"), TERMS.index("unblocked_convs")
-    t16 = ort_terms([first, k24, c24], [0.0] * 3, summary, "fp32", False, block=16)
-    assert t16[n] == 2.0 and t16[macs] == pytest.approx((k24.macs + c24.macs) / 1e9)
-    t8 = ort_terms([first, k24, c24], [0.0] * 3, summary, "fp32", False, block=8)
-    assert t8[n] == 0.0 and t8[macs] == 0.0
+    padded = TERMS.index("padded_macs")
+    specs = [first, k24, c30, c6]
+    t16 = ort_terms(specs, [0.0] * 4, summary, "fp32", False, block=16)
+    assert t16[n] == 1.0 and t16[macs] == pytest.approx(c30.macs / 1e9)
+    assert t16[TERMS.index("unblocked_io_bytes")] == 4 * (30 * 64 + 32 * 64) / 1e6
+    # K 24 padded to 32 at block 16; at block 8 nothing is padded
+    assert t16[padded] == pytest.approx(k24.macs * (32 / 24 - 1) / 1e9)
+    t8 = ort_terms(specs, [0.0] * 4, summary, "fp32", False, block=8)
+    assert t8[n] == 1.0 and t8[padded] == 0.0
     wide = ConvSpec(C=64, H=8, W=8, K=64, R=3, S=3, **pad)
     assert ort_terms([wide], [0.75], summary, "fp32", True, block=16)[n] == 0.0  # 16 kept
-    assert ort_terms([wide], [0.5], summary, "fp32", True, block=16)[n] == 0.0   # 32 kept
-    assert ort_terms([wide], [0.375], summary, "fp32", True, block=16)[n] == 1.0  # 40 kept
+    assert ort_terms([wide], [0.375], summary, "fp32", True, block=16)[n] == 0.0  # 40 kept
+    assert ort_terms([wide], [0.46875], summary, "fp32", True, block=16)[n] == 1.0  # 34 kept
+    dw = ConvSpec(C=30, H=8, W=8, K=30, R=3, S=3, groups=30, **pad)
+    assert ort_terms([dw], [0.0], summary, "fp32", False, block=16)[n] == 1.0
     local = get_device("local", with_target=False)
     assert nchwc_block(replace(local, simd_bits=512)) == 16
     assert nchwc_block(replace(local, simd_bits=256)) == 8
     assert nchwc_block(replace(local, simd_bits=128)) == 8
+
+
+def _optimized(model, tmp_path):
+    """onnxruntime's optimized graph of ``model`` (all optimizations, CPU provider)."""
+    import onnx
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.log_severity_level = 3
+    so.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return onnx.load(so.optimized_model_filepath).graph
+
+
+def test_the_blocked_layout_rule_is_onnxruntimes(tmp_path):
+    """Which convs onnxruntime runs outside its blocked layout, read from its own optimized
+    graph of a channel-pruned network with its zeroed filters removed (odd channel counts)."""
+    from dlas_predict.compression.compress import compress_onnx
+    from dlas_predict.models.ortmodel import blocked_layout, nchwc_block
+    from dlas_predict.networks.generate import FAMILIES, build
+    from dlas_predict.networks.graph import network_of_proto
+
+    block = nchwc_block(get_device("local", with_target=False))
+    convs, plain = [], []
+    for ratio in (0.3, 0.55, 0.8):
+        model = compress_onnx(build("cnn", {**FAMILIES["cnn"], "layers": 3, "kernels": 48,
+                                            "input": 12, "block": "separable"}),
+                              "channel_pruning", ratio, remove_channels=True).model
+        graph = _optimized(model, tmp_path)
+        plain += [n.name for n in graph.node if n.op_type in ("Conv", "FusedConv")
+                  and n.domain != "com.microsoft.nchwc"]
+        convs += [l for l in network_of_proto(model, "pruned").layers if l.conv is not None]
+    expected = sorted(l.name for l in convs
+                      if not blocked_layout(l.conv.C, l.conv.K, l.conv.groups, block))
+    assert sorted(plain) == expected and 0 < len(expected) < len(convs)
+
+
+def test_the_qdq_float_convs_are_onnxruntimes(tmp_path):
+    """Which convs onnxruntime's QDQ int8 run leaves in float, read from its own optimized
+    graph: a residual network (a conv whose input also skips to the add) and one with SiLU."""
+    from dlas_predict.compression.compress import compress_onnx
+    from dlas_predict.networks.generate import FAMILIES, build
+    from dlas_predict.networks.graph import network_of_proto
+
+    for extra in ({"block": "residual"}, {"block": "plain", "activation": "silu"},
+                  {"block": "inverted", "se": 1}):
+        model = build("cnn", {**FAMILIES["cnn"], "layers": 2, "kernels": 16, "input": 12,
+                              **extra})
+        convs = [l for l in network_of_proto(model, "n").layers if l.conv is not None]
+        quantized = compress_onnx(model, "int8", calibration=np.random.default_rng(0).normal(
+            size=(2, 3, 12, 12)).astype(np.float32)).model
+        graph = _optimized(quantized, tmp_path)
+        floats = {n.name for n in graph.node if n.op_type == "Conv" and n.domain == ""}
+        qlinear = [n for n in graph.node if n.op_type == "QLinearConv"]
+        assert sorted(l.name for l in convs if l.qdq_float) == sorted(floats), extra
+        assert len(qlinear) + len(floats) == len(convs), extra
 
 
 def test_a_model_fitted_on_other_terms_asks_to_be_fitted_again(tmp_path):
@@ -234,9 +300,10 @@ def test_a_pruned_model_with_nothing_removed_trains_and_prices_as_the_dense_fp32
     assert X[0].tolist() == X[1].tolist()
 
 
-def test_int8_prices_the_convs_that_join_an_add_or_a_gate_as_float():
-    """QDQ int8 leaves a conv whose output joins a residual add or SiLU's gate in float: the
-    shipped model of this machine prices int8 against fp32 dearer when the convs join."""
+def test_int8_prices_the_convs_qdq_leaves_in_float_dearer():
+    """QDQ int8 leaves some convs in float (a conv whose input feeds a residual add too, one
+    whose output feeds SiLU's gate): the shipped model of this machine prices int8 against
+    fp32 dearer when they are float."""
     from dataclasses import replace
 
     from dlas_predict.paths import MODELS_STORE
@@ -246,10 +313,14 @@ def test_int8_prices_the_convs_that_join_an_add_or_a_gate_as_float():
     plain = NetworkSummary(conv_layers=4, layers=9, nonconv_macs=0, nonconv_bytes=2_000_000,
                            activation_ops=4, elementwise_ops=0, input_elems=3 * 32 * 32)
     macs = sum(s.macs for s in specs)
-    joined = replace(plain, elementwise_ops=2, joined_conv_macs=macs,
-                     joined_conv_io_bytes=4 * 2 * 64 * 32 * 32 * 4)
+    joined = replace(plain, elementwise_ops=2, qdq_float_conv_macs=macs,
+                     qdq_float_conv_io_bytes=4 * 2 * 64 * 32 * 32 * 4,
+                     qdq_float_conv_params=4 * 64 * 64 * 9, joined_conv_macs=macs)
     t = ort_terms(specs, [0.0] * 4, joined, "int8", False)
-    assert t[TERMS.index("joined_macs")] == pytest.approx(macs / 1e9)
+    assert t[TERMS.index("qdq_float_macs")] == pytest.approx(macs / 1e9)
+    assert t[TERMS.index("joined_macs")] == 0.0  # int8 prices the float convs instead
+    assert ort_terms(specs, [0.0] * 4, joined, "fp32", False)[TERMS.index("qdq_float_macs")] \
+        == 0.0
     ratio = {}
     for name, summary in (("plain", plain), ("joined", joined)):
         x = [ort_terms(specs, [0.0] * 4, summary, mode, False) for mode in ("fp32", "int8")]

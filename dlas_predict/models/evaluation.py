@@ -376,6 +376,10 @@ class WholeRow:
 #: its zeroed filters removed) gets from the named network's, scaled by the two's non-conv
 #: bytes: the pools' window reads scale with their channels as their bytes do.
 SCALED_WITH_NONCONV_BYTES = frozenset({"pool_window_elems"})
+#: Summary fields that only an int8 run uses (onnxruntime's QDQ float convs): a
+#: channel-pruned build's own summary without them has them zero (it is never quantized).
+INT8_ONLY = frozenset({"qdq_float_conv_macs", "qdq_float_conv_io_bytes",
+                       "qdq_float_conv_params"})
 
 
 def _summary(network: str, text: str | None):
@@ -384,8 +388,8 @@ def _summary(network: str, text: str | None):
     its name describes (built again: its weights are seeded by its name), and kept only if
     it agrees with every field stored. A channel-pruned network's own summary, its zeroed
     filters removed, is not the named network's: where it lacks only fields of
-    :data:`SCALED_WITH_NONCONV_BYTES` they are the named network's scaled, else it is None
-    (unusable)."""
+    :data:`SCALED_WITH_NONCONV_BYTES` and :data:`INT8_ONLY` they are the named network's
+    scaled (and zero), else it is None (unusable)."""
     import json
     from dataclasses import asdict, fields
 
@@ -401,9 +405,11 @@ def _summary(network: str, text: str | None):
     named = asdict(fresh)
     if all(named.get(k, v) == v for k, v in stored.items()):
         return fresh
-    if stored and missing <= SCALED_WITH_NONCONV_BYTES and named["nonconv_bytes"] > 0:
+    if stored and missing <= SCALED_WITH_NONCONV_BYTES | INT8_ONLY \
+            and named["nonconv_bytes"] > 0:
         scale = stored.get("nonconv_bytes", 0) / named["nonconv_bytes"]
-        return NetworkSummary(**stored, **{k: round(named[k] * scale) for k in missing})
+        return NetworkSummary(**stored, **{k: 0 if k in INT8_ONLY else round(named[k] * scale)
+                                           for k in missing})
     return None
 
 

@@ -63,6 +63,11 @@ class NetworkSummary:
     #: in float).
     joined_conv_macs: int = 0
     joined_conv_io_bytes: int = 0
+    #: MACs, float32 activation bytes and weights of the convs that onnxruntime's QDQ int8
+    #: run leaves in float (:attr:`~dlas_predict.networks.graph.Layer.qdq_float`).
+    qdq_float_conv_macs: int = 0
+    qdq_float_conv_io_bytes: int = 0
+    qdq_float_conv_params: int = 0
     #: Window reads of the windowed pools: output elements × window area (a 3×3 average
     #: pool at stride 1 reads nine inputs per output, which its bytes moved do not count).
     pool_window_elems: int = 0
@@ -71,6 +76,7 @@ class NetworkSummary:
     def of(cls, net: Network) -> "NetworkSummary":
         other = [layer for layer in net.layers if layer.conv is None]
         joined = [layer for layer in net.layers if layer.conv is not None and _joins(layer)]
+        qdq_float = [layer for layer in net.layers if layer.qdq_float]
         return cls(conv_layers=len(net.layers) - len(other), layers=len(net.layers),
                    nonconv_macs=sum(layer.macs for layer in other),
                    nonconv_bytes=sum(layer.bytes_moved for layer in other),
@@ -85,6 +91,9 @@ class NetworkSummary:
                                        if _broadcasts(layer)),
                    joined_conv_macs=sum(layer.macs for layer in joined),
                    joined_conv_io_bytes=sum(_io_bytes(layer) for layer in joined),
+                   qdq_float_conv_macs=sum(layer.macs for layer in qdq_float),
+                   qdq_float_conv_io_bytes=sum(_io_bytes(layer) for layer in qdq_float),
+                   qdq_float_conv_params=sum(layer.params for layer in qdq_float),
                    pool_window_elems=sum(int(math.prod(layer.output_shape)) * layer.window
                                          for layer in other))
 

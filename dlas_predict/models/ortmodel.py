@@ -10,12 +10,16 @@ modelled from what the network does, as a non-negative sum of costs:
           + c10·MACs of narrow convs (under 16 input or output channels)
           + c11·convs whose output channels are not a multiple of 8
           + c12·MACs and c13·activation bytes of the convs whose output joins a residual
-            add or a non-ReLU activation (QDQ int8 leaves those in float, with a quantize
-            and dequantize around them)
-          + c14·MACs of, and c15·the number of, the convs onnxruntime's blocked (NCHWc)
-            layout cannot take: a channel count that is not a multiple of its block, the
-            vector width in floats (16 on AVX-512, 8 below; a first conv of up to 4 input
-            channels is taken). Those run MLAS's im2col GEMM, slower per MAC.
+            add or a non-ReLU activation (an epilogue that takes a second tensor)
+          + c14·MACs of, c15·the number of and c16·activation bytes of the convs
+            onnxruntime's blocked (NCHWc) layout cannot take (:func:`blocked_layout`; its
+            block is the vector width in floats, 16 on AVX-512, 8 below). Those run MLAS's
+            im2col GEMM, slower per MAC, with a reorder to and from the blocked layout.
+          + c17·MACs, c18·activation bytes and c19·weights of the convs that the QDQ int8
+            run leaves in float (:attr:`~dlas_predict.networks.graph.Layer.qdq_float`):
+            each dequantizes its input and its weights and quantizes its output at every
+            run. These three replace c12 and c13 in int8 mode and are zero in the others.
+          + c20·MACs of the filters and channels the blocked layout pads up to its block
 
 one coefficient vector per mode (``fp32``, ``channel_pruning``, ``int8``, ``float16``),
 fitted by non-negative least squares on relative error, so it extrapolates linearly to
@@ -46,14 +50,16 @@ from dlas_predict.errors import DlasError
 TERMS = ("const", "dense_macs", "depthwise_macs", "conv_io_bytes", "weight_bytes",
          "other_bytes", "layers", "elementwise_ops", "exp_elems", "broadcast_bytes",
          "narrow_macs", "unaligned_convs", "joined_macs", "joined_io_bytes",
-         "unblocked_macs", "unblocked_convs")
+         "unblocked_macs", "unblocked_convs", "unblocked_io_bytes", "qdq_float_macs",
+         "qdq_float_io_bytes", "qdq_float_weights", "padded_macs")
 #: The modes fitted, each on its own rows (a mode with too few networks: the fp32 fit).
 MODES = ("fp32", "channel_pruning", "int8", "float16")
 #: A conv with fewer input or output channels than this is narrow.
 NARROW = 16
 FILE = "onnxruntime.json"
-#: A first conv with at most this many input channels reads plain NCHW into the blocked layout.
-BLOCKED_FIRST_CHANNELS = 4
+#: onnxruntime pads a blocked (NCHWc) tensor's channels up to its block from a multiple of
+#: this (its channel alignment).
+NCHWC_ALIGNMENT = 4
 #: Fewest networks a mode is fitted on (fewer: the fp32 fit scaled by the mode's median ratio).
 MIN_NETWORKS = 5
 
@@ -76,6 +82,20 @@ def nchwc_block(device) -> int:
     return max(8, (device.simd_bits or 256) // 32)
 
 
+def blocked_layout(channels: int, filters: int, groups: int, block: int) -> bool:
+    """Whether onnxruntime's NCHWc transformer takes a conv with ``channels`` input channels,
+    ``filters`` output channels and ``groups`` groups (its output channels are padded to the
+    block): one whose input channels are fewer than the block (it reads plain NCHW), or a
+    multiple of :data:`NCHWC_ALIGNMENT`; a depthwise conv's channels such a multiple; a
+    grouped conv's channels and filters per group. Checked against the optimized graphs of
+    every network in the shipped corpus (onnxruntime 1.31, block 16), none off."""
+    if groups == 1:
+        return channels < block or channels % NCHWC_ALIGNMENT == 0
+    if channels == groups == filters:
+        return channels % NCHWC_ALIGNMENT == 0
+    return (channels // groups) % NCHWC_ALIGNMENT == 0 and (filters // groups) % block == 0
+
+
 def ort_terms(specs, ratios, summary, mode: str, channels_removed: bool,
               block: int = 16) -> np.ndarray:
     """The model's terms for a network whose convs are ``specs`` with layer sparsities
@@ -89,27 +109,39 @@ def ort_terms(specs, ratios, summary, mode: str, channels_removed: bool,
     its own density, which its producer's need not be."""
     elem = {"float16": 2, "int8": 1}.get(mode, 4)
     dense = dw = io = wbytes = narrow = unaligned = unblocked = unblocked_n = 0.0
+    unblocked_io = padded = 0.0
     for s, r in zip(specs, ratios):
         keep = (1.0 - float(r)) if channels_removed else 1.0
+        k = max(1, round(s.K * keep))
+        c = max(1, round(s.C * keep)) if channels_removed else s.C
         if s.depthwise:
             dw += s.macs * keep
         else:
             dense += s.macs * keep
-            k = max(1, round(s.K * keep))
-            c = max(1, round(s.C * keep)) if channels_removed else s.C
             narrow += s.macs * keep if min(s.C // s.groups, k) < NARROW else 0.0
             unaligned += float(k % 8 != 0)
-            if k % block or (c % block and c > BLOCKED_FIRST_CHANNELS):
-                unblocked += s.macs * keep
-                unblocked_n += 1.0
+        if not blocked_layout(c, k, s.groups, block):
+            unblocked += s.macs * keep
+            unblocked_n += 1.0
+            unblocked_io += 4 * (c * s.H * s.W + k * s.OH * s.OW)
+        else:  # the work of the channels padded up to the block
+            kp = -(-k // block) * block
+            cp = c if (s.groups == 1 and c < block) or s.depthwise else -(-c // block) * block
+            padded += s.macs * keep * (kp * cp / (k * c) - 1.0)
         io += 4 * (s.C * s.H * s.W + keep * s.K * s.OH * s.OW)
         wbytes += elem * keep * s.K * (s.C // s.groups) * s.R * s.S
+    joined = [summary.joined_conv_macs / 1e9, summary.joined_conv_io_bytes / 1e6]
+    qdq = [summary.qdq_float_conv_macs / 1e9, summary.qdq_float_conv_io_bytes / 1e6,
+           summary.qdq_float_conv_params / 1e6]
+    if mode == "int8":
+        joined = [0.0, 0.0]
+    else:
+        qdq = [0.0, 0.0, 0.0]
     return np.array([1.0, dense / 1e9, dw / 1e9, io / 1e6, wbytes / 1e6,
                      summary.nonconv_bytes / 1e6, float(summary.layers),
                      float(summary.elementwise_ops), summary.exp_elems / 1e6,
-                     summary.broadcast_bytes / 1e6, narrow / 1e9, unaligned,
-                     summary.joined_conv_macs / 1e9, summary.joined_conv_io_bytes / 1e6,
-                     unblocked / 1e9, unblocked_n])
+                     summary.broadcast_bytes / 1e6, narrow / 1e9, unaligned, *joined,
+                     unblocked / 1e9, unblocked_n, unblocked_io / 1e6, *qdq, padded / 1e9])
 
 
 @dataclass

@@ -67,6 +67,9 @@ class Layer:
     feeds: tuple[str, ...] = ()
     #: A windowed pool's window area (kernel height × width); 0 for every other op.
     window: int = 0
+    #: A conv that onnxruntime's QDQ int8 run leaves in float (between a dequantize and a
+    #: quantize) instead of fusing it into QLinearConv: see :func:`_qdq_float`.
+    qdq_float: bool = False
 
     def to_dict(self) -> dict:
         d = {"index": self.index, "name": self.name, "op": self.op, "kind": self.kind,
@@ -381,6 +384,7 @@ def _network(model, name: str, path: str) -> Network:
         raise NetworkError(f"{path} has no graph input")
     net = Network(name, shapes.get(graph_inputs[0].name) or ())
     feeds = _feeds(model)
+    qdq_float = _qdq_float(model)
     for node in model.graph.node:
         if node.op_type in SILENT_OPS:
             continue
@@ -418,8 +422,40 @@ def _network(model, name: str, path: str) -> Network:
             input_shapes=tuple(tuple(shapes[i]) for i in act_in if shapes.get(i) is not None),
             output_shape=tuple(out) if out is not None else (), macs=int(macs),
             params=int(params), bytes_moved=4 * (act_elems + out_elems + all_weights),
-            conv=spec, weight=weight, feeds=feeds(node.output[0]), window=window))
+            conv=spec, weight=weight, feeds=feeds(node.output[0]), window=window,
+            qdq_float=spec is not None and qdq_float(node)))
     return net
+
+
+def _qdq_float(model):
+    """conv node → whether onnxruntime's QDQ int8 run leaves it in float. Measured on the
+    optimized graphs of every network in the shipped corpus (onnxruntime 1.31, CPU provider):
+    a conv becomes QLinearConv unless its input feeds another op too, or its output, after
+    batch norms and ReLU/Clip, feeds more than one op and has passed an activation or feeds
+    a sigmoid (SiLU's gate) or another conv."""
+    consumers: dict[str, list] = {}
+    for node in model.graph.node:
+        for i in node.input:
+            if i:
+                consumers.setdefault(i, []).append(node)
+
+    def fed(tensor: str) -> list:
+        return [c for c in consumers.get(tensor, ()) if c.op_type != "Shape"]
+
+    def is_float(node) -> bool:
+        if len(fed(node.input[0])) > 1:
+            return True
+        tensor, activated = node.output[0], False
+        while True:
+            after = fed(tensor)
+            if len(after) == 1 and after[0].op_type in _PASS_OPS:
+                activated |= after[0].op_type in ("Relu", "Clip")
+                tensor = after[0].output[0]
+                continue
+            return len(after) > 1 and (activated or any(c.op_type in ("Sigmoid", "Conv")
+                                                        for c in after))
+
+    return is_float
 
 
 def _feeds(model):
