@@ -694,3 +694,32 @@ def test_a_tree_model_parsed_once_is_kept_as_arrays_and_a_damaged_copy_is_parsed
     assert np.array_equal(repaired._predict(X), again._predict(X))
     with np.load(cached[0]) as z:  # written again, whole
         assert np.array_equal(z["leaf"], first.leaf)
+
+
+def test_a_loop_structure_its_family_lacks_takes_that_structures_costs_across_dtypes():
+    """A family (here float16) measured on 1×1 layers only prices its 3×3 layers with the
+    3×3 layers' costs of the other element types (fitted across them), not with its own
+    1×1-only costs: 3×3 loops cost four times as much per vector op here, in every dtype."""
+    from dlas_predict.models.costmodel import StageCostModel
+
+    cols = [FEATURE_NAMES.index(n) for n in ("stage_const", "stage_vector_ops",
+                                             "stage_layout_elems")]
+    col_r = FEATURE_NAMES.index("R")
+    unit = np.array([2e-6, 1e-9, 5e-10])
+    law = lambda X: (X[:, cols] @ unit) * np.where(X[:, col_r] > 1, 4.0, 1.0)  # noqa: E731
+
+    def rows(comp, r, n, seed):
+        specs = [ConvSpec(C=s.C, H=s.H, W=s.W, K=s.K, R=r, S=r, pad_t=r // 2, pad_l=r // 2,
+                          pad_b=r // 2, pad_r=r // 2) for s in _specs(n, seed)]
+        return np.array([features(KernelConfig(s, Algorithm.DIRECT, comp, 0.0), DEV)
+                         for s in specs])
+
+    train = np.vstack([rows(Compression.DENSE, 3, 40, 1), rows(Compression.DENSE, 1, 40, 2),
+                       rows(Compression.FLOAT16, 1, 40, 3)])
+    model = StageCostModel().fit(train, law(train))
+    held = rows(Compression.FLOAT16, 3, 20, 4)
+    assert costmodel.mape(model.predict(held), law(held)) < 0.05
+    # without the costs across element types, the family's 1×1-only costs are 4× too cheap
+    own = StageCostModel.from_dict({**model.to_dict(), "costs": {
+        k: v for k, v in model.costs.items() if not k.startswith("any:")}})
+    assert costmodel.mape(own.predict(held), law(held)) > 0.5

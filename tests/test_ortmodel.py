@@ -214,6 +214,10 @@ def _optimized(model, tmp_path):
 def test_the_blocked_layout_rule_is_onnxruntimes(tmp_path):
     """Which convs onnxruntime runs outside its blocked layout, read from its own optimized
     graph of a channel-pruned network with its zeroed filters removed (odd channel counts)."""
+    import platform
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("onnxruntime's blocked layout is MLAS's on x86-64 only")
     from dlas_predict.compression.compress import compress_onnx
     from dlas_predict.models.ortmodel import blocked_layout, nchwc_block
     from dlas_predict.networks.generate import FAMILIES, build

@@ -90,21 +90,32 @@ STAGE_FAMILY = tuple(n for n in _FAMILY if n != "channel_pattern") + ("vnni",)
 MIN_STRUCTURE_ROWS = 15
 
 
-def _family_keys(X: np.ndarray, family: tuple[str, ...]) -> tuple[list[str], list[str]]:
-    """Each row's family key (over the ``family`` columns), and its family × loop-structure
-    key."""
+#: The columns of a loop structure's key across element types: the family's without the
+#: element type and VNNI (an int8 GEMM's 3×3 convs, too few in its own family, are priced
+#: like the other GEMMs' 3×3 convs, not like its depthwise and 1×1 ones).
+STRUCTURE_FAMILY = ("algo_direct", "algo_gemm", "algo_spatial_pack", "sparse", "tuned")
+
+
+def _family_keys(X: np.ndarray, family: tuple[str, ...]
+                 ) -> tuple[list[str], list[str], list[str]]:
+    """Each row's family key (over the ``family`` columns), its family × loop-structure key,
+    and its loop-structure key across element types (:data:`STRUCTURE_FAMILY`)."""
     col = FEATURE_NAMES.index
     pointwise = (X[:, col("R")] * X[:, col("S")] == 1)
     strided = X[:, col("stage_vector_ops_strided")] > 0
     structure = np.column_stack([X[:, col("depthwise")], strided, pointwise])
     n_fam = len(family)
+    across = [family.index(n) for n in STRUCTURE_FAMILY if n in family]
     both = np.column_stack([X[:, [col(n) for n in family]], structure])
     uniq, inverse = np.unique(both, axis=0, return_inverse=True)  # few distinct keys
     coarse_u = [",".join(f"{v:g}" for v in k[:n_fam]) for k in uniq]
-    fine_u = [f"{c}|{','.join(str(int(v)) for v in k[n_fam:])}"
-              for c, k in zip(coarse_u, uniq)]
+    shape_u = [",".join(str(int(v)) for v in k[n_fam:]) for k in uniq]
+    fine_u = [f"{c}|{sh}" for c, sh in zip(coarse_u, shape_u)]
+    mid_u = [f"any:{','.join(f'{k[i]:g}' for i in across)}|{sh}"
+             for k, sh in zip(uniq, shape_u)]
     inverse = inverse.reshape(-1)
-    return [coarse_u[i] for i in inverse], [fine_u[i] for i in inverse]
+    return ([coarse_u[i] for i in inverse], [fine_u[i] for i in inverse],
+            [mid_u[i] for i in inverse])
 
 
 class KernelCostModel(abc.ABC):
@@ -171,7 +182,8 @@ class _JsonStateModel(KernelCostModel):
 class StageCostModel(_JsonStateModel):
     """A kernel's time as Σ cost·term over
     :data:`~dlas_predict.models.features.STAGE_TERMS`, costs ≥ 0, fitted per kernel family (and per
-    loop structure where it has enough rows) by non-negative least squares on relative error.
+    loop structure where it has enough rows, else per loop structure across element types
+    where that has) by non-negative least squares on relative error.
     Additive in what the loops execute, so it extrapolates in scale, which trees cannot;
     :class:`LayerCostModel`'s trees learn what it misses."""
 
@@ -191,9 +203,10 @@ class StageCostModel(_JsonStateModel):
         def fit(sel: np.ndarray) -> list[float]:
             return [float(c) for c in nnls(A[sel], np.ones(int(sel.sum())))[0]]
 
-        coarse, fine = _family_keys(X, self.family)
+        coarse, fine, mid = _family_keys(X, self.family)
         self.scale, self.costs = [float(v) for v in scale], {}
-        for keys, least in ((coarse, 1), (fine, MIN_STRUCTURE_ROWS)):
+        for keys, least in ((coarse, 1), (fine, MIN_STRUCTURE_ROWS),
+                            (mid, MIN_STRUCTURE_ROWS)):
             arr = np.array(keys)
             for k in sorted(set(keys)):
                 sel = arr == k
@@ -205,9 +218,12 @@ class StageCostModel(_JsonStateModel):
     def predict(self, X: np.ndarray) -> np.ndarray:
         X = np.asarray(X, dtype=np.float64)
         T = X[:, _STAGE] / np.array(self.scale)
-        coarse, fine = _family_keys(X, self.family)
-        costs = np.array([self.costs.get(f, self.costs.get(c, self.default))
-                          for c, f in zip(coarse, fine)])
+        coarse, fine, mid = _family_keys(X, self.family)
+        # its family's costs for its loop structure; where the family has too few rows of
+        # that structure, the structure's across element types; else its family's
+        costs = np.array([self.costs.get(f) or self.costs.get(m)
+                          or self.costs.get(c, self.default)
+                          for c, f, m in zip(coarse, fine, mid)])
         # a family whose costs all came out 0 would predict 0: floor at 1 ns
         return np.maximum(np.sum(T * costs, axis=1), 1e-9)
 
