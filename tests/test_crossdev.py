@@ -499,13 +499,28 @@ def test_a_map_fitted_without_a_slope_fits_offsets_to_what_the_slope_leaves():
     assert free.slope != 1.0
 
 
-def test_predict_prices_a_network_run_by_onnxruntime():
+def test_predict_prices_a_network_run_by_onnxruntime(monkeypatch):
+    """As its model's machine, onnxruntime's row is trained; elsewhere (the layer model
+    mapped here too) it moves with the map and is the map's."""
+    from dlas_predict.models.ortmodel import OrtLatencyModel
+    from dlas_predict.paths import MODELS_STORE
+    from dlas_predict.space.devices import get_device
+
+    _trained_here(monkeypatch, True)
     res = run_cli("predict", "zoo:resnet18-cifar", "--device", "local", "--config",
                   "dense/onnxruntime", "--json")
     assert res.exit_code == 0, res.output
     (p,) = json.loads(res.output)
     assert p["config"] == "dense/onnxruntime/untuned" and p["source"] == "trained"
     assert p["low_ms"] <= p["predicted_ms"] <= p["high_ms"]
+    _trained_here(monkeypatch, False)
+    (q,) = json.loads(run_cli("predict", "zoo:resnet18-cifar", "--device", "local",
+                              "--config", "dense/onnxruntime", "--json").output)
+    where = OrtLatencyModel.load(MODELS_STORE / "local").meta["onnxruntime_fingerprints"]
+    here = get_device("local", with_target=False).fingerprint in where
+    assert q["source"] == ("trained" if here else "zero-shot")
+    assert (q["predicted_ms"] == p["predicted_ms"]) == here
+    assert q["low_ms"] <= q["predicted_ms"] <= q["high_ms"]
     assert_clean_error(run_cli("predict", "conv:C=64,H=32,W=32,K=64,R=3,S=3,pad=1",
                                "--device", "local", "--config", "dense/onnxruntime"),
                        "per whole network")

@@ -321,7 +321,9 @@ def test_onnxruntime_is_in_the_grid_and_its_fp32_is_the_reference():
     assert {c.compression.value for c in ort} == {"dense", "float16", "int8",
                                                   "channel_pruning"}
     assert rec.reference in ort and rec.reference.compression.value == "dense"
-    assert all(c.layers == () and c.source == "trained" for c in ort)
+    # its own model's, or (its model another machine's) the map's, as our rows
+    assert all(c.layers == () for c in ort)
+    assert {c.source for c in ort} == {"trained" if rec.source == "trained" else rec.source}
     # one skipped grid point per weight-pruning ratio, each named
     sparse = [label for label, why in rec.skipped if "no sparse kernel" in why]
     assert sparse and len(sparse) == len(set(sparse))
@@ -377,3 +379,48 @@ def test_channel_pruning_is_priced_as_the_network_with_its_zeroed_filters_remove
     assert gemm[Compression.CHANNEL_PRUNING].layers == tuple(("gemm", r > 0)
                                                             for r in cp.layer_ratios)
     assert gemm[Compression.CHANNEL_PRUNING].predicted_s < gemm[Compression.DENSE].predicted_s
+
+
+def test_onnxruntime_rows_move_with_the_map_where_its_model_is_another_machines():
+    """With the layer model mapped from a reference machine, onnxruntime's rows (its model
+    that reference's) are scaled by the network's ratio of mapped to reference dense float32
+    kernel time and take the map's source; on the machine the model was trained on, they
+    stay as predicted."""
+    from types import SimpleNamespace
+
+    from dlas_predict.recommend.search import Candidate, _map_onnxruntime
+    from dlas_predict.space.config import Algorithm, Compression, Tuning
+
+    def rows():
+        return [Candidate(Compression.DENSE, None, ONNXRUNTIME, (), 2e-3, 1.8e-3, 2.2e-3),
+                Candidate(Compression.INT8, None, ONNXRUNTIME, (), 1e-3, 0.9e-3, 1.1e-3)]
+
+    kernels = [("spec", Algorithm.DIRECT, Compression.DENSE, 0.0, Tuning.UNTUNED),
+               ("spec", Algorithm.GEMM, Compression.DENSE, 0.0, Tuning.UNTUNED),
+               ("spec", Algorithm.DIRECT, Compression.INT8, 0.0, Tuning.UNTUNED),
+               ("spec", Algorithm.DIRECT, Compression.DENSE, 0.0, Tuning.TUNED)]
+    own = np.array([1.0, 3.0, 5.0, 7.0])
+    mid = np.array([0.5, 1.5, 50.0, 70.0])  # dense untuned: ×0.5 (int8 and tuned: not read)
+    low, high = mid * 0.5, mid * 3.0
+    model = SimpleNamespace(meta={"onnxruntime_fingerprints": ["aaaa"], "cpu_model": "Zen"})
+    su = SimpleNamespace(mapping=SimpleNamespace(source="zero-shot"), ort_model=model,
+                         dev=SimpleNamespace(name="local", fingerprint="bbbb"),
+                         notes=["the onnxruntime model was trained on another machine (Zen)"])
+    ort = rows()
+    _map_onnxruntime(ort, su, kernels, own, (mid, low, high))
+    assert [c.predicted_s for c in ort] == pytest.approx([1e-3, 0.5e-3])
+    assert [c.source for c in ort] == ["zero-shot", "zero-shot"]
+    assert ort[0].low_s == pytest.approx(1.8e-3 * 0.5 * 0.5)
+    assert ort[0].high_s == pytest.approx(2.2e-3 * 0.5 * 3.0)
+    assert len(su.notes) == 1 and "scaled by ×0.50" in su.notes[0]
+    # trained here (or no map): untouched
+    here = SimpleNamespace(name="local", fingerprint="aaaa")
+    same = rows()
+    _map_onnxruntime(same, SimpleNamespace(mapping=su.mapping, ort_model=model, dev=here,
+                                           notes=[]), kernels, own, (mid, low, high))
+    assert [c.predicted_s for c in same] == [2e-3, 1e-3]
+    assert {c.source for c in same} == {"trained"}
+    same = rows()
+    _map_onnxruntime(same, SimpleNamespace(mapping=None, ort_model=model, dev=su.dev,
+                                           notes=[]), kernels, own, (mid, low, high))
+    assert [c.predicted_s for c in same] == [2e-3, 1e-3]

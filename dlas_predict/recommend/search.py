@@ -389,6 +389,7 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
              and c.tuning is Tuning.UNTUNED] or [
         c for c in cands if c.compression is Compression.DENSE and c.algorithm != PER_LAYER]
     ort = _onnxruntime_candidates(points, su)
+    _map_onnxruntime(ort, su, kernels, own, (mid, low, high))
     cands += ort
     dense_best = min(c.predicted_s for c in dense)
     dropped: list[tuple[str, str]] = []
@@ -526,6 +527,37 @@ def _onnxruntime_candidates(points, su: _Setup) -> list[Candidate]:
     mid, low, high = su.ort_model.predict(X, modes)
     return [Candidate(p.compression, p.ratio, ONNXRUNTIME, (), float(m), float(lo), float(hi))
             for p, m, lo, hi in zip(points, mid, low, high)]
+
+
+def _map_onnxruntime(ort: list[Candidate], su: _Setup, kernels: list[tuple], own,
+                     mapped: tuple) -> None:
+    """Where the layer model is a reference device's, mapped to this one, and onnxruntime's
+    model was trained on that reference, not here: each onnxruntime row is scaled by the
+    network's own ratio of mapped to reference time of its dense float32 untuned kernels
+    (every algorithm, summed), so that both backends move together, and its interval widens
+    by the map's. One ratio for every mode: onnxruntime's CPU kernels are not ours, and its
+    float16 runs in float32 between casts. Rows so priced are the map's (zero-shot or
+    adapted)."""
+    where = (su.ort_model.meta.get("onnxruntime_fingerprints") or []) if ort else []
+    if su.mapping is None or not ort or (su.dev.fingerprint and su.dev.fingerprint in where):
+        return
+    rows = [i for i, k in enumerate(kernels)
+            if k[2] is Compression.DENSE and k[4] is Tuning.UNTUNED]
+    own = np.asarray(own, float)[rows]
+    mid, low, high = (np.asarray(a, float)[rows] for a in mapped)
+    if not rows or own.sum() <= 0 or mid.sum() <= 0:
+        return
+    r = mid.sum() / own.sum()
+    lo, hi = min(low.sum() / mid.sum(), 1.0), max(high.sum() / mid.sum(), 1.0)
+    for c in ort:
+        c.predicted_s, c.low_s, c.high_s = c.predicted_s * r, c.low_s * r * lo, c.high_s * r * hi
+        c.source = su.mapping.source
+    su.notes = [n for n in su.notes if not n.startswith("the onnxruntime model was trained")]
+    su.notes.append(f"the onnxruntime model was trained on another machine "
+                    f"({su.ort_model.meta.get('cpu_model') or ', '.join(where)}): its "
+                    f"latencies are scaled by ×{r:.2f}, this network's ratio of its dense "
+                    f"float32 kernels' times mapped to {su.dev.name} to that machine's "
+                    f"({su.mapping.source})")
 
 
 def features_device(dev, info: dict):
