@@ -328,6 +328,15 @@ def test_a_stored_summary_without_a_newer_field_is_computed_again(tmp_path):
     # removed): not replaced by the named network's
     removed = {**old, "nonconv_bytes": old["nonconv_bytes"] // 2}
     assert _summary(m.path.stem, json.dumps(removed)) is None
+    # only the int8-only fields missing, of a network not built again by name: they are 0
+    # (its other fields serve every model; onnxruntime's int8 rows of it are left out)
+    from dlas_predict.models.evaluation import INT8_ONLY
+
+    assert fresh.qdq_float_conv_macs > 0
+    older = {k: v for k, v in asdict(fresh).items() if k not in INT8_ONLY}
+    kept = _summary("my-net", json.dumps(older))
+    assert kept == NetworkSummary(**older) and kept.qdq_float_conv_macs == 0
+    assert _summary(m.path.stem, json.dumps(older)) == fresh
 
 
 def test_a_nasbench201_cell_s_summary_is_computed_again_from_its_name(tmp_path):

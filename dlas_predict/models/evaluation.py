@@ -377,7 +377,8 @@ class WholeRow:
 #: bytes: the pools' window reads scale with their channels as their bytes do.
 SCALED_WITH_NONCONV_BYTES = frozenset({"pool_window_elems"})
 #: Summary fields that only an int8 run uses (onnxruntime's QDQ float convs): a
-#: channel-pruned build's own summary without them has them zero (it is never quantized).
+#: channel-pruned build's own summary without them has them zero (it is never quantized),
+#: and so has a stored summary without them of a network not built again by name.
 INT8_ONLY = frozenset({"qdq_float_conv_macs", "qdq_float_conv_io_bytes",
                        "qdq_float_conv_params"})
 
@@ -401,7 +402,10 @@ def _summary(network: str, text: str | None):
         return NetworkSummary(**stored)
     fresh = named_summary(network)
     if fresh is None:
-        return None
+        # a network not built again by name, stored before the int8-only fields: they are
+        # zero (only an int8 onnxruntime run reads them, and its model leaves such rows out)
+        return NetworkSummary(**stored, **{k: 0 for k in missing}) \
+            if stored and missing <= INT8_ONLY else None
     named = asdict(fresh)
     if all(named.get(k, v) == v for k, v in stored.items()):
         return fresh

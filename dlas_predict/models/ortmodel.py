@@ -243,6 +243,15 @@ def nothing_removed(details: dict | None) -> bool:
     return False
 
 
+def knows_qdq_floats(network: str, summary_text: str | None) -> bool:
+    """Whether a record's network says which convs onnxruntime's QDQ int8 leaves in float:
+    its stored summary has the fields, or the network is built again by name."""
+    from dlas_predict.models.evaluation import named_summary
+
+    return '"qdq_float_conv_macs"' in (summary_text or "") or \
+        named_summary(network) is not None
+
+
 def training_rows(store: Path, device: str, block: int | None = None):
     """(X, seconds, modes, networks) of the verified onnxruntime records of ``device`` in
     ``store`` (fp32 only when its output check passed; reduced precision by its time);
@@ -282,6 +291,8 @@ def training_rows(store: Path, device: str, block: int | None = None):
                                        else None) or r.summary)
         if not ls or summary is None or r.best_s is None:
             continue
+        if mode == "int8" and not knows_qdq_floats(r.network, r.summary):
+            continue  # which of its convs ran in float is not known
         X.append(ort_terms([ConvSpec.parse(c["conv"]) for c in ls],
                            [float(c["ratio"]) for c in ls], summary, mode, shares, block))
         y.append(r.best_s)
