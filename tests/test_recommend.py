@@ -405,7 +405,7 @@ def test_onnxruntime_rows_move_with_the_map_where_its_model_is_another_machines(
     model = SimpleNamespace(meta={"onnxruntime_fingerprints": ["aaaa"], "cpu_model": "Zen"})
     su = SimpleNamespace(mapping=SimpleNamespace(source="zero-shot"), ort_model=model,
                          dev=SimpleNamespace(name="local", fingerprint="bbbb"),
-                         notes=["the onnxruntime model was trained on another machine (Zen)"])
+                         ort_here=False, ort_elsewhere=True, ort_machine="Zen", notes=[])
     ort = rows()
     _map_onnxruntime(ort, su, kernels, own, (mid, low, high))
     assert [c.predicted_s for c in ort] == pytest.approx([1e-3, 0.5e-3])
@@ -417,10 +417,14 @@ def test_onnxruntime_rows_move_with_the_map_where_its_model_is_another_machines(
     here = SimpleNamespace(name="local", fingerprint="aaaa")
     same = rows()
     _map_onnxruntime(same, SimpleNamespace(mapping=su.mapping, ort_model=model, dev=here,
-                                           notes=[]), kernels, own, (mid, low, high))
+                                           ort_here=True, ort_elsewhere=False,
+                                           ort_machine="Zen", notes=[]),
+                     kernels, own, (mid, low, high))
     assert [c.predicted_s for c in same] == [2e-3, 1e-3]
     assert {c.source for c in same} == {"trained"}
     same = rows()
     _map_onnxruntime(same, SimpleNamespace(mapping=None, ort_model=model, dev=su.dev,
-                                           notes=[]), kernels, own, (mid, low, high))
+                                           ort_here=False, ort_elsewhere=True,
+                                           ort_machine="Zen", notes=[]),
+                     kernels, own, (mid, low, high))
     assert [c.predicted_s for c in same] == [2e-3, 1e-3]

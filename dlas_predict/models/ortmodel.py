@@ -246,9 +246,9 @@ def nothing_removed(details: dict | None) -> bool:
 def knows_qdq_floats(network: str, summary_text: str | None) -> bool:
     """Whether a record's network says which convs onnxruntime's QDQ int8 leaves in float:
     its stored summary has the fields, or the network is built again by name."""
-    from dlas_predict.models.evaluation import named_summary
+    from dlas_predict.models.evaluation import INT8_ONLY, named_summary
 
-    return '"qdq_float_conv_macs"' in (summary_text or "") or \
+    return INT8_ONLY <= set(json.loads(summary_text or "{}")) or \
         named_summary(network) is not None
 
 

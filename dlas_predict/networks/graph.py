@@ -383,8 +383,9 @@ def _network(model, name: str, path: str) -> Network:
     if not graph_inputs:
         raise NetworkError(f"{path} has no graph input")
     net = Network(name, shapes.get(graph_inputs[0].name) or ())
-    feeds = _feeds(model)
-    qdq_float = _qdq_float(model)
+    consumers = _consumers(model)
+    feeds = _feeds(model, consumers)
+    qdq_float = _qdq_float(consumers)
     for node in model.graph.node:
         if node.op_type in SILENT_OPS:
             continue
@@ -427,17 +428,22 @@ def _network(model, name: str, path: str) -> Network:
     return net
 
 
-def _qdq_float(model):
-    """conv node → whether onnxruntime's QDQ int8 run leaves it in float. Measured on the
-    optimized graphs of every network in the shipped corpus (onnxruntime 1.31, CPU provider):
-    a conv becomes QLinearConv unless its input feeds another op too, or its output, after
-    batch norms and ReLU/Clip, feeds more than one op and has passed an activation or feeds
-    a sigmoid (SiLU's gate) or another conv."""
+def _consumers(model) -> dict[str, list]:
+    """tensor → the nodes that read it."""
     consumers: dict[str, list] = {}
     for node in model.graph.node:
         for i in node.input:
             if i:
                 consumers.setdefault(i, []).append(node)
+    return consumers
+
+
+def _qdq_float(consumers: dict[str, list]):
+    """conv node → whether onnxruntime's QDQ int8 run leaves it in float (``consumers``: of
+    :func:`_consumers`). Measured on the optimized graphs of every network in the shipped
+    corpus (onnxruntime 1.31, CPU provider): a conv becomes QLinearConv unless its input
+    feeds another op too, or its output, after batch norms and ReLU/Clip, feeds more than
+    one op and has passed an activation or feeds a sigmoid (SiLU's gate) or another conv."""
 
     def fed(tensor: str) -> list:
         return [c for c in consumers.get(tensor, ()) if c.op_type != "Shape"]
@@ -458,12 +464,9 @@ def _qdq_float(model):
     return is_float
 
 
-def _feeds(model):
-    """tensor → the op types it reaches through :data:`EPILOGUE_OPS` and identities."""
-    consumers: dict[str, list] = {}
-    for node in model.graph.node:
-        for i in node.input:
-            consumers.setdefault(i, []).append(node)
+def _feeds(model, consumers: dict[str, list]):
+    """tensor → the op types it reaches through :data:`EPILOGUE_OPS` and identities
+    (``consumers``: of :func:`_consumers`)."""
     outputs = {o.name for o in model.graph.output}
 
     def reach(tensor: str) -> tuple[str, ...]:

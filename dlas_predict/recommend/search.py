@@ -329,6 +329,9 @@ class _Setup:
     mapping: Any = None             # a DeviceMap when the models are a reference device's
     ref_dev: Any = None
     ort_model: Any = None           # the onnxruntime latency model, where trained
+    ort_here: bool = False          # ... trained on this very machine
+    ort_elsewhere: bool = False     # ... on another machine, its fingerprint recorded
+    ort_machine: str = ""           # ... the machine it was trained on, as described
 
 
 def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBOW_DROP_PP,
@@ -484,6 +487,11 @@ def _setup(model: str, device: str, validate: int, models_dir: Path | None,
     return su
 
 
+#: The note on onnxruntime rows priced as another machine's, unscaled.
+_ORT_ELSEWHERE = ("the onnxruntime model was trained on another machine ({}); its latencies "
+                  "are that machine's")
+
+
 def _onnxruntime_setup(su: _Setup, models_dir: Path | None) -> None:
     """The device's onnxruntime model (beside its other models), or why there is none."""
     from dlas_predict.models.ortmodel import OrtLatencyModel
@@ -497,10 +505,13 @@ def _onnxruntime_setup(su: _Setup, models_dir: Path | None) -> None:
                            "--backends onnxruntime`, then `train`)"))
         return
     where = su.ort_model.meta.get("onnxruntime_fingerprints") or []
-    if su.dev.fingerprint and where and su.dev.fingerprint not in where:
-        su.notes.append(f"the onnxruntime model was trained on another machine "
-                        f"({su.ort_model.meta.get('cpu_model') or ', '.join(where)}); its "
-                        "latencies are that machine's")
+    su.ort_here = bool(su.dev.fingerprint and su.dev.fingerprint in where)
+    su.ort_machine = su.ort_model.meta.get("cpu_model") or ", ".join(where)
+    su.ort_elsewhere = bool(su.dev.fingerprint and where and not su.ort_here)
+    # with a map, :func:`_map_onnxruntime` scales its rows and says so
+    if su.mapping is None and su.ort_elsewhere:
+        su.notes.append(_ORT_ELSEWHERE.format(su.ort_machine))
+
 
 
 def _onnxruntime_candidates(points, su: _Setup) -> list[Candidate]:
@@ -538,24 +549,24 @@ def _map_onnxruntime(ort: list[Candidate], su: _Setup, kernels: list[tuple], own
     by the map's. One ratio for every mode: onnxruntime's CPU kernels are not ours, and its
     float16 runs in float32 between casts. Rows so priced are the map's (zero-shot or
     adapted)."""
-    where = (su.ort_model.meta.get("onnxruntime_fingerprints") or []) if ort else []
-    if su.mapping is None or not ort or (su.dev.fingerprint and su.dev.fingerprint in where):
+    if su.mapping is None or su.ort_model is None or su.ort_here:
         return
     rows = [i for i, k in enumerate(kernels)
             if k[2] is Compression.DENSE and k[4] is Tuning.UNTUNED]
     own = np.asarray(own, float)[rows]
     mid, low, high = (np.asarray(a, float)[rows] for a in mapped)
-    if not rows or own.sum() <= 0 or mid.sum() <= 0:
+    if not ort or not rows or own.sum() <= 0 or mid.sum() <= 0:
+        if su.ort_elsewhere:  # not scaled: as without a map
+            su.notes.append(_ORT_ELSEWHERE.format(su.ort_machine))
         return
     r = mid.sum() / own.sum()
     lo, hi = min(low.sum() / mid.sum(), 1.0), max(high.sum() / mid.sum(), 1.0)
     for c in ort:
         c.predicted_s, c.low_s, c.high_s = c.predicted_s * r, c.low_s * r * lo, c.high_s * r * hi
         c.source = su.mapping.source
-    su.notes = [n for n in su.notes if not n.startswith("the onnxruntime model was trained")]
     su.notes.append(f"the onnxruntime model was trained on another machine "
-                    f"({su.ort_model.meta.get('cpu_model') or ', '.join(where)}): its "
-                    f"latencies are scaled by ×{r:.2f}, this network's ratio of its dense "
+                    f"({su.ort_machine}): its latencies are scaled by ×{r:.2f}, this "
+                    f"network's ratio of its dense "
                     f"float32 kernels' times mapped to {su.dev.name} to that machine's "
                     f"({su.mapping.source})")
 
