@@ -479,8 +479,8 @@ def test_adapt_on_whole_network_latencies_then_recommend(tmp_path):
 
 
 def test_a_map_fitted_without_a_slope_fits_offsets_to_what_the_slope_leaves():
-    """``fit_slope=False``: slope 1, and the offset (shrunk towards the zero-shot map's 0 as
-    strongly as five rows) and group offsets fit y - x."""
+    """``fit_slope=False``: slope 1, and the offset and group offsets (each shrunk towards
+    the zero-shot map's 0) fit y - x."""
     from types import SimpleNamespace
 
     from dlas_predict.crossdev.transfer import DeviceMap, adapted_map
@@ -503,7 +503,7 @@ def test_predict_prices_a_network_run_by_onnxruntime(monkeypatch):
     """As its model's machine, onnxruntime's row is trained; elsewhere (the layer model
     mapped here too) it moves with the map and is the map's."""
     from dlas_predict.models.ortmodel import OrtLatencyModel
-    from dlas_predict.paths import MODELS_STORE
+    from dlas_predict.paths import model_dir
     from dlas_predict.space.devices import get_device
 
     _trained_here(monkeypatch, True)
@@ -516,7 +516,8 @@ def test_predict_prices_a_network_run_by_onnxruntime(monkeypatch):
     _trained_here(monkeypatch, False)
     (q,) = json.loads(run_cli("predict", "zoo:resnet18-cifar", "--device", "local",
                               "--config", "dense/onnxruntime", "--json").output)
-    where = OrtLatencyModel.load(MODELS_STORE / "local").meta["onnxruntime_fingerprints"]
+    # the onnxruntime model read here: this machine's own where the project measured it
+    where = OrtLatencyModel.load(model_dir("local")).meta["onnxruntime_fingerprints"]
     here = get_device("local", with_target=False).fingerprint in where
     assert q["source"] == ("trained" if here else "zero-shot")
     assert (q["predicted_ms"] == p["predicted_ms"]) == here
@@ -652,3 +653,26 @@ def test_a_profile_left_out_is_answered_from_its_sibling_of_the_same_code():
     assert np.isclose(h.by_shots[0].within_25pct,
                       np.mean(np.abs(np.exp(mapped[ok] - y[ok]) - 1) <= 0.25), atol=0.02)
     assert h.by_shots[0].within_25pct > 0.7 and h.by_shots[10].within_25pct > 0.7
+
+
+def test_an_offset_every_measurement_shares_reaches_the_kernels_not_measured():
+    """Ten measurements of five conv shapes, each 40 % faster than the map says: the common
+    offset goes to the map's overall offset (held by the weakest prior), not to the shapes'
+    own offsets, so a kernel of a shape never measured is priced 40 % faster too."""
+    from types import SimpleNamespace
+
+    from dlas_predict.crossdev import transfer
+    from dlas_predict.crossdev.transfer import DeviceMap, adapted_map
+
+    rng = np.random.default_rng(0)
+    x = np.log(rng.uniform(0.05, 5.0, 10))
+    convs = [f"C={8 * (i % 5 + 1)},H=8,W=8,K=8,R=3,S=3" for i in range(10)]
+    groups = ["dense/direct"] * 10
+    y = x + np.log(0.6)
+    base = DeviceMap("box", "local", "zero-shot", 0.0, 0.0, -0.5, 0.5)
+    dev = SimpleNamespace(name="box", peak_gflops={})
+    m = adapted_map(dev, "local", x, np.zeros(10), y, groups, base, convs=convs)
+    unseen = m.apply(np.log([1.0]), np.zeros(1), ["dense/direct"], ["C=99,H=8,W=8,K=8,R=1,S=1"])
+    assert np.exp(unseen[0]) == pytest.approx(0.6, rel=0.1)
+    assert max(abs(v) for v in m.conv_offsets.values()) < 0.1
+    assert transfer.PRIOR_ROWS["offset"] < min(transfer.PRIOR_ROWS[k] for k in ("group", "conv"))

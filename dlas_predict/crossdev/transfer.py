@@ -403,16 +403,24 @@ def group_of(compression: str, algorithm: str) -> str:
     return f"{compression}/{algorithm}"
 
 
+#: How strongly ``adapted_map`` shrinks each fitted term to the zero-shot map, as many rows
+#: of measurements as each prior weighs. The overall offset, which every measurement informs,
+#: is held least: with a prior of five rows against each conv shape's half row, ten
+#: measurements of six shapes left most of a machine's common offset in the shapes' own
+#: offsets, and every unmeasured kernel kept it (`benchmarks/README.md`, active learning).
+PRIOR_ROWS = {"offset": 0.5, "slope": 5.0, "group": 2.0, "conv": 2.0}
+
+
 def adapted_map(device, reference: str, log_ref: np.ndarray, log_scale: np.ndarray,
                 log_meas: np.ndarray, groups: list[str], base: DeviceMap | None = None,
                 data: Path | None = None, convs: list[str] | None = None,
                 x_var: float | None = None, fit_slope: bool = True) -> DeviceMap:
     """An offset, a slope on the reference's log latency and an offset per kernel group
     (compression/algorithm: a device may run float16 or one algorithm unlike the
-    reference), fitted on the user's measurements; the slope is shrunk to 1 and the group
-    offsets to 0 by priors as strong as three and two rows. With ``convs``, each measured
-    conv shape also gets an offset (shrunk to 0 as strongly as one row), shared by its
-    kernels of every group: what one measurement of a layer says about its other
+    reference), fitted on the user's measurements; the offset is shrunk to the zero-shot
+    map's, the slope to 1 and the group offsets to 0 by the priors of :data:`PRIOR_ROWS`.
+    With ``convs``, each measured conv shape also gets an offset (shrunk to 0), shared by
+    its kernels of every group: what one measurement of a layer says about its other
     configurations. ``x_var``: the spread of the reference's log latencies over every kernel
     that will be predicted (default: over the measured ones), which scales the slope's
     prior so that a few measurements of similar kernels cannot tilt it. ``fit_slope=False``
@@ -438,9 +446,10 @@ def adapted_map(device, reference: str, log_ref: np.ndarray, log_scale: np.ndarr
 
     def fit(idx):
         A = design(idx)
-        P = np.diag([5.0] + [5.0 * max(np.var(x) if x_var is None else x_var, 1e-3)] * slopes
-                    + [2.0] * len(extra)
-                    + [0.5] * len(shapes))
+        P = np.diag([PRIOR_ROWS["offset"]]
+                    + [PRIOR_ROWS["slope"] * max(np.var(x) if x_var is None else x_var, 1e-3)]
+                    * slopes + [PRIOR_ROWS["group"]] * len(extra)
+                    + [PRIOR_ROWS["conv"]] * len(shapes))
         # the prior is the zero-shot map: y = x, i.e. xm at the centre, slope 1, no offsets
         target = np.r_[xm if fit_slope else 0.0, [1.0] * slopes,
                        np.zeros(len(extra) + len(shapes))]
