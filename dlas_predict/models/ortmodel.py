@@ -287,11 +287,11 @@ def training_rows(store: Path, device: str, block: int | None = None):
         shares = pruned and not channels_removed(ls, layers.get((r.network, "dense"))) and \
             not kept_all
         mode = model_mode(r.config, removed=not kept_all)
-        summary = _summary(r.network, (dense_summary.get(r.network) if shares or not pruned
-                                       else None) or r.summary)
+        text = (dense_summary.get(r.network) if shares or not pruned else None) or r.summary
+        summary = _summary(r.network, text)
         if not ls or summary is None or r.best_s is None:
             continue
-        if mode == "int8" and not knows_qdq_floats(r.network, r.summary):
+        if mode == "int8" and not knows_qdq_floats(r.network, text):
             continue  # which of its convs ran in float is not known
         X.append(ort_terms([ConvSpec.parse(c["conv"]) for c in ls],
                            [float(c["ratio"]) for c in ls], summary, mode, shares, block))

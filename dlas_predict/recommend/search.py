@@ -513,7 +513,6 @@ def _onnxruntime_setup(su: _Setup, models_dir: Path | None) -> None:
         su.notes.append(_ORT_ELSEWHERE.format(su.ort_machine))
 
 
-
 def _onnxruntime_candidates(points, su: _Setup) -> list[Candidate]:
     """Each grid point run by onnxruntime, priced by the onnxruntime model: pruned models
     in float32 (channel pruning with its zeroed filters removed), float16, static QDQ int8."""
@@ -566,9 +565,8 @@ def _map_onnxruntime(ort: list[Candidate], su: _Setup, kernels: list[tuple], own
         c.source = su.mapping.source
     su.notes.append(f"the onnxruntime model was trained on another machine "
                     f"({su.ort_machine}): its latencies are scaled by ×{r:.2f}, this "
-                    f"network's ratio of its dense "
-                    f"float32 kernels' times mapped to {su.dev.name} to that machine's "
-                    f"({su.mapping.source})")
+                    f"network's ratio of its dense float32 kernels' times mapped to "
+                    f"{su.dev.name} to that machine's ({su.mapping.source})")
 
 
 def features_device(dev, info: dict):
