@@ -177,11 +177,8 @@ def devices_remove(name: str = typer.Argument(..., help="A device `devices add` 
 
 def _measure_peaks(as_json: bool, save_to: Optional[Path], device: str, tracker, rpc_key,
                    allow_remote, timeout) -> None:
-    import time
-
-    from dlas_predict.space.devices import get_device, save_measured_peaks
+    from dlas_predict.space.devices import get_device, measure_peaks
     from dlas_predict.measure.runner import LocalRunner
-    from dlas_predict.measure.tasks import PeaksTask
 
     dev = get_device(device)
     rpc = _rpc(dev, tracker, rpc_key, allow_remote, 1, 1, timeout)
@@ -189,27 +186,13 @@ def _measure_peaks(as_json: bool, save_to: Optional[Path], device: str, tracker,
         where = f" through {rpc.tracker} (key {rpc.key})" if rpc else ""
         typer.echo(f"measuring the roofs of {dev.name} ({dev.description}){where}, about "
                    "30 s ...")
-    with LocalRunner(dev, timeout_s=600, rpc=rpc) as runner:
-        reply = runner.call(PeaksTask(target=dev.target, cores=dev.cores,
-                                      simd_bits=dev.simd_bits or 128))
-        board = runner.board
-    if not reply.ok:
-        _fail(f"measuring the roofs failed: {reply.error}")
-    entry = {"fingerprint": dev.fingerprint, "device": dev.name, "cpu_model": dev.cpu_model,
-             "cores": dev.cores, "simd_bits": dev.simd_bits, "caches": dev.caches,
-             "peak_gflops": reply.peak_gflops,
-             "mem_bandwidth_gbs": reply.mem_bandwidth_gbs, "details": reply.details,
-             "tvm_version": reply.tvm_version, "measured_at": time.time(),
-             "board": board.to_dict() if board else None,
-             "method": "measure/peaks.py: FMA-bound register kernel per dtype (best of 15 "
-                       "runs); STREAM triad over 3 x 256 MiB (3 x 4 bytes per element)"}
-    path = save_measured_peaks(entry, str(save_to) if save_to else None)
+    peaks, path = measure_peaks(dev, lambda: LocalRunner(dev, timeout_s=600, rpc=rpc), save_to)
     if as_json:
-        _print_json(entry)
+        _print_json(peaks.to_dict())
         return
-    for dtype, value in entry["peak_gflops"].items():
+    for dtype, value in peaks.peak_gflops.items():
         typer.echo(f"  peak {dtype:8s} {value:8.1f} GFLOP/s (measured)")
-    typer.echo(f"  bandwidth        {entry['mem_bandwidth_gbs']:8.1f} GB/s (measured)")
+    typer.echo(f"  bandwidth        {peaks.mem_bandwidth_gbs:8.1f} GB/s (measured)")
     typer.echo(f"stored with the {dev.name} entry: {path}"
                + (f" and {save_to}" if save_to else ""))
 
@@ -964,22 +947,14 @@ def evaluate(store: Optional[Path] = typer.Option(None, "--store", help="Corpus 
         return _evaluate_devices(source, level, shots, draws, data, device, seed, as_json)
     if store is None:
         _fail("--store is needed (or --leave-one-device-out)")
-    device = device or "local"
-    from dlas_predict.models.evaluation import (MODELS, WHOLE_MODELS, HeldOutFits,
-                                                leave_one_network_out, load_corpus,
-                                                whole_network_lono, whole_rows)
+    from dlas_predict.models.evaluation import MODELS, WHOLE_MODELS, evaluate_store
     from dlas_predict.render import format_table
 
-    corpus = load_corpus(store, device)
-    wrows = whole_rows(corpus, store)
-    fits = HeldOutFits(corpus, wrows, seed)
-    report = leave_one_network_out(corpus, seed, fits)
-    whole = whole_network_lono(corpus, wrows, seed, fits) \
-        if len({r.network for r in wrows}) >= 3 else None
+    ev = evaluate_store(store, device or "local", seed)
     if as_json:
-        _print_json({**report.to_dict(),
-                     "whole_networks": whole.to_dict() if whole is not None else None})
+        _print_json(ev.to_dict())
         return
+    report, whole = ev.kernels, ev.whole
     typer.echo(f"leave-one-network-out on {report.device}; configurations are compression "
                f"× algorithm, latency = {report.scope}; measured vs predicted")
     typer.echo(format_table(_score_rows(report, MODELS)))
@@ -987,8 +962,8 @@ def evaluate(store: Optional[Path] = typer.Option(None, "--store", help="Corpus 
         typer.echo("\nno whole-network evaluation: it needs whole-network measurements of at "
                    "least three networks (`dlas-predict collect --whole-network`)")
         return
-    typer.echo(f"\nleave-one-network-out over {len(wrows)} measured {whole.scope}: the "
-               "held-out network's kernels and whole measurements are unseen in training; "
+    typer.echo(f"\nleave-one-network-out over {ev.whole_measurements} measured {whole.scope}: "
+               "the held-out network's kernels and whole measurements are unseen in training; "
                "top-3 gap = best measured of the predicted top 3 / best measured; "
                "measured_conv+residual is no predictor: the network model on the held-out "
                "network's measured kernels, what a perfect layer model would reach")
@@ -996,27 +971,11 @@ def evaluate(store: Optional[Path] = typer.Option(None, "--store", help="Corpus 
 
 
 def _evaluate_devices(source, level, shots, draws, data, device, seed, as_json) -> None:
-    from dlas_predict.crossdev import sources
-    from dlas_predict.crossdev.evaluate import DEFAULT_SHOTS, leave_one_device_out
+    from dlas_predict.crossdev.evaluate import evaluate_devices
     from dlas_predict.render import format_table
 
-    if level not in sources.LEVELS:
-        _fail(f"unknown --level {level!r}; allowed: " + ", ".join(sources.LEVELS))
-    source = source or ("help" if level == "network" else "profiles")
-    if source in ("help", "tophub") and level != {"help": "network", "tophub": "kernel"}[source]:
-        _fail(f"{source} has {'networks' if source == 'help' else 'kernels'} only; use "
-              f"--level {'network' if source == 'help' else 'kernel'}")
-    try:
-        counts = tuple(int(x) for x in shots.split(",") if x.strip()) if shots else DEFAULT_SHOTS
-    except ValueError:
-        _fail(f"--shots takes comma-separated counts, e.g. 0,5,10 (got {shots!r})")
-    if not counts:
-        _fail("--shots is empty")
-    if draws < 1:
-        _fail("--draws must be at least 1")
-    mat = sources.load(source, level, data)
     log = None if as_json else (lambda m: typer.echo(m, err=True))
-    rep = leave_one_device_out(mat, counts, draws, seed, [device] if device else None, log=log)
+    rep = evaluate_devices(source, level, shots, draws, data, device, seed, log)
     if as_json:
         _print_json(rep.to_dict())
         return
@@ -1146,85 +1105,49 @@ def active_learn(device: str = typer.Option(..., "--device", help="The device to
                  as_json: bool = typer.Option(False, "--json")):
     """Measure the kernels that most reduce the uncertainty about your networks, refit, and
     repeat; draws the learning curve against random choice (with --replay)."""
-    from dataclasses import asdict
-
     import numpy as np
 
     from dlas_predict.crossdev import active
-    from dlas_predict.paths import dlas_home
 
-    if budget < 1:
-        _fail("--budget must be at least 1")
-    if criterion not in active.CRITERIA:
-        _fail(f"unknown --criterion {criterion!r}; allowed: {', '.join(active.CRITERIA)}")
-    if target_interval is not None and target_interval <= 1:
-        _fail("--target-interval is a high/low ratio above 1 (e.g. 1.2)")
     log = None if as_json else (lambda m: typer.echo(m, err=True))
-    curves: dict[str, list] = {}
     if replay is not None:
         if store is not None or tracker:
             _fail("--replay measures nothing: drop --store and --tracker")
-        pool, oracle = active.replay_source(replay, list(network) or None, device)
-        if budget > len(pool.kernels):
-            _fail(f"--budget {budget} is more than the {len(pool.kernels)} kernels of "
-                  "these networks")
-        main = active.run(device, pool, oracle, budget, criterion, seed, target_interval,
-                          log=log)
-        curves[criterion] = [main]
-        if criterion != "random":
-            curves["random"] = [active.run(device, pool, oracle, budget, "random", s,
-                                           target_interval) for s in range(random_runs)]
+        rep = active.learn_replay(device, replay, list(network), budget, criterion, seed,
+                                  target_interval, random_runs, plot, log)
     else:
         from dlas_predict.measure.farm import kernel_runner
         from dlas_predict.space.devices import get_device
 
-        if not network:
-            _fail("--network is needed (the networks whose kernels to measure)")
         dev = get_device(device)
         proto = _protocol(max_repeats, time_budget, quiet_wait)
         rpc = _rpc(dev, tracker, rpc_key, allow_remote_tracker, None, 3, timeout)
         if rpc is None and not dev.measured_here:
             _fail(f"{device} is measured through a tracker: pass --tracker HOST:PORT (or "
                   "--replay recorded measurements)")
-        pool = active.pool_from_networks(list(network))
-        db = None
-        if store is not None:
-            from dlas_predict.corpus.store import CorpusStore
-            db = CorpusStore(store)
-        try:
-            with kernel_runner(dev, proto, timeout, rpc, log) as runner:
-                oracle = active.Live(runner, dev, db)
-                main = active.run(device, pool, oracle, min(budget, len(pool.kernels)),
-                                  criterion, seed, target_interval, log=log)
-        finally:
-            if db is not None:
-                db.close()
-        curves[criterion] = [main]
-    measured = {s.picked: None for s in main.steps if s.picked}
-    saved = active.save_adapted(device, main, pool, list(measured))
-    out = plot or dlas_home() / "active-learn" / f"{device}.png"
-    active.plot(curves, out, f"{device}: {len(pool.plans)} plans of "
-                f"{len({p[0] for p in pool.plans})} network(s), reference {main.reference}")
-    res = {k: [[asdict(s) for s in c.steps] for c in v] for k, v in curves.items()}
+        rep = active.learn_live(device, list(network),
+                                lambda: kernel_runner(dev, proto, timeout, rpc, log), budget,
+                                criterion, seed, target_interval, store, plot, log)
     if as_json:
-        _print_json({"device": device, "reference": main.reference, "plans": len(pool.plans),
-                     "kernels": len(pool.kernels), "curves": res, "plot": str(out),
-                     "saved": str(saved)})
+        _print_json(rep.to_dict())
         return
-    last = main.steps[-1]
+    last = rep.main.steps[-1]
     typer.echo(f"{device}: {last.measured} kernel measurements (reference model "
-               f"{main.reference}); plans' mean 80% interval ×{last.mean_interval:.2f}")
-    if replay is not None:
-        for name, runs in curves.items():
+               f"{rep.main.reference}); plans' mean 80% interval ×{last.mean_interval:.2f}")
+    if rep.replayed:
+        for name, runs in rep.curves.items():
             reach = [c.first_reaching(0.9) for c in runs]
             final = np.mean([c.steps[-1].within_10pct for c in runs])
             typer.echo(f"  {name:12s} plans within ±10%: {final:.0%} after {last.measured}; "
                        "90% reached after "
                        + ", ".join("never" if r is None else str(r) for r in reach))
-    typer.echo(f"learning curve: {out}")
+    if rep.failed:
+        typer.echo(f"{len(rep.failed)} kernels failed to measure and were skipped: "
+                   + "; ".join(f"{k}: {e}" for k, e in list(rep.failed.items())[:3]))
+    typer.echo(f"learning curve: {rep.plot}")
     from dlas_predict.crossdev.transfer import own_model
 
-    typer.echo(f"saved the adapted map: {saved} ("
+    typer.echo(f"saved the adapted map: {rep.saved} ("
                + (f"{device} has trained models, which recommend uses; the map is kept for "
                   "reference" if own_model(device) else
                   f"recommend --device {device} uses it") + ")")
@@ -1515,34 +1438,21 @@ def corpus_import_results(
             "(default: DLAS_HOME/tuning/DEVICE-FINGERPRINT of the GPU they are filed "
             "under).")):
     """Import a kernel bundle's results (and its build failures) as corpus records."""
-    from dlas_predict.corpus.store import CorpusStore
-    from dlas_predict.measure.gpu_bundle import import_plans, import_results
+    from dlas_predict.measure.gpu_bundle import import_bundle
 
-    if not (bundle / "bundle.json").is_file():
-        raise DlasError(f"{bundle} is not a kernel bundle (no bundle.json)")
-    if results is not None and not results.is_file():
-        raise DlasError(f"no results file {results}")
     dev = None
     if device is not None:
         from dlas_predict.space.devices import get_device
 
         dev = get_device(device, with_target=False)
-    if tuning_db is not None and results is None:
-        raise DlasError("--tuning-db files measured candidates: give the results file")
-    with CorpusStore(store) as db:
-        nets = import_plans(bundle, db)
-        counts = import_results(bundle, results, db, dev)
-    from dlas_predict.measure.gpu_bundle import TRACES, file_metaschedule
-
-    filed = 0
-    if results is not None and (bundle / TRACES).is_file():
-        filed, tuning_db = file_metaschedule(bundle, results, tuning_db, dev)
+    rep = import_bundle(bundle, results, store, dev, tuning_db)
+    counts = rep.counts
     typer.echo(f"imported {counts['records']} records ({counts['failed']} failures) of "
-               f"{nets} networks into {store}; {counts['skipped']} were already there"
+               f"{rep.networks} networks into {store}; {counts['skipped']} were already there"
                + (f"; {counts['incomplete_searches']} searches not finished (run the "
                   "bundle again)" if counts["incomplete_searches"] else "")
-               + (f"; {filed} MetaSchedule candidates filed in {tuning_db}"
-                  if filed else "")
+               + (f"; {rep.filed} MetaSchedule candidates filed in {rep.tuning_db}"
+                  if rep.filed else "")
                + (f"; {counts['networks']} whole networks ({counts['network_failures']} "
                   "failures)" if counts["networks"] else ""))
 

@@ -680,3 +680,37 @@ def write_metaschedule_bundle(kernels: list[tuple[ConvSpec, Variant]], device: D
                 f"({got['failed']} failed), proposed in {seconds:.1f} s; "
                 f"{time.time() - t_start:.0f} s in all")
     return counts
+
+
+@dataclass(frozen=True)
+class BundleImport:
+    """What :func:`import_bundle` filed: the bundle's networks, its records (counts of
+    :func:`import_results`), and the MetaSchedule candidates filed in a tuning database."""
+
+    networks: int
+    counts: dict[str, int]
+    filed: int = 0
+    tuning_db: Path | None = None
+
+
+def import_bundle(bundle: Path, results: Path | None, store: Path,
+                  device: Device | None = None, tuning_db: Path | None = None) -> BundleImport:
+    """Import a bundle into the corpus store at ``store``: its networks' layers and
+    configurations, its build failures and the GPU run's ``results`` (filed under
+    ``device`` where given), and, for a MetaSchedule bundle, its measured candidates into
+    ``tuning_db`` (:func:`file_metaschedule`)."""
+    from dlas_predict.corpus.store import CorpusStore
+
+    if not (bundle / "bundle.json").is_file():
+        raise DlasError(f"{bundle} is not a kernel bundle (no bundle.json)")
+    if results is not None and not results.is_file():
+        raise DlasError(f"no results file {results}")
+    if tuning_db is not None and results is None:
+        raise DlasError("--tuning-db files measured candidates: give the results file")
+    with CorpusStore(store) as db:
+        nets = import_plans(bundle, db)
+        counts = import_results(bundle, results, db, device)
+    if results is not None and (bundle / TRACES).is_file():
+        filed, tuning_db = file_metaschedule(bundle, results, tuning_db, device)
+        return BundleImport(nets, counts, filed, tuning_db)
+    return BundleImport(nets, counts)

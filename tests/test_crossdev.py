@@ -173,6 +173,10 @@ def test_adapt_on_convs_saves_under_dlas_home_and_predicts_the_same_after_reload
     assert rep["registered"] and rep["source"] == "profiles" and rep["rows"] == 6
     assert (dlas_home() / "adapted" / "my-avx2-box.json").is_file()
     assert (_tree_hash(MODELS_STORE), _tree_hash(CORPUS_SNAPSHOTS)) == before
+    listed = {d["name"]: d for d in json.loads(run_cli("devices", "--json").output)}
+    box = listed["my-avx2-box"]  # known by its measurements alone: every field, none invented
+    assert set(box) == set(listed["local"]) and box["model"] == "adapted"
+    assert box["peak_gflops"] == {} and box["cores"] is None
     targets = [f"conv:{c}" for c in df.conv] + [C3]
     first = predictor.predict(targets, "my-avx2-box", "dense/gemm")
     predictor.basis.cache_clear()
@@ -264,6 +268,27 @@ def _trained_here(monkeypatch, here: bool) -> None:
 
     monkeypatch.setattr(transfer, "model_machine", lambda name: (
         get_device(name, with_target=False).fingerprint if here else "0123456789abcdef"))
+
+
+def test_a_reference_is_priced_by_its_shipped_model_whichever_model_answers_here(
+        monkeypatch):
+    """A map scales a reference's predictions by the machine its shipped model and corpus
+    are of (``data_spec``); where this machine answers ``local`` with a model of its own,
+    ``local`` as a reference is still priced by the shipped one, as recommend prices it."""
+    from dlas_predict.crossdev import transfer
+    from dlas_predict.recommend import search
+    from dlas_predict.space.config import ConvSpec
+
+    rows = [(ConvSpec.parse("C=64,H=32,W=32,K=64,R=3,S=3,pad=1"), "gemm", "dense", 0.0,
+             "untuned"), (ConvSpec.parse("C=32,H=16,W=16,K=64,R=1,S=1"), "direct", "int8",
+                          0.0, "untuned")]
+    shipped = transfer.reference_predictions("local", rows)
+    other = search.MODELS_STORE / "local-sse42-1t"  # a model of this name of another machine
+    monkeypatch.setattr(search, "model_dir", lambda name: other)
+    assert search.load_models("local")[2]["directory"] == str(other)  # answers here
+    assert not np.allclose(transfer.reference_predictions("local-sse42-1t", rows)[0],
+                           shipped[0])
+    assert np.allclose(transfer.reference_predictions("local", rows), shipped)
 
 
 def test_a_model_of_another_machine_is_not_this_machines(monkeypatch):
@@ -420,6 +445,18 @@ def test_active_learn_bad_input(args, needle):
     assert_clean_error(run_cli("active-learn", "--device", "local-avx2-1t", *args), needle)
 
 
+@pytest.mark.parametrize("args, needle", [
+    (["--level", "layer"], "unknown --level 'layer'; allowed: network, kernel"),
+    (["--source", "help"], "help has networks only; use --level network"),
+    (["--source", "tophub", "--level", "network"], "tophub has kernels only"),
+    (["--shots", "0,ten"], "--shots takes comma-separated counts"),
+    (["--shots", ","], "--shots is empty"),
+    (["--draws", "0"], "--draws must be at least 1"),
+])
+def test_evaluate_leave_one_device_out_bad_input(args, needle):
+    assert_clean_error(run_cli("evaluate", "--leave-one-device-out", *args), needle)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not (SHARED_DATA / "tophub").is_dir(), reason="TopHub's logs not there")
 def test_evaluate_leave_one_device_out_cli():
@@ -454,6 +491,32 @@ def test_predict_a_network_is_the_recommend_candidate_it_names(monkeypatch):
                                  "local-avx2-1t", "--json").output)
     assert fast["predicted_ms"] <= p["predicted_ms"]
     assert_clean_error(run_cli("predict", "zoo:nope", "--device", "local"), "unknown zoo")
+
+
+@pytest.mark.slow
+def test_a_large_batch_is_shared_among_the_cores_and_priced_as_one_process_prices_it(
+        monkeypatch):
+    """Forked processes price a large batch's networks as this process would, each distinct
+    network once, and every target keeps its own text and place."""
+    import os
+    from dataclasses import replace
+
+    from dlas_predict.crossdev import predictor
+
+    _trained_here(monkeypatch, True)
+    nets = ["zoo:resnet18-cifar", "zoo:mobilenetv1-cifar", "zoo:vgg16-cifar",
+            "zoo:mobilenetv2-cifar", "zoo:resnet18-cifar"]
+    alone = predictor.predict(nets, "local-avx2-1t", "dense")
+    priced = predictor._predict_network
+    monkeypatch.setattr(predictor, "_predict_network", lambda t, device, cfg: replace(
+        priced(t, device, cfg), basis=str(os.getpid())))
+    monkeypatch.setattr(predictor, "PARALLEL_FROM", 2)
+    monkeypatch.setattr("dlas_predict.space.devices.local_cores", lambda: 2)
+    shared = predictor.predict(nets, "local-avx2-1t", "dense")
+    pids = {p.basis for p in shared}
+    assert str(os.getpid()) in pids and len(pids) >= 2  # this process and a forked one
+    assert [replace(p, basis="") for p in shared] == [replace(p, basis="") for p in alone]
+    assert shared[4].target == "zoo:resnet18-cifar" and shared[4].basis == shared[0].basis
 
 
 @pytest.mark.slow

@@ -109,6 +109,55 @@ def test_devices_measure_peaks(tmp_path):
     assert get_device("local", with_target=False).source == "measured"
 
 
+class _PeaksBoard:
+    """A runner that answers a roofs task as a board would, without measuring."""
+
+    def __init__(self, ok: bool):
+        self.ok, self.tasks, self.board = ok, [], None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def call(self, task):
+        from types import SimpleNamespace
+
+        self.tasks.append(task)
+        return SimpleNamespace(ok=self.ok, error=None if self.ok else "board lost",
+                               peak_gflops={"float32": 100.0, "float16": 90.0, "int8": 80.0},
+                               mem_bandwidth_gbs=20.0, details={}, tvm_version="0.x")
+
+
+def test_measured_roofs_are_stored_with_the_device_and_read_back(tmp_path, monkeypatch):
+    import json
+
+    from dlas_predict.space.devices import measure_peaks, measured_peaks
+
+    monkeypatch.setenv("DLAS_HOME", str(tmp_path / "home"))  # these roofs are made up
+    dev = get_device("local", with_target=False)
+    board = _PeaksBoard(ok=True)
+    peaks, cache = measure_peaks(dev, lambda: board, tmp_path / "peaks.json")
+    (task,) = board.tasks
+    assert task.kind == "peaks" and task.cores == dev.cores
+    assert peaks.peak_gflops["float32"] == 100.0 and peaks.method.startswith("measure/peaks")
+    assert measured_peaks(dev.fingerprint) == json.loads(open(cache).read())
+    shipped = json.loads((tmp_path / "peaks.json").read_text())
+    assert shipped["machines"][dev.fingerprint] == peaks.to_dict()
+    assert get_device("local", with_target=False).peak_gflops["float32"] == 100.0
+
+
+def test_a_failed_roofs_measurement_is_one_error_and_stores_nothing():
+    from dlas_predict.space.devices import measure_peaks, measured_peaks
+
+    dev = get_device("local", with_target=False)
+    before = measured_peaks(dev.fingerprint)
+    with pytest.raises(DeviceError, match="measuring the roofs failed: board lost"):
+        measure_peaks(dev, lambda: _PeaksBoard(ok=False))
+    assert measured_peaks(dev.fingerprint) == before
+
+
 def _isa_estimate() -> float:
     """The ISA x clock estimate of this CPU's float32 peak (an upper bound, roughly)."""
     from dlas_predict.space import devices as D

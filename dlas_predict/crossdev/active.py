@@ -356,8 +356,9 @@ def plot(curves: dict[str, list[Curve]], out: Path, title: str) -> Path:
     return out
 
 
-def save_adapted(device: str, curve: Curve, pool: Pool, measured: dict[str, float]) -> Path:
-    """The loop's map and measurements under DLAS_HOME (what `recommend` then uses)."""
+def save_adapted(device: str, curve: Curve, pool: Pool, measured: list[str]) -> Path:
+    """The loop's map and the keys of the kernels it measured, in order, under DLAS_HOME
+    (what `recommend` then uses)."""
     from dlas_predict.crossdev.predictor import adapted_dir, _safe
 
     path = adapted_dir() / f"{_safe(device)}.json"
@@ -451,3 +452,103 @@ def replay_source(path: Path, networks: list[str] | None, device: str) -> tuple[
         path = tmp
     pool, measured = pool_from_snapshot(path, networks)
     return pool, Replay(measured)
+
+
+@dataclass
+class LearnReport:
+    """One ``active-learn`` run: the criterion's curve (and random choice's, over
+    ``random_runs`` seeds, when replayed), the pool it learned for, where the learning curve
+    was drawn and where the adapted map was saved."""
+
+    device: str
+    criterion: str
+    pool: Pool
+    curves: dict[str, list[Curve]]
+    plot: Path
+    saved: Path
+    replayed: bool
+    failed: dict[str, str] = field(default_factory=dict)   # kernel key -> error (live)
+
+    @property
+    def main(self) -> Curve:
+        return self.curves[self.criterion][0]
+
+    def to_dict(self) -> dict:
+        return {"device": self.device, "reference": self.main.reference,
+                "plans": len(self.pool.plans), "kernels": len(self.pool.kernels),
+                "curves": {k: [[asdict(s) for s in c.steps] for c in v]
+                           for k, v in self.curves.items()},
+                "failed": self.failed, "plot": str(self.plot), "saved": str(self.saved)}
+
+
+def _check_options(budget: int, criterion: str, target_interval: float | None) -> None:
+    if budget < 1:
+        raise DlasError("--budget must be at least 1")
+    if criterion not in CRITERIA:
+        raise DlasError(f"unknown --criterion {criterion!r}; allowed: {', '.join(CRITERIA)}")
+    if target_interval is not None and target_interval <= 1:
+        raise DlasError("--target-interval is a high/low ratio above 1 (e.g. 1.2)")
+
+
+def learn_replay(device: str, replay: Path, networks: list[str] | None, budget: int,
+                 criterion: str = "variance", seed: int = 0,
+                 target_interval: float | None = None, random_runs: int = 3,
+                 plot_to: Path | None = None, log=None) -> LearnReport:
+    """The loop against recorded measurements (:func:`replay_source`), beside random choice
+    over ``random_runs`` seeds; the learning curve drawn and the map saved."""
+    _check_options(budget, criterion, target_interval)
+    pool, oracle = replay_source(replay, networks or None, device)
+    if budget > len(pool.kernels):
+        raise DlasError(f"--budget {budget} is more than the {len(pool.kernels)} kernels of "
+                        "these networks")
+    curves = {criterion: [run(device, pool, oracle, budget, criterion, seed, target_interval,
+                              log=log)]}
+    if criterion != "random":
+        curves["random"] = [run(device, pool, oracle, budget, "random", s, target_interval)
+                            for s in range(random_runs)]
+    return _finish(device, criterion, pool, curves, plot_to, replayed=True)
+
+
+def learn_live(device: str, networks: list[str], runner: Callable, budget: int,
+               criterion: str = "variance", seed: int = 0,
+               target_interval: float | None = None, store: Path | None = None,
+               plot_to: Path | None = None, log=None) -> LearnReport:
+    """The loop on the device itself: each picked kernel timed by the runner that
+    ``runner()`` opens (a context manager: this machine's worker, or a farm's boards; opened
+    once the options and networks are read) and, with ``store``, recorded there too."""
+    from dlas_predict.space.devices import get_device
+
+    _check_options(budget, criterion, target_interval)
+    if not networks:
+        raise DlasError("--network is needed (the networks whose kernels to measure)")
+    pool = pool_from_networks(list(networks))
+    db = None
+    if store is not None:
+        from dlas_predict.corpus.store import CorpusStore
+
+        db = CorpusStore(store)
+    try:
+        with runner() as timer:
+            oracle = Live(timer, get_device(device), db)
+            curve = run(device, pool, oracle, min(budget, len(pool.kernels)), criterion,
+                        seed, target_interval, log=log)
+    finally:
+        if db is not None:
+            db.close()
+    return _finish(device, criterion, pool, {criterion: [curve]}, plot_to, replayed=False,
+                   failed=oracle.failed)
+
+
+def _finish(device: str, criterion: str, pool: Pool, curves: dict[str, list[Curve]],
+            plot_to: Path | None, replayed: bool,
+            failed: dict[str, str] | None = None) -> LearnReport:
+    """Save the criterion's map and measurements, draw the curves, and report."""
+    from dlas_predict.paths import dlas_home
+
+    main = curves[criterion][0]
+    picked = [s.picked for s in main.steps if s.picked]
+    saved = save_adapted(device, main, pool, list(dict.fromkeys(picked)))
+    out = plot(curves, plot_to or dlas_home() / "active-learn" / f"{device}.png",
+               f"{device}: {len(pool.plans)} plans of {len({p[0] for p in pool.plans})} "
+               f"network(s), reference {main.reference}")
+    return LearnReport(device, criterion, pool, curves, out, saved, replayed, failed or {})

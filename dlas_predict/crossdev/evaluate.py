@@ -289,3 +289,31 @@ def leave_one_device_out(mat: LatencyMatrix, shots: tuple[int, ...] = DEFAULT_SH
     if not out:
         raise DlasError(f"no device of {mat.source} has enough targets shared with the others")
     return DeviceReport(mat.source, mat.level, list(shots), draws, out)
+
+
+def evaluate_devices(source: str | None = None, level: str = "kernel", shots: str | None = None,
+                     draws: int = 5, data=None, device: str | None = None, seed: int = 0,
+                     log=None) -> DeviceReport:
+    """``evaluate --leave-one-device-out``: the options read (``source`` defaults to HELP at
+    network level and the profiles at kernel level; ``shots`` is a comma list), the data
+    loaded, and :func:`leave_one_device_out` run over every device or ``device``."""
+    from dlas_predict.crossdev import sources
+
+    if level not in sources.LEVELS:
+        raise DlasError(f"unknown --level {level!r}; allowed: " + ", ".join(sources.LEVELS))
+    source = source or ("help" if level == "network" else "profiles")
+    only = {"help": "network", "tophub": "kernel"}.get(source)
+    if only and level != only:
+        raise DlasError(f"{source} has {only}s only; use --level {only}")
+    try:
+        counts = (tuple(int(x) for x in shots.split(",") if x.strip()) if shots
+                  else DEFAULT_SHOTS)
+    except ValueError:
+        raise DlasError(f"--shots takes comma-separated counts, e.g. 0,5,10 (got {shots!r})"
+                        ) from None
+    if not counts:
+        raise DlasError("--shots is empty")
+    if draws < 1:
+        raise DlasError("--draws must be at least 1")
+    mat = sources.load(source, level, data)
+    return leave_one_device_out(mat, counts, draws, seed, [device] if device else None, log=log)

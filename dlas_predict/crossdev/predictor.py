@@ -22,7 +22,7 @@ import csv
 import functools
 import json
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -367,9 +367,8 @@ def predict(targets: list[str], device: str, config: str | None = None,
         groups.setdefault(route[t.kind], []).append(i)
     for (source, level), idx in groups.items():
         if source == "engine":
-            for i in idx:
-                out[i] = (_predict_network(parsed[i], device, cfg) if level == "network"
-                          else _predict_conv(parsed[i], device, cfg))
+            for i, pred in zip(idx, _engine([parsed[i] for i in idx], device, cfg, level)):
+                out[i] = pred
             continue
         mat, model = basis(source, level, str(data) if data else None)
         post = _posterior(device, source, level, mat, model)
@@ -390,6 +389,50 @@ def predict(targets: list[str], device: str, config: str | None = None,
             out[i] = _prediction(parsed[i].text, _config_of(keys[b].split("|", 1)[1]),
                                  mean[b], sd[b], post, source)
     return [p for p in out if p is not None]
+
+
+#: Distinct networks a batch needs before ``predict`` shares it among this machine's cores.
+PARALLEL_FROM = 32
+
+_FORKED: tuple | None = None  # (the pricing function, the targets) of the batch being shared
+
+
+def _price_forked(i: int) -> Prediction:
+    one, targets = _FORKED  # type: ignore[misc]
+    return one(targets[i])
+
+
+def _engine(targets: list[Target], device: str, cfg: ConfigChoice,
+            level: str) -> list[Prediction]:
+    """Each target priced by the grid engine, a repeated one once. A batch of at least
+    :data:`PARALLEL_FROM` distinct networks per core is shared among the cores: the first
+    network is priced here (loading the models), then forked processes, which inherit
+    them, price the rest."""
+    from dlas_predict.space.devices import local_cores
+
+    one = functools.partial(_predict_network if level == "network" else _predict_conv,
+                            device=device, cfg=cfg)
+    first: dict[tuple[str, str], int] = {}
+    for i, t in enumerate(targets):
+        first.setdefault((t.kind, t.key), i)
+    distinct = list(first.values())
+    workers = min(local_cores(), len(distinct) // PARALLEL_FROM) if level == "network" else 1
+    priced = {distinct[0]: one(targets[distinct[0]])}
+    rest = distinct[1:]
+    if workers >= 2:
+        import multiprocessing
+
+        global _FORKED
+        _FORKED = (one, targets)  # what the forked processes price: inherited, not sent
+        try:
+            with multiprocessing.get_context("fork").Pool(workers) as pool:
+                priced.update(zip(rest, pool.map(_price_forked, rest, chunksize=max(
+                    1, len(rest) // (4 * workers)))))
+        finally:
+            _FORKED = None
+    else:
+        priced.update((i, one(targets[i])) for i in rest)
+    return [replace(priced[first[(t.kind, t.key)]], target=t.text) for t in targets]
 
 
 def _network_file(t: Target) -> str:
@@ -674,9 +717,16 @@ def adapted_devices() -> list[str]:
 
 
 def adapted_summary(device: str) -> dict:
-    """A device known by measurements alone, as `devices` lists it (no spec invented)."""
+    """A device known by measurements alone, as `devices` lists it: a registry entry's
+    fields, each empty (no spec invented)."""
+    from dataclasses import fields
+
+    from dlas_predict.space.devices import Device
+
     a = _read_adapted(device) or {}
     n = len(a.get("targets", [])) or (a.get("recommend_map") or {}).get("shots", 0)
-    return {"name": device, "kind": None, "origin": "adapted", "model": "adapted",
+    empty = {f.name: {} if f.name in ("target", "peak_gflops", "caches") else None
+             for f in fields(Device)}
+    return {**empty, "name": device, "origin": "adapted", "model": "adapted",
             "description": f"known by {n} measurement(s) on {a.get('source')}'s "
                            f"{a.get('level')}s (DLAS_HOME/adapted/{device}.json)"}

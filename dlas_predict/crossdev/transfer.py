@@ -472,13 +472,15 @@ def reference_predictions(reference: str, kernels: list[tuple]
                           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Seconds (median, 10 % and 90 %) of (spec, algorithm, compression, ratio, tuning)
     rows as ``reference``'s trained layer model predicts them (its features see the roofs it
-    was trained with)."""
+    was trained with): its shipped model (``models_store/REFERENCE``), of the machine its
+    corpus and :func:`data_spec` describe, as ``recommend`` maps it, whichever machine
+    answers with its own model of that name here."""
     from dlas_predict.models.features import KernelConfig, features
     from dlas_predict.recommend.search import features_device, load_models
     from dlas_predict.space.config import Algorithm, Compression, Tuning
     from dlas_predict.space.devices import get_device
 
-    layer, _, info = load_models(reference)
+    layer, _, info = load_models(reference, MODELS_STORE / reference)
     dev = features_device(get_device(reference, with_target=False), info)
     X = np.array([features(KernelConfig(spec, Algorithm.parse(a), Compression.parse(c),
                                         float(r), Tuning.parse(t)), dev)

@@ -643,6 +643,34 @@ def _top3_gap(pred: np.ndarray, true: np.ndarray, higher_is_better: bool = False
     return float(true[order].min() / true.min())
 
 
+@dataclass
+class StoreEvaluation:
+    """``evaluate --store``: leave-one-network-out on a store's kernel records
+    (``kernels``) and, where it holds whole-network measurements of at least three
+    networks, on those (``whole``, over ``whole_measurements`` of them)."""
+
+    kernels: EvaluationReport
+    whole: EvaluationReport | None
+    whole_measurements: int
+
+    def to_dict(self) -> dict:
+        return {**self.kernels.to_dict(),
+                "whole_networks": self.whole.to_dict() if self.whole is not None else None}
+
+
+def evaluate_store(store: Path, device: str = "local", seed: int = 0) -> StoreEvaluation:
+    """Leave one network out on the records of ``device`` in ``store``: the kernels, and the
+    whole networks where there are three networks' measurements; one set of held-out fits
+    serves both."""
+    corpus = load_corpus(store, device)
+    rows = whole_rows(corpus, store)
+    fits = HeldOutFits(corpus, rows, seed)
+    kernels = leave_one_network_out(corpus, seed, fits)
+    whole = (whole_network_lono(corpus, rows, seed, fits)
+             if len({r.network for r in rows}) >= 3 else None)
+    return StoreEvaluation(kernels, whole, len(rows))
+
+
 def whole_network_lono(corpus: Corpus, rows: list[WholeRow], seed: int = 0,
                        fits: HeldOutFits | None = None) -> EvaluationReport:
     """Leave one network out over measured whole networks: per held-out network and

@@ -251,6 +251,58 @@ def measured_peaks(fingerprint: str) -> dict[str, Any] | None:
     return shipped.get("machines", {}).get(fingerprint)
 
 
+#: How ``devices --measure-peaks`` measures, recorded with every measurement.
+PEAKS_METHOD = ("measure/peaks.py: FMA-bound register kernel per dtype (best of 15 runs); "
+                "STREAM triad over 3 x 256 MiB (3 x 4 bytes per element)")
+
+
+@dataclass(frozen=True)
+class MeasuredPeaks:
+    """A device's roofs as measured on it (``devices --measure-peaks``): what the registry's
+    measured-roofs file and cache hold, keyed by the device's fingerprint."""
+
+    fingerprint: str
+    device: str
+    cpu_model: str | None
+    cores: int
+    simd_bits: int | None
+    caches: Any
+    peak_gflops: dict[str, float]
+    mem_bandwidth_gbs: float
+    details: Any
+    tvm_version: str | None
+    measured_at: float
+    board: dict[str, Any] | None
+    method: str = PEAKS_METHOD
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def measure_peaks(device: Device, runner: Any, save_to: Path | None = None
+                  ) -> tuple[MeasuredPeaks, str]:
+    """Measure ``device``'s roofs with the runner that ``runner()`` opens (this machine's
+    worker, or a board of a tracker), and store them with its registry entry (and in the
+    JSON file ``save_to``): the measurement and the cache path. A failed measurement raises
+    :class:`DeviceError` with the board's error."""
+    import time
+
+    from dlas_predict.measure.tasks import PeaksTask
+
+    with runner() as r:
+        reply = r.call(PeaksTask(target=device.target, cores=device.cores,
+                                 simd_bits=device.simd_bits or 128))
+        board = r.board
+    if not reply.ok:
+        raise DeviceError(f"measuring the roofs failed: {reply.error}")
+    peaks = MeasuredPeaks(device.fingerprint, device.name, device.cpu_model, device.cores,
+                          device.simd_bits, device.caches, reply.peak_gflops,
+                          reply.mem_bandwidth_gbs, reply.details, reply.tvm_version,
+                          time.time(), board.to_dict() if board else None)
+    path = save_measured_peaks(peaks.to_dict(), str(save_to) if save_to else None)
+    return peaks, path
+
+
 def save_measured_peaks(entry: dict[str, Any], also_to: str | None = None) -> str:
     """Cache a measurement of this machine's roofs (and merge it into the JSON file
     ``also_to``, keyed by fingerprint); returns the cache path."""
