@@ -163,10 +163,7 @@ def run(device: str, pool: Pool, oracle: Callable[[PoolKernel], float], budget: 
     """One active-learning loop (see the module doc); ``oracle`` measures a kernel (ms)."""
     from dlas_predict.space.devices import device_names, get_device
 
-    if criterion not in CRITERIA:
-        raise DlasError(f"unknown criterion {criterion!r}; allowed: {', '.join(CRITERIA)}")
-    if budget < 1:
-        raise DlasError("--budget must be at least 1")
+    _check_options(budget, criterion, target_width)
     dev = (None if device not in device_names() else
            # a replay is of recorded data: the device as that data was measured
            transfer.data_spec(device) if isinstance(oracle, Replay) else

@@ -161,8 +161,15 @@ def trained_devices() -> list[str]:
     return sorted(p.parent.name for p in MODELS_STORE.glob("*/layer.json"))
 
 
+def reference_dir(name: str) -> Path:
+    """The model ``name`` answers with as a reference for another device: its shipped one
+    (``models_store/NAME``), of the machine its corpus and :func:`data_spec` describe, even
+    where this machine answers ``name`` itself with a model of its own."""
+    return MODELS_STORE / name
+
+
 def _model_meta(name: str) -> dict:
-    return _layer_meta(MODELS_STORE / name)
+    return _layer_meta(reference_dir(name))
 
 
 def _layer_meta(directory: Path) -> dict:
@@ -472,15 +479,14 @@ def reference_predictions(reference: str, kernels: list[tuple]
                           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Seconds (median, 10 % and 90 %) of (spec, algorithm, compression, ratio, tuning)
     rows as ``reference``'s trained layer model predicts them (its features see the roofs it
-    was trained with): its shipped model (``models_store/REFERENCE``), of the machine its
-    corpus and :func:`data_spec` describe, as ``recommend`` maps it, whichever machine
-    answers with its own model of that name here."""
+    was trained with): its model as a reference (:func:`reference_dir`), as ``recommend``
+    maps it."""
     from dlas_predict.models.features import KernelConfig, features
     from dlas_predict.recommend.search import features_device, load_models
     from dlas_predict.space.config import Algorithm, Compression, Tuning
     from dlas_predict.space.devices import get_device
 
-    layer, _, info = load_models(reference, MODELS_STORE / reference)
+    layer, _, info = load_models(reference, reference_dir(reference))
     dev = features_device(get_device(reference, with_target=False), info)
     X = np.array([features(KernelConfig(spec, Algorithm.parse(a), Compression.parse(c),
                                         float(r), Tuning.parse(t)), dev)

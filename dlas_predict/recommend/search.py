@@ -423,7 +423,8 @@ def _setup(model: str, device: str, validate: int, models_dir: Path | None,
     from dlas_predict.networks.graph import read_network
     from dlas_predict.space.devices import get_device
 
-    from dlas_predict.crossdev.transfer import device_map, model_machine, own_model
+    from dlas_predict.crossdev.transfer import (device_map, model_machine, own_model,
+                                                reference_dir)
 
     tunings = Tuning.parse_list(tuning)
     mapping = ref_dev = None
@@ -443,7 +444,7 @@ def _setup(model: str, device: str, validate: int, models_dir: Path | None,
     # a reference answers with its shipped models, as its data was measured (data_spec)
     layer_model, net_model, info = (
         load_models(dev.name, models_dir) if ref_dev is None else
-        load_models(ref_dev.name, models_dir or MODELS_STORE / ref_dev.name))
+        load_models(ref_dev.name, models_dir or reference_dir(ref_dev.name)))
     tuning_model = _tuning_model(info, models_dir, dev.name)
     path = zoo.resolve(model)
     entry = zoo.get(model) if str(model).startswith(zoo.ZOO_PREFIX) else None
