@@ -21,7 +21,7 @@
    variance and uncertainty criteria against random choice (3 seeds), one network at a
    time.
 
-The public data is read from ``$DLAS_SHARED_DATA`` (default ``../shared/data``).
+The public data is read from ``$DLAS_SHARED_DATA`` (default: the public data folder beside the checkout).
 
     .venv/bin/python benchmarks/bench_devices.py [--json F]
 """

@@ -18,12 +18,15 @@ from dlas_predict.space.config import DEFAULT_CURVE_RATIOS, ELBOW_DROP_PP
 from dlas_predict.errors import DlasError
 from dlas_predict.paths import DEMO_NETWORK
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+#: Help texts are plain text: ``[/ALGORITHM]`` and the like are syntax, not rich markup.
+_PLAIN = {"rich_markup_mode": None}
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, **_PLAIN,
                   help="Predict the fastest accurate way to deploy a DNN (DLAS grid), "
                        "from real TVM measurements.")
-corpus_app = typer.Typer(no_args_is_help=True, help="Inspect and export a measurement corpus.")
+corpus_app = typer.Typer(no_args_is_help=True, **_PLAIN, help="Inspect and export a measurement corpus.")
 app.add_typer(corpus_app, name="corpus")
-analyze_app = typer.Typer(no_args_is_help=True, help="ParaDnn's analysis toolbox over a corpus: "
+analyze_app = typer.Typer(no_args_is_help=True, **_PLAIN, help="ParaDnn's analysis toolbox over a corpus: "
                           "heatmap, regression, roofline, boxplot (PNG/SVG/PDF plots).")
 app.add_typer(analyze_app, name="analyze")
 
@@ -70,7 +73,7 @@ _TRIES_OPT = typer.Option(3, "--tries", help="RPC: boards a task is given (after
 
 
 # ---- devices ----------------------------------------------------------------------------
-devices_app = typer.Typer(invoke_without_command=True,
+devices_app = typer.Typer(invoke_without_command=True, **_PLAIN,
                           help="The device registry: list, measure roofs, add, remove.")
 app.add_typer(devices_app, name="devices")
 
@@ -79,6 +82,9 @@ app.add_typer(devices_app, name="devices")
 @handle_errors
 def devices(ctx: typer.Context,
             as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+            wide: bool = typer.Option(False, "--wide", help="Every column (origin, TVM "
+                                      "target) and whole descriptions; the table is then "
+                                      "wider than 120 characters."),
             measure_peaks: bool = typer.Option(
                 False, "--measure-peaks", help="Measure the device's roofs (peak GFLOP/s "
                 "per dtype with an FMA-bound kernel, bandwidth with a streaming kernel) and "
@@ -121,23 +127,34 @@ def devices(ctx: typer.Context,
         return
     rows = [{
         "name": d.name, "kind": d.kind, "cores": d.cores,
-        "peak fp32 GFLOP/s": d.peak_gflops.get("float32"),
-        "bandwidth GB/s": d.mem_bandwidth_gbs, "figures": d.source, "origin": d.origin,
+        "fp32 GFLOP/s": _figure(d.peak_gflops.get("float32")),
+        "GB/s": _figure(d.mem_bandwidth_gbs), "figures": d.source, "origin": d.origin,
         "model": "trained" if d.name in trained else "adapted" if d.name in adapted
         else "zero-shot",
         "target": json.dumps(d.target, separators=(",", ":")), "description": d.description,
     } for d in devs] + [{"name": m["name"], "kind": "?", "origin": "adapted",
                          "model": "adapted", "description": m["description"]}
                         for m in measured_only]
-    typer.echo(format_table(rows))
-    typer.echo("\nfigures: spec = vendor or user specification; estimate = derived from the "
-               "detected ISA and clock (not measured); measured = `devices --measure-peaks`. "
-               "origin: detected = this machine and its profiles (the same CPU, measured with "
-               "other code generation and threads), shipped = the registry, user = "
-               "`devices add`, adapted = known by measurements alone (`adapt`, "
-               "`active-learn`). model: trained = its own cost models (for this machine and "
-               "its profiles: trained on this machine); adapted = fitted on its "
-               "measurements; zero-shot = from its spec.")
+    columns = [c for c in rows[0] if wide or c not in ("origin", "target")]
+    typer.echo(format_table(rows, columns, fit=None if wide else ("description", 120)))
+    import textwrap
+
+    legend = ("figures: spec = vendor or user specification; estimate = derived from the "
+              "detected ISA and clock (not measured); measured = `devices --measure-peaks`. "
+              "origin (--wide): detected = this machine and its profiles (the same CPU, "
+              "measured with other code generation and threads), shipped = the registry, "
+              "user = `devices add`, adapted = known by measurements alone (`adapt`, "
+              "`active-learn`). model: trained = its own cost models (for this machine and "
+              "its profiles: trained on this machine); adapted = fitted on its "
+              "measurements; zero-shot = from its spec.")
+    typer.echo("\n" + textwrap.fill(legend, 100))
+
+
+def _figure(value: float | None) -> str | None:
+    """A roof for the devices table: one decimal below 1,000, none above."""
+    if value is None:
+        return None
+    return f"{value:.1f}" if value < 1000 else f"{value:.0f}"
 
 
 @devices_app.command("add")
@@ -938,8 +955,8 @@ def evaluate(store: Optional[Path] = typer.Option(None, "--store", help="Corpus 
                                                  "measurement counts (default 0,5,10,20,50)."),
              draws: int = typer.Option(5, "--draws", help="Random draws of the shots."),
              data: Optional[Path] = typer.Option(None, "--data", help="Folder of the public "
-                                                 "data (default $DLAS_SHARED_DATA or "
-                                                 "../shared/data)."),
+                                                 "data (default $DLAS_SHARED_DATA, else the "
+                                                 "public data folder beside the checkout)."),
              as_json: bool = typer.Option(False, "--json")):
     """Leave-one-network-out: the cost model against the roofline and MACs baselines; or
     leave-one-device-out (--leave-one-device-out): the cross-device model by shots."""
@@ -1023,8 +1040,8 @@ def predict(targets: List[str] = typer.Argument(..., help="conv:C=..,H=..,W=..,K
                                                  "[/ALGORITHM][/tuned]; an omitted part: the "
                                                  "fastest predicted."),
             data: Optional[Path] = typer.Option(None, "--data", help="Folder of the public "
-                                                "data (default $DLAS_SHARED_DATA or "
-                                                "../shared/data)."),
+                                                "data (default $DLAS_SHARED_DATA, else the "
+                                                "public data folder beside the checkout)."),
             as_json: bool = typer.Option(False, "--json")):
     """Batch prediction on any device from the cross-device models: the latency, its 80 %
     interval and where it comes from (trained, adapted or zero-shot)."""
@@ -1461,7 +1478,7 @@ def corpus_import_results(
 @handle_errors
 def corpus_import_tophub(
         logs: List[Path] = typer.Argument(..., help="TopHub .jsonl logs, or folders of them "
-                                          "(e.g. ../shared/data/tophub)."),
+                                          "(e.g. $DLAS_SHARED_DATA/tophub)."),
         store: Path = typer.Option(..., "--store", help="Corpus store (created if new)."),
         as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")):
     """Import public TVM TopHub measurements (AutoTVM-tuned convs of Arm and NVIDIA devices)."""

@@ -16,9 +16,11 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None) -> str:
-    """A table with a header; ``-`` for missing values. Never wrapped or cut: it is as wide
-    as its cells, whatever the terminal."""
+def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None,
+                 fit: tuple[str, int] | None = None) -> str:
+    """A table with a header; ``-`` for missing values. Never wrapped: it is as wide as its
+    cells, whatever the terminal. ``fit=(column, width)`` cuts that column's cells (ending
+    them in ``…``) so that the table is at most ``width`` characters wide."""
     if not rows:
         return "(no rows)"
     from rich import box
@@ -27,6 +29,14 @@ def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None =
 
     columns = list(columns or rows[0].keys())
     cells = [[_cell(r.get(c)) for c in columns] for r in rows]
+    if fit is not None and fit[0] in columns:
+        i = columns.index(fit[0])
+        others = sum(max(len(str(c)), *(len(r[j]) for r in cells)) + 3
+                     for j, c in enumerate(columns) if j != i) + 4
+        room = max(len(str(fit[0])), fit[1] - others - 3)
+        for r in cells:
+            if len(r[i]) > room:
+                r[i] = r[i][:room - 1].rstrip() + "…"
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, highlight=False)
     for c in columns:
         table.add_column(str(c), no_wrap=True, overflow="ignore")

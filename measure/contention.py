@@ -13,8 +13,8 @@ and the fastest of its timed runs hides neither:
   im2col GEMM 0.49 → 0.99 ms, identically in every slow spell. A single-threaded probe (a
   dependent chain, an L2, L3 or DRAM sweep) and the run queue (no steal time, no other task)
   saw nothing. Most likely the two vCPUs then share a physical core, or a neighbour's
-  thread does. ``benchmarks/bench_probe.py`` shows it: the same kernels and probes timed
-  in one fresh process after another.
+  thread does (the same kernels and probes timed in one fresh process after another show
+  it).
 
 Two probes, each cheap enough to run before and after every measurement:
 

@@ -169,18 +169,11 @@ def fast_exp(x):
     return pow2 * (p * r * r + r + const(1.0))
 
 
-def exp_sigmoid(x):
-    """``1 / (1 + exp(-x))`` of a float32 TIR expression through :func:`fast_exp` (the
-    comparison :func:`fast_sigmoid` is measured against)."""
-    one = tvm.tirx.const(1.0, "float32")
-    return one / (one + fast_exp(-x))
-
-
 #: sigmoid(x) = 1/2 + x P(x^2) / Q(x^2), a rational least-squares fit on |x| <= 16 with
 #: absolute error under 1e-6 evaluated in float32; the input is clamped to 15.75, where it
 #: is 2.4e-7 from 0 or 1 (the true sigmoid 1.4e-7), so past it a SiLU is off by about two
-#: float32 roundings of its input. Eleven FMAs and a division per lane against
-#: :func:`exp_sigmoid`'s sixteen operations and one.
+#: float32 roundings of its input. Eleven FMAs and a division per lane against the sixteen
+#: operations and one of ``1 / (1 + fast_exp(-x))``.
 _SIGMOID_BOUND = 15.75
 _SIGMOID_P = (0.24999752485375207, -0.019594305082563056, 0.0018489075831897208,
               7.587417263793711e-05, 3.410463103551773e-07, 1.2911197971598988e-10)

@@ -668,12 +668,11 @@ def _window_stage(sch, b) -> bool:
                for c in sch.get_consumers(b))
 
 
-def _schedule_generic(func: tvm.tirx.PrimFunc, lanes: int = 16,
-                      pools: bool = True) -> tvm.tirx.PrimFunc:
-    """The generic CPU schedule of an op that is not one of our convs. ``pools`` off: a
-    padded pool's padding inlined into its window and every op after a reduction in a loop
-    nest of its own, each stage parallel over every element where no vector divides its
-    rows (``benchmarks/bench_pools.py`` compares the two)."""
+def _schedule_generic(func: tvm.tirx.PrimFunc, lanes: int = 16) -> tvm.tirx.PrimFunc:
+    """The generic CPU schedule of an op that is not one of our convs: injective producers
+    inlined (but the padding a stride-1 pool reads), reductions vectorised on their
+    contiguous spatial axis with the ops after them computed on each tile, elementwise
+    stages vectorised, or parallel over rows where no whole vector divides them."""
     from tvm.s_tir import Schedule
 
     sch = Schedule(func)
@@ -683,7 +682,7 @@ def _schedule_generic(func: tvm.tirx.PrimFunc, lanes: int = 16,
     for b in blocks:  # inline injective producers into their consumers
         if str(sch.get(b).name_hint) in outputs:
             continue
-        if pools and _window_stage(sch, b):
+        if _window_stage(sch, b):
             # the padding a stride-1 pool reads stays a stage: inlined, each of the
             # window's loads would carry the bounds check and keep its lanes from
             # vectorising
@@ -717,8 +716,7 @@ def _schedule_generic(func: tvm.tirx.PrimFunc, lanes: int = 16,
             sch.parallel(fused)
             sch.decompose_reduction(b, loops[n_spatial])
             sch.unroll(inner)  # LLVM's SLP vectoriser turns the unrolled lanes into SIMD
-            if pools:
-                reductions.append((b, fused))
+            reductions.append((b, fused))
             continue
         if n_spatial == len(kinds) and vec and (n_spatial > 1 or last >= 4 * vec):
             # elementwise: vectorise the contiguous axis (whole vectors only, so every lane
@@ -728,7 +726,7 @@ def _schedule_generic(func: tvm.tirx.PrimFunc, lanes: int = 16,
             sch.parallel(sch.fuse(*loops[:-1], outer) if n_spatial > 1 else outer)
             continue
         rows = int(np.prod([int(sch.get(loop).extent) for loop in loops[:n_spatial - 1]]))
-        if pools and n_spatial == len(kinds) and rows > 1 and last > 1:
+        if n_spatial == len(kinds) and rows > 1 and last > 1:
             # elementwise on a contiguous axis no whole vector divides (a padded stage's
             # rows): parallel over the rows, each row one inner loop
             sch.parallel(sch.fuse(*loops[:-1]))

@@ -50,18 +50,3 @@ def test_a_rescore_scores_a_per_layer_build_only_against_a_prediction_of_its_lay
     assert s["n"] == 1 and s["within_10"] == 0.0  # 1.5 / 1.0
 
 
-def test_int8_builds_says_clearly_what_a_store_lacks(tmp_path):
-    """``int8_builds.py`` reads a store: a missing one, or one without today's int8 builds,
-    is one ``Error:`` line and exit status 1."""
-    import subprocess
-
-    from dlas_predict.corpus.store import CorpusStore
-
-    script = ROOT / "benchmarks" / "int8_builds.py"
-    CorpusStore(tmp_path / "empty.sqlite").close()
-    for store, says in ((tmp_path / "missing.sqlite", "no corpus store"),
-                        (tmp_path / "empty.sqlite", "holds no int8 build")):
-        out = subprocess.run([sys.executable, str(script), "--store", str(store)],
-                             capture_output=True, text=True, timeout=120)
-        assert out.returncode == 1 and "Traceback" not in out.stderr
-        assert out.stderr.startswith("Error: ") and says in out.stderr

@@ -21,6 +21,31 @@ def test_help_lists_commands():
 
 
 
+def _command_paths(group, prefix=()):
+    """Every command and group of the click tree under ``group``, as argument lists."""
+    for name, cmd in sorted(group.commands.items()):
+        yield [*prefix, name]
+        if hasattr(cmd, "commands"):  # a group
+            yield from _command_paths(cmd, (*prefix, name))
+
+
+def test_every_command_answers_help_with_exit_zero():
+    """``--help`` of every command and group prints its usage and exits 0 (a help text is
+    plain text, never parsed as markup)."""
+    import typer
+    from typer.testing import CliRunner
+
+    from dlas_predict.cli import app
+
+    paths = list(_command_paths(typer.main.get_command(app)))
+    assert ["predict"] in paths and ["corpus", "export"] in paths and len(paths) > 25
+    for path in paths:
+        r = CliRunner().invoke(app, [*path, "--help"], prog_name="dlas-predict")
+        assert r.exit_code == 0, (path, r.output, r.exception)
+        assert r.output.startswith("Usage: dlas-predict " + " ".join(path)), (path, r.output)
+    assert "COMPRESSION[@RATIO][/ALGORITHM][/tuned]" in _run("predict", "--help").output
+
+
 def test_a_plain_install_carries_every_subpackage():
     """``pip install .`` installs the packages pyproject names, not the ones it finds: each
     subpackage of the library and of the TVM backend must be named there."""
@@ -38,6 +63,40 @@ def test_a_plain_install_carries_every_subpackage():
     assert "dlas_predict.crossdev" in on_disk and "dlas_predict.measure" in named
     assert on_disk - named == set(), "subpackages a plain install would leave out"
     assert config["package-dir"]["dlas_predict.measure"] == "measure"
+
+def test_the_devices_table_fits_120_columns_and_wide_shows_every_column():
+    narrow = _run("devices")
+    assert narrow.exit_code == 0, narrow.output
+    assert max(len(line) for line in narrow.output.splitlines()) <= 120
+    assert "target" not in narrow.output.splitlines()[0]
+    wide = _run("devices", "--wide")
+    assert wide.exit_code == 0, wide.output
+    header = wide.output.splitlines()[0].split()
+    assert {"origin", "target", "description"} <= set(header)
+    assert '"kind":"llvm"' in wide.output
+
+
+def test_every_shipped_data_folder_a_package_could_be_is_named_as_one():
+    """setuptools warns (and will stop installing the files) where package data sits in a
+    folder whose name could be a package's but is not named in ``packages``: each such
+    folder of the shipped models and data sets is named, so that set-up prints no warning."""
+    import tomllib
+
+    from conftest import ROOT
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    named = set(config["packages"])
+    for folder, package in (("models_store", "dlas_predict._shipped.models_store"),
+                            ("datasets", "dlas_predict._shipped.datasets")):
+        for d in (ROOT / folder).rglob("*"):
+            parts = d.relative_to(ROOT / folder).parts
+            if (d.is_dir() and all(p.isidentifier() for p in parts)
+                    and any(f.is_file() for f in d.rglob("*"))
+                    and "__pycache__" not in parts):
+                name = ".".join((package, *parts))
+                assert name in named, f"{name} is not in pyproject's packages"
+                assert name in config["package-data"], f"{name} has no package-data"
+
 
 def test_devices_json():
     result = _run("devices", "--json")

@@ -88,6 +88,8 @@ def test_an_unquoted_conv_target_is_named(tmp_path):
     ("int8/spatial_pack", ("int8", None, "spatial_pack", None)),
     ("weight_pruning@0.9/gemm/tuned", ("weight_pruning", 0.9, "gemm", "tuned")),
     ("*/direct", (None, None, "direct", None)),
+    ("int8/per_layer", ("int8", None, "per_layer", None)),
+    ("float16/onnxruntime", ("float16", None, "onnxruntime", None)),
 ])
 def test_config_syntax(text, expect):
     from dlas_predict.crossdev.predictor import parse_config
@@ -105,6 +107,17 @@ def test_bad_configs(text, needle):
 
     with pytest.raises(DlasError, match=needle.replace("(", r"\(").replace(")", r"\)")):
         parse_config(text)
+
+
+def test_a_bad_algorithm_lists_every_algorithm_a_config_may_name():
+    """The allowed list comes from the enum the parser reads, so it cannot go stale."""
+    from dlas_predict.crossdev.predictor import parse_config
+    from dlas_predict.space.config import PlanAlgorithm
+
+    with pytest.raises(DlasError) as err:
+        parse_config("dense/foo")
+    assert str(err.value).endswith("allowed: " + ", ".join(a.value for a in PlanAlgorithm))
+    assert "per_layer" in str(err.value) and "onnxruntime" in str(err.value)
 
 
 def _write(path, rows):
@@ -365,17 +378,26 @@ def test_active_learn_on_a_machine_its_model_was_not_trained_on_starts_from_that
     """Live, ``local``'s shipped model of another machine is a reference like any other
     device's (it is not the device's own data), and the nearest one: the loop starts from
     it. On the machine it was trained on, the device's own model is no reference of
-    itself."""
-    from dlas_predict.crossdev import active
+    itself. The nearest is this machine's to say: ``local`` on a CPU of the shipped model's
+    code, a profile of that machine of this one's vector width on another."""
+    from dlas_predict.crossdev import active, transfer
+    from dlas_predict.space.devices import get_device
 
     pool = active.pool_from_networks(["zoo:mobilenetv1-cifar"])
     oracle = lambda kernel: 0.05  # noqa: E731  (ms; what is measured does not matter here)
+    here = get_device("local", with_target=False)
     _trained_here(monkeypatch, False)
+    trained = transfer.trained_devices()
+    assert "local" in trained
     curve = active.run("local", pool, oracle, 1)
-    assert curve.reference == "local"
+    assert curve.reference == transfer.reference_for(here, trained)
+    if transfer.same_code(transfer.data_spec("local"), here):
+        assert curve.reference == "local"
     _trained_here(monkeypatch, True)
     curve = active.run("local", pool, oracle, 1)
     assert curve.reference != "local"
+    assert curve.reference == transfer.reference_for(here, [r for r in trained
+                                                            if r != "local"])
 
 
 @pytest.mark.slow  # prices the whole grid of a zoo network through the mapped model
@@ -663,12 +685,15 @@ def test_predict_a_conv_here_with_a_model_of_another_machine_is_mapped_as_recomm
     priced as ``recommend`` prices it (the reference mapped to this machine, zero-shot),
     not as the kernel data's column of that name, which is the other machine."""
     from dlas_predict.crossdev.predictor import adapted_dir, predict
-    from dlas_predict.crossdev.transfer import DeviceMap, device_map
+    from dlas_predict.crossdev.transfer import DeviceMap, device_map, reference_for
+    from dlas_predict.space.devices import get_device
 
     conv = "conv:C=64,H=32,W=32,K=64,R=3,S=3,pad=1"
     _trained_here(monkeypatch, False)
     (p,) = predict([conv], "local", config="dense/direct")
-    assert p.source == "zero-shot" and p.basis == "engine:local"
+    nearest = device_map("local")[0].reference  # recommend's reference for this machine
+    assert nearest == reference_for(get_device("local", with_target=False))
+    assert p.source == "zero-shot" and p.basis == f"engine:{nearest}"
     # after active-learn: its map (the file it writes), which doubles the zero-shot times
     saved = adapted_dir() / "local.json"
     zero = device_map("local")[0]  # the same spec term, and twice the time
@@ -679,7 +704,7 @@ def test_predict_a_conv_here_with_a_model_of_another_machine_is_mapped_as_recomm
                                  "recommend_map": m.to_dict()}))
     try:
         (a,) = predict([conv], "local", config="dense/direct")
-        assert a.source == "adapted" and a.basis == "engine:local"
+        assert a.source == "adapted" and a.basis == f"engine:{nearest}"
         assert a.predicted_ms == pytest.approx(2 * p.predicted_ms, rel=1e-6)
         _trained_here(monkeypatch, True)
         (own,) = predict([conv], "local", config="dense/direct")

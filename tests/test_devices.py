@@ -1,3 +1,6 @@
+import os
+import sys
+
 import pytest
 
 from dlas_predict.space.devices import device_names, get_device, local_fingerprint
@@ -295,3 +298,57 @@ def test_every_kernel_kind_cross_compiles_to_an_aarch64_shared_library(tmp_path)
                              str(tmp_path / f"{alg}-{comp}.so"), target)
         head = subprocess.run(["readelf", "-h", path], capture_output=True, text=True).stdout
         assert "AArch64" in head and "DYN" in head, (alg, comp, head)
+
+
+# ---- the tests on a CPU of a lower ISA ---------------------------------------------------
+def test_a_forced_isa_level_is_this_cpu_at_that_level_or_a_clean_error(monkeypatch):
+    """``DLAS_FORCE_ISA`` makes ``local`` a CPU of a lower x86-64 level: that level's flags,
+    vector width, fingerprint and code generation; a level this CPU cannot run, or no
+    level at all, is one clear error."""
+    import platform
+
+    from dlas_predict.space import devices as D
+
+    _, flags, _ = D._cpuinfo()
+    if platform.machine() not in ("x86_64", "AMD64") or "avx2" not in flags:
+        pytest.skip("forcing AVX2 needs an x86-64 CPU with AVX2")
+    native = get_device("local", with_target=False)
+    try:
+        monkeypatch.setenv(D.FORCE_ISA_ENV, "avx2")
+        D._cpuinfo.cache_clear()
+        forced = get_device("local", with_target=False)
+        assert forced.simd_bits == 256 and not forced.vnni
+        assert set(forced.isa_flags) <= {"sse4_2", "avx", "avx2", "fma", "f16c"}
+        assert (forced.fingerprint == native.fingerprint) == (native.simd_bits == 256
+                                                              and not native.vnni)
+        monkeypatch.setenv(D.FORCE_ISA_ENV, "avx9")
+        D._cpuinfo.cache_clear()
+        with pytest.raises(DeviceError, match="allowed: sse42, avx2, native"):
+            D._cpuinfo()
+    finally:
+        monkeypatch.undo()  # the level this process ran with, if any
+        D._cpuinfo.cache_clear()
+    assert get_device("local", with_target=False) == native
+
+
+@pytest.mark.slow  # the machine-reading modules' fast tests again, in a process of their own
+def test_the_tests_that_read_this_machine_pass_on_an_avx2_only_cpu():
+    """The tests that ask what this machine is (its devices, profiles and the models and
+    maps chosen for it) pass where ``local`` is an AVX2-only CPU, as on a Zen 3: run again
+    with ``DLAS_FORCE_ISA=avx2`` on a CPU with more (on an AVX2-only one the suite itself
+    is that run)."""
+    import subprocess
+
+    from conftest import ROOT
+    from dlas_predict.space import devices as D
+
+    local = get_device("local", with_target=False)
+    if local.simd_bits != 512:
+        pytest.skip("this CPU is no wider than AVX2: the suite already ran as on one")
+    env = {**os.environ, D.FORCE_ISA_ENV: "avx2"}
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "not slow",
+                          "-p", "no:cacheprovider", "tests/test_devices.py",
+                          "tests/test_crossdev.py"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+    assert " passed" in out.stdout and "failed" not in out.stdout

@@ -168,7 +168,7 @@ def test_corrupt_network_model_is_refused(tmp_path):
     with pytest.raises(DlasError, match="not valid JSON"):
         recommend("zoo:resnet18-cifar", models_dir=tmp_path / "m")
     shutil.copytree(SHIPPED, tmp_path / "m2")
-    (tmp_path / "m2" / "layer.median.txt").write_text("garbage")
+    (tmp_path / "m2" / "layer.median.txt.xz").write_bytes(b"garbage")
     with pytest.raises(DlasError, match="cannot load"):
         recommend("zoo:resnet18-cifar", models_dir=tmp_path / "m2")
 
@@ -243,9 +243,9 @@ def test_network_model_correction_learns_what_terms_miss(tmp_path):
     slower = NetworkInputs(3 * T, 3 * T[:, 0], 3 * T[:, 0], 3 * T[:, 0], F, correction_terms=T)
     assert np.allclose(back.predict(slower), 3 * back.predict(X))
     linear.save(tmp_path, "network")  # a fit without correction removes the old one's file
-    assert not (tmp_path / "network.correction.txt").exists()
+    assert not (tmp_path / "network.correction.txt.xz").exists()
     m.save(tmp_path, "network")
-    (tmp_path / "network.correction.txt").unlink()
+    (tmp_path / "network.correction.txt.xz").unlink()
     with pytest.raises(DlasError, match="missing"):
         NetworkCostModel.load(tmp_path, "network")
 

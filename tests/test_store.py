@@ -180,6 +180,34 @@ def test_export_parquet_and_csv(tmp_path):
     assert len(pd.read_csv(tmp_path / "c.csv")) == 2
 
 
+def test_an_unchanged_snapshot_exported_again_is_not_rewritten(tmp_path):
+    """Snapshots are written deterministically: exporting the same records again, also
+    from another store they were imported into, leaves the files (and their modification
+    times) as they were; a new record rewrites the snapshot."""
+    import os
+
+    from dlas_predict.corpus.store import networks_path
+
+    out = tmp_path / "c.parquet"
+    files = [out, networks_path(out), networks_path(out, "wholenet")]
+    with CorpusStore(tmp_path / "c.sqlite") as db:
+        db.add(_result())
+        db.export(out, "parquet")
+        for f in files:
+            os.utime(f, ns=(1, 1))
+        db.export(out, "parquet")
+        assert [f.stat().st_mtime_ns for f in files] == [1, 1, 1]
+    with CorpusStore(tmp_path / "d.sqlite") as db:
+        db.import_snapshot(out)
+        db.export(out, "parquet")
+        assert [f.stat().st_mtime_ns for f in files] == [1, 1, 1]
+        db.add(_result(Variant("gemm", "int8")))
+        db.export(out, "parquet")
+        assert out.stat().st_mtime_ns != 1
+    assert len(pd.read_parquet(out)) == 2
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
 def test_export_latest_leaves_out_only_superseded_kernel_records(tmp_path):
     """--latest drops a kernel timed again under newer code, keeps one whose newer timing
     failed, and the imported snapshot trains on exactly the rows the store does."""

@@ -749,7 +749,7 @@ def resolve_store(device: str, store: Path | None) -> Path:
     if device not in snaps:
         raise DlasError(f"no shipped corpus for device {device!r} (shipped: "
                         f"{', '.join(snaps) or 'none'}); give --store PATH (TopHub's devices: "
-                        "dlas-predict corpus import-tophub ../shared/data/tophub --store PATH)")
+                        "dlas-predict corpus import-tophub $DLAS_SHARED_DATA/tophub --store PATH)")
     snap = snaps[device]
     digest = hashlib.sha256()
     for part in (snap, *(snap.with_name(f"{snap.stem}.{p}{snap.suffix}")

@@ -8,6 +8,7 @@ half-written row; the unique measurement key makes a re-run skip what is already
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
@@ -408,10 +409,20 @@ class CorpusStore:
         whole = pd.DataFrame(self.network_measurements(), columns=["id", *NETWORK_COLUMNS])
         for path, table in ((out, frame), (networks_path(out), configs),
                             (networks_path(out, "wholenet"), whole)):
-            if fmt == "parquet":  # zstd: half snappy's size, for the snapshot in git
-                table.to_parquet(path, index=False, compression="zstd", compression_level=19)
-            else:
-                table.to_csv(path, index=False)
+            # written beside, then in place only where it differs: the same records give
+            # the same bytes, so an unchanged snapshot is not rewritten
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            try:
+                if fmt == "parquet":  # zstd: half snappy's size, for the snapshot in git
+                    table.to_parquet(tmp, index=False, compression="zstd",
+                                     compression_level=19)
+                else:
+                    table.to_csv(tmp, index=False)
+                if path.is_file() and path.read_bytes() == tmp.read_bytes():
+                    continue
+                os.replace(tmp, path)
+            finally:
+                tmp.unlink(missing_ok=True)
         return len(frame)
 
     def import_snapshot(self, path: str | Path) -> tuple[int, int]:

@@ -1,7 +1,7 @@
 """Import TVM TopHub tuning logs (public AutoTVM measurements) into a corpus.
 
 Each log line is the best AutoTVM schedule found for one conv workload on one device
-(``../shared/data/tophub/README.md``). A line becomes one :class:`MeasureResult`:
+(the README of the public data folder's ``tophub``). A line becomes one :class:`MeasureResult`:
 
 - device: the registry entry whose ``tophub_model`` (the target's ``-model=``) and
   ``tophub_file`` match; its fingerprint is the registry's;

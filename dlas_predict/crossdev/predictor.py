@@ -123,7 +123,7 @@ def _arch_of_file(path: Path) -> str:
 
 def parse_config(text: str | None) -> ConfigChoice:
     """``COMPRESSION[@RATIO][/ALGORITHM][/tuned]``; ``*`` or an omitted part: choose."""
-    from dlas_predict.space.config import Algorithm, Compression
+    from dlas_predict.space.config import Compression, PlanAlgorithm
 
     if text is None or not text.strip():
         return ConfigChoice()
@@ -145,10 +145,8 @@ def parse_config(text: str | None) -> ConfigChoice:
             tuning = p
         elif p in ("*", ""):
             continue
-        elif p == "onnxruntime":  # the systems software instead of our kernels
-            alg = p
         else:
-            alg = Algorithm.parse(p).value
+            alg = PlanAlgorithm.parse(p).value
     comp_v = None if comp in ("*", "") else Compression.parse(comp).value
     if ratio is not None and comp_v not in ("weight_pruning", "channel_pruning"):
         raise ConfigError(f"config {text!r}: only weight_pruning and channel_pruning take a "
@@ -488,16 +486,19 @@ def _predict_conv(t: Target, device: str, cfg: ConfigChoice) -> Prediction:
     to the device): its fastest variant ``cfg`` allows (untuned unless ``tuned`` is named;
     pruning at the named ratio, else 0.9)."""
     from dlas_predict.crossdev.transfer import device_map, own_model, reference_predictions
-    from dlas_predict.space.config import (DEFAULT_RATIO, Algorithm, Compression, ConvSpec)
+    from dlas_predict.space.config import (DEFAULT_RATIO, Algorithm, Compression, ConvSpec,
+                                           PlanAlgorithm)
 
     spec = ConvSpec.parse(t.key)
     if cfg.algorithm == "onnxruntime":
         raise ConfigError(f"{t.text}: onnxruntime is priced per whole network (its model "
                           "knows no single conv); give an ONNX file or zoo:NAME")
     rows = []
+    # one conv's per-layer plan is its fastest algorithm
+    chosen = None if cfg.algorithm == PlanAlgorithm.PER_LAYER.value else cfg.algorithm
     for comp in ([cfg.compression] if cfg.compression else [c.value for c in Compression]):
         r = (cfg.ratio or DEFAULT_RATIO) if comp.endswith("_pruning") else 0.0
-        for alg in ([cfg.algorithm] if cfg.algorithm else [a.value for a in Algorithm]):
+        for alg in ([chosen] if chosen else [a.value for a in Algorithm]):
             rows.append((spec, alg, comp, r, cfg.tuning or "untuned"))
     if own_model(device):
         mid, low, high = reference_predictions(device, rows)

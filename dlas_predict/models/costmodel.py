@@ -51,12 +51,28 @@ def _versions() -> dict[str, str]:
             "numpy": np.__version__}
 
 
+#: Sidecar fields a retrain changes although the model does not (how long it took).
+VOLATILE_META = ("train_seconds",)
+
+
 def write_sidecar(directory: Path, name: str, meta: dict) -> Path:
-    """Write a model's JSON sidecar ``DIRECTORY/NAME.json`` (creating the directory)."""
+    """Write a model's JSON sidecar ``DIRECTORY/NAME.json`` (creating the directory). A
+    sidecar that already says the same (apart from :data:`VOLATILE_META`) is left as it
+    is, so a retrain that changes nothing rewrites nothing."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     sidecar = directory / f"{name}.json"
-    sidecar.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+
+    def steady(d: dict) -> dict:
+        return {k: v for k, v in d.items() if k not in VOLATILE_META}
+
+    text = json.dumps(meta, indent=2, sort_keys=True) + "\n"
+    try:
+        if steady(json.loads(sidecar.read_text())) == steady(json.loads(text)):
+            return sidecar
+    except (OSError, ValueError, AttributeError):
+        pass
+    sidecar.write_text(text)
     return sidecar
 
 
@@ -314,8 +330,10 @@ class LayerCostModel(KernelCostModel):
 
     def save(self, directory: Path, name: str) -> Path:
         sidecar = write_sidecar(directory, name, {**self.meta, "stage": self.stage.to_dict()})
+        from dlas_predict.models.trees import MODEL_SUFFIX, save_trees
+
         for key, booster in self.models.items():
-            booster.save_model(str(Path(directory) / f"{name}.{key}.txt"))
+            save_trees(booster, Path(directory) / f"{name}.{key}{MODEL_SUFFIX}")
         return sidecar
 
     @classmethod
@@ -335,7 +353,9 @@ class LayerCostModel(KernelCostModel):
         except (KeyError, TypeError, ModelError) as exc:
             raise ModelError(f"{sidecar}: no usable stage-cost model ({exc}); retrain with "
                              "`dlas-predict train`") from None
-        models = {key: load_trees(Path(directory) / f"{name}.{key}.txt",
+        from dlas_predict.models.trees import model_file
+
+        models = {key: load_trees(model_file(directory, f"{name}.{key}"),
                                   len(known) - len(STAGE_TERMS))
                   for key in ("median", *(f"q{int(q * 100)}" for q in QUANTILES))}
         return cls(models=models, stage=stage, meta=meta)
@@ -362,8 +382,10 @@ def _lightgbm_booster(path: Path):
     """LightGBM's own reader, for a model :class:`TreeModel` does not handle."""
     import lightgbm as lgb
 
+    from dlas_predict.models.trees import read_model_text
+
     try:
-        return lgb.Booster(model_file=str(path))
+        return lgb.Booster(model_str=read_model_text(path))
     except Exception as exc:  # LightGBM raises its own error type for bad files
         raise ModelError(f"cannot load {path}: {str(exc)[:200]}") from None
 

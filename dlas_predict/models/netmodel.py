@@ -359,12 +359,15 @@ class NetworkCostModel:
         return lo, hi
 
     def save(self, directory: Path, name: str) -> Path:
+        from dlas_predict.models.trees import MODEL_SUFFIX, save_trees
+
         sidecar = write_sidecar(directory, name, self.meta)
-        path = Path(directory) / f"{name}.correction.txt"
+        path = Path(directory) / f"{name}.correction{MODEL_SUFFIX}"
         if self.correction is not None:
-            self.correction.save_model(str(path))
-        elif path.exists():  # a correction of an earlier fit must not be read with this one
-            path.unlink()
+            save_trees(self.correction, path)
+        else:  # a correction of an earlier fit must not be read with this one
+            path.unlink(missing_ok=True)
+            (Path(directory) / f"{name}.correction.txt").unlink(missing_ok=True)
         return sidecar
 
     @classmethod
@@ -388,7 +391,9 @@ class NetworkCostModel:
             if meta["correction"] != list(CORRECTION_FEATURES):
                 raise ModelError(f"{sidecar}: its correction reads other features than this "
                                  "version computes; retrain with `dlas-predict train`")
-            path = Path(directory) / f"{name}.correction.txt"
+            from dlas_predict.models.trees import model_file
+
+            path = model_file(directory, f"{name}.correction")
             if not path.is_file():
                 raise ModelError(f"{sidecar} names a correction, but {path} is missing; "
                                  "retrain with `dlas-predict train`")

@@ -211,8 +211,10 @@ class OrtLatencyModel:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / FILE
-        path.write_text(json.dumps({"coef": self.coef, "q10": self.q10, "q90": self.q90,
-                                    "meta": self.meta}, indent=1, sort_keys=True))
+        text = json.dumps({"coef": self.coef, "q10": self.q10, "q90": self.q90,
+                           "meta": self.meta}, indent=1, sort_keys=True)
+        if not (path.is_file() and path.read_text() == text):  # unchanged: not rewritten
+            path.write_text(text)
         return path
 
     @classmethod

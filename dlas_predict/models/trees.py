@@ -36,6 +36,67 @@ class TreeFormatError(DlasError):
     """A model file this reader does not handle (categorical splits, unknown format)."""
 
 
+# ---- files ------------------------------------------------------------------------------
+#: A saved tree model: LightGBM's text format, xz-compressed (about a quarter of the text).
+MODEL_SUFFIX = ".txt.xz"
+
+
+def model_file(directory: Path, stem: str) -> Path:
+    """The file of the tree model ``stem`` in ``directory``: ``STEM.txt.xz``, or a plain
+    ``STEM.txt`` (LightGBM's own file) where only that exists."""
+    packed = Path(directory) / f"{stem}{MODEL_SUFFIX}"
+    plain = Path(directory) / f"{stem}.txt"
+    return plain if plain.is_file() and not packed.is_file() else packed
+
+
+def read_model_text(path: Path) -> str:
+    """The LightGBM text of the model file ``path`` (xz-compressed or plain)."""
+    import lzma
+
+    data = Path(path).read_bytes()
+    if str(path).endswith(".xz"):
+        try:
+            data = lzma.decompress(data)
+        except lzma.LZMAError as exc:
+            raise TreeFormatError(f"cannot read {path}: {exc}") from None
+    return data.decode()
+
+
+def write_model_text(path: Path, text: str) -> bool:
+    """Save a model's LightGBM text in ``path`` (xz-compressed where it ends in ``.xz``),
+    atomically. A file that already holds this text is left as it is (a retrain that
+    changes nothing rewrites nothing), and so is its modification time; the compression is
+    deterministic, so an equal text is an equal file. Returns whether it wrote."""
+    import lzma
+
+    path = Path(path)
+    try:
+        if read_model_text(path) == text:
+            return False
+    except (OSError, UnicodeDecodeError, TreeFormatError):
+        pass
+    data = text.encode()
+    if str(path).endswith(".xz"):
+        data = lzma.compress(data, format=lzma.FORMAT_XZ, check=lzma.CHECK_CRC64, preset=6)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    plain = path.with_name(path.name[:-len(".xz")]) if str(path).endswith(".xz") else None
+    if plain is not None and plain.is_file():  # the uncompressed copy it replaces
+        plain.unlink()
+    return True
+
+
+def save_trees(model, path: Path) -> bool:
+    """Save a LightGBM booster or a :class:`TreeModel` (its text) in ``path``
+    (:func:`write_model_text`)."""
+    text = model.text if isinstance(model, TreeModel) else model.model_to_string()
+    return write_model_text(path, text)
+
+
 @dataclass
 class TreeModel:
     """Every tree of one LightGBM regression model, padded into arrays."""
@@ -48,9 +109,24 @@ class TreeModel:
     default_left: np.ndarray  # bool
     missing: np.ndarray      # 0 none, 1 zero, 2 NaN
     leaf: np.ndarray         # trees × leaves (float64)
-    text: str = ""
+    _text: str | None = field(default=None, repr=False, compare=False)
+    #: (file, hash of its bytes) the text is read from when first needed (a model loaded
+    #: from its cached arrays)
+    _source: tuple[Path, str] | None = field(default=None, repr=False, compare=False)
     _booster: object = field(default=None, repr=False, compare=False)
     _memo: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def text(self) -> str:
+        """The model's LightGBM text (read from its file on first use)."""
+        if self._text is None and self._source is not None:
+            import hashlib
+
+            path, digest = self._source
+            if hashlib.sha1(Path(path).read_bytes()).hexdigest()[:20] != digest:
+                raise TreeFormatError(f"{path} changed since it was loaded")
+            self._text = read_model_text(path)
+        return self._text or ""
 
     @classmethod
     def load(cls, path: Path) -> "TreeModel":
@@ -61,32 +137,42 @@ class TreeModel:
             key = (str(Path(path).resolve()), st.st_mtime_ns, st.st_size)
             if key in _LOADED:
                 return _LOADED[key]
-            text = Path(path).read_text()
-        except (OSError, UnicodeDecodeError) as exc:
+            data = Path(path).read_bytes()
+        except OSError as exc:
             raise TreeFormatError(f"cannot read {path}: {exc}") from None
-        model = _LOADED[key] = cls._cached(text, str(path))
+        model = _LOADED[key] = cls._cached(data, Path(path))
         return model
 
     @classmethod
-    def _cached(cls, text: str, where: str) -> "TreeModel":
-        """``parse(text)``, kept as arrays under DLAS_HOME by the text's hash: loading
-        them is about 20× faster than parsing a 2.5 MB model again."""
+    def _cached(cls, data: bytes, path: Path) -> "TreeModel":
+        """The model of the file ``path`` holding ``data``, kept as arrays under DLAS_HOME
+        by the file's hash: loading them is about 20× faster than parsing a 2.5 MB model
+        again, and the file is not even decompressed until its text is needed."""
         import hashlib
 
         from dlas_predict.paths import cache_dir
 
-        digest = hashlib.sha1(text.encode()).hexdigest()[:20]
+        digest = hashlib.sha1(data).hexdigest()[:20]
         try:
-            path = cache_dir("trees") / f"{digest}.npz"
+            cached = cache_dir("trees") / f"{digest}.npz"
         except OSError:
-            return cls.parse(text, where)
+            cached = None
         names = ("feature", "threshold", "left", "right", "default_left", "missing", "leaf")
+        if cached is not None:
+            try:
+                with np.load(cached) as z:
+                    return cls(int(z["n_features"]), *(z[n] for n in names),
+                               _source=(path, digest))
+            except (OSError, ValueError, KeyError, EOFError):
+                pass  # no cached copy yet, or a damaged one: parse and write it again
         try:
-            with np.load(path) as z:
-                return cls(int(z["n_features"]), *(z[n] for n in names), text=text)
-        except (OSError, ValueError, KeyError, EOFError):
-            pass  # no cached copy yet, or a damaged one: parse and write it again
-        model = cls.parse(text, where)
+            text = read_model_text(path)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise TreeFormatError(f"cannot read {path}: {exc}") from None
+        model = cls.parse(text, str(path))
+        if cached is None:
+            return model
+        path = cached
         tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npz")
         try:
             np.savez(tmp, n_features=model.n_features,
@@ -144,13 +230,13 @@ class TreeModel:
         single = np.array([int(t["num_leaves"]) == 1 for t in trees])
         # a single-leaf tree: route the root to leaf 0 whatever the row
         left[single, 0] = right[single, 0] = -1
-        return cls(n_features, feat, thr, left, right, dleft, miss, leaf, text)
+        return cls(n_features, feat, thr, left, right, dleft, miss, leaf, _text=text)
 
     def num_feature(self) -> int:
         return self.n_features
 
     def save_model(self, path: str) -> None:
-        Path(path).write_text(self.text)
+        write_model_text(Path(path), self.text)
 
     def predict(self, X: np.ndarray) -> np.ndarray:
         X = np.asarray(X, dtype=np.float64)

@@ -63,6 +63,22 @@ class Algorithm(_Named):
     SPATIAL_PACK = "spatial_pack"
 
 
+class PlanAlgorithm(_Named):
+    """What a configuration's algorithm part may name: a convolution algorithm, ``per_layer``
+    (each layer its fastest algorithm) or ``onnxruntime`` (the systems software in place of
+    our kernels)."""
+
+    DIRECT = "direct"
+    GEMM = "gemm"
+    SPATIAL_PACK = "spatial_pack"
+    PER_LAYER = "per_layer"
+    ONNXRUNTIME = "onnxruntime"
+
+    @classmethod
+    def _label(cls) -> str:
+        return "algorithm"
+
+
 class Compression(_Named):
     """Model optimisations of the study."""
 

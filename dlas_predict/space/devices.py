@@ -155,7 +155,34 @@ def _cpuinfo() -> tuple[str, frozenset[str], float | None]:
                     mhz = float(value)
     except OSError:
         pass
+    level = forced_isa()
+    if level is not None:
+        if platform.machine() not in ("x86_64", "AMD64") or not all(
+                f in flags for f in level.needs):
+            raise DeviceError(f"{FORCE_ISA_ENV}={level.name}: this CPU cannot run "
+                              f"{level.label} code")
+        flags = {f for f in flags if f in (level.uses or ())
+                 or (f not in _FINGERPRINT_FLAGS and not f.startswith("avx"))}
     return model, frozenset(flags), mhz
+
+
+#: The environment variable that makes this machine answer as a CPU of a lower x86-64 level
+#: (``avx2``, ``sse42``): its flags, vector width, fingerprint and TVM target are those of
+#: such a CPU of the same model, so the tests and commands can be run as on one. onnxruntime
+#: still picks its own instruction set at run time.
+FORCE_ISA_ENV = "DLAS_FORCE_ISA"
+
+
+def forced_isa() -> "IsaLevel | None":
+    """The ISA level ``DLAS_FORCE_ISA`` forces this machine to (None: its own)."""
+    name = os.environ.get(FORCE_ISA_ENV, "").strip().lower()
+    if name in ("", "native"):
+        return None
+    for level in ISA_LEVELS:
+        if level.name == name and level.mcpu is not None:
+            return level
+    allowed = ", ".join(lv.name for lv in ISA_LEVELS)
+    raise DeviceError(f"{FORCE_ISA_ENV}={name!r} is not an ISA level; allowed: {allowed}")
 
 
 def _local_caches() -> dict[str, int]:
@@ -220,6 +247,10 @@ def _host_target(fingerprint: str) -> dict[str, Any]:
         raise DeviceError(f"TVM gave a generic host target {target}; refusing to measure "
                           "with generic 'llvm' code generation")
     target = {k: target[k] for k in ("kind", "mtriple", "mcpu", "mattr") if k in target}
+    level = forced_isa()
+    if level is not None:  # that level's generic CPU, as its profiles generate code for
+        target["mcpu"] = level.mcpu
+        target.pop("mattr", None)
     cache.write_text(json.dumps(target))
     return target
 
