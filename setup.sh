@@ -32,10 +32,19 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=.venv/.dlas-installed
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+quietly() {  # run a command, printing its output only if it fails
+    local log
+    if ! log=$("$@" 2>&1); then
+        echo "$log" >&2
+        echo "setup: failed: $*" >&2
+        return 1
+    fi
+}
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-    .venv/bin/python -m pip install --quiet --upgrade pip
+    echo "setup: installing the pinned dependencies and the project into .venv"
+    quietly .venv/bin/python -m pip install --quiet --upgrade pip
     # torch first, pinned: the machine's local CPU wheel (pip's find-links), never the CUDA one.
-    .venv/bin/python -m pip install --quiet "torch==2.13.0"
-    .venv/bin/python -m pip install --quiet -e ".[test]"
+    quietly .venv/bin/python -m pip install --quiet "torch==2.13.0"
+    quietly .venv/bin/python -m pip install --quiet -e ".[test]"
     echo "$want" > "$stamp"
 fi
