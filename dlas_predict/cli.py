@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import textwrap
 from pathlib import Path
 from typing import Callable, List, Optional
 
@@ -137,8 +138,6 @@ def devices(ctx: typer.Context,
                         for m in measured_only]
     columns = [c for c in rows[0] if wide or c not in ("origin", "target")]
     typer.echo(format_table(rows, columns, fit=None if wide else ("description", 120)))
-    import textwrap
-
     legend = ("figures: spec = vendor or user specification; estimate = derived from the "
               "detected ISA and clock (not measured); measured = `devices --measure-peaks`. "
               "origin (--wide): detected = this machine and its profiles (the same CPU, "

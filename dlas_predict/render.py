@@ -29,11 +29,14 @@ def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None =
 
     columns = list(columns or rows[0].keys())
     cells = [[_cell(r.get(c)) for c in columns] for r in rows]
+
+    def widths() -> list[int]:  # each column's, with the gap after it
+        return [max(len(str(c)), *(len(r[i]) for r in cells)) + 3
+                for i, c in enumerate(columns)]
+
     if fit is not None and fit[0] in columns:
-        i = columns.index(fit[0])
-        others = sum(max(len(str(c)), *(len(r[j]) for r in cells)) + 3
-                     for j, c in enumerate(columns) if j != i) + 4
-        room = max(len(str(fit[0])), fit[1] - others - 3)
+        i, w = columns.index(fit[0]), widths()
+        room = max(len(str(fit[0])), fit[1] - (sum(w) - w[i] + 4) - 3)
         for r in cells:
             if len(r[i]) > room:
                 r[i] = r[i][:room - 1].rstrip() + "…"
@@ -42,8 +45,7 @@ def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None =
         table.add_column(str(c), no_wrap=True, overflow="ignore")
     for row in cells:
         table.add_row(*row)
-    width = sum(max(len(str(c)), *(len(r[i]) for r in cells)) + 3
-                for i, c in enumerate(columns)) + 4
+    width = sum(widths()) + 4
     out = io.StringIO()
     Console(file=out, width=width, no_color=True, color_system=None, highlight=False,
             markup=False, emoji=False).print(table)

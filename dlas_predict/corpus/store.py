@@ -8,12 +8,12 @@ half-written row; the unique measurement key makes a re-run skip what is already
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from dlas_predict.errors import StoreError
+from dlas_predict.files import replace_if_changed, scratch_path
 from dlas_predict.corpus.records import MeasureResult, board_emulated, slowness
 
 if TYPE_CHECKING:
@@ -409,20 +409,18 @@ class CorpusStore:
         whole = pd.DataFrame(self.network_measurements(), columns=["id", *NETWORK_COLUMNS])
         for path, table in ((out, frame), (networks_path(out), configs),
                             (networks_path(out, "wholenet"), whole)):
-            # written beside, then in place only where it differs: the same records give
-            # the same bytes, so an unchanged snapshot is not rewritten
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            # the same records give the same bytes: an unchanged snapshot is not rewritten
+            tmp = scratch_path(path)
             try:
                 if fmt == "parquet":  # zstd: half snappy's size, for the snapshot in git
                     table.to_parquet(tmp, index=False, compression="zstd",
                                      compression_level=19)
                 else:
                     table.to_csv(tmp, index=False)
-                if path.is_file() and path.read_bytes() == tmp.read_bytes():
-                    continue
-                os.replace(tmp, path)
-            finally:
+            except BaseException:
                 tmp.unlink(missing_ok=True)
+                raise
+            replace_if_changed(tmp, path)
         return len(frame)
 
     def import_snapshot(self, path: str | Path) -> tuple[int, int]:

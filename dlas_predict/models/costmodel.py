@@ -66,13 +66,15 @@ def write_sidecar(directory: Path, name: str, meta: dict) -> Path:
     def steady(d: dict) -> dict:
         return {k: v for k, v in d.items() if k not in VOLATILE_META}
 
+    from dlas_predict.files import write_if_changed
+
     text = json.dumps(meta, indent=2, sort_keys=True) + "\n"
     try:
         if steady(json.loads(sidecar.read_text())) == steady(json.loads(text)):
             return sidecar
     except (OSError, ValueError, AttributeError):
         pass
-    sidecar.write_text(text)
+    write_if_changed(sidecar, text.encode())
     return sidecar
 
 

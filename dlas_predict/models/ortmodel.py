@@ -211,10 +211,11 @@ class OrtLatencyModel:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / FILE
-        text = json.dumps({"coef": self.coef, "q10": self.q10, "q90": self.q90,
-                           "meta": self.meta}, indent=1, sort_keys=True)
-        if not (path.is_file() and path.read_text() == text):  # unchanged: not rewritten
-            path.write_text(text)
+        from dlas_predict.files import write_if_changed
+
+        write_if_changed(path, json.dumps({"coef": self.coef, "q10": self.q10,
+                                           "q90": self.q90, "meta": self.meta},
+                                          indent=1, sort_keys=True).encode())
         return path
 
     @classmethod

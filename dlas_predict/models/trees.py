@@ -49,11 +49,13 @@ def model_file(directory: Path, stem: str) -> Path:
     return plain if plain.is_file() and not packed.is_file() else packed
 
 
-def read_model_text(path: Path) -> str:
-    """The LightGBM text of the model file ``path`` (xz-compressed or plain)."""
+def read_model_text(path: Path, data: bytes | None = None) -> str:
+    """The LightGBM text of the model file ``path`` (xz-compressed or plain); ``data``:
+    its bytes, where they were read already."""
     import lzma
 
-    data = Path(path).read_bytes()
+    if data is None:
+        data = Path(path).read_bytes()
     if str(path).endswith(".xz"):
         try:
             data = lzma.decompress(data)
@@ -75,15 +77,12 @@ def write_model_text(path: Path, text: str) -> bool:
             return False
     except (OSError, UnicodeDecodeError, TreeFormatError):
         pass
+    from dlas_predict.files import write_if_changed
+
     data = text.encode()
     if str(path).endswith(".xz"):
         data = lzma.compress(data, format=lzma.FORMAT_XZ, check=lzma.CHECK_CRC64, preset=6)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_if_changed(path, data)
     plain = path.with_name(path.name[:-len(".xz")]) if str(path).endswith(".xz") else None
     if plain is not None and plain.is_file():  # the uncompressed copy it replaces
         plain.unlink()
@@ -123,9 +122,10 @@ class TreeModel:
             import hashlib
 
             path, digest = self._source
-            if hashlib.sha1(Path(path).read_bytes()).hexdigest()[:20] != digest:
+            data = Path(path).read_bytes()
+            if hashlib.sha1(data).hexdigest()[:20] != digest:
                 raise TreeFormatError(f"{path} changed since it was loaded")
-            self._text = read_model_text(path)
+            self._text = read_model_text(path, data)
         return self._text or ""
 
     @classmethod
@@ -166,18 +166,17 @@ class TreeModel:
             except (OSError, ValueError, KeyError, EOFError):
                 pass  # no cached copy yet, or a damaged one: parse and write it again
         try:
-            text = read_model_text(path)
-        except (OSError, UnicodeDecodeError) as exc:
+            text = read_model_text(path, data)
+        except UnicodeDecodeError as exc:
             raise TreeFormatError(f"cannot read {path}: {exc}") from None
         model = cls.parse(text, str(path))
         if cached is None:
             return model
-        path = cached
-        tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npz")
+        tmp = cached.with_name(f"{cached.stem}.{os.getpid()}.tmp.npz")
         try:
             np.savez(tmp, n_features=model.n_features,
                      **{n: getattr(model, n) for n in names})
-            os.replace(tmp, path)
+            os.replace(tmp, cached)
         except OSError:
             tmp.unlink(missing_ok=True)
         return model

@@ -1,0 +1,42 @@
+"""Writing the tool's files so that an unchanged file is never rewritten.
+
+Shipped data lives in git: a file whose bytes would not change keeps its bytes and its
+modification time, and a file that does change is replaced whole (written beside it, then
+renamed), so a process killed mid-write leaves the old file or the new one, never half.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def scratch_path(path: Path) -> Path:
+    """A hidden file beside ``path`` to write before :func:`replace_if_changed`."""
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
+def replace_if_changed(tmp: Path, path: Path) -> bool:
+    """Put the written file ``tmp`` in place of ``path`` unless ``path`` already holds the
+    same bytes; ``tmp`` is gone either way. Returns whether ``path`` changed."""
+    tmp, path = Path(tmp), Path(path)
+    try:
+        if path.is_file() and path.read_bytes() == tmp.read_bytes():
+            return False
+        os.replace(tmp, path)
+        return True
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_if_changed(path: Path, data: bytes) -> bool:
+    """Write ``data`` to ``path`` whole, unless it already holds those bytes. Returns
+    whether ``path`` changed."""
+    path = Path(path)
+    tmp = scratch_path(path)
+    try:
+        tmp.write_bytes(data)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return replace_if_changed(tmp, path)
