@@ -1169,6 +1169,45 @@ def active_learn(device: str = typer.Option(..., "--device", help="The device to
                   f"recommend --device {device} uses it") + ")")
 
 
+@app.command()
+@handle_errors
+def calibrate(device: str = typer.Option("local", "--device", help="This machine's CPU or "
+                                         "one of its profiles."),
+              minutes: float = typer.Option(5.0, "--minutes", help="Time budget: about 55 % "
+                                            "for kernels, the rest for whole networks."),
+              network: List[str] = typer.Option([], "--network", help="Networks whose "
+                                                "kernels and builds to measure (ONNX or "
+                                                "zoo:NAME; repeatable; default: the demo "
+                                                "CNN, resnet18-cifar, mobilenetv2-cifar)."),
+              as_json: bool = typer.Option(False, "--json")):
+    """This CPU calibrated in minutes: kernels by active learning, then whole networks of
+    both backends; recommend and predict then answer for it as adapted. Resumable."""
+    import numpy as np
+
+    from dlas_predict.crossdev import calibrate as cal
+
+    rep = cal.run(device, minutes, list(network) or None,
+                  log=lambda m: typer.echo(m, err=True))
+    if as_json:
+        _print_json(rep.to_dict())
+        return
+    typer.echo(f"{device} calibrated on {rep.cpu_model} (fingerprint {rep.fingerprint}) in "
+               f"{rep.seconds / 60:.1f} min: {rep.kernels} kernels (reference "
+               f"{rep.reference}), {len(rep.network_rows)} whole-network runs")
+    for label, loo, offs in (("our builds", rep.network_loo, rep.network_offsets),
+                             ("onnxruntime", rep.onnxruntime_loo, rep.onnxruntime_offsets)):
+        if offs:
+            err = np.abs(np.expm1(np.asarray(loo))) if loo else np.array([])
+            typer.echo(f"  {label}: offsets " + ", ".join(
+                f"{k} ×{np.exp(v):.2f}" for k, v in offs.items())
+                + (f"; leave-one-out within ±10 %: {np.mean(err <= 0.1):.0%} of {len(err)}"
+                   if len(err) else ""))
+    for n in rep.notes:
+        typer.echo(f"note: {n}")
+    typer.echo(f"saved: {rep.saved} (measurements: {rep.memo}); `recommend` and `predict` "
+               f"on {device} use it")
+
+
 def _score_rows(report, models) -> list[dict]:
     """One table row per (held-out network or OVERALL, model) of an evaluation report."""
     pct = (lambda v, f: "—" if v is None else format(v, f))

@@ -25,8 +25,9 @@ Two probes, each cheap enough to run before and after every measurement:
   shared core's units idle.
 - **The canary** is a real parallel kernel (spatial pack, float32, 64×32×32, 3×3; 0.4 ms
   here), timed against the fastest this machine (device fingerprint, thread count) has ever
-  run it, kept under ``DLAS_HOME/probe/``. Its slowdown sees both kinds. Its reference only
-  improves: a machine first met during a slow spell reads 1.0 until it has seen a quiet one.
+  run it, kept under ``DLAS_HOME/probe/``, or where its own quiet readings spread wider,
+  their median (:meth:`Canary.usual`). Its slowdown sees both kinds. A machine
+  first met during a slow spell reads 1.0 until it has seen a quiet one.
 
 Timing goes through :func:`timed`: wait (up to ``Protocol.quiet_wait_s``) until the chain
 ratio is at most ``Protocol.contention_limit`` and the canary's slowdown at most
@@ -70,6 +71,14 @@ def main(a: T.Buffer(({P}, 16), "float32")):
             a[t, 0] = a[t, 0] * T.float32(0.99999) + T.float32(1e-5)
 '''
 
+
+#: The canary's own readings kept (its usual time is their median), the fewest
+#: that define a usual time, how often they are saved, and the most the usual time may
+#: exceed the fastest (a slowdown of the host that lasts must still read as one).
+RECENT = 64
+MIN_RECENT = 8
+SAVE_EVERY = 8
+USUAL_SPREAD_MAX = 1.15
 
 #: The canary's workload: a conv layer of the CIFAR networks, spatial pack, float32.
 CANARY_CONV = "C=64,H=32,W=32,K=64,R=3,S=3,stride=1,pad=1"
@@ -133,6 +142,8 @@ class Canary:
         self._timer = mod.time_evaluator("main", dev, number=2, repeat=repeats)
         self.reference = reference
         self.best = _read_best(reference)
+        self.recent = _read_recent(reference)
+        self._readings = 0
 
     def seconds(self) -> float:
         """The canary's time now (the fastest of its runs; one untimed call first)."""
@@ -140,12 +151,26 @@ class Canary:
         return min(self._timer(*self._args).results)
 
     def slowdown(self) -> float:
-        """Time now over the fastest ever (1.0 at a new fastest)."""
+        """Time now over this machine's usual quiet time (1.0 at a new fastest): the
+        fastest ever, or where its own readings spread wider, their median (at most
+        :data:`USUAL_SPREAD_MAX` times the fastest, so a slow spell that lasts is still
+        seen). A host whose quiet canary varies by 10 % is not kept waiting for a time it
+        only reaches once in a while."""
         t = self.seconds()
         if self.best is None or t < self.best:
             self.best = min(t, _read_best(self.reference) or math.inf)
-            _write_best(self.reference, self.best)
-        return t / self.best
+        self.recent = (self.recent + [t])[-RECENT:]
+        self._readings += 1
+        if t <= self.best or self._readings % SAVE_EVERY == 0:
+            _write_best(self.reference, self.best, self.recent)
+        return t / self.usual()
+
+    def usual(self) -> float:
+        """The canary's usual quiet time (see :meth:`slowdown`)."""
+        if len(self.recent) < MIN_RECENT:
+            return self.best
+        q = sorted(self.recent)[len(self.recent) // 2]
+        return min(max(q, self.best), USUAL_SPREAD_MAX * self.best)
 
 
 def _read_best(path: Path | None) -> float | None:
@@ -158,14 +183,25 @@ def _read_best(path: Path | None) -> float | None:
     return best if best > 0 else None
 
 
-def _write_best(path: Path | None, best: float) -> None:
+def _read_recent(path: Path | None) -> list[float]:
+    if path is None or not path.is_file():
+        return []
+    try:
+        recent = [float(v) for v in json.loads(path.read_text()).get("recent", [])]
+    except (OSError, ValueError, AttributeError, TypeError):
+        return []
+    return [v for v in recent if v > 0][-RECENT:]
+
+
+def _write_best(path: Path | None, best: float, recent: list[float] | None = None) -> None:
     if path is None:
         return
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps({"best_s": best, "conv": CANARY_CONV,
-                                   "algorithm": "spatial_pack", "dtype": "float32"}))
+                                   "algorithm": "spatial_pack", "dtype": "float32",
+                                   "recent": list(recent or [])}))
         os.replace(tmp, path)
     except OSError:
         pass  # the reference stays in memory for this worker

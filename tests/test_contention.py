@@ -106,17 +106,24 @@ def test_without_a_probe_the_runs_pass_through():
     assert t.attempts == 1
 
 
-def test_the_canary_keeps_the_fastest_time_and_reads_slowdowns_against_it(tmp_path):
+def _scripted_canary(times, reference):
+    """A canary whose readings are given in advance (no TVM)."""
     from dlas_predict.measure.contention import Canary
 
     class Scripted(Canary):
         def __init__(self, times, reference):
             self.times, self.reference = list(times), reference
             self.best = contention._read_best(reference)
+            self.recent, self._readings = contention._read_recent(reference), 0
 
         def seconds(self):
             return self.times.pop(0)
 
+    return Scripted(times, reference)
+
+
+def test_the_canary_keeps_the_fastest_time_and_reads_slowdowns_against_it(tmp_path):
+    Scripted = _scripted_canary
     ref = tmp_path / "probe" / "canary.json"
     c = Scripted([2.0, 1.0, 1.5], ref)
     assert c.slowdown() == 1.0 and c.best == 2.0          # first reading: its own reference
@@ -136,6 +143,23 @@ def test_the_canary_keeps_the_fastest_time_and_reads_slowdowns_against_it(tmp_pa
     blocked.write_text("")
     c = Scripted([1.0, 2.0], blocked / "canary.json")
     assert c.slowdown() == 1.0 and c.slowdown() == 2.0
+
+
+def test_a_canary_whose_quiet_readings_spread_reads_against_their_median(tmp_path):
+    """Quiet readings between 1.00 and 1.12 (a host's own spread) read at most 1.12 against
+    their median, not up to 1.12 against the one fastest; a lasting slow spell of
+    1.5× still reads slow, the usual time being capped at 1.15× the fastest."""
+    Scripted = _scripted_canary
+    ref = tmp_path / "canary.json"
+    quiet = [1.0, 1.08, 1.1, 1.06, 1.12, 1.09, 1.07, 1.11, 1.1, 1.08] * 2
+    c = Scripted(quiet, ref)
+    readings = [c.slowdown() for _ in quiet]
+    assert max(readings[12:]) < 1.05          # the spread is this machine's own
+    assert max(r for r in readings[:8]) > 1.05  # before it is known, against the fastest
+    # a new worker reads the kept readings, and a slow spell still reads slow
+    slow = Scripted([1.5] * 70, ref)
+    assert slow.slowdown() > 1.3
+    assert all(slow.slowdown() >= 1.5 / 1.15 - 1e-9 for _ in range(69))
 
 
 _PROBE_SCRIPT = """

@@ -403,7 +403,8 @@ def test_onnxruntime_rows_move_with_the_map_where_its_model_is_another_machines(
     mid = np.array([0.5, 1.5, 50.0, 70.0])  # dense untuned: ×0.5 (int8 and tuned: not read)
     low, high = mid * 0.5, mid * 3.0
     model = SimpleNamespace(meta={"onnxruntime_fingerprints": ["aaaa"], "cpu_model": "Zen"})
-    su = SimpleNamespace(mapping=SimpleNamespace(source="zero-shot"), ort_model=model,
+    su = SimpleNamespace(mapping=SimpleNamespace(source="zero-shot", onnxruntime_offsets={}),
+                         ort_model=model,
                          dev=SimpleNamespace(name="local", fingerprint="bbbb"),
                          ort_here=False, ort_elsewhere=True, ort_machine="Zen", notes=[])
     ort = rows()

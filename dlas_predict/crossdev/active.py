@@ -159,8 +159,12 @@ def _reference_pred(reference: str, pool: Pool) -> tuple[np.ndarray, np.ndarray]
 
 def run(device: str, pool: Pool, oracle: Callable[[PoolKernel], float], budget: int,
         criterion: str = "variance", seed: int = 0, target_width: float | None = None,
-        exclude_reference: bool = True, log=None, on_measure=None) -> Curve:
-    """One active-learning loop (see the module doc); ``oracle`` measures a kernel (ms)."""
+        exclude_reference: bool = True, log=None, on_measure=None,
+        deadline: float | None = None, clock=None) -> Curve:
+    """One active-learning loop (see the module doc); ``oracle`` measures a kernel (ms).
+    With ``deadline`` (a time of ``clock``, default :func:`time.monotonic`), no kernel is
+    measured after it."""
+    import time
     from dlas_predict.space.devices import device_names, get_device
 
     _check_options(budget, criterion, target_width)
@@ -223,6 +227,8 @@ def run(device: str, pool: Pool, oracle: Callable[[PoolKernel], float], budget: 
             curve.steps.append(_score(len(measured), totals, spans, truth, curve.steps,
                                       picked=None))
         if len(measured) == budget or (target_width and spans.max() <= target_width):
+            break
+        if deadline is not None and (clock or time.monotonic)() >= deadline:
             break
         free = np.array([i for i in range(len(pool.kernels))
                          if i not in measured and i not in failed])

@@ -108,6 +108,18 @@ class DeviceMap:
     group_offsets: dict[str, float] = field(default_factory=dict)
     #: adapted on these conv shapes: an offset per shape, for every group of it
     conv_offsets: dict[str, float] = field(default_factory=dict)
+    #: calibrated: the machine fingerprint the measurements were taken on (a map of another
+    #: machine's local CPU is not used)
+    fingerprint: str = ""
+    #: calibrated on whole networks: log offsets of our whole-network builds over the mapped
+    #: layer and network models, by compression ("*": any other), and their leave-one-out
+    #: 10-90 % error
+    network_offsets: dict[str, float] = field(default_factory=dict)
+    network_q: tuple[float, float] = (0.0, 0.0)
+    #: calibrated on onnxruntime runs: log offsets over the reference's onnxruntime model,
+    #: by run mode (fp32, float16, int8, channel_pruning; "*": any other)
+    onnxruntime_offsets: dict[str, float] = field(default_factory=dict)
+    onnxruntime_q: tuple[float, float] = (0.0, 0.0)
 
     def log_scale(self, ref, dev, compression: str, conv=None) -> float:
         """The spec term of a kernel of ``compression`` (of ``conv``: its bandwidth term
@@ -147,8 +159,53 @@ class DeviceMap:
             out = out + np.array([self.conv_offsets.get(c, 0.0) for c in convs])
         return out
 
+    def network_offset(self, compression: str) -> float | None:
+        """The whole-network offset of a compression (None: not calibrated on networks)."""
+        if not self.network_offsets:
+            return None
+        return self.network_offsets.get(str(compression).partition("@")[0],
+                                        self.network_offsets.get("*", 0.0))
+
+    def onnxruntime_offset(self, mode: str) -> float | None:
+        """The onnxruntime offset of a run mode (None: not calibrated on onnxruntime)."""
+        if not self.onnxruntime_offsets:
+            return None
+        return self.onnxruntime_offsets.get(mode, self.onnxruntime_offsets.get("*", 0.0))
+
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DeviceMap":
+        """A saved map; a field this version does not know is an error (the caller says
+        which file)."""
+        d = dict(d)
+        for k in ("network_q", "onnxruntime_q"):
+            if k in d:
+                d[k] = tuple(d[k])
+        return cls(**d)
+
+
+def shrunk_offsets(residuals: np.ndarray, groups: list[str], prior_common: float = 0.5,
+                   prior_group: float = 2.0) -> tuple[dict[str, float], np.ndarray]:
+    """Log offsets of measured over predicted, a common one (``"*"``, shrunk to 0 by
+    ``prior_common`` rows) and one per group (shrunk to the common one by ``prior_group``
+    rows), and each row's leave-one-out residual (measured minus the offsets fitted
+    without it)."""
+    r = np.asarray(residuals, float)
+
+    def fit(idx) -> dict[str, float]:
+        common = float(r[idx].sum() / (len(idx) + prior_common)) if len(idx) else 0.0
+        out = {"*": common}
+        for g in sorted(set(groups)):
+            gi = [i for i in idx if groups[i] == g]
+            out[g] = common + float((r[gi] - common).sum() / (len(gi) + prior_group))
+        return out
+
+    every = list(range(len(r)))
+    loo = np.array([r[i] - (lambda o: o.get(groups[i], o["*"]))(fit(every[:i] + every[i + 1:]))
+                    for i in every])
+    return fit(every), loo
 
 
 def _peak(dev, dtype: str) -> float:
@@ -546,16 +603,15 @@ def _device_map(name: str):
     from dlas_predict.space.devices import device_names, get_device
 
     adapted = _read_adapted(name)
-    saved = (adapted or {}).get("recommend_map")
+    saved = _saved_map(name, adapted)
     if name in device_names():
         dev = get_device(name, with_target=False)
-        if saved:
-            m = DeviceMap(**saved)
-            return m, dev, data_spec(m.reference)
+        if saved is not None and not foreign_map(saved, dev):
+            return saved, dev, data_spec(saved.reference)
         ref = reference_for(dev)
         return zero_shot_map(dev, ref), dev, data_spec(ref)
-    if saved:
-        m = DeviceMap(**saved)
+    if saved is not None:
+        m = saved
         ref = data_spec(m.reference)
         return m, measured_only(name, ref, m.shots), ref
     if adapted:
@@ -566,3 +622,35 @@ def _device_map(name: str):
     raise DeviceError(f"unknown device {name!r}: it has neither a spec (`devices add`) nor "
                       f"measurements (`adapt --device {name} --measurements FILE.csv`); "
                       f"known: {', '.join(device_names())}")
+
+
+def _saved_map(name: str, adapted: dict | None) -> DeviceMap | None:
+    from dlas_predict.crossdev.predictor import adapted_dir
+
+    saved = (adapted or {}).get("recommend_map")
+    if not saved:
+        return None
+    try:
+        return DeviceMap.from_dict(saved)
+    except (TypeError, ValueError) as exc:
+        raise DlasError(f"adapted model {adapted_dir() / (name + '.json')} is unreadable "
+                        f"({exc}); run `calibrate` or `adapt` again") from None
+
+
+def foreign_map(m: DeviceMap, dev) -> bool:
+    """``m`` was calibrated on another machine than the one ``dev`` is measured on (this
+    machine's CPU and its profiles: another fingerprint)."""
+    return bool(m.fingerprint and dev.fingerprint and m.fingerprint != dev.fingerprint)
+
+
+def foreign_calibration(name: str) -> str | None:
+    """The fingerprint of ``name``'s saved calibration where it is of another machine and so
+    not used here (None otherwise)."""
+    from dlas_predict.crossdev.predictor import _read_adapted
+    from dlas_predict.space.devices import device_names, get_device
+
+    if name not in device_names():
+        return None
+    m = _saved_map(name, _read_adapted(name))
+    dev = get_device(name, with_target=False)
+    return m.fingerprint if m is not None and foreign_map(m, dev) else None

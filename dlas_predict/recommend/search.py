@@ -51,6 +51,8 @@ class Candidate:
     tuning_s: float | None = None          # predicted search time (tuned candidates)
     conv_s: float | None = None            # predicted conv kernels' sum, before the network
     source: str = "trained"                # the prediction's: trained | adapted | zero-shot
+    #: the prediction before a calibration's whole-network or onnxruntime offset (seconds)
+    basis_s: float | None = None
     #: a per-layer candidate that chose one algorithm for every layer: that candidate's
     #: label (the same network, built and timed once for both)
     same_build_as: str | None = None
@@ -388,6 +390,7 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
         if su.mapping is None else None
     plans = _plans(points, su.tunings, options, mid, su.skipped)
     cands = _price(plans, su, X, (mid, low, high), tune_s, own)
+    _calibrate_networks(cands, su)
     dense = [c for c in cands if c.compression is Compression.DENSE and c.algorithm != PER_LAYER
              and c.tuning is Tuning.UNTUNED] or [
         c for c in cands if c.compression is Compression.DENSE and c.algorithm != PER_LAYER]
@@ -423,8 +426,8 @@ def _setup(model: str, device: str, validate: int, models_dir: Path | None,
     from dlas_predict.networks.graph import read_network
     from dlas_predict.space.devices import get_device
 
-    from dlas_predict.crossdev.transfer import (device_map, model_machine, own_model,
-                                                reference_dir)
+    from dlas_predict.crossdev.transfer import (device_map, foreign_calibration,
+                                                model_machine, own_model, reference_dir)
 
     tunings = Tuning.parse_list(tuning)
     mapping = ref_dev = None
@@ -477,10 +480,18 @@ def _setup(model: str, device: str, validate: int, models_dir: Path | None,
                     if ref_dev.name == dev.name else f"{ref_dev.name}'s models")
         notes.append(f"{why}: {ref_what} price the grid and each kernel is mapped to "
                      f"{dev.name} by {what}")
-        if mapping.source == "zero-shot":
+        if mapping.source == "zero-shot" and dev.measured_here:
+            notes.append(f"{dev.name} is zero-shot on this CPU: `dlas-predict calibrate` "
+                         "measures it in minutes and makes it accurate")
+        elif mapping.source == "zero-shot":
             notes.append(f"zero-shot: `dlas-predict active-learn --device {dev.name}` (or "
                          f"`adapt --device {dev.name} --measurements FILE.csv`) makes it "
                          "better")
+        foreign = foreign_calibration(device)
+        if foreign:
+            notes.append(f"the calibration of {dev.name} in DLAS_HOME was measured on another "
+                         f"machine (fingerprint {foreign}; this one is {dev.fingerprint}): "
+                         "not used; `dlas-predict calibrate` measures this one")
     feat_dev = features_device(ref_dev or dev, info)
     su = _Setup(dev, feat_dev, layer_model, net_model, info, tuning_model, net, name, entry,
                 tunings, notes, mapping=mapping, ref_dev=ref_dev)
@@ -559,15 +570,58 @@ def _map_onnxruntime(ort: list[Candidate], su: _Setup, kernels: list[tuple], own
         if su.ort_elsewhere:  # not scaled: as without a map
             su.notes.append(_ORT_ELSEWHERE.format(su.ort_machine))
         return
+    if su.mapping.onnxruntime_offsets:
+        _calibrate_onnxruntime(ort, su)
+        return
     r = mid.sum() / own.sum()
     lo, hi = min(low.sum() / mid.sum(), 1.0), max(high.sum() / mid.sum(), 1.0)
     for c in ort:
+        c.basis_s = c.predicted_s
         c.predicted_s, c.low_s, c.high_s = c.predicted_s * r, c.low_s * r * lo, c.high_s * r * hi
         c.source = su.mapping.source
     su.notes.append(f"the onnxruntime model was trained on another machine "
                     f"({su.ort_machine}): its latencies are scaled by ×{r:.2f}, this "
                     f"network's ratio of its dense float32 kernels' times mapped to "
                     f"{su.dev.name} to that machine's ({su.mapping.source})")
+
+
+def _offset_rows(cands: list[Candidate], offsets: list[float], q: tuple[float, float],
+                 source: str) -> None:
+    """Each candidate's prediction moved by its calibrated log offset; its interval is the
+    wider of the model's (moved) and the calibration's own leave-one-out error."""
+    for c, off in zip(cands, offsets):
+        f = float(np.exp(off))
+        c.basis_s = c.predicted_s
+        c.predicted_s *= f
+        c.low_s = min(c.low_s * f, c.predicted_s * float(np.exp(min(q[0], 0.0))))
+        c.high_s = max(c.high_s * f, c.predicted_s * float(np.exp(max(q[1], 0.0))))
+        c.source = source
+
+
+def _calibrate_networks(cands: list[Candidate], su: _Setup) -> None:
+    """A calibrated map's whole-network offsets on our builds (by compression)."""
+    m = su.mapping
+    if m is None or not m.network_offsets:
+        return
+    _offset_rows(cands, [m.network_offset(c.compression.value) for c in cands],
+                 tuple(m.network_q), m.source)
+    su.notes.append(f"{su.dev.name} is calibrated on this machine: our builds' latencies "
+                    "are moved by the offsets its whole networks were measured at, by "
+                    "compression")
+
+
+def _calibrate_onnxruntime(ort: list[Candidate], su: _Setup) -> None:
+    """onnxruntime rows priced by the reference's onnxruntime model and the offsets of its
+    runs here, by mode (fp32, float16, int8, channel-pruned): its kernels are not ours, so
+    our kernels' map does not move them."""
+    from dlas_predict.models.ortmodel import model_mode
+
+    m = su.mapping
+    _offset_rows(ort, [m.onnxruntime_offset(model_mode(c.compression)) for c in ort],
+                 tuple(m.onnxruntime_q), m.source)
+    su.notes.append(f"onnxruntime rows: its model of {su.ort_machine or 'another machine'}, "
+                    "moved by the offsets of onnxruntime's runs on this machine, by mode "
+                    "(calibrated)")
 
 
 def features_device(dev, info: dict):
@@ -815,8 +869,6 @@ def _validate(rec: Recommendation, model: str, dev, k: int, log=None,
     """Build and time the top ``k`` kept candidates as whole networks, with the runner that
     ``network_runner()`` opens (default: the local CPU's); onnxruntime fp32, the reference,
     is timed in the same run wherever onnxruntime can run as the device."""
-    from dlas_predict.corpus.networks import NetworkPlan, onnxruntime_plan
-
     if network_runner is None and not dev.measured_here:
         raise DlasError(f"--validate builds and times the candidates on the device: "
                         f"{dev.name!r} is reached through a tracker (--tracker HOST:PORT)")
@@ -837,17 +889,39 @@ def _validate(rec: Recommendation, model: str, dev, k: int, log=None,
             if rec.reference not in timed:
                 timed.append(rec.reference)
 
-    def plan_of(c: Candidate) -> NetworkPlan:
-        if c.backend == "onnxruntime":
-            return onnxruntime_plan(model, rec.network, c.compression, c.ratio)
-        return NetworkPlan(model, rec.network, c.compression, c.ratio, c.algorithm, c.layers,
-                           tuning=tuned_opts if c.tuning is Tuning.TUNED else None)
-
     twins = _same_builds(timed)
     built = [c for c in timed if id(c) not in twins]
-    plans = [plan_of(c) for c in built]
+    measure_candidates(model, rec.network, dev, built, tuned_opts, network_runner)
+    for c in timed:
+        if id(c) in twins:
+            twin = twins[id(c)]
+            c.same_build_as = twin.label
+            c.measured_s, c.measured_median_s = twin.measured_s, twin.measured_median_s
+            c.measured_note = twin.measured_note
+    return chosen
+
+
+def measure_candidates(model: str, network: str, dev, cands: list[Candidate],
+                       tuned_opts=None, network_runner=None) -> None:
+    """Build and time each candidate as a whole network on ``dev`` with the runner that
+    ``network_runner()`` opens (default: this machine's), filling its measured time, or its
+    note where it failed or its output check did."""
+    from dlas_predict.corpus.networks import NetworkPlan, onnxruntime_plan
+
+    if network_runner is None:
+        from dlas_predict.measure.netrunner import NetworkRunner
+
+        network_runner = (lambda: NetworkRunner(dev))
+
+    def plan_of(c: Candidate) -> NetworkPlan:
+        if c.backend == "onnxruntime":
+            return onnxruntime_plan(model, network, c.compression, c.ratio)
+        return NetworkPlan(model, network, c.compression, c.ratio, c.algorithm, c.layers,
+                           tuning=tuned_opts if c.tuning is Tuning.TUNED else None)
+
+    plans = [plan_of(c) for c in cands]
     with network_runner() as nr:
-        by_key = {p.key(dev): c for p, c in zip(plans, built)}  # a farm answers as boards
+        by_key = {p.key(dev): c for p, c in zip(plans, cands)}  # a farm answers as boards
         for m in nr.run(plans):                                 # finish
             c = by_key[m.key]
             if m.error:
@@ -864,13 +938,6 @@ def _validate(rec: Recommendation, model: str, dev, k: int, log=None,
                                        "kept their hand schedules")
                 elif c.backend == "onnxruntime" and (m.details or {}).get("calibration"):
                     c.measured_note = f"int8 calibrated on {m.details['calibration']}"
-    for c in timed:
-        if id(c) in twins:
-            twin = twins[id(c)]
-            c.same_build_as = twin.label
-            c.measured_s, c.measured_median_s = twin.measured_s, twin.measured_median_s
-            c.measured_note = twin.measured_note
-    return chosen
 
 
 def _same_builds(timed: list[Candidate]) -> dict[int, Candidate]:

@@ -1,0 +1,130 @@
+"""``calibrate`` proved on networks of families no corpus holds: zero-shot against calibrated.
+
+For each network (generated CNNs of shapes the corpus lacks, one per block style, as
+``bench_unseen.py``), ``recommend NET --tuning untuned --validate K`` runs with the
+calibrated ``local`` (``--calibrated-home``: a DLAS_HOME where ``dlas-predict calibrate``
+ran): its top K candidates of both backends are built and timed here. The same candidates
+are priced zero-shot (a DLAS_HOME without the calibration) and by a MACs fit (log latency on
+log MACs, per backend, fitted on the calibration's own whole-network runs: the same shots).
+Printed: within ±10 %, MAPE and Spearman of each, and the pick after validating 3 against
+the best measured.
+
+    DLAS_HOME=H dlas-predict calibrate
+    .venv/bin/python benchmarks/bench_calibrate.py --calibrated-home H [--validate 12]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_unseen import CNNS  # noqa: E402
+
+
+def _macs(path: Path) -> float:
+    from dlas_predict.networks.graph import read_network
+
+    return float(read_network(path, path.stem).macs)
+
+
+def _score(pred: np.ndarray, meas: np.ndarray) -> dict:
+    from scipy.stats import spearmanr
+
+    err = pred / meas - 1
+    return {"within_10pct": float(np.mean(np.abs(err) <= 0.10)),
+            "mape": float(np.mean(np.abs(err))),
+            "spearman": float(spearmanr(pred, meas).statistic) if len(pred) > 2 else None}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--calibrated-home", type=Path, required=True)
+    ap.add_argument("--validate", type=int, default=12)
+    ap.add_argument("--device", default="local")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    home = args.calibrated_home.resolve()
+    saved = home / "adapted" / f"{args.device}.json"
+    if not saved.is_file():
+        print(f"Error: {saved} not found: run `DLAS_HOME={home} dlas-predict calibrate` first")
+        return 1
+    cal = json.loads(saved.read_text())
+    from dlas_predict.recommend.search import recommend
+    from dlas_predict.space.devices import get_device
+
+    dev = get_device(args.device, with_target=False)
+    rows = []
+    zero_home = Path(tempfile.mkdtemp(prefix="dlas-zero-"))
+    with tempfile.TemporaryDirectory() as tmp:
+        from dlas_predict.networks import generate as gen
+
+        paths = [gen.generate("cnn", spec.split(","), Path(tmp))[0].path for spec in CNNS]
+        # the MACs fit, per backend, on the calibration's own whole-network runs
+        fit = {}
+        shots = cal.get("networks", [])
+        from dlas_predict.crossdev.calibrate import resolve_networks
+        from dlas_predict.networks import zoo
+
+        macs_of = {}
+        for n in resolve_networks(None):
+            p = Path(zoo.resolve(n))
+            macs_of[p.stem if not n.startswith("zoo:") else n[4:]] = _macs(p)
+        for backend in ("tvm", "onnxruntime"):
+            r = [s for s in shots if s["backend"] == backend and s["network"] in macs_of]
+            if len(r) >= 2:
+                x = np.log([macs_of[s["network"]] for s in r])
+                y = np.log([s["measured_ms"] for s in r])
+                fit[backend] = np.polyfit(x, y, 1)
+        for path in paths:
+            os.environ["DLAS_HOME"] = str(home)
+            rec = recommend(str(path), args.device, max_accuracy_drop=float("inf"),
+                            top=args.validate, validate=args.validate, tuning="untuned",
+                            ratios=(0.5, 0.9))
+            os.environ["DLAS_HOME"] = str(zero_home)
+            zero = recommend(str(path), args.device, max_accuracy_drop=float("inf"), top=0,
+                             tuning="untuned", ratios=(0.5, 0.9))
+            zmap = {(c.label, c.backend): c.predicted_s for c in zero.candidates}
+            macs = _macs(path)
+            for c in rec.validated:
+                if c.measured_s is None or (c.label, c.backend) not in zmap:
+                    continue
+                f = fit.get(c.backend)
+                rows.append({"network": path.stem, "label": c.label, "backend": c.backend,
+                             "measured_ms": c.measured_s * 1e3,
+                             "calibrated_ms": c.predicted_s * 1e3,
+                             "zero_shot_ms": zmap[(c.label, c.backend)] * 1e3,
+                             "macs_fit_ms": float(np.exp(np.polyval(f, np.log(macs))))
+                             if f is not None else None})
+            print(f"{path.stem}: {len(rec.validated)} validated", flush=True)
+    meas = np.array([r["measured_ms"] for r in rows])
+    out = {"device": args.device, "cpu": dev.description, "fingerprint": dev.fingerprint,
+           "calibration": {"kernels": len(cal.get("active_learning", {}).get("measured", [])),
+                           "network_runs": len(shots)},
+           "candidates": len(rows)}
+    for k in ("zero_shot_ms", "calibrated_ms", "macs_fit_ms"):
+        ok = [i for i, r in enumerate(rows) if r[k] is not None]
+        out[k.removesuffix("_ms")] = _score(np.array([rows[i][k] for i in ok]), meas[ok])
+    picks = []
+    for net in sorted({r["network"] for r in rows}):
+        r = [x for x in rows if x["network"] == net]
+        top3 = sorted(r, key=lambda x: x["calibrated_ms"])[:3]
+        picks.append(min(x["measured_ms"] for x in top3) / min(x["measured_ms"] for x in r))
+    out["pick_of_top3_over_best"] = picks
+    print(json.dumps(out, indent=1))
+    if args.json:
+        args.json.write_text(json.dumps({"summary": out, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,388 @@
+"""This machine's CPU calibrated in minutes: ``dlas-predict calibrate``.
+
+A CPU whose ``local`` model was trained elsewhere is answered from a reference device's
+models, mapped by its spec (zero-shot). Calibration measures it:
+
+1. **Kernels**: active learning (:func:`dlas_predict.crossdev.active.run`) over the conv
+   kernels of the calibration networks, until the kernel share of the time budget is
+   spent; the adapted kernel map (offset, slope, group and shape offsets) is fitted.
+2. **Whole networks**: with that map in place, the networks are priced, and a few of
+   their candidates are built and timed here, onnxruntime's (fp32, float16, int8,
+   channel-pruned) first, then our dense and int8 builds: each backend's residuals give
+   log offsets by compression (ours) and by run mode (onnxruntime's), shrunk to a common
+   one, with their leave-one-out error as the interval.
+
+The map is saved under ``DLAS_HOME/adapted/DEVICE.json`` with this machine's fingerprint
+(a map of another machine is not used). Every measurement is committed to
+``DLAS_HOME/calibrate/FINGERPRINT.sqlite`` as it is taken: an interrupted calibration
+resumes where it stopped, nothing measured twice. A timing the canary found noisy is
+recorded as such and left out of the fit.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from dlas_predict.errors import DlasError
+
+#: The built-in calibration networks: plain 3×3 convs, residual blocks, pointwise and
+#: depthwise layers (the demo CNN, a ResNet and a MobileNet of the zoo).
+DEFAULT_NETWORKS = ("demo", "zoo:resnet18-cifar", "zoo:mobilenetv2-cifar")
+#: The share of the time budget the kernels get; whole networks take the rest.
+KERNEL_SHARE = 0.55
+#: onnxruntime configurations and our builds timed per network, in this order.
+ORT_CONFIGS = (("dense", None), ("int8", None), ("channel_pruning", 0.9), ("float16", None),
+               ("channel_pruning", 0.5))
+TVM_CONFIGS = (("dense", None), ("channel_pruning", 0.9), ("int8", None))
+#: Kernel measurements at most: whole networks say more per minute once the kernel map
+#: has settled (on a 2-core Zen 4, 150 kernels took about a minute).
+MAX_KERNELS = 150
+
+
+@dataclass
+class Measured:
+    """One calibration measurement: a kernel or a whole network, its time or why none."""
+
+    key: str
+    kind: str                  # kernel | network
+    ms: float | None
+    note: str = ""             # failed: ... | noisy: ...
+
+
+class Memo:
+    """Every calibration measurement of one machine, committed as it is taken (SQLite)."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.db = sqlite3.connect(str(path))
+        self.db.execute("CREATE TABLE IF NOT EXISTS calibration (key TEXT PRIMARY KEY, "
+                        "kind TEXT NOT NULL, ms REAL, note TEXT, at REAL NOT NULL)")
+        self.db.commit()
+
+    def get(self, key: str) -> Measured | None:
+        row = self.db.execute("SELECT key, kind, ms, note FROM calibration WHERE key = ?",
+                              (key,)).fetchone()
+        return Measured(*row) if row else None
+
+    def put(self, m: Measured) -> None:
+        self.db.execute("INSERT OR REPLACE INTO calibration VALUES (?, ?, ?, ?, ?)",
+                        (m.key, m.kind, m.ms, m.note, time.time()))
+        self.db.commit()
+
+    def count(self, kind: str) -> int:
+        return self.db.execute("SELECT COUNT(*) FROM calibration WHERE kind = ?",
+                               (kind,)).fetchone()[0]
+
+    def close(self) -> None:
+        self.db.close()
+
+
+@dataclass
+class NetworkRow:
+    """A whole network's candidate as priced before its offsets, and as timed."""
+
+    network: str
+    config: str                # e.g. int8/gemm, dense/onnxruntime
+    backend: str
+    group: str                 # our builds: the compression; onnxruntime: its run mode
+    predicted_ms: float
+    measured_ms: float
+
+
+@dataclass
+class CalibrationReport:
+    device: str
+    fingerprint: str
+    cpu_model: str
+    reference: str
+    networks: list[str]
+    kernels: int
+    kernels_failed: int
+    network_rows: list[NetworkRow]
+    seconds: float
+    saved: str
+    memo: str
+    kernel_error: dict = field(default_factory=dict)   # leave-one-out, kernels
+    network_offsets: dict = field(default_factory=dict)
+    onnxruntime_offsets: dict = field(default_factory=dict)
+    network_loo: list[float] = field(default_factory=list)
+    onnxruntime_loo: list[float] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def resolve_networks(networks: list[str] | None) -> list[str]:
+    """The calibration networks: the named ones, or the built-in set."""
+    from dlas_predict.paths import DEMO_NETWORK
+
+    out = []
+    for n in networks or DEFAULT_NETWORKS:
+        out.append(str(DEMO_NETWORK) if n == "demo" else n)
+    return out
+
+
+def _check(device, minutes: float) -> None:
+    if not minutes > 0:
+        raise DlasError(f"--minutes must be above 0, got {minutes:g}")
+    if device.kind != "cpu" or not device.measured_here:
+        raise DlasError(f"calibrate measures this machine's CPU (local or one of its "
+                        f"profiles); {device.name} is not measured here (for a board: "
+                        "`active-learn --device NAME --tracker HOST:PORT`, or `adapt`)")
+
+
+def run(device: str, minutes: float, networks: list[str] | None,
+        kernel_oracle: Callable | None = None, network_oracle: Callable | None = None,
+        log: Callable[[str], None] | None = None, memo_path: Path | None = None,
+        fingerprint: str | None = None, clock: Callable[[], float] = time.monotonic
+        ) -> CalibrationReport:
+    """Calibrate ``device`` in about ``minutes``: kernels by active learning, then whole
+    networks (module doc). ``kernel_oracle(PoolKernel) -> (ms, note)`` and
+    ``network_oracle(model, network, [Candidate]) -> [(ms, note)]`` measure (default: this
+    machine); ``fingerprint`` names the machine the measurements are of (default: the
+    device's)."""
+    from dlas_predict.crossdev import active, transfer
+    from dlas_predict.crossdev.predictor import _safe, adapted_dir
+    from dlas_predict.paths import dlas_home
+    from dlas_predict.space.devices import get_device
+
+    t0 = clock()
+    say = log or (lambda s: None)
+    live = kernel_oracle is None or network_oracle is None
+    dev = get_device(device, with_target=live)
+    if live:
+        _check(dev, minutes)
+    elif not minutes > 0:
+        raise DlasError(f"--minutes must be above 0, got {minutes:g}")
+    fp = fingerprint or dev.fingerprint
+    if not fp:
+        raise DlasError(f"{device} has no fingerprint to calibrate under")
+    if transfer.own_model(device) and fingerprint is None:
+        raise DlasError(f"{device}'s model was trained on this very CPU (fingerprint {fp}): "
+                        "there is nothing to calibrate; `collect` and `train` refresh it")
+    nets = resolve_networks(networks)
+    pool = active.pool_from_networks(nets)
+    memo = Memo(memo_path or dlas_home() / "calibrate" / f"{fp}.sqlite")
+    kernel_oracle = kernel_oracle or LiveKernels(dev)
+    network_oracle = network_oracle or LiveNetworks(dev)
+    path = adapted_dir() / f"{_safe(device)}.json"
+    try:
+        deadline = t0 + KERNEL_SHARE * minutes * 60.0
+        say(f"calibrating {device} ({dev.description}, fingerprint {fp}) in about "
+            f"{minutes:g} min: kernels of {len(nets)} networks ({len(pool.kernels)} "
+            "candidates), then whole networks")
+        failed = 0
+
+        def oracle(k) -> float:
+            nonlocal failed
+            got = memo.get(k.key)
+            if got is None:
+                ms, note = kernel_oracle(k)
+                got = Measured(k.key, "kernel", ms, note)
+                memo.put(got)
+            if got.ms is None or got.note:
+                failed += 1
+                say(f"kernel {k.key}: {got.note or 'failed'}; left out")
+                return float("nan")
+            return float(got.ms)
+
+        curve = active.run(device, pool, oracle, min(MAX_KERNELS, len(pool.kernels)),
+                           "variance", exclude_reference=False, deadline=deadline,
+                           clock=clock, log=lambda s: say(f"kernels {_elapsed(clock, t0)}: "
+                                                          + s))
+        kmap = curve.map  # type: ignore[attr-defined]
+        kmap.fingerprint = fp
+        kmap.network_offsets, kmap.onnxruntime_offsets = {}, {}
+        _save(path, device, kmap, curve, fp)
+        n_kernels = len([s for s in curve.steps if s.picked])
+        say(f"kernels {_elapsed(clock, t0)}: {n_kernels} measured, reference "
+            f"{kmap.reference}; now whole networks")
+
+        rows = _networks_phase(device, nets, memo, network_oracle, t0 + minutes * 60.0,
+                               clock, lambda s: say(f"networks {_elapsed(clock, t0)}: " + s))
+        notes = []
+        tvm = [r for r in rows if r.backend == "tvm"]
+        ort = [r for r in rows if r.backend == "onnxruntime"]
+        net_loo = ort_loo = np.array([])
+        if tvm:
+            res = np.log([r.measured_ms / r.predicted_ms for r in tvm])
+            kmap.network_offsets, net_loo = transfer.shrunk_offsets(res, [r.group for r in tvm])
+            kmap.network_q = _quantiles(net_loo, res)
+        else:
+            notes.append("no whole network of ours was timed: our builds keep the kernel map "
+                         "alone (give more --minutes)")
+        if ort:
+            res = np.log([r.measured_ms / r.predicted_ms for r in ort])
+            kmap.onnxruntime_offsets, ort_loo = transfer.shrunk_offsets(
+                res, [r.group for r in ort])
+            kmap.onnxruntime_q = _quantiles(ort_loo, res)
+        else:
+            notes.append("no onnxruntime run was timed: its rows keep the kernel map's ratio")
+        _save(path, device, kmap, curve, fp, rows)
+        loo_k = [s for s in curve.steps if s.picked]
+        return CalibrationReport(
+            device, fp, dev.description, kmap.reference, nets, n_kernels, failed, rows,
+            clock() - t0, str(path), str(memo.path),
+            {"q10": kmap.q10, "q90": kmap.q90, "steps": len(loo_k)},
+            kmap.network_offsets, kmap.onnxruntime_offsets, net_loo.tolist(),
+            ort_loo.tolist(), notes)
+    finally:
+        memo.close()
+        for o in (kernel_oracle, network_oracle):
+            if hasattr(o, "close"):
+                o.close()
+
+
+def _quantiles(loo: np.ndarray, res: np.ndarray) -> tuple[float, float]:
+    """The 10-90 % leave-one-out error, at least ±5 % (and the residuals' own spread where
+    there are fewer than five rows)."""
+    src = loo if len(loo) >= 5 else np.r_[loo, res - res.mean()] if len(res) else np.zeros(1)
+    q10, q90 = np.quantile(src, [0.1, 0.9])
+    return float(min(q10, -0.05)), float(max(q90, 0.05))
+
+
+def _elapsed(clock, t0) -> str:
+    s = int(clock() - t0)
+    return f"{s // 60}:{s % 60:02d}"
+
+
+def _save(path: Path, device: str, kmap, curve, fp: str, rows: list[NetworkRow] | None = None
+          ) -> None:
+    from dlas_predict.files import write_if_changed
+
+    saved = {"device": device, "source": "calibrate", "level": "kernel", "targets": [],
+             "log_ms": [], "fingerprint": fp, "recommend_map": kmap.to_dict(),
+             "active_learning": {"measured": [s.picked for s in curve.steps if s.picked],
+                                 "criterion": curve.criterion},
+             "networks": [asdict(r) for r in rows or []]}
+    write_if_changed(path, json.dumps(saved, indent=1).encode())
+
+
+def _networks_phase(device: str, nets: list[str], memo: Memo, oracle: Callable,
+                    deadline: float, clock, say) -> list[NetworkRow]:
+    """Network by network, price it with the kernel map, then time its calibration
+    candidates until the deadline, the two backends' in turn (dense, channel-pruned at 0.9,
+    int8; then onnxruntime's float16 and channel-pruned at 0.5)."""
+    from dlas_predict.models.ortmodel import model_mode
+    from dlas_predict.recommend.search import recommend
+
+    rows: list[NetworkRow] = []
+    wanted = [("onnxruntime", *ORT_CONFIGS[0]), ("tvm", *TVM_CONFIGS[0]),
+              ("onnxruntime", *ORT_CONFIGS[2]), ("tvm", *TVM_CONFIGS[1]),
+              ("onnxruntime", *ORT_CONFIGS[1]), ("tvm", *TVM_CONFIGS[2]),
+              *(("onnxruntime", *c) for c in ORT_CONFIGS[3:])]
+    for j, net in enumerate(nets):
+        if clock() >= deadline:
+            say(f"time is up: {len(nets) - j} network(s) left out")
+            break
+        rec = recommend(net, device, max_accuracy_drop=float("inf"), top=0,
+                        ratios=(0.5, 0.9), tuning="untuned")
+        best = {}
+        for c in rec.candidates:
+            if c.backend == "tvm" and c.algorithm == "per_layer":
+                continue
+            k = (c.backend, c.compression.value, c.ratio)
+            if k not in best or c.predicted_s < best[k].predicted_s:
+                best[k] = c
+        for i, w in enumerate(wanted):
+            c = best.get(w)
+            if c is None:
+                continue
+            key = f"{rec.network}|{c.label}|{c.backend}"
+            got = memo.get(key)
+            if got is None:
+                if clock() >= deadline:
+                    say(f"time is up: {rec.network}'s other runs and {len(nets) - j - 1} "
+                        "network(s) left out")
+                    return rows
+                ms, note = oracle(net, rec.network, [c])[0]
+                got = Measured(key, "network", ms, note)
+                memo.put(got)
+            basis = c.basis_s if c.basis_s is not None else c.predicted_s
+            if got.ms is None or got.note:
+                say(f"{rec.network} {c.label}: {got.note or 'failed'}; left out")
+                continue
+            group = model_mode(c.compression) if c.backend == "onnxruntime" else \
+                c.compression.value
+            rows.append(NetworkRow(rec.network, c.label, c.backend, group, basis * 1e3,
+                                   got.ms))
+            say(f"{rec.network} {c.label} ({c.backend}): {got.ms:.3f} ms measured, "
+                f"{basis * 1e3:.3f} ms predicted before calibration")
+    return rows
+
+
+class LiveKernels:
+    """Kernels timed on this machine, one worker for the whole calibration."""
+
+    def __init__(self, dev, protocol=None) -> None:
+        from dlas_predict.measure.tasks import Protocol
+
+        self.dev = dev
+        self.protocol = protocol or Protocol(time_budget_s=1.0)
+        self._runner = None
+
+    def __call__(self, k) -> tuple[float | None, str]:
+        from dlas_predict.corpus.collect import collect_kernels
+        from dlas_predict.measure.runner import LocalRunner, MeasureTask
+        from dlas_predict.space.config import ConvSpec, Variant
+
+        if self._runner is None:
+            self._runner = LocalRunner(self.dev, self.protocol, timeout_s=120)
+        task = MeasureTask.make(ConvSpec.parse(k.conv),
+                                Variant(k.algorithm, k.compression, k.ratio, "untuned"),
+                                self.dev)
+        res = collect_kernels([task], None, self._runner, progress=False).results
+        r = res[0] if res else None
+        if r is None or not r.ok or r.verified is False:
+            return None, "failed: " + ((r.error if r is not None else "no result")
+                                       or "not verified")[:200]
+        if r.contended(self.protocol):
+            return float(r.median_s * 1e3), (f"noisy: the machine was busy (canary "
+                                             f"×{r.slowdown or 0:.2f}); not fitted")
+        return float(r.median_s * 1e3), ""
+
+    def close(self) -> None:
+        if self._runner is not None:
+            self._runner.close()
+
+
+class LiveNetworks:
+    """Whole networks built and timed on this machine (``recommend --validate``'s runner),
+    one worker for the whole calibration."""
+
+    def __init__(self, dev) -> None:
+        self.dev = dev
+        self._runner = None
+
+    def __call__(self, model: str, network: str, cands) -> list[tuple[float | None, str]]:
+        from contextlib import nullcontext
+
+        from dlas_predict.measure.netrunner import NetworkRunner
+        from dlas_predict.recommend.search import measure_candidates
+
+        if self._runner is None:
+            self._runner = NetworkRunner(self.dev)
+        measure_candidates(model, network, self.dev, cands,
+                           network_runner=lambda: nullcontext(self._runner))
+        out = []
+        for c in cands:
+            if c.measured_s is None:
+                out.append((None, c.measured_note or "failed"))
+            elif c.measured_note and c.measured_note.startswith("output check"):
+                out.append((None, "failed: " + c.measured_note))
+            else:
+                out.append((c.measured_s * 1e3, ""))
+        return out
+
+    def close(self) -> None:
+        if self._runner is not None:
+            self._runner.close()

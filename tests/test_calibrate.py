@@ -1,0 +1,202 @@
+"""calibrate: the kernel map and the whole-network offsets fitted from measurements, used by
+recommend on this CPU only, resumed after an interruption, and bad input refused."""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from dlas_predict.cli import app
+from dlas_predict.crossdev import calibrate as cal
+from dlas_predict.errors import DlasError
+from dlas_predict.paths import DEMO_NETWORK
+
+
+@pytest.fixture
+def uncalibrated(monkeypatch, tmp_path):
+    """``local`` as a CPU with no model of its own: this CPU forced to AVX2 (another
+    fingerprint than any shipped model's), with a DLAS_HOME of its own (no calibration
+    of another test)."""
+    from dlas_predict.crossdev.transfer import own_model
+    from dlas_predict.space import devices as D
+
+    monkeypatch.setenv("DLAS_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(cal, "MAX_KERNELS", 24)  # the loop, not its length, is tested
+
+    _, flags, _ = D._cpuinfo()
+    if platform.machine() not in ("x86_64", "AMD64") or "avx2" not in flags:
+        pytest.skip("forcing AVX2 needs an x86-64 CPU with AVX2")
+    monkeypatch.setenv(D.FORCE_ISA_ENV, "avx2")
+    D._cpuinfo.cache_clear()
+    if own_model("local"):
+        pytest.skip("this CPU at AVX2 has a shipped model of its own")
+    yield
+    monkeypatch.undo()
+    D._cpuinfo.cache_clear()
+
+
+class Kernels:
+    """A CPU whose kernels take 2 µs per million MACs (and a failure, where asked)."""
+
+    def __init__(self, stop_after: int | None = None) -> None:
+        self.asked: list[str] = []
+        self.stop_after = stop_after
+
+    def __call__(self, k):
+        from dlas_predict.space.config import ConvSpec
+
+        if self.stop_after is not None and len(self.asked) >= self.stop_after:
+            raise KeyboardInterrupt  # the process killed mid-calibration
+        self.asked.append(k.key)
+        factor = {"dense": 1.0, "float16": 1.6, "int8": 0.7}[k.compression]
+        return 0.002 * ConvSpec.parse(k.conv).macs / 1e6 * factor + 0.01, ""
+
+
+class Networks:
+    """onnxruntime runs 1.5× (int8 2×) and our builds 1.2× what was predicted before
+    calibration."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    def __call__(self, model, network, cands):
+        out = []
+        for c in cands:
+            self.asked.append(f"{network}|{c.label}")
+            basis = c.basis_s if c.basis_s is not None else c.predicted_s
+            f = 1.2 if c.backend == "tvm" else 2.0 if c.compression.value == "int8" else 1.5
+            out.append((basis * 1e3 * f, ""))
+        return out
+
+
+class Clock:
+    """Time that passes by one second a reading: a budget of minutes is never the limit."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        self.t += 0.01
+        return self.t
+
+
+def test_calibrate_fits_both_backends_and_recommend_uses_it_on_this_cpu_only(uncalibrated,
+                                                                              tmp_path):
+    from dlas_predict.crossdev.transfer import DeviceMap
+    from dlas_predict.paths import dlas_home
+    from dlas_predict.recommend.search import recommend
+    from dlas_predict.space.devices import get_device
+
+    before = recommend(str(DEMO_NETWORK), "local", top=0, tuning="untuned")
+    assert before.source == "zero-shot"
+    assert any("`dlas-predict calibrate`" in n for n in before.notes)
+    rep = cal.run("local", 5.0, [str(DEMO_NETWORK)], Kernels(), Networks(), clock=Clock())
+    assert rep.fingerprint == get_device("local", with_target=False).fingerprint
+    assert rep.kernels == 24
+    assert {r.backend for r in rep.network_rows} == {"tvm", "onnxruntime"}
+    # onnxruntime's residuals are log 1.5 (int8: log 2): the offsets land near them
+    for mode, off in rep.onnxruntime_offsets.items():
+        assert 1.35 < math.exp(off) <= (2.0 if mode == "int8" else 1.6), (mode, off)
+    saved = json.loads((dlas_home() / "adapted" / "local.json").read_text())
+    m = DeviceMap.from_dict(saved["recommend_map"])
+    assert m.fingerprint == rep.fingerprint and m.source == "adapted"
+
+    after = recommend(str(DEMO_NETWORK), "local", top=0, tuning="untuned")
+    assert after.source == "adapted"
+    ort = {c.compression.value: c for c in after.candidates if c.backend == "onnxruntime"}
+    dense = ort["dense"]
+    assert dense.source == "adapted"
+    assert dense.predicted_s == pytest.approx(
+        dense.basis_s * math.exp(m.onnxruntime_offset("fp32")), rel=1e-9)
+    assert dense.low_s < dense.predicted_s < dense.high_s
+    # the offsets are per mode: int8, slower here, is moved further than fp32
+    assert ort["int8"].predicted_s / ort["int8"].basis_s > 1.05 * (
+        dense.predicted_s / dense.basis_s)
+    assert any("calibrated" in n for n in after.notes)
+
+    # the same file measured on another CPU is not used here, and recommend says so
+    saved["recommend_map"]["fingerprint"] = "0123456789abcdef"
+    (dlas_home() / "adapted" / "local.json").write_text(json.dumps(saved))
+    other = recommend(str(DEMO_NETWORK), "local", top=0, tuning="untuned")
+    assert other.source == "zero-shot"
+    assert any("another machine (fingerprint 0123456789abcdef" in n for n in other.notes)
+
+
+def test_an_interrupted_calibration_resumes_without_measuring_anything_twice(uncalibrated):
+    first = Kernels(stop_after=7)
+    with pytest.raises(KeyboardInterrupt):
+        cal.run("local", 5.0, [str(DEMO_NETWORK)], first, Networks(), clock=Clock())
+    assert len(first.asked) == 7
+    again, nets = Kernels(), Networks()
+    rep = cal.run("local", 5.0, [str(DEMO_NETWORK)], again, nets, clock=Clock())
+    assert not set(again.asked) & set(first.asked)
+    memo = cal.Memo(cal.Path(rep.memo))
+    try:
+        assert memo.count("kernel") == len(set(first.asked) | set(again.asked))
+        assert memo.count("network") == len(nets.asked)
+    finally:
+        memo.close()
+    # a third run measures nothing at all
+    third, nets3 = Kernels(), Networks()
+    cal.run("local", 5.0, [str(DEMO_NETWORK)], third, nets3, clock=Clock())
+    assert third.asked == [] and nets3.asked == []
+
+
+@pytest.mark.slow
+def test_a_noisy_or_failed_kernel_is_recorded_and_left_out_of_the_fit(uncalibrated):
+    class Noisy(Kernels):
+        def __call__(self, k):
+            ms, _ = super().__call__(k)
+            if len(self.asked) % 5 == 0:
+                return ms * 1.4, "noisy: the machine was busy (canary ×1.40); not fitted"
+            if len(self.asked) % 7 == 0:
+                return None, "failed: crashed"
+            return ms, ""
+
+    lines = []
+    rep = cal.run("local", 5.0, [str(DEMO_NETWORK)], Noisy(), Networks(), clock=Clock(),
+                  log=lines.append)
+    assert rep.kernels_failed > 0
+    assert any("noisy: the machine was busy" in x and "left out" in x for x in lines)
+    assert any("failed: crashed" in x for x in lines)
+
+
+def test_shrunk_offsets_pull_a_lone_group_to_the_common_offset():
+    from dlas_predict.crossdev.transfer import shrunk_offsets
+
+    off, loo = shrunk_offsets(np.log([1.2, 1.2, 1.2, 2.0]), ["a", "a", "a", "b"])
+    assert 0 < off["*"] < np.log(2.0)
+    assert off["a"] < off["b"] < np.log(2.0)
+    assert len(loo) == 4 and abs(loo[-1]) > abs(loo[0])
+
+
+def test_calibrate_refuses_what_it_cannot_measure(monkeypatch):
+    r = CliRunner().invoke(app, ["calibrate", "--device", "rpi3b", "--minutes", "1"])
+    assert r.exit_code == 1 and r.output.startswith("Error: ")
+    assert "not measured here" in r.output or "trained on this very CPU" in r.output
+    r = CliRunner().invoke(app, ["calibrate", "--minutes", "0"])
+    assert r.exit_code == 1 and r.output.startswith("Error: ")
+
+
+def test_a_corrupt_calibration_is_one_clear_error(uncalibrated):
+    from dlas_predict.paths import dlas_home
+
+    path = dlas_home() / "adapted" / "local.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"device": "local", "recommend_map": {"device": "local",
+                                                                     "bogus": 1}}))
+    r = CliRunner().invoke(app, ["recommend", str(DEMO_NETWORK), "--top", "1"])
+    assert r.exit_code == 1 and r.output.startswith("Error: adapted model")
+    assert "unreadable" in r.output
+    path.write_text("{not json")
+    r = CliRunner().invoke(app, ["recommend", str(DEMO_NETWORK), "--top", "1"])
+    assert r.exit_code == 1 and "unreadable" in r.output
+    with pytest.raises(DlasError, match="unreadable"):
+        from dlas_predict.crossdev.transfer import device_map
+
+        device_map("local")
