@@ -114,10 +114,11 @@ def devices(ctx: typer.Context,
                        timeout)
         return
     from dlas_predict.crossdev.predictor import adapted_devices, adapted_summary
-    from dlas_predict.crossdev.transfer import own_model
+    from dlas_predict.crossdev.transfer import foreign_calibration, own_model
 
     devs = all_devices()
-    adapted = adapted_devices()
+    # a calibration measured on another machine is not this machine's local CPU's
+    adapted = [n for n in adapted_devices() if not foreign_calibration(n)]
     trained = {d.name for d in devs if own_model(d.name)}
     known = {d.name for d in devs}
     measured_only = [adapted_summary(n) for n in adapted if n not in known]
@@ -1757,11 +1758,14 @@ def demo(store: Optional[Path] = typer.Option(None, "--store",
                                     "other than this machine needs --tracker)."),
          tracker: Optional[str] = _TRACKER_OPT, rpc_key: Optional[str] = _RPC_KEY_OPT,
          allow_remote_tracker: bool = _ALLOW_REMOTE_OPT,
-         boards: Optional[int] = _BOARDS_OPT, tries: int = _TRIES_OPT):
+         boards: Optional[int] = _BOARDS_OPT, tries: int = _TRIES_OPT,
+         calibrate_minutes: float = typer.Option(
+             2.5, "--calibrate-minutes", help="On a CPU without a model of its own and not "
+             "yet calibrated: calibrate it first for about this long (0: do not).")):
     """The embedded default: the shipped demo CNN's conv layers × the whole untuned grid,
-    measured on the local CPU (the fastest algorithm per layer and compression); then a
-    recommendation for zoo:resnet18-cifar from the shipped model, its top 3 built and
-    timed."""
+    measured on the local CPU (the fastest algorithm per layer and compression); on a CPU
+    without a model of its own, `calibrate`; then a recommendation for zoo:resnet18-cifar,
+    its top 3 built and timed."""
     from dlas_predict.paths import dlas_home
     from dlas_predict.corpus.store import CorpusStore
     from dlas_predict.render import format_table
@@ -1787,6 +1791,15 @@ def demo(store: Optional[Path] = typer.Option(None, "--store",
         from dlas_predict.space.devices import get_device
 
         rpc = _rpc(get_device(device), *remote, 300.0)  # None without a tracker
+        if rpc is None and calibrate_minutes > 0 and _needs_calibration("local"):
+            from dlas_predict.crossdev import calibrate as cal
+
+            typer.echo(f"\nThis CPU has no model of its own: calibrating it (about "
+                       f"{calibrate_minutes:g} min; `dlas-predict calibrate` does the same)")
+            rep = cal.run("local", calibrate_minutes, None,
+                          log=None if quiet else (lambda line: typer.echo(line, err=True)))
+            typer.echo(f"calibrated: {rep.kernels} kernels, {len(rep.network_rows)} "
+                       f"whole-network runs in {rep.seconds / 60:.1f} min ({rep.saved})")
 
         typer.echo("\nRecommendation for zoo:resnet18-cifar from the shipped model, the top 3 "
                    "built and timed:")
@@ -1794,6 +1807,13 @@ def demo(store: Optional[Path] = typer.Option(None, "--store",
         _show_recommendation(run("zoo:resnet18-cifar", "local", ELBOW_DROP_PP, None, 5, 3,
                                  log=log, network_runner=_network_runner("local", rpc)),
                              5, ELBOW_DROP_PP)
+
+
+def _needs_calibration(device: str) -> bool:
+    """``device`` has no model of its own here and no calibration of this machine."""
+    from dlas_predict.crossdev.transfer import device_map, own_model
+
+    return not own_model(device) and device_map(device)[0].source == "zero-shot"
 
 
 def main() -> None:

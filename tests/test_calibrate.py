@@ -127,6 +127,7 @@ def test_calibrate_fits_both_backends_and_recommend_uses_it_on_this_cpu_only(unc
     assert any("another machine (fingerprint 0123456789abcdef" in n for n in other.notes)
 
 
+@pytest.mark.slow
 def test_an_interrupted_calibration_resumes_without_measuring_anything_twice(uncalibrated):
     first = Kernels(stop_after=7)
     with pytest.raises(KeyboardInterrupt):
@@ -200,3 +201,12 @@ def test_a_corrupt_calibration_is_one_clear_error(uncalibrated):
         from dlas_predict.crossdev.transfer import device_map
 
         device_map("local")
+
+
+@pytest.mark.slow
+def test_the_demo_calibrates_a_cpu_only_until_it_is_calibrated(uncalibrated):
+    from dlas_predict.cli import _needs_calibration
+
+    assert _needs_calibration("local")
+    cal.run("local", 5.0, [str(DEMO_NETWORK)], Kernels(), Networks(), clock=Clock())
+    assert not _needs_calibration("local")

@@ -643,6 +643,7 @@ def test_the_numpy_tree_walk_predicts_what_lightgbm_predicts():
         TreeModel.parse("hello", "x.txt")
 
 
+@pytest.mark.slow
 def test_a_tree_model_remembers_rows_and_files_without_changing_an_answer(tmp_path):
     """Rows predicted before are looked up, not walked: the same numbers alone, in another
     batch, or after the memo fills; a model file is parsed once until it changes."""
