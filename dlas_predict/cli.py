@@ -1791,9 +1791,9 @@ def demo(store: Optional[Path] = typer.Option(None, "--store",
         from dlas_predict.space.devices import get_device
 
         rpc = _rpc(get_device(device), *remote, 300.0)  # None without a tracker
-        if rpc is None and calibrate_minutes > 0 and _needs_calibration("local"):
-            from dlas_predict.crossdev import calibrate as cal
+        from dlas_predict.crossdev import calibrate as cal
 
+        if rpc is None and calibrate_minutes > 0 and cal.needed("local"):
             typer.echo(f"\nThis CPU has no model of its own: calibrating it (about "
                        f"{calibrate_minutes:g} min; `dlas-predict calibrate` does the same)")
             rep = cal.run("local", calibrate_minutes, None,
@@ -1807,13 +1807,6 @@ def demo(store: Optional[Path] = typer.Option(None, "--store",
         _show_recommendation(run("zoo:resnet18-cifar", "local", ELBOW_DROP_PP, None, 5, 3,
                                  log=log, network_runner=_network_runner("local", rpc)),
                              5, ELBOW_DROP_PP)
-
-
-def _needs_calibration(device: str) -> bool:
-    """``device`` has no model of its own here and no calibration of this machine."""
-    from dlas_predict.crossdev.transfer import device_map, own_model
-
-    return not own_model(device) and device_map(device)[0].source == "zero-shot"
 
 
 def main() -> None:

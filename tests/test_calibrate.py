@@ -205,8 +205,6 @@ def test_a_corrupt_calibration_is_one_clear_error(uncalibrated):
 
 @pytest.mark.slow
 def test_the_demo_calibrates_a_cpu_only_until_it_is_calibrated(uncalibrated):
-    from dlas_predict.cli import _needs_calibration
-
-    assert _needs_calibration("local")
+    assert cal.needed("local")
     cal.run("local", 5.0, [str(DEMO_NETWORK)], Kernels(), Networks(), clock=Clock())
-    assert not _needs_calibration("local")
+    assert not cal.needed("local")

@@ -406,6 +406,12 @@ class Live:
         self.failed: dict[str, str] = {}
 
     def __call__(self, k: PoolKernel) -> float:
+        r = self.result(k)
+        return float("nan") if r is None else float(r.median_s * 1e3)
+
+    def result(self, k: PoolKernel):
+        """The kernel's measurement (recorded in the store, where there is one); None where
+        it failed or its output was wrong, and ``failed[key]`` says why."""
         from dlas_predict.corpus.collect import collect_kernels
         from dlas_predict.measure.runner import MeasureTask
         from dlas_predict.space.config import ConvSpec, Variant
@@ -419,8 +425,8 @@ class Live:
         r = res[0] if res else None
         if r is None or not r.ok or r.verified is False:
             self.failed[k.key] = (r.error if r is not None else "no result") or "not verified"
-            return float("nan")
-        return float(r.median_s * 1e3)
+            return None
+        return r
 
 
 def replay_source(path: Path, networks: list[str] | None, device: str) -> tuple[Pool, Replay]:

@@ -37,10 +37,12 @@ from dlas_predict.errors import DlasError
 DEFAULT_NETWORKS = ("demo", "zoo:resnet18-cifar", "zoo:mobilenetv2-cifar")
 #: The share of the time budget the kernels get; whole networks take the rest.
 KERNEL_SHARE = 0.55
-#: onnxruntime configurations and our builds timed per network, in this order.
-ORT_CONFIGS = (("dense", None), ("int8", None), ("channel_pruning", 0.9), ("float16", None),
-               ("channel_pruning", 0.5))
-TVM_CONFIGS = (("dense", None), ("channel_pruning", 0.9), ("int8", None))
+#: The runs timed per network, in this order: (backend, compression, ratio), the two
+#: backends in turn, then onnxruntime's other modes.
+RUNS = (("onnxruntime", "dense", None), ("tvm", "dense", None),
+        ("onnxruntime", "channel_pruning", 0.9), ("tvm", "channel_pruning", 0.9),
+        ("onnxruntime", "int8", None), ("tvm", "int8", None),
+        ("onnxruntime", "float16", None), ("onnxruntime", "channel_pruning", 0.5))
 #: Kernel measurements at most: whole networks say more per minute once the kernel map
 #: has settled (on a 2-core Zen 4, 150 kernels took about a minute).
 MAX_KERNELS = 150
@@ -131,9 +133,7 @@ def resolve_networks(networks: list[str] | None) -> list[str]:
     return out
 
 
-def _check(device, minutes: float) -> None:
-    if not minutes > 0:
-        raise DlasError(f"--minutes must be above 0, got {minutes:g}")
+def _check(device) -> None:
     if device.kind != "cpu" or not device.measured_here:
         raise DlasError(f"calibrate measures this machine's CPU (local or one of its "
                         f"profiles); {device.name} is not measured here (for a board: "
@@ -157,12 +157,12 @@ def run(device: str, minutes: float, networks: list[str] | None,
 
     t0 = clock()
     say = log or (lambda s: None)
+    if not minutes > 0:
+        raise DlasError(f"--minutes must be above 0, got {minutes:g}")
     live = kernel_oracle is None or network_oracle is None
     dev = get_device(device, with_target=live)
     if live:
-        _check(dev, minutes)
-    elif not minutes > 0:
-        raise DlasError(f"--minutes must be above 0, got {minutes:g}")
+        _check(dev)
     fp = fingerprint or dev.fingerprint
     if not fp:
         raise DlasError(f"{device} has no fingerprint to calibrate under")
@@ -228,11 +228,9 @@ def run(device: str, minutes: float, networks: list[str] | None,
         else:
             notes.append("no onnxruntime run was timed: its rows keep the kernel map's ratio")
         _save(path, device, kmap, curve, fp, rows)
-        loo_k = [s for s in curve.steps if s.picked]
         return CalibrationReport(
             device, fp, dev.description, kmap.reference, nets, n_kernels, failed, rows,
-            clock() - t0, str(path), str(memo.path),
-            {"q10": kmap.q10, "q90": kmap.q90, "steps": len(loo_k)},
+            clock() - t0, str(path), str(memo.path), {"q10": kmap.q10, "q90": kmap.q90},
             kmap.network_offsets, kmap.onnxruntime_offsets, net_loo.tolist(),
             ort_loo.tolist(), notes)
     finally:
@@ -240,6 +238,13 @@ def run(device: str, minutes: float, networks: list[str] | None,
         for o in (kernel_oracle, network_oracle):
             if hasattr(o, "close"):
                 o.close()
+
+
+def needed(device: str) -> bool:
+    """``device`` has no model of its own here and no calibration of this machine."""
+    from dlas_predict.crossdev.transfer import device_map, own_model
+
+    return not own_model(device) and device_map(device)[0].source == "zero-shot"
 
 
 def _quantiles(loo: np.ndarray, res: np.ndarray) -> tuple[float, float]:
@@ -276,10 +281,6 @@ def _networks_phase(device: str, nets: list[str], memo: Memo, oracle: Callable,
     from dlas_predict.recommend.search import recommend
 
     rows: list[NetworkRow] = []
-    wanted = [("onnxruntime", *ORT_CONFIGS[0]), ("tvm", *TVM_CONFIGS[0]),
-              ("onnxruntime", *ORT_CONFIGS[2]), ("tvm", *TVM_CONFIGS[1]),
-              ("onnxruntime", *ORT_CONFIGS[1]), ("tvm", *TVM_CONFIGS[2]),
-              *(("onnxruntime", *c) for c in ORT_CONFIGS[3:])]
     for j, net in enumerate(nets):
         if clock() >= deadline:
             say(f"time is up: {len(nets) - j} network(s) left out")
@@ -293,7 +294,7 @@ def _networks_phase(device: str, nets: list[str], memo: Memo, oracle: Callable,
             k = (c.backend, c.compression.value, c.ratio)
             if k not in best or c.predicted_s < best[k].predicted_s:
                 best[k] = c
-        for i, w in enumerate(wanted):
+        for w in RUNS:
             c = best.get(w)
             if c is None:
                 continue
@@ -321,38 +322,34 @@ def _networks_phase(device: str, nets: list[str], memo: Memo, oracle: Callable,
 
 
 class LiveKernels:
-    """Kernels timed on this machine, one worker for the whole calibration."""
+    """Kernels timed on this machine (active learning's :class:`~dlas_predict.crossdev.
+    active.Live`), one worker for the whole calibration; a timing on a busy machine is
+    noisy."""
 
     def __init__(self, dev, protocol=None) -> None:
         from dlas_predict.measure.tasks import Protocol
 
         self.dev = dev
         self.protocol = protocol or Protocol(time_budget_s=1.0)
-        self._runner = None
+        self._live = None
 
     def __call__(self, k) -> tuple[float | None, str]:
-        from dlas_predict.corpus.collect import collect_kernels
-        from dlas_predict.measure.runner import LocalRunner, MeasureTask
-        from dlas_predict.space.config import ConvSpec, Variant
+        from dlas_predict.crossdev.active import Live
+        from dlas_predict.measure.runner import LocalRunner
 
-        if self._runner is None:
-            self._runner = LocalRunner(self.dev, self.protocol, timeout_s=120)
-        task = MeasureTask.make(ConvSpec.parse(k.conv),
-                                Variant(k.algorithm, k.compression, k.ratio, "untuned"),
-                                self.dev)
-        res = collect_kernels([task], None, self._runner, progress=False).results
-        r = res[0] if res else None
-        if r is None or not r.ok or r.verified is False:
-            return None, "failed: " + ((r.error if r is not None else "no result")
-                                       or "not verified")[:200]
+        if self._live is None:
+            self._live = Live(LocalRunner(self.dev, self.protocol, timeout_s=120), self.dev)
+        r = self._live.result(k)
+        if r is None:
+            return None, "failed: " + self._live.failed[k.key][:200]
         if r.contended(self.protocol):
             return float(r.median_s * 1e3), (f"noisy: the machine was busy (canary "
                                              f"×{r.slowdown or 0:.2f}); not fitted")
         return float(r.median_s * 1e3), ""
 
     def close(self) -> None:
-        if self._runner is not None:
-            self._runner.close()
+        if self._live is not None:
+            self._live.runner.close()
 
 
 class LiveNetworks:

@@ -487,7 +487,7 @@ def _setup(model: str, device: str, validate: int, models_dir: Path | None,
             notes.append(f"zero-shot: `dlas-predict active-learn --device {dev.name}` (or "
                          f"`adapt --device {dev.name} --measurements FILE.csv`) makes it "
                          "better")
-        foreign = foreign_calibration(device)
+        foreign = foreign_calibration(device) if mapping.source == "zero-shot" else None
         if foreign:
             notes.append(f"the calibration of {dev.name} in DLAS_HOME was measured on another "
                          f"machine (fingerprint {foreign}; this one is {dev.fingerprint}): "
@@ -562,6 +562,9 @@ def _map_onnxruntime(ort: list[Candidate], su: _Setup, kernels: list[tuple], own
     adapted)."""
     if su.mapping is None or su.ort_model is None or su.ort_here:
         return
+    if ort and su.mapping.onnxruntime_offsets:  # calibrated here: not our kernels' ratio
+        _calibrate_onnxruntime(ort, su)
+        return
     rows = [i for i, k in enumerate(kernels)
             if k[2] is Compression.DENSE and k[4] is Tuning.UNTUNED]
     own = np.asarray(own, float)[rows]
@@ -569,9 +572,6 @@ def _map_onnxruntime(ort: list[Candidate], su: _Setup, kernels: list[tuple], own
     if not ort or not rows or own.sum() <= 0 or mid.sum() <= 0:
         if su.ort_elsewhere:  # not scaled: as without a map
             su.notes.append(_ORT_ELSEWHERE.format(su.ort_machine))
-        return
-    if su.mapping.onnxruntime_offsets:
-        _calibrate_onnxruntime(ort, su)
         return
     r = mid.sum() / own.sum()
     lo, hi = min(low.sum() / mid.sum(), 1.0), max(high.sum() / mid.sum(), 1.0)
@@ -872,13 +872,9 @@ def _validate(rec: Recommendation, model: str, dev, k: int, log=None,
     if network_runner is None and not dev.measured_here:
         raise DlasError(f"--validate builds and times the candidates on the device: "
                         f"{dev.name!r} is reached through a tracker (--tracker HOST:PORT)")
-    if network_runner is None:
-        from dlas_predict.measure.netrunner import NetworkRunner
-
-        network_runner = (lambda: NetworkRunner(dev))
     chosen = rec.candidates[:k]
     timed = list(chosen)
-    if dev.measured_here and network_runner is not None:
+    if dev.measured_here:
         from dlas_predict.measure.netrunner import onnxruntime_unsupported
 
         if onnxruntime_unsupported(dev) is None:
