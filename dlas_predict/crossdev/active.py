@@ -362,9 +362,9 @@ def plot(curves: dict[str, list[Curve]], out: Path, title: str) -> Path:
 def save_adapted(device: str, curve: Curve, pool: Pool, measured: list[str]) -> Path:
     """The loop's map and the keys of the kernels it measured, in order, under DLAS_HOME
     (what `recommend` then uses)."""
-    from dlas_predict.crossdev.predictor import adapted_dir, _safe
+    from dlas_predict.crossdev.predictor import adapted_path
 
-    path = adapted_dir() / f"{_safe(device)}.json"
+    path = adapted_path(device)
     try:
         saved = json.loads(path.read_text())
     except (OSError, ValueError):

@@ -151,7 +151,7 @@ def run(device: str, minutes: float, networks: list[str] | None,
     machine); ``fingerprint`` names the machine the measurements are of (default: the
     device's)."""
     from dlas_predict.crossdev import active, transfer
-    from dlas_predict.crossdev.predictor import _safe, adapted_dir
+    from dlas_predict.crossdev.predictor import adapted_path
     from dlas_predict.paths import dlas_home
     from dlas_predict.space.devices import get_device
 
@@ -174,7 +174,7 @@ def run(device: str, minutes: float, networks: list[str] | None,
     memo = Memo(memo_path or dlas_home() / "calibrate" / f"{fp}.sqlite")
     kernel_oracle = kernel_oracle or LiveKernels(dev)
     network_oracle = network_oracle or LiveNetworks(dev)
-    path = adapted_dir() / f"{_safe(device)}.json"
+    path = adapted_path(device)
     try:
         deadline = t0 + KERNEL_SHARE * minutes * 60.0
         say(f"calibrating {device} ({dev.description}, fingerprint {fp}) in about "

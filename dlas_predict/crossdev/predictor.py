@@ -253,8 +253,13 @@ def _safe(device: str) -> str:
     return device
 
 
+def adapted_path(device: str) -> Path:
+    """Where ``device``'s adapted map (``adapt``, ``active-learn``, ``calibrate``) is kept."""
+    return adapted_dir() / f"{_safe(device)}.json"
+
+
 def _read_adapted(device: str) -> dict | None:
-    path = adapted_dir() / f"{_safe(device)}.json"
+    path = adapted_path(device)
     if not path.is_file():
         return None
     try:
@@ -628,7 +633,7 @@ def adapt(device: str, measurements: Path, data: Path | None = None) -> AdaptRep
              "loading": post.mean.tolist(), "measurements": str(measurements)}
     if level == "kernel":
         saved["recommend_map"] = _recommend_map(device, list(uniq), yu)
-    path = adapted_dir() / f"{device}.json"
+    path = adapted_path(device)
     path.write_text(json.dumps(saved, indent=1))
     return AdaptReport(device, source, len(rows), registered, str(path),
                        spearman(loo, yu) if len(yu) >= 3 else float("nan"),
@@ -667,7 +672,7 @@ def _adapt_networks(device: str, measurements: Path, rows) -> AdaptReport:
                                   [groups[j] for j in keep], base, fit_slope=False)
         loo.append(mi.apply(log_ref[i:i + 1], scale[i:i + 1], [groups[i]])[0])
     loo = np.array(loo)
-    path = adapted_dir() / f"{device}.json"
+    path = adapted_path(device)
     path.write_text(json.dumps({
         "device": device, "source": "engine", "level": "network", "targets": [],
         "log_ms": [], "networks": [[t.text, c.text, v] for t, c, v, _ in rows],

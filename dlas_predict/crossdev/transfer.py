@@ -572,7 +572,7 @@ def device_map(name: str):
     """(map, device, reference device) of a device with no trained model: the map ``adapt``
     fitted, else the zero-shot map from its spec. Remembered in a process while the files
     it comes from (the adapted map, the user's registry, the measured roofs) are unchanged."""
-    from dlas_predict.crossdev.predictor import adapted_dir, _safe
+    from dlas_predict.crossdev.predictor import adapted_path
     from dlas_predict.paths import dlas_home
 
     def stamp(path: Path):
@@ -583,7 +583,7 @@ def device_map(name: str):
 
     home = dlas_home()
     peaks = home / "cache" / "devices"  # roofs measured here (devices --measure-peaks)
-    key = (name, str(home), stamp(adapted_dir() / f"{_safe(name)}.json"),
+    key = (name, str(home), stamp(adapted_path(name)),
            stamp(home / "devices.json"),
            tuple((p.name, stamp(p)) for p in sorted(peaks.glob("*.json"))))
     if key not in _MAPS:
@@ -625,7 +625,7 @@ def _device_map(name: str):
 
 
 def _saved_map(name: str, adapted: dict | None) -> DeviceMap | None:
-    from dlas_predict.crossdev.predictor import adapted_dir
+    from dlas_predict.crossdev.predictor import adapted_path
 
     saved = (adapted or {}).get("recommend_map")
     if not saved:
@@ -633,7 +633,7 @@ def _saved_map(name: str, adapted: dict | None) -> DeviceMap | None:
     try:
         return DeviceMap.from_dict(saved)
     except (TypeError, ValueError) as exc:
-        raise DlasError(f"adapted model {adapted_dir() / (name + '.json')} is unreadable "
+        raise DlasError(f"adapted model {adapted_path(name)} is unreadable "
                         f"({exc}); run `calibrate` or `adapt` again") from None
 
 
