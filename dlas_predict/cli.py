@@ -209,7 +209,11 @@ def _measure_peaks(as_json: bool, save_to: Optional[Path], device: str, tracker,
         return
     for dtype, value in peaks.peak_gflops.items():
         typer.echo(f"  peak {dtype:8s} {value:8.1f} GFLOP/s (measured)")
+    if peaks.int8_dot_gflops:
+        typer.echo(f"  peak int8 VNNI {peaks.int8_dot_gflops:8.1f} GOP/s (measured)")
     typer.echo(f"  bandwidth        {peaks.mem_bandwidth_gbs:8.1f} GB/s (measured)")
+    for level, value in peaks.cache_bandwidth_gbs.items():
+        typer.echo(f"  {level} bandwidth     {value:8.1f} GB/s (measured, warm)")
     typer.echo(f"stored with the {dev.name} entry: {path}"
                + (f" and {save_to}" if save_to else ""))
 
@@ -1538,7 +1542,9 @@ def corpus_import_tophub(
 # ---- analyze ----------------------------------------------------------------------------
 _DEVICE_OPT = typer.Option("local", "--device", help="Whose shipped corpus to read (ignored "
                            "rows of other devices are dropped when --store is given too).")
-_STORE_OPT = typer.Option(None, "--store", help="A corpus store instead of the shipped corpus.")
+_STORE_OPT = typer.Option(None, "--store", help="A corpus store instead of the device's own "
+                          "(local: this machine's, once `calibrate` or `collect` measured it) "
+                          "or shipped corpus.")
 _LEVEL_OPT = typer.Option("kernel", "--level", help="kernel (one row per conv kernel "
                           "measurement) | network (one row per whole-network configuration).")
 _NETWORK_OPT = typer.Option(None, "--network", help="Keep these networks (comma-separated).")
@@ -1556,19 +1562,19 @@ def _analysis_frame(device, store, level, network, tuning, dtype, algorithm, com
 
     A.check_level(level)
     get_device(device, with_target=False)  # an unknown device is one clear error
-    path = A.resolve_store(device, store)
-    dev = A.frame_device(path, device)
+    corpus = A.open_corpus(device, store)
     filters = A.Filters(network=network, tuning=tuning, dtype=dtype, algorithm=algorithm,
                         compression=compression)
     build = A.kernel_frame if level == "kernel" else A.network_frame
-    frame = build(path, dev, filters)
+    frame = build(corpus.path, corpus.device, filters)
     if frame.empty:
         _fail("no rows left after the filters")
-    return frame, dev, path
+    return frame, corpus.device, corpus
 
 
-def _wrote(out: Path, frame, path) -> None:
-    typer.echo(f"wrote {out} ({len(frame)} rows from {path})")
+def _wrote(out: Path, frame, corpus) -> None:
+    typer.echo(corpus.describe())
+    typer.echo(f"wrote {out} ({len(frame)} rows)")
 
 
 @analyze_app.command("heatmap")
@@ -1587,10 +1593,10 @@ def analyze_heatmap(x: str = typer.Option(..., "--x", help="Parameter on the x a
     for p in (x, y):
         A.check_parameter(p, level)
     A.check_metric(metric, level)
-    frame, dev, path = _analysis_frame(device, store, level, network, tuning, dtype,
+    frame, dev, corpus = _analysis_frame(device, store, level, network, tuning, dtype,
                                        algorithm, compression)
     result = A.heatmap(frame, x, y, metric, level)
-    A.plot_heatmap(result, out, A._subtitle(frame))
+    A.plot_heatmap(result, out, A._subtitle(frame, corpus=corpus))
     if as_json:
         _print_json(result.to_dict())
         return
@@ -1602,7 +1608,7 @@ def analyze_heatmap(x: str = typer.Option(..., "--x", help="Parameter on the x a
     typer.echo(f"median {metric} ({A.METRICS[metric][1]}) by {y} (rows) x {x} (columns); "
                "measured")
     typer.echo(format_table(rows))
-    _wrote(out, frame, path)
+    _wrote(out, frame, corpus)
 
 
 @analyze_app.command("regression")
@@ -1626,10 +1632,10 @@ def analyze_regression(metric: str = typer.Option(..., "--metric", help="Metric 
     names = [p.strip() for p in (params or default).split(",") if p.strip()]
     for p in names:
         A.check_parameter(p, level)
-    frame, dev, path = _analysis_frame(device, store, level, network, tuning, dtype,
+    frame, dev, corpus = _analysis_frame(device, store, level, network, tuning, dtype,
                                        algorithm, compression)
     result = A.regression(frame, metric, names, level)
-    A.plot_regression(result, out, A._subtitle(frame))
+    A.plot_regression(result, out, A._subtitle(frame, corpus=corpus))
     if as_json:
         _print_json(result.to_dict())
         return
@@ -1645,7 +1651,7 @@ def analyze_regression(metric: str = typer.Option(..., "--metric", help="Metric 
                              for i in rank]))
     typer.echo("importance by parameter (sum of |coefficient|): " + ", ".join(
         f"{k} {v:.3f}" for k, v in result.importance.items()))
-    _wrote(out, frame, path)
+    _wrote(out, frame, corpus)
 
 
 @analyze_app.command("roofline")
@@ -1663,14 +1669,19 @@ def analyze_roofline(out: Path = _OUT_OPT, device: str = _DEVICE_OPT,
     from dlas_predict.analysis import frames as A
 
     A.check_parameter(color, "kernel")
-    frame, dev, path = _analysis_frame(device, store, "kernel", network, tuning, dtype,
+    frame, dev, corpus = _analysis_frame(device, store, "kernel", network, tuning, dtype,
                                        algorithm, compression)
     frame = A.unique_kernels(frame)
-    A.plot_roofline(frame, dev, out, color, A._subtitle(frame, " (unique kernels)"))
+    A.plot_roofline(frame, dev, out, color, A._subtitle(frame, " (unique kernels)", corpus))
     frac = frame["roofline_fraction"].dropna()
+    above = int((frac > 1.0).sum())
     summary = {"device": dev.name, "roofs_source": dev.source,
-               "peak_gflops": dev.peak_gflops, "mem_bandwidth_gbs": dev.mem_bandwidth_gbs,
-               "kernels": len(frame),
+               "corpus": str(corpus.path), "corpus_origin": corpus.origin,
+               "this_machine": corpus.this_machine, "measured_on": dev.description,
+               "peak_gflops": dev.peak_gflops, "int8_dot_gflops": dev.int8_dot_gflops,
+               "mem_bandwidth_gbs": dev.mem_bandwidth_gbs,
+               "cache_bandwidth_gbs": dev.cache_bandwidth_gbs,
+               "kernels": len(frame), "above_roof": above,
                "roofline_fraction": {q: float(frac.quantile(v)) for q, v in
                                      (("p10", 0.1), ("median", 0.5), ("p90", 0.9))}
                if len(frac) else None}
@@ -1678,13 +1689,21 @@ def analyze_roofline(out: Path = _OUT_OPT, device: str = _DEVICE_OPT,
         _print_json(summary)
         return
     peaks = ", ".join(f"{k} {v:g}" for k, v in dev.peak_gflops.items()) or "unknown"
-    typer.echo(f"roofs of {dev.name} ({dev.source}): peak GFLOP/s {peaks}; bandwidth "
-               f"{dev.mem_bandwidth_gbs or 'unknown'} GB/s")
+    if dev.int8_dot_gflops:
+        peaks += f", int8 VNNI {dev.int8_dot_gflops:g}"
+    caches = "".join(f", {k} {v:g}" for k, v in dev.cache_bandwidth_gbs.items())
+    typer.echo(f"roofs of {dev.name} ({dev.source}): peak GFLOP/s {peaks}; bandwidth GB/s "
+               f"DRAM {dev.mem_bandwidth_gbs or 'unknown'}{caches}")
     if summary["roofline_fraction"]:
         r = summary["roofline_fraction"]
         typer.echo(f"share of the attainable roof reached (measured kernels): p10 "
                    f"{r['p10']:.1%}, median {r['median']:.1%}, p90 {r['p90']:.1%}")
-    _wrote(out, frame, path)
+    if above:
+        typer.echo(f"warning: {above} of {len(frac)} kernels lie above their roof"
+                   + ("" if dev.cache_bandwidth_gbs else ": these roofs have no measured "
+                      "cache bandwidth, and a kernel whose bytes stay in a cache beats main "
+                      "memory's (`devices --measure-peaks` on that machine measures them)"))
+    _wrote(out, frame, corpus)
 
 
 @analyze_app.command("boxplot")
@@ -1705,10 +1724,10 @@ def analyze_boxplot(metric: str = typer.Option(..., "--metric", help="Metric dis
 
     A.check_parameter(by, level)
     A.check_metric(metric, level)
-    frame, dev, path = _analysis_frame(device, store, level, network, tuning, dtype,
+    frame, dev, corpus = _analysis_frame(device, store, level, network, tuning, dtype,
                                        algorithm, compression)
     result, samples = A.boxplot_stats(frame, metric, by, level)
-    A.plot_boxplot(result, samples, out, A._subtitle(frame), log)
+    A.plot_boxplot(result, samples, out, A._subtitle(frame, corpus=corpus), log)
     if as_json:
         _print_json(result.to_dict())
         return
@@ -1718,25 +1737,28 @@ def analyze_boxplot(metric: str = typer.Option(..., "--metric", help="Metric dis
     typer.echo(format_table([{by: g, **{k: (v if k == "n" else f"{v:.4g}")
                                          for k, v in st.items()}}
                              for g, st in zip(result.groups, result.stats)]))
-    _wrote(out, frame, path)
+    _wrote(out, frame, corpus)
 
 
 @app.command()
 @handle_errors
 def report(device: str = typer.Option("local", "--device", help="Whose corpus to report on."),
            store: Optional[Path] = typer.Option(None, "--store", help="A corpus store instead "
-                                                "of the device's shipped corpus."),
+                                                "of the device's own or shipped corpus."),
            out: Path = typer.Option(..., "--out", help="Folder for index.html, report.json "
                                     "and the plots."),
            as_json: bool = typer.Option(False, "--json", help="Print report.json too.")):
     """The DLAS report: Tables 3/4/6, the share of the ideal speedup, the study's 13
-    observations with a verdict each, and the plots, as one HTML page."""
+    observations with a verdict each, and the plots, as one HTML page. On local, this
+    machine's measurements once `calibrate` or `collect` made them; else a shipped corpus,
+    and whose machine it is."""
     from dlas_predict.analysis.report import write_report
 
     rep, page = write_report(device, store, out)
     if as_json:
         _print_json(rep.to_dict())
         return
+    typer.echo(rep.whose)
     for o in rep.observations:
         typer.echo(f"{o.number + ')':6s} {o.verdict:14s} {o.claim}")
     verdicts = [o.verdict for o in rep.observations]

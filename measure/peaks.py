@@ -13,6 +13,11 @@ Two TVMScript kernels, compiled for the device's own target like every measured 
   last-level cache, parallel and vectorised; bandwidth counts 3 x 4 bytes per element
   (STREAM's convention: the write-allocate read is not counted).
 
+- **Cache bandwidth**: ``a = 0.5 a + b`` over working sets of half of each cache level (L1d
+  and L2 per core, times the cores; L3 shared), each core sweeping its share many times,
+  warm, as a kernel's repeated runs find their operands: the memory roof of a kernel whose
+  compulsory bytes fit that level (12 bytes per element, as the triad).
+
 Each is timed like a kernel (warm-up discarded, median of repeated runs); the best of the
 runs is reported as the roof.
 """
@@ -68,6 +73,34 @@ def main(a: T.Buffer(({N},), "float32"), b: T.Buffer(({N},), "float32"),
 '''
 
 
+_DOT = '''
+# from tvm.script import tirx as T
+@T.prim_func
+def main(a: T.Buffer(({P}, {L4}), "int8"), b: T.Buffer(({B}, {L4}), "int8"),
+         out: T.Buffer(({P}, {L}), "int32")):
+    T.func_attr({{"tirx.noalias": True}})
+    for p in T.parallel({P}):
+        acc = T.alloc_buffer(({A}, {L}), "int32", scope="local")
+        for j in T.unroll({A}):
+            for l in T.vectorized({L}):
+                acc[j, l] = T.Cast("int32", a[p, l]) + j
+        for it in range({N}):
+            for j in T.unroll({A}):
+                acc[j, T.ramp(0, 1, {L})] = T.call_llvm_pure_intrin(
+                    "int32x{L}", "{intrin}", acc[j, T.ramp(0, 1, {L})],
+                    a[p, T.ramp(0, 1, {L4})], b[it % {B}, T.ramp(0, 1, {L4})])
+        for l in T.vectorized({L}):
+            out[p, l] = {total}
+'''
+
+
+def dot_source(lanes: int, parallel: int) -> str:
+    """The dot-product-bound int8 kernel: ``vpdpbusd`` on ``lanes`` int32 lanes (8 or 16)."""
+    total = " + ".join(f"acc[{j}, l]" for j in range(ACCS))
+    return _DOT.format(P=parallel, L=lanes, L4=4 * lanes, A=ACCS, N=ITERS, B=BROWS,
+                       intrin=f"llvm.x86.avx512.vpdpbusd.{32 * lanes}", total=total)
+
+
 def fma_source(dtype: str, lanes: int, parallel: int) -> str:
     """The FMA-bound kernel for ``dtype`` (float32, float16 or int8)."""
     acc = ACC[dtype]
@@ -98,9 +131,81 @@ def _time(module, dev, args, min_ms: float = 50.0, repeats: int = 15) -> list[fl
     return list(timer(*args).results)
 
 
+_WARM = '''
+# from tvm.script import tirx as T
+@T.prim_func
+def main(a: T.Buffer(({N},), "float32"), b: T.Buffer(({N},), "float32")):
+    T.func_attr({{"tirx.noalias": True}})
+    for o in T.parallel({O}):
+        for r in range({R}):
+            for i in range({I}):
+                for v in T.vectorized({V}):
+                    a[(o * {I} + i) * {V} + v] = a[(o * {I} + i) * {V} + v] * \\
+                        T.float32(0.5) + b[(o * {I} + i) * {V} + v]
+'''
+
+
+def _warm_gbs(run, target, target_json, nbytes: int, cores: int, v: int, rng
+              ) -> tuple[float, float]:
+    """The best and median GB/s of ``a = 0.5 a + b`` (read a and b, write a: 12 bytes per
+    element) over arrays of ``nbytes`` together, each core sweeping its own share many
+    times in one call (the sweeps depend on each other: none can be dropped)."""
+    import tvm
+    from tvm.script import from_source
+
+    i = max(nbytes // (8 * cores * v), 1)
+    n = cores * i * v
+    sweeps = max(1, (64 << 20) // (12 * n))
+    mod = tvm.IRModule({"main": from_source(_WARM.format(N=n, O=cores, R=sweeps, I=i, V=v))})
+    ex = run.load(tvm.compile(mod, target=target), target_json)
+    arrays = [tvm.runtime.tensor(rng.standard_normal(n).astype("float32"), run.dev)
+              for _ in range(2)]
+    runs = _time(ex, run.dev, arrays, min_ms=50.0, repeats=10)
+    moved = 12.0 * n * sweeps
+    return round(moved / min(runs) / 1e9, 1), round(moved / statistics.median(runs) / 1e9, 1)
+
+
+def _triad_gbs(run, target, target_json, n: int, cores: int, v: int, rng
+               ) -> tuple[float, float]:
+    """The best and median GB/s of the triad over three arrays of about ``n`` floats."""
+    import tvm
+    from tvm.script import from_source
+
+    o = cores * 16
+    i = max(n // (o * v), 1)
+    n = o * i * v
+    mod = tvm.IRModule({"main": from_source(_TRIAD.format(N=n, O=o, I=i, V=v))})
+    ex = run.load(tvm.compile(mod, target=target), target_json)
+    arrays = [tvm.runtime.tensor(rng.standard_normal(n).astype("float32"), run.dev)
+              for _ in range(3)]
+    runs = _time(ex, run.dev, arrays, min_ms=100.0, repeats=10)
+    nbytes = 3.0 * 4 * n
+    return round(nbytes / min(runs) / 1e9, 1), round(nbytes / statistics.median(runs) / 1e9, 1)
+
+
+def cache_working_sets(caches: dict[str, int], cores: int) -> dict[str, int]:
+    """Bytes of the arrays that measure each cache level: half of L1d and of L2 (per core)
+    times the cores, half of L3 (shared); a level no larger than the one below it is left
+    out."""
+    out: dict[str, int] = {}
+    below = 0
+    for level, key, per_core in (("L1", "L1d_kb", True), ("L2", "L2_kb", True),
+                                 ("L3", "L3_kb", False)):
+        kb = caches.get(key)
+        if not kb:
+            continue
+        size = kb * 1024 * (cores if per_core else 1) // 2
+        if size > below:
+            out[level] = size
+            below = size
+    return out
+
+
 def measure_peaks(target_json: dict[str, Any], cores: int, simd_bits: int,
-                  stream_mib: int = 256) -> dict[str, Any]:
+                  stream_mib: int = 256, vnni: bool = False,
+                  caches: dict[str, int] | None = None) -> dict[str, Any]:
     """Measure and return ``{"peak_gflops": {dtype: ...}, "mem_bandwidth_gbs": ...,
+    "int8_dot_gflops": ... (with ``vnni``), "cache_bandwidth_gbs": {level: ...},
     "details": {...}}`` on this machine."""
     import tvm
     from tvm.script import from_source
@@ -130,20 +235,31 @@ def measure_peaks(target_json: dict[str, Any], cores: int, simd_bits: int,
         peaks[dtype] = round(flops / min(runs) / 1e9, 1)
         details[dtype] = {"lanes": lanes, "flops_per_call": flops,
                           "median_gflops": round(flops / statistics.median(runs) / 1e9, 1)}
-    # streaming triad
+    dot = None
+    if vnni:
+        lanes = 16 if simd_bits >= 512 else 8
+        mod = tvm.IRModule({"main": from_source(dot_source(lanes, parallel))})
+        ex = run.load(tvm.compile(mod, target=target), target_json)
+        a = rng.integers(0, 3, (parallel, 4 * lanes), dtype=np.int8)
+        b = np.ones((BROWS, 4 * lanes), dtype=np.int8)
+        out = np.zeros((parallel, lanes), dtype="int32")
+        args = [tvm.runtime.tensor(x, dev) for x in (a, b, out)]
+        runs = _time(ex, dev, args)
+        ops = 2.0 * parallel * ITERS * ACCS * lanes * 4
+        dot = round(ops / min(runs) / 1e9, 1)
+        details["int8_dot"] = {"lanes": lanes, "instruction": "vpdpbusd",
+                               "ops_per_call": ops,
+                               "median_gops": round(ops / statistics.median(runs) / 1e9, 1)}
     v = max(simd_bits // 32, 4)
-    n = stream_mib * 1024 * 1024 // 4
-    o = cores * 16
-    i = n // (o * v)
-    n = o * i * v
-    mod = tvm.IRModule({"main": from_source(_TRIAD.format(N=n, O=o, I=i, V=v))})
-    ex = run.load(tvm.compile(mod, target=target), target_json)
-    arrays = [tvm.runtime.tensor(rng.standard_normal(n).astype("float32"), dev)
-              for _ in range(3)]
-    runs = _time(ex, dev, arrays, min_ms=100.0, repeats=10)
-    nbytes = 3.0 * 4 * n
-    bandwidth = round(nbytes / min(runs) / 1e9, 1)
-    details["stream"] = {"elements": n, "bytes_per_call": nbytes,
-                         "median_gbs": round(nbytes / statistics.median(runs) / 1e9, 1)}
-    return {"peak_gflops": peaks, "mem_bandwidth_gbs": bandwidth, "details": details,
+    # streaming triad, far beyond the caches
+    bandwidth, median = _triad_gbs(run, target, target_json, stream_mib * 1024 * 1024 // 4,
+                                   cores, v, rng)
+    details["stream"] = {"bytes": 3 * stream_mib * 1024 * 1024, "median_gbs": median}
+    # each cache level, warm
+    cache_bw: dict[str, float] = {}
+    for level, nbytes in cache_working_sets(caches or {}, cores).items():
+        cache_bw[level], median = _warm_gbs(run, target, target_json, nbytes, cores, v, rng)
+        details[f"warm_{level}"] = {"bytes": nbytes, "median_gbs": median}
+    return {"peak_gflops": peaks, "mem_bandwidth_gbs": bandwidth, "int8_dot_gflops": dot,
+            "cache_bandwidth_gbs": cache_bw, "details": details,
             "tvm_version": tvm.__version__}

@@ -137,6 +137,10 @@ class PeaksTask:
     cores: int
     simd_bits: int
     stream_mib: int = 256
+    #: AVX-512 VNNI: also measure the int8 dot-product roof
+    vnni: bool = False
+    #: cache sizes (``L1d_kb``, ``L2_kb``, ``L3_kb``): also measure each level's bandwidth
+    caches: dict[str, int] = field(default_factory=dict)
     fault: str | None = None
 
     kind = "peaks"
@@ -233,6 +237,8 @@ class WorkerReply:
     # roofs
     peak_gflops: dict[str, float] | None = None
     mem_bandwidth_gbs: float | None = None
+    int8_dot_gflops: float | None = None
+    cache_bandwidth_gbs: dict[str, float] | None = None
     details: dict[str, Any] | None = None
     tvm_version: str | None = None
     #: measured through RPC: the board's session died during the task (not the task's fault)

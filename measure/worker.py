@@ -55,7 +55,7 @@ def run_task(task: Task) -> WorkerReply:
         from .peaks import measure_peaks
 
         return WorkerReply(ok=True, **measure_peaks(task.target, task.cores, task.simd_bits,
-                                                    task.stream_mib))
+                                                    task.stream_mib, task.vnni, task.caches))
     return WorkerReply(ok=True, **_run_kernel(task))
 
 

@@ -178,6 +178,57 @@ def test_attainable_roof():
     assert A.attainable_gflops(dev, "float32", 2.0) == 20.0
     assert A.attainable_gflops(dev, "float32", 50.0) == 100.0
     assert A.attainable_gflops(dev, "int8", 50.0) == 100.0  # falls back to float32
+    # a kernel whose bytes fit a cache level whose bandwidth was measured: that level bounds
+    # it; VNNI's int8 roof where measured
+    dev = Device(name="x", kind="cpu", description="", target={}, cores=2, clock_ghz=None,
+                 simd_bits=None, peak_gflops={"float32": 100.0, "int8": 80.0},
+                 mem_bandwidth_gbs=10.0, caches={"L1d_kb": 32, "L2_kb": 512, "L3_kb": 8192},
+                 int8_dot_gflops=400.0, cache_bandwidth_gbs={"L1": 300.0, "L2": 100.0})
+    assert A.memory_level(dev, 60 * 1024) == ("L1", 300.0)  # 2 cores x 32 KB
+    assert A.memory_level(dev, 600 * 1024) == ("L2", 100.0)
+    assert A.memory_level(dev, 4 << 20) == ("DRAM", 10.0)  # L3's bandwidth not measured
+    assert A.attainable_gflops(dev, "float32", 0.5, 600 * 1024) == 50.0
+    assert A.attainable_gflops(dev, "float32", 0.5, 4 << 20) == 5.0
+    assert A.attainable_gflops(dev, "int8", 50.0, 4 << 20) == 400.0
+
+
+@pytest.mark.slow
+def test_local_analysis_names_whose_corpus_and_every_kernel_lies_under_its_roof(
+        tmp_path, monkeypatch):
+    from dlas_predict import paths
+    from dlas_predict.space import devices as D
+
+    # DLAS_HOME's corpus here, its cache of the shipped snapshots the session's
+    monkeypatch.setattr(paths, "default_store_path", lambda: tmp_path / "corpus.sqlite")
+    default_store_path = paths.default_store_path
+    # on another machine: the shipped corpus, and said so
+    fp = A.frame_device(A.resolve_store("local", None), "local").fingerprint
+    monkeypatch.setattr(D, "local_fingerprint", lambda: "ffffffffffffffff")
+    shipped = A.open_corpus("local", None)
+    assert shipped.origin == "shipped" and shipped.this_machine is False
+    assert "another machine" in shipped.device.description and fp in shipped.device.description
+    assert "has no measurement of local of its own" in shipped.describe()
+    res = _run("analyze", "roofline", "--out", tmp_path / "rf.png", "--json")
+    got = json.loads(res.output)
+    assert (got["corpus_origin"], got["this_machine"]) == ("shipped", False)
+    # the roofs of the machine that measured it bound every kernel: no FLOP count or roof
+    # is off (the int8 GEMM's VNNI and warm caches included)
+    assert got["kernels"] > 10000 and got["above_roof"] == 0
+    assert got["cache_bandwidth_gbs"] and got["int8_dot_gflops"]
+    # this machine's rows in DLAS_HOME's corpus (what collect and calibrate write)
+    monkeypatch.setattr(D, "local_fingerprint", lambda: "fp")
+    with CorpusStore(default_store_path()) as db:
+        for spec in SPECS:
+            db.add(_record(spec, "gemm", "dense", 0.0, spec.macs / 1e9))
+    mine = A.open_corpus("local", None)
+    assert (mine.path, mine.origin, mine.this_machine) == (default_store_path(),
+                                                          "measured here", True)
+    res = _run("analyze", "roofline", "--out", tmp_path / "rf.png")
+    assert res.exit_code == 0, res.output
+    assert "(measured here); rows measured on this machine" in res.output
+    assert "wrote" in res.output and "4 rows" in res.output
+    # a device that is never this machine: its shipped corpus, no claim either way
+    assert A.open_corpus("h100", None).this_machine is None
 
 
 _run = run_cli

@@ -208,3 +208,28 @@ def test_the_demo_calibrates_a_cpu_only_until_it_is_calibrated(uncalibrated):
     assert cal.needed("local")
     cal.run("local", 5.0, [str(DEMO_NETWORK)], Kernels(), Networks(), clock=Clock())
     assert not cal.needed("local")
+
+
+@pytest.mark.slow
+def test_live_kernels_are_timed_here_and_kept_in_this_machines_corpus(tmp_path, monkeypatch):
+    """A kernel calibrate times is a record of DLAS_HOME's corpus too, where the analysis
+    and the report of local find this machine's measurements."""
+    from dlas_predict.analysis import frames as A
+    from dlas_predict.corpus.store import CorpusStore
+    from dlas_predict.crossdev.active import PoolKernel
+    from dlas_predict.paths import default_store_path
+    from dlas_predict.space.devices import get_device
+
+    monkeypatch.setenv("DLAS_HOME", str(tmp_path / "home"))
+    live = cal.LiveKernels(get_device("local"))
+    try:
+        ms, note = live(PoolKernel("C=8,H=8,W=8,K=16,R=3,S=3,pad=1", "gemm", "dense", 0.0))
+    finally:
+        live.close()
+    assert ms > 0 and (note == "" or note.startswith("noisy"))
+    with CorpusStore(default_store_path(), must_exist=True) as db:
+        (row,) = db.current_rows()
+    assert (row["device"], row["C"], row["K"], row["algorithm"]) == ("local", 8, 16, "gemm")
+    assert row["median_s"] * 1e3 == pytest.approx(ms)
+    corpus = A.open_corpus("local", None)
+    assert (corpus.origin, corpus.this_machine) == ("measured here", True)

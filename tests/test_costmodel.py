@@ -97,9 +97,26 @@ def test_metrics():
     assert costmodel.regret(np.array([3.0, 1.0, 2.0]), t) == 2.0
 
 
-def test_model_learns_the_law_with_an_interval_and_round_trips(tmp_path):
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory):
+    """One layer model fitted on the synthetic corpus and saved: (model, its folder)."""
     corpus = _corpus()
     model = LayerCostModel().fit(corpus.X, corpus.seconds, meta={"corpus_fingerprint": "x"})
+    folder = tmp_path_factory.mktemp("fitted")
+    model.save(folder, "layer")
+    return model, folder
+
+
+def _saved_copy(fitted, tmp_path) -> Path:
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(fitted[1], folder)
+    return folder
+
+
+def test_model_learns_the_law_with_an_interval_and_round_trips(fitted, tmp_path):
+    model = fitted[0]
     test = _corpus(seed=7)
     mid = model.predict(test.X)
     low, high = model.predict_interval(test.X)
@@ -113,11 +130,11 @@ def test_model_learns_the_law_with_an_interval_and_round_trips(tmp_path):
     assert back.meta["corpus_fingerprint"] == "x" and back.meta["features"] == list(FEATURE_NAMES)
 
 
-def test_load_refuses_missing_stale_and_corrupt_models(tmp_path):
+def test_load_refuses_missing_stale_and_corrupt_models(fitted, tmp_path):
     with pytest.raises(ModelError, match="dlas-predict train"):
         LayerCostModel.load(tmp_path, "layer")
     corpus = _corpus()
-    LayerCostModel().fit(corpus.X, corpus.seconds).save(tmp_path, "layer")
+    tmp_path = _saved_copy(fitted, tmp_path)
     sidecar = tmp_path / "layer.json"
     meta = json.loads(sidecar.read_text())
     sidecar.write_text(json.dumps({**meta, "features": meta["features"][:-1]}))
@@ -292,9 +309,8 @@ def test_a_stage_model_saved_without_its_families_keeps_the_families_it_was_fitt
         StageCostModel.from_dict({**state, "family": ["no_such_column"]})
 
 
-def test_load_refuses_a_model_without_its_stage_costs(tmp_path):
-    corpus = _corpus()
-    LayerCostModel().fit(corpus.X, corpus.seconds).save(tmp_path, "layer")
+def test_load_refuses_a_model_without_its_stage_costs(fitted, tmp_path):
+    tmp_path = _saved_copy(fitted, tmp_path)
     sidecar = tmp_path / "layer.json"
     meta = json.loads(sidecar.read_text())
     sidecar.write_text(json.dumps({k: v for k, v in meta.items() if k != "stage"}))

@@ -91,6 +91,60 @@ def test_fma_kernel_matches_numpy():
     np.testing.assert_array_equal(out.numpy(), acc.sum(axis=2))
 
 
+def test_vnni_dot_kernel_matches_numpy():
+    """The int8 dot-product-bound kernel adds four products per lane each step (so its
+    operations are real); it runs only where this CPU has AVX-512 VNNI."""
+    import numpy as np
+    import tvm
+    from tvm.script import from_source
+
+    from dlas_predict.measure import peaks
+
+    if not get_device("local", with_target=False).vnni:
+        pytest.skip("this CPU has no AVX-512 VNNI")
+    p, lanes = 3, 16
+    ex = tvm.compile(tvm.IRModule({"main": from_source(peaks.dot_source(lanes, p))}),
+                     target=tvm.target.Target(get_device("local").target))
+    rng = np.random.default_rng(0)
+    a = rng.integers(0, 4, (p, 4 * lanes), dtype=np.int8)
+    b = rng.integers(-2, 3, (peaks.BROWS, 4 * lanes), dtype=np.int8)
+    out = tvm.runtime.tensor(np.zeros((p, lanes), dtype=np.int32))
+    ex["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b), out)
+    # chain j starts at a[:, lane] + j; each step adds sum_q a[4 lane + q] * b[it % BROWS, ...]
+    prod = (a.astype(np.int64).reshape(p, 1, lanes, 4)
+            * b.astype(np.int64).reshape(1, peaks.BROWS, lanes, 4)).sum(axis=3)
+    steps = sum(prod[:, it % peaks.BROWS] for it in range(peaks.ITERS))
+    start = a[:, :lanes].astype(np.int64)
+    want = sum(start + j + steps for j in range(peaks.ACCS))
+    np.testing.assert_array_equal(out.numpy(), want)
+
+
+def test_warm_cache_kernel_sweeps_its_arrays_and_levels_grow():
+    """The cache-bandwidth kernel computes a = 0.5 a + b once per sweep (every sweep is
+    done), and each level's working set exceeds the one below it."""
+    import numpy as np
+    import tvm
+    from tvm.script import from_source
+
+    from dlas_predict.measure import peaks
+
+    n, cores, sweeps, v = 64, 2, 3, 8
+    src = peaks._WARM.format(N=n, O=cores, R=sweeps, I=n // (cores * v), V=v)
+    ex = tvm.compile(tvm.IRModule({"main": from_source(src)}), target="llvm")
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal(n).astype("float32"), rng.standard_normal(n).astype("float32")
+    ta = tvm.runtime.tensor(a)
+    ex["main"](ta, tvm.runtime.tensor(b))
+    want = a.copy()
+    for _ in range(sweeps):
+        want = want * np.float32(0.5) + b
+    np.testing.assert_allclose(ta.numpy(), want, rtol=1e-6)
+    sets = peaks.cache_working_sets({"L1d_kb": 32, "L2_kb": 1024, "L3_kb": 32768}, 2)
+    assert sets == {"L1": 32 * 1024, "L2": 1024 * 1024, "L3": 16 * 1024 * 1024}
+    # an L3 no larger than the cores' L2s together measures nothing new
+    assert "L3" not in peaks.cache_working_sets({"L2_kb": 2048, "L3_kb": 2048}, 4)
+
+
 @pytest.mark.slow
 def test_devices_measure_peaks(tmp_path):
     import json
@@ -107,9 +161,19 @@ def test_devices_measure_peaks(tmp_path):
     for dtype in ("float32", "float16", "int8"):
         assert 0.5 < entry["peak_gflops"][dtype] < 3 * estimate  # a real, plausible figure
     assert 0.5 < entry["mem_bandwidth_gbs"] < 2000
+    local = get_device("local", with_target=False)
+    # each cache level this machine reports is measured, warm, at a plausible rate
+    levels = [lv for lv, key in (("L1", "L1d_kb"), ("L2", "L2_kb"), ("L3", "L3_kb"))
+              if key in local.caches]
+    assert set(entry["cache_bandwidth_gbs"]) <= set(levels) and entry["cache_bandwidth_gbs"]
+    assert all(0.5 < v < 20000 for v in entry["cache_bandwidth_gbs"].values())
+    # the int8 dot-product roof where the int8 GEMM kernels use VNNI, above the plain one
+    assert (entry["int8_dot_gflops"] is not None) == local.vnni
+    if local.vnni:
+        assert entry["int8_dot_gflops"] > entry["peak_gflops"]["int8"]
     shipped = json.loads((tmp_path / "peaks.json").read_text())
     assert shipped["machines"][entry["fingerprint"]]["peak_gflops"] == entry["peak_gflops"]
-    assert get_device("local", with_target=False).source == "measured"
+    assert local.source == "measured"
 
 
 class _PeaksBoard:
@@ -125,12 +189,14 @@ class _PeaksBoard:
         return False
 
     def call(self, task):
-        from types import SimpleNamespace
+        from dlas_predict.measure.tasks import WorkerReply
 
         self.tasks.append(task)
-        return SimpleNamespace(ok=self.ok, error=None if self.ok else "board lost",
-                               peak_gflops={"float32": 100.0, "float16": 90.0, "int8": 80.0},
-                               mem_bandwidth_gbs=20.0, details={}, tvm_version="0.x")
+        return WorkerReply(ok=self.ok, error=None if self.ok else "board lost",
+                           peak_gflops={"float32": 100.0, "float16": 90.0, "int8": 80.0},
+                           mem_bandwidth_gbs=20.0, int8_dot_gflops=300.0,
+                           cache_bandwidth_gbs={"L1": 400.0, "L2": 200.0}, details={},
+                           tvm_version="0.x")
 
 
 def test_measured_roofs_are_stored_with_the_device_and_read_back(tmp_path, monkeypatch):
@@ -148,7 +214,10 @@ def test_measured_roofs_are_stored_with_the_device_and_read_back(tmp_path, monke
     assert measured_peaks(dev.fingerprint) == json.loads(open(cache).read())
     shipped = json.loads((tmp_path / "peaks.json").read_text())
     assert shipped["machines"][dev.fingerprint] == peaks.to_dict()
-    assert get_device("local", with_target=False).peak_gflops["float32"] == 100.0
+    again = get_device("local", with_target=False)
+    assert again.peak_gflops["float32"] == 100.0 and again.int8_dot_gflops == 300.0
+    assert again.cache_bandwidth_gbs == {"L1": 400.0, "L2": 200.0}
+    assert task.caches == dev.caches and task.vnni == dev.vnni
 
 
 def test_a_failed_roofs_measurement_is_one_error_and_stores_nothing():

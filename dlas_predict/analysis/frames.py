@@ -43,6 +43,8 @@ KERNEL_PARAMETERS: dict[str, str] = {
     "sparsity": "the layer's own share of zero weights",
     "dtype": "float32 | float16 | int8", "sparse": "CSR kernel (0/1)",
     "tuning": "untuned | tuned", "source": "measured (our TVM backend) | tophub (imported)",
+    "memory_level": "L1 | L2 | L3 | DRAM: the level whose measured bandwidth bounds the "
+                    "kernel (the smallest that holds its compulsory bytes)",
     # generated (ParaDnn-style) networks: parsed from the network name
     "net_layers": "generated: blocks", "net_kernels": "generated: filters (width)",
     "net_kernel_size": "generated: kernel size", "net_input": "generated: input size",
@@ -76,7 +78,7 @@ METRICS: dict[str, tuple[str, str]] = {
     "speedup": ("speedup over the dense float32 configuration with the same algorithm "
                 "(same layer, or same network)", "x"),
     "roofline_fraction": ("achieved useful GFLOP/s / the device's attainable roof at this "
-                          "intensity", "fraction"),
+                          "intensity and memory level", "fraction"),
 }
 #: Metrics that exist at the network level.
 NETWORK_METRICS = ("latency_ms", "log_latency", "gflops", "spread", "speedup")
@@ -190,14 +192,42 @@ def _bytes(row: dict, density: float, nbytes: int) -> float:
     return (n_in + n_out) * nbytes + weights
 
 
-def attainable_gflops(device: Device, dtype: str, intensity: float) -> float | None:
-    """The roof at ``intensity``: min(peak of the dtype, intensity x bandwidth)."""
+#: Cache levels in the order a kernel's compulsory bytes may fit them, with whether the
+#: size is per core.
+_LEVELS = (("L1", "L1d_kb", True), ("L2", "L2_kb", True), ("L3", "L3_kb", False))
+
+
+def memory_level(device: Device, nbytes: float | None) -> tuple[str, float | None]:
+    """The memory level whose measured bandwidth bounds a kernel moving ``nbytes``
+    compulsory bytes, timed warm as every kernel is: the smallest cache level that holds
+    them (L1d and L2 per core, times the cores; L3 shared) where its bandwidth was measured,
+    else main memory."""
+    if nbytes is not None and device.cache_bandwidth_gbs:
+        for level, key, per_core in _LEVELS:
+            kb, bw = device.caches.get(key), device.cache_bandwidth_gbs.get(level)
+            if kb and bw and nbytes <= kb * 1024 * (device.cores if per_core else 1):
+                return level, bw
+    return "DRAM", device.mem_bandwidth_gbs
+
+
+def compute_roof(device: Device, dtype: str) -> float | None:
+    """The arithmetic roof of ``dtype``: int8 takes AVX-512 VNNI's dot product where it was
+    measured (the int8 GEMM kernels use it)."""
     peak = device.peak_gflops.get(dtype) or device.peak_gflops.get("float32")
+    if dtype == "int8" and device.int8_dot_gflops:
+        return max(peak or 0.0, device.int8_dot_gflops)
+    return peak
+
+
+def attainable_gflops(device: Device, dtype: str, intensity: float,
+                      nbytes: float | None = None) -> float | None:
+    """The roof at ``intensity``: min(compute roof of the dtype, intensity x the bandwidth
+    of the memory level that holds the kernel's ``nbytes``)."""
+    peak = compute_roof(device, dtype)
     if not peak:
         return None
-    if device.mem_bandwidth_gbs:
-        return min(peak, intensity * device.mem_bandwidth_gbs)
-    return peak
+    _, bw = memory_level(device, nbytes)
+    return min(peak, intensity * bw) if bw else peak
 
 
 def _read(store: Path, device: Device | None) -> tuple[list[dict], list[dict], list[dict]]:
@@ -247,11 +277,12 @@ def kernel_frame(store: Path, device: Device | None = None, filters: Filters = F
         nbytes = {"float32": 4, "float16": 2, "int8": 1}[dtype.value]
         sec = float(r["median_s"])
         useful = 2.0 * r["macs"] * density
-        intensity = useful / _bytes(r, density, nbytes)
+        moved = _bytes(r, density, nbytes)
+        intensity = useful / moved
         dkey = (r["device"], r["fingerprint"])
         if dkey not in devices:
             devices[dkey] = _device(*dkey)
-        roof = attainable_gflops(devices[dkey], dtype.value, intensity)
+        roof = attainable_gflops(devices[dkey], dtype.value, intensity, moved)
         base = dense.get((r["device"], r["conv"], r["algorithm"], r["tuning"]))
         source = "tophub" if str(r["kernels_version"] or "").startswith("tophub") else "measured"
         common = {
@@ -266,7 +297,8 @@ def kernel_frame(store: Path, device: Device | None = None, filters: Filters = F
             "source": source,
             "latency_ms": sec * 1e3, "log_latency": math.log10(sec * 1e3),
             "gflops": 2.0 * r["macs"] / sec / 1e9, "useful_gflops": useful / sec / 1e9,
-            "intensity": intensity, "spread": r["spread"],
+            "intensity": intensity, "compulsory_bytes": moved,
+            "memory_level": memory_level(devices[dkey], moved)[0], "spread": r["spread"],
             "speedup": base / sec if base else float("nan"),
             "roofline_fraction": (useful / sec / 1e9) / roof if roof else float("nan"),
             "tuning_seconds": r["tuning_seconds"],
@@ -302,18 +334,103 @@ def _device(name: str, fingerprint: str) -> Device:
                       source="unknown")
 
 
+def _fingerprint_here(device: str) -> str | None:
+    """The fingerprint ``device`` has on this machine: ``local``'s or a profile's; None for
+    any other device (measured elsewhere by nature)."""
+    from dlas_predict.space.devices import get_device, is_profile_name, LOCAL
+
+    if device != LOCAL and not is_profile_name(device):
+        return None
+    try:
+        return get_device(device, with_target=False).fingerprint
+    except DlasError:
+        return None  # a profile this CPU cannot run
+
+
 def frame_device(store: Path, device: str):
-    """The :class:`Device` whose roofs describe ``device``'s rows in ``store`` (the machine
-    of its most common fingerprint)."""
+    """The :class:`Device` whose roofs describe ``device``'s rows in ``store``: this
+    machine where the store holds its measurements, else the machine of its most common
+    fingerprint."""
     from dlas_predict.corpus.store import CorpusStore
 
     with CorpusStore(store, must_exist=True) as db:
-        prints = db.fingerprints(device)
+        prints = [fp for fp, _ in db.fingerprints(device)]
     if not prints:
         from dlas_predict.space.devices import get_device
 
         return get_device(device, with_target=False)
-    return _device(device, prints[0][0])
+    here = _fingerprint_here(device)
+    return _device(device, here if here in prints else prints[0])
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """The corpus an analysis of one device reads, and whose machine measured it."""
+
+    path: Path
+    #: "given" (--store), "measured here" (DLAS_HOME's corpus: ``collect``, ``calibrate``)
+    #: or "shipped"
+    origin: str
+    #: the device whose roofs describe the rows (the machine that measured them)
+    device: Device
+    #: ``local`` and its profiles: whether the rows are this machine's; None for devices
+    #: that are never this machine
+    this_machine: bool | None
+
+    @property
+    def whose(self) -> str:
+        """Whose measurements, in a few words (plot titles)."""
+        if self.this_machine is None:
+            return f"{self.origin} corpus"
+        if self.this_machine:
+            return f"this machine's measurements ({self.origin})"
+        return f"{self.origin} corpus of another machine, not this one"
+
+    def describe(self) -> str:
+        """One line for the console and the report's header."""
+        dev = self.device
+        line = f"corpus: {self.path} ({self.origin}); rows measured on {dev.description}"
+        if self.this_machine is False:
+            line += (f". This machine (fingerprint {_fingerprint_here(dev.name)}) has no "
+                     f"measurement of {dev.name} of its own: `dlas-predict calibrate` or "
+                     "`collect` makes them, and the analysis then reads them")
+        return line
+
+
+def open_corpus(device: str, store: Path | None) -> Corpus:
+    """The corpus of ``device``: ``store`` when given; for ``local`` and its profiles,
+    this machine's own measurements where ``collect`` or ``calibrate`` made them
+    (DLAS_HOME's corpus), else the shipped snapshot of this machine where there is one,
+    else the shipped reference snapshot (another machine's, and said so); for any other
+    device, its shipped snapshot."""
+    from dlas_predict.corpus.store import CorpusStore
+    from dlas_predict.paths import default_store_path
+
+    here = _fingerprint_here(device)
+    if store is not None:
+        path, origin = resolve_store(device, store), "given"
+    else:
+        path, origin = None, "shipped"
+        mine = default_store_path()
+        if here is not None and mine.is_file():
+            with CorpusStore(mine, must_exist=True) as db:
+                if here in {fp for fp, _ in db.fingerprints(device)}:
+                    path, origin = mine, "measured here"
+        if path is None:
+            path = _snapshot_store(_machine_snapshot(device, here) or resolve_store_snapshot(
+                device))
+    dev = frame_device(path, device)
+    return Corpus(path, origin, dev, None if here is None else dev.fingerprint == here)
+
+
+def _machine_snapshot(device: str, fingerprint: str | None) -> Path | None:
+    """The shipped snapshot of ``device`` measured on the machine ``fingerprint``."""
+    from dlas_predict.paths import MACHINES
+
+    if fingerprint is None:
+        return None
+    snap = SHIPPED / MACHINES / fingerprint / f"{device}.parquet"
+    return snap if snap.is_file() else None
 
 
 def network_frame(store: Path, device: Device | None = None, filters: Filters = Filters()):
@@ -610,9 +727,10 @@ def _save(fig, out: Path) -> Path:
     return out
 
 
-def _subtitle(frame, extra: str = "") -> str:
+def _subtitle(frame, extra: str = "", corpus: "Corpus | None" = None) -> str:
     devs = ", ".join(sorted(set(frame["device"].astype(str))))
-    return f"device {devs}; {len(frame)} rows{extra}"
+    whose = f" ({corpus.whose})" if corpus is not None else ""
+    return f"device {devs}{whose}; {len(frame)} rows{extra}"
 
 
 def plot_heatmap(result: HeatmapResult, out: Path, subtitle: str = "") -> Path:
@@ -684,7 +802,9 @@ def plot_boxplot(result: BoxplotResult, samples: list, out: Path, subtitle: str 
 
 def plot_roofline(frame, device: Device, out: Path, color: str = "algorithm",
                   subtitle: str = "") -> Path:
-    """Every measurement at (intensity, useful GFLOP/s) under the device's roofs."""
+    """Every measurement at (intensity, useful GFLOP/s) under the device's roofs: compute
+    per dtype, main memory, and each cache level whose bandwidth was measured (a kernel is
+    bounded by the smallest level that holds its compulsory bytes)."""
     import numpy as np
 
     check_parameter(color, "kernel")
@@ -705,15 +825,21 @@ def plot_roofline(frame, device: Device, out: Path, color: str = "algorithm",
     bw = device.mem_bandwidth_gbs
     styles = {"float32": "-", "float16": "--", "int8": ":"}
     src = device.source
+    top = 0.0
     for dtype in ("float32", "float16", "int8"):
-        peak = device.peak_gflops.get(dtype)
+        peak = device.peak_gflops.get(dtype) and compute_roof(device, dtype)
         if not peak:
             continue
+        top = max(top, peak)
         roof = np.minimum(peak, xs * bw) if bw else np.full_like(xs, peak)
+        vnni = " VNNI" if dtype == "int8" and peak == device.int8_dot_gflops else ""
         ax.plot(xs, roof, color="black", ls=styles[dtype], lw=1.2,
-                label=f"roof {dtype}: {peak:.0f} GFLOP/s ({src})")
+                label=f"roof {dtype}{vnni}: {peak:.0f} GFLOP/s ({src})")
     if bw:
-        ax.plot([], [], " ", label=f"bandwidth {bw:.1f} GB/s ({src})")
+        ax.plot([], [], " ", label=f"DRAM bandwidth {bw:.1f} GB/s ({src})")
+    for i, (level, lbw) in enumerate(device.cache_bandwidth_gbs.items()):
+        ax.plot(xs, np.minimum(top, xs * lbw), color="grey", ls=(0, (1, 2 + i)), lw=0.9,
+                label=f"{level} bandwidth {lbw:.0f} GB/s ({src}): kernels whose bytes fit")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (useful FLOP / compulsory byte)")
@@ -736,21 +862,31 @@ def shipped_snapshots() -> dict[str, Path]:
 def resolve_store(device: str, store: Path | None) -> Path:
     """``store`` when given; else the shipped snapshot of ``device``, imported once into a
     cache store under DLAS_HOME (keyed by the snapshot's content)."""
-    import hashlib
-
-    from dlas_predict.paths import cache_dir
-    from dlas_predict.corpus.store import CorpusStore
-
     if store is not None:
         if not Path(store).is_file():
             raise DlasError(f"corpus store not found: {store}")
         return Path(store)
+    return _snapshot_store(resolve_store_snapshot(device))
+
+
+def resolve_store_snapshot(device: str) -> Path:
+    """The shipped reference snapshot of ``device``."""
     snaps = shipped_snapshots()
     if device not in snaps:
         raise DlasError(f"no shipped corpus for device {device!r} (shipped: "
                         f"{', '.join(snaps) or 'none'}); give --store PATH (TopHub's devices: "
                         "dlas-predict corpus import-tophub $DLAS_SHARED_DATA/tophub --store PATH)")
-    snap = snaps[device]
+    return snaps[device]
+
+
+def _snapshot_store(snap: Path) -> Path:
+    """A shipped snapshot (with its networks and whole-network parts) imported once into a
+    cache store under DLAS_HOME, keyed by its content."""
+    import hashlib
+
+    from dlas_predict.paths import cache_dir
+    from dlas_predict.corpus.store import CorpusStore
+
     digest = hashlib.sha256()
     for part in (snap, *(snap.with_name(f"{snap.stem}.{p}{snap.suffix}")
                          for p in ("networks", "wholenet"))):

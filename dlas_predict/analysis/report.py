@@ -55,9 +55,14 @@ class Report:
     plots: list[tuple[str, str, Path]]  # (title, caption, file)
     #: per network and compression, our fastest whole-network build against onnxruntime
     backends: list[dict[str, Any]] = field(default_factory=list)
+    #: whose measurements these are, in one line (:meth:`Corpus.describe`)
+    whose: str = ""
+    #: ``local`` and its profiles: whether the corpus is this machine's (None: another device)
+    this_machine: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"device": self.device.name, "store": str(self.store), "counts": self.counts,
+        return {"device": self.device.name, "store": str(self.store), "whose": self.whose,
+                "this_machine": self.this_machine, "counts": self.counts,
                 "table3": self.table3, "table4": self.table4, "table6": self.table6,
                 "ideal_speedup": self.ideal,
                 "observations": [o.to_dict() for o in self.observations],
@@ -668,8 +673,8 @@ def build_report(device: str, store: Path | None, out_dir: Path) -> Report:
     from dlas_predict.errors import DlasError
 
     get_device(device, with_target=False)
-    path = A.resolve_store(device, store)
-    dev = A.frame_device(path, device)
+    corpus = A.open_corpus(device, store)
+    path, dev = corpus.path, corpus.device
     kernels = A.kernel_frame(path, dev)
     try:
         net = A.network_frame(path, dev)
@@ -681,26 +686,28 @@ def build_report(device: str, store: Path | None, out_dir: Path) -> Report:
     out_dir.mkdir(parents=True, exist_ok=True)
     plots: list[tuple[str, str, Path]] = []
     unique = A.unique_kernels(kernels)
-    sub = A._subtitle(unique, " (unique kernels)")
+    sub = A._subtitle(unique, " (unique kernels)", corpus)
     A.plot_roofline(unique, dev, out_dir / "roofline.png", "compression", sub)
     plots.append(("Roofline", f"Every kernel measurement of {dev.name} at its arithmetic "
                   f"intensity and achieved GFLOP/s, under the device's roofs ({dev.source}).",
                   out_dir / "roofline.png"))
     if net is not None and len(net):
         b, s = A.boxplot_stats(net, "speedup", "compression", "network")
-        A.plot_boxplot(b, s, out_dir / "speedup_by_compression.png", A._subtitle(net))
+        A.plot_boxplot(b, s, out_dir / "speedup_by_compression.png",
+                       A._subtitle(net, corpus=corpus))
         plots.append(("Speedup of each compression", "Whole-network speedup over the dense "
                       "float32 configuration with the same algorithm, across networks, "
                       "algorithms and ratios.", out_dir / "speedup_by_compression.png"))
         h = A.heatmap(net, "algorithm", "compression", "speedup", "network")
-        A.plot_heatmap(h, out_dir / "heatmap_algorithm_compression.png", A._subtitle(net))
+        A.plot_heatmap(h, out_dir / "heatmap_algorithm_compression.png",
+                       A._subtitle(net, corpus=corpus))
         plots.append(("Algorithm × compression", "Median whole-network speedup over dense "
                       "for each algorithm and compression.",
                       out_dir / "heatmap_algorithm_compression.png"))
     gen = kernels[kernels["family"] == "generated"]
     if len(gen) and gen["net_kernels"].nunique() > 1 and gen["net_input"].nunique() > 1:
         h = A.heatmap(gen, "net_kernels", "net_input", "gflops")
-        A.plot_heatmap(h, out_dir / "heatmap_generated.png", A._subtitle(gen))
+        A.plot_heatmap(h, out_dir / "heatmap_generated.png", A._subtitle(gen, corpus=corpus))
         plots.append(("Generated sweep (ParaDnn-style)", "Median achieved GFLOP/s of the "
                       "generated networks' conv kernels by filters (width) and input size.",
                       out_dir / "heatmap_generated.png"))
@@ -726,7 +733,7 @@ def build_report(device: str, store: Path | None, out_dir: Path) -> Report:
               "tunings": unique["tuning"].value_counts().to_dict()}
     return Report(dev, path, counts, t3, t4, t6, ideal_shares(net),
                   observations(net, kernels, curves, dev), plots,
-                  backend_table(net, path, dev))
+                  backend_table(net, path, dev), corpus.describe(), corpus.this_machine)
 
 
 # ---- HTML -----------------------------------------------------------------------------------
@@ -740,6 +747,7 @@ th{background:#f3f3f3}.holds{color:#116611;font-weight:bold}
 .does-not-hold{color:#aa1111;font-weight:bold}.no-data{color:#777;font-weight:bold}
 figure{margin:1.5em 0}figure img{max-width:100%;border:1px solid #eee}
 figcaption{font-size:.9em;color:#555}.note{font-size:.9em;color:#555}
+.warn{color:#8a4b00;font-weight:bold}
 .scroll{overflow-x:auto}td:first-child{white-space:nowrap}
 """
 
@@ -770,7 +778,11 @@ def render_html(report: Report) -> str:
     parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
              f"<title>DLAS report: {html.escape(dev.name)}</title><style>{_CSS}</style>"
              "</head><body>",
-             f"<h1>DLAS report: {html.escape(dev.name)}</h1>",
+             f"<h1>DLAS report: {html.escape(dev.name)}"
+             + (" (measured on another machine)" if report.this_machine is False else "")
+             + "</h1>",
+             f"<p id='whose' class='{'warn' if report.this_machine is False else 'note'}'>"
+             f"{html.escape(report.whose)}.</p>",
              f"<p>{html.escape(dev.description)}. Roofs ({html.escape(dev.source)}): peak "
              f"GFLOP/s {html.escape(peaks)}; bandwidth {dev.mem_bandwidth_gbs or 'unknown'} "
              f"GB/s. Corpus: <code>{html.escape(str(report.store))}</code>; "
@@ -784,7 +796,7 @@ def render_html(report: Report) -> str:
              "marked † is the sum of the network's measured conv kernels (no whole-network "
              "build was timed for it); unmarked values are whole networks built and timed "
              "end to end. Cells read <i>algorithm latency-ms</i>.</p>"]
-    parts += ["<h2 id='observations'>The study's 13 observations on this device</h2>",
+    parts += ["<h2 id='observations'>The study's 13 observations on this corpus</h2>",
               "<p class='note'>Each observation is stated as a claim that this corpus can "
               "test, with the rule that decides the verdict. The wording is ours; the "
               "numbering follows the study where this project's notes cite it (V, XI).</p>",

@@ -193,6 +193,9 @@ def drop_older_kernels(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in rows if (r["kernels_version"] or "") == latest[kernel_config(r)]]
 
 
+_CONFIG_SQL = "INSERT OR REPLACE INTO network_configs VALUES (?, ?, ?, ?, ?, ?, ?)"
+
+
 def _refuse_emulated(board: str | None) -> None:
     """Timings on an emulated board are not a device's: the corpus never holds them."""
     if board_emulated(board):
@@ -237,15 +240,17 @@ class CorpusStore:
         record (a retried measurement); a stored success is replaced only with ``replace``
         (a record timed again on a quieter machine; see :meth:`slow_keys`).
         """
-        _refuse_emulated(result.board)
-        placeholders = ",".join("?" * len(COLUMNS))
         with self._db:  # one transaction: the row is there entirely or not at all
-            if replace or replace_failure:
-                self._db.execute("DELETE FROM measurements WHERE key = ?"
-                                 + ("" if replace else " AND error IS NOT NULL"), (result.key,))
-            cur = self._db.execute(
-                f"INSERT OR IGNORE INTO measurements ({','.join(COLUMNS)}) "
-                f"VALUES ({placeholders})", _row(result))
+            return self._insert(result, replace_failure, replace)
+
+    def _insert(self, result: MeasureResult, replace_failure: bool, replace: bool) -> bool:
+        _refuse_emulated(result.board)
+        if replace or replace_failure:
+            self._db.execute("DELETE FROM measurements WHERE key = ?"
+                             + ("" if replace else " AND error IS NOT NULL"), (result.key,))
+        cur = self._db.execute(
+            f"INSERT OR IGNORE INTO measurements ({','.join(COLUMNS)}) "
+            f"VALUES ({','.join('?' * len(COLUMNS))})", _row(result))
         return cur.rowcount == 1
 
     def add_network_layers(self, network: str, layers: Iterable[tuple[int, str, str]]) -> None:
@@ -260,22 +265,23 @@ class CorpusStore:
         """Record a compressed network: each conv layer's workload, compression and the
         ratio its kernels are measured at (its own sparsity, after global pruning)."""
         with self._db:
-            self._db.executemany(
-                "INSERT OR REPLACE INTO network_configs VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [(network, config, *layer) for layer in layers])
+            self._db.executemany(_CONFIG_SQL, [(network, config, *layer) for layer in layers])
 
     def add_network_measurement(self, row: dict[str, Any], replace: bool = False) -> bool:
         """Commit one whole-network measurement (a dict of :data:`NETWORK_COLUMNS`); a stored
         failure of the same key is replaced, a stored success only with ``replace``. False if
         already there."""
+        with self._db:
+            return self._insert_network(row, replace)
+
+    def _insert_network(self, row: dict[str, Any], replace: bool) -> bool:
         _refuse_emulated(row.get("board"))
         values = tuple(row.get(c) for c in NETWORK_COLUMNS)
-        with self._db:
-            self._db.execute("DELETE FROM network_measurements WHERE key = ?"
-                             + ("" if replace else " AND error IS NOT NULL"), (row["key"],))
-            cur = self._db.execute(
-                f"INSERT OR IGNORE INTO network_measurements ({','.join(NETWORK_COLUMNS)}) "
-                f"VALUES ({','.join('?' * len(NETWORK_COLUMNS))})", values)
+        self._db.execute("DELETE FROM network_measurements WHERE key = ?"
+                         + ("" if replace else " AND error IS NOT NULL"), (row["key"],))
+        cur = self._db.execute(
+            f"INSERT OR IGNORE INTO network_measurements ({','.join(NETWORK_COLUMNS)}) "
+            f"VALUES ({','.join('?' * len(NETWORK_COLUMNS))})", values)
         return cur.rowcount == 1
 
     def network_measurements(self, where: str = "", params: tuple = ()) -> list[dict[str, Any]]:
@@ -444,27 +450,32 @@ class CorpusStore:
             raise StoreError(f"{path} is not a corpus snapshot: no {', '.join(sorted(missing))}")
         have = self.keys()
         added = 0
-        for row in frame.to_dict("records"):
-            row = {k: (None if isinstance(v, float) and v != v else v) for k, v in row.items()}
-            if row["key"] in have:
-                continue
-            self.add(MeasureResult.from_row(row))
-            added += 1
+        with self._db:  # one transaction: the snapshot's records are all added or none
+            for row in frame.to_dict("records"):
+                row = {k: (None if isinstance(v, float) and v != v else v)
+                       for k, v in row.items()}
+                if row["key"] in have:
+                    continue
+                self._insert(MeasureResult.from_row(row), False, False)  # a new key
+                added += 1
         nets = networks_path(path)
         if nets.is_file():
             configs = read(nets)
             held = {(c["network"], c["config"]) for c in self.network_configs()}
+            layers = []
             for (network, config), group in configs.groupby(["network", "config"]):
                 if (network, config) in held:  # the store's own layers (an older snapshot's
                     continue                   # may predate the removal of zeroed filters)
-                self.add_network_config(network, config, [
-                    (int(r.layer_index), r.layer_name, r.conv, r.compression, float(r.ratio))
-                    for r in group.itertuples()])
+                layers += [(network, config, int(r.layer_index), r.layer_name, r.conv,
+                            r.compression, float(r.ratio)) for r in group.itertuples()]
+            with self._db:
+                self._db.executemany(_CONFIG_SQL, layers)
         whole = networks_path(path, "wholenet")
         if whole.is_file():
-            for row in read(whole).to_dict("records"):
-                self.add_network_measurement(
-                    {k: (None if isinstance(v, float) and v != v else v) for k, v in row.items()})
+            with self._db:
+                for row in read(whole).to_dict("records"):
+                    self._insert_network({k: (None if isinstance(v, float) and v != v else v)
+                                          for k, v in row.items()}, False)
         return added, len(frame) - added
 
     def close(self) -> None:

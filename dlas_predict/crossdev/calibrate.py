@@ -324,21 +324,28 @@ def _networks_phase(device: str, nets: list[str], memo: Memo, oracle: Callable,
 class LiveKernels:
     """Kernels timed on this machine (active learning's :class:`~dlas_predict.crossdev.
     active.Live`), one worker for the whole calibration; a timing on a busy machine is
-    noisy."""
+    noisy. Each record also goes to ``store`` (DLAS_HOME's corpus by default), where the
+    analysis and the report of ``local`` find this machine's measurements."""
 
-    def __init__(self, dev, protocol=None) -> None:
+    def __init__(self, dev, protocol=None, store: Path | None = None) -> None:
         from dlas_predict.measure.tasks import Protocol
 
         self.dev = dev
         self.protocol = protocol or Protocol(time_budget_s=1.0)
+        self.store_path = store
         self._live = None
+        self._store = None
 
     def __call__(self, k) -> tuple[float | None, str]:
+        from dlas_predict.corpus.store import CorpusStore
         from dlas_predict.crossdev.active import Live
         from dlas_predict.measure.runner import LocalRunner
+        from dlas_predict.paths import default_store_path
 
         if self._live is None:
-            self._live = Live(LocalRunner(self.dev, self.protocol, timeout_s=120), self.dev)
+            self._store = CorpusStore(self.store_path or default_store_path())
+            self._live = Live(LocalRunner(self.dev, self.protocol, timeout_s=120), self.dev,
+                              self._store)
         r = self._live.result(k)
         if r is None:
             return None, "failed: " + self._live.failed[k.key][:200]
@@ -350,6 +357,8 @@ class LiveKernels:
     def close(self) -> None:
         if self._live is not None:
             self._live.runner.close()
+        if self._store is not None:
+            self._store.close()
 
 
 class LiveNetworks:

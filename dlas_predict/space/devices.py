@@ -51,6 +51,11 @@ class Device:
     caches: dict[str, int] = field(default_factory=dict)
     rpc_key: str | None = None
     source: str = "spec"
+    #: measured roofs beyond the plain code's (``devices --measure-peaks``): the int8 roof
+    #: of AVX-512 VNNI's dot product, which its int8 GEMM kernels use, and the warm
+    #: bandwidth of each cache level ({"L1": GB/s, "L2": ..., "L3": ...})
+    int8_dot_gflops: float | None = None
+    cache_bandwidth_gbs: dict[str, float] = field(default_factory=dict)
     fingerprint: str = ""
     cpu_model: str | None = None
     isa_flags: tuple[str, ...] = ()
@@ -116,7 +121,9 @@ def _with_measured_roofs(dev: Device) -> Device:
     if not measured:
         return dev
     return replace(dev, peak_gflops=dict(measured["peak_gflops"]),
-                   mem_bandwidth_gbs=measured["mem_bandwidth_gbs"], source="measured")
+                   mem_bandwidth_gbs=measured["mem_bandwidth_gbs"], source="measured",
+                   int8_dot_gflops=measured.get("int8_dot_gflops"),
+                   cache_bandwidth_gbs=dict(measured.get("cache_bandwidth_gbs") or {}))
 
 
 def _estimated_peaks(cores: int, ghz: float | None, simd: int | None,
@@ -284,7 +291,9 @@ def measured_peaks(fingerprint: str) -> dict[str, Any] | None:
 
 #: How ``devices --measure-peaks`` measures, recorded with every measurement.
 PEAKS_METHOD = ("measure/peaks.py: FMA-bound register kernel per dtype (best of 15 runs); "
-                "STREAM triad over 3 x 256 MiB (3 x 4 bytes per element)")
+                "with AVX-512 VNNI, a vpdpbusd-bound int8 kernel; STREAM triad over "
+                "3 x 256 MiB (3 x 4 bytes per element); a = 0.5 a + b warm in half of each "
+                "cache level (12 bytes per element)")
 
 
 @dataclass(frozen=True)
@@ -305,6 +314,8 @@ class MeasuredPeaks:
     measured_at: float
     board: dict[str, Any] | None
     method: str = PEAKS_METHOD
+    int8_dot_gflops: float | None = None
+    cache_bandwidth_gbs: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -322,14 +333,17 @@ def measure_peaks(device: Device, runner: Any, save_to: Path | None = None
 
     with runner() as r:
         reply = r.call(PeaksTask(target=device.target, cores=device.cores,
-                                 simd_bits=device.simd_bits or 128))
+                                 simd_bits=device.simd_bits or 128, vnni=device.vnni,
+                                 caches=dict(device.caches)))
         board = r.board
     if not reply.ok:
         raise DeviceError(f"measuring the roofs failed: {reply.error}")
     peaks = MeasuredPeaks(device.fingerprint, device.name, device.cpu_model, device.cores,
                           device.simd_bits, device.caches, reply.peak_gflops,
                           reply.mem_bandwidth_gbs, reply.details, reply.tvm_version,
-                          time.time(), board.to_dict() if board else None)
+                          time.time(), board.to_dict() if board else None,
+                          int8_dot_gflops=reply.int8_dot_gflops,
+                          cache_bandwidth_gbs=dict(reply.cache_bandwidth_gbs or {}))
     path = save_measured_peaks(peaks.to_dict(), str(save_to) if save_to else None)
     return peaks, path
 
@@ -460,12 +474,16 @@ def _other_machine(name: str, fingerprint: str, profile_of: str | None = None) -
     """A device measured on another machine, known by its shipped measured roofs (or an
     unknown CPU with no roofs)."""
     m = measured_peaks(fingerprint) or {}
-    model = m.get("cpu_model") or f"another machine (fingerprint {fingerprint})"
+    model = m.get("cpu_model") or "an unknown CPU"
+    simd = f", {m['simd_bits']}-bit SIMD" if m.get("simd_bits") else ""
     return Device(
-        name=name, kind="cpu", description=f"{model}, {m.get('cores', '?')} cores",
+        name=name, kind="cpu", description=f"another machine: {model}, {m.get('cores', '?')} "
+                                           f"cores{simd} (fingerprint {fingerprint})",
         target={"kind": "llvm"}, cores=int(m.get("cores") or 1), clock_ghz=None,
         simd_bits=m.get("simd_bits"), peak_gflops=dict(m.get("peak_gflops") or {}),
         mem_bandwidth_gbs=m.get("mem_bandwidth_gbs"), caches=dict(m.get("caches") or {}),
+        int8_dot_gflops=m.get("int8_dot_gflops"),
+        cache_bandwidth_gbs=dict(m.get("cache_bandwidth_gbs") or {}),
         source="measured" if m else "unknown", fingerprint=fingerprint, cpu_model=model,
         profile_of=profile_of, origin="detected")
 
