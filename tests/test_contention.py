@@ -276,8 +276,12 @@ def test_retime_slow_times_slow_records_again_and_keeps_the_quieter(tmp_path):
         "direct": [(1.0, 1.0, 1e-3)], "gemm": [(1.0, 1.6, 3e-3), (1.0, 1.01, 2e-3)],
         "spatial_pack": [(1.6, 1.0, 5e-3), (1.9, 1.0, 6e-3)]})
     with CorpusStore(tmp_path / "c.sqlite") as db:
-        first = collect(tasks, db, runner, progress=False)
+        lines = []  # not a terminal: one log line per kernel instead of a bar
+        first = collect(tasks, db, runner, log=lines.append)
         assert (first.measured, first.contended) == (3, 2)
+        assert [line.split()[:2] for line in lines] == [["measuring", f"[{i}/3]"]
+                                                        for i in (1, 2, 3)]
+        assert "C=8,H=10,W=10,K=16" in lines[0] and lines[0].endswith("direct/dense 1.000 ms")
         assert set(db.slow_keys(runner.protocol)) == {tasks[1].key, tasks[2].key}
         again = collect(tasks, db, runner, progress=False)  # plain resume: nothing to do
         assert again.measured == 0 and again.skipped == 3

@@ -123,8 +123,12 @@ def test_a_per_layer_choice_of_one_algorithm_is_built_and_timed_once_for_both():
                                       median_s=(i + 2) * 1e-3, verified=True,
                                       untuned_layers=None, details=None)
 
-    got = _validate(rec, "net.onnx", dev, 4, network_runner=Runner)
+    lines = []
+    got = _validate(rec, "net.onnx", dev, 4, log=lines.append, network_runner=Runner)
     assert got == [same, gemm, other, pruned]
+    # one line per build as it is timed
+    assert [line.split()[:2] for line in lines] == [["validate", f"[{i}/3]"] for i in (1, 2, 3)]
+    assert "tvm int8 gemm: 2.000 ms measured, 1.000 ms predicted" in lines[0]
     assert ran == [("int8", "gemm"), ("dense", PER_LAYER), ("channel_pruning@0.5", PER_LAYER)]
     assert same.same_build_as == "int8 gemm" and same.measured_s == gemm.measured_s == 2e-3
     assert other.same_build_as is None and other.measured_s == 3e-3

@@ -88,8 +88,8 @@ def collect_kernels(tasks: list["MeasureTask"], store: CorpusStore | None, runne
                     retry_failures: bool = False,
                     on_result: Callable[[MeasureResult], None] | None = None,
                     progress: bool = True, desc: str = "measuring",
-                    retime_slow: bool = False, retime_unprobed: bool = False
-                    ) -> CollectSummary:
+                    retime_slow: bool = False, retime_unprobed: bool = False,
+                    log: Callable[[str], None] | None = None) -> CollectSummary:
     """Measure the tasks not yet in ``store``; commit each record as it arrives.
 
     With ``retime_slow`` the tasks whose stored record was timed on a slow machine (see
@@ -97,7 +97,8 @@ def collect_kernels(tasks: list["MeasureTask"], store: CorpusStore | None, runne
     when it was timed on a quieter machine (lower slowness), else the stored one is kept.
     ``retime_unprobed`` does the same for records timed before the probes were recorded, too
     (replaced only by a timing on a quiet machine).
-    Without a store every task is measured and nothing is recorded (``measure``).
+    Without a store every task is measured and nothing is recorded (``measure``). The
+    progress shows as a bar on a terminal (``progress``), else as one ``log`` line per kernel.
     """
     t0 = time.perf_counter()
     done = store.keys(include_failures=not retry_failures) if store is not None else set()
@@ -125,11 +126,14 @@ def collect_kernels(tasks: list["MeasureTask"], store: CorpusStore | None, runne
             summary.results.append(result)
             if on_result is not None:
                 on_result(result)
+            ms = "FAIL" if not result.ok else "%.3f ms" % (result.median_s * 1e3)
+            what = f"{result.variant.algorithm.value}/{result.variant.compression.value} {ms}"
             if bar is not None:
-                ms = "FAIL" if not result.ok else "%.3f ms" % (result.median_s * 1e3)
-                bar.set_postfix_str(f"{result.variant.algorithm.value}/"
-                                    f"{result.variant.compression.value} {ms}")
+                bar.set_postfix_str(what)
                 bar.update(1)
+            elif log is not None and progress:
+                log(f"{desc} [{summary.measured}/{len(todo)}] "
+                    f"{time.perf_counter() - t0:5.0f} s {result.conv.to_spec()} {what}")
     finally:
         if bar is not None:
             bar.close()
@@ -391,7 +395,7 @@ def collect(models: list[str], store_path: Path, device: Device, kernel_runner: 
         register_networks(db, networks)
         summary = collect_kernels(tasks, db, kernel_runner, retry_failures=retry_failures,
                                   progress=progress, retime_slow=retime_slow,
-                                  retime_unprobed=retime_unprobed)
+                                  retime_unprobed=retime_unprobed, log=log)
         whole = NetworkCollectSummary()
         contended = 0
         if network_runner is not None:

@@ -212,7 +212,13 @@ class _Accuracy:
         if self.data:
             from dlas_predict.compression.accuracy import measure
 
+            t0 = time.perf_counter()
             res = measure(self.model, self.data, comp.value, ratio, reference=self.reference)
+            if self.log:
+                self.log(f"accuracy [{len(self.cache) + 1}] {comp.value}"
+                         + (f"@{ratio:g}" if ratio else "") + f": {res.metric} "
+                         f"{res.value:.4f} on {res.n_samples} images "
+                         f"({time.perf_counter() - t0:.1f} s)")
             if res.metric == "top1":
                 self.reference = res.reference_top1
                 return (res.value, f"measured: top-1 on {res.data} ({res.n_samples} images)",
@@ -887,7 +893,7 @@ def _validate(rec: Recommendation, model: str, dev, k: int, log=None,
 
     twins = _same_builds(timed)
     built = [c for c in timed if id(c) not in twins]
-    measure_candidates(model, rec.network, dev, built, tuned_opts, network_runner)
+    measure_candidates(model, rec.network, dev, built, tuned_opts, network_runner, log)
     for c in timed:
         if id(c) in twins:
             twin = twins[id(c)]
@@ -898,10 +904,10 @@ def _validate(rec: Recommendation, model: str, dev, k: int, log=None,
 
 
 def measure_candidates(model: str, network: str, dev, cands: list[Candidate],
-                       tuned_opts=None, network_runner=None) -> None:
+                       tuned_opts=None, network_runner=None, log=None) -> None:
     """Build and time each candidate as a whole network on ``dev`` with the runner that
     ``network_runner()`` opens (default: this machine's), filling its measured time, or its
-    note where it failed or its output check did."""
+    note where it failed or its output check did; ``log`` gets one line per candidate."""
     from dlas_predict.corpus.networks import NetworkPlan, onnxruntime_plan
 
     if network_runner is None:
@@ -916,10 +922,18 @@ def measure_candidates(model: str, network: str, dev, cands: list[Candidate],
                            tuning=tuned_opts if c.tuning is Tuning.TUNED else None)
 
     plans = [plan_of(c) for c in cands]
+    t0 = time.perf_counter()
     with network_runner() as nr:
         by_key = {p.key(dev): c for p, c in zip(plans, cands)}  # a farm answers as boards
-        for m in nr.run(plans):                                 # finish
+        for i, m in enumerate(nr.run(plans), 1):                # finish
             c = by_key[m.key]
+            if log:
+                got = (f"{m.median_s * 1e3:.3f} ms measured" if not m.error
+                       else f"failed: {m.error[:120]}")
+                pred = (f", {c.predicted_s * 1e3:.3f} ms predicted"
+                        if np.isfinite(c.predicted_s) else "")
+                log(f"validate [{i}/{len(plans)}] {time.perf_counter() - t0:5.0f} s "
+                    f"{c.backend} {c.label}: {got}{pred}")
             if m.error:
                 c.measured_note = f"failed: {m.error[:300]}"
             else:
