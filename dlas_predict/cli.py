@@ -1278,8 +1278,8 @@ def _show_recommendation(rec, top: int, max_accuracy_drop: float) -> None:
                "80% interval": (f"{c.low_s * 1e3:.2f}–{c.high_s * 1e3:.2f}"
                                 if c.low_s == c.low_s else "—"),
                "source": c.source,
-               "speedup": (f"{base / c.predicted_s:.2f}×" if c.predicted_s == c.predicted_s
-                           else "—"),
+               "speedup": (f"{base / c.predicted_s:.2f}×" + (" ?" if c.warning else "")
+                           if c.predicted_s == c.predicted_s else "—"),
                "accuracy": "—" if c.accuracy is None else f"{c.accuracy:.1%}",
                "accuracy source": c.accuracy_source.split(":")[0]}
         if rec.validated:
@@ -1309,6 +1309,13 @@ def _show_recommendation(rec, top: int, max_accuracy_drop: float) -> None:
                "ms; no onnxruntime model for this device)")
     typer.echo(f"latency: {how}; speedup over {against}")
     typer.echo(format_table(rows))
+    flagged = [i for i, c in enumerate(listed, 1) if c.warning]
+    if flagged:
+        typer.echo(f"? (rows {', '.join(map(str, flagged))}): not surely faster than "
+                   "onnxruntime fp32, whose predicted time its 80 % interval reaches; "
+                   "--validate N measures them"
+                   + (", `dlas-predict calibrate` narrows them" if rec.source == "zero-shot"
+                      and rec.device == "local" else ""))
     sources = dict.fromkeys(c.accuracy_source for c in shown)
     for src in sources:
         typer.echo(f"accuracy source: {src}")

@@ -31,7 +31,11 @@ def test_json_schema_and_ranking():
     cands = rec["candidates"]
     # 3 unpruned + 2 × 10 pruned compressions, each × 3 algorithms, plus per-layer choices
     assert len(cands) >= 23 * 3
-    times = [c["predicted_ms"] for c in cands]
+    # by predicted latency, except that onnxruntime fp32 (the reference) comes before a
+    # candidate predicted less than 1 % faster
+    ref_ms = rec["reference"]["predicted_ms"]
+    times = [ref_ms if ref_ms * 0.99 <= c["predicted_ms"] <= ref_ms else c["predicted_ms"]
+             for c in cands]
     assert times == sorted(times)
     for c in cands:
         assert set(c) >= {"config", "predicted_ms", "predicted_low_ms", "predicted_high_ms",
@@ -336,7 +340,9 @@ def test_onnxruntime_is_in_the_grid_and_its_fp32_is_the_reference():
     # channel pruning removes work; the ranking is one list, both backends in it
     cp = [c for c in ort if c.compression.value == "channel_pruning"]
     assert max(c.predicted_s for c in cp if c.ratio >= 0.9) < rec.reference.predicted_s
-    times = [c.predicted_s for c in rec.candidates]
+    ref_s = rec.reference.predicted_s
+    times = [ref_s if ref_s * 0.99 <= c.predicted_s <= ref_s else c.predicted_s
+             for c in rec.candidates]
     assert times == sorted(times)
     out = rec.to_dict(top=5)
     assert out["reference"]["config"]["backend"] == "onnxruntime"
@@ -433,3 +439,27 @@ def test_onnxruntime_rows_move_with_the_map_where_its_model_is_another_machines(
                                            ort_machine="Zen", notes=[]),
                      kernels, own, (mid, low, high))
     assert [c.predicted_s for c in same] == [2e-3, 1e-3]
+
+
+def test_no_gain_ranks_after_the_reference_and_a_doubtful_lead_is_flagged():
+    from dlas_predict.recommend.search import Candidate, _rank
+    from dlas_predict.space.config import Compression
+
+    def cand(comp, alg, s, high):
+        return Candidate(comp, None, alg, (), s, s * 0.8, high)
+
+    ref = cand(Compression.DENSE, ONNXRUNTIME, 1.0e-3, 1.2e-3)
+    tie = cand(Compression.FLOAT16, ONNXRUNTIME, 0.995e-3, 1.2e-3)    # 0.5 % faster
+    sure = cand(Compression.INT8, "gemm", 0.5e-3, 0.8e-3)             # interval under ref
+    doubt = cand(Compression.DENSE, "direct", 0.8e-3, 1.3e-3)         # interval reaches it
+    slow = cand(Compression.DENSE, "gemm", 2e-3, 3e-3)
+    kept = [slow, tie, doubt, ref, sure]
+    _rank(kept, ref)
+    assert kept == [sure, doubt, ref, tie, slow]
+    assert sure.warning is None and ref.warning is None and tie.warning is None
+    assert doubt.warning.startswith("not surely faster than onnxruntime fp32")
+    assert "warning" in doubt.to_dict() and "warning" not in sure.to_dict()
+    # no reference: by predicted latency alone
+    kept = [slow, tie, sure]
+    _rank(kept, None)
+    assert kept == [sure, tie, slow]

@@ -56,6 +56,8 @@ class Candidate:
     #: a per-layer candidate that chose one algorithm for every layer: that candidate's
     #: label (the same network, built and timed once for both)
     same_build_as: str | None = None
+    #: ranked before the reference, yet within its model's error of it (:func:`_rank`)
+    warning: str | None = None
 
     @property
     def backend(self) -> str:
@@ -93,6 +95,8 @@ class Candidate:
             out["measured_note"] = self.measured_note
         if self.same_build_as:
             out["same_build_as"] = self.same_build_as
+        if self.warning:
+            out["warning"] = self.warning
         return out
 
 
@@ -407,12 +411,13 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
     dropped: list[tuple[str, str]] = []
     kept = _within_budget(cands, _Accuracy(model, su.name, data, log), max_accuracy_drop,
                           dropped, su)
-    kept.sort(key=lambda c: c.predicted_s)
+    reference = next((c for c in ort if c.compression is Compression.DENSE), None)
+    _rank(kept, reference)
     if len(su.tunings) == 2:
         su.notes.append(_tuning_verdict(kept, trials))
     rec = Recommendation(su.name, su.dev.name, kept, dropped, su.skipped, dense_best, su.info,
                          su.notes)
-    rec.reference = next((c for c in ort if c.compression is Compression.DENSE), None)
+    rec.reference = reference
     if su.mapping is not None:
         rec.source, rec.mapping = su.mapping.source, su.mapping.to_dict()
         for c in cands:
@@ -423,6 +428,36 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
                                   network_runner)
     rec.seconds = time.time() - t0
     return rec
+
+
+#: A candidate predicted less than this much faster than the reference gains nothing the
+#: models can tell: it ranks after the reference.
+NO_GAIN = 0.01
+
+
+def _rank(kept: list[Candidate], reference: Candidate | None) -> None:
+    """Sort ``kept`` by predicted latency, the reference (onnxruntime fp32) before any
+    candidate predicted less than :data:`NO_GAIN` faster; flag each candidate ranked before
+    the reference whose 80 % interval reaches the reference's predicted time: the model
+    cannot tell that it is faster."""
+    ref_s = reference.predicted_s if reference is not None else float("nan")
+    if not np.isfinite(ref_s):
+        kept.sort(key=lambda c: c.predicted_s)
+        return
+
+    def key(c: Candidate) -> tuple[float, int]:
+        if c is not reference and (1 - NO_GAIN) * ref_s <= c.predicted_s <= ref_s:
+            return ref_s, 1
+        return c.predicted_s, int(c is not reference)
+
+    kept.sort(key=key)
+    for c in kept:
+        if c is reference:
+            break
+        if c.high_s >= ref_s:
+            c.warning = (f"not surely faster than onnxruntime fp32: its 80 % interval "
+                         f"reaches {c.high_s * 1e3:.3g} ms, the reference is predicted "
+                         f"{ref_s * 1e3:.3g} ms")
 
 
 def _setup(model: str, device: str, validate: int, models_dir: Path | None,
