@@ -1292,8 +1292,12 @@ def _show_recommendation(rec, top: int, max_accuracy_drop: float) -> None:
                 row["measured speedup"] = (f"{ref.measured_s / c.measured_s:.2f}×"
                                            if timed and c.measured_s else "")
         rows.append(row)
-    typer.echo(f"{rec.network} on {rec.device}: {len(rec.candidates)} candidates kept, "
-               f"{len(rec.dropped)} over the accuracy budget "
+    from dlas_predict.recommend.search import unchecked
+
+    blind = sum(1 for c in rec.candidates if unchecked(c))
+    typer.echo(f"{rec.network} on {rec.device}: {len(rec.candidates)} candidates kept"
+               + (f" ({blind} of them with no accuracy figure, unchecked)" if blind else "")
+               + f", {len(rec.dropped)} over the accuracy budget "
                f"({max_accuracy_drop:g} points), {len(rec.skipped)} grid points skipped; "
                f"{rec.seconds:.1f} s")
     if rec.source == "trained":

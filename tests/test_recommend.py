@@ -445,21 +445,24 @@ def test_no_gain_ranks_after_the_reference_and_a_doubtful_lead_is_flagged():
     from dlas_predict.recommend.search import Candidate, _rank
     from dlas_predict.space.config import Compression
 
-    def cand(comp, alg, s, high):
-        return Candidate(comp, None, alg, (), s, s * 0.8, high)
+    def cand(comp, alg, s, high, accuracy=0.99):
+        return Candidate(comp, None, alg, (), s, s * 0.8, high, accuracy=accuracy)
 
     ref = cand(Compression.DENSE, ONNXRUNTIME, 1.0e-3, 1.2e-3)
     tie = cand(Compression.FLOAT16, ONNXRUNTIME, 0.995e-3, 1.2e-3)    # 0.5 % faster
     sure = cand(Compression.INT8, "gemm", 0.5e-3, 0.8e-3)             # interval under ref
     doubt = cand(Compression.DENSE, "direct", 0.8e-3, 1.3e-3)         # interval reaches it
     slow = cand(Compression.DENSE, "gemm", 2e-3, 3e-3)
-    kept = [slow, tie, doubt, ref, sure]
+    blind = cand(Compression.CHANNEL_PRUNING, "gemm", 0.1e-3, 0.2e-3, None)  # accuracy unknown
+    blind2 = cand(Compression.INT8, "direct", 0.3e-3, 0.4e-3, None)
+    kept = [slow, blind2, tie, doubt, ref, blind, sure]
     _rank(kept, ref)
-    assert kept == [sure, doubt, ref, tie, slow]
+    # an unchecked compression is never the first answer, however fast: after the reference
+    assert kept == [sure, doubt, ref, blind, blind2, tie, slow]
     assert sure.warning is None and ref.warning is None and tie.warning is None
     assert doubt.warning.startswith("not surely faster than onnxruntime fp32")
     assert "warning" in doubt.to_dict() and "warning" not in sure.to_dict()
-    # no reference: by predicted latency alone
-    kept = [slow, tie, sure]
+    # no onnxruntime reference: the fastest dense candidate is the one they follow
+    kept = [slow, blind, sure, doubt]
     _rank(kept, None)
-    assert kept == [sure, tie, slow]
+    assert kept == [sure, doubt, blind, slow]

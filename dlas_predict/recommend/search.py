@@ -435,20 +435,31 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
 NO_GAIN = 0.01
 
 
+def unchecked(c: Candidate) -> bool:
+    """A compressed candidate whose accuracy is neither measured nor known from a curve."""
+    return c.accuracy is None and c.compression is not Compression.DENSE
+
+
 def _rank(kept: list[Candidate], reference: Candidate | None) -> None:
-    """Sort ``kept`` by predicted latency, the reference (onnxruntime fp32) before any
-    candidate predicted less than :data:`NO_GAIN` faster; flag each candidate ranked before
-    the reference whose 80 % interval reaches the reference's predicted time: the model
-    cannot tell that it is faster."""
-    ref_s = reference.predicted_s if reference is not None else float("nan")
-    if not np.isfinite(ref_s):
+    """Sort ``kept`` by predicted latency, the reference (onnxruntime fp32; without one,
+    the fastest dense candidate) before any candidate predicted less than :data:`NO_GAIN`
+    faster and before every candidate whose accuracy is unchecked (:func:`unchecked`: what a
+    compression costs is unknown, so it is never the first answer); flag each candidate
+    ranked before the reference whose 80 % interval reaches the reference's predicted time:
+    the model cannot tell that it is faster."""
+    if reference is None or not np.isfinite(reference.predicted_s):
+        dense = [c for c in kept if c.compression is Compression.DENSE]
+        reference = min(dense, key=lambda c: c.predicted_s) if dense else None
+    if reference is None:
         kept.sort(key=lambda c: c.predicted_s)
         return
+    ref_s = reference.predicted_s
 
-    def key(c: Candidate) -> tuple[float, int]:
-        if c is not reference and (1 - NO_GAIN) * ref_s <= c.predicted_s <= ref_s:
-            return ref_s, 1
-        return c.predicted_s, int(c is not reference)
+    def key(c: Candidate) -> tuple[float, int, float]:
+        if c is not reference and (unchecked(c) and c.predicted_s <= ref_s
+                                   or (1 - NO_GAIN) * ref_s <= c.predicted_s <= ref_s):
+            return ref_s, 1, c.predicted_s
+        return c.predicted_s, int(c is not reference), c.predicted_s
 
     kept.sort(key=key)
     for c in kept:
@@ -833,7 +844,8 @@ def _within_budget(cands: list[Candidate], acc: "_Accuracy", max_accuracy_drop: 
     if unknown:
         su.notes.append(f"{unknown} candidates have no accuracy figure (no --data and no "
                         "shipped curve): they are kept but unchecked against the accuracy "
-                        "budget; pass --data digits|PATH to measure")
+                        "budget, and ranked after the dense reference however fast; pass "
+                        "--data digits|PATH to measure")
     if su.entry is not None and not su.entry.trained:
         su.notes.append("this zoo network has random weights (nothing can be downloaded): "
                         "accuracy figures for it are chance level")
