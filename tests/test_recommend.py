@@ -466,3 +466,13 @@ def test_no_gain_ranks_after_the_reference_and_a_doubtful_lead_is_flagged():
     kept = [slow, blind, sure, doubt]
     _rank(kept, None)
     assert kept == [sure, doubt, blind, slow]
+
+
+def test_an_exported_zoo_network_keeps_its_measured_accuracy_curve(tmp_path):
+    from dlas_predict.networks import zoo
+
+    path = zoo.export("mobilenetv2-cifar", tmp_path / "mbv2.onnx")
+    rec = recommend(str(path), max_accuracy_drop=100.0)
+    assert rec.network == "mbv2"
+    assert all(c.accuracy_source.startswith("shipped curve") for c in rec.candidates)
+    assert any("holds the weights of zoo:mobilenetv2-cifar" in n for n in rec.notes)

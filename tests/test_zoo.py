@@ -114,3 +114,22 @@ def test_weights_are_decoded_once_and_each_model_gets_its_own_copy(tmp_path):
     zoo.load_weights(small(16), path)
     with pytest.raises(NetworkError, match="does not fit"):
         zoo.load_weights(small(8), path)
+
+
+def test_an_exported_zoo_network_is_known_by_its_weights_under_any_name(tmp_path):
+    """The shipped weight fingerprints are those of today's exports, and a copy of an export
+    under another name (what `export` writes for a user) is matched to its zoo network."""
+    import json
+
+    from dlas_predict.networks import zoo
+    from dlas_predict.paths import DEMO_NETWORK
+
+    shipped = json.loads(zoo.FINGERPRINTS.read_text())
+    assert shipped["export"] == zoo.EXPORT_VERSION
+    trained = {e.name for e in zoo.ZOO.values() if e.trained}
+    assert set(shipped["networks"]) == trained
+    for name, fp in shipped["networks"].items():
+        assert zoo.weights_fingerprint(zoo.export(name)) == fp, name
+    copy = zoo.export("mobilenetv2-cifar", tmp_path / "my-model.onnx")
+    assert zoo.match(copy).name == "mobilenetv2-cifar"
+    assert zoo.match(DEMO_NETWORK) is None

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import io
+import json
 import lzma
 import warnings
 from dataclasses import dataclass
@@ -193,6 +194,50 @@ def export(name: str, out: Path | None = None) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(cached, out)
     return out
+
+
+#: The weight fingerprint of each trained zoo network's export (:func:`weights_fingerprint`),
+#: written by :func:`write_fingerprints`; a test checks it against the exports.
+FINGERPRINTS = WEIGHTS_DIR / "fingerprints.json"
+
+
+def weights_fingerprint(path: str | Path) -> str:
+    """A network's weights, whatever their names and order: the hash of the sorted hashes of
+    its initializers (data type, shape and values)."""
+    import onnx
+    from onnx import numpy_helper
+
+    try:
+        graph = onnx.load(str(path)).graph
+    except Exception as exc:  # onnx raises several types for a file that is not ONNX
+        raise NetworkError(f"{path} is not a readable ONNX model ({exc})") from None
+    parts = []
+    for init in graph.initializer:
+        a = numpy_helper.to_array(init)
+        parts.append(hashlib.sha256(f"{a.dtype}{a.shape}".encode() + a.tobytes()).hexdigest())
+    return hashlib.sha256("".join(sorted(parts)).encode()).hexdigest()[:16]
+
+
+def write_fingerprints() -> Path:
+    """Record the weight fingerprint of every trained zoo network's export."""
+    out = {"export": EXPORT_VERSION,
+           "networks": {e.name: weights_fingerprint(export(e.name))
+                        for e in ZOO.values() if e.trained}}
+    FINGERPRINTS.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
+    return FINGERPRINTS
+
+
+def match(path: str | Path) -> ZooEntry | None:
+    """The trained zoo network whose weights ``path`` holds (an exported zoo network under
+    another name), or None."""
+    try:
+        known = json.loads(FINGERPRINTS.read_text())["networks"]
+    except (OSError, ValueError, KeyError):
+        return None
+    if not known:
+        return None
+    fp = weights_fingerprint(path)
+    return next((ZOO[name] for name, f in known.items() if f == fp and name in ZOO), None)
 
 
 def resolve(model: str | Path) -> Path:

@@ -409,7 +409,8 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
     cands += ort
     dense_best = min(c.predicted_s for c in dense)
     dropped: list[tuple[str, str]] = []
-    kept = _within_budget(cands, _Accuracy(model, su.name, data, log), max_accuracy_drop,
+    kept = _within_budget(cands, _Accuracy(model, su.entry.name if su.entry else su.name,
+                                           data, log), max_accuracy_drop,
                           dropped, su)
     reference = next((c for c in ort if c.compression is Compression.DENSE), None)
     _rank(kept, reference)
@@ -505,12 +506,17 @@ def _setup(model: str, device: str, validate: int, models_dir: Path | None,
     entry = zoo.get(model) if str(model).startswith(zoo.ZOO_PREFIX) else None
     name = entry.name if entry else Path(path).stem
     net = read_network(path, name)
+    notes = []
+    matched = zoo.match(path) if entry is None else None
+    if matched is not None:
+        notes.append(f"{Path(path).name} holds the weights of zoo:{matched.name} (matched by "
+                     "hash): its measured accuracy curve applies")
+        entry = matched
     if not net.convs():
         raise DlasError(f"{model} has no convolution: the grid (conv algorithms, pruning of "
                         "conv weights) does not apply to it")
     if net.batch != 1:
         raise DlasError(f"{model} has batch {net.batch}; the models predict batch 1")
-    notes = []
     if getattr(net_model, "meta", {}).get("scope") == "conv sum":
         notes.append(f"{dev.name} has no whole-network measurements: each latency is the sum "
                      "of the network's conv kernels as the layer model predicts them (other "
