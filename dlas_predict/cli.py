@@ -1580,7 +1580,7 @@ def _analysis_frame(device, store, level, network, tuning, dtype, algorithm, com
     frame = build(corpus.path, corpus.device, filters)
     if frame.empty:
         _fail("no rows left after the filters")
-    return frame, corpus.device, corpus
+    return frame, corpus
 
 
 def _wrote(out: Path, frame, corpus) -> None:
@@ -1604,8 +1604,8 @@ def analyze_heatmap(x: str = typer.Option(..., "--x", help="Parameter on the x a
     for p in (x, y):
         A.check_parameter(p, level)
     A.check_metric(metric, level)
-    frame, dev, corpus = _analysis_frame(device, store, level, network, tuning, dtype,
-                                       algorithm, compression)
+    frame, corpus = _analysis_frame(device, store, level, network, tuning, dtype,
+                                    algorithm, compression)
     result = A.heatmap(frame, x, y, metric, level)
     A.plot_heatmap(result, out, A._subtitle(frame, corpus=corpus))
     if as_json:
@@ -1643,8 +1643,8 @@ def analyze_regression(metric: str = typer.Option(..., "--metric", help="Metric 
     names = [p.strip() for p in (params or default).split(",") if p.strip()]
     for p in names:
         A.check_parameter(p, level)
-    frame, dev, corpus = _analysis_frame(device, store, level, network, tuning, dtype,
-                                       algorithm, compression)
+    frame, corpus = _analysis_frame(device, store, level, network, tuning, dtype,
+                                    algorithm, compression)
     result = A.regression(frame, metric, names, level)
     A.plot_regression(result, out, A._subtitle(frame, corpus=corpus))
     if as_json:
@@ -1680,9 +1680,9 @@ def analyze_roofline(out: Path = _OUT_OPT, device: str = _DEVICE_OPT,
     from dlas_predict.analysis import frames as A
 
     A.check_parameter(color, "kernel")
-    frame, dev, corpus = _analysis_frame(device, store, "kernel", network, tuning, dtype,
-                                       algorithm, compression)
-    frame = A.unique_kernels(frame)
+    frame, corpus = _analysis_frame(device, store, "kernel", network, tuning, dtype,
+                                    algorithm, compression)
+    frame, dev = A.unique_kernels(frame), corpus.device
     A.plot_roofline(frame, dev, out, color, A._subtitle(frame, " (unique kernels)", corpus))
     frac = frame["roofline_fraction"].dropna()
     above = int((frac > 1.0).sum())
@@ -1735,8 +1735,8 @@ def analyze_boxplot(metric: str = typer.Option(..., "--metric", help="Metric dis
 
     A.check_parameter(by, level)
     A.check_metric(metric, level)
-    frame, dev, corpus = _analysis_frame(device, store, level, network, tuning, dtype,
-                                       algorithm, compression)
+    frame, corpus = _analysis_frame(device, store, level, network, tuning, dtype,
+                                    algorithm, compression)
     result, samples = A.boxplot_stats(frame, metric, by, level)
     A.plot_boxplot(result, samples, out, A._subtitle(frame, corpus=corpus), log)
     if as_json:

@@ -131,6 +131,21 @@ def _time(module, dev, args, min_ms: float = 50.0, repeats: int = 15) -> list[fl
     return list(timer(*args).results)
 
 
+def _rate(run, target, target_json, source: str, arrays: list[np.ndarray], work: float,
+          min_ms: float = 50.0, repeats: int = 15) -> tuple[float, float]:
+    """The kernel ``source`` compiled for ``target``, run on ``arrays`` where ``run``
+    executes: ``work`` (FLOPs, operations or bytes per call) per nanosecond, of its fastest
+    run and of its median one."""
+    import tvm
+    from tvm.script import from_source
+
+    ex = run.load(tvm.compile(tvm.IRModule({"main": from_source(source)}), target=target),
+                  target_json)
+    runs = _time(ex, run.dev, [tvm.runtime.tensor(a, run.dev) for a in arrays], min_ms,
+                 repeats)
+    return round(work / min(runs) / 1e9, 1), round(work / statistics.median(runs) / 1e9, 1)
+
+
 _WARM = '''
 # from tvm.script import tirx as T
 @T.prim_func
@@ -150,54 +165,36 @@ def _warm_gbs(run, target, target_json, nbytes: int, cores: int, v: int, rng
     """The best and median GB/s of ``a = 0.5 a + b`` (read a and b, write a: 12 bytes per
     element) over arrays of ``nbytes`` together, each core sweeping its own share many
     times in one call (the sweeps depend on each other: none can be dropped)."""
-    import tvm
-    from tvm.script import from_source
-
     i = max(nbytes // (8 * cores * v), 1)
     n = cores * i * v
     sweeps = max(1, (64 << 20) // (12 * n))
-    mod = tvm.IRModule({"main": from_source(_WARM.format(N=n, O=cores, R=sweeps, I=i, V=v))})
-    ex = run.load(tvm.compile(mod, target=target), target_json)
-    arrays = [tvm.runtime.tensor(rng.standard_normal(n).astype("float32"), run.dev)
-              for _ in range(2)]
-    runs = _time(ex, run.dev, arrays, min_ms=50.0, repeats=10)
-    moved = 12.0 * n * sweeps
-    return round(moved / min(runs) / 1e9, 1), round(moved / statistics.median(runs) / 1e9, 1)
+    return _rate(run, target, target_json, _WARM.format(N=n, O=cores, R=sweeps, I=i, V=v),
+                 [rng.standard_normal(n).astype("float32") for _ in range(2)],
+                 12.0 * n * sweeps, repeats=10)
 
 
 def _triad_gbs(run, target, target_json, n: int, cores: int, v: int, rng
                ) -> tuple[float, float]:
     """The best and median GB/s of the triad over three arrays of about ``n`` floats."""
-    import tvm
-    from tvm.script import from_source
-
     o = cores * 16
     i = max(n // (o * v), 1)
     n = o * i * v
-    mod = tvm.IRModule({"main": from_source(_TRIAD.format(N=n, O=o, I=i, V=v))})
-    ex = run.load(tvm.compile(mod, target=target), target_json)
-    arrays = [tvm.runtime.tensor(rng.standard_normal(n).astype("float32"), run.dev)
-              for _ in range(3)]
-    runs = _time(ex, run.dev, arrays, min_ms=100.0, repeats=10)
-    nbytes = 3.0 * 4 * n
-    return round(nbytes / min(runs) / 1e9, 1), round(nbytes / statistics.median(runs) / 1e9, 1)
+    return _rate(run, target, target_json, _TRIAD.format(N=n, O=o, I=i, V=v),
+                 [rng.standard_normal(n).astype("float32") for _ in range(3)], 3.0 * 4 * n,
+                 min_ms=100.0, repeats=10)
 
 
 def cache_working_sets(caches: dict[str, int], cores: int) -> dict[str, int]:
-    """Bytes of the arrays that measure each cache level: half of L1d and of L2 (per core)
-    times the cores, half of L3 (shared); a level no larger than the one below it is left
+    """Bytes of the arrays that measure each cache level: half of its capacity (L1d and L2
+    per core, times the cores; L3 shared); a level no larger than the one below it is left
     out."""
+    from dlas_predict.space.devices import cache_capacities
+
     out: dict[str, int] = {}
     below = 0
-    for level, key, per_core in (("L1", "L1d_kb", True), ("L2", "L2_kb", True),
-                                 ("L3", "L3_kb", False)):
-        kb = caches.get(key)
-        if not kb:
-            continue
-        size = kb * 1024 * (cores if per_core else 1) // 2
-        if size > below:
-            out[level] = size
-            below = size
+    for level, capacity in cache_capacities(caches, cores).items():
+        if capacity // 2 > below:
+            out[level] = below = capacity // 2
     return out
 
 
@@ -208,20 +205,16 @@ def measure_peaks(target_json: dict[str, Any], cores: int, simd_bits: int,
     "int8_dot_gflops": ... (with ``vnni``), "cache_bandwidth_gbs": {level: ...},
     "details": {...}}`` on this machine."""
     import tvm
-    from tvm.script import from_source
 
     from .remote import execution
 
     target = tvm.target.Target(target_json)
     run = execution()
-    dev = run.dev
     rng = np.random.default_rng(0)
     peaks, details = {}, {}
     parallel = cores * 8  # enough chunks to keep every core busy
     for dtype in ("float32", "float16", "int8"):
         lanes = max(simd_bits // 32, 4)  # lanes of the 32-bit accumulators
-        mod = tvm.IRModule({"main": from_source(fma_source(dtype, lanes, parallel))})
-        ex = run.load(tvm.compile(mod, target=target), target_json)
         if dtype == "int8":
             a = rng.integers(-3, 3, (parallel, lanes), dtype=np.int8)
             b = np.ones((BROWS, lanes), dtype=np.int8)
@@ -229,27 +222,21 @@ def measure_peaks(target_json: dict[str, Any], cores: int, simd_bits: int,
             a = (rng.standard_normal((parallel, lanes)) * 1e-3).astype(dtype)
             b = np.full((BROWS, lanes), 0.999, dtype=dtype)
         out = np.zeros((parallel, lanes), dtype=OUT[dtype])
-        args = [tvm.runtime.tensor(x, dev) for x in (a, b, out)]
-        runs = _time(ex, dev, args)
         flops = 2.0 * parallel * ITERS * ACCS * lanes
-        peaks[dtype] = round(flops / min(runs) / 1e9, 1)
-        details[dtype] = {"lanes": lanes, "flops_per_call": flops,
-                          "median_gflops": round(flops / statistics.median(runs) / 1e9, 1)}
+        peaks[dtype], median = _rate(run, target, target_json,
+                                     fma_source(dtype, lanes, parallel), [a, b, out], flops)
+        details[dtype] = {"lanes": lanes, "flops_per_call": flops, "median_gflops": median}
     dot = None
     if vnni:
         lanes = 16 if simd_bits >= 512 else 8
-        mod = tvm.IRModule({"main": from_source(dot_source(lanes, parallel))})
-        ex = run.load(tvm.compile(mod, target=target), target_json)
         a = rng.integers(0, 3, (parallel, 4 * lanes), dtype=np.int8)
         b = np.ones((BROWS, 4 * lanes), dtype=np.int8)
         out = np.zeros((parallel, lanes), dtype="int32")
-        args = [tvm.runtime.tensor(x, dev) for x in (a, b, out)]
-        runs = _time(ex, dev, args)
         ops = 2.0 * parallel * ITERS * ACCS * lanes * 4
-        dot = round(ops / min(runs) / 1e9, 1)
+        dot, median = _rate(run, target, target_json, dot_source(lanes, parallel),
+                            [a, b, out], ops)
         details["int8_dot"] = {"lanes": lanes, "instruction": "vpdpbusd",
-                               "ops_per_call": ops,
-                               "median_gops": round(ops / statistics.median(runs) / 1e9, 1)}
+                               "ops_per_call": ops, "median_gops": median}
     v = max(simd_bits // 32, 4)
     # streaming triad, far beyond the caches
     bandwidth, median = _triad_gbs(run, target, target_json, stream_mib * 1024 * 1024 // 4,

@@ -201,6 +201,8 @@ def test_local_analysis_names_whose_corpus_and_every_kernel_lies_under_its_roof(
     # DLAS_HOME's corpus here, its cache of the shipped snapshots the session's
     monkeypatch.setattr(paths, "default_store_path", lambda: tmp_path / "corpus.sqlite")
     default_store_path = paths.default_store_path
+    # the shipped roofs, not a measurement of this machine another test cached
+    monkeypatch.setattr(D, "_peaks_cache", lambda fingerprint: tmp_path / "no-peaks.json")
     # on another machine: the shipped corpus, and said so
     fp = A.frame_device(A.resolve_store("local", None), "local").fingerprint
     monkeypatch.setattr(D, "local_fingerprint", lambda: "ffffffffffffffff")

@@ -192,20 +192,17 @@ def _bytes(row: dict, density: float, nbytes: int) -> float:
     return (n_in + n_out) * nbytes + weights
 
 
-#: Cache levels in the order a kernel's compulsory bytes may fit them, with whether the
-#: size is per core.
-_LEVELS = (("L1", "L1d_kb", True), ("L2", "L2_kb", True), ("L3", "L3_kb", False))
-
-
 def memory_level(device: Device, nbytes: float | None) -> tuple[str, float | None]:
     """The memory level whose measured bandwidth bounds a kernel moving ``nbytes``
     compulsory bytes, timed warm as every kernel is: the smallest cache level that holds
     them (L1d and L2 per core, times the cores; L3 shared) where its bandwidth was measured,
     else main memory."""
+    from dlas_predict.space.devices import cache_capacities
+
     if nbytes is not None and device.cache_bandwidth_gbs:
-        for level, key, per_core in _LEVELS:
-            kb, bw = device.caches.get(key), device.cache_bandwidth_gbs.get(level)
-            if kb and bw and nbytes <= kb * 1024 * (device.cores if per_core else 1):
+        for level, capacity in cache_capacities(device.caches, device.cores).items():
+            bw = device.cache_bandwidth_gbs.get(level)
+            if bw and nbytes <= capacity:
                 return level, bw
     return "DRAM", device.mem_bandwidth_gbs
 
@@ -351,6 +348,10 @@ def frame_device(store: Path, device: str):
     """The :class:`Device` whose roofs describe ``device``'s rows in ``store``: this
     machine where the store holds its measurements, else the machine of its most common
     fingerprint."""
+    return _frame_device(store, device, _fingerprint_here(device))
+
+
+def _frame_device(store: Path, device: str, here: str | None):
     from dlas_predict.corpus.store import CorpusStore
 
     with CorpusStore(store, must_exist=True) as db:
@@ -359,7 +360,6 @@ def frame_device(store: Path, device: str):
         from dlas_predict.space.devices import get_device
 
         return get_device(device, with_target=False)
-    here = _fingerprint_here(device)
     return _device(device, here if here in prints else prints[0])
 
 
@@ -373,9 +373,14 @@ class Corpus:
     origin: str
     #: the device whose roofs describe the rows (the machine that measured them)
     device: Device
-    #: ``local`` and its profiles: whether the rows are this machine's; None for devices
-    #: that are never this machine
-    this_machine: bool | None
+    #: ``local`` and its profiles: the fingerprint the device has on this machine; None for
+    #: devices that are never this machine
+    here: str | None
+
+    @property
+    def this_machine(self) -> bool | None:
+        """Whether the rows are this machine's (None: a device that never is)."""
+        return None if self.here is None else self.device.fingerprint == self.here
 
     @property
     def whose(self) -> str:
@@ -391,7 +396,7 @@ class Corpus:
         dev = self.device
         line = f"corpus: {self.path} ({self.origin}); rows measured on {dev.description}"
         if self.this_machine is False:
-            line += (f". This machine (fingerprint {_fingerprint_here(dev.name)}) has no "
+            line += (f". This machine (fingerprint {self.here}) has no "
                      f"measurement of {dev.name} of its own: `dlas-predict calibrate` or "
                      "`collect` makes them, and the analysis then reads them")
         return line
@@ -419,8 +424,7 @@ def open_corpus(device: str, store: Path | None) -> Corpus:
         if path is None:
             path = _snapshot_store(_machine_snapshot(device, here) or resolve_store_snapshot(
                 device))
-    dev = frame_device(path, device)
-    return Corpus(path, origin, dev, None if here is None else dev.fingerprint == here)
+    return Corpus(path, origin, _frame_device(path, device, here), here)
 
 
 def _machine_snapshot(device: str, fingerprint: str | None) -> Path | None:

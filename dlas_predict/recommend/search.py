@@ -463,11 +463,12 @@ def _rank(kept: list[Candidate], reference: Candidate | None) -> None:
         return c.predicted_s, int(c is not reference), c.predicted_s
 
     kept.sort(key=key)
+    name = "onnxruntime fp32" if reference.backend == "onnxruntime" else reference.label
     for c in kept:
         if c is reference:
             break
         if c.high_s >= ref_s:
-            c.warning = (f"not surely faster than onnxruntime fp32: its 80 % interval "
+            c.warning = (f"not surely faster than {name}: its 80 % interval "
                          f"reaches {c.high_s * 1e3:.3g} ms, the reference is predicted "
                          f"{ref_s * 1e3:.3g} ms")
 
@@ -844,7 +845,7 @@ def _within_budget(cands: list[Candidate], acc: "_Accuracy", max_accuracy_drop: 
             dropped.append((c.label, f"accuracy drop {c.accuracy_drop_pp:.1f} points > "
                                      f"{max_accuracy_drop:g}"))
             continue
-        if c.accuracy is None and c.compression is not Compression.DENSE:
+        if unchecked(c):
             unknown += 1
         kept.append(c)
     if unknown:

@@ -192,6 +192,18 @@ def forced_isa() -> "IsaLevel | None":
     raise DeviceError(f"{FORCE_ISA_ENV}={name!r} is not an ISA level; allowed: {allowed}")
 
 
+#: Cache levels from the smallest: the sizes' key in ``Device.caches`` and whether that size
+#: is per core.
+CACHE_LEVELS = (("L1", "L1d_kb", True), ("L2", "L2_kb", True), ("L3", "L3_kb", False))
+
+
+def cache_capacities(caches: dict[str, int], cores: int) -> dict[str, int]:
+    """Bytes each cache level of ``caches`` holds in all: L1d and L2 per core times the
+    cores, L3 shared; a level of unknown size is left out."""
+    return {level: caches[key] * 1024 * (cores if per_core else 1)
+            for level, key, per_core in CACHE_LEVELS if caches.get(key)}
+
+
 def _local_caches() -> dict[str, int]:
     """Cache sizes of CPU 0 from sysfs, e.g. {"L1d_kb": 48, "L2_kb": 1024, "L3_kb": 32768}."""
     out: dict[str, int] = {}
