@@ -55,7 +55,7 @@ run)
         other=()
         [ "${OTHER_GPU:-0}" = 1 ] && other=(--allow-other-gpu)
         echo "== $bundle ${limit[*]}"
-        python3 -m measure.gpu_run "$bundle" --out "$out/$(basename "$bundle").jsonl" \
+        python3 -m dlas_predict.measure.gpu.run "$bundle" --out "$out/$(basename "$bundle").jsonl" \
             --workers "${WORKERS:-8}" "${limit[@]}" "${other[@]}" || status=$?
     done
     exit $status

@@ -1,6 +1,6 @@
 """Our CUDA kernels against cuDNN (through torch), timed the same way in the same call.
 
-Run on the GPU machine after ``measure.gpu_run`` in the same command:
+Run on the GPU machine after ``dlas_predict.measure.gpu.run`` in the same command:
 
     python benchmarks/bench_gpu.py --results R1.jsonl [R2.jsonl ...] --bundles B1 [B2 ...]
                                    [--json OUT.json]
@@ -75,8 +75,8 @@ def _ours(row: dict, bundles: dict[str, Path], x_np, w_np):
     output as a numpy array after one launch."""
     import tvm
 
-    from measure.gpu_bundle import kernel_spec
-    from measure.kernels import device_args
+    from dlas_predict.measure.gpu.bundle import kernel_spec
+    from dlas_predict.measure.kernels.cpu import device_args
 
     bundle, line = bundles[row["key"]]
     path = str(bundle / line["chunk"])
@@ -108,7 +108,7 @@ def _kinds(row: dict) -> list[str]:
 def _hand_knobs(row: dict) -> bool:
     """Whether a tuned candidate's knobs are the untuned schedule's."""
     from dlas_predict.space.config import ConvSpec, Variant
-    from measure.knobs import resolve_gpu_knobs
+    from dlas_predict.measure.kernels.knobs import resolve_gpu_knobs
 
     v = Variant(row["algorithm"], row["compression"], float(row["ratio"]))
     return dict(row["knobs"]) == resolve_gpu_knobs(ConvSpec.from_dict(row["conv"]), v)
@@ -116,7 +116,7 @@ def _hand_knobs(row: dict) -> bool:
 
 def _bundle_lines(paths: list[Path]) -> dict[str, tuple[Path, dict]]:
     """Each kernel of the bundles by key: its bundle and manifest line."""
-    from measure.gpu_bundle import read_lines
+    from dlas_predict.measure.gpu.bundle import read_lines
 
     return {line["key"]: (b, line) for b in paths for line in read_lines(b / "manifest.jsonl")}
 
@@ -124,7 +124,7 @@ def _bundle_lines(paths: list[Path]) -> dict[str, tuple[Path, dict]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", type=Path, nargs="+", required=True,
-                    help="results files of measure.gpu_run (one run)")
+                    help="results files of dlas_predict.measure.gpu.run (one run)")
     ap.add_argument("--bundles", type=Path, nargs="+", required=True,
                     help="the bundles those results measured")
     ap.add_argument("--json", type=Path, default=None)
@@ -135,8 +135,8 @@ def main() -> None:
     import torch
 
     from dlas_predict.space.config import ConvSpec, DType
-    from measure.gpu_run import load_cuda_runtime
-    from measure.reference import make_inputs
+    from dlas_predict.measure.gpu.run import load_cuda_runtime
+    from dlas_predict.measure.kernels.reference import make_inputs
 
     load_cuda_runtime()
     torch.backends.cudnn.benchmark = True

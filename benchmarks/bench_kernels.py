@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from dlas_predict.space.config import Algorithm, Compression, ConvSpec, variant_grid  # noqa: E402
 from dlas_predict.space.devices import get_device  # noqa: E402
 from dlas_predict.render import format_table  # noqa: E402
-from dlas_predict.measure.runner import LocalRunner, MeasureTask  # noqa: E402
-from dlas_predict.measure.tasks import Protocol  # noqa: E402
+from dlas_predict.measure.execution.runner import LocalRunner, MeasureTask  # noqa: E402
+from dlas_predict.measure.execution.tasks import Protocol  # noqa: E402
 
 SHAPES = {
     "resnet18": [

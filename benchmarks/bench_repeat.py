@@ -71,7 +71,7 @@ def stored(store: Path) -> list[dict]:
 def contention(rows: list[dict]) -> dict:
     """How many records were timed on a slow machine (the chain probe's ratio or the
     canary's slowdown over the protocol's limits), of how many probed."""
-    from dlas_predict.measure.tasks import Protocol
+    from dlas_predict.measure.execution.tasks import Protocol
 
     proto = Protocol()
     probed = [r for r in rows if r.get("contention") is not None]

@@ -1,6 +1,6 @@
 """Measuring through TVM RPC: what it costs, and what a second board buys.
 
-Starts a tracker and two servers on loopback (:mod:`dlas_predict.measure.loopback`) and
+Starts a tracker and two servers on loopback (:mod:`dlas_predict.measure.execution.loopback`) and
 measures the same untuned kernels three ways, in one run:
 
 1. on this machine (the local runner);
@@ -41,7 +41,7 @@ CONVS = ("C=16,H=16,W=16,K=16,R=3,S=3,stride=1,pad=1", "C=32,H=16,W=16,K=32,R=3,
 
 
 def _tasks(n: int):
-    from dlas_predict.measure.runner import MeasureTask
+    from dlas_predict.measure.execution.runner import MeasureTask
     from dlas_predict.space.config import ConvSpec, Variant
     from dlas_predict.space.devices import get_device
 
@@ -58,10 +58,10 @@ def _run(runner, tasks) -> tuple[float, dict]:
 
 
 def measure_ways(n: int) -> dict:
-    from dlas_predict.measure.farm import kernel_runner
-    from dlas_predict.measure.loopback import LoopbackFarm
-    from dlas_predict.measure.rpcopts import RpcOptions
-    from dlas_predict.measure.tasks import Protocol
+    from dlas_predict.measure.execution.farm import kernel_runner
+    from dlas_predict.measure.execution.loopback import LoopbackFarm
+    from dlas_predict.measure.execution.rpcopts import RpcOptions
+    from dlas_predict.measure.execution.tasks import Protocol
 
     dev, tasks = _tasks(n)
     proto = Protocol(max_repeats=50, min_repeats=10, time_budget_s=0.5, quiet_wait_s=0.0)

@@ -44,7 +44,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dlas_predict.corpus.networks import PER_LAYER  # noqa: E402
+from dlas_predict.measure.networks.plans import PER_LAYER  # noqa: E402
 from dlas_predict.errors import DlasError  # noqa: E402
 from jsonl import append_row, read_rows  # noqa: E402
 

@@ -64,7 +64,7 @@ def main() -> int:
     from tvm import relax
 
     from dlas_predict.errors import DlasError
-    from dlas_predict.measure.netbuild import LayerChoice, build
+    from dlas_predict.measure.networks.build import LayerChoice, build
     from dlas_predict.networks.graph import read_network
     from dlas_predict.networks.zoo import resolve
     from dlas_predict.space.config import Algorithm, DType
@@ -158,7 +158,7 @@ def onnxruntime_node_ms(path: Path, x, threads: int, runs: int) -> tuple[dict, d
 
     import onnxruntime as ort
 
-    from dlas_predict.measure.ortrun import session_options
+    from dlas_predict.measure.networks.ortrun import session_options
 
     opts = session_options(threads)
     opts.enable_profiling = True

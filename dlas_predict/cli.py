@@ -195,7 +195,7 @@ def devices_remove(name: str = typer.Argument(..., help="A device `devices add` 
 def _measure_peaks(as_json: bool, save_to: Optional[Path], device: str, tracker, rpc_key,
                    allow_remote, timeout) -> None:
     from dlas_predict.space.devices import get_device, measure_peaks
-    from dlas_predict.measure.runner import LocalRunner
+    from dlas_predict.measure.execution.runner import LocalRunner
 
     dev = get_device(device)
     rpc = _rpc(dev, tracker, rpc_key, allow_remote, 1, 1, timeout)
@@ -241,7 +241,7 @@ def _check_quiet_wait(quiet_wait: float) -> None:
 
 def _protocol(max_repeats: int, time_budget: float, quiet_wait: float = 30.0):
     from dlas_predict.errors import ConfigError
-    from dlas_predict.measure.tasks import Protocol
+    from dlas_predict.measure.execution.tasks import Protocol
 
     if max_repeats < 1:
         raise ConfigError(f"--max-repeats must be at least 1, got {max_repeats}")
@@ -256,8 +256,8 @@ def _rpc(device, tracker, rpc_key, allow_remote, boards=None, tries=3, timeout=3
          emulated=False):
     """The RPC options of a measuring command (None: measure on this machine); an
     unreachable tracker or an unknown key fails here, with one clear line."""
-    from dlas_predict.measure.remote import boards_under
-    from dlas_predict.measure.rpcopts import rpc_options
+    from dlas_predict.measure.execution.remote import boards_under
+    from dlas_predict.measure.execution.rpcopts import rpc_options
 
     rpc = rpc_options(tracker, rpc_key, device, allow_remote,
                       warn=lambda line: typer.echo(line, err=True), boards=boards,
@@ -313,8 +313,8 @@ def measure(
                                            variant_grid)
     from dlas_predict.render import format_table
     from dlas_predict.corpus.collect import collect_kernels as run_collect
-    from dlas_predict.measure.farm import kernel_runner
-    from dlas_predict.measure.runner import MeasureTask
+    from dlas_predict.measure.execution.farm import kernel_runner
+    from dlas_predict.measure.execution.runner import MeasureTask
     from dlas_predict.space.devices import get_device
 
     spec = ConvSpec.parse(conv)
@@ -382,7 +382,7 @@ def measure(
 def _tuning(tuning: str, trials: int, early_stop: int, tuning_db: Optional[Path]):
     """(tunings to measure, tuning options) from the command's options."""
     from dlas_predict.space.config import Tuning
-    from dlas_predict.measure.runner import TuningOptions
+    from dlas_predict.measure.execution.runner import TuningOptions
 
     tunings = Tuning.parse_list(tuning)
     return tunings, TuningOptions(budget=trials, patience=early_stop,
@@ -512,11 +512,11 @@ def bundle(networks: List[str] = typer.Argument(..., help="ONNX files or zoo:NAM
            kernel_sizes: str = typer.Option("", "--kernel-sizes", help="Only layers of these "
                                             "kernel sizes R (comma list), e.g. 3.")):
     """Build the CUDA kernels of NETWORKS for a GPU no tracker reaches: measure the bundle
-    there with `python -m measure.gpu_run OUT --out results.jsonl`, then bring the results
-    back with `dlas-predict corpus import-results OUT results.jsonl --store S`."""
+    there with `python -m dlas_predict.measure.gpu.run OUT --out results.jsonl`, then bring the
+    results back with `dlas-predict corpus import-results OUT results.jsonl --store S`."""
     from dlas_predict.space.config import Algorithm, Compression, check_ratio
     from dlas_predict.space.devices import get_device
-    from dlas_predict.measure.gpu_bundle import plan_networks, save_plans, write_bundle
+    from dlas_predict.measure.gpu.bundle import plan_networks, save_plans, write_bundle
 
     if chunk < 1:
         raise DlasError(f"--chunk must be >= 1, got {chunk}")
@@ -525,7 +525,7 @@ def bundle(networks: List[str] = typer.Argument(..., help="ONNX files or zoo:NAM
     dev = get_device(device, with_target=False)
     if timing_weights and not whole_network:
         raise DlasError("--timing-weights applies to whole networks: add --whole-network")
-    from dlas_predict.corpus.records import KNOB_SEARCH, METASCHEDULE
+    from dlas_predict.measure.records import KNOB_SEARCH, METASCHEDULE
 
     if tuner not in (KNOB_SEARCH, METASCHEDULE):
         raise DlasError(f"--tuner must be {KNOB_SEARCH} or {METASCHEDULE}, got {tuner!r}")
@@ -539,7 +539,7 @@ def bundle(networks: List[str] = typer.Argument(..., help="ONNX files or zoo:NAM
         if trials < 2 or whole_network:
             raise DlasError("--tuner metaschedule tunes kernels: give --trials of at least 2 "
                             "and no --whole-network")
-        from dlas_predict.measure.gpu_bundle import dense_kernels, write_metaschedule_bundle
+        from dlas_predict.measure.gpu.bundle import dense_kernels, write_metaschedule_bundle
 
         kernels = dense_kernels(networks, Algorithm.parse_list(algorithms),
                                 Compression.parse_list(compressions), check_ratio(ratio),
@@ -626,7 +626,7 @@ def _collect(networks, store, device, algorithms, compressions, ratio, retry_fai
     """Wire the runners (this machine's, or a farm of boards) into
     :func:`dlas_predict.corpus.collect.collect`; render."""
     from dlas_predict.corpus.collect import collect as run_collect
-    from dlas_predict.measure.farm import kernel_runner, network_runner
+    from dlas_predict.measure.execution.farm import kernel_runner, network_runner
     from dlas_predict.space.config import Algorithm, Compression, Tuning, check_ratio
     from dlas_predict.space.devices import get_device
 
@@ -649,7 +649,7 @@ def _collect(networks, store, device, algorithms, compressions, ratio, retry_fai
             raise DlasError("--backends onnxruntime times whole networks: add --whole-network")
         chosen = ("tvm",)
     if "onnxruntime" in chosen:
-        from dlas_predict.measure.netrunner import onnxruntime_unsupported
+        from dlas_predict.measure.networks.runner import onnxruntime_unsupported
 
         why = onnxruntime_unsupported(dev, rpc)
         if why and chosen == ("onnxruntime",):
@@ -1137,7 +1137,7 @@ def active_learn(device: str = typer.Option(..., "--device", help="The device to
         rep = active.learn_replay(device, replay, list(network), budget, criterion, seed,
                                   target_interval, random_runs, plot, log)
     else:
-        from dlas_predict.measure.farm import kernel_runner
+        from dlas_predict.measure.execution.farm import kernel_runner
         from dlas_predict.space.devices import get_device
 
         dev = get_device(device)
@@ -1244,8 +1244,8 @@ def _network_runner(device: str, rpc=None, quiet_wait: float = 30.0):
         return None  # recommend refuses to validate elsewhere, with the reason
 
     def make():
-        from dlas_predict.measure.farm import network_runner
-        from dlas_predict.measure.tasks import Protocol
+        from dlas_predict.measure.execution.farm import network_runner
+        from dlas_predict.measure.execution.tasks import Protocol
 
         log = lambda line: typer.echo(line, err=True)  # noqa: E731
         return network_runner(get_device(device), Protocol(quiet_wait_s=quiet_wait), 600.0,
@@ -1389,7 +1389,7 @@ def recommend(
 ):
     """The fastest accurate configuration of MODEL on DEVICE, predicted in seconds; with
     --validate, proved by building and timing whole networks."""
-    from dlas_predict.measure.rpcopts import tracker_given
+    from dlas_predict.measure.execution.rpcopts import tracker_given
     from dlas_predict.recommend.search import recommend as run
     from dlas_predict.space.devices import get_device
 
@@ -1473,8 +1473,8 @@ def _bundle_networks(networks: list[str], dev, out: Path, algorithms, compressio
     from dlas_predict.analysis.frames import resolve_store
     from dlas_predict.corpus.collect import plan_networks as plan_whole, whole_network_plans
     from dlas_predict.corpus.store import CorpusStore
-    from dlas_predict.measure.gpu_bundle import network_entries, require_cuda, save_plans
-    from dlas_predict.measure.gpu_networks import write_network_bundle
+    from dlas_predict.measure.gpu.bundle import network_entries, require_cuda, save_plans
+    from dlas_predict.measure.gpu.networks import write_network_bundle
 
     require_cuda(dev, "GPU network bundles")  # before anything is written to OUT
     nets = plan_whole(networks, compressions, ratio)
@@ -1496,8 +1496,9 @@ def _bundle_networks(networks: list[str], dev, out: Path, algorithms, compressio
 @handle_errors
 def corpus_import_results(
         bundle: Path = typer.Argument(..., help="A kernel bundle (`dlas-predict bundle`)."),
-        results: Optional[Path] = typer.Argument(None, help="Its results file, written by "
-                                                 "`python -m measure.gpu_run` on the GPU."),
+        results: Optional[Path] = typer.Argument(
+            None, help="Its results file, written by `python -m dlas_predict.measure.gpu.run` "
+                       "on the GPU."),
         store: Path = typer.Option(..., "--store", help="Corpus store (created if new)."),
         device: Optional[str] = typer.Option(
             None, "--device", help="File the results under this registry GPU: the one that "
@@ -1509,7 +1510,7 @@ def corpus_import_results(
             "(default: DLAS_HOME/tuning/DEVICE-FINGERPRINT of the GPU they are filed "
             "under).")):
     """Import a kernel bundle's results (and its build failures) as corpus records."""
-    from dlas_predict.measure.gpu_bundle import import_bundle
+    from dlas_predict.measure.gpu.bundle import import_bundle
 
     dev = None
     if device is not None:

@@ -9,7 +9,7 @@ from conftest import assert_clean_error, run_cli
 from dlas_predict.analysis import frames as A
 from dlas_predict.space.config import ConvSpec, Variant
 from dlas_predict.errors import ConfigError, DlasError
-from dlas_predict.corpus.records import MeasureResult, measurement_key
+from dlas_predict.measure.records import MeasureResult, measurement_key
 from dlas_predict.corpus.store import CorpusStore
 
 GEN = "cnn_layers=2_kernels=32_kernel_size=3_input=20_batch=1_block=residual_downsample=0"

@@ -9,9 +9,9 @@ import sys
 import pytest
 
 from conftest import ROOT
-from dlas_predict.measure import contention
-from dlas_predict.measure.contention import GIVE_UP, ContentionProbe, Reading, timed
-from dlas_predict.measure.tasks import Protocol
+from dlas_predict.measure.execution import contention
+from dlas_predict.measure.execution.contention import GIVE_UP, ContentionProbe, Reading, timed
+from dlas_predict.measure.execution.tasks import Protocol
 
 
 class ScriptedProbe(ContentionProbe):
@@ -108,7 +108,7 @@ def test_without_a_probe_the_runs_pass_through():
 
 def _scripted_canary(times, reference):
     """A canary whose readings are given in advance (no TVM)."""
-    from dlas_predict.measure.contention import Canary
+    from dlas_predict.measure.execution.contention import Canary
 
     class Scripted(Canary):
         def __init__(self, times, reference):
@@ -163,11 +163,9 @@ def test_a_canary_whose_quiet_readings_spread_reads_against_their_median(tmp_pat
 
 
 _PROBE_SCRIPT = """
-import os, sys
-os.sched_setaffinity(0, {0, 1})
-from dlas_predict.measure.contention import Canary, ContentionProbe
-probe = ContentionProbe({"kind": "llvm"}, 2, canary=Canary({"kind": "llvm"}, None))
-probe.canary.slowdown()            # its reference: a quiet moment (the busy process starts
+import os, sys os.sched_setaffinity(0, {0, 1}) from dlas_predict.measure.execution.contention import
+Canary, ContentionProbe probe = ContentionProbe({"kind": "llvm"}, 2, canary=Canary({"kind": "llvm"},
+None)) probe.canary.slowdown()            # its reference: a quiet moment (the busy process starts
 print("ready", flush=True)         # after this line)
 sys.stdin.readline()
 readings = [probe.reading() for _ in range(5)]
@@ -216,7 +214,7 @@ def test_the_probe_of_a_real_worker_is_reported_with_each_kernel():
     more) or None (one thread: nothing to contend)."""
     from dlas_predict.space.config import ConvSpec, Variant
     from dlas_predict.space.devices import get_device
-    from dlas_predict.measure.runner import LocalRunner, MeasureTask
+    from dlas_predict.measure.execution.runner import LocalRunner, MeasureTask
 
     dev = get_device("local")
     task = MeasureTask.make(ConvSpec.parse("C=8,H=10,W=10,K=16,R=3,S=3,stride=1,pad=1"),
@@ -230,7 +228,7 @@ def test_the_probe_of_a_real_worker_is_reported_with_each_kernel():
         assert result.slowdown is not None and 0.5 < result.slowdown < 50
         # the canary's reference is kept for the machine under DLAS_HOME/probe
         from dlas_predict.paths import dlas_home
-        from dlas_predict.measure.contention import _read_best
+        from dlas_predict.measure.execution.contention import _read_best
         (ref,) = (dlas_home() / "probe").glob(f"canary-{dev.fingerprint}-*t.json")
         assert _read_best(ref) > 0
     else:
@@ -250,7 +248,7 @@ class _ScriptedRunner:
     def run(self, todo):
         import time
 
-        from dlas_predict.corpus.records import MeasureResult
+        from dlas_predict.measure.records import MeasureResult
 
         for t in todo:
             self.timed.append(t.variant.algorithm.value)
@@ -266,7 +264,7 @@ def test_retime_slow_times_slow_records_again_and_keeps_the_quieter(tmp_path):
     from dlas_predict.space.devices import get_device
     from dlas_predict.corpus.store import CorpusStore
     from dlas_predict.corpus.collect import collect_kernels as collect
-    from dlas_predict.measure.runner import MeasureTask
+    from dlas_predict.measure.execution.runner import MeasureTask
 
     spec = ConvSpec.parse("C=8,H=10,W=10,K=16,R=3,S=3,stride=1,pad=1")
     tasks = [MeasureTask.make(spec, Variant(a, "dense"), get_device("local"))
@@ -306,7 +304,7 @@ class _ScriptedNetworkRunner:
         self.script, self.dev = script, dev
 
     def run(self, plans):
-        from dlas_predict.corpus.networks import NetworkMeasurement
+        from dlas_predict.measure.networks.plans import NetworkMeasurement
 
         for p in plans:
             c, s, sec = self.script.pop(0)
@@ -320,7 +318,7 @@ class _ScriptedNetworkRunner:
 def test_retime_slow_for_whole_networks_replaces_only_by_a_quieter_timing(tmp_path):
     from dlas_predict.space.devices import get_device
     from dlas_predict.corpus.collect import collect_networks
-    from dlas_predict.corpus.networks import uniform_plan
+    from dlas_predict.measure.networks.plans import uniform_plan
     from dlas_predict.corpus.store import CorpusStore
 
     dev = get_device("local")
@@ -347,10 +345,10 @@ def test_retime_unprobed_times_records_without_probes_and_replaces_only_by_a_qui
     from dlas_predict.space.config import ConvSpec, Variant
     from dlas_predict.space.devices import get_device
     from dlas_predict.corpus.collect import collect_networks
-    from dlas_predict.corpus.networks import uniform_plan
+    from dlas_predict.measure.networks.plans import uniform_plan
     from dlas_predict.corpus.store import CorpusStore
     from dlas_predict.corpus.collect import collect_kernels as collect
-    from dlas_predict.measure.runner import MeasureTask
+    from dlas_predict.measure.execution.runner import MeasureTask
 
     spec = ConvSpec.parse("C=8,H=10,W=10,K=16,R=3,S=3,stride=1,pad=1")
     tasks = [MeasureTask.make(spec, Variant(a, "dense"), get_device("local"))

@@ -12,13 +12,11 @@ import pytest
 from dlas_predict.models import costmodel
 from dlas_predict.space.config import Algorithm, Compression, ConvSpec
 from dlas_predict.models.costmodel import (LayerCostModel, MacsLinearBaseline, ModelError,
-                                           StageCostModel,
-                                           RooflineBaseline)
+                                           StageCostModel, RooflineBaseline)
 from dlas_predict.space.devices import get_device
 from dlas_predict.models.evaluation import Corpus, kernel_key, leave_one_network_out
-from dlas_predict.models.features import (FEATURE_NAMES, STAGE_TERMS, TREE_FEATURES,
-                                          KernelConfig, config_from_row, features,
-                                          weight_bytes)
+from dlas_predict.models.features import (FEATURE_NAMES, STAGE_TERMS, TREE_FEATURES, KernelConfig,
+                                          config_from_row, features, weight_bytes)
 
 DEV = get_device("xavier-cpu", with_target=False)
 ALGS = list(Algorithm)
@@ -210,8 +208,8 @@ def _parallel_extents(cfg: KernelConfig) -> list[int]:
     """Extents of the parallel loops of the kernel TVM builds for ``cfg`` (its TIR text)."""
     import re
 
-    from dlas_predict.measure.kernels import KernelSpec, kernel_module
-    from dlas_predict.measure.knobs import default_knobs
+    from dlas_predict.measure.kernels.cpu import KernelSpec, kernel_module
+    from dlas_predict.measure.kernels.knobs import default_knobs
 
     from dlas_predict.space.config import COMPRESSION_KERNEL, Variant
 
@@ -227,7 +225,7 @@ def _parallel_extents(cfg: KernelConfig) -> list[int]:
 @pytest.mark.parametrize("conv", ["C=32,H=20,W=20,K=48,R=3,S=3,stride=1,pad=1",
                                   "C=24,H=28,W=28,K=24,R=3,S=3,stride=2,pad=1,groups=24"])
 def test_stage_terms_count_the_built_kernels_loops(alg, comp, conv):
-    from dlas_predict.measure.knobs import default_knobs
+    from dlas_predict.measure.kernels.knobs import default_knobs
 
     from dlas_predict.space.config import Variant
     from dlas_predict.models.features import STAGE_TERMS, loop_counts
@@ -385,7 +383,7 @@ def test_an_unprobed_whole_network_record_is_superseded_by_a_probed_one():
     """A configuration timed again with the probes may have picked another per-layer plan (a
     record of its own): the old plan's unprobed record no longer counts; an unprobed record
     with no probed one, and every probed one, stay."""
-    from dlas_predict.corpus.networks import NetworkMeasurement
+    from dlas_predict.measure.networks.plans import NetworkMeasurement
     from dlas_predict.models.evaluation import drop_superseded
 
     def rec(config, plan, slowdown, network="n"):
@@ -407,9 +405,9 @@ def test_a_record_of_an_older_engine_counts_until_the_current_engine_measures_it
     """Records of the engine that ran each conv's epilogue separately train the network
     model until the same configuration is measured again; onnxruntime's keep their version
     and their keys."""
-    from dlas_predict.corpus.networks import (NETWORK_VERSION, ONNXRUNTIME,
-                                              ONNXRUNTIME_VERSION, PREVIOUS_NETWORK_VERSIONS,
-                                              NetworkMeasurement, engine_version)
+    from dlas_predict.measure.networks.plans import (NETWORK_VERSION, ONNXRUNTIME,
+                                                     ONNXRUNTIME_VERSION, PREVIOUS_NETWORK_VERSIONS,
+                                                     NetworkMeasurement, engine_version)
     from dlas_predict.models.evaluation import drop_older_engines
 
     old = PREVIOUS_NETWORK_VERSIONS[0]
@@ -450,9 +448,9 @@ def test_a_record_of_an_older_engine_counts_until_the_current_engine_measures_it
 def test_a_gpu_engines_network_records_are_current_and_train_the_network_model():
     """Whole networks timed on a GPU carry the GPU engine's version: current, channel-pruned
     ones built with their filters removed, and read by the network model's training rows."""
-    from dlas_predict.corpus.networks import (CHANNEL_REMOVAL_VERSION, GPU_NETWORK_VERSION,
-                                              NETWORK_VERSION, NetworkMeasurement,
-                                              removes_channels)
+    from dlas_predict.measure.networks.plans import (CHANNEL_REMOVAL_VERSION, GPU_NETWORK_VERSION,
+                                                     NETWORK_VERSION, NetworkMeasurement,
+                                                     removes_channels)
     from dlas_predict.models.evaluation import current_engine, drop_older_engines
 
     assert removes_channels(GPU_NETWORK_VERSION) and removes_channels(NETWORK_VERSION)
@@ -480,9 +478,9 @@ def test_the_shipped_gpu_corpus_trains_a_network_model_from_its_whole_networks(t
 
 
 def test_once_enough_networks_are_timed_by_the_current_engine_older_builds_are_left_out():
-    from dlas_predict.corpus.networks import (NETWORK_VERSION, ONNXRUNTIME,
-                                              PREVIOUS_NETWORK_VERSIONS, NetworkMeasurement,
-                                              engine_version)
+    from dlas_predict.measure.networks.plans import (NETWORK_VERSION, ONNXRUNTIME,
+                                                     PREVIOUS_NETWORK_VERSIONS, NetworkMeasurement,
+                                                     engine_version)
     from dlas_predict.models.evaluation import MIN_CURRENT_ENGINE_NETWORKS, drop_older_engines
 
     def rec(network, version, algorithm="gemm"):
@@ -513,10 +511,10 @@ def test_a_carried_engine_build_todays_engine_builds_the_same_way_counts_as_toda
     other builds stay in, even once today's engine has timed enough networks to leave older
     builds out. The device is a CPU of each vector width, whatever this machine is: the
     spatial pack's 124 filters were reblocked on 16 lanes only."""
-    from dlas_predict.corpus.networks import (CARRIED_VERSIONS, NETWORK_VERSION,
-                                              NetworkMeasurement, rebuilt_since)
-    from dlas_predict.models.evaluation import (MIN_CURRENT_ENGINE_NETWORKS,
-                                                drop_older_engines, unchanged_builds)
+    from dlas_predict.measure.networks.plans import (CARRIED_VERSIONS, NETWORK_VERSION,
+                                                     NetworkMeasurement, rebuilt_since)
+    from dlas_predict.models.evaluation import (MIN_CURRENT_ENGINE_NETWORKS, drop_older_engines,
+                                                unchanged_builds)
 
     assert NETWORK_VERSION not in CARRIED_VERSIONS
     even = "C=16,H=8,W=8,K=64,R=3,S=3,stride=1,pad=1"
@@ -589,8 +587,8 @@ def test_a_carried_engine_build_todays_engine_builds_the_same_way_counts_as_toda
 def test_a_channel_pruning_record_pairs_only_with_the_layers_it_timed():
     """Engines before channel removal timed a channel-pruned network at its dense shapes;
     later ones the removed network. A record counts only beside the layers it ran."""
-    from dlas_predict.corpus.networks import (CHANNEL_REMOVAL_VERSION, NETWORK_VERSION,
-                                              ONNXRUNTIME, NetworkMeasurement)
+    from dlas_predict.measure.networks.plans import (CHANNEL_REMOVAL_VERSION, NETWORK_VERSION,
+                                                     ONNXRUNTIME, NetworkMeasurement)
     from dlas_predict.models.evaluation import channels_removed, timed_these_layers
 
     def rec(config, version, algorithm="gemm"):

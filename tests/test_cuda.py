@@ -16,7 +16,7 @@ import pytest
 from dlas_predict.space.config import Algorithm, Compression, ConvSpec, Variant
 from dlas_predict.space.devices import get_device
 from dlas_predict.errors import ConfigError, DlasError
-from dlas_predict.measure.knobs import resolve_gpu_knobs
+from dlas_predict.measure.kernels.knobs import resolve_gpu_knobs
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ConvSpec.parse("C=8,H=9,W=9,K=16,R=3,S=3,stride=1,pad=1")
@@ -24,7 +24,7 @@ DEPTHWISE = ConvSpec.parse("C=8,H=8,W=8,K=8,R=3,S=3,stride=2,pad=1,groups=8")
 
 
 def _kernel(spec, alg, comp, **knobs):
-    from dlas_predict.measure.kernels import KernelSpec
+    from dlas_predict.measure.kernels.cpu import KernelSpec
 
     ratio = 0.7 if comp in (Compression.WEIGHT_PRUNING, Compression.CHANNEL_PRUNING) else 0.0
     v = Variant(alg, comp, ratio, knobs=knobs)
@@ -32,7 +32,7 @@ def _kernel(spec, alg, comp, **knobs):
 
 
 def _source(kernels: dict) -> str:
-    from dlas_predict.measure import cuda
+    from dlas_predict.measure.kernels import cuda
 
     return cuda.cuda_source(cuda.build(kernels, cuda.cuda_target("sm_90")))
 
@@ -71,8 +71,8 @@ def test_dp4a_packing_matches_the_numpy_reference(spec):
     from tvm import te
 
     from dlas_predict.space.config import DType
-    from dlas_predict.measure.kernels import _gemm_compute, pack_weights
-    from dlas_predict.measure.reference import conv2d_reference, make_inputs
+    from dlas_predict.measure.kernels.cpu import _gemm_compute, pack_weights
+    from dlas_predict.measure.kernels.reference import conv2d_reference, make_inputs
 
     ks = _kernel(spec, Algorithm.GEMM, Compression.INT8, dp4a=1)
     func = tvm.compile(te.create_prim_func(_gemm_compute(ks, native_dp4a=False)),
@@ -108,7 +108,7 @@ def test_csr_kernels_are_row_parallel(alg):
 
 
 def test_thread_bindings_verify_within_gpu_limits():
-    from dlas_predict.measure import cuda
+    from dlas_predict.measure.kernels import cuda
 
     kernels = {f"k{i}": _kernel(SPEC, alg, Compression.DENSE)
                for i, alg in enumerate(Algorithm)}
@@ -117,7 +117,7 @@ def test_thread_bindings_verify_within_gpu_limits():
 
 
 def test_unsupported_or_malformed_arch_is_a_clear_error():
-    from dlas_predict.measure.cuda import check_arch
+    from dlas_predict.measure.kernels.cuda import check_arch
 
     assert check_arch("sm_90") == 90
     with pytest.raises(ConfigError, match="not supported"):
@@ -138,7 +138,7 @@ def test_gpu_knobs_are_validated():
 
 
 def test_cpu_device_gets_no_cuda_tasks():
-    from dlas_predict.measure.gpu_bundle import GpuTask
+    from dlas_predict.measure.gpu.bundle import GpuTask
 
     with pytest.raises(DlasError, match="not a CUDA GPU"):
         GpuTask.make(SPEC, Variant(Algorithm.DIRECT, Compression.DENSE),
@@ -146,7 +146,7 @@ def test_cpu_device_gets_no_cuda_tasks():
 
 
 def _small_bundle(tmp_path: Path) -> tuple[Path, list]:
-    from dlas_predict.measure.gpu_bundle import GpuTask, write_bundle
+    from dlas_predict.measure.gpu.bundle import GpuTask, write_bundle
 
     dev = get_device("h100")
     tasks = [GpuTask.make(SPEC, Variant(a, Compression.DENSE), dev) for a in Algorithm]
@@ -158,7 +158,7 @@ def _small_bundle(tmp_path: Path) -> tuple[Path, list]:
 
 def test_bundle_is_resumable_and_results_import_once(tmp_path):
     from dlas_predict.corpus.store import CorpusStore
-    from dlas_predict.measure.gpu_bundle import import_results, write_bundle
+    from dlas_predict.measure.gpu.bundle import import_results, write_bundle
 
     out, tasks = _small_bundle(tmp_path)
     lines = [json.loads(t) for t in (out / "manifest.jsonl").read_text().splitlines()]
@@ -166,7 +166,8 @@ def test_bundle_is_resumable_and_results_import_once(tmp_path):
     assert len(list(out.glob("chunk-*.so"))) == 2
     again = write_bundle(tasks, get_device("h100"), out, chunk_size=2)
     assert again["built"] == 0 and again["skipped"] == 3
-    # what measure.gpu_run writes: one success, one failure, and a line cut short by a kill
+    # what dlas_predict.measure.gpu.run writes: one success, one failure, and a line cut short by a
+    # kill
     ok, bad = lines[0], lines[1]
     results = tmp_path / "results.jsonl"
     results.write_text(
@@ -205,8 +206,8 @@ WIDE_2 = ConvSpec.parse("C=512,H=2,W=2,K=512,R=3,S=3,stride=1,pad=1")
 @pytest.mark.parametrize("spec", [DEPTHWISE_16, WIDE_2, SPEC], ids=["dw", "wide", "conv"])
 @pytest.mark.parametrize("alg", list(Algorithm))
 def test_default_tiles_fit_a_blocks_shared_memory_within_the_estimate(spec, alg):
-    from dlas_predict.measure import cuda
-    from dlas_predict.measure.knobs import gpu_shared_estimate
+    from dlas_predict.measure.kernels import cuda
+    from dlas_predict.measure.kernels.knobs import gpu_shared_estimate
 
     ks = _kernel(spec, alg, Compression.DENSE)
     used = cuda.shared_bytes(_source({"k": ks}))
@@ -216,7 +217,7 @@ def test_default_tiles_fit_a_blocks_shared_memory_within_the_estimate(spec, alg)
 
 
 def test_a_kernel_over_the_shared_memory_fails_alone_in_its_bundle(tmp_path):
-    from dlas_predict.measure.gpu_bundle import GpuTask, write_bundle
+    from dlas_predict.measure.gpu.bundle import GpuTask, write_bundle
 
     dev = get_device("h100")
     over = GpuTask.make(DEPTHWISE_16, Variant(Algorithm.GEMM, Compression.DENSE, knobs={
@@ -233,7 +234,7 @@ def test_a_kernel_over_the_shared_memory_fails_alone_in_its_bundle(tmp_path):
 
 def _fail_second_kernel(monkeypatch) -> None:
     """Make TVM's CUDA build fail, as its lowering does, on the second kernel of a chunk."""
-    from dlas_predict.measure import cuda
+    from dlas_predict.measure.kernels import cuda
 
     real = cuda.build
 
@@ -247,7 +248,7 @@ def _fail_second_kernel(monkeypatch) -> None:
 
 def test_a_kernel_over_the_shared_memory_fails_beside_one_tvm_cannot_compile(tmp_path,
                                                                               monkeypatch):
-    from dlas_predict.measure.gpu_bundle import GpuTask, write_bundle
+    from dlas_predict.measure.gpu.bundle import GpuTask, write_bundle
 
     dev = get_device("h100")
     over = GpuTask.make(DEPTHWISE_16, Variant(Algorithm.GEMM, Compression.DENSE, knobs={
@@ -266,7 +267,7 @@ def test_a_kernel_over_the_shared_memory_fails_beside_one_tvm_cannot_compile(tmp
 
 
 def test_a_kernel_tvm_cannot_compile_fails_alone_in_its_bundle(tmp_path, monkeypatch):
-    from dlas_predict.measure.gpu_bundle import GpuTask, write_bundle
+    from dlas_predict.measure.gpu.bundle import GpuTask, write_bundle
 
     dev = get_device("h100")
     tasks = [GpuTask.make(SPEC, Variant(a, Compression.DENSE), dev) for a in Algorithm]
@@ -285,8 +286,8 @@ def test_a_kernel_tvm_cannot_compile_fails_alone_in_its_bundle(tmp_path, monkeyp
 @pytest.mark.parametrize("comp", [Compression.DENSE, Compression.FLOAT16,
                                   Compression.WEIGHT_PRUNING])
 def test_knob_search_space_starts_untuned_and_stays_within_the_gpus_limits(alg, comp):
-    from dlas_predict.measure.knobs import (GPU_SHARED_BYTES, gpu_search_space,
-                                            gpu_shared_estimate)
+    from dlas_predict.measure.kernels.knobs import (GPU_SHARED_BYTES, gpu_search_space,
+                                                    gpu_shared_estimate)
 
     v = Variant(alg, comp, 0.7 if comp is Compression.WEIGHT_PRUNING else 0.0)
     space = gpu_search_space(WIDE_2, v, 10)
@@ -302,8 +303,8 @@ def test_knob_search_space_starts_untuned_and_stays_within_the_gpus_limits(alg, 
 
 def test_a_knob_search_imports_as_one_tuned_record_once_every_candidate_ran(tmp_path):
     from dlas_predict.corpus.store import CorpusStore
-    from dlas_predict.measure.gpu_bundle import (KNOB_SEARCH, GpuTask, import_results,
-                                                 search_tasks, write_bundle)
+    from dlas_predict.measure.gpu.bundle import (KNOB_SEARCH, GpuTask, import_results, search_tasks,
+                                                 write_bundle)
 
     dev = get_device("h100")
     tasks = search_tasks(SPEC, Variant(Algorithm.GEMM, Compression.DENSE), dev, 4)
@@ -334,7 +335,7 @@ def test_a_knob_search_imports_as_one_tuned_record_once_every_candidate_ran(tmp_
 
 
 def test_a_modules_cubin_is_compiled_once_across_processes(tmp_path):
-    from dlas_predict.measure.gpu_run import _cached_cubin
+    from dlas_predict.measure.gpu.run import _cached_cubin
 
     calls = []
 
@@ -351,7 +352,7 @@ def test_a_modules_cubin_is_compiled_once_across_processes(tmp_path):
 
 
 def test_a_gpu_error_keeps_its_message_line():
-    from dlas_predict.measure.gpu_run import error_text
+    from dlas_predict.measure.gpu.run import error_text
 
     exc = RuntimeError("NVRTC compilation failed:\nptxas info : Used 121 registers\n"
                        " ptxas error   : Entry function 'k_kernel_1' uses too much shared "
@@ -366,15 +367,15 @@ def test_gpu_runner_refuses_without_a_gpu_or_a_bundle(tmp_path):
     import tvm
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "measure.gpu_run", str(tmp_path), "--out",
-                           str(tmp_path / "r.jsonl")], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "dlas_predict.measure.gpu.run", str(tmp_path),
+                           "--out", str(tmp_path / "r.jsonl")], capture_output=True, text=True,
                           env=env, cwd=ROOT, timeout=120)
     assert proc.returncode == 2 and "Error: " in proc.stderr and "not a kernel bundle" in \
         proc.stderr
     if tvm.cuda(0).exist:
         pytest.skip("this machine has a GPU: the no-GPU refusal cannot be seen here")
     out, _ = _small_bundle(tmp_path)
-    proc = subprocess.run([sys.executable, "-m", "measure.gpu_run", str(out), "--out",
+    proc = subprocess.run([sys.executable, "-m", "dlas_predict.measure.gpu.run", str(out), "--out",
                            str(tmp_path / "r.jsonl")], capture_output=True, text=True,
                           env=env, cwd=ROOT, timeout=120)
     assert proc.returncode != 0
@@ -386,7 +387,7 @@ def _has_gpu() -> bool:
     try:
         import tvm
 
-        from dlas_predict.measure.gpu_run import load_cuda_runtime
+        from dlas_predict.measure.gpu.run import load_cuda_runtime
 
         load_cuda_runtime()
         return bool(tvm.cuda(0).exist)
@@ -398,7 +399,7 @@ def _has_gpu() -> bool:
 @pytest.mark.skipif(not _has_gpu(), reason="no CUDA GPU on this machine: the kernels are "
                     "checked against the numpy reference on the GPU machine only")
 def test_kernels_match_numpy_reference_on_the_gpu(tmp_path):
-    from dlas_predict.measure.gpu_run import run_bundle
+    from dlas_predict.measure.gpu.run import run_bundle
 
     out, tasks = _small_bundle(tmp_path)
     counts = run_bundle(out, tmp_path / "r.jsonl", workers=1, allow_other_gpu=True,
@@ -437,8 +438,7 @@ def test_recommend_answers_for_the_gpu_from_the_shipped_model(tmp_path):
 
 def test_results_from_another_gpu_are_filed_under_the_gpu_that_measured_them(tmp_path):
     from dlas_predict.corpus.store import CorpusStore
-    from dlas_predict.measure.gpu_bundle import (GpuTask, import_results, search_tasks,
-                                                 write_bundle)
+    from dlas_predict.measure.gpu.bundle import GpuTask, import_results, search_tasks, write_bundle
     from dlas_predict.space.devices import gpu_fingerprint
 
     h100, h200 = get_device("h100"), get_device("h200")
@@ -496,8 +496,8 @@ def test_a_whole_network_lowers_to_cuda_with_our_kernels_and_every_op_on_the_gpu
     import onnx
     import tvm
 
-    from dlas_predict.measure import cuda
-    from dlas_predict.measure.netbuild import LayerChoice, lower_cuda
+    from dlas_predict.measure.kernels import cuda
+    from dlas_predict.measure.networks.build import LayerChoice, lower_cuda
     from dlas_predict.networks.generate import FAMILIES, build
     from dlas_predict.space.config import DType
 
@@ -529,8 +529,8 @@ def test_a_whole_network_bundle_builds_each_configuration_and_imports_as_network
 
     from dlas_predict.corpus.collect import plan_networks as plan_whole, whole_network_plans
     from dlas_predict.corpus.store import CorpusStore
-    from dlas_predict.measure.gpu_bundle import import_results
-    from dlas_predict.measure.gpu_networks import write_network_bundle
+    from dlas_predict.measure.gpu.bundle import import_results
+    from dlas_predict.measure.gpu.networks import write_network_bundle
     from dlas_predict.networks.generate import FAMILIES, build
 
     path = tmp_path / "net.onnx"
@@ -551,7 +551,7 @@ def test_a_whole_network_bundle_builds_each_configuration_and_imports_as_network
     assert {(ln["config"], ln["algorithm"]) for ln in lines} == {
         ("dense", "direct"), ("dense", "spatial_pack"), ("int8", "direct"),
         ("int8", "spatial_pack")}
-    # what measure.gpu_run writes on an H200 for a bundle built for the H100
+    # what dlas_predict.measure.gpu.run writes on an H200 for a bundle built for the H100
     results = tmp_path / "run" / "r.jsonl"
     results.parent.mkdir()
     rows = [{**{k: v for k, v in ln.items() if k not in ("chunk", "check")},
@@ -589,7 +589,7 @@ def test_a_matmul_over_one_feature_becomes_a_product_for_the_gpu(features):
     import tvm
     from tvm import relax
 
-    from dlas_predict.measure.netbuild import unit_matmuls
+    from dlas_predict.measure.networks.build import unit_matmuls
 
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((2, features), "float32"))
@@ -614,7 +614,7 @@ def test_a_matmul_whose_reduction_is_not_known_stays_a_matmul():
     import tvm
     from tvm import relax
 
-    from dlas_predict.measure.netbuild import unit_matmuls
+    from dlas_predict.measure.networks.build import unit_matmuls
 
     n = tvm.tirx.Var("n", "int64")
     bb = relax.BlockBuilder()
@@ -633,7 +633,7 @@ def test_timing_weights_keep_shapes_and_zeros_and_compress():
     import onnx
     from onnx import helper, numpy_helper
 
-    from dlas_predict.measure.netrunner import TIMING_PERIOD, timing_weights
+    from dlas_predict.measure.networks.runner import TIMING_PERIOD, timing_weights
 
     rng = np.random.default_rng(0)
     big = rng.normal(size=(64, 32, 3, 3)).astype(np.float32)
@@ -683,9 +683,9 @@ def test_the_gpu_runners_network_check_and_timing_run_a_network_on_any_device(tm
     import onnx
     import tvm
 
-    from dlas_predict.measure.gpu_networks import _Preparer, measure_network
-    from dlas_predict.measure.netbuild import LayerChoice, build as build_net
-    from dlas_predict.corpus.networks import uniform_plan
+    from dlas_predict.measure.gpu.networks import _Preparer, measure_network
+    from dlas_predict.measure.networks.build import LayerChoice, build as build_net
+    from dlas_predict.measure.networks.plans import uniform_plan
     from dlas_predict.networks.generate import FAMILIES, build
     from dlas_predict.space.config import DType
 

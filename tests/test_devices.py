@@ -189,7 +189,7 @@ class _PeaksBoard:
         return False
 
     def call(self, task):
-        from dlas_predict.measure.tasks import WorkerReply
+        from dlas_predict.measure.execution.tasks import WorkerReply
 
         self.tasks.append(task)
         return WorkerReply(ok=self.ok, error=None if self.ok else "board lost",
@@ -272,8 +272,8 @@ def test_a_profile_measures_with_its_own_isa_and_threads():
         pytest.skip("not an x86-64 machine with SSE4.2")
     import tvm
 
-    from dlas_predict.measure.kernels import KernelSpec, build_kernel
-    from dlas_predict.measure.knobs import resolve_knobs
+    from dlas_predict.measure.kernels.cpu import KernelSpec, build_kernel
+    from dlas_predict.measure.kernels.knobs import resolve_knobs
     from dlas_predict.space.config import ConvSpec, DType, Variant
 
     spec, v = ConvSpec.parse("C=16,H=8,W=8,K=16,R=3,S=3,stride=1,pad=1"), Variant("gemm",
@@ -350,9 +350,9 @@ def test_every_kernel_kind_cross_compiles_to_an_aarch64_shared_library(tmp_path)
         pytest.skip("no aarch64 cross compiler (setup.sh installs it as root)")
     import tvm
 
-    from dlas_predict.measure.kernels import KernelSpec, build_kernel
-    from dlas_predict.measure.knobs import resolve_knobs
-    from dlas_predict.measure.remote import export_shared
+    from dlas_predict.measure.kernels.cpu import KernelSpec, build_kernel
+    from dlas_predict.measure.kernels.knobs import resolve_knobs
+    from dlas_predict.measure.execution.remote import export_shared
     from dlas_predict.space.config import ConvSpec, DType, Variant
 
     target = get_device("hikey970-cpu").target

@@ -16,8 +16,8 @@ SPEC = ConvSpec.parse("C=8,H=9,W=9,K=16,R=3,S=3,stride=1,pad=1")
 
 
 def _kernel(alg: Algorithm):
-    from dlas_predict.measure.kernels import KernelSpec
-    from dlas_predict.measure.knobs import resolve_gpu_knobs
+    from dlas_predict.measure.kernels.cpu import KernelSpec
+    from dlas_predict.measure.kernels.knobs import resolve_gpu_knobs
 
     v = Variant(alg, Compression.DENSE, 0.0)
     return KernelSpec(SPEC, alg, False, v.dtype, resolve_gpu_knobs(SPEC, v))
@@ -26,7 +26,7 @@ def _kernel(alg: Algorithm):
 @pytest.fixture(scope="module")
 def proposed():
     """One round of three candidates for each algorithm (the search takes seconds)."""
-    from dlas_predict.measure import gpu_metaschedule as gm
+    from dlas_predict.measure.gpu import metaschedule as gm
 
     target = gm.ms_target("sm_90")
     return {alg: gm.propose(_kernel(alg), target, 3)[0] for alg in Algorithm}
@@ -38,9 +38,9 @@ def test_candidates_take_the_hand_kernels_arguments_and_lower_to_cuda(proposed, 
     import tvm
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 
-    from dlas_predict.measure import cuda
-    from dlas_predict.measure import gpu_metaschedule as gm
-    from dlas_predict.measure.gpu_bundle import _build_chunk
+    from dlas_predict.measure.kernels import cuda
+    from dlas_predict.measure.gpu import metaschedule as gm
+    from dlas_predict.measure.gpu.bundle import _build_chunk
 
     traces = proposed[alg]
     assert len(traces) == 3 and len(set(traces)) == 3
@@ -69,7 +69,7 @@ def test_candidates_take_the_hand_kernels_arguments_and_lower_to_cuda(proposed, 
 
 @pytest.mark.slow
 def test_a_search_is_reproducible_from_its_seed(proposed):
-    from dlas_predict.measure import gpu_metaschedule as gm
+    from dlas_predict.measure.gpu import metaschedule as gm
 
     ks, target = _kernel(Algorithm.DIRECT), gm.ms_target("sm_90")
     assert gm.propose(ks, target, 3)[0] == proposed[Algorithm.DIRECT]
@@ -78,8 +78,8 @@ def test_a_search_is_reproducible_from_its_seed(proposed):
 
 @pytest.mark.slow
 def test_csr_kernels_are_not_metaschedule_workloads():
-    from dlas_predict.measure import gpu_metaschedule as gm
-    from dlas_predict.measure.kernels import KernelSpec
+    from dlas_predict.measure.gpu import metaschedule as gm
+    from dlas_predict.measure.kernels.cpu import KernelSpec
 
     ks = KernelSpec(SPEC, Algorithm.GEMM, True, _kernel(Algorithm.GEMM).dtype, {})
     with pytest.raises(ValueError, match="knob search"):
@@ -91,10 +91,10 @@ def test_a_metaschedule_round_imports_as_one_tuned_record_and_seeds_the_next(tmp
                                                                             monkeypatch):
     from conftest import run_cli
 
-    from dlas_predict.corpus.records import METASCHEDULE
+    from dlas_predict.measure.records import METASCHEDULE
     from dlas_predict.corpus.store import CorpusStore
-    from dlas_predict.measure import gpu_metaschedule as gm
-    from dlas_predict.measure.gpu_bundle import (GpuTask, file_metaschedule,
+    from dlas_predict.measure.gpu import metaschedule as gm
+    from dlas_predict.measure.gpu.bundle import (GpuTask, file_metaschedule,
                                                  write_metaschedule_bundle)
 
     dev = get_device("h200")
@@ -143,7 +143,7 @@ def test_a_metaschedule_round_imports_as_one_tuned_record_and_seeds_the_next(tmp
 
     # each candidate is filed once; the next round reads the database
     assert file_metaschedule(out, results, db_dir) == (0, db_dir)
-    from dlas_predict.measure.tuning import TuningDB
+    from dlas_predict.measure.kernels.tuning import TuningDB
 
     ms_db = TuningDB(db_dir).metaschedule()
     ks = _kernel(Algorithm.DIRECT)

@@ -7,9 +7,9 @@ import pytest
 
 from dlas_predict.space.config import Algorithm, Compression, ConvSpec, Variant, variant_grid
 from dlas_predict.space.devices import get_device
-from dlas_predict.measure.knobs import default_knobs, resolve_knobs
-from dlas_predict.measure.tasks import KernelTask, Protocol
-from dlas_predict.measure.worker import run_task
+from dlas_predict.measure.kernels.knobs import default_knobs, resolve_knobs
+from dlas_predict.measure.execution.tasks import KernelTask, Protocol
+from dlas_predict.measure.execution.worker import run_task
 
 SHAPES = [
     "C=16,H=12,W=12,K=32,R=3,S=3,stride=1,pad=1",
@@ -66,7 +66,7 @@ def test_non_default_knobs_still_correct(algorithm, sparse, knobs, target):
 @pytest.mark.slow
 def test_verification_catches_a_wrong_kernel(target, monkeypatch):
     """A kernel that computes the wrong thing is reported as not verified."""
-    from dlas_predict.measure import kernels as kernels
+    from dlas_predict.measure.kernels import cpu as kernels
 
     spec = ConvSpec.parse("C=4,H=6,W=6,K=8,R=3,S=3,stride=1,pad=1")
     variant = Variant("direct", "dense")
@@ -147,7 +147,7 @@ def test_a_widened_unpadded_input_is_copied_not_read_through_a_bounds_check():
     """A 1x1 conv on 13 columns computed over 16: the input is read 16 wide, so the direct
     kernel copies it into a zero-padded buffer once; read in place, every vector load of
     the tile would carry the bounds check (several times slower). 16 columns need no copy."""
-    from dlas_predict.measure.kernels import KernelSpec, kernel_module
+    from dlas_predict.measure.kernels.cpu import KernelSpec, kernel_module
     from dlas_predict.space.config import DType
 
     def blocks(width):
@@ -162,7 +162,7 @@ def test_a_widened_unpadded_input_is_copied_not_read_through_a_bounds_check():
 
 
 def test_vector_tiles_divide_where_they_can_and_pad_where_they_cannot():
-    from dlas_predict.measure.knobs import default_knobs
+    from dlas_predict.measure.kernels.knobs import default_knobs
 
     def tile_w(ow, bits):
         spec = ConvSpec.parse(f"C=8,H={ow},W={ow},K=8,R=1,S=1,stride=1,pad=0")
@@ -192,8 +192,8 @@ def _fused_case(algorithm, sparse, dtype, steps=ALL_STEPS, conv=FUSED_CONV, vnni
     import tvm
 
     from dlas_predict.space.config import DType
-    from dlas_predict.measure.kernels import KernelSpec, build_kernel, device_args
-    from dlas_predict.measure.reference import im2col, make_inputs
+    from dlas_predict.measure.kernels.cpu import KernelSpec, build_kernel, device_args
+    from dlas_predict.measure.kernels.reference import im2col, make_inputs
 
     spec = ConvSpec.parse(conv)
     comp = Compression.WEIGHT_PRUNING if sparse else {
@@ -262,7 +262,7 @@ def test_fast_exp_and_sigmoid_match_numpy_over_the_float32_range():
     import tvm
     from tvm import te
 
-    from dlas_predict.measure.kernels import fast_exp, fast_sigmoid
+    from dlas_predict.measure.kernels.cpu import fast_exp, fast_sigmoid
 
     x = np.concatenate([np.linspace(-87.0, 87.0, 20001), [-200.0, -88.0, 0.0, 1e-8, 88.0, 200.0]]
                        ).astype(np.float32)
@@ -292,7 +292,7 @@ def test_fused_silu_calls_no_scalar_exp(sparse):
     import tvm
 
     from dlas_predict.space.config import DType
-    from dlas_predict.measure.kernels import KernelSpec, build_kernel
+    from dlas_predict.measure.kernels.cpu import KernelSpec, build_kernel
 
     spec = ConvSpec.parse(FUSED_CONV)
     comp = Compression.WEIGHT_PRUNING if sparse else Compression.DENSE
@@ -472,7 +472,7 @@ def test_tile_h_is_refused_on_a_dense_direct_kernel():
 
 def test_a_missing_epilogue_argument_is_refused():
     from dlas_predict.space.config import DType
-    from dlas_predict.measure.kernels import KernelSpec, device_args
+    from dlas_predict.measure.kernels.cpu import KernelSpec, device_args
     import numpy as np
 
     spec = ConvSpec.parse("C=4,H=6,W=6,K=8,R=3,S=3,stride=1,pad=1")
@@ -513,7 +513,7 @@ def test_vnni_gemm_fuses_its_epilogue_and_writes_nchw(steps, conv):
     import numpy as np
 
     from dlas_predict.space.config import DType
-    from dlas_predict.measure.kernels import uses_vnni
+    from dlas_predict.measure.kernels.cpu import uses_vnni
 
     out, ref, ks = _fused_case("gemm", False, DType.INT8, steps=steps, conv=conv, vnni=True)
     assert uses_vnni(ks) and out.shape == ref.shape and str(out.dtype) == "float32"
@@ -526,7 +526,7 @@ def test_vnni_gemm_compiles_to_vpdpbusd_for_a_vnni_cpu():
     import tvm
 
     from dlas_predict.space.config import DType
-    from dlas_predict.measure.kernels import KernelSpec, build_kernel
+    from dlas_predict.measure.kernels.cpu import KernelSpec, build_kernel
 
     spec = ConvSpec.parse(SHAPES[0])
     target = tvm.target.Target({"kind": "llvm", "mtriple": "x86_64-linux-gnu",
@@ -540,7 +540,7 @@ def test_vnni_gemm_compiles_to_vpdpbusd_for_a_vnni_cpu():
 
 def test_vnni_knobs_apply_to_ungrouped_int8_gemm_only():
     from dlas_predict.errors import ConfigError
-    from dlas_predict.measure.knobs import vnni_capable
+    from dlas_predict.measure.kernels.knobs import vnni_capable
     from dlas_predict.models.features import KernelConfig, loop_counts
 
     dense = ConvSpec.parse("C=64,H=16,W=16,K=24,R=3,S=3,stride=1,pad=1")

@@ -12,11 +12,11 @@ from dlas_predict.space.config import Compression
 from dlas_predict.space.devices import get_device
 from dlas_predict.networks.generate import FAMILIES, build
 from dlas_predict.corpus.collect import collect_networks
-from dlas_predict.corpus.networks import PER_LAYER, NetworkPlan, uniform_plan
-from dlas_predict.measure.netrunner import NetworkRunner, conv_scales
+from dlas_predict.measure.networks.plans import PER_LAYER, NetworkPlan, uniform_plan
+from dlas_predict.measure.networks.runner import NetworkRunner, conv_scales
 from dlas_predict.networks.graph import read_network
 from dlas_predict.corpus.store import CorpusStore
-from dlas_predict.measure.tasks import Protocol
+from dlas_predict.measure.execution.tasks import Protocol
 
 #: Every test here builds whole networks with TVM Relax.
 pytestmark = pytest.mark.slow
@@ -157,7 +157,7 @@ def test_a_batch_norm_after_a_conv_is_folded_into_its_weights(tmp_path):
     import onnxruntime as ort
     import tvm
 
-    from dlas_predict.measure.netbuild import LayerChoice, build as build_net, relax_module
+    from dlas_predict.measure.networks.build import LayerChoice, build as build_net, relax_module
     from dlas_predict.space.config import Algorithm, DType
 
     path = _bn_net(tmp_path / "bn.onnx")
@@ -178,7 +178,7 @@ def test_a_batch_norm_after_a_conv_is_folded_into_its_weights(tmp_path):
 def test_relu6_lowers_to_elementwise_ops_with_scalar_bounds(tmp_path):
     """The frontend's Max/Min is broadcast + stack + reduce over a full-size constant; the
     builder turns each back into one elementwise op with a scalar bound."""
-    from dlas_predict.measure.netbuild import relax_module
+    from dlas_predict.measure.networks.build import relax_module
 
     model = onnx.load(str(_relu6_net(tmp_path / "relu6.onnx")))
     text = relax_module(model, "x", (1, 3, 12, 12)).script()
@@ -188,7 +188,7 @@ def test_relu6_lowers_to_elementwise_ops_with_scalar_bounds(tmp_path):
 
 
 def test_a_max_with_a_bound_of_many_values_keeps_its_meaning(tmp_path):
-    from dlas_predict.measure.netbuild import relax_module
+    from dlas_predict.measure.networks.build import relax_module
 
     bound = np.arange(4, dtype=np.float32).reshape(1, 4, 1, 1)
     graph = helper.make_graph(
@@ -296,7 +296,7 @@ def test_a_sigmoid_gate_folded_into_the_next_convs_weights_computes_the_same(
     import onnxruntime as ort
 
     from dlas_predict.space.config import Algorithm, DType
-    from dlas_predict.measure.netbuild import LayerChoice, lower
+    from dlas_predict.measure.networks.build import LayerChoice, lower
 
     path = _gated_net(tmp_path / "gated.onnx")
     model = onnx.load(str(path))
@@ -329,7 +329,7 @@ def test_a_sigmoid_gate_folded_into_the_next_convs_weights_computes_the_same(
 def test_a_gate_stays_a_multiply_for_int8_or_where_the_weights_outnumber_the_input(
         tmp_path, dtype, project, size):
     from dlas_predict.space.config import Algorithm, DType
-    from dlas_predict.measure.netbuild import LayerChoice, lower
+    from dlas_predict.measure.networks.build import LayerChoice, lower
 
     model = onnx.load(str(_gated_net(tmp_path / "gated.onnx", size, project)))
     got: dict = {}
@@ -368,7 +368,7 @@ def test_a_padded_pool_keeps_its_padding_stage_and_finishes_in_its_own_loop(size
     the result matches numpy's, on a width a vector divides (32) and on one none does (7)."""
     import tvm
 
-    from dlas_predict.measure.netbuild import _schedule_generic
+    from dlas_predict.measure.networks.build import _schedule_generic
 
     func = _schedule_generic(_padded_pool_add(16, size))
     text = func.script()
@@ -399,7 +399,7 @@ def test_a_cell_of_padded_pools_builds_and_verifies(tmp_path, measurer):
 
 
 def test_each_conv_fuses_the_ops_after_it(tmp_path):
-    from dlas_predict.measure.netbuild import plan_epilogues, relax_module
+    from dlas_predict.measure.networks.build import plan_epilogues, relax_module
 
     model = onnx.load(str(_epilogue_net(tmp_path / "epi.onnx")))
     plans = plan_epilogues(relax_module(model, "x", (1, 3, 10, 10))["main"])
@@ -420,10 +420,10 @@ def test_tuned_spatial_pack_kernels_fuse_their_epilogues(tmp_path):
     import onnxruntime as ort
     import tvm
 
-    from dlas_predict.measure import tuning as tn
-    from dlas_predict.measure.kernels import KernelSpec
-    from dlas_predict.measure.knobs import tuned_knobs
-    from dlas_predict.measure.netbuild import LayerChoice, TunedKernels, lower
+    from dlas_predict.measure.kernels import tuning as tn
+    from dlas_predict.measure.kernels.cpu import KernelSpec
+    from dlas_predict.measure.kernels.knobs import tuned_knobs
+    from dlas_predict.measure.networks.build import LayerChoice, TunedKernels, lower
     from dlas_predict.space.config import Algorithm, DType, Variant
 
     path = _epilogue_net(tmp_path / "epi.onnx")
@@ -463,7 +463,7 @@ def test_fused_and_separate_epilogues_compute_the_same(tmp_path, dtype, alg):
     import onnxruntime as ort
 
     from dlas_predict.space.config import Algorithm, DType
-    from dlas_predict.measure.netbuild import LayerChoice, lower
+    from dlas_predict.measure.networks.build import LayerChoice, lower
 
     path = _epilogue_net(tmp_path / "epi.onnx")
     model = onnx.load(str(path))
@@ -505,7 +505,7 @@ def test_an_int8_network_on_vnni_computes_what_the_plain_int8_gemm_does(tmp_path
     import tvm
 
     from dlas_predict.space.config import Algorithm, DType
-    from dlas_predict.measure.netbuild import LayerChoice, lower
+    from dlas_predict.measure.networks.build import LayerChoice, lower
 
     model = onnx.load(str(_epilogue_net(tmp_path / "epi.onnx")))
     x = np.random.default_rng(2).normal(size=(1, 3, 10, 10)).astype(np.float32)
@@ -532,7 +532,7 @@ def test_a_collection_after_an_engine_change_times_only_the_builds_it_altered(tm
     carries nothing."""
     from dlas_predict.compression.netplan import LayerConfig
     from dlas_predict.corpus.collect import NetworkToCollect, uncarried
-    from dlas_predict.corpus.networks import NetworkMeasurement
+    from dlas_predict.measure.networks.plans import NetworkMeasurement
     from dlas_predict.networks.graph import Layer, Network
     from dlas_predict.space.config import ConvSpec
 

@@ -6,7 +6,7 @@ from dlas_predict.networks import generate
 from dlas_predict.networks.graph import read_network
 from dlas_predict.space.config import Compression, SparsityPattern
 from dlas_predict.compression.netplan import MIN_LAYER_DENSITY, kernel_ratio, network_configs
-from dlas_predict.measure.sparse import prune, sparsity
+from dlas_predict.measure.kernels.sparse import prune, sparsity
 
 
 def test_kernel_ratio_keeps_the_hundredths_up_to_0_9():
@@ -64,8 +64,7 @@ def test_each_layers_kernel_keeps_the_filters_global_channel_pruning_kept(tmp_pa
 
 def test_channel_pruning_builds_the_network_with_its_zeroed_filters_removed(tmp_path):
     from dlas_predict.compression.accuracy import prepare
-    from dlas_predict.compression.compress import (cached_channel_removed,
-                                                   channel_removed_networks)
+    from dlas_predict.compression.compress import cached_channel_removed, channel_removed_networks
     from dlas_predict.compression.netplan import layer_kernel, layer_sparse
 
     name = "cnn_layers=3_kernels=32_kernel_size=3_input=16_batch=1_block=separable_downsample=1"

@@ -4,7 +4,7 @@ import json
 import numpy as np
 import pytest
 
-from dlas_predict.corpus.networks import NetworkMeasurement, onnxruntime_plan
+from dlas_predict.measure.networks.plans import NetworkMeasurement, onnxruntime_plan
 from dlas_predict.corpus.store import CorpusStore
 from dlas_predict.errors import DlasError
 from dlas_predict.models.netmodel import NetworkSummary

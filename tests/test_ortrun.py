@@ -7,10 +7,10 @@ import pytest
 
 from conftest import DEMO, assert_clean_error, run_cli
 from dlas_predict.corpus.collect import collect_networks
-from dlas_predict.corpus.networks import ONNXRUNTIME, onnxruntime_mode, onnxruntime_plan
+from dlas_predict.measure.networks.plans import ONNXRUNTIME, onnxruntime_mode, onnxruntime_plan
 from dlas_predict.corpus.store import CorpusStore
-from dlas_predict.measure.netrunner import NetworkRunner, onnxruntime_unsupported
-from dlas_predict.measure.tasks import OrtTask, Protocol, from_wire, to_wire
+from dlas_predict.measure.networks.runner import NetworkRunner, onnxruntime_unsupported
+from dlas_predict.measure.execution.tasks import OrtTask, Protocol, from_wire, to_wire
 from dlas_predict.space.config import Compression
 from dlas_predict.space.devices import get_device, profile_names
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from dlas_predict.space.config import ConvSpec, DType
-from dlas_predict.measure.reference import (check_output, conv2d_reference, int8_scale, make_inputs,
-                                            requantize)
+from dlas_predict.measure.kernels.reference import (check_output, conv2d_reference, int8_scale,
+                                                    make_inputs, requantize)
 
 
 @pytest.mark.parametrize("text", [

@@ -117,7 +117,7 @@ def test_channel_pruning_evidence_says_how_its_builds_were_made():
 
 
 def test_backend_table_compares_what_both_backends_timed(tmp_path):
-    from dlas_predict.corpus.networks import NetworkMeasurement, onnxruntime_plan
+    from dlas_predict.measure.networks.plans import NetworkMeasurement, onnxruntime_plan
     from dlas_predict.corpus.store import CorpusStore
     from dlas_predict.space.devices import get_device
 

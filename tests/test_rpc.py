@@ -17,8 +17,8 @@ import pytest
 
 from conftest import assert_clean_error, run_cli
 
-from dlas_predict.measure.loopback import LoopbackFarm as Farm, free_port as _free_port
-from dlas_predict.measure.loopback import stop as _stop, wait_for_boards
+from dlas_predict.measure.execution.loopback import LoopbackFarm as Farm, free_port as _free_port
+from dlas_predict.measure.execution.loopback import stop as _stop, wait_for_boards
 from dlas_predict.space.config import ConvSpec, Variant
 
 KEY = "dlas-loopback"
@@ -48,13 +48,13 @@ def boards(farm):
 
 
 def _protocol():
-    from dlas_predict.measure.tasks import Protocol
+    from dlas_predict.measure.execution.tasks import Protocol
 
     return Protocol(max_repeats=12, min_repeats=3, time_budget_s=0.05, quiet_wait_s=0.0)
 
 
 def _tasks(device):
-    from dlas_predict.measure.runner import MeasureTask
+    from dlas_predict.measure.execution.runner import MeasureTask
 
     return [MeasureTask.make(ConvSpec.parse(c), Variant(alg, comp, 0.9) if comp != "dense"
                              else Variant(alg, comp), device)
@@ -63,7 +63,7 @@ def _tasks(device):
 
 
 def _rpc(farm, **kw):
-    from dlas_predict.measure.rpcopts import RpcOptions
+    from dlas_predict.measure.execution.rpcopts import RpcOptions
 
     return RpcOptions(host="127.0.0.1", port=farm.port, key=KEY, request_timeout_s=8.0, **kw)
 
@@ -72,7 +72,7 @@ def _rpc(farm, **kw):
 def test_a_farm_measures_on_both_boards_and_survives_a_killed_one(boards, tmp_path):
     farm = boards
     from dlas_predict.corpus.store import CorpusStore
-    from dlas_predict.measure.farm import kernel_runner
+    from dlas_predict.measure.execution.farm import kernel_runner
     from dlas_predict.space.devices import get_device
 
     dev = get_device("local")
@@ -102,7 +102,7 @@ def test_a_task_that_hangs_every_board_is_a_recorded_failure_after_n_tries(board
     farm = boards
     from dataclasses import replace
 
-    from dlas_predict.measure.farm import kernel_runner
+    from dlas_predict.measure.execution.farm import kernel_runner
     from dlas_predict.space.devices import get_device
 
     monkeypatch.setenv("DLAS_FAULT_INJECTION", "1")
@@ -125,7 +125,7 @@ def test_a_board_that_returns_wrong_results_is_a_recorded_failure_never_a_timing
                                                                                  monkeypatch):
     from dataclasses import replace
 
-    from dlas_predict.measure.farm import kernel_runner
+    from dlas_predict.measure.execution.farm import kernel_runner
     from dlas_predict.space.devices import get_device
 
     monkeypatch.setenv("DLAS_FAULT_INJECTION", "1")
@@ -141,7 +141,7 @@ def test_a_board_that_returns_wrong_results_is_a_recorded_failure_never_a_timing
 def test_a_library_the_board_cannot_load_is_a_recorded_failure(boards, monkeypatch):
     from dataclasses import replace
 
-    from dlas_predict.measure.farm import kernel_runner
+    from dlas_predict.measure.execution.farm import kernel_runner
     from dlas_predict.space.devices import get_device
 
     monkeypatch.setenv("DLAS_FAULT_INJECTION", "1")
@@ -158,8 +158,8 @@ def test_a_library_the_board_cannot_load_is_a_recorded_failure(boards, monkeypat
 @pytest.mark.slow
 def test_whole_networks_are_built_here_and_checked_and_timed_on_the_board(boards, tmp_path):
     farm = boards
-    from dlas_predict.corpus.networks import uniform_plan
-    from dlas_predict.measure.farm import network_runner
+    from dlas_predict.measure.networks.plans import uniform_plan
+    from dlas_predict.measure.execution.farm import network_runner
     from dlas_predict.networks.generate import FAMILIES, build
     from dlas_predict.space.devices import get_device
     import onnx
@@ -266,7 +266,7 @@ def test_a_board_whose_server_runs_another_thread_count_is_refused(boards):
 @pytest.mark.slow
 def test_no_free_board_within_the_timeout_is_one_clean_error(boards):
     farm = boards
-    from dlas_predict.measure.remote import request_board
+    from dlas_predict.measure.execution.remote import request_board
 
     held = [request_board("127.0.0.1", farm.port, KEY, 30.0)
             for p in farm.servers if p.poll() is None]
@@ -281,7 +281,7 @@ def test_no_free_board_within_the_timeout_is_one_clean_error(boards):
 
 def test_a_tracker_off_loopback_needs_the_flag_and_is_warned_about():
     from dlas_predict.errors import ConfigError
-    from dlas_predict.measure.rpcopts import REMOTE_WARNING, rpc_options
+    from dlas_predict.measure.execution.rpcopts import REMOTE_WARNING, rpc_options
     from dlas_predict.space.devices import get_device
 
     dev = get_device("xavier-cpu", with_target=False)
@@ -298,7 +298,7 @@ def test_a_tracker_off_loopback_needs_the_flag_and_is_warned_about():
 
 
 def test_the_tracker_comes_from_the_environment(monkeypatch):
-    from dlas_predict.measure.rpcopts import rpc_options
+    from dlas_predict.measure.execution.rpcopts import rpc_options
     from dlas_predict.space.devices import get_device
 
     monkeypatch.setenv("DLAS_TRACKER", "127.0.0.1:9555")
@@ -315,9 +315,9 @@ def test_tune_through_the_tracker_then_build_the_network_tuned(boards, tmp_path)
     layer's schedule from it, verifies against onnxruntime, and says which layers it found."""
     import onnx
 
-    from dlas_predict.corpus.networks import uniform_plan
-    from dlas_predict.measure.netrunner import NetworkRunner
-    from dlas_predict.measure.runner import LocalRunner, MeasureTask, TuningOptions
+    from dlas_predict.measure.networks.plans import uniform_plan
+    from dlas_predict.measure.networks.runner import NetworkRunner
+    from dlas_predict.measure.execution.runner import LocalRunner, MeasureTask, TuningOptions
     from dlas_predict.networks.generate import FAMILIES, build
     from dlas_predict.networks.graph import read_network
     from dlas_predict.space.devices import get_device
@@ -378,7 +378,7 @@ def test_tune_through_the_tracker_then_build_the_network_tuned(boards, tmp_path)
 
 
 def test_emulated_timings_are_refused_by_the_corpus(tmp_path):
-    from dlas_predict.corpus.records import MeasureResult
+    from dlas_predict.measure.records import MeasureResult
     from dlas_predict.corpus.store import CorpusStore
     from dlas_predict.errors import StoreError
 
@@ -397,7 +397,7 @@ def test_emulated_timings_are_refused_by_the_corpus(tmp_path):
 
 
 def test_an_emulated_board_matches_any_cpu_of_its_architecture():
-    from dlas_predict.measure.remote import BoardInfo, board_mismatch
+    from dlas_predict.measure.execution.remote import BoardInfo, board_mismatch
     from dlas_predict.space.devices import get_device
 
     target = get_device("hikey970-cpu", with_target=False).target
@@ -409,7 +409,7 @@ def test_an_emulated_board_matches_any_cpu_of_its_architecture():
 
 
 def test_a_board_is_checked_for_its_thread_pool_unless_unknown_or_emulated():
-    from dlas_predict.measure.remote import BoardInfo, board_mismatch
+    from dlas_predict.measure.execution.remote import BoardInfo, board_mismatch
 
     target = {"kind": "llvm", "mtriple": "x86_64-linux-gnu"}
     board = BoardInfo("znver3", "x86_64-pc-linux-gnu", 2, KEY, "127.0.0.1:1", threads=1)

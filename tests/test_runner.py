@@ -4,8 +4,8 @@ import pytest
 
 from dlas_predict.space.config import ConvSpec, Variant
 from dlas_predict.space.devices import get_device
-from dlas_predict.measure.runner import LocalRunner, MeasureTask
-from dlas_predict.measure.tasks import Protocol, plan_timing
+from dlas_predict.measure.execution.runner import LocalRunner, MeasureTask
+from dlas_predict.measure.execution.tasks import Protocol, plan_timing
 
 SPEC = ConvSpec.parse("C=8,H=10,W=10,K=16,R=3,S=3,stride=1,pad=1")
 
@@ -84,8 +84,8 @@ def test_a_worker_exits_when_its_collector_is_killed(tmp_path):
     script.write_text(
         "from dlas_predict.space.config import ConvSpec, Variant\n"
         "from dlas_predict.space.devices import get_device\n"
-        "from dlas_predict.measure.runner import LocalRunner, MeasureTask\n"
-        "from dlas_predict.measure.tasks import Protocol\n"
+        "from dlas_predict.measure.execution.runner import LocalRunner, MeasureTask\n"
+        "from dlas_predict.measure.execution.tasks import Protocol\n"
         "dev = get_device('local')\n"
         f"task = MeasureTask.make(ConvSpec.parse('{SPEC.to_spec()}'), Variant('gemm', 'dense'),"
         " dev, fault='hang')\n"
@@ -99,7 +99,7 @@ def test_a_worker_exits_when_its_collector_is_killed(tmp_path):
         deadline = time.time() + 90
         while not workers and time.time() < deadline:
             time.sleep(0.5)
-            workers = _children(parent.pid, "dlas_predict.measure.worker")
+            workers = _children(parent.pid, "dlas_predict.measure.execution.worker")
         assert workers, "the collector started no worker"
         time.sleep(10)  # the worker is past its handshake (TVM imported) and in the hang
         parent.send_signal(signal.SIGKILL)

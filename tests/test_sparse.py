@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from dlas_predict.space.config import SparsityPattern
-from dlas_predict.measure.sparse import prune, sparsity, to_csr
+from dlas_predict.measure.kernels.sparse import prune, sparsity, to_csr
 
 
 @pytest.mark.parametrize("ratio", [0.1, 0.5, 0.9, 0.99])

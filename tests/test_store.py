@@ -12,7 +12,7 @@ import pytest
 from conftest import DEMO, ROOT
 from dlas_predict.space.config import ConvSpec, Variant
 from dlas_predict.errors import StoreError
-from dlas_predict.corpus.records import MeasureResult, measurement_key
+from dlas_predict.measure.records import MeasureResult, measurement_key
 from dlas_predict.corpus.store import CorpusStore
 
 SPEC = ConvSpec.parse("C=8,H=10,W=10,K=16,R=3,S=3,stride=1,pad=1")
@@ -77,7 +77,7 @@ def test_a_kernel_timed_before_and_after_a_change_of_its_defaults_keeps_todays(t
     of today's engine runs it, so a whole network's layers are paired with it); where
     neither is today's, the faster."""
     from dlas_predict.analysis.frames import frame_device
-    from dlas_predict.measure.knobs import default_knobs
+    from dlas_predict.measure.kernels.knobs import default_knobs
     from dlas_predict.models.evaluation import load_corpus, runs_today
     from dlas_predict.models.features import _codegen
 
@@ -109,7 +109,7 @@ def test_a_kernel_timed_before_and_after_a_change_of_its_defaults_keeps_todays(t
 
 def test_each_kernel_carries_its_own_code_version():
     from dlas_predict.measure import KERNELS_VERSION, KERNEL_VERSIONS, kernels_version
-    from dlas_predict.measure.runner import MeasureTask
+    from dlas_predict.measure.execution.runner import MeasureTask
     from dlas_predict.space.devices import get_device
 
     assert kernels_version("gemm", False) == KERNELS_VERSION

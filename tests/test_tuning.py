@@ -12,9 +12,9 @@ from dlas_predict.space.config import Algorithm, ConvSpec, Tuning, Variant
 from dlas_predict.space.devices import get_device
 from dlas_predict.errors import ConfigError
 from dlas_predict.corpus.store import CorpusStore
-from dlas_predict.measure.knobs import default_knobs, search_space, tuned_knobs
-from dlas_predict.measure.runner import LocalRunner, MeasureTask, TuningOptions
-from dlas_predict.measure.tasks import Protocol
+from dlas_predict.measure.kernels.knobs import default_knobs, search_space, tuned_knobs
+from dlas_predict.measure.execution.runner import LocalRunner, MeasureTask, TuningOptions
+from dlas_predict.measure.execution.tasks import Protocol
 
 SPEC = ConvSpec.parse("C=8,H=10,W=10,K=16,R=3,S=3,stride=1,pad=1")
 QUICK = Protocol(max_repeats=5, min_repeats=3, time_budget_s=0.05, quiet_wait_s=0)
@@ -59,7 +59,7 @@ def test_a_small_budget_evolves_a_small_population_and_the_default_is_metaschedu
     from dlas_predict.measure import import_tvm
 
     import_tvm()
-    from dlas_predict.measure.tuning import POPULATION, search_strategy
+    from dlas_predict.measure.kernels.tuning import POPULATION, search_strategy
 
     sizes = {b: search_strategy(b).population_size for b in (1, 2, 8, 63, 64, 1000)}
     assert sizes == {1: 16, 2: 16, 8: 64, 63: 504, 64: POPULATION, 1000: POPULATION}
@@ -76,7 +76,7 @@ def test_only_the_cpu_tensor_intrinsics_are_imported_and_the_rest_on_demand():
     proc = run_python("import importlib.util, sys",
                       "from dlas_predict.measure import import_tvm",
                       "import_tvm()",
-                      "from dlas_predict.measure.tuning import import_tensor_intrinsics",
+                      "from dlas_predict.measure.kernels.tuning import import_tensor_intrinsics",
                       "import_tensor_intrinsics()",
                       "from tvm.s_tir import TensorIntrin",
                       "TensorIntrin.get('dot_16x4_avx512')",
@@ -105,7 +105,7 @@ def test_tuning_options_reject_impossible_values(tmp_path):
 
 
 def test_tuning_db_index_survives_a_cut_line(tmp_path):
-    from dlas_predict.measure.tuning import KNOB_SEARCH, TuneOutcome, TuningDB
+    from dlas_predict.measure.kernels.tuning import KNOB_SEARCH, TuneOutcome, TuningDB
 
     db = TuningDB(tmp_path / "db")
     out = TuneOutcome(KNOB_SEARCH, 8, 5, 1.5, 1e-4, True, {"tile_w": 8})
@@ -119,7 +119,7 @@ def test_tuning_db_index_survives_a_cut_line(tmp_path):
 
 # ---- the store ------------------------------------------------------------------------------
 def test_store_keeps_tuning_fields_and_migrates_old_stores(tmp_path):
-    from dlas_predict.corpus.records import MeasureResult
+    from dlas_predict.measure.records import MeasureResult
 
     path = tmp_path / "old.sqlite"
     CorpusStore(path).close()
@@ -271,7 +271,7 @@ def test_tuning_verdict_weighs_gain_against_search_time():
 def test_register_tiles_fit_the_cpus_vector_registers(conv):
     """Untuned tiles keep at most half the vector registers as accumulators: an AVX-512
     tile (16 of 32 zmm) is 16 of AVX2's 16 ymm registers, which spill."""
-    from dlas_predict.measure.knobs import registers
+    from dlas_predict.measure.kernels.knobs import registers
     from dlas_predict.space.config import ConvSpec
 
     spec = ConvSpec.parse(conv)
@@ -295,7 +295,7 @@ def test_register_tiles_fit_the_cpus_vector_registers(conv):
 
 
 def test_a_device_measures_with_tiles_for_its_vector_width():
-    from dlas_predict.measure.runner import MeasureTask
+    from dlas_predict.measure.execution.runner import MeasureTask
     from dlas_predict.space.config import ConvSpec
     from dlas_predict.space.devices import get_device
 

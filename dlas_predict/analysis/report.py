@@ -75,7 +75,7 @@ def backend_table(net, store: Path, device: Device) -> list[dict[str, Any]]:
     """Per network and compression (untuned): our fastest whole-network build, onnxruntime's
     run of the same compressed model (median latencies, both measured on the device), and
     the fastest backend. Only configurations both backends timed are compared."""
-    from dlas_predict.corpus.networks import ONNXRUNTIME, onnxruntime_mode
+    from dlas_predict.measure.networks.plans import ONNXRUNTIME, onnxruntime_mode
     from dlas_predict.corpus.store import CorpusStore
 
     if net is None or net.empty:
@@ -345,7 +345,7 @@ def _channel_build_note(untuned, networks: list[str]) -> str:
     """How the channel-pruned builds compared in IV were made: engines from
     :data:`CHANNEL_REMOVAL_VERSION` on remove the zeroed filters, older ones ran CSR kernels
     over them; a conv kernel sum says nothing about the build."""
-    from dlas_predict.corpus.networks import removes_channels
+    from dlas_predict.measure.networks.plans import removes_channels
 
     removed = kept = 0
     for network in networks:

@@ -15,15 +15,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol as _Protocol
 
 from dlas_predict.compression.netplan import LayerConfig
-from dlas_predict.corpus.networks import NetworkMeasurement, NetworkPlan
-from dlas_predict.corpus.records import MeasureResult
+from dlas_predict.measure.networks.plans import NetworkMeasurement, NetworkPlan
+from dlas_predict.measure.records import MeasureResult
 from dlas_predict.corpus.store import CorpusStore, kernel_config
 from dlas_predict.errors import DlasError
 from dlas_predict.space.config import Algorithm, Compression, Tuning
 from dlas_predict.space.devices import Device
 
 if TYPE_CHECKING:
-    from dlas_predict.measure.runner import MeasureTask, TuningOptions
+    from dlas_predict.measure.execution.runner import MeasureTask, TuningOptions
     from dlas_predict.networks.graph import Network
 
 
@@ -45,7 +45,7 @@ class CollectSummary:
     measured: int = 0
     failed: int = 0
     #: timed on a slow machine, even after waiting (chain probe or canary; see
-    #: :mod:`dlas_predict.measure.contention`)
+    #: :mod:`dlas_predict.measure.execution.contention`)
     contended: int = 0
     #: ``retime_slow``: records timed again that replaced a slower-machine timing, and those
     #: whose new timing was no quieter (the stored one is kept; it stays counted contended)
@@ -221,7 +221,7 @@ def kernel_tasks(networks: list[NetworkToCollect], algorithms: list[Algorithm],
                  tunings: list[Tuning], device: Device,
                  tuning: "TuningOptions | None" = None) -> list["MeasureTask"]:
     """One task per unique (layer workload, variant) of the networks, in network order."""
-    from dlas_predict.measure.runner import MeasureTask
+    from dlas_predict.measure.execution.runner import MeasureTask
     from dlas_predict.space.config import Variant
 
     from dlas_predict.compression.netplan import layer_kernel
@@ -273,7 +273,7 @@ def whole_network_plans(networks: list[NetworkToCollect], algorithms: list[Algor
     ``tvm`` backend's plans. The ``onnxruntime`` backend's: each configuration run by it."""
     from dlas_predict.models.evaluation import kernel_key, modelled_seconds, preferred_records
     from dlas_predict.compression.netplan import layer_kernel, layer_sparse
-    from dlas_predict.corpus.networks import PER_LAYER, onnxruntime_plan, uniform_plan
+    from dlas_predict.measure.networks.plans import PER_LAYER, onnxruntime_plan, uniform_plan
 
     latency = {k: modelled_seconds(r) for k, r in preferred_records(
         store.current_rows("error IS NULL AND device = ?", (device.name,)), device).items()}
@@ -312,10 +312,10 @@ def whole_network_plans(networks: list[NetworkToCollect], algorithms: list[Algor
 def uncarried(plans: list[NetworkPlan], networks: list[NetworkToCollect], store: CorpusStore,
               device: Device) -> list[NetworkPlan]:
     """The plans less those whose build the store holds a record of from a carried engine
-    (:data:`~dlas_predict.corpus.networks.CARRIED_VERSIONS`) that today's engine builds the
-    same way (:func:`~dlas_predict.corpus.networks.rebuilt_since`): after an engine change,
+    (:data:`~dlas_predict.measure.networks.plans.CARRIED_VERSIONS`) that today's engine builds the
+    same way (:func:`~dlas_predict.measure.networks.plans.rebuilt_since`): after an engine change,
     a collection times only the builds the change altered."""
-    from dlas_predict.corpus.networks import ONNXRUNTIME, CARRIED_VERSIONS, rebuilt_since
+    from dlas_predict.measure.networks.plans import ONNXRUNTIME, CARRIED_VERSIONS, rebuilt_since
     from dlas_predict.models.features import _simd
     from dlas_predict.models.netmodel import NetworkSummary
 

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from dlas_predict.errors import StoreError
 from dlas_predict.files import replace_if_changed, scratch_path
-from dlas_predict.corpus.records import MeasureResult, board_emulated, slowness
+from dlas_predict.measure.records import MeasureResult, board_emulated, slowness
 
 if TYPE_CHECKING:
-    from dlas_predict.corpus.networks import NetworkMeasurement
+    from dlas_predict.measure.networks.plans import NetworkMeasurement
 
 SCHEMA_VERSION = 1
 
@@ -291,7 +291,7 @@ class CorpusStore:
 
     def network_records(self, where: str = "", params: tuple = ()) -> list["NetworkMeasurement"]:
         """The whole-network measurements as records."""
-        from dlas_predict.corpus.networks import NetworkMeasurement
+        from dlas_predict.measure.networks.plans import NetworkMeasurement
 
         return [NetworkMeasurement.from_row(r) for r in self.network_measurements(where, params)]
 
@@ -315,7 +315,7 @@ class CorpusStore:
     def slow_keys(self, protocol: Any, table: str = "measurements",
                   unprobed: bool = False) -> dict[str, float]:
         """Successful records of ``table`` (``measurements`` or ``network_measurements``)
-        timed on a slow machine, as {key: slowness} (:func:`~dlas_predict.corpus.records.slowness`,
+        timed on a slow machine, as {key: slowness} (:func:`~dlas_predict.measure.records.slowness`,
         over 1): what ``collect --retime-slow`` times again. With ``unprobed`` also those
         timed before the probes were recorded (neither reading), at slowness 1, the limit: a
         new timing replaces one only if the machine was quiet (``--retime-unprobed``)."""
@@ -435,7 +435,7 @@ class CorpusStore:
         network configuration the store already describes keeps the store's layers."""
         import pandas as pd
 
-        from dlas_predict.corpus.records import MeasureResult
+        from dlas_predict.measure.records import MeasureResult
 
         path = Path(path)
         if not path.is_file():

@@ -29,7 +29,7 @@ from typing import Iterable
 from dlas_predict.space.config import ConvSpec, Variant
 from dlas_predict.space.devices import _registry_entries, get_device
 from dlas_predict.errors import DlasError
-from dlas_predict.corpus.records import MeasureResult, measurement_key
+from dlas_predict.measure.records import MeasureResult, measurement_key
 
 SOURCE = "tophub-f05376e"
 

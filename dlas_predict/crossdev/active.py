@@ -413,7 +413,7 @@ class Live:
         """The kernel's measurement (recorded in the store, where there is one); None where
         it failed or its output was wrong, and ``failed[key]`` says why."""
         from dlas_predict.corpus.collect import collect_kernels
-        from dlas_predict.measure.runner import MeasureTask
+        from dlas_predict.measure.execution.runner import MeasureTask
         from dlas_predict.space.config import ConvSpec, Variant
 
         task = MeasureTask.make(ConvSpec.parse(k.conv),

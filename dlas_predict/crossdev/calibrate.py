@@ -328,7 +328,7 @@ class LiveKernels:
     analysis and the report of ``local`` find this machine's measurements."""
 
     def __init__(self, dev, protocol=None, store: Path | None = None) -> None:
-        from dlas_predict.measure.tasks import Protocol
+        from dlas_predict.measure.execution.tasks import Protocol
 
         self.dev = dev
         self.protocol = protocol or Protocol(time_budget_s=1.0)
@@ -339,7 +339,7 @@ class LiveKernels:
     def __call__(self, k) -> tuple[float | None, str]:
         from dlas_predict.corpus.store import CorpusStore
         from dlas_predict.crossdev.active import Live
-        from dlas_predict.measure.runner import LocalRunner
+        from dlas_predict.measure.execution.runner import LocalRunner
         from dlas_predict.paths import default_store_path
 
         if self._live is None:
@@ -372,7 +372,7 @@ class LiveNetworks:
     def __call__(self, model: str, network: str, cands) -> list[tuple[float | None, str]]:
         from contextlib import nullcontext
 
-        from dlas_predict.measure.netrunner import NetworkRunner
+        from dlas_predict.measure.networks.runner import NetworkRunner
         from dlas_predict.recommend.search import measure_candidates
 
         if self._runner is None:

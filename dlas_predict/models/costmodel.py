@@ -547,7 +547,7 @@ class TuningTimeModel:
         """Seconds to tune each kernel of ``X`` with ``budget`` trials; ``search_sizes`` is
         each CSR kernel's number of knob candidates (ignored for dense kernels)."""
         sparse = np.asarray(X)[:, FEATURE_NAMES.index("sparse")] > 0
-        from dlas_predict.corpus.records import METASCHEDULE
+        from dlas_predict.measure.records import METASCHEDULE
 
         ms_share = self.trial_share.get(METASCHEDULE, 1.0)
         trials = np.where(sparse, np.minimum(budget, np.asarray(search_sizes)),

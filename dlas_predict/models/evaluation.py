@@ -25,13 +25,11 @@ from pathlib import Path
 import numpy as np
 
 from dlas_predict.space.config import Algorithm, ConvSpec
-from dlas_predict.models.costmodel import (LayerCostModel, MacsLinearBaseline,
-                                           RooflineBaseline, kendall_tau, mape, regret,
-                                           top1_hit, within)
+from dlas_predict.models.costmodel import (LayerCostModel, MacsLinearBaseline, RooflineBaseline,
+                                           kendall_tau, mape, regret, top1_hit, within)
 from dlas_predict.space.devices import Device, get_device
 from dlas_predict.errors import DlasError
-from dlas_predict.models.features import (KernelConfig, _codegen, _simd, config_from_row,
-                                          features)
+from dlas_predict.models.features import KernelConfig, _codegen, _simd, config_from_row, features
 from dlas_predict.compression.netplan import ratio_key
 
 MODELS = ("lightgbm", "stage", "roofline", "macs_linear")
@@ -39,11 +37,11 @@ MODELS = ("lightgbm", "stage", "roofline", "macs_linear")
 
 def modelled_seconds(row: dict) -> float:
     """The latency the models learn from a store row (kernel or whole network): the fastest
-    timed run (:func:`~dlas_predict.corpus.records.best_of`); the median where the row keeps no
+    timed run (:func:`~dlas_predict.measure.records.best_of`); the median where the row keeps no
     runs (imported TopHub costs)."""
     import json
 
-    from dlas_predict.corpus.records import best_of
+    from dlas_predict.measure.records import best_of
 
     best = best_of(json.loads(row["run_secs"]))  # the store keeps them as JSON text
     return float(best if best is not None else row["median_s"])
@@ -475,9 +473,9 @@ def channels_removed(layers: list[dict], dense: list[dict] | None) -> bool:
 def timed_these_layers(m, layers_of: dict[tuple, list[dict]]) -> bool:
     """Whether whole-network record ``m`` timed the network its configuration's layers
     describe: a channel-pruning build of an engine before
-    :data:`~dlas_predict.corpus.networks.CHANNEL_REMOVAL_VERSION` ran the dense shapes (CSR
+    :data:`~dlas_predict.measure.networks.plans.CHANNEL_REMOVAL_VERSION` ran the dense shapes (CSR
     over the zeroed filters), the later ones the removed network."""
-    from dlas_predict.corpus.networks import ONNXRUNTIME, removes_channels
+    from dlas_predict.measure.networks.plans import ONNXRUNTIME, removes_channels
 
     if not m.config.startswith("channel_pruning") or m.algorithm == ONNXRUNTIME:
         return True
@@ -496,10 +494,10 @@ MIN_CURRENT_ENGINE_NETWORKS = 20
 def current_engine(m, unchanged=None) -> bool:
     """Whether whole-network record ``m`` was timed by today's engine (or carries no
     version): the CPU engine's version for its algorithm, or the GPU engine's; or a carried
-    engine's (:data:`~dlas_predict.corpus.networks.CARRIED_VERSIONS`), where
+    engine's (:data:`~dlas_predict.measure.networks.plans.CARRIED_VERSIONS`), where
     ``unchanged(m)`` says today's engine builds it the same way."""
-    from dlas_predict.corpus.networks import (CARRIED_VERSIONS, GPU_NETWORK_VERSION,
-                                              NETWORK_VERSION, engine_version)
+    from dlas_predict.measure.networks.plans import (CARRIED_VERSIONS, GPU_NETWORK_VERSION,
+                                                     NETWORK_VERSION, engine_version)
 
     today = engine_version(m.algorithm, m.tuned_layers is not None)
     if not m.version or m.version == GPU_NETWORK_VERSION or m.version == today:
@@ -514,7 +512,7 @@ def drop_older_engines(meas: list, unchanged=None) -> list:
     has timed our builds of :data:`MIN_CURRENT_ENGINE_NETWORKS` networks, less every older
     engine's build (it ran other code). ``unchanged(m)``: whether today's engine builds a
     record of a carried engine the same way (it counts as today's)."""
-    from dlas_predict.corpus.networks import ONNXRUNTIME
+    from dlas_predict.measure.networks.plans import ONNXRUNTIME
 
     now = {id(m): current_engine(m, unchanged) for m in meas}
     current = {(m.network, m.config, m.algorithm) for m in meas if now[id(m)]}
@@ -530,10 +528,10 @@ def drop_older_engines(meas: list, unchanged=None) -> list:
 def unchanged_builds(layers_of: dict[tuple, list[dict]], device: Device):
     """``unchanged(m)`` for :func:`drop_older_engines`: whether today's engine builds a
     carried engine's record ``m`` the same way on ``device``
-    (:func:`~dlas_predict.corpus.networks.rebuilt_since` on its configuration's layers)."""
+    (:func:`~dlas_predict.measure.networks.plans.rebuilt_since` on its configuration's layers)."""
     import json
 
-    from dlas_predict.corpus.networks import CARRIED_VERSIONS, config_dtype, rebuilt_since
+    from dlas_predict.measure.networks.plans import CARRIED_VERSIONS, config_dtype, rebuilt_since
 
     simd = _simd(device)  # the vector width today's default knobs are sized for
     parse = functools.lru_cache(maxsize=None)(ConvSpec.parse)  # networks share their layers
@@ -558,8 +556,8 @@ def whole_rows(corpus: Corpus, store: Path) -> list[WholeRow]:
 
     from dlas_predict.corpus.store import CorpusStore
 
-    from dlas_predict.corpus.networks import (GPU_NETWORK_VERSION, NETWORK_VERSION,
-                                              PREVIOUS_NETWORK_VERSIONS)
+    from dlas_predict.measure.networks.plans import (GPU_NETWORK_VERSION, NETWORK_VERSION,
+                                                     PREVIOUS_NETWORK_VERSIONS)
 
     versions = (NETWORK_VERSION, *PREVIOUS_NETWORK_VERSIONS, GPU_NETWORK_VERSION)
     with CorpusStore(store, must_exist=True) as db:

@@ -7,9 +7,9 @@ model can later span devices.
 
 A row has two parts: :data:`TREE_FEATURES`, what the gradient-boosted trees split on, then
 :data:`STAGE_TERMS`, what the kernel's loops execute (vector instructions, sparse-index
-decodes, layout copies, parallel tasks), counted from its schedule (``measure/kernels.py``):
-the terms of the stage-cost model (:class:`~dlas_predict.models.costmodel.StageCostModel`), whose
-prediction the trees correct.
+decodes, layout copies, parallel tasks), counted from its schedule
+(``dlas_predict/measure/kernels/cpu.py``): the terms of the stage-cost model
+(:class:`~dlas_predict.models.costmodel.StageCostModel`), whose prediction the trees correct.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from dlas_predict.space.config import (COMPRESSION_KERNEL, Algorithm, Compression, ConvSpec,
-                                       DType, Tuning)
+from dlas_predict.space.config import (COMPRESSION_KERNEL, Algorithm, Compression, ConvSpec, DType,
+                                       Tuning)
 from dlas_predict.space.devices import Device
 
 DTYPE_BYTES = {DType.FLOAT32: 4, DType.FLOAT16: 2, DType.INT8: 1}
@@ -56,7 +56,7 @@ STAGE_TERMS = (
 
 #: Every column of a feature row, in model order.
 FEATURE_NAMES = TREE_FEATURES + STAGE_TERMS
-LANES = 16  # SIMD lanes the kernels' vector tiles are sized for (see measure/knobs.py)
+LANES = 16  # SIMD lanes the kernels' vector tiles are sized for (see measure/kernels/knobs.py)
 
 
 @dataclass(frozen=True)
@@ -78,8 +78,8 @@ class KernelConfig:
 
     def untuned_knobs(self, simd_bits: int | None = None, vnni: bool = False) -> dict[str, int]:
         """The untuned schedule's knobs for the shape on a CPU of ``simd_bits``, with AVX-512
-        VNNI or not (:func:`dlas_predict.measure.knobs.default_knobs`)."""
-        from dlas_predict.measure.knobs import default_knobs
+        VNNI or not (:func:`dlas_predict.measure.kernels.knobs.default_knobs`)."""
+        from dlas_predict.measure.kernels.knobs import default_knobs
 
         return default_knobs(self.spec, self._variant(), simd_bits, vnni)
 
@@ -88,7 +88,7 @@ class KernelConfig:
         """The knobs known before measuring: the untuned defaults; for a tuned kernel only
         the layout knobs it is tuned under (its loop schedule is the search's result, unknown
         when predicting, so training rows do not use it either)."""
-        from dlas_predict.measure.knobs import tuned_knobs
+        from dlas_predict.measure.kernels.knobs import tuned_knobs
 
         if self.knobs:
             return dict(self.knobs)
@@ -119,8 +119,8 @@ def _cdiv(a: int, b: int) -> int:
 
 def loop_counts(cfg: KernelConfig, knobs: dict[str, int]) -> tuple[int, float, float, int]:
     """(parallel tasks, vector ops, CSR decodes, layout-stage elements) of the kernel's
-    schedule with ``knobs`` (counted as ``measure/kernels.py`` builds it; a vector op is one
-    multiply-add instruction over at most :data:`LANES` lanes)."""
+    schedule with ``knobs`` (counted as ``dlas_predict/measure/kernels/cpu.py`` builds it; a vector
+    op is one multiply-add instruction over at most :data:`LANES` lanes)."""
     s = cfg.spec
     sparse = COMPRESSION_KERNEL[cfg.compression][0]
     crs = (s.C // s.groups) * s.R * s.S
@@ -131,14 +131,14 @@ def loop_counts(cfg: KernelConfig, knobs: dict[str, int]) -> tuple[int, float, f
         if alg is Algorithm.DIRECT and s.depthwise:
             # tasks of tile_k channels, each a register tile of rows by vector columns over
             # the output padded to whole tiles, and its input planes padded, in phases
-            from dlas_predict.measure.knobs import depthwise_extents
+            from dlas_predict.measure.kernels.knobs import depthwise_extents
 
             tk, tw = knobs["tile_k"], knobs["tile_w"]
             ohp, owp, hp, wq = depthwise_extents(s, knobs["tile_h"], tw)
             return (s.K // tk, s.K * ohp * (owp // tw) * crs * _cdiv(tw, LANES), 0.0,
                     s.C * hp * s.stride_w * wq)
         if alg is Algorithm.DIRECT:  # the output padded to whole tiles, its input wide enough
-            from dlas_predict.measure.knobs import direct_input_width
+            from dlas_predict.measure.kernels.knobs import direct_input_width
 
             tk, tw = knobs["tile_k"], knobs["tile_w"]
             wide = direct_input_width(s, _cdiv(s.OW, tw) * tw)

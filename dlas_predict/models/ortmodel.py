@@ -66,10 +66,10 @@ MIN_NETWORKS = 5
 
 def model_mode(config, removed: bool = True) -> str:
     """The model's mode of a compression or configuration label (``channel_pruning@0.9``):
-    onnxruntime's run mode (:func:`~dlas_predict.corpus.networks.onnxruntime_mode`), with
+    onnxruntime's run mode (:func:`~dlas_predict.measure.networks.plans.onnxruntime_mode`), with
     channel-pruned networks apart, unless none of their zeroed filters could be removed
     (``removed`` false): onnxruntime then runs the dense network, an fp32 one."""
-    from dlas_predict.corpus.networks import onnxruntime_mode
+    from dlas_predict.measure.networks.plans import onnxruntime_mode
 
     value = getattr(config, "value", str(config)).split("@")[0]
     if value == "channel_pruning":
@@ -260,7 +260,7 @@ def training_rows(store: Path, device: str, block: int | None = None):
     ``store`` (fp32 only when its output check passed; reduced precision by its time);
     ``block``: the NCHWc block of the machine that ran them (default: the registry's
     ``device``)."""
-    from dlas_predict.corpus.networks import ONNXRUNTIME
+    from dlas_predict.measure.networks.plans import ONNXRUNTIME
     from dlas_predict.corpus.store import CorpusStore
     from dlas_predict.models.evaluation import _summary, channels_removed
     from dlas_predict.space.config import ConvSpec

@@ -25,7 +25,7 @@ import numpy as np
 from dlas_predict.space.config import (COMPRESSION_KERNEL, DEFAULT_CURVE_RATIOS, ELBOW_DROP_PP,
                                        Algorithm, Compression, Tuning)
 from dlas_predict.errors import DlasError
-from dlas_predict.corpus.networks import ONNXRUNTIME, PER_LAYER
+from dlas_predict.measure.networks.plans import ONNXRUNTIME, PER_LAYER
 
 from dlas_predict.paths import CURVES, MODELS_STORE, model_dir
 
@@ -262,8 +262,7 @@ class GridPoint:
 def _grid(convs, model: str, ratios: tuple[float, ...], skipped: list,
           compressions: tuple[Compression, ...] = tuple(Compression)) -> list[GridPoint]:
     """Every point of the grid (of the given compressions)."""
-    from dlas_predict.compression.compress import (cached_channel_removed,
-                                                   cached_pruned_sparsities)
+    from dlas_predict.compression.compress import cached_channel_removed, cached_pruned_sparsities
     from dlas_predict.compression.netplan import kernel_ratio
     from dlas_predict.models.netmodel import NetworkSummary
 
@@ -359,7 +358,7 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
     ``tuning`` (untuned | tuned | all) picks the halves of the grid, ``compressions`` its
     rows (dense among them: speedups are relative to it); a tuned candidate also carries the
     predicted search time for ``trials`` trials per kernel."""
-    from dlas_predict.measure.runner import TuningOptions
+    from dlas_predict.measure.execution.runner import TuningOptions
 
     t0 = time.time()
     if max_accuracy_drop < 0:
@@ -480,8 +479,8 @@ def _setup(model: str, device: str, validate: int, models_dir: Path | None,
     from dlas_predict.networks.graph import read_network
     from dlas_predict.space.devices import get_device
 
-    from dlas_predict.crossdev.transfer import (device_map, foreign_calibration,
-                                                model_machine, own_model, reference_dir)
+    from dlas_predict.crossdev.transfer import (device_map, foreign_calibration, model_machine,
+                                                own_model, reference_dir)
 
     tunings = Tuning.parse_list(tuning)
     mapping = ref_dev = None
@@ -793,8 +792,7 @@ def _price(plans: list[Plan], su: _Setup, X: np.ndarray, layer_pred, tune_s,
     (``layer_pred``'s middle where the device is not mapped), which the network model's
     correction reads."""
     from dlas_predict.models.features import FEATURE_NAMES, weight_bytes
-    from dlas_predict.models.netmodel import (NetworkInputs, NetworkSummary, net_features,
-                                              net_terms)
+    from dlas_predict.models.netmodel import NetworkInputs, NetworkSummary, net_features, net_terms
 
     mid, low, high = layer_pred
     conv_mid = np.array([sum(mid[o.row] for o in p.layers) for p in plans])
@@ -877,7 +875,7 @@ def _searched_trials(model, gpu: bool) -> tuple[int | None, int | None]:
     tune by searches of a set size, not by a budget): the knob searches', or None; and a
     GPU's MetaSchedule rounds', or None. A CPU's MetaSchedule searches run to a budget
     (``--trials``): (None, None)."""
-    from dlas_predict.corpus.records import KNOB_SEARCH, METASCHEDULE
+    from dlas_predict.measure.records import KNOB_SEARCH, METASCHEDULE
 
     if model is None or (METASCHEDULE in model.trial_share and not gpu):
         return None, None
@@ -890,7 +888,7 @@ def _tuning_seconds(model, X: np.ndarray, kernels: list[tuple], trials: int):
     """Predicted search seconds of each tuned kernel row (None without a tuning model)."""
     if model is None or not len(X):
         return None
-    from dlas_predict.measure.knobs import search_space
+    from dlas_predict.measure.kernels.knobs import search_space
 
     from dlas_predict.space.config import Variant
 
@@ -935,7 +933,7 @@ def _validate(rec: Recommendation, model: str, dev, k: int, log=None,
     chosen = rec.candidates[:k]
     timed = list(chosen)
     if dev.measured_here:
-        from dlas_predict.measure.netrunner import onnxruntime_unsupported
+        from dlas_predict.measure.networks.runner import onnxruntime_unsupported
 
         if onnxruntime_unsupported(dev) is None:
             if rec.reference is None:  # no model of it: measured only
@@ -962,10 +960,10 @@ def measure_candidates(model: str, network: str, dev, cands: list[Candidate],
     """Build and time each candidate as a whole network on ``dev`` with the runner that
     ``network_runner()`` opens (default: this machine's), filling its measured time, or its
     note where it failed or its output check did; ``log`` gets one line per candidate."""
-    from dlas_predict.corpus.networks import NetworkPlan, onnxruntime_plan
+    from dlas_predict.measure.networks.plans import NetworkPlan, onnxruntime_plan
 
     if network_runner is None:
-        from dlas_predict.measure.netrunner import NetworkRunner
+        from dlas_predict.measure.networks.runner import NetworkRunner
 
         network_runner = (lambda: NetworkRunner(dev))
 

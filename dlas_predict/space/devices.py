@@ -63,7 +63,7 @@ class Device:
     tophub_model: str | None = None
     tophub_file: str | None = None
     #: GPUs measured here: the identity their fingerprint is made of (name, SM count,
-    #: compute capability, driver), as ``measure.gpu_run`` reads it off the GPU.
+    #: compute capability, driver), as ``dlas_predict.measure.gpu.run`` reads it off the GPU.
     gpu: dict[str, Any] | None = None
     #: a profile of another device (``local``): the same CPU with its own code generation
     #: and thread count, measured here
@@ -341,7 +341,7 @@ def measure_peaks(device: Device, runner: Any, save_to: Path | None = None
     :class:`DeviceError` with the board's error."""
     import time
 
-    from dlas_predict.measure.tasks import PeaksTask
+    from dlas_predict.measure.execution.tasks import PeaksTask
 
     with runner() as r:
         reply = r.call(PeaksTask(target=device.target, cores=device.cores,

@@ -1,9 +1,10 @@
 """Runners: turn measurement tasks into records, each measurement isolated.
 
-:class:`LocalRunner` keeps one worker subprocess (``python -m dlas_predict.measure.worker``)
-and sends it one task at a time. A task that raises is answered as a failure by the worker; a task
-that crashes the worker (segfault, abort) or outlives its timeout becomes a recorded failure here,
-the worker is replaced, and the run goes on with the next task.
+:class:`LocalRunner` keeps one worker subprocess (``python -m
+dlas_predict.measure.execution.worker``) and sends it one task at a time. A task that raises is
+answered as a failure by the worker; a task that crashes the worker (segfault, abort) or outlives
+its timeout becomes a recorded failure here, the worker is replaced, and the run goes on with the
+next task.
 """
 
 from __future__ import annotations
@@ -24,13 +25,13 @@ from typing import Any, Iterable, Iterator
 from dlas_predict.space.config import ConvSpec, Tuning, Variant
 from dlas_predict.space.devices import Device
 from dlas_predict.errors import ConfigError
-from dlas_predict.corpus.records import MeasureResult, measurement_key
-from . import kernels_version
-from .knobs import resolve_knobs, tuned_knobs
-from .remote import BoardError, BoardInfo, board_mismatch
-from .rpcopts import RpcOptions
-from .tasks import (KernelTask, Protocol, Task, TuningRequest, WorkerReply,
-                    to_wire)
+from dlas_predict.measure.records import MeasureResult, measurement_key
+from dlas_predict.measure import kernels_version
+from dlas_predict.measure.kernels.knobs import resolve_knobs, tuned_knobs
+from dlas_predict.measure.execution.remote import BoardError, BoardInfo, board_mismatch
+from dlas_predict.measure.execution.rpcopts import RpcOptions
+from dlas_predict.measure.execution.tasks import (KernelTask, Protocol, Task, TuningRequest,
+                                                  WorkerReply, to_wire)
 
 #: The default trial budget of a tuned kernel, and the study's (the largest accepted).
 DEFAULT_TRIALS = 64
@@ -83,8 +84,8 @@ class MeasureTask:
              fault: str | None = None,
              tuning: TuningOptions | None = None) -> "MeasureTask":
         """A tuned variant's knobs are its budget and layout (see
-        :func:`dlas_predict.measure.knobs.tuned_knobs`): the key says what was asked, the record the
-        knobs the search chose."""
+        :func:`dlas_predict.measure.kernels.knobs.tuned_knobs`): the key says what was asked, the
+        record the knobs the search chose."""
         simd = device.simd_bits if device.kind == "cpu" else None
         if variant.tuning is Tuning.TUNED:
             tuning = tuning or TuningOptions()
@@ -154,7 +155,7 @@ class LocalRunner(Runner):
         env["TVM_NUM_THREADS"] = str(self.device.cores)
         self._stderr = tempfile.TemporaryFile()
         self._buf = b""
-        cmd = [sys.executable, "-m", "dlas_predict.measure.worker"]
+        cmd = [sys.executable, "-m", "dlas_predict.measure.execution.worker"]
         startup = self.startup_timeout_s
         if self.rpc is not None:
             cmd += self.rpc.worker_args()

@@ -1,6 +1,6 @@
 """Whole networks for a GPU that no tracker reaches: built here, timed there, imported back.
 
-The kernel bundles' three steps (:mod:`dlas_predict.measure.gpu_bundle`), for whole networks:
+The kernel bundles' three steps (:mod:`dlas_predict.measure.gpu.bundle`), for whole networks:
 
 1. :func:`write_network_bundle` (here): each configuration's network is prepared as for the
    CPU (compressed, channel-pruned filters removed, int8 scales calibrated, onnxruntime's
@@ -8,9 +8,9 @@ The kernel bundles' three steps (:mod:`dlas_predict.measure.gpu_bundle`), for wh
    exported as ``net-NNNN.so`` with its ``net-NNNN.check.npz``, one line of
    ``manifest.jsonl`` each (``kind: network``). A network that fails to build is a recorded
    failure in ``build_failures.jsonl``.
-2. ``python -m measure.gpu_run BUNDLE --out R`` (there): each network is loaded into TVM's
-   Relax VM, checked against onnxruntime's outputs and timed with the bundle's protocol.
-3. :func:`dlas_predict.measure.gpu_bundle.import_results` (here) files the results as
+2. ``python -m dlas_predict.measure.gpu.run BUNDLE --out R`` (there): each network is loaded into
+TVM's Relax VM, checked against onnxruntime's outputs and timed with the bundle's protocol.
+3. :func:`dlas_predict.measure.gpu.bundle.import_results` (here) files the results as
    whole-network measurements.
 """
 
@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from dlas_predict.corpus.networks import GPU_NETWORK_VERSION
+from dlas_predict.measure.networks.plans import GPU_NETWORK_VERSION
 from dlas_predict.errors import DlasError
 from dlas_predict.space.devices import Device
 
@@ -46,7 +46,7 @@ class _Preparer:
         self.timing = timing
 
     def __call__(self, plan):
-        from .netrunner import prepare_network
+        from dlas_predict.measure.networks.runner import prepare_network
 
         return prepare_network(plan, Path(self._tmp.name), self._cache, timing=self.timing)
 
@@ -74,9 +74,10 @@ def write_network_bundle(plans: list, device: Device, out: Path,
     import onnx
     import tvm
 
-    from . import cuda
-    from .gpu_bundle import GPU_KERNELS_VERSION, _append, done_keys, require_cuda
-    from .netbuild import LayerChoice, lower_cuda
+    from dlas_predict.measure.kernels import cuda
+    from dlas_predict.measure.gpu.bundle import (GPU_KERNELS_VERSION, _append, done_keys,
+                                                 require_cuda)
+    from dlas_predict.measure.networks.build import LayerChoice, lower_cuda
     from dlas_predict.space.config import Algorithm
 
     require_cuda(device, "GPU network bundles")
@@ -136,7 +137,7 @@ def write_network_bundle(plans: list, device: Device, out: Path,
 def _over_shared(exe) -> str | None:
     """Why NVRTC would refuse the executable's CUDA module (a block over its static shared
     memory), or None."""
-    from . import cuda
+    from dlas_predict.measure.kernels import cuda
 
     used = cuda.shared_bytes(cuda.cuda_source(exe))
     worst = max(used.items(), key=lambda kv: kv[1], default=("", 0))
@@ -153,7 +154,7 @@ def measure_network(mod, line: dict[str, Any], bundle: Path, dev, proto: dict) -
     from tvm.runtime.vm import VirtualMachine
 
     from dlas_predict.space.config import DType
-    from .tasks import Protocol, plan_timing
+    from dlas_predict.measure.execution.tasks import Protocol, plan_timing
 
     vm = VirtualMachine(mod, dev)
     check = np.load(bundle / line["check"])
@@ -195,7 +196,7 @@ def _lossy_unverified(row: dict[str, Any]) -> bool:
 def network_record(row: dict[str, Any], header: dict[str, Any]):
     """A results row of a network (or its build failure) as a whole-network record, filed
     under the header's device."""
-    from dlas_predict.corpus.networks import NetworkMeasurement
+    from dlas_predict.measure.networks.plans import NetworkMeasurement
 
     if _lossy_unverified(row):
         row = {**row, "error": None, "verified": False}
@@ -217,7 +218,7 @@ def network_record(row: dict[str, Any], header: dict[str, Any]):
 
 def network_key(row: dict[str, Any], header: dict[str, Any]) -> str:
     """A network row's key for the header's device (its plan's key there)."""
-    from dlas_predict.corpus.networks import NetworkPlan
+    from dlas_predict.measure.networks.plans import NetworkPlan
     from dlas_predict.space.config import Compression
     from dlas_predict.space.devices import get_device
 

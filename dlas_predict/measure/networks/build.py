@@ -2,8 +2,9 @@
 
 The ONNX network is imported with Relax's frontend. Each ``relax.nn.conv2d`` is replaced
 (:func:`lower_convs`) by a ``call_tir`` to the scheduled kernel of
-:mod:`dlas_predict.measure.kernels` that the plan names for that layer. Weights are packed offline,
-in numpy, into the kernel's layout: CSR for sparse layers, with the layer's own (pruned) zeros.
+:mod:`dlas_predict.measure.kernels.cpu` that the plan names for that layer. Weights are packed
+offline, in numpy, into the kernel's layout: CSR for sparse layers, with the layer's own (pruned)
+zeros.
 
 The ops that follow a conv, each the only user of the one before (:func:`plan_epilogues`): a
 per-channel bias add, ReLU, the clamps of ReLU6, SiLU and one residual add, run in the
@@ -38,11 +39,11 @@ import tvm
 from tvm import relax, te
 
 from dlas_predict.space.config import Algorithm, Compression, ConvSpec, DType, Variant
-from .kernels import KernelSpec, kernel_module, output_shape, pack_weights
-from .knobs import resolve_knobs
+from dlas_predict.measure.kernels.cpu import KernelSpec, kernel_module, output_shape, pack_weights
+from dlas_predict.measure.kernels.knobs import resolve_knobs
 
 if TYPE_CHECKING:
-    from .tasks import NetworkTask
+    from dlas_predict.measure.execution.tasks import NetworkTask
 
 #: Marks our conv kernels, so the generic scheduler leaves them alone and FuseOps treats them
 #: as opaque (fusing an epilogue into a hand-scheduled kernel would unschedule it).
@@ -83,7 +84,7 @@ class TunedKernels:
 
     def __init__(self, db: str, budget: int, fingerprint: str, target_json: dict, cores: int,
                  pattern: str = "unstructured", simd_bits: int | None = None) -> None:
-        from . import tuning as tn
+        from dlas_predict.measure.kernels import tuning as tn
 
         self.db = tn.TuningDB(db)
         self.budget, self.fingerprint, self.target_json = budget, fingerprint, target_json
@@ -98,8 +99,8 @@ class TunedKernels:
         from dataclasses import replace
 
         from dlas_predict.compression.netplan import kernel_ratio
-        from .kernels import dense_prim_func
-        from .sparse import sparsity
+        from dlas_predict.measure.kernels.cpu import dense_prim_func
+        from dlas_predict.measure.kernels.sparse import sparsity
 
         ratio = kernel_ratio(sparsity(w)) if ks.sparse else 0.0
         asked, key = self._search(ks, comp, ratio)
@@ -142,8 +143,8 @@ class TunedKernels:
         of random inputs, with the tuned knobs) and that search's database key."""
         from dataclasses import replace
 
-        from . import tuning as tn
-        from .knobs import tuned_knobs
+        from dlas_predict.measure.kernels import tuning as tn
+        from dlas_predict.measure.kernels.knobs import tuned_knobs
 
         asked = replace(ks, scale=None, epilogue=(), knobs=tuned_knobs(
             ks.conv, Variant(ks.algorithm, comp, ratio), self.budget, self.simd_bits))
@@ -396,7 +397,7 @@ class _ConvLowering:
             raise BuildError("sparse kernels run in float32 only (the study's grid)")
         variant = Variant(choice.algorithm, comp, 0.5 if choice.sparse else 0.0)
         if self.gpu:
-            from .knobs import resolve_gpu_knobs
+            from dlas_predict.measure.kernels.knobs import resolve_gpu_knobs
 
             knobs = resolve_gpu_knobs(spec, variant)
         else:
@@ -420,7 +421,7 @@ class _ConvLowering:
                                                     name="cast"), data)
         ks = KernelSpec(spec, choice.algorithm, choice.sparse, self.dtype, knobs, scale, steps)
         if self.gpu:
-            from .cuda import gpu_prim_func
+            from dlas_predict.measure.kernels.cuda import gpu_prim_func
 
             func = gpu_prim_func(ks).without_attr("global_symbol").with_attr(
                 "tirx.is_scheduled", True)
@@ -561,7 +562,7 @@ def _dequantize(t: te.Tensor, scale: float, dtype: str) -> te.Tensor:
 def _fast_sigmoid(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     """Sigmoid as the kernels' fused SiLU computes it (:func:`~.kernels.fast_sigmoid`, in
     float32): it vectorises, where libm's exp does not."""
-    from .kernels import fast_sigmoid
+    from dlas_predict.measure.kernels.cpu import fast_sigmoid
 
     def sigmoid(t: te.Tensor) -> te.Tensor:
         if t.dtype == "float32":
@@ -995,7 +996,7 @@ def lower_cuda(model, input_name: str, input_shape: tuple[int, ...], dtype: DTyp
                specs: list[ConvSpec] | None = None,
                scales: list[tuple[float, float]] | None = None) -> tvm.IRModule:
     """The Relax module of a network for a CUDA GPU: every conv lowered to our CUDA kernel
-    (:func:`dlas_predict.measure.cuda.gpu_prim_func`, its bias and activation left as ops of
+    (:func:`dlas_predict.measure.kernels.cuda.gpu_prim_func`, its bias and activation left as ops of
     their own), every other op given dlight's default GPU schedule (thread-bound loops,
     reductions across a block's threads)."""
     from tvm.s_tir import dlight as dl
@@ -1028,7 +1029,7 @@ class _Runnable:
     ``invoke_stateful``: a VM called directly over RPC fails on the argument types)."""
 
     def __init__(self, executable, target_json: dict) -> None:
-        from .remote import execution
+        from dlas_predict.measure.execution.remote import execution
 
         run = execution()
         self.dev, self.remote = run.dev, run.remote
@@ -1059,8 +1060,8 @@ def run_network_task(task: "NetworkTask") -> dict[str, Any]:
     and time it with the study's protocol."""
     import onnx
 
-    from .tasks import plan_timing
-    from .worker import _target, timed_fields
+    from dlas_predict.measure.execution.tasks import plan_timing
+    from dlas_predict.measure.execution.worker import _target, timed_fields
 
     model = onnx.load(task.onnx)
     dtype = task.dtype

@@ -4,11 +4,13 @@ dense (TE compute + hand schedule) and CSR-sparse (TensorIR loops, data-dependen
 NCHW, batch 1, any stride, padding, dilation and groups. Data types: float32; float16 inputs,
 weights and outputs with float32 accumulation (as Relax's ToMixedPrecision; fp16 accumulation
 over a 4608-long reduction loses too much to verify); int8 inputs and weights with int32
-accumulation and requantisation to int8 (see :func:`dlas_predict.measure.reference.requantize`).
+accumulation and requantisation to int8 (see
+:func:`dlas_predict.measure.kernels.reference.requantize`).
 
-Every kernel is built by :func:`build_kernel` from its knobs (:mod:`dlas_predict.measure.knobs`);
-weights are packed offline by :func:`pack_weights` into the layout the kernel reads, so packing is
-not part of the timed run. This module imports TVM and runs inside the isolated worker.
+Every kernel is built by :func:`build_kernel` from its knobs
+(:mod:`dlas_predict.measure.kernels.knobs`); weights are packed offline by :func:`pack_weights` into
+the layout the kernel reads, so packing is not part of the timed run. This module imports TVM and
+runs inside the isolated worker.
 """
 
 from __future__ import annotations
@@ -22,10 +24,10 @@ from tvm import te
 from tvm.s_tir import Schedule
 
 from dlas_predict.space.config import Algorithm, ConvSpec, DType
-from .knobs import (VNNI_LANES, depthwise_extents, direct_input_width, dp4a_capable,
-                    filters_computed, vnni_capable)
-from .reference import int8_scale
-from .sparse import to_csr
+from dlas_predict.measure.kernels.knobs import (VNNI_LANES, depthwise_extents, direct_input_width,
+                                                dp4a_capable, filters_computed, vnni_capable)
+from dlas_predict.measure.kernels.reference import int8_scale
+from dlas_predict.measure.kernels.sparse import to_csr
 
 ACC_DTYPE = {DType.FLOAT32: "float32", DType.FLOAT16: "float32", DType.INT8: "int32"}
 
@@ -40,8 +42,8 @@ class KernelSpec:
     dtype: DType
     knobs: dict
     #: int8 only: the requantisation scale (accumulator -> int8 output). None: the scale of
-    #: :func:`dlas_predict.measure.reference.int8_scale`, for random inputs; whole networks pass
-    #: their calibrated ``s_in * s_w / s_out``. With an epilogue: the dequantisation scale
+    #: :func:`dlas_predict.measure.kernels.reference.int8_scale`, for random inputs; whole networks
+    #: pass their calibrated ``s_in * s_w / s_out``. With an epilogue: the dequantisation scale
     #: ``s_in * s_w`` (accumulator -> float32).
     scale: float | None = None
     #: The fused epilogue, applied in float32 to each output element while it is in registers:
@@ -632,7 +634,7 @@ def _gemm_schedule(sch: Schedule, ks: KernelSpec) -> None:
 # int8 GEMM on AVX-512 VNNI: four int8 products summed per int32 lane by one instruction.
 # ------------------------------------------------------------------------------------------
 def uses_vnni(ks: KernelSpec) -> bool:
-    """An int8 GEMM kernel whose ``vnni`` knob is set (:func:`~dlas_predict.measure.knobs.
+    """An int8 GEMM kernel whose ``vnni`` knob is set (:func:`~dlas_predict.measure.kernels.knobs.
     vnni_capable`): AVX-512 VNNI's ``vpdpbusd`` sums four products per int32 lane."""
     return vnni_capable(ks) and bool(ks.knobs.get("vnni"))
 

@@ -1,6 +1,6 @@
 """onnxruntime as a backend of the grid: the incumbent runtime, timed like our builds.
 
-One :class:`~dlas_predict.measure.tasks.OrtTask` runs in the isolated worker:
+One :class:`~dlas_predict.measure.execution.tasks.OrtTask` runs in the isolated worker:
 
 - ``fp32``: the model as given, every graph optimisation on;
 - ``int8``: static QDQ quantisation from ``onnxruntime.quantization`` (int8 weights per
@@ -12,8 +12,9 @@ One :class:`~dlas_predict.measure.tasks.OrtTask` runs in the isolated worker:
 The session runs ``threads`` intra-op threads, one inter-op thread, sequentially. Outputs
 are checked against the float32 reference (the ``check`` file, onnxruntime's float32
 outputs of the unoptimised model), then the session is timed with the study's protocol and
-the same contention probes as a TVM build (:func:`dlas_predict.measure.worker.timed_fields`).
-onnxruntime runs on this machine only: over TVM RPC a board has no onnxruntime to call.
+the same contention probes as a TVM build
+(:func:`dlas_predict.measure.execution.worker.timed_fields`). onnxruntime runs on this machine only:
+over TVM RPC a board has no onnxruntime to call.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from .tasks import OrtTask
+from dlas_predict.measure.execution.tasks import OrtTask
 
 #: onnxruntime configurations, by the compression whose model they run.
 MODES = ("fp32", "int8", "float16")
@@ -33,7 +34,7 @@ MODES = ("fp32", "int8", "float16")
 
 def mode_of(compression) -> str:
     """The onnxruntime mode of a compression: pruned models run in float32."""
-    from dlas_predict.corpus.networks import onnxruntime_mode
+    from dlas_predict.measure.networks.plans import onnxruntime_mode
 
     return onnxruntime_mode(compression)
 
@@ -105,9 +106,9 @@ def run_ort_task(task: OrtTask) -> dict[str, Any]:
     """Worker entry: prepare, check and time one onnxruntime configuration."""
     import onnxruntime as ort
 
-    from .remote import execution
-    from .tasks import plan_timing
-    from .worker import timed_fields
+    from dlas_predict.measure.execution.remote import execution
+    from dlas_predict.measure.execution.tasks import plan_timing
+    from dlas_predict.measure.execution.worker import timed_fields
 
     if execution().remote:
         raise RuntimeError("onnxruntime runs on this machine only: a board reached over TVM "

@@ -19,9 +19,9 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Iterator
 
-from dlas_predict.corpus.records import board_emulated
-from .remote import BoardError, boards_under
-from .rpcopts import RpcOptions
+from dlas_predict.measure.records import board_emulated
+from dlas_predict.measure.execution.remote import BoardError, boards_under
+from dlas_predict.measure.execution.rpcopts import RpcOptions
 
 
 @dataclass
@@ -54,7 +54,7 @@ class Farm:
 
     ``open_runner(rpc)`` makes one board's runner: an object with ``run_one(task)``
     returning a record (``error`` set on failure), ``last_lost`` (the last failure was the
-    board's), ``board`` (a :class:`~dlas_predict.measure.remote.BoardInfo` once started),
+    board's), ``board`` (a :class:`~dlas_predict.measure.execution.remote.BoardInfo` once started),
     ``protocol`` and ``close()``. ``log`` gets one progress line per finished task, naming
     its board.
     """
@@ -198,7 +198,7 @@ def kernel_runner(device, protocol, timeout_s: float, rpc: RpcOptions | None = N
                   log: Callable[[str], None] | None = None):
     """The runner of kernel tasks for ``device``: this machine's, or a farm of the boards
     under ``rpc.key``."""
-    from .runner import LocalRunner
+    from dlas_predict.measure.execution.runner import LocalRunner
 
     if rpc is None:
         return LocalRunner(device, protocol=protocol, timeout_s=timeout_s)
@@ -209,7 +209,7 @@ def kernel_runner(device, protocol, timeout_s: float, rpc: RpcOptions | None = N
 def network_runner(device, protocol, timeout_s: float, rpc: RpcOptions | None = None,
                    log: Callable[[str], None] | None = None):
     """The runner of whole-network plans for ``device``, here or on a farm."""
-    from .netrunner import NetworkRunner
+    from dlas_predict.measure.networks.runner import NetworkRunner
 
     if rpc is None:
         return NetworkRunner(device, timeout_s=timeout_s, protocol=protocol)

@@ -1,9 +1,9 @@
 """Whole networks: prepare a compressed model, build it with TVM Relax
-(:mod:`dlas_predict.measure.netbuild`) in the isolated worker, check it against onnxruntime,
+(:mod:`dlas_predict.measure.networks.build`) in the isolated worker, check it against onnxruntime,
 and time it with the study's protocol.
 
 :class:`NetworkRunner` is the batch interface: plans in, one
-:class:`~dlas_predict.corpus.networks.NetworkMeasurement` per plan out, a failure being a
+:class:`~dlas_predict.measure.networks.plans.NetworkMeasurement` per plan out, a failure being a
 record with ``error``. Storing and skipping what is stored is the corpus's job
 (:func:`dlas_predict.corpus.collect.collect_networks`).
 """
@@ -19,12 +19,12 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from dlas_predict.corpus.networks import NetworkMeasurement, NetworkPlan
+from dlas_predict.measure.networks.plans import NetworkMeasurement, NetworkPlan
 from dlas_predict.errors import ConfigError
 from dlas_predict.space.config import COMPRESSION_KERNEL, Compression
 from dlas_predict.space.devices import Device
 
-from .tasks import NetworkTask, TuningRequest
+from dlas_predict.measure.execution.tasks import NetworkTask, TuningRequest
 
 #: How many inputs the numerical check runs (and the int8 calibration uses).
 CHECK_SAMPLES = 8
@@ -231,8 +231,8 @@ class NetworkRunner:
 
     def __init__(self, device: Device, timeout_s: float = 600.0, protocol=None,
                  rpc=None) -> None:
-        from .runner import LocalRunner
-        from .tasks import Protocol
+        from dlas_predict.measure.execution.runner import LocalRunner
+        from dlas_predict.measure.execution.tasks import Protocol
 
         self.device = device
         self.runner = LocalRunner(device, protocol or Protocol(), timeout_s=timeout_s,
@@ -274,8 +274,8 @@ class NetworkRunner:
         return prep.calibration
 
     def _ort_task(self, plan: NetworkPlan, prep: _Prepared):
-        from .ortrun import mode_of
-        from .tasks import OrtTask
+        from dlas_predict.measure.networks.ortrun import mode_of
+        from dlas_predict.measure.execution.tasks import OrtTask
 
         mode = mode_of(plan.compression)
         calib = self._calibration(prep) if mode == "int8" else None

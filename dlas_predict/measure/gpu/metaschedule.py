@@ -5,13 +5,13 @@ GPU. A lent GPU machine has no network and takes a 64 MiB working tree, which TV
 library (259 MB) does not fit. The search is therefore run in rounds, each a kernel bundle:
 
 1. here, :func:`propose` runs one iteration of MetaSchedule's evolutionary search on a dense
-   kernel's unscheduled TensorIR (the compute of :func:`dlas_predict.measure.cuda.gpu_prim_func`,
-   so a candidate takes the hand-scheduled kernel's arguments) for a CUDA target: design spaces
-   from MetaSchedule's CUDA schedule rules, a population sampled and evolved under its XGBoost
-   cost model, GPU validity checked by its post-processors. The cost model is trained on what
-   the tuning database already holds for the workload, and the database's fastest schedules
-   seed the population; a first round has neither, as a first iteration of ``tune_tir`` has
-   not;
+   kernel's unscheduled TensorIR (the compute of
+   :func:`dlas_predict.measure.kernels.cuda.gpu_prim_func`, so a candidate takes the hand-scheduled
+   kernel's arguments) for a CUDA target: design spaces from MetaSchedule's CUDA schedule rules, a
+   population sampled and evolved under its XGBoost cost model, GPU validity checked by its
+   post-processors. The cost model is trained on what the tuning database already holds for the
+   workload, and the database's fastest schedules seed the population; a first round has neither, as
+   a first iteration of ``tune_tir`` has not;
 2. the bundle builds each candidate (:func:`candidate_func` replays its trace) and the GPU
    machine verifies and times it like every other kernel;
 3. :func:`record_round` files each measured candidate in the tuning database (MetaSchedule's
@@ -27,7 +27,7 @@ import logging
 import time
 import tvm
 
-from .kernels import KernelSpec
+from dlas_predict.measure.kernels.cpu import KernelSpec
 
 #: Evolutionary search's population for a round of ``trials`` candidates: MetaSchedule's
 #: default (512) from 64 trials up, eight candidates per trial below (at least 64).
@@ -38,7 +38,7 @@ def ms_target(arch: str = "sm_90") -> "tvm.target.Target":
     """The CUDA target with the limits MetaSchedule's GPU checks read (on a machine with no
     GPU nothing queries them): 1,024 threads and the 48 KiB of static shared memory a block
     may declare, 64 Ki registers."""
-    from . import cuda
+    from dlas_predict.measure.kernels import cuda
 
     base = cuda.cuda_target(arch)
     return tvm.target.Target({**{k: v for k, v in base.export().items() if k != "host"},
@@ -50,9 +50,9 @@ def ms_target(arch: str = "sm_90") -> "tvm.target.Target":
 
 def workload(ks: KernelSpec) -> tvm.IRModule:
     """The unscheduled TensorIR a dense CUDA kernel is tuned from
-    (:func:`dlas_predict.measure.cuda.unscheduled`), so a tuned kernel takes the hand-scheduled
-    one's arguments."""
-    from . import cuda
+    (:func:`dlas_predict.measure.kernels.cuda.unscheduled`), so a tuned kernel takes the
+    hand-scheduled one's arguments."""
+    from dlas_predict.measure.kernels import cuda
 
     if ks.sparse:
         raise ValueError("CSR kernels have data-dependent loops; MetaSchedule cannot "
@@ -98,7 +98,7 @@ def propose(ks: KernelSpec, target: "tvm.target.Target", trials: int, db=None,
     (the untrained XGBoost model draws from numpy's global generator)."""
     from tvm.s_tir import meta_schedule as ms
 
-    from .tuning import CPU_INTRINSICS, import_tensor_intrinsics
+    from dlas_predict.measure.kernels.tuning import CPU_INTRINSICS, import_tensor_intrinsics
 
     logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
     t0 = time.perf_counter()

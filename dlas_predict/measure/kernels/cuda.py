@@ -1,12 +1,13 @@
 """The study's convolution kernels for NVIDIA GPUs (CUDA), beside the CPU ones.
 
-Dense kernels reuse the CPU kernels' TE compute definitions (:mod:`dlas_predict.measure.kernels`)
-with hand-written GPU schedules: a thread block computes a tile of output channels × output pixels,
-each thread a register tile of it; the inputs of ``tile_rc`` reduction channels are staged in
-shared memory, fetched cooperatively by the block's threads. Layout stages (im2col's column buffer,
-spatial pack's tiled input and its unpacking) are elementwise kernels, one thread an element. CSR
-kernels are TensorIR loops, row-parallel: a thread block per output row of one output channel (one
-CSR row), a thread per output pixel, each thread walking the row's nonzeros.
+Dense kernels reuse the CPU kernels' TE compute definitions
+(:mod:`dlas_predict.measure.kernels.cpu`) with hand-written GPU schedules: a thread block computes a
+tile of output channels × output pixels, each thread a register tile of it; the inputs of
+``tile_rc`` reduction channels are staged in shared memory, fetched cooperatively by the block's
+threads. Layout stages (im2col's column buffer, spatial pack's tiled input and its unpacking) are
+elementwise kernels, one thread an element. CSR kernels are TensorIR loops, row-parallel: a thread
+block per output row of one output channel (one CSR row), a thread per output pixel, each thread
+walking the row's nonzeros.
 
 float16 kernels accumulate in float32 by default and in float16 with the knob
 ``acc_bits=16``; int8 kernels accumulate in int32 and requantise, as on the CPU. The module a
@@ -23,8 +24,8 @@ from tvm.s_tir import Schedule
 
 from dlas_predict.space.config import Algorithm, ConvSpec, DType
 from dlas_predict.errors import ConfigError
-from .kernels import (_DENSE, _SPARSE_HEADER, KernelSpec, _decode, _direct_nchw_compute,
-                      acc_dtype)
+from dlas_predict.measure.kernels.cpu import (_DENSE, _SPARSE_HEADER, KernelSpec, _decode,
+                                              _direct_nchw_compute, acc_dtype)
 
 #: The lowest compute capability the kernels are built for (float16 arithmetic, dp4a).
 MIN_ARCH = 61

@@ -330,7 +330,7 @@ def search_space(spec: ConvSpec, variant: Variant,
 
 
 # ------------------------------------------------------------------------------------------
-# GPU (CUDA) kernels: thread-block tiling knobs (see :mod:`dlas_predict.measure.cuda`).
+# GPU (CUDA) kernels: thread-block tiling knobs (see :mod:`dlas_predict.measure.kernels.cuda`).
 # ------------------------------------------------------------------------------------------
 #: The knobs each (algorithm, sparse) CUDA kernel takes; float16 kernels add ``acc_bits``,
 #: dense int8 GEMM ``dp4a`` (:func:`dp4a_capable`).

@@ -55,8 +55,8 @@ class TimedRuns:
 
     run_secs: list[float]
     error: str | None
-    contention: float | None  # measure.contention's chain ratio around the timing
-    slowdown: float | None    # measure.contention's canary slowdown around the timing
+    contention: float | None  # execution.contention's chain ratio around the timing
+    slowdown: float | None    # execution.contention's canary slowdown around the timing
 
     @property
     def best_s(self) -> float | None:
@@ -73,7 +73,7 @@ class TimedRuns:
     def contended(self, protocol: Any) -> bool:
         """Timed on a slow machine: another process held a core (the chain ratio over
         ``protocol.contention_limit``) or the canary ran slow (over
-        ``protocol.slowdown_limit``). See :mod:`dlas_predict.measure.contention`."""
+        ``protocol.slowdown_limit``). See :mod:`dlas_predict.measure.execution.contention`."""
         return slowness(self.contention, self.slowdown, protocol) > 1.0
 
     def slowness(self, protocol: Any) -> float:
@@ -142,10 +142,11 @@ class MeasureResult(TimedRuns):
     tuner: str | None = None
     #: The contention probe's worst parallel/serial ratio around the timing (1.0: no other
     #: process held a core; about 2.0: one did, on 2 cores); None: not probed (one thread,
-    #: or measured before the probe existed). See :mod:`dlas_predict.measure.contention`.
+    #: or measured before the probe existed). See :mod:`dlas_predict.measure.execution.contention`.
     contention: float | None = None
     #: The canary kernel's worst time around the timing over the fastest this machine has
-    #: run it (1.0: usual speed); None: not probed. See :mod:`dlas_predict.measure.contention`.
+    #: run it (1.0: usual speed); None: not probed. See
+    #: :mod:`dlas_predict.measure.execution.contention`.
     slowdown: float | None = None
     #: Measured through RPC: the board as it reported itself (LLVM CPU, triple, cores,
     #: fingerprint), its tracker key and address, as JSON; None: this machine.

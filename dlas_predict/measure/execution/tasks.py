@@ -23,7 +23,7 @@ class Protocol:
     Before timing, wait up to ``quiet_wait_s`` for the machine to run at its usual speed:
     no other process holding a core (the chain probe's parallel/serial ratio at most
     ``contention_limit``) and the canary kernel at most ``slowdown_limit`` times its fastest
-    (:mod:`dlas_predict.measure.contention`); time once more if it slowed during the
+    (:mod:`dlas_predict.measure.execution.contention`); time once more if it slowed during the
     timing."""
 
     max_repeats: int = 150

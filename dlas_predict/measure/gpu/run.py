@@ -1,14 +1,15 @@
-"""Measure a bundle on this machine's GPU: ``python -m measure.gpu_run BUNDLE --out R``.
+"""Measure a bundle on this machine's GPU:
+``python -m dlas_predict.measure.gpu.run BUNDLE --out R``.
 
 Needs only TVM's runtime (``TVM_USE_RUNTIME_LIB=1``), numpy and an NVIDIA driver: the bundle's
 modules carry CUDA C that the driver's NVRTC compiles when a module is loaded.
 
 Loading (NVRTC) runs in ``--workers`` processes at once; the GPU work of a kernel (warm-up,
 verification run, timing) runs under one lock, so the GPU times one kernel at a time. Every
-kernel is verified against the numpy reference (:mod:`dlas_predict.measure.reference`) on the
-output of its warm-up run, then timed with TVM's ``time_evaluator``: ``number`` calls back to
+kernel is verified against the numpy reference (:mod:`dlas_predict.measure.kernels.reference`) on
+the output of its warm-up run, then timed with TVM's ``time_evaluator``: ``number`` calls back to
 back between two CUDA events (TVM's CUDA timer), per timed run. A whole network
-(:mod:`dlas_predict.measure.gpu_networks`) is checked against onnxruntime's outputs and timed
+(:mod:`dlas_predict.measure.gpu.networks`) is checked against onnxruntime's outputs and timed
 the same way. A kernel that raises, crashes its process or hangs past ``--timeout`` is a
 recorded failure; its worker is replaced and the run goes on. Each result is appended to the
 results file as soon as it is known (fsync'd), and a re-run skips what is there, so a run
@@ -115,11 +116,11 @@ def _measure_chunk(bundle: Path, chunk: str, lines: list[dict], proto: dict, que
     import tvm
 
     from dlas_predict.space.config import SparsityPattern
-    from .gpu_bundle import kernel_spec
-    from .kernels import device_args
-    from .reference import check_output, conv2d_reference, make_inputs
-    from .sparse import prune, sparsity
-    from .tasks import Protocol, plan_timing
+    from dlas_predict.measure.gpu.bundle import kernel_spec
+    from dlas_predict.measure.kernels.cpu import device_args
+    from dlas_predict.measure.kernels.reference import check_output, conv2d_reference, make_inputs
+    from dlas_predict.measure.kernels.sparse import prune, sparsity
+    from dlas_predict.measure.execution.tasks import Protocol, plan_timing
 
     load_cuda_runtime()
     dev = tvm.cuda(0)
@@ -183,7 +184,7 @@ def _measure_one_network(mod, line: dict, bundle: Path, dev, proto: dict, lock, 
     (the CUDA context may be poisoned)."""
     import tvm
 
-    from .gpu_networks import measure_network
+    from dlas_predict.measure.gpu.networks import measure_network
 
     result: dict[str, Any] = {"compile_s": round(load_s, 4) + float(line.get("build_s", 0))}
     try:
@@ -236,7 +237,7 @@ def run_bundle(bundle: Path, results: Path, workers: int = 4, timeout_s: float =
                time_limit_s: float | None = None, allow_other_gpu: bool = False,
                log=print) -> dict[str, int]:
     """Measure every kernel of ``bundle`` not yet in ``results``. Returns counts."""
-    from .gpu_bundle import done_keys
+    from dlas_predict.measure.gpu.bundle import done_keys
 
     header = json.loads((bundle / "bundle.json").read_text())
     gpu = gpu_identity()
@@ -371,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--allow-other-gpu", action="store_true")
     ap.add_argument("--peaks", type=Path, default=None,
                     help="also time the roof kernels of this bundle's peaks.so first "
-                         "(measure.gpu_peaks); writes peaks.json beside --out")
+                         "(dlas_predict.measure.gpu.peaks); writes peaks.json beside --out")
     args = ap.parse_args(argv)
     if not (args.bundle / "manifest.jsonl").is_file():
         print(f"Error: {args.bundle} is not a kernel bundle (no manifest.jsonl)",
@@ -379,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     os.environ.setdefault("TVM_USE_RUNTIME_LIB", "1")
     if args.peaks is not None:
-        from .gpu_peaks import peak_specs, time_peaks
+        from dlas_predict.measure.gpu.peaks import peak_specs, time_peaks
 
         gpu = gpu_identity()
         roofs = time_peaks(str(args.peaks), peak_specs(gpu["sm_count"]))

@@ -123,11 +123,11 @@ class Canary:
     def __init__(self, target_json: dict, reference: Path | None, repeats: int = 5) -> None:
         import tvm
 
-        from .remote import execution
+        from dlas_predict.measure.execution.remote import execution
         from dlas_predict.space.config import ConvSpec, DType, Variant
-        from .kernels import KernelSpec, build_kernel, device_args
-        from .knobs import resolve_knobs
-        from .reference import make_inputs
+        from dlas_predict.measure.kernels.cpu import KernelSpec, build_kernel, device_args
+        from dlas_predict.measure.kernels.knobs import resolve_knobs
+        from dlas_predict.measure.kernels.reference import make_inputs
 
         spec = ConvSpec.parse(CANARY_CONV)
         variant = Variant("spatial_pack", "dense")
@@ -224,7 +224,7 @@ class ContentionProbe:
         import tvm
         from tvm.script import from_source
 
-        from .remote import execution
+        from dlas_predict.measure.execution.remote import execution
 
         self.reset_waiting()
         self.canary = canary

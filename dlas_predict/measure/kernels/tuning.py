@@ -2,10 +2,10 @@
 
 Dense kernels are tuned by MetaSchedule (TVM 0.27's successor of the Ansor auto-scheduler
 the study used) from their unscheduled TensorIR
-(:func:`dlas_predict.measure.kernels.dense_prim_func`). CSR kernels have data-dependent loops that
-MetaSchedule cannot sample, so their tuned variant is a measured search over the hand schedule's
-knobs (:func:`dlas_predict.measure.knobs.search_space`), the counterpart of the study's "sparse
-sketch rules".
+(:func:`dlas_predict.measure.kernels.cpu.dense_prim_func`). CSR kernels have data-dependent loops
+that MetaSchedule cannot sample, so their tuned variant is a measured search over the hand
+schedule's knobs (:func:`dlas_predict.measure.kernels.knobs.search_space`), the counterpart of the
+study's "sparse sketch rules".
 
 Every search is written to a :class:`TuningDB` (a directory: MetaSchedule's JSON database of
 tuning records, plus an index of what was tuned with which budget and what it cost), so the
@@ -28,9 +28,9 @@ import numpy as np
 import tvm
 
 from dlas_predict.space.config import stable_hash
-from .kernels import KernelSpec, build_kernel, dense_prim_func
+from dlas_predict.measure.kernels.cpu import KernelSpec, build_kernel, dense_prim_func
 
-from dlas_predict.corpus.records import KNOB_SEARCH, METASCHEDULE  # noqa: F401 - the tuners
+from dlas_predict.measure.records import KNOB_SEARCH, METASCHEDULE  # noqa: F401 - the tuners
 
 #: A trial improves on the best so far when it is at least this much faster.
 MIN_GAIN = 0.01
@@ -304,7 +304,7 @@ def _board_tuning(target: "tvm.target.Target"):
 
     from tvm.s_tir import meta_schedule as ms
 
-    from .remote import execution
+    from dlas_predict.measure.execution.remote import execution
 
     import_tensor_intrinsics()
     builder_kw: dict[str, Any] = {"timeout_sec": BUILD_TIMEOUT_S,
@@ -327,7 +327,7 @@ def _board_tuning(target: "tvm.target.Target"):
 def _export_board(target_json: dict, mod) -> str:
     """MetaSchedule's export of a candidate for a board: a shared library linked for the
     board's architecture (the board has no compiler to link a tar)."""
-    from .remote import export_shared
+    from dlas_predict.measure.execution.remote import export_shared
 
     path = Path(tempfile.mkdtemp(prefix="dlas-ms-")) / "candidate.so"
     return export_shared(mod, str(path), target_json)
@@ -338,7 +338,7 @@ def _export_board(target_json: dict, mod) -> str:
 # ------------------------------------------------------------------------------------------
 def quick_time(func: Callable, args: list, module, dev, repeats: int = 5) -> float:
     """Median seconds per call: one warm-up, then ``repeats`` runs of at least 1 ms each."""
-    from .tasks import Protocol, plan_timing
+    from dlas_predict.measure.execution.tasks import Protocol, plan_timing
 
     t0 = time.perf_counter()
     func(*args)
@@ -357,7 +357,7 @@ def search_sparse(ks: KernelSpec, target: "tvm.target.Target", db: TuningDB, key
 
     outcome = db.lookup(key)
     if outcome is None:
-        from .remote import execution
+        from dlas_predict.measure.execution.remote import execution
 
         run = execution()
         dev = run.dev

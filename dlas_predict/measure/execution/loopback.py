@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import hide_torch_from_children
+from dlas_predict.measure import hide_torch_from_children
 
 
 def free_port() -> int:
@@ -57,7 +57,7 @@ def _wait_for_listener(port: int, proc: subprocess.Popen, deadline_s: float = 60
 
 def wait_for_boards(port: int, key: str, n: int, deadline_s: float = 90.0) -> None:
     """Until ``n`` boards under ``key`` are free at the tracker on ``port``."""
-    from .remote import tracker_summary
+    from dlas_predict.measure.execution.remote import tracker_summary
 
     t0 = time.monotonic()
     while time.monotonic() - t0 < deadline_s:

@@ -1,6 +1,6 @@
 """Whole-network records: the plan of a configuration to build (:class:`NetworkPlan`) and the
 record of its measurement (:class:`NetworkMeasurement`). The TVM backend builds and times
-plans (:mod:`dlas_predict.measure.netrunner`); :mod:`dlas_predict.corpus.collect` stores them.
+plans (:mod:`dlas_predict.measure.networks.runner`); :mod:`dlas_predict.corpus.collect` stores them.
 
 A configuration is a compression (with its ratio) and an algorithm: ``direct``, ``gemm``,
 ``spatial_pack`` for every layer (the study's grid), or ``per_layer``, where each layer has
@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING
 
 from dlas_predict.space.config import Algorithm, Compression, COMPRESSION_KERNEL, DType
 from dlas_predict.space.devices import Device
-from dlas_predict.corpus.records import TimedRuns
+from dlas_predict.measure.records import TimedRuns
 
 if TYPE_CHECKING:
-    from dlas_predict.measure.runner import TuningOptions
+    from dlas_predict.measure.execution.runner import TuningOptions
 
 #: Algorithm label of a configuration whose layers each have their own kernel.
 PER_LAYER = "per_layer"
@@ -28,13 +28,13 @@ PER_LAYER = "per_layer"
 ONNXRUNTIME = "onnxruntime"
 #: The engine's version, in every whole-network record and its key, so a changed engine
 #: measures again: "14" runs an int8 network's ungrouped GEMM layers on AVX-512 VNNI where
-#: the CPU has it (:func:`~dlas_predict.measure.kernels.uses_vnni`), "13" computes a sigmoid (a fused SiLU's, and every Sigmoid op's) as a
-#: rational function instead of through a polynomial exp, and folds a sigmoid gate's channel
-#: scale (a squeeze-excitation's) into the next conv's weights where they are fewer than its
-#: input's elements, "12" blocks a spatial pack layer's filters in whole vectors where the
-#: largest divisor of its filter count up to two vectors is no whole vector, "11" computes
-#: a direct or GEMM layer whose filter count has no divisor of at least four over whole
-#: blocks of filters, the last one padded, "10" keeps a padded pool's padding as a stage of
+#: the CPU has it (:func:`~dlas_predict.measure.kernels.cpu.uses_vnni`), "13" computes a sigmoid (a
+#: fused SiLU's, and every Sigmoid op's) as a rational function instead of through a polynomial exp,
+#: and folds a sigmoid gate's channel scale (a squeeze-excitation's) into the next conv's weights
+#: where they are fewer than its input's elements, "12" blocks a spatial pack layer's filters in
+#: whole vectors where the largest divisor of its filter count up to two vectors is no whole vector,
+#: "11" computes a direct or GEMM layer whose filter count has no divisor of at least four over
+#: whole blocks of filters, the last one padded, "10" keeps a padded pool's padding as a stage of
 #: its own, runs the ops after a pool or other reduction in its parallel loop, and tiles a
 #: strided depthwise row with the vector or half vector that pads it least, "9" computes a
 #: direct or GEMM layer over whole vector tiles where no tile of at least half a vector
@@ -60,9 +60,9 @@ PREVIOUS_NETWORK_VERSIONS = ("13", "12", "11", "10", "9", "8", "7", "6", "5", "4
 #: The first engine version that removes the zeroed filters of a channel-pruned network;
 #: older channel-pruning records timed another network (CSR kernels over the zeroed filters).
 CHANNEL_REMOVAL_VERSION = "5"
-#: The engine of whole networks built for a CUDA GPU (``measure/gpu_networks.py``), a series
-#: of its own beside the CPU engine's: our CUDA kernels per layer, every other op scheduled by
-#: dlight; channel-pruned networks with their zeroed filters removed.
+#: The engine of whole networks built for a CUDA GPU (``dlas_predict/measure/gpu/networks.py``), a
+#: series of its own beside the CPU engine's: our CUDA kernels per layer, every other op scheduled
+#: by dlight; channel-pruned networks with their zeroed filters removed.
 GPU_NETWORK_VERSION = "g1"
 
 
@@ -79,7 +79,7 @@ def _pads_register_filters(plan: list, convs: list, simd_bits: int | None,
     """What engine "11" builds otherwise than "10": a dense direct or GEMM layer whose block
     of filters today's default pads (a filter count with no divisor of at least four that
     fits the accumulators)."""
-    from dlas_predict.measure.knobs import default_knobs, filters_computed
+    from dlas_predict.measure.kernels.knobs import default_knobs, filters_computed
     from dlas_predict.space.config import Variant
 
     for (algorithm, sparse), spec in zip(plan, convs):
@@ -95,9 +95,9 @@ def _reblocks_pack_filters(plan: list, convs: list, simd_bits: int | None,
                            _exp_elems: int | None, _dtype: DType | None, _vnni: bool) -> bool:
     """What engine "12" builds otherwise than "11": a dense ungrouped spatial pack layer
     whose block of filters engine 11 took by fewest vector updates alone
-    (:func:`~dlas_predict.measure.knobs.pack_block_by_updates`), where that block is no whole
-    vector and today's default replaces it."""
-    from dlas_predict.measure.knobs import default_knobs, pack_block_by_updates, registers
+    (:func:`~dlas_predict.measure.kernels.knobs.pack_block_by_updates`), where that block is no
+    whole vector and today's default replaces it."""
+    from dlas_predict.measure.kernels.knobs import default_knobs, pack_block_by_updates, registers
     from dlas_predict.space.config import Variant
 
     lanes = registers(simd_bits)[0]
@@ -263,7 +263,7 @@ class NetworkMeasurement(TimedRuns):
     slowdown: float | None = None    # as MeasureResult.slowdown
     board: str | None = None         # as MeasureResult.board
     #: onnxruntime records: its version, mode, threads and (int8) what it was calibrated on;
-    #: our builds: their epilogues (``measure.netbuild.epilogue_details``)
+    #: our builds: their epilogues (``dlas_predict.measure.networks.build.epilogue_details``)
     details: dict | None = None
     #: the engine version it was measured with (:data:`NETWORK_VERSION`); empty: the current
     version: str = ""

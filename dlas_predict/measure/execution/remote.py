@@ -292,7 +292,7 @@ class LocalExecution:
         return getattr(executable, "mod", executable)
 
     def threads(self) -> int:
-        from .contention import pool_threads
+        from dlas_predict.measure.execution.contention import pool_threads
 
         return pool_threads()
 
@@ -334,7 +334,7 @@ class RemoteExecution:
         and tensors), so the server ends the session and registers again."""
         import gc
 
-        from .contention import drop_probes
+        from dlas_predict.measure.execution.contention import drop_probes
 
         drop_probes()
         self.session, self.dev = None, None

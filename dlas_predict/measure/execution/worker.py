@@ -1,11 +1,11 @@
-"""The isolated measurement worker: ``python -m dlas_predict.measure.worker``.
+"""The isolated measurement worker: ``python -m dlas_predict.measure.execution.worker``.
 
 Reads one JSON task per line on stdin and answers one JSON result per line on the protocol
 channel (the original stdout; anything TVM or LLVM prints goes to stderr). For each task it
 builds the kernel, runs it once on random inputs (the discarded warm-up), checks the output
 against the numpy reference, then times it with the study's protocol. A Python exception in
 one task is answered as that task's error; a crash or a hang is caught by the parent
-(:mod:`dlas_predict.measure.runner`), which restarts the worker.
+(:mod:`dlas_predict.measure.execution.runner`), which restarts the worker.
 """
 
 from __future__ import annotations
@@ -20,12 +20,13 @@ from typing import Any
 import numpy as np
 
 from dlas_predict.space.config import SparsityPattern
-from . import hide_torch_from_children, import_tvm
-from .remote import BoardError, RemoteExecution, execution, use
-from .reference import check_output, conv2d_reference, make_inputs
-from .sparse import prune, sparsity
-from .tasks import (KernelTask, NetworkTask, OrtTask, PeaksTask, Protocol, Task,
-                    WorkerReply, from_wire, plan_timing)
+from dlas_predict.measure import hide_torch_from_children, import_tvm
+from dlas_predict.measure.execution.remote import BoardError, RemoteExecution, execution, use
+from dlas_predict.measure.kernels.reference import check_output, conv2d_reference, make_inputs
+from dlas_predict.measure.kernels.sparse import prune, sparsity
+from dlas_predict.measure.execution.tasks import (KernelTask, NetworkTask, OrtTask, PeaksTask,
+                                                  Protocol, Task, WorkerReply, from_wire,
+                                                  plan_timing)
 
 
 def _target(target_json: dict):
@@ -36,23 +37,23 @@ def _target(target_json: dict):
 
 def run_task(task: Task) -> WorkerReply:
     """Build, verify and time one kernel (a :class:`KernelTask`), one whole network (a
-    :class:`NetworkTask`: :func:`dlas_predict.measure.netbuild.run_network_task`; an
-    :class:`OrtTask`: :func:`dlas_predict.measure.ortrun.run_ort_task`) or the
+    :class:`NetworkTask`: :func:`dlas_predict.measure.networks.build.run_network_task`; an
+    :class:`OrtTask`: :func:`dlas_predict.measure.networks.ortrun.run_ort_task`) or the
     machine's roofs (a :class:`PeaksTask`: :func:`dlas_predict.measure.peaks.measure_peaks`).
     A Python exception propagates; :func:`main` answers it as the task's error."""
     fault = _fault(task)
     if fault and fault not in _KERNEL_FAULTS:
         _inject(fault)
     if isinstance(task, NetworkTask):
-        from .netbuild import run_network_task
+        from dlas_predict.measure.networks.build import run_network_task
 
         return WorkerReply(ok=True, **run_network_task(task))
     if isinstance(task, OrtTask):
-        from .ortrun import run_ort_task
+        from dlas_predict.measure.networks.ortrun import run_ort_task
 
         return WorkerReply(ok=True, **run_ort_task(task))
     if isinstance(task, PeaksTask):
-        from .peaks import measure_peaks
+        from dlas_predict.measure.peaks import measure_peaks
 
         return WorkerReply(ok=True, **measure_peaks(task.target, task.cores, task.simd_bits,
                                                     task.stream_mib, task.vnni, task.caches))
@@ -60,7 +61,7 @@ def run_task(task: Task) -> WorkerReply:
 
 
 def _run_kernel(task: KernelTask) -> dict[str, Any]:
-    from .kernels import KernelSpec, build_kernel, device_args
+    from dlas_predict.measure.kernels.cpu import KernelSpec, build_kernel, device_args
 
     spec, dtype, pattern, proto = task.conv, task.dtype, task.pattern, task.protocol
     ks = KernelSpec(conv=spec, algorithm=task.algorithm, sparse=task.sparse, dtype=dtype,
@@ -114,8 +115,8 @@ def _run_kernel(task: KernelTask) -> dict[str, Any]:
 def timed_fields(run, target_json: dict, proto: Protocol,
                  fingerprint: str = "") -> dict[str, Any]:
     """Time ``run`` on a quiet machine where possible
-    (:func:`dlas_predict.measure.contention.timed`); the reply's timing fields."""
-    from .contention import probe_for, timed
+    (:func:`dlas_predict.measure.execution.contention.timed`); the reply's timing fields."""
+    from dlas_predict.measure.execution.contention import probe_for, timed
 
     ex = execution()
     if ex.board is not None:  # the probes run on the board, their canary kept per board
@@ -131,9 +132,9 @@ def _tuned_build(ks, task: KernelTask, pattern: SparsityPattern, make_args,
     fields of ``result``. Returns the executable and the kernel spec it was built from."""
     import tvm
 
-    from . import tuning as tn
-    from .kernels import build_kernel
-    from .knobs import search_space
+    from dlas_predict.measure.kernels import tuning as tn
+    from dlas_predict.measure.kernels.cpu import build_kernel
+    from dlas_predict.measure.kernels.knobs import search_space
 
     opts = task.tuning
     budget, patience = opts.budget, opts.patience
@@ -191,7 +192,7 @@ def _execution_from_argv(argv: list[str]):
     on a board of that tracker; no arguments: on this machine."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m dlas_predict.measure.worker")
+    parser = argparse.ArgumentParser(prog="python -m dlas_predict.measure.execution.worker")
     parser.add_argument("--tracker")
     parser.add_argument("--key")
     parser.add_argument("--request-timeout", type=float, default=60.0)
@@ -233,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     # TVM's helper processes (MetaSchedule's builders and runners) start without torch
     os.environ.update(hide_torch_from_children(cache_dir("without-torch")))
 
-    import dlas_predict.measure.kernels  # noqa: F401
+    import dlas_predict.measure.kernels.cpu  # noqa: F401
 
     def send(obj: dict) -> None:
         channel.write(json.dumps(obj) + "\n")

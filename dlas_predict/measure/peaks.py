@@ -36,7 +36,7 @@ ITERS = 4096
 #: Rows of the streamed operand (loaded from L1 and converted every step, as in a conv).
 BROWS = 16
 #: Accumulator and output types: as the conv kernels (float16 widens to float32, int8 to
-#: int32; measure/kernels.py ACC_DTYPE).
+#: int32; dlas_predict/measure/kernels/cpu.py ACC_DTYPE).
 ACC = {"float32": "float32", "float16": "float32", "int8": "int32"}
 OUT = {"float32": "float32", "float16": "float16", "int8": "int32"}
 
@@ -206,7 +206,7 @@ def measure_peaks(target_json: dict[str, Any], cores: int, simd_bits: int,
     "details": {...}}`` on this machine."""
     import tvm
 
-    from .remote import execution
+    from dlas_predict.measure.execution.remote import execution
 
     target = tvm.target.Target(target_json)
     run = execution()

@@ -1,8 +1,8 @@
 """A GPU's roofs, measured: an FMA-bound kernel per dtype and a streaming kernel.
 
-Built here (:func:`build_peaks`), timed on the GPU by ``measure.gpu_run --peaks``. None of
-the kernels uses tensor cores: they are the roofs of the CUDA cores, where the study's kernels
-run. float32: chains of scalar FMAs; float16: ``half2`` FMAs (two a lane); int8: ``dp4a``
+Built here (:func:`build_peaks`), timed on the GPU by ``dlas_predict.measure.gpu.run --peaks``.
+None of the kernels uses tensor cores: they are the roofs of the CUDA cores, where the study's
+kernels run. float32: chains of scalar FMAs; float16: ``half2`` FMAs (two a lane); int8: ``dp4a``
 (four multiply-adds an instruction). Each thread keeps 8 independent chains in registers;
 ``BLOCKS_PER_SM`` blocks of 256 threads an SM fill the GPU. The stream kernel reads and
 writes ``STREAM_MIB`` MiB each, 16 bytes a thread an access.
@@ -95,7 +95,7 @@ def build_peaks(sm_count: int, arch: str, path: str) -> dict[str, dict[str, Any]
     import tvm
     from tvm.script import from_source
 
-    from .cuda import cuda_target
+    from dlas_predict.measure.kernels.cuda import cuda_target
 
     specs = peak_specs(sm_count)
     funcs = {}

@@ -8,8 +8,8 @@ measured in three steps, each resumable:
    ``manifest.jsonl`` (one task a line: workload, variant, knobs, seed, key) and
    ``bundle.json`` (device, expected fingerprint, target, protocol). A kernel that fails to
    build is a recorded failure in ``build_failures.jsonl``.
-2. ``python -m measure.gpu_run BUNDLE --out RESULTS.jsonl`` (on the GPU machine, with only
-   TVM's runtime): each kernel is loaded, verified against the numpy reference and timed.
+2. ``python -m dlas_predict.measure.gpu.run BUNDLE --out RESULTS.jsonl`` (on the GPU machine, with
+only TVM's runtime): each kernel is loaded, verified against the numpy reference and timed.
 3. :func:`import_results` (here): results and build failures become corpus records.
 """
 
@@ -26,9 +26,8 @@ from typing import Any, Callable, Iterable
 from dlas_predict.space.config import ConvSpec, Variant
 from dlas_predict.space.devices import Device
 from dlas_predict.errors import DlasError
-from dlas_predict.corpus.records import (KNOB_SEARCH, METASCHEDULE, MeasureResult,
-                                         measurement_key)
-from .knobs import resolve_gpu_knobs
+from dlas_predict.measure.records import KNOB_SEARCH, METASCHEDULE, MeasureResult, measurement_key
+from dlas_predict.measure.kernels.knobs import resolve_gpu_knobs
 
 #: Bump when a CUDA kernel's code changes, so stored measurements of the old code are not
 #: reused.
@@ -106,11 +105,11 @@ class GpuTask:
 def search_tasks(spec: ConvSpec, variant: Variant, device: Device,
                  trials: int) -> list[GpuTask]:
     """The candidates of a tuned kernel: up to ``trials`` knob settings of its hand schedule
-    (:func:`dlas_predict.measure.knobs.gpu_search_space`), each a task of the search whose
+    (:func:`dlas_predict.measure.kernels.knobs.gpu_search_space`), each a task of the search whose
     key is the tuned record's. The fastest verified candidate becomes the tuned record."""
     from dlas_predict.space.config import Tuning
 
-    from .knobs import gpu_search_space
+    from dlas_predict.measure.kernels.knobs import gpu_search_space
 
     base = Variant(variant.algorithm, variant.compression, variant.ratio, Tuning.TUNED,
                    variant.knobs)
@@ -126,10 +125,10 @@ def search_tasks(spec: ConvSpec, variant: Variant, device: Device,
 def metaschedule_tasks(spec: ConvSpec, variant: Variant, device: Device, trials: int,
                        db=None, round_no: int = 1) -> tuple[list[GpuTask], float]:
     """The candidates of a dense kernel's MetaSchedule search
-    (:mod:`dlas_predict.measure.gpu_metaschedule`): its hand schedule first, then up to
+    (:mod:`dlas_predict.measure.gpu.metaschedule`): its hand schedule first, then up to
     ``trials - 1`` candidates of one round of the evolutionary search (``db``: MetaSchedule's
     database of earlier rounds). Returns the tasks and the seconds the search took here."""
-    from . import gpu_metaschedule as gm
+    from dlas_predict.measure.gpu import metaschedule as gm
 
     base, search = _metaschedule_search(spec, variant, device, trials, round_no)
     hand = replace(GpuTask.make(spec, base, device, search=search, search_trials=trials,
@@ -167,9 +166,9 @@ def _trace_id(trace: str) -> int:
 
 
 def kernel_spec(payload: dict[str, Any]):
-    """The :class:`dlas_predict.measure.kernels.KernelSpec` of a manifest line."""
+    """The :class:`dlas_predict.measure.kernels.cpu.KernelSpec` of a manifest line."""
     from dlas_predict.space.config import Algorithm, DType
-    from .kernels import KernelSpec
+    from dlas_predict.measure.kernels.cpu import KernelSpec
 
     return KernelSpec(conv=ConvSpec.from_dict(payload["conv"]),
                       algorithm=Algorithm.parse(payload["algorithm"]),
@@ -222,8 +221,8 @@ def write_bundle(tasks: list[GpuTask], device: Device, out: Path, chunk_size: in
     already in its manifest or failures are not built again). Returns counts."""
     import tvm
 
-    from . import cuda
-    from . import gpu_metaschedule as gm
+    from dlas_predict.measure.kernels import cuda
+    from dlas_predict.measure.gpu import metaschedule as gm
 
     out.mkdir(parents=True, exist_ok=True)
     manifest, failures = out / "manifest.jsonl", out / "build_failures.jsonl"
@@ -283,7 +282,7 @@ def _build_chunk(funcs: dict[str, Any], target) -> tuple[Any, dict[str, Any], di
     would refuse the whole module for (over the static shared memory), fails alone, and the
     module is built without it: returns (the module, None if no kernel is left; the kernels
     in it; the failing kernels' errors)."""
-    from . import cuda
+    from dlas_predict.measure.kernels import cuda
 
     try:
         module, refused = cuda.build(funcs, target), {}
@@ -302,7 +301,7 @@ def _build_chunk(funcs: dict[str, Any], target) -> tuple[Any, dict[str, Any], di
 def _compile_alone(funcs: dict[str, Any], target, error: Exception) -> dict[str, str]:
     """The errors of the kernels that fail to compile alone, after ``error`` failed their
     module (raised again where none fails alone: the module's own error)."""
-    from . import cuda
+    from dlas_predict.measure.kernels import cuda
 
     refused = {}
     for name, func in funcs.items():
@@ -322,9 +321,9 @@ def import_results(bundle: Path, results: Path | None, store,
     skipped, but a stored failure is replaced by a measurement of its key. Returns counts.
 
     The records are filed under the GPU that measured them: the ``gpu.json`` that
-    ``measure.gpu_run`` writes beside its results names it. A bundle measured on another GPU
-    than the one it was built for (``--allow-other-gpu``, same CUDA architecture) is filed
-    under ``device``, which must be that GPU's registry entry; every key is made again for
+    ``dlas_predict.measure.gpu.run`` writes beside its results names it. A bundle measured on
+    another GPU than the one it was built for (``--allow-other-gpu``, same CUDA architecture) is
+    filed under ``device``, which must be that GPU's registry entry; every key is made again for
     it."""
     header = json.loads((bundle / "bundle.json").read_text())
     header = {**header, **_measured_on(header, results, device)}
@@ -363,8 +362,8 @@ def file_metaschedule(bundle: Path, results: Path, tuning_db: Path | None = None
     filed (a candidate already there is not filed again) and the database's folder."""
     from dlas_predict.paths import tuning_db_dir
 
-    from . import gpu_metaschedule as gm
-    from .tuning import TuningDB
+    from dlas_predict.measure.gpu import metaschedule as gm
+    from dlas_predict.measure.kernels.tuning import TuningDB
 
     traces = {row["key"]: row["trace"] for row in read_lines(bundle / TRACES)}
     header = json.loads((bundle / "bundle.json").read_text())
@@ -399,7 +398,7 @@ def _import_networks(rows: list[dict[str, Any]], header: dict[str, Any],
                      store) -> tuple[int, int]:
     """File whole-network rows as network measurements (keys made for the header's device);
     a key already stored as a success is left. Returns (added, failures among them)."""
-    from .gpu_networks import network_key, network_record
+    from dlas_predict.measure.gpu.networks import network_key, network_record
 
     added = failed = 0
     refile = header["fingerprint"] != header["built_for"]
@@ -476,7 +475,7 @@ def _search_key(row: dict[str, Any], header: dict[str, Any]) -> str:
 def _untuned_row(cand: dict[str, Any], header: dict[str, Any]) -> dict[str, Any] | None:
     """A knob search's candidate whose knobs are the untuned schedule's (its first one) is
     that untuned kernel, measured: the row of it, or None."""
-    from .knobs import resolve_gpu_knobs
+    from dlas_predict.measure.kernels.knobs import resolve_gpu_knobs
 
     if cand.get("schedule") == METASCHEDULE:
         return None
@@ -570,7 +569,7 @@ def plan_networks(networks: list[str], algorithms, compressions, ratio: float,
     from dlas_predict.corpus.collect import plan_networks as read_networks
     from dlas_predict.space.config import Compression, Tuning
 
-    from .knobs import dp4a_capable
+    from dlas_predict.measure.kernels.knobs import dp4a_capable
 
     nets = read_networks(networks, list(compressions), ratio, True)
     tasks: dict[str, GpuTask] = {}
@@ -657,7 +656,7 @@ def write_metaschedule_bundle(kernels: list[tuple[ConvSpec, Variant]], device: D
     ``trials - 1`` candidates of one round of the evolutionary search, seeded by the tuning
     database's earlier rounds (``tuning_db``). Resumable by search: a search already in the
     bundle is not proposed again. Returns counts."""
-    from .tuning import TuningDB
+    from dlas_predict.measure.kernels.tuning import TuningDB
 
     require_cuda(device, "MetaSchedule's CUDA candidates")
     db = TuningDB(tuning_db).metaschedule() if tuning_db is not None else None
