@@ -72,7 +72,7 @@ def main() -> int:
         # the MACs fit, per backend, on the calibration's own whole-network runs
         fit = {}
         shots = cal.get("networks", [])
-        from dlas_predict.crossdev.calibrate import resolve_networks
+        from dlas_predict.recommend.calibrate import resolve_networks
         from dlas_predict.networks import zoo
 
         macs_of = {}

@@ -129,7 +129,8 @@ def main() -> int:
 
 
 def _features_as(keys, device) -> np.ndarray:
-    from dlas_predict.models.features import KernelConfig, features
+    from dlas_predict.models.features import features
+    from dlas_predict.corpus.kernels import KernelConfig
     from dlas_predict.space.config import Algorithm, Compression, ConvSpec, Tuning
 
     return np.array([features(KernelConfig(ConvSpec.parse(k.conv), Algorithm.parse(k.algorithm),

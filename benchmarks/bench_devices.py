@@ -93,7 +93,7 @@ def profiles_lodo(level: str) -> dict:
 
 
 def predict_speed() -> dict:
-    from dlas_predict.crossdev import predictor
+    from dlas_predict.recommend import predict as predictor
 
     archs = sources.help_matrix().targets[:1000]
     targets = [f"nasbench201:{a}" for a in archs]
@@ -228,7 +228,7 @@ def gpu_maps() -> dict:
 
 
 def active_learning(budget: int = 50, seeds: int = 3) -> dict:
-    from dlas_predict.crossdev import active
+    from dlas_predict.recommend import active
     from dlas_predict.paths import CORPUS_SNAPSHOTS
 
     out = {}

@@ -269,9 +269,12 @@ def _rescored(row: dict, pred: dict[tuple, tuple], onnxruntime: bool = True) -> 
 def _adapt_held_out(args, rows: list[dict], paths: dict, scored: dict) -> str:
     import numpy as np
 
-    from dlas_predict.crossdev import predictor, transfer
+    from dlas_predict.crossdev import transfer
 
-    saved = predictor.adapted_dir() / f"{args.device}.json"
+    from dlas_predict.crossdev.adapted import adapted_dir
+    from dlas_predict.recommend import predict as predictor
+
+    saved = adapted_dir() / f"{args.device}.json"
     backup = saved.read_bytes() if saved.is_file() else None
     source = None
     try:

@@ -113,7 +113,7 @@ def devices(ctx: typer.Context,
         _measure_peaks(as_json, save_to, device, tracker, rpc_key, allow_remote_tracker,
                        timeout)
         return
-    from dlas_predict.crossdev.predictor import adapted_devices, adapted_summary
+    from dlas_predict.crossdev.adapted import adapted_devices, adapted_summary
     from dlas_predict.crossdev.transfer import foreign_calibration, own_model
 
     devs = all_devices()
@@ -194,7 +194,8 @@ def devices_remove(name: str = typer.Argument(..., help="A device `devices add` 
 
 def _measure_peaks(as_json: bool, save_to: Optional[Path], device: str, tracker, rpc_key,
                    allow_remote, timeout) -> None:
-    from dlas_predict.space.devices import get_device, measure_peaks
+    from dlas_predict.measure.peaks import measure_device_peaks
+    from dlas_predict.space.devices import get_device
     from dlas_predict.measure.execution.runner import LocalRunner
 
     dev = get_device(device)
@@ -203,7 +204,8 @@ def _measure_peaks(as_json: bool, save_to: Optional[Path], device: str, tracker,
         where = f" through {rpc.tracker} (key {rpc.key})" if rpc else ""
         typer.echo(f"measuring the roofs of {dev.name} ({dev.description}){where}, about "
                    "30 s ...")
-    peaks, path = measure_peaks(dev, lambda: LocalRunner(dev, timeout_s=600, rpc=rpc), save_to)
+    peaks, path = measure_device_peaks(dev, lambda: LocalRunner(dev, timeout_s=600, rpc=rpc),
+                                       save_to)
     if as_json:
         _print_json(peaks.to_dict())
         return
@@ -516,7 +518,8 @@ def bundle(networks: List[str] = typer.Argument(..., help="ONNX files or zoo:NAM
     results back with `dlas-predict corpus import-results OUT results.jsonl --store S`."""
     from dlas_predict.space.config import Algorithm, Compression, check_ratio
     from dlas_predict.space.devices import get_device
-    from dlas_predict.measure.gpu.bundle import plan_networks, save_plans, write_bundle
+    from dlas_predict.measure.gpu.bundle import save_plans, write_bundle
+    from dlas_predict.corpus.gpu import plan_networks
 
     if chunk < 1:
         raise DlasError(f"--chunk must be >= 1, got {chunk}")
@@ -539,7 +542,8 @@ def bundle(networks: List[str] = typer.Argument(..., help="ONNX files or zoo:NAM
         if trials < 2 or whole_network:
             raise DlasError("--tuner metaschedule tunes kernels: give --trials of at least 2 "
                             "and no --whole-network")
-        from dlas_predict.measure.gpu.bundle import dense_kernels, write_metaschedule_bundle
+        from dlas_predict.measure.gpu.bundle import write_metaschedule_bundle
+        from dlas_predict.corpus.gpu import dense_kernels
 
         kernels = dense_kernels(networks, Algorithm.parse_list(algorithms),
                                 Compression.parse_list(compressions), check_ratio(ratio),
@@ -802,7 +806,9 @@ def generate(family: str = typer.Argument(..., help="fc | cnn | nasbench201"),
             _fail("nasbench201 needs --arch STR or --index-file FILE")
         archs = [nb.parse_arch(a) for a in arch]
         if index_file is not None:
-            archs += nb.read_index_file(index_file)
+            from dlas_predict.crossdev.sources import help_arch_strings
+
+            archs += nb.read_index_file(index_file, help_arch_strings)
         for path in nb.generate(archs, out):
             typer.echo(str(path))
         typer.echo(f"wrote {len(set(archs))} NAS-Bench-201 network(s) to {out}", err=True)
@@ -1049,7 +1055,7 @@ def predict(targets: List[str] = typer.Argument(..., help="conv:C=..,H=..,W=..,K
             as_json: bool = typer.Option(False, "--json")):
     """Batch prediction on any device from the cross-device models: the latency, its 80 %
     interval and where it comes from (trained, adapted or zero-shot)."""
-    from dlas_predict.crossdev.predictor import predict as run
+    from dlas_predict.recommend.predict import predict as run
     from dlas_predict.render import format_table
 
     preds = run(list(targets), device, config, data)
@@ -1076,7 +1082,7 @@ def adapt(device: str = typer.Option(..., "--device", help="A registry device, o
           as_json: bool = typer.Option(False, "--json")):
     """Few-shot calibration: fit a device's loading on latencies measured on it, in any
     runtime; saved under DLAS_HOME (never over the shipped models)."""
-    from dlas_predict.crossdev.predictor import adapt as run
+    from dlas_predict.recommend.predict import adapt as run
 
     rep = run(device, measurements, data)
     if as_json:
@@ -1128,7 +1134,7 @@ def active_learn(device: str = typer.Option(..., "--device", help="The device to
     repeat; draws the learning curve against random choice (with --replay)."""
     import numpy as np
 
-    from dlas_predict.crossdev import active
+    from dlas_predict.recommend import active
 
     log = None if as_json else (lambda m: typer.echo(m, err=True))
     if replay is not None:
@@ -1189,7 +1195,7 @@ def calibrate(device: str = typer.Option("local", "--device", help="This machine
     both backends; recommend and predict then answer for it as adapted. Resumable."""
     import numpy as np
 
-    from dlas_predict.crossdev import calibrate as cal
+    from dlas_predict.recommend import calibrate as cal
 
     rep = cal.run(device, minutes, list(network) or None,
                   log=lambda m: typer.echo(m, err=True))
@@ -1473,7 +1479,8 @@ def _bundle_networks(networks: list[str], dev, out: Path, algorithms, compressio
     from dlas_predict.analysis.frames import resolve_store
     from dlas_predict.corpus.collect import plan_networks as plan_whole, whole_network_plans
     from dlas_predict.corpus.store import CorpusStore
-    from dlas_predict.measure.gpu.bundle import network_entries, require_cuda, save_plans
+    from dlas_predict.measure.gpu.bundle import require_cuda, save_plans
+    from dlas_predict.corpus.gpu import network_entries
     from dlas_predict.measure.gpu.networks import write_network_bundle
 
     require_cuda(dev, "GPU network bundles")  # before anything is written to OUT
@@ -1510,7 +1517,7 @@ def corpus_import_results(
             "(default: DLAS_HOME/tuning/DEVICE-FINGERPRINT of the GPU they are filed "
             "under).")):
     """Import a kernel bundle's results (and its build failures) as corpus records."""
-    from dlas_predict.measure.gpu.bundle import import_bundle
+    from dlas_predict.corpus.gpu import import_bundle
 
     dev = None
     if device is not None:
@@ -1825,7 +1832,7 @@ def demo(store: Optional[Path] = typer.Option(None, "--store",
         from dlas_predict.space.devices import get_device
 
         rpc = _rpc(get_device(device), *remote, 300.0)  # None without a tracker
-        from dlas_predict.crossdev import calibrate as cal
+        from dlas_predict.recommend import calibrate as cal
 
         if rpc is None and calibrate_minutes > 0 and cal.needed("local"):
             typer.echo(f"\nThis CPU has no model of its own: calibrating it (about "

@@ -42,20 +42,6 @@ WEIGHTS_DIR = DATASETS / "weights"
 DEMO_NETWORK = DATASETS / "networks" / "demo-cnn.onnx"
 
 
-def model_dir(name: str) -> Path:
-    """The shipped model folder of device ``name`` on this machine. The local CPU (and its
-    profiles) are whatever machine the tool runs on: where the project measured this very
-    machine, its models are ``models_store/machines/FINGERPRINT/NAME`` (FINGERPRINT this
-    machine's); otherwise, and for every other device, ``models_store/NAME``."""
-    from dlas_predict.space.devices import LOCAL, is_profile_name, local_fingerprint
-
-    if name == LOCAL or is_profile_name(name):
-        mine = machine_model_dir(name, local_fingerprint())
-        if (mine / "layer.json").is_file():
-            return mine
-    return MODELS_STORE / name
-
-
 def machine_model_dir(name: str, fingerprint: str | None) -> Path:
     """Where ``train`` saves the models of ``name`` measured on the machine ``fingerprint``
     by default: that machine's shipped folder (``models_store/machines/FINGERPRINT/NAME``)

@@ -10,7 +10,7 @@ from dlas_predict.analysis import frames as A
 from dlas_predict.space.config import ConvSpec, Variant
 from dlas_predict.errors import ConfigError, DlasError
 from dlas_predict.measure.records import MeasureResult, measurement_key
-from dlas_predict.corpus.store import CorpusStore
+from dlas_predict.corpus.store import CorpusStore, store_device
 
 GEN = "cnn_layers=2_kernels=32_kernel_size=3_input=20_batch=1_block=residual_downsample=0"
 
@@ -204,7 +204,8 @@ def test_local_analysis_names_whose_corpus_and_every_kernel_lies_under_its_roof(
     # the shipped roofs, not a measurement of this machine another test cached
     monkeypatch.setattr(D, "_peaks_cache", lambda fingerprint: tmp_path / "no-peaks.json")
     # on another machine: the shipped corpus, and said so
-    fp = A.frame_device(A.resolve_store("local", None), "local").fingerprint
+    fp = store_device(A.resolve_store("local", None), "local",
+                      D.fingerprint_here("local")).fingerprint
     monkeypatch.setattr(D, "local_fingerprint", lambda: "ffffffffffffffff")
     shipped = A.open_corpus("local", None)
     assert shipped.origin == "shipped" and shipped.this_machine is False

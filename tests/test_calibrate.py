@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from dlas_predict.cli import app
-from dlas_predict.crossdev import calibrate as cal
+from dlas_predict.recommend import calibrate as cal
 from dlas_predict.errors import DlasError
 from dlas_predict.paths import DEMO_NETWORK
 
@@ -216,7 +216,7 @@ def test_live_kernels_are_timed_here_and_kept_in_this_machines_corpus(tmp_path, 
     and the report of local find this machine's measurements."""
     from dlas_predict.analysis import frames as A
     from dlas_predict.corpus.store import CorpusStore
-    from dlas_predict.crossdev.active import PoolKernel
+    from dlas_predict.recommend.active import PoolKernel
     from dlas_predict.paths import default_store_path
     from dlas_predict.space.devices import get_device
 

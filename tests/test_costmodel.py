@@ -14,9 +14,11 @@ from dlas_predict.space.config import Algorithm, Compression, ConvSpec
 from dlas_predict.models.costmodel import (LayerCostModel, MacsLinearBaseline, ModelError,
                                            StageCostModel, RooflineBaseline)
 from dlas_predict.space.devices import get_device
-from dlas_predict.models.evaluation import Corpus, kernel_key, leave_one_network_out
-from dlas_predict.models.features import (FEATURE_NAMES, STAGE_TERMS, TREE_FEATURES, KernelConfig,
-                                          config_from_row, features, weight_bytes)
+from dlas_predict.models.evaluation import Corpus, leave_one_network_out
+from dlas_predict.corpus.kernels import kernel_key
+from dlas_predict.models.features import (FEATURE_NAMES, STAGE_TERMS, TREE_FEATURES, features,
+                                          weight_bytes)
+from dlas_predict.corpus.kernels import KernelConfig, config_from_row
 
 DEV = get_device("xavier-cpu", with_target=False)
 ALGS = list(Algorithm)
@@ -326,7 +328,7 @@ def test_a_stored_summary_without_a_newer_field_is_computed_again(tmp_path):
 
     from dlas_predict.models.evaluation import _summary
     from dlas_predict.networks.generate import generate
-    from dlas_predict.models.netmodel import NetworkSummary
+    from dlas_predict.networks.summary import NetworkSummary
     from dlas_predict.networks.graph import read_network
 
     (m,) = generate("cnn", ["block=inverted", "kernels=8", "layers=2", "activation=silu",
@@ -359,7 +361,7 @@ def test_a_nasbench201_cell_s_summary_is_computed_again_from_its_name(tmp_path):
     from dataclasses import asdict
 
     from dlas_predict.models.evaluation import _summary
-    from dlas_predict.models.netmodel import NetworkSummary
+    from dlas_predict.networks.summary import NetworkSummary
     from dlas_predict.networks import nasbench201 as nb
     from dlas_predict.networks.graph import read_network
 

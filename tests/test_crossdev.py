@@ -92,7 +92,7 @@ def test_an_unquoted_conv_target_is_named(tmp_path):
     ("float16/onnxruntime", ("float16", None, "onnxruntime", None)),
 ])
 def test_config_syntax(text, expect):
-    from dlas_predict.crossdev.predictor import parse_config
+    from dlas_predict.recommend.predict import parse_config
 
     c = parse_config(text)
     assert (c.compression, c.ratio, c.algorithm, c.tuning) == expect
@@ -103,7 +103,7 @@ def test_config_syntax(text, expect):
     ("weight_pruning@1.5", "(0, 1)"), ("dense/winograd", "allowed: direct"),
 ])
 def test_bad_configs(text, needle):
-    from dlas_predict.crossdev.predictor import parse_config
+    from dlas_predict.recommend.predict import parse_config
 
     with pytest.raises(DlasError, match=needle.replace("(", r"\(").replace(")", r"\)")):
         parse_config(text)
@@ -111,7 +111,7 @@ def test_bad_configs(text, needle):
 
 def test_a_bad_algorithm_lists_every_algorithm_a_config_may_name():
     """The allowed list comes from the enum the parser reads, so it cannot go stale."""
-    from dlas_predict.crossdev.predictor import parse_config
+    from dlas_predict.recommend.predict import parse_config
     from dlas_predict.space.config import PlanAlgorithm
 
     with pytest.raises(DlasError) as err:
@@ -171,7 +171,7 @@ def test_adapt_on_convs_saves_under_dlas_home_and_predicts_the_same_after_reload
     load predicts exactly what the adapt-time model did."""
     import pandas as pd
 
-    from dlas_predict.crossdev import predictor
+    from dlas_predict.recommend import predict as predictor
     from dlas_predict.paths import CORPUS_SNAPSHOTS, MODELS_STORE, dlas_home
 
     df = pd.read_parquet(CORPUS_SNAPSHOTS / "local-avx2-1t.parquet")
@@ -289,6 +289,7 @@ def test_a_reference_is_priced_by_its_shipped_model_whichever_model_answers_here
     are of (``data_spec``); where this machine answers ``local`` with a model of its own,
     ``local`` as a reference is still priced by the shipped one, as recommend prices it."""
     from dlas_predict.crossdev import transfer
+    from dlas_predict.models import device as device_models
     from dlas_predict.recommend import search
     from dlas_predict.space.config import ConvSpec
 
@@ -297,8 +298,8 @@ def test_a_reference_is_priced_by_its_shipped_model_whichever_model_answers_here
                           0.0, "untuned")]
     shipped = transfer.reference_predictions("local", rows)
     other = search.MODELS_STORE / "local-sse42-1t"  # a model of this name of another machine
-    monkeypatch.setattr(search, "model_dir", lambda name: other)
-    assert search.load_models("local")[2]["directory"] == str(other)  # answers here
+    monkeypatch.setattr(device_models, "model_dir", lambda name: other)
+    assert device_models.load_models("local").info["directory"] == str(other)  # answers here
     assert not np.allclose(transfer.reference_predictions("local-sse42-1t", rows)[0],
                            shipped[0])
     assert np.allclose(transfer.reference_predictions("local", rows), shipped)
@@ -352,15 +353,16 @@ def test_the_models_shipped_for_this_very_machine_answer_local_as_trained(monkey
     from dlas_predict import paths
     from dlas_predict.crossdev import transfer
     from dlas_predict.recommend import search
+    from dlas_predict.space import devices
     from dlas_predict.space.devices import local_fingerprint
 
     here = local_fingerprint()
     store = _shipped_for(tmp_path / "a", here)
     monkeypatch.setattr(paths, "MODELS_STORE", store)
     mine = store / paths.MACHINES / here / "local"
-    assert paths.model_dir("local") == mine
-    assert paths.model_dir("local-avx2-1t") == store / "local-avx2-1t"  # none shipped here
-    assert paths.model_dir("h100") == store / "h100"
+    assert devices.model_dir("local") == mine
+    assert devices.model_dir("local-avx2-1t") == store / "local-avx2-1t"  # none shipped here
+    assert devices.model_dir("h100") == store / "h100"
     assert transfer.model_machine("local") == here and transfer.own_model("local")
     rec = search.recommend(str(DEMO), "local", tuning="untuned", top=0)
     assert rec.source == "trained" and rec.mapping is None
@@ -370,7 +372,7 @@ def test_the_models_shipped_for_this_very_machine_answer_local_as_trained(monkey
     # a folder shipped for another machine is not this one's
     other = _shipped_for(tmp_path / "b", "0123456789abcdef")
     monkeypatch.setattr(paths, "MODELS_STORE", other)
-    assert paths.model_dir("local") == other / "local"
+    assert devices.model_dir("local") == other / "local"
 
 
 def test_active_learn_on_a_machine_its_model_was_not_trained_on_starts_from_that_model(
@@ -380,7 +382,8 @@ def test_active_learn_on_a_machine_its_model_was_not_trained_on_starts_from_that
     it. On the machine it was trained on, the device's own model is no reference of
     itself. The nearest is this machine's to say: ``local`` on a CPU of the shipped model's
     code, a profile of that machine of this one's vector width on another."""
-    from dlas_predict.crossdev import active, transfer
+    from dlas_predict.crossdev import transfer
+    from dlas_predict.recommend import active
     from dlas_predict.space.devices import get_device
 
     pool = active.pool_from_networks(["zoo:mobilenetv1-cifar"])
@@ -523,7 +526,7 @@ def test_a_large_batch_is_shared_among_the_cores_and_priced_as_one_process_price
     import os
     from dataclasses import replace
 
-    from dlas_predict.crossdev import predictor
+    from dlas_predict.recommend import predict as predictor
 
     _trained_here(monkeypatch, True)
     nets = ["zoo:resnet18-cifar", "zoo:mobilenetv1-cifar", "zoo:vgg16-cifar",
@@ -588,7 +591,7 @@ def test_predict_prices_a_network_run_by_onnxruntime(monkeypatch):
     """As its model's machine, onnxruntime's row is trained; elsewhere (the layer model
     mapped here too) it moves with the map and is the map's."""
     from dlas_predict.models.ortmodel import OrtLatencyModel
-    from dlas_predict.paths import model_dir
+    from dlas_predict.space.devices import model_dir
     from dlas_predict.space.devices import get_device
 
     _trained_here(monkeypatch, True)
@@ -619,7 +622,7 @@ def test_a_channel_pruned_layer_left_without_zeros_is_a_plan_of_the_dense_kernel
     kernel, so a replay scores its plan from the dense kernel's recording."""
     import pandas as pd
 
-    from dlas_predict.crossdev.active import PoolKernel, _pool
+    from dlas_predict.recommend.active import PoolKernel, _pool
 
     convs = ["C=3,H=8,W=8,K=8,R=3,S=3,stride=1,pad=1", "C=8,H=8,W=8,K=5,R=3,S=3,stride=1,pad=1"]
     layers = pd.DataFrame({"network": "n", "config": "channel_pruning@0.9",
@@ -684,7 +687,8 @@ def test_predict_a_conv_here_with_a_model_of_another_machine_is_mapped_as_recomm
     """On a machine the shipped local model was not trained on, a conv on ``local`` is
     priced as ``recommend`` prices it (the reference mapped to this machine, zero-shot),
     not as the kernel data's column of that name, which is the other machine."""
-    from dlas_predict.crossdev.predictor import adapted_dir, predict
+    from dlas_predict.recommend.predict import predict
+    from dlas_predict.crossdev.adapted import adapted_dir
     from dlas_predict.crossdev.transfer import DeviceMap, device_map, reference_for
     from dlas_predict.space.devices import get_device
 

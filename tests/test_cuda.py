@@ -158,7 +158,8 @@ def _small_bundle(tmp_path: Path) -> tuple[Path, list]:
 
 def test_bundle_is_resumable_and_results_import_once(tmp_path):
     from dlas_predict.corpus.store import CorpusStore
-    from dlas_predict.measure.gpu.bundle import import_results, write_bundle
+    from dlas_predict.measure.gpu.bundle import write_bundle
+    from dlas_predict.corpus.gpu import import_results
 
     out, tasks = _small_bundle(tmp_path)
     lines = [json.loads(t) for t in (out / "manifest.jsonl").read_text().splitlines()]
@@ -303,8 +304,8 @@ def test_knob_search_space_starts_untuned_and_stays_within_the_gpus_limits(alg, 
 
 def test_a_knob_search_imports_as_one_tuned_record_once_every_candidate_ran(tmp_path):
     from dlas_predict.corpus.store import CorpusStore
-    from dlas_predict.measure.gpu.bundle import (KNOB_SEARCH, GpuTask, import_results, search_tasks,
-                                                 write_bundle)
+    from dlas_predict.measure.gpu.bundle import KNOB_SEARCH, GpuTask, search_tasks, write_bundle
+    from dlas_predict.corpus.gpu import import_results
 
     dev = get_device("h100")
     tasks = search_tasks(SPEC, Variant(Algorithm.GEMM, Compression.DENSE), dev, 4)
@@ -438,7 +439,8 @@ def test_recommend_answers_for_the_gpu_from_the_shipped_model(tmp_path):
 
 def test_results_from_another_gpu_are_filed_under_the_gpu_that_measured_them(tmp_path):
     from dlas_predict.corpus.store import CorpusStore
-    from dlas_predict.measure.gpu.bundle import GpuTask, import_results, search_tasks, write_bundle
+    from dlas_predict.measure.gpu.bundle import GpuTask, search_tasks, write_bundle
+    from dlas_predict.corpus.gpu import import_results
     from dlas_predict.space.devices import gpu_fingerprint
 
     h100, h200 = get_device("h100"), get_device("h200")
@@ -529,7 +531,7 @@ def test_a_whole_network_bundle_builds_each_configuration_and_imports_as_network
 
     from dlas_predict.corpus.collect import plan_networks as plan_whole, whole_network_plans
     from dlas_predict.corpus.store import CorpusStore
-    from dlas_predict.measure.gpu.bundle import import_results
+    from dlas_predict.corpus.gpu import import_results
     from dlas_predict.measure.gpu.networks import write_network_bundle
     from dlas_predict.networks.generate import FAMILIES, build
 

@@ -202,12 +202,13 @@ class _PeaksBoard:
 def test_measured_roofs_are_stored_with_the_device_and_read_back(tmp_path, monkeypatch):
     import json
 
-    from dlas_predict.space.devices import measure_peaks, measured_peaks
+    from dlas_predict.measure.peaks import measure_device_peaks
+    from dlas_predict.space.devices import measured_peaks
 
     monkeypatch.setenv("DLAS_HOME", str(tmp_path / "home"))  # these roofs are made up
     dev = get_device("local", with_target=False)
     board = _PeaksBoard(ok=True)
-    peaks, cache = measure_peaks(dev, lambda: board, tmp_path / "peaks.json")
+    peaks, cache = measure_device_peaks(dev, lambda: board, tmp_path / "peaks.json")
     (task,) = board.tasks
     assert task.kind == "peaks" and task.cores == dev.cores
     assert peaks.peak_gflops["float32"] == 100.0 and peaks.method.startswith("measure/peaks")
@@ -221,12 +222,13 @@ def test_measured_roofs_are_stored_with_the_device_and_read_back(tmp_path, monke
 
 
 def test_a_failed_roofs_measurement_is_one_error_and_stores_nothing():
-    from dlas_predict.space.devices import measure_peaks, measured_peaks
+    from dlas_predict.measure.peaks import measure_device_peaks
+    from dlas_predict.space.devices import measured_peaks
 
     dev = get_device("local", with_target=False)
     before = measured_peaks(dev.fingerprint)
     with pytest.raises(DeviceError, match="measuring the roofs failed: board lost"):
-        measure_peaks(dev, lambda: _PeaksBoard(ok=False))
+        measure_device_peaks(dev, lambda: _PeaksBoard(ok=False))
     assert measured_peaks(dev.fingerprint) == before
 
 

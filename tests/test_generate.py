@@ -94,7 +94,7 @@ def test_silu_networks_share_the_relu_networks_convs_and_keep_their_names(tmp_pa
     ops = [l.op for l in b.layers]
     assert ops.count("Sigmoid") == ops.count("Mul") == [l.op for l in a.layers].count("Relu")
     # the network model prices the exponentials: one per element of every sigmoid's output
-    from dlas_predict.models.netmodel import NetworkSummary
+    from dlas_predict.networks.summary import NetworkSummary
 
     assert NetworkSummary.of(a).exp_elems == 0
     assert NetworkSummary.of(b).exp_elems == sum(int(np.prod(l.output_shape))
@@ -155,7 +155,7 @@ def test_squeeze_excitation_gates_the_depthwise_output_and_keeps_old_names(tmp_p
     assert ops.count("GlobalAveragePool") == 2 + 1  # one per block, and the head's
     assert ops.count("Sigmoid") == [l.op for l in a.layers].count("Sigmoid") + 2 * 2
     # the network model prices the per-channel scale's bytes apart from other elementwise ops
-    from dlas_predict.models.netmodel import NetworkSummary
+    from dlas_predict.networks.summary import NetworkSummary
 
     scale = [l for l in b.layers if l.op == "Mul" and len(set(l.input_shapes)) > 1]
     assert len(scale) == 2 and all(l.input_shapes[1] == (1, 48, 1, 1) for l in scale)
@@ -212,7 +212,7 @@ def test_nasbench201_networks_run_and_have_the_promised_convs_and_macs(tmp_path)
 def test_the_summary_counts_the_window_reads_of_windowed_pools_only(tmp_path):
     """A NAS-Bench-201 cell's 3×3 average pools read nine inputs per output; its reduction
     blocks' 2×2 pools four; the global pool before the classifier is not a windowed pool."""
-    from dlas_predict.models.netmodel import NetworkSummary
+    from dlas_predict.networks.summary import NetworkSummary
     from dlas_predict.networks import nasbench201 as nb
 
     pools = nb.parse_arch("|avg_pool_3x3~0|+|none~0|none~1|+|none~0|none~1|none~2|")
@@ -248,7 +248,7 @@ def test_generate_nasbench201_cli(tmp_path):
 def test_a_conv_says_what_its_output_feeds_and_the_summary_counts_the_joined_ones(tmp_path):
     """A conv whose output (through batch norm and ReLU) reaches a residual add or SiLU's
     gate joins a second tensor or an exponential: the summary counts its MACs apart."""
-    from dlas_predict.models.netmodel import NetworkSummary
+    from dlas_predict.networks.summary import NetworkSummary
 
     plain, res, silu = (generate("cnn", ["layers=2", "kernels=8", "input=16", *extra],
                                  tmp_path)[0]

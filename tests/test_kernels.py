@@ -405,7 +405,8 @@ def test_the_filter_block_pads_only_where_no_vector_divides_the_filters():
     with pytest.raises(ConfigError, match="must divide 12"):
         resolve_knobs(grouped, Variant("spatial_pack", "dense", knobs=(("tile_k", 8),)))
     # the kernel features count the padded filters
-    from dlas_predict.models.features import KernelConfig, _waste, loop_counts
+    from dlas_predict.models.features import _waste, loop_counts
+    from dlas_predict.corpus.kernels import KernelConfig
 
     spec = ConvSpec.parse(ODD_K_CONV)
     cfg = KernelConfig(spec, Algorithm.SPATIAL_PACK, Compression.DENSE, 0.0)
@@ -434,7 +435,8 @@ def test_a_register_tile_pads_its_last_block_of_filters(algorithm, dtype):
 
 def test_the_register_tile_pads_filters_only_where_no_block_of_four_divides_them():
     from dlas_predict.errors import ConfigError
-    from dlas_predict.models.features import KernelConfig, _waste, loop_counts
+    from dlas_predict.models.features import _waste, loop_counts
+    from dlas_predict.corpus.kernels import KernelConfig
 
     def tile_k(algorithm, K, groups=1, bits=512):
         spec = ConvSpec.parse(f"C={2 * groups},H=8,W=8,K={K},R=3,S=3,stride=1,pad=1,"
@@ -541,7 +543,8 @@ def test_vnni_gemm_compiles_to_vpdpbusd_for_a_vnni_cpu():
 def test_vnni_knobs_apply_to_ungrouped_int8_gemm_only():
     from dlas_predict.errors import ConfigError
     from dlas_predict.measure.kernels.knobs import vnni_capable
-    from dlas_predict.models.features import KernelConfig, loop_counts
+    from dlas_predict.models.features import loop_counts
+    from dlas_predict.corpus.kernels import KernelConfig
 
     dense = ConvSpec.parse("C=64,H=16,W=16,K=24,R=3,S=3,stride=1,pad=1")
     grouped = ConvSpec.parse(SHAPES[1])

@@ -7,7 +7,7 @@ import pytest
 from dlas_predict.measure.networks.plans import NetworkMeasurement, onnxruntime_plan
 from dlas_predict.corpus.store import CorpusStore
 from dlas_predict.errors import DlasError
-from dlas_predict.models.netmodel import NetworkSummary
+from dlas_predict.networks.summary import NetworkSummary
 from dlas_predict.models.ortmodel import (OrtLatencyModel, TERMS, model_mode, nothing_removed,
                                           ort_terms, training_rows)
 from dlas_predict.space.config import ConvSpec

@@ -261,7 +261,8 @@ def test_network_model_correction_learns_what_terms_miss(tmp_path):
 
 def test_network_terms_scale_each_kernel_family():
     from dlas_predict.space.config import Compression
-    from dlas_predict.models.netmodel import NET_TERMS, NetworkSummary, net_terms
+    from dlas_predict.models.netmodel import NET_TERMS, net_terms
+    from dlas_predict.networks.summary import NetworkSummary
 
     summary = NetworkSummary(conv_layers=3, layers=7, nonconv_macs=0, nonconv_bytes=2_000_000,
                              activation_ops=3, elementwise_ops=1, input_elems=3072,

@@ -76,20 +76,22 @@ def test_a_kernel_timed_before_and_after_a_change_of_its_defaults_keeps_todays(t
     the one of today's untuned schedule is kept, even where the other was faster (a build
     of today's engine runs it, so a whole network's layers are paired with it); where
     neither is today's, the faster."""
-    from dlas_predict.analysis.frames import frame_device
+    from dlas_predict.corpus.store import store_device
+    from dlas_predict.space.devices import fingerprint_here
     from dlas_predict.measure.kernels.knobs import default_knobs
-    from dlas_predict.models.evaluation import load_corpus, runs_today
-    from dlas_predict.models.features import _codegen
+    from dlas_predict.models.evaluation import load_corpus
+    from dlas_predict.corpus.kernels import runs_today
+    from dlas_predict.corpus.kernels import codegen
 
     direct, gemm = Variant("direct", "dense"), Variant("gemm", "dense")
     store = tmp_path / "c.sqlite"
     old = {"tile_k": 2, "tile_w": 4}
     with CorpusStore(store) as db:
         db.add(_result(direct, runs=(1e-3,) * 3, version="k4", knobs=old))
-    dev = frame_device(store, "local")
-    today = default_knobs(SPEC, direct, *_codegen(dev))
+    dev = store_device(store, "local", fingerprint_here("local"))
+    today = default_knobs(SPEC, direct, *codegen(dev))
     others = ({"tile_k": 2, "tile_p": 4}, {"tile_k": 4, "tile_p": 4})
-    assert today != old and default_knobs(SPEC, gemm, *_codegen(dev)) not in others
+    assert today != old and default_knobs(SPEC, gemm, *codegen(dev)) not in others
     with CorpusStore(store) as db:
         db.add(_result(direct, runs=(3e-3,) * 3, version="k4", knobs=today))
         db.add(_result(gemm, runs=(2e-3,) * 3, version="k4", knobs=others[0]))

@@ -209,7 +209,8 @@ def test_measure_tuned_json_has_tuning_fields(tmp_path):
 # ---- the cost of tuning, predicted ------------------------------------------------------------
 def _tuned_rows():
     from dlas_predict.space.devices import get_device
-    from dlas_predict.models.features import KernelConfig, features
+    from dlas_predict.models.features import features
+    from dlas_predict.corpus.kernels import KernelConfig
 
     dev = get_device("local")
     specs = [ConvSpec.parse(f"C={c},H=16,W=16,K=32,R=3,S=3,pad=1") for c in (8, 16, 32, 64)]

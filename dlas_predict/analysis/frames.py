@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from dlas_predict.space.config import COMPRESSION_KERNEL, Compression
-from dlas_predict.space.devices import Device
+from dlas_predict.space.devices import Device, fingerprint_here, rows_device
+from dlas_predict.corpus.store import store_device
 from dlas_predict.errors import ConfigError, DlasError
 from dlas_predict.networks.generate import UNNAMED_DEFAULTS, name_value
 from dlas_predict.compression.netplan import ratio_key
@@ -278,7 +279,7 @@ def kernel_frame(store: Path, device: Device | None = None, filters: Filters = F
         intensity = useful / moved
         dkey = (r["device"], r["fingerprint"])
         if dkey not in devices:
-            devices[dkey] = _device(*dkey)
+            devices[dkey] = rows_device(*dkey)
         roof = attainable_gflops(devices[dkey], dtype.value, intensity, moved)
         base = dense.get((r["device"], r["conv"], r["algorithm"], r["tuning"]))
         source = "tophub" if str(r["kernels_version"] or "").startswith("tophub") else "measured"
@@ -316,51 +317,6 @@ def _net_columns(frame):
         elif col not in _NET_WORDS:
             frame[col] = frame[col].astype("Int64")
     return frame
-
-
-def _device(name: str, fingerprint: str) -> Device:
-    """The device of corpus rows (see :func:`devices.corpus_device`); a name the registry no
-    longer knows has no roofs."""
-    from dlas_predict.space.devices import corpus_device
-
-    try:
-        return corpus_device(name, fingerprint)
-    except DlasError:
-        return Device(name=name, kind="cpu", description=name, target={}, cores=1,
-                      clock_ghz=None, simd_bits=None, peak_gflops={}, mem_bandwidth_gbs=None,
-                      source="unknown")
-
-
-def _fingerprint_here(device: str) -> str | None:
-    """The fingerprint ``device`` has on this machine: ``local``'s or a profile's; None for
-    any other device (measured elsewhere by nature)."""
-    from dlas_predict.space.devices import get_device, is_profile_name, LOCAL
-
-    if device != LOCAL and not is_profile_name(device):
-        return None
-    try:
-        return get_device(device, with_target=False).fingerprint
-    except DlasError:
-        return None  # a profile this CPU cannot run
-
-
-def frame_device(store: Path, device: str):
-    """The :class:`Device` whose roofs describe ``device``'s rows in ``store``: this
-    machine where the store holds its measurements, else the machine of its most common
-    fingerprint."""
-    return _frame_device(store, device, _fingerprint_here(device))
-
-
-def _frame_device(store: Path, device: str, here: str | None):
-    from dlas_predict.corpus.store import CorpusStore
-
-    with CorpusStore(store, must_exist=True) as db:
-        prints = [fp for fp, _ in db.fingerprints(device)]
-    if not prints:
-        from dlas_predict.space.devices import get_device
-
-        return get_device(device, with_target=False)
-    return _device(device, here if here in prints else prints[0])
 
 
 @dataclass(frozen=True)
@@ -411,7 +367,7 @@ def open_corpus(device: str, store: Path | None) -> Corpus:
     from dlas_predict.corpus.store import CorpusStore
     from dlas_predict.paths import default_store_path
 
-    here = _fingerprint_here(device)
+    here = fingerprint_here(device)
     if store is not None:
         path, origin = resolve_store(device, store), "given"
     else:
@@ -424,7 +380,7 @@ def open_corpus(device: str, store: Path | None) -> Corpus:
         if path is None:
             path = _snapshot_store(_machine_snapshot(device, here) or resolve_store_snapshot(
                 device))
-    return Corpus(path, origin, _frame_device(path, device, here), here)
+    return Corpus(path, origin, store_device(path, device, here), here)
 
 
 def _machine_snapshot(device: str, fingerprint: str | None) -> Path | None:

@@ -564,11 +564,11 @@ def channel_removed_networks(model: str, ratios) -> dict[float, tuple[list, dict
     filters removed by :func:`remove_zero_channels`), as ``(layers, summary)``: per conv
     layer (graph order) its ``(conv spec, sparsity left)``, where the sparsity left is the
     zeroed filters that could not be removed; and the
-    :class:`~dlas_predict.models.netmodel.NetworkSummary` fields of the removed network.
+    :class:`~dlas_predict.networks.summary.NetworkSummary` fields of the removed network.
     Pruned as :func:`pruned_sparsities` prunes, on the model's own ONNX graph."""
     from dataclasses import asdict
 
-    from dlas_predict.models.netmodel import NetworkSummary
+    from dlas_predict.networks.summary import NetworkSummary
     from dlas_predict.networks import zoo
     from dlas_predict.networks.graph import network_of_proto, read_proto
 
@@ -638,7 +638,7 @@ def cached_channel_removed(model: str, ratios) -> dict[float, tuple[list, dict]]
     import json
     from dataclasses import fields
 
-    from dlas_predict.models.netmodel import NetworkSummary
+    from dlas_predict.networks.summary import NetworkSummary
     from dlas_predict.networks import zoo
     from dlas_predict.paths import cache_dir
 

@@ -271,7 +271,7 @@ def whole_network_plans(networks: list[NetworkToCollect], algorithms: list[Algor
     each layer on its fastest measured kernel (any algorithm; for a pruned layer, CSR or
     dense), when the store holds every layer's kernels and they do not all agree: the
     ``tvm`` backend's plans. The ``onnxruntime`` backend's: each configuration run by it."""
-    from dlas_predict.models.evaluation import kernel_key, modelled_seconds, preferred_records
+    from dlas_predict.corpus.kernels import kernel_key, modelled_seconds, preferred_records
     from dlas_predict.compression.netplan import layer_kernel, layer_sparse
     from dlas_predict.measure.networks.plans import PER_LAYER, onnxruntime_plan, uniform_plan
 
@@ -316,14 +316,14 @@ def uncarried(plans: list[NetworkPlan], networks: list[NetworkToCollect], store:
     same way (:func:`~dlas_predict.measure.networks.plans.rebuilt_since`): after an engine change,
     a collection times only the builds the change altered."""
     from dlas_predict.measure.networks.plans import ONNXRUNTIME, CARRIED_VERSIONS, rebuilt_since
-    from dlas_predict.models.features import _simd
-    from dlas_predict.models.netmodel import NetworkSummary
+    from dlas_predict.corpus.kernels import untuned_simd
+    from dlas_predict.networks.summary import NetworkSummary
 
     held = {r["key"] for r in store.network_measurements("error IS NULL")}
     convs = {(n.name, label): [lc.spec for lc in layers]
              for n in networks for label, layers in n.configs.items()}
     exp_elems = {n.name: NetworkSummary.of(n.net).exp_elems for n in networks}
-    simd = _simd(device)
+    simd = untuned_simd(device)
 
     def carried(p: NetworkPlan) -> bool:
         if p.algorithm == ONNXRUNTIME or p.key(device) in held:

@@ -486,3 +486,17 @@ class CorpusStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def store_device(store: Path, device: str, here: str | None):
+    """The :class:`~dlas_predict.space.devices.Device` whose roofs describe ``device``'s rows
+    in ``store``: the machine of fingerprint ``here`` (this machine's, for ``local`` and the
+    profiles: :func:`~dlas_predict.space.devices.fingerprint_here`) where the store holds its
+    measurements, else the machine of the store's most common fingerprint."""
+    from dlas_predict.space.devices import get_device, rows_device
+
+    with CorpusStore(store, must_exist=True) as db:
+        prints = [fp for fp, _ in db.fingerprints(device)]
+    if not prints:
+        return get_device(device, with_target=False)
+    return rows_device(device, here if here in prints else prints[0])

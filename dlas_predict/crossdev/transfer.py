@@ -274,8 +274,8 @@ def _read_fingerprint(path: Path, _mtime: int) -> str | None:
 
 def model_machine(name: str) -> str | None:
     """The fingerprint of the machine that trained the model ``name`` is answered with here
-    (:func:`dlas_predict.paths.model_dir`; None: not recorded, or no model)."""
-    from dlas_predict.paths import model_dir
+    (:func:`dlas_predict.space.devices.model_dir`; None: not recorded, or no model)."""
+    from dlas_predict.space.devices import model_dir
 
     return _layer_meta(model_dir(name)).get("device_fingerprint") or None
 
@@ -283,10 +283,10 @@ def model_machine(name: str) -> str | None:
 def own_model(name: str) -> bool:
     """``name`` has a trained model of the machine it names. The local CPU's and its
     profiles' models are this machine's only when they were trained on it (the models
-    shipped for this very machine, :func:`dlas_predict.paths.model_dir`, or ``models_store``'s
-    own); on another machine, ``local`` is a device without a model (answered from a
+    shipped for this very machine, :func:`~dlas_predict.space.devices.model_dir`, or
+    ``models_store``'s own); on another machine, ``local`` is a device without a model (answered from a
     reference, mapped)."""
-    from dlas_predict.paths import model_dir
+    from dlas_predict.space.devices import model_dir
 
     if not (model_dir(name) / "layer.json").is_file():
         return False
@@ -303,7 +303,7 @@ def data_spec(name: str):
     their model (or, without one, of their corpus), with that machine's measured roofs and
     SIMD width (this machine's entry where it is that machine); the model's own roofs where
     it recorded them; any other device, its registry entry."""
-    from dlas_predict.recommend.search import features_device
+    from dlas_predict.models.device import features_device
     from dlas_predict.space.devices import corpus_device, get_device
 
     meta = _model_meta(name)
@@ -538,12 +538,14 @@ def reference_predictions(reference: str, kernels: list[tuple]
     rows as ``reference``'s trained layer model predicts them (its features see the roofs it
     was trained with): its model as a reference (:func:`reference_dir`), as ``recommend``
     maps it."""
-    from dlas_predict.models.features import KernelConfig, features
-    from dlas_predict.recommend.search import features_device, load_models
+    from dlas_predict.models.features import features
+    from dlas_predict.corpus.kernels import KernelConfig
+    from dlas_predict.models.device import features_device, load_models
     from dlas_predict.space.config import Algorithm, Compression, Tuning
     from dlas_predict.space.devices import get_device
 
-    layer, _, info = load_models(reference, reference_dir(reference))
+    models = load_models(reference, reference_dir(reference))
+    layer, info = models.layer, models.info
     dev = features_device(get_device(reference, with_target=False), info)
     X = np.array([features(KernelConfig(spec, Algorithm.parse(a), Compression.parse(c),
                                         float(r), Tuning.parse(t)), dev)
@@ -572,7 +574,7 @@ def device_map(name: str):
     """(map, device, reference device) of a device with no trained model: the map ``adapt``
     fitted, else the zero-shot map from its spec. Remembered in a process while the files
     it comes from (the adapted map, the user's registry, the measured roofs) are unchanged."""
-    from dlas_predict.crossdev.predictor import adapted_path
+    from dlas_predict.crossdev.adapted import adapted_path
     from dlas_predict.paths import dlas_home
 
     def stamp(path: Path):
@@ -598,11 +600,11 @@ _MAPS: dict[tuple, tuple] = {}
 
 
 def _device_map(name: str):
-    from dlas_predict.crossdev.predictor import _read_adapted
+    from dlas_predict.crossdev.adapted import read_adapted
     from dlas_predict.errors import DeviceError
     from dlas_predict.space.devices import device_names, get_device
 
-    adapted = _read_adapted(name)
+    adapted = read_adapted(name)
     saved = _saved_map(name, adapted)
     if name in device_names():
         dev = get_device(name, with_target=False)
@@ -625,7 +627,7 @@ def _device_map(name: str):
 
 
 def _saved_map(name: str, adapted: dict | None) -> DeviceMap | None:
-    from dlas_predict.crossdev.predictor import adapted_path
+    from dlas_predict.crossdev.adapted import adapted_path
 
     saved = (adapted or {}).get("recommend_map")
     if not saved:
@@ -646,11 +648,11 @@ def foreign_map(m: DeviceMap, dev) -> bool:
 def foreign_calibration(name: str) -> str | None:
     """The fingerprint of ``name``'s saved calibration where it is of another machine and so
     not used here (None otherwise)."""
-    from dlas_predict.crossdev.predictor import _read_adapted
+    from dlas_predict.crossdev.adapted import read_adapted
     from dlas_predict.space.devices import device_names, get_device
 
     if name not in device_names():
         return None
-    m = _saved_map(name, _read_adapted(name))
+    m = _saved_map(name, read_adapted(name))
     dev = get_device(name, with_target=False)
     return m.fingerprint if m is not None and foreign_map(m, dev) else None

@@ -26,9 +26,13 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from dlas_predict.space.devices import Device, MeasuredPeaks
 
 #: Independent accumulator vectors per core (hides an FMA latency of 4 with 2 FMA ports).
 ACCS = 12
@@ -250,3 +254,31 @@ def measure_peaks(target_json: dict[str, Any], cores: int, simd_bits: int,
     return {"peak_gflops": peaks, "mem_bandwidth_gbs": bandwidth, "int8_dot_gflops": dot,
             "cache_bandwidth_gbs": cache_bw, "details": details,
             "tvm_version": tvm.__version__}
+
+
+def measure_device_peaks(device: Device, runner: Any, save_to: Path | None = None
+                         ) -> tuple[MeasuredPeaks, str]:
+    """Measure ``device``'s roofs with the runner that ``runner()`` opens (this machine's
+    worker, or a board of a tracker), and store them with its registry entry (and in the
+    JSON file ``save_to``): the measurement and the cache path. A failed measurement raises
+    :class:`~dlas_predict.space.devices.DeviceError` with the board's error."""
+    import time
+
+    from dlas_predict.measure.execution.tasks import PeaksTask
+    from dlas_predict.space.devices import DeviceError, MeasuredPeaks, save_measured_peaks
+
+    with runner() as r:
+        reply = r.call(PeaksTask(target=device.target, cores=device.cores,
+                                 simd_bits=device.simd_bits or 128, vnni=device.vnni,
+                                 caches=dict(device.caches)))
+        board = r.board
+    if not reply.ok:
+        raise DeviceError(f"measuring the roofs failed: {reply.error}")
+    peaks = MeasuredPeaks(device.fingerprint, device.name, device.cpu_model, device.cores,
+                          device.simd_bits, device.caches, reply.peak_gflops,
+                          reply.mem_bandwidth_gbs, reply.details, reply.tvm_version,
+                          time.time(), board.to_dict() if board else None,
+                          int8_dot_gflops=reply.int8_dot_gflops,
+                          cache_bandwidth_gbs=dict(reply.cache_bandwidth_gbs or {}))
+    path = save_measured_peaks(peaks.to_dict(), str(save_to) if save_to else None)
+    return peaks, path

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import NamedTuple
 from pathlib import Path
 
 import numpy as np
@@ -29,38 +28,11 @@ from dlas_predict.models.costmodel import (LayerCostModel, MacsLinearBaseline, R
                                            kendall_tau, mape, regret, top1_hit, within)
 from dlas_predict.space.devices import Device, get_device
 from dlas_predict.errors import DlasError
-from dlas_predict.models.features import KernelConfig, _codegen, _simd, config_from_row, features
-from dlas_predict.compression.netplan import ratio_key
+from dlas_predict.models.features import features
+from dlas_predict.corpus.kernels import (KernelKey, config_from_row, kernel_key, modelled_seconds,
+                                         other_schedule, preferred_records, untuned_simd)
 
 MODELS = ("lightgbm", "stage", "roofline", "macs_linear")
-
-
-def modelled_seconds(row: dict) -> float:
-    """The latency the models learn from a store row (kernel or whole network): the fastest
-    timed run (:func:`~dlas_predict.measure.records.best_of`); the median where the row keeps no
-    runs (imported TopHub costs)."""
-    import json
-
-    from dlas_predict.measure.records import best_of
-
-    best = best_of(json.loads(row["run_secs"]))  # the store keeps them as JSON text
-    return float(best if best is not None else row["median_s"])
-
-
-class KernelKey(NamedTuple):
-    """One kernel of the corpus: the workload, its algorithm and compression, the layer
-    ratio it was measured at (rounded as :func:`ratio_key`), and tuning."""
-
-    conv: str
-    algorithm: str
-    compression: str
-    ratio: float
-    tuning: str = "untuned"
-
-
-def kernel_key(conv: str, algorithm: str, compression: str, ratio: float,
-               tuning: str = "untuned") -> KernelKey:
-    return KernelKey(conv, algorithm, compression, ratio_key(ratio), tuning)
 
 
 @dataclass
@@ -94,11 +66,12 @@ def load_corpus(store: Path, device: str = "local") -> Corpus:
 
     from dlas_predict.corpus.store import CorpusStore
 
-    from dlas_predict.analysis.frames import frame_device
+    from dlas_predict.corpus.store import store_device
+    from dlas_predict.space.devices import fingerprint_here
 
     get_device(device, with_target=False)  # an unknown name is one clear error
     # the roofs of the machine that measured the corpus, whichever machine trains
-    dev = frame_device(store, device)
+    dev = store_device(store, device, fingerprint_here(device))
     with CorpusStore(store, must_exist=True) as db:
         rows = [r for r in db.current_rows("error IS NULL AND device = ?", (dev.name,))
                 if r["verified"] in (1, True, None)]
@@ -124,7 +97,8 @@ def with_evidenced_isa(device: Device, rows: list[dict]) -> Device:
     """``device`` with AVX-512 VNNI among its ISA flags where its own verified kernel records
     prove it: a kernel built with the ``vnni`` knob ran there and matched the reference. The
     shipped roofs of another machine carry no flags, and the default knobs that decide which
-    records are today's schedules (:func:`runs_today`) depend on them."""
+    records are today's schedules (:func:`~dlas_predict.corpus.kernels.runs_today`) depend on
+    them."""
     import json
     from dataclasses import replace
 
@@ -135,53 +109,6 @@ def with_evidenced_isa(device: Device, rows: list[dict]) -> Device:
         if '"vnni"' in knobs and json.loads(knobs).get("vnni"):
             return replace(device, isa_flags=(*device.isa_flags, "avx512_vnni"))
     return device
-
-
-def preferred_records(rows: list[dict], device: Device) -> dict[KernelKey, dict]:
-    """The record each kernel configuration of ``device`` is learned from and a whole
-    network's layers are paired with, by kernel key (in order of first appearance), among
-    ``rows`` (kernel records, in insertion order). Records of one configuration on one
-    machine with other knobs (a CPU kernel's blocks before and after a change of its
-    defaults, a GPU's float16 accumulating in float32 and in float16): the one of today's
-    untuned schedule (:func:`runs_today`), which our builds run; between two of today's, or
-    two of neither, the faster, which a deployment would run. A repeat measurement on
-    another machine replaces the earlier machine's."""
-    def rank(r: dict) -> tuple:  # only where a configuration has two records
-        return runs_today(r, device), -modelled_seconds(r)
-
-    out: dict[KernelKey, dict] = {}
-    for r in rows:
-        k = kernel_key(r["conv"], r["algorithm"], r["compression"], r["ratio"], r["tuning"])
-        old = out.get(k)
-        if old is None or old["fingerprint"] != r["fingerprint"] or rank(r) > rank(old):
-            out[k] = r
-    return out
-
-
-def _untuned_cpu_record(row: dict, device: Device) -> bool:
-    """Whether ``row`` is an untuned kernel record of CPU ``device`` that carries its knobs."""
-    return row["tuning"] == "untuned" and device.kind == "cpu" and bool(row.get("knobs"))
-
-
-def runs_today(row: dict, device: Device, cfg: KernelConfig | None = None) -> bool:
-    """Whether untuned kernel record ``row`` of CPU ``device`` ran the schedule today's code
-    gives its configuration (:meth:`~dlas_predict.models.features.KernelConfig.untuned_knobs`
-    for the device's vector width): a record timed before a change of the defaults ran other
-    blocks than a build of today's engine runs. ``cfg``: the row's configuration, where the
-    caller has parsed it already."""
-    import json
-
-    if not _untuned_cpu_record(row, device):
-        return False
-    cfg = cfg or config_from_row(row)
-    return json.loads(row["knobs"]) == cfg.untuned_knobs(*_codegen(device))
-
-
-def other_schedule(row: dict, device: Device, cfg: KernelConfig | None = None) -> bool:
-    """Whether ``row`` is an untuned CPU kernel record timed with other knobs than today's
-    untuned schedule of its configuration (before a change of the defaults): the only
-    timing of that configuration, but not of the kernel a build of today's engine runs."""
-    return _untuned_cpu_record(row, device) and not runs_today(row, device, cfg)
 
 
 @dataclass(frozen=True)
@@ -392,7 +319,7 @@ def _summary(network: str, text: str | None):
     import json
     from dataclasses import asdict, fields
 
-    from dlas_predict.models.netmodel import NetworkSummary
+    from dlas_predict.networks.summary import NetworkSummary
 
     stored = json.loads(text) if text else {}
     missing = {f.name for f in fields(NetworkSummary)} - set(stored)
@@ -417,10 +344,10 @@ def _summary(network: str, text: str | None):
 
 @functools.lru_cache(maxsize=None)
 def named_summary(network: str):
-    """The :class:`~dlas_predict.models.netmodel.NetworkSummary` of the zoo network of that
+    """The :class:`~dlas_predict.networks.summary.NetworkSummary` of the zoo network of that
     name, or of the generated network or NAS-Bench-201 cell its name describes; None for
     any other name. Kept per name: every record of a network asks for the same one."""
-    from dlas_predict.models.netmodel import NetworkSummary
+    from dlas_predict.networks.summary import NetworkSummary
     from dlas_predict.networks import generate, nasbench201
     from dlas_predict.networks import zoo
     from dlas_predict.networks.graph import network_of_proto, read_network
@@ -533,7 +460,7 @@ def unchanged_builds(layers_of: dict[tuple, list[dict]], device: Device):
 
     from dlas_predict.measure.networks.plans import CARRIED_VERSIONS, config_dtype, rebuilt_since
 
-    simd = _simd(device)  # the vector width today's default knobs are sized for
+    simd = untuned_simd(device)  # the vector width today's default knobs are sized for
     parse = functools.lru_cache(maxsize=None)(ConvSpec.parse)  # networks share their layers
 
     def unchanged(m) -> bool:

@@ -15,11 +15,10 @@ decodes, layout copies, parallel tasks), counted from its schedule
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
-from dlas_predict.space.config import (COMPRESSION_KERNEL, Algorithm, Compression, ConvSpec, DType,
-                                       Tuning)
+from dlas_predict.space.config import COMPRESSION_KERNEL, Algorithm, ConvSpec, DType, Tuning
 from dlas_predict.space.devices import Device
+from dlas_predict.corpus.kernels import KernelConfig, codegen
 
 DTYPE_BYTES = {DType.FLOAT32: 4, DType.FLOAT16: 2, DType.INT8: 1}
 
@@ -57,45 +56,6 @@ STAGE_TERMS = (
 #: Every column of a feature row, in model order.
 FEATURE_NAMES = TREE_FEATURES + STAGE_TERMS
 LANES = 16  # SIMD lanes the kernels' vector tiles are sized for (see measure/kernels/knobs.py)
-
-
-@dataclass(frozen=True)
-class KernelConfig:
-    """What is measured or predicted: a workload under one configuration on one device."""
-
-    spec: ConvSpec
-    algorithm: Algorithm
-    compression: Compression
-    sparsity: float  # the layer's own (0 when unpruned)
-    tuning: Tuning = Tuning.UNTUNED
-    knobs: tuple[tuple[str, int], ...] = ()  # empty: the untuned defaults for the shape
-
-    def _variant(self):
-        from dlas_predict.space.config import Variant
-
-        sparse = COMPRESSION_KERNEL[self.compression][0]
-        return Variant(self.algorithm, self.compression, 0.5 if sparse else 0.0)
-
-    def untuned_knobs(self, simd_bits: int | None = None, vnni: bool = False) -> dict[str, int]:
-        """The untuned schedule's knobs for the shape on a CPU of ``simd_bits``, with AVX-512
-        VNNI or not (:func:`dlas_predict.measure.kernels.knobs.default_knobs`)."""
-        from dlas_predict.measure.kernels.knobs import default_knobs
-
-        return default_knobs(self.spec, self._variant(), simd_bits, vnni)
-
-    def resolved_knobs(self, simd_bits: int | None = None,
-                       vnni: bool = False) -> dict[str, int]:
-        """The knobs known before measuring: the untuned defaults; for a tuned kernel only
-        the layout knobs it is tuned under (its loop schedule is the search's result, unknown
-        when predicting, so training rows do not use it either)."""
-        from dlas_predict.measure.kernels.knobs import tuned_knobs
-
-        if self.knobs:
-            return dict(self.knobs)
-        if self.tuning is Tuning.TUNED:
-            return {k: v for k, v in tuned_knobs(self.spec, self._variant(), 1,
-                                                 simd_bits).items() if k != "budget"}
-        return self.untuned_knobs(simd_bits, vnni)
 
 
 def _waste(spec: ConvSpec, knobs: dict[str, int]) -> float:
@@ -190,7 +150,7 @@ def stage_terms(cfg: KernelConfig, knobs: dict[str, int], device: Device) -> lis
     sparse, dtype, _ = COMPRESSION_KERNEL[cfg.compression]
     # a tuned kernel's loop knobs are the search's result, unknown before it runs: its loops
     # are counted as the untuned schedule's, under the layout knobs it is tuned with
-    tasks, ops, decodes, layout = loop_counts(cfg, {**cfg.untuned_knobs(*_codegen(device)),
+    tasks, ops, decodes, layout = loop_counts(cfg, {**cfg.untuned_knobs(*codegen(device)),
                                                     **knobs})
     cores = max(device.cores, 1)
     per_core = _cdiv(tasks, cores) / tasks  # a core's share, with the loop's imbalance
@@ -214,17 +174,6 @@ def weight_bytes(X):
     return values + X[:, FEATURE_NAMES.index("sparse")] * 4 * nonzeros
 
 
-def _simd(device: Device) -> int | None:
-    """The vector width the untuned knobs of ``device``'s kernels are sized for."""
-    return device.simd_bits if device.kind == "cpu" else None
-
-
-def _codegen(device: Device) -> tuple[int | None, bool]:
-    """What the untuned knobs of ``device``'s kernels depend on: its vector width, and
-    whether it has AVX-512 VNNI."""
-    return _simd(device), device.vnni
-
-
 def features(cfg: KernelConfig, device: Device) -> list[float]:
     """The feature row of one kernel (order: :data:`FEATURE_NAMES`)."""
     s = cfg.spec
@@ -236,7 +185,7 @@ def features(cfg: KernelConfig, device: Device) -> list[float]:
     peak = device.peak_gflops.get(dtype.value) or device.peak_gflops.get("float32") or 1.0
     bw = device.mem_bandwidth_gbs or 1.0
     roofline = max(2 * macs * density / (peak * 1e9), moved / (bw * 1e9))
-    knobs = cfg.resolved_knobs(*_codegen(device))
+    knobs = cfg.resolved_knobs(*codegen(device))
     return [
         s.C, s.K, s.H, s.W, s.R, s.S, s.stride_h, s.groups, s.OH, s.OW, float(s.depthwise),
         s.C // s.groups, math.log(macs), math.log(moved), math.log(s.params),
@@ -253,19 +202,3 @@ def features(cfg: KernelConfig, device: Device) -> list[float]:
     ]
 
 
-def config_from_row(row: dict) -> KernelConfig:
-    """A corpus row (``CorpusStore.rows``) → its :class:`KernelConfig`."""
-    spec = ConvSpec.parse(row["conv"])
-    comp = Compression.parse(row["compression"])
-    sparse = COMPRESSION_KERNEL[comp][0]
-    tuning = Tuning.parse(row["tuning"])
-    # an untuned row carries the knobs it ran with (the defaults of its CPU's vector width
-    # when measured), TopHub rows their tuned knobs; our tuned rows' layout knobs are
-    # recomputed
-    knobs = ()
-    if row.get("knobs") and (tuning is Tuning.UNTUNED or row.get("tuner") is None):
-        import json
-
-        knobs = tuple(sorted(json.loads(row["knobs"]).items()))
-    return KernelConfig(spec, Algorithm.parse(row["algorithm"]), comp,
-                        float(row["ratio"] or 0.0) if sparse else 0.0, tuning, knobs)

@@ -24,14 +24,9 @@ import numpy as np
 from dlas_predict.space.config import COMPRESSION_KERNEL, Algorithm, Compression, DType
 from dlas_predict.models.costmodel import ModelError, _versions, read_sidecar, write_sidecar
 from dlas_predict.space.devices import Device
-from dlas_predict.networks.graph import OP_KINDS, Network
+from dlas_predict.networks.summary import NetworkSummary
 
 NET_MODEL_FORMAT = "dlas-network-cost-7"
-
-#: Ops that evaluate an exponential per element (SiLU's sigmoid, tanh, softmax, ...): far
-#: dearer per element than a ReLU or an add, and dearer still in float16, which the CPU
-#: emulates through conversions.
-EXP_OPS = frozenset({"Sigmoid", "Tanh", "Softmax", "Elu", "Selu", "Softplus", "Gelu", "Erf"})
 
 NET_FEATURE_NAMES = (
     "log_conv_pred", "conv_layers", "layers", "log_nonconv_macs",
@@ -41,76 +36,6 @@ NET_FEATURE_NAMES = (
     "share_direct", "share_gemm", "share_spatial_pack", "mixed", "dev_peak_gflops",
     "dev_bandwidth_gbs", "dev_cores",
 )
-
-
-@dataclass(frozen=True)
-class NetworkSummary:
-    """What a network does besides its convolutions."""
-
-    conv_layers: int
-    layers: int
-    nonconv_macs: int
-    nonconv_bytes: int
-    activation_ops: int
-    elementwise_ops: int
-    input_elems: int
-    conv_io_bytes: int = 0  # float32 bytes of every conv's input and output activations
-    exp_elems: int = 0  # elements through the ops of EXP_OPS
-    broadcast_bytes: int = 0  # float32 bytes moved by elementwise ops that broadcast
-    #: MACs and float32 activation bytes of the convs whose output joins an elementwise op
-    #: or an activation other than ReLU (a residual add, SiLU's gate): an epilogue that
-    #: takes a second tensor or more than a clamp (onnxruntime's QDQ int8 leaves such a conv
-    #: in float).
-    joined_conv_macs: int = 0
-    joined_conv_io_bytes: int = 0
-    #: MACs, float32 activation bytes and weights of the convs that onnxruntime's QDQ int8
-    #: run leaves in float (:attr:`~dlas_predict.networks.graph.Layer.qdq_float`).
-    qdq_float_conv_macs: int = 0
-    qdq_float_conv_io_bytes: int = 0
-    qdq_float_conv_params: int = 0
-    #: Window reads of the windowed pools: output elements × window area (a 3×3 average
-    #: pool at stride 1 reads nine inputs per output, which its bytes moved do not count).
-    pool_window_elems: int = 0
-
-    @classmethod
-    def of(cls, net: Network) -> "NetworkSummary":
-        other = [layer for layer in net.layers if layer.conv is None]
-        joined = [layer for layer in net.layers if layer.conv is not None and _joins(layer)]
-        qdq_float = [layer for layer in net.layers if layer.qdq_float]
-        return cls(conv_layers=len(net.layers) - len(other), layers=len(net.layers),
-                   nonconv_macs=sum(layer.macs for layer in other),
-                   nonconv_bytes=sum(layer.bytes_moved for layer in other),
-                   activation_ops=sum(layer.kind == "activation" for layer in other),
-                   elementwise_ops=sum(layer.kind == "elementwise" for layer in other),
-                   input_elems=int(math.prod(net.input_shape)),
-                   conv_io_bytes=sum(_io_bytes(layer) for layer in net.layers
-                                     if layer.conv is not None),
-                   exp_elems=sum(int(math.prod(layer.output_shape)) for layer in other
-                                 if layer.op in EXP_OPS),
-                   broadcast_bytes=sum(layer.bytes_moved for layer in other
-                                       if _broadcasts(layer)),
-                   joined_conv_macs=sum(layer.macs for layer in joined),
-                   joined_conv_io_bytes=sum(_io_bytes(layer) for layer in joined),
-                   qdq_float_conv_macs=sum(layer.macs for layer in qdq_float),
-                   qdq_float_conv_io_bytes=sum(_io_bytes(layer) for layer in qdq_float),
-                   qdq_float_conv_params=sum(layer.params for layer in qdq_float),
-                   pool_window_elems=sum(int(math.prod(layer.output_shape)) * layer.window
-                                         for layer in other))
-
-
-def _io_bytes(layer) -> int:
-    """float32 bytes of a layer's first input and its output."""
-    return 4 * (int(math.prod(layer.input_shapes[0])) + int(math.prod(layer.output_shape)))
-
-
-def _joins(layer) -> bool:
-    return any(OP_KINDS.get(op) in ("elementwise", "activation") for op in layer.feeds)
-
-
-def _broadcasts(layer) -> bool:
-    """An elementwise op on activations of different sizes (squeeze-excitation's per-channel
-    scale: a feature map times a gate of one value per channel)."""
-    return layer.kind == "elementwise" and len({int(math.prod(s)) for s in layer.input_shapes}) > 1
 
 
 def net_features(summary: NetworkSummary, conv_s: float, compression: Compression,

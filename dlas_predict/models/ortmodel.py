@@ -100,7 +100,7 @@ def ort_terms(specs, ratios, summary, mode: str, channels_removed: bool,
               block: int = 16) -> np.ndarray:
     """The model's terms for a network whose convs are ``specs`` with layer sparsities
     ``ratios`` and whose other ops are ``summary``'s (a
-    :class:`~dlas_predict.models.netmodel.NetworkSummary`). Weight pruning leaves the work
+    :class:`~dlas_predict.networks.summary.NetworkSummary`). Weight pruning leaves the work
     dense (onnxruntime multiplies the zeros). A channel-pruned network is given as its
     removed layers and summary; with ``channels_removed`` it is given as the dense network's
     instead, each conv doing its density's share of the work (the zeroed filters removed).

@@ -179,7 +179,8 @@ def train_tuning_time(store: Path, dev: Device, directory: Path, meta: dict):
     import numpy as np
 
     from dlas_predict.models.costmodel import TuningTimeModel
-    from dlas_predict.models.features import config_from_row, features
+    from dlas_predict.models.features import features
+    from dlas_predict.corpus.kernels import config_from_row
 
     with CorpusStore(store, must_exist=True) as db:
         rows = list(db.tuned_rows(dev.name))

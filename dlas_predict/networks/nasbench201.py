@@ -24,6 +24,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -111,9 +112,11 @@ def arch_macs(arch: Arch) -> int:
     return macs + STAGES[-1] * 10
 
 
-def read_index_file(path: Path, shared: Path | None = None) -> list[Arch]:
-    """Architectures listed one a line: strings, codes, or benchmark indices (resolved
-    through HELP's table, which names each index's string)."""
+def read_index_file(path: Path,
+                    arch_strings: Callable[[], dict[int, str]] | None = None) -> list[Arch]:
+    """Architectures listed one a line: strings, codes, or benchmark indices, resolved by
+    ``arch_strings()`` (index → architecture string: HELP's table names both), called once
+    where an index is listed."""
     try:
         lines = [ln.strip() for ln in Path(path).read_text().splitlines()]
     except OSError as exc:
@@ -126,8 +129,10 @@ def read_index_file(path: Path, shared: Path | None = None) -> list[Arch]:
     for ln in lines:
         if ln.isdigit():
             if by_index is None:
-                from dlas_predict.crossdev.sources import help_arch_strings
-                by_index = help_arch_strings(shared)
+                if arch_strings is None:
+                    raise ConfigError(f"{path} lists benchmark indices, which need the public "
+                                      "data's table of architecture strings")
+                by_index = arch_strings()
             if int(ln) not in by_index:
                 raise ConfigError(f"NAS-Bench-201 index {ln} out of range "
                                   f"(0..{max(by_index)})")

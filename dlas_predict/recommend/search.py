@@ -16,7 +16,7 @@ accuracy says where it comes from.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,9 @@ from dlas_predict.space.config import (COMPRESSION_KERNEL, DEFAULT_CURVE_RATIOS,
 from dlas_predict.errors import DlasError
 from dlas_predict.measure.networks.plans import ONNXRUNTIME, PER_LAYER
 
-from dlas_predict.paths import CURVES, MODELS_STORE, model_dir
+from dlas_predict.paths import CURVES, MODELS_STORE
+from dlas_predict.space.devices import model_dir
+from dlas_predict.models.device import features_device, load_models
 
 
 @dataclass
@@ -154,36 +156,6 @@ class Recommendation:
 
 
 # ---- models ----------------------------------------------------------------------------------
-def load_models(device_name: str, directory: Path | None = None):
-    """The layer and network models for ``device_name``; a clear error when there are none."""
-    from dlas_predict.models.costmodel import LayerCostModel
-    from dlas_predict.models.netmodel import NetworkCostModel
-
-    directory = Path(directory) if directory else model_dir(device_name)
-    if not (directory / "layer.json").is_file():
-        hint = ("collect a corpus on this machine with `dlas-predict collect --network "
-                "zoo:resnet18-cifar --whole-network --store S` (repeat for more networks), "
-                "then `dlas-predict train --store S`" if device_name == "local" else
-                f"there is no corpus for {device_name!r}: its kernels must be measured on "
-                f"the device itself (`dlas-predict collect --device {device_name} ...` once "
-                f"RPC reaches it), then `dlas-predict train --device {device_name}`")
-        raise DlasError(f"no cost model for device {device_name!r} in {directory}: {hint}")
-    layer = LayerCostModel.load(directory, "layer")
-    if (directory / "network.json").is_file():
-        network = NetworkCostModel.load(directory, "network")
-    else:  # a device measured kernel by kernel only (e.g. a GPU through a bundle)
-        from dlas_predict.models.netmodel import ConvSumModel
-
-        network = ConvSumModel()
-    info = {"directory": str(directory), "trained_on": layer.meta.get("device"),
-            "device_fingerprint": layer.meta.get("device_fingerprint"),
-            "corpus_fingerprint": layer.meta.get("corpus_fingerprint"),
-            "device_roofs": layer.meta.get("device_roofs"),
-            "kernels": layer.meta.get("n_train"), "whole_networks": network.meta.get("n_train"),
-            "tuned_kernels": layer.meta.get("tuned_kernels", 0)}
-    return layer, network, info
-
-
 # ---- accuracy ----------------------------------------------------------------------------------
 def shipped_curves() -> dict:
     """The shipped accuracy curves by network ({} when the file is absent)."""
@@ -264,7 +236,7 @@ def _grid(convs, model: str, ratios: tuple[float, ...], skipped: list,
     """Every point of the grid (of the given compressions)."""
     from dlas_predict.compression.compress import cached_channel_removed, cached_pruned_sparsities
     from dlas_predict.compression.netplan import kernel_ratio
-    from dlas_predict.models.netmodel import NetworkSummary
+    from dlas_predict.networks.summary import NetworkSummary
 
     points = [GridPoint(c, None, (0.0,) * len(convs)) for c in
               (Compression.DENSE, Compression.FLOAT16, Compression.INT8) if c in compressions]
@@ -498,9 +470,9 @@ def _setup(model: str, device: str, validate: int, models_dir: Path | None,
         raise DlasError(f"--validate builds and times whole networks on this machine's CPU; "
                         f"{dev.name} is a GPU, whose whole networks are not built yet")
     # a reference answers with its shipped models, as its data was measured (data_spec)
-    layer_model, net_model, info = (
-        load_models(dev.name, models_dir) if ref_dev is None else
-        load_models(ref_dev.name, models_dir or reference_dir(ref_dev.name)))
+    models = (load_models(dev.name, models_dir) if ref_dev is None else
+              load_models(ref_dev.name, models_dir or reference_dir(ref_dev.name)))
+    layer_model, net_model, info = models.layer, models.network, models.info
     tuning_model = _tuning_model(info, models_dir, dev.name)
     path = zoo.resolve(model)
     entry = zoo.get(model) if str(model).startswith(zoo.ZOO_PREFIX) else None
@@ -588,7 +560,7 @@ def _onnxruntime_candidates(points, su: _Setup) -> list[Candidate]:
     in float32 (channel pruning with its zeroed filters removed), float16, static QDQ int8."""
     if su.ort_model is None or Tuning.UNTUNED not in su.tunings:
         return []
-    from dlas_predict.models.netmodel import NetworkSummary
+    from dlas_predict.networks.summary import NetworkSummary
     from dlas_predict.models.ortmodel import model_mode, nchwc_block, ort_terms
 
     weight_pruned = [p for p in points if p.compression is Compression.WEIGHT_PRUNING]
@@ -682,17 +654,6 @@ def _calibrate_onnxruntime(ort: list[Candidate], su: _Setup) -> None:
                     "(calibrated)")
 
 
-def features_device(dev, info: dict):
-    """``dev`` as a layer model's features see it: with the roofs the model was trained
-    with (its sidecar's), where they differ from the registry's."""
-    roofs = info.get("device_roofs")
-    if roofs and (roofs["peak_gflops"] != dev.peak_gflops
-                  or roofs["mem_bandwidth_gbs"] != dev.mem_bandwidth_gbs):
-        return replace(dev, peak_gflops=dict(roofs["peak_gflops"]),
-                       mem_bandwidth_gbs=roofs["mem_bandwidth_gbs"])
-    return dev
-
-
 def _mapped(su: _Setup, kernels: list[tuple], mid, low, high):
     """The reference device's kernel latencies mapped to the device."""
     return su.mapping.map_kernels(su.ref_dev, su.dev,
@@ -711,7 +672,8 @@ def _kernel_rows(convs, points, tunings: list[Tuning], feat_dev):
     Returns the feature matrix, each row's (spec, algorithm, compression, ratio, tuning),
     and per (grid point, tuning) the options of every layer."""
     from dlas_predict.compression.netplan import layer_kernel, layer_sparse
-    from dlas_predict.models.features import KernelConfig, features
+    from dlas_predict.models.features import features
+    from dlas_predict.corpus.kernels import KernelConfig
 
     rows: dict[tuple, int] = {}
     X: list = []
@@ -792,7 +754,8 @@ def _price(plans: list[Plan], su: _Setup, X: np.ndarray, layer_pred, tune_s,
     (``layer_pred``'s middle where the device is not mapped), which the network model's
     correction reads."""
     from dlas_predict.models.features import FEATURE_NAMES, weight_bytes
-    from dlas_predict.models.netmodel import NetworkInputs, NetworkSummary, net_features, net_terms
+    from dlas_predict.models.netmodel import NetworkInputs, net_features, net_terms
+    from dlas_predict.networks.summary import NetworkSummary
 
     mid, low, high = layer_pred
     conv_mid = np.array([sum(mid[o.row] for o in p.layers) for p in plans])

@@ -333,33 +333,6 @@ class MeasuredPeaks:
         return asdict(self)
 
 
-def measure_peaks(device: Device, runner: Any, save_to: Path | None = None
-                  ) -> tuple[MeasuredPeaks, str]:
-    """Measure ``device``'s roofs with the runner that ``runner()`` opens (this machine's
-    worker, or a board of a tracker), and store them with its registry entry (and in the
-    JSON file ``save_to``): the measurement and the cache path. A failed measurement raises
-    :class:`DeviceError` with the board's error."""
-    import time
-
-    from dlas_predict.measure.execution.tasks import PeaksTask
-
-    with runner() as r:
-        reply = r.call(PeaksTask(target=device.target, cores=device.cores,
-                                 simd_bits=device.simd_bits or 128, vnni=device.vnni,
-                                 caches=dict(device.caches)))
-        board = r.board
-    if not reply.ok:
-        raise DeviceError(f"measuring the roofs failed: {reply.error}")
-    peaks = MeasuredPeaks(device.fingerprint, device.name, device.cpu_model, device.cores,
-                          device.simd_bits, device.caches, reply.peak_gflops,
-                          reply.mem_bandwidth_gbs, reply.details, reply.tvm_version,
-                          time.time(), board.to_dict() if board else None,
-                          int8_dot_gflops=reply.int8_dot_gflops,
-                          cache_bandwidth_gbs=dict(reply.cache_bandwidth_gbs or {}))
-    path = save_measured_peaks(peaks.to_dict(), str(save_to) if save_to else None)
-    return peaks, path
-
-
 def save_measured_peaks(entry: dict[str, Any], also_to: str | None = None) -> str:
     """Cache a measurement of this machine's roofs (and merge it into the JSON file
     ``also_to``, keyed by fingerprint); returns the cache path."""
@@ -652,3 +625,43 @@ def get_device(name: str, with_target: bool = True) -> Device:
 
 def all_devices(with_target: bool = True) -> list[Device]:
     return [get_device(n, with_target=with_target) for n in device_names()]
+
+
+def rows_device(name: str, fingerprint: str) -> Device:
+    """The device of corpus rows (see :func:`corpus_device`); a name the registry no longer
+    knows has no roofs."""
+    from dlas_predict.errors import DlasError
+
+    try:
+        return corpus_device(name, fingerprint)
+    except DlasError:
+        return Device(name=name, kind="cpu", description=name, target={}, cores=1,
+                      clock_ghz=None, simd_bits=None, peak_gflops={}, mem_bandwidth_gbs=None,
+                      source="unknown")
+
+
+def fingerprint_here(device: str) -> str | None:
+    """The fingerprint ``device`` has on this machine: ``local``'s or a profile's; None for
+    any other device (measured elsewhere by nature)."""
+    from dlas_predict.errors import DlasError
+
+    if device != LOCAL and not is_profile_name(device):
+        return None
+    try:
+        return get_device(device, with_target=False).fingerprint
+    except DlasError:
+        return None  # a profile this CPU cannot run
+
+
+def model_dir(name: str) -> Path:
+    """The shipped model folder of device ``name`` on this machine. The local CPU (and its
+    profiles) are whatever machine the tool runs on: where the project measured this very
+    machine, its models are ``models_store/machines/FINGERPRINT/NAME`` (FINGERPRINT this
+    machine's); otherwise, and for every other device, ``models_store/NAME``."""
+    from dlas_predict.paths import MODELS_STORE, machine_model_dir
+
+    if name == LOCAL or is_profile_name(name):
+        mine = machine_model_dir(name, local_fingerprint())
+        if (mine / "layer.json").is_file():
+            return mine
+    return MODELS_STORE / name

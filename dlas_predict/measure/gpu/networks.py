@@ -10,7 +10,7 @@ The kernel bundles' three steps (:mod:`dlas_predict.measure.gpu.bundle`), for wh
    failure in ``build_failures.jsonl``.
 2. ``python -m dlas_predict.measure.gpu.run BUNDLE --out R`` (there): each network is loaded into
 TVM's Relax VM, checked against onnxruntime's outputs and timed with the bundle's protocol.
-3. :func:`dlas_predict.measure.gpu.bundle.import_results` (here) files the results as
+3. :func:`dlas_predict.corpus.gpu.import_results` (here) files the results as
    whole-network measurements.
 """
 
@@ -75,7 +75,7 @@ def write_network_bundle(plans: list, device: Device, out: Path,
     import tvm
 
     from dlas_predict.measure.kernels import cuda
-    from dlas_predict.measure.gpu.bundle import (GPU_KERNELS_VERSION, _append, done_keys,
+    from dlas_predict.measure.gpu.bundle import (GPU_KERNELS_VERSION, append_lines, done_keys,
                                                  require_cuda)
     from dlas_predict.measure.networks.build import LayerChoice, lower_cuda
     from dlas_predict.space.config import Algorithm
@@ -114,11 +114,11 @@ def write_network_bundle(plans: list, device: Device, out: Path,
                 shutil.copyfile(prep.check, out / f"{name}.check.npz")
             except Exception as exc:  # noqa: BLE001 - a failed build is a recorded failure
                 text = str(exc).strip().splitlines()
-                _append(failures, [{**line, "error": f"build: {type(exc).__name__}: "
+                append_lines(failures, [{**line, "error": f"build: {type(exc).__name__}: "
                                     f"{(text[-1] if text else '')[:500]}"}])
                 failed += 1
                 continue
-            _append(manifest, [{**line, "chunk": f"{name}.so", "check": f"{name}.check.npz",
+            append_lines(manifest, [{**line, "chunk": f"{name}.so", "check": f"{name}.check.npz",
                                 "input_shape": list(prep.input_shape),
                                 "summary": prep.summary, "notes": list(prep.notes),
                                 "weights": "timing" if timing_weights else "model",

@@ -212,7 +212,7 @@ def prepare_network(plan: NetworkPlan, tmp: Path, cache: dict,
         scales = conv_scales(model, _samples(plan.model, shape, "train"))
     from dataclasses import asdict
 
-    from dlas_predict.models.netmodel import NetworkSummary
+    from dlas_predict.networks.summary import NetworkSummary
 
     done = _Prepared(path, sess.get_inputs()[0].name, shape,
                      [c.spec for c in net.convs()], check, scales,

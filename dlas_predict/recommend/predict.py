@@ -21,7 +21,6 @@ from __future__ import annotations
 import csv
 import functools
 import json
-import re
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -30,7 +29,8 @@ import numpy as np
 from dlas_predict.crossdev.latent import DevicePosterior, LatentModel, select
 from dlas_predict.crossdev.sources import LatencyMatrix, load
 from dlas_predict.errors import ConfigError, DeviceError, DlasError
-from dlas_predict.paths import cache_dir, dlas_home
+from dlas_predict.paths import cache_dir
+from dlas_predict.crossdev.adapted import adapted_path, checked_name, read_adapted
 
 #: Two-sided 80 % interval of a Gaussian in log space.
 Z80 = 1.2816
@@ -160,7 +160,7 @@ def _basis_of(target: Target, device: str) -> tuple[str, str]:
     on HELP's devices and devices adapted on them, the grid engine (``recommend``'s models)
     for every other network, the kernel data for convs."""
     if target.kind == "nasbench201":
-        adapted = _read_adapted(device)
+        adapted = read_adapted(device)
         if _help_device(device) or (adapted is not None and adapted["source"] == "help"):
             return "help", "network"
         return "engine", "network"
@@ -176,7 +176,7 @@ def _basis_of(target: Target, device: str) -> tuple[str, str]:
         # a trained reference mapped to it, zero-shot or by its adapted map, as `recommend`
         # prices it (the kernel data's column of that name is the other machine)
         return "engine", "kernel"
-    adapted = _read_adapted(device)
+    adapted = read_adapted(device)
     if adapted is not None and adapted["level"] == "kernel":
         return adapted["source"], adapted["level"]
     if device in _registry():
@@ -193,7 +193,7 @@ def _registry() -> list[str]:
 
 def _check_known(device: str) -> None:
     """A device is a registry entry, one HELP measured, or one `adapt` fitted."""
-    if device in _registry() or _help_device(device) or _read_adapted(device) is not None:
+    if device in _registry() or _help_device(device) or read_adapted(device) is not None:
         return
     raise DeviceError(f"unknown device {device!r}: it has neither a spec (`devices add`) nor "
                       f"measurements (`adapt --device {device} --measurements FILE.csv`)")
@@ -240,37 +240,9 @@ def basis(source: str, level: str, data: str | None = None) -> tuple[LatencyMatr
     return mat, LatentModel._fit(mat, int(k), float(noise))
 
 
-# ---- adapted devices ----------------------------------------------------------------------
-def adapted_dir() -> Path:
-    path = dlas_home() / "adapted"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def _safe(device: str) -> str:
-    if not re.fullmatch(r"[A-Za-z0-9_.@+-]{1,64}", device):
-        raise DeviceError(f"device name {device!r}: use letters, digits and _ . @ + -")
-    return device
-
-
-def adapted_path(device: str) -> Path:
-    """Where ``device``'s adapted map (``adapt``, ``active-learn``, ``calibrate``) is kept."""
-    return adapted_dir() / f"{_safe(device)}.json"
-
-
-def _read_adapted(device: str) -> dict | None:
-    path = adapted_path(device)
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except ValueError:
-        raise DlasError(f"adapted model {path} is unreadable; run `adapt` again") from None
-
-
 def _posterior(device: str, source: str, level: str, mat: LatencyMatrix,
                model: LatentModel) -> DevicePosterior:
-    adapted = _read_adapted(device)
+    adapted = read_adapted(device)
     if adapted is not None and adapted["source"] == source and adapted.get("targets"):
         rows, y = _rows_of(mat, model, adapted["targets"]), np.array(adapted["log_ms"])
         return model.adapt(rows, y, _prior(device, model))
@@ -592,7 +564,7 @@ def adapt(device: str, measurements: Path, data: Path | None = None) -> AdaptRep
     """Fit ``device``'s loading on its measurements and save it under DLAS_HOME."""
     from dlas_predict.space.devices import device_names
 
-    _safe(device)
+    checked_name(device)
     rows = read_measurements(measurements)
     kind = rows[0][0].kind
     if kind == "network":
@@ -718,21 +690,3 @@ def _recommend_map(device: str, keys: list[str], log_ms: np.ndarray) -> dict | N
     return m.to_dict()
 
 
-def adapted_devices() -> list[str]:
-    return sorted(p.stem for p in adapted_dir().glob("*.json"))
-
-
-def adapted_summary(device: str) -> dict:
-    """A device known by measurements alone, as `devices` lists it: a registry entry's
-    fields, each empty (no spec invented)."""
-    from dataclasses import fields
-
-    from dlas_predict.space.devices import Device
-
-    a = _read_adapted(device) or {}
-    n = len(a.get("targets", [])) or (a.get("recommend_map") or {}).get("shots", 0)
-    empty = {f.name: {} if f.name in ("target", "peak_gflops", "caches") else None
-             for f in fields(Device)}
-    return {**empty, "name": device, "origin": "adapted", "model": "adapted",
-            "description": f"known by {n} measurement(s) on {a.get('source')}'s "
-                           f"{a.get('level')}s (DLAS_HOME/adapted/{device}.json)"}

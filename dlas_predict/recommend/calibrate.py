@@ -3,7 +3,7 @@
 A CPU whose ``local`` model was trained elsewhere is answered from a reference device's
 models, mapped by its spec (zero-shot). Calibration measures it:
 
-1. **Kernels**: active learning (:func:`dlas_predict.crossdev.active.run`) over the conv
+1. **Kernels**: active learning (:func:`dlas_predict.recommend.active.run`) over the conv
    kernels of the calibration networks, until the kernel share of the time budget is
    spent; the adapted kernel map (offset, slope, group and shape offsets) is fitted.
 2. **Whole networks**: with that map in place, the networks are priced, and a few of
@@ -150,8 +150,9 @@ def run(device: str, minutes: float, networks: list[str] | None,
     ``network_oracle(model, network, [Candidate]) -> [(ms, note)]`` measure (default: this
     machine); ``fingerprint`` names the machine the measurements are of (default: the
     device's)."""
-    from dlas_predict.crossdev import active, transfer
-    from dlas_predict.crossdev.predictor import adapted_path
+    from dlas_predict.crossdev import transfer
+    from dlas_predict.recommend import active
+    from dlas_predict.crossdev.adapted import adapted_path
     from dlas_predict.paths import dlas_home
     from dlas_predict.space.devices import get_device
 
@@ -338,7 +339,7 @@ class LiveKernels:
 
     def __call__(self, k) -> tuple[float | None, str]:
         from dlas_predict.corpus.store import CorpusStore
-        from dlas_predict.crossdev.active import Live
+        from dlas_predict.recommend.active import Live
         from dlas_predict.measure.execution.runner import LocalRunner
         from dlas_predict.paths import default_store_path
 

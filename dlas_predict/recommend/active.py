@@ -362,7 +362,7 @@ def plot(curves: dict[str, list[Curve]], out: Path, title: str) -> Path:
 def save_adapted(device: str, curve: Curve, pool: Pool, measured: list[str]) -> Path:
     """The loop's map and the keys of the kernels it measured, in order, under DLAS_HOME
     (what `recommend` then uses)."""
-    from dlas_predict.crossdev.predictor import adapted_path
+    from dlas_predict.crossdev.adapted import adapted_path
 
     path = adapted_path(device)
     try:
@@ -439,7 +439,7 @@ def replay_source(path: Path, networks: list[str] | None, device: str) -> tuple[
     if not path.is_file():
         raise DlasError(f"--replay: {path} not found")
     if path.suffix == ".csv":
-        from dlas_predict.crossdev.predictor import read_measurements
+        from dlas_predict.recommend.predict import read_measurements
 
         if not networks:
             raise DlasError("--replay FILE.csv needs --network: the CSV names kernels, "
