@@ -49,7 +49,7 @@ def _chain_model(bias_zero: bool = True, seed: int = 0):
 
 
 def _run(model, x):
-    return accuracy._session(model).run(None, {"input": x})[0]
+    return accuracy.onnx_session(model).run(None, {"input": x})[0]
 
 
 def test_weight_masks_prune_exactly_the_smallest_globally():

@@ -326,7 +326,7 @@ def test_a_stored_summary_without_a_newer_field_is_computed_again(tmp_path):
     network is built again from its name (its weights are seeded by it)."""
     from dataclasses import asdict
 
-    from dlas_predict.models.evaluation import _summary
+    from dlas_predict.models.evaluation import stored_summary
     from dlas_predict.networks.generate import generate
     from dlas_predict.networks.summary import NetworkSummary
     from dlas_predict.networks.graph import read_network
@@ -336,23 +336,23 @@ def test_a_stored_summary_without_a_newer_field_is_computed_again(tmp_path):
     fresh = NetworkSummary.of(read_network(m.path))
     assert fresh.broadcast_bytes > 0
     old = {k: v for k, v in asdict(fresh).items() if k != "broadcast_bytes"}
-    assert _summary(m.path.stem, json.dumps(old)) == fresh
-    assert _summary(m.path.stem, json.dumps(asdict(fresh))) == fresh
+    assert stored_summary(m.path.stem, json.dumps(old)) == fresh
+    assert stored_summary(m.path.stem, json.dumps(asdict(fresh))) == fresh
     # neither a zoo network nor a name the generator writes: unusable, not a guess
-    assert _summary("my-net", json.dumps(old)) is None
+    assert stored_summary("my-net", json.dumps(old)) is None
     # another network's summary under this name (a channel-pruned build, its zeroed filters
     # removed): not replaced by the named network's
     removed = {**old, "nonconv_bytes": old["nonconv_bytes"] // 2}
-    assert _summary(m.path.stem, json.dumps(removed)) is None
+    assert stored_summary(m.path.stem, json.dumps(removed)) is None
     # only the int8-only fields missing, of a network not built again by name: they are 0
     # (its other fields serve every model; onnxruntime's int8 rows of it are left out)
     from dlas_predict.models.evaluation import INT8_ONLY
 
     assert fresh.qdq_float_conv_macs > 0
     older = {k: v for k, v in asdict(fresh).items() if k not in INT8_ONLY}
-    kept = _summary("my-net", json.dumps(older))
+    kept = stored_summary("my-net", json.dumps(older))
     assert kept == NetworkSummary(**older) and kept.qdq_float_conv_macs == 0
-    assert _summary(m.path.stem, json.dumps(older)) == fresh
+    assert stored_summary(m.path.stem, json.dumps(older)) == fresh
 
 
 def test_a_nasbench201_cell_s_summary_is_computed_again_from_its_name(tmp_path):
@@ -360,7 +360,7 @@ def test_a_nasbench201_cell_s_summary_is_computed_again_from_its_name(tmp_path):
     existed is rebuilt from it, and a stored summary that disagrees is unusable."""
     from dataclasses import asdict
 
-    from dlas_predict.models.evaluation import _summary
+    from dlas_predict.models.evaluation import stored_summary
     from dlas_predict.networks.summary import NetworkSummary
     from dlas_predict.networks import nasbench201 as nb
     from dlas_predict.networks.graph import read_network
@@ -369,15 +369,15 @@ def test_a_nasbench201_cell_s_summary_is_computed_again_from_its_name(tmp_path):
     fresh = NetworkSummary.of(read_network(path))
     assert fresh.pool_window_elems > 0
     old = {k: v for k, v in asdict(fresh).items() if k != "pool_window_elems"}
-    assert _summary(path.stem, json.dumps(old)) == fresh
+    assert stored_summary(path.stem, json.dumps(old)) == fresh
     # another network's summary lacking a field that does not scale with non-conv bytes
     other = {k: v for k, v in old.items() if k != "exp_elems"}
-    assert _summary(path.stem, json.dumps({**other, "layers": old["layers"] + 1})) is None
-    assert _summary("nasbench201-p3s1nx", json.dumps(old)) is None  # no such code
+    assert stored_summary(path.stem, json.dumps({**other, "layers": old["layers"] + 1})) is None
+    assert stored_summary("nasbench201-p3s1nx", json.dumps(old)) is None  # no such code
     # the cell's channel-pruned build, stored before the field: its pools' window reads are
     # the named cell's, scaled by the two's non-conv bytes
     removed = {**old, "nonconv_bytes": old["nonconv_bytes"] // 2}
-    assert _summary(path.stem, json.dumps(removed)).pool_window_elems == \
+    assert stored_summary(path.stem, json.dumps(removed)).pool_window_elems == \
         round(fresh.pool_window_elems * (old["nonconv_bytes"] // 2) / old["nonconv_bytes"])
 
 

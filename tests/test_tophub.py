@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 from dlas_predict.cli import app
 from conftest import SHARED_DATA, assert_clean_error, run_cli
 from dlas_predict.corpus.store import CorpusStore
-from dlas_predict.corpus.tophub import _devices_by_model, import_tophub, parse_line
+from dlas_predict.corpus.tophub import devices_by_model, import_tophub, parse_line
 
 runner = CliRunner()
 
@@ -29,7 +29,7 @@ CUDA = "cuda -model=titanx"
 
 
 def test_parse_spatial_pack_direct_and_depthwise():
-    devs = _devices_by_model()
+    devs = devices_by_model()
     r = parse_line(_line(ARM, "conv2d_nchw_spatial_pack.arm_cpu", (1, 64, 56, 56),
                          (128, 64, 3, 3), stride=(2, 2)), "arm_cpu.jsonl", devs)
     assert r.device == "rk3399-cpu" and r.variant.algorithm.value == "spatial_pack"
@@ -59,7 +59,7 @@ def test_parse_spatial_pack_direct_and_depthwise():
     ("{not json", "arm_cpu.jsonl", "malformed line"),
 ])
 def test_lines_left_out_say_why(line, file, reason):
-    got = parse_line(line, file, _devices_by_model())
+    got = parse_line(line, file, devices_by_model())
     assert isinstance(got, str) and reason in got
 
 

@@ -22,7 +22,7 @@ class DataError(DlasError):
     """A data set that cannot be read or does not fit the model."""
 
 
-def _session(model):
+def onnx_session(model):
     """An onnxruntime session on a path, bytes or ModelProto; optimisations off (so the
     float16 emulation casts stay in place), 2 threads."""
     import os
@@ -42,7 +42,7 @@ def _session(model):
 
 def input_shape(model) -> tuple[int, int, int]:
     """The C×H×W input of a model (batch dimension dropped)."""
-    sess = _session(model)
+    sess = onnx_session(model)
     shape = sess.get_inputs()[0].shape
     if len(shape) != 4 or not all(isinstance(d, int) and d > 0 for d in shape[1:]):
         raise DataError(f"model input shape {shape} is not a fixed N×C×H×W image input")
@@ -51,7 +51,7 @@ def input_shape(model) -> tuple[int, int, int]:
 
 def predict(model, x: np.ndarray) -> np.ndarray:
     """Top-1 class of each input (N×C×H×W float32), batch by batch of the model's batch."""
-    sess = _session(model)
+    sess = onnx_session(model)
     inp = sess.get_inputs()[0]
     want = tuple(inp.shape[1:])
     if tuple(x.shape[1:]) != want:

@@ -135,18 +135,18 @@ def layer_sparsity(model) -> list[LayerSparsity]:
     """Each conv layer's workload and share of zero weights, read from the weights."""
     import onnx
 
-    from dlas_predict.networks.graph import _conv_spec, _shapes, inline_constant_identities
+    from dlas_predict.networks.graph import conv_spec_of, value_shapes, inline_constant_identities
 
     model = copy.deepcopy(model)
     inline_constant_identities(model)
     model = onnx.shape_inference.infer_shapes(model, strict_mode=False)
-    shapes = _shapes(model)
+    shapes = value_shapes(model)
     arrays = _arrays(model)
     out = []
     for node in _conv_nodes(model):
         w = arrays[node.input[1]]
         name = node.name or node.output[0]
-        spec = _conv_spec(node, name, shapes.get(node.input[0]), tuple(w.shape))
+        spec = conv_spec_of(node, name, shapes.get(node.input[0]), tuple(w.shape))
         zero_rows = ~np.any(w.reshape(w.shape[0], -1) != 0, axis=1)
         out.append(LayerSparsity(name, spec, float((w == 0).mean()),
                                  int((~zero_rows).sum()), int(w.shape[0])))
@@ -345,7 +345,7 @@ class _ChannelRemover:
     def __init__(self, model) -> None:
         from onnx import numpy_helper
 
-        from dlas_predict.networks.graph import (_infer_shapes, _shapes,
+        from dlas_predict.networks.graph import (infer_shapes, value_shapes,
                                                  inline_constant_identities)
 
         self.model = copy.deepcopy(model)
@@ -360,8 +360,8 @@ class _ChannelRemover:
             for i in node.input:
                 self.consumers.setdefault(i, []).append(node)
         self.graph_outputs = {o.name for o in self.model.graph.output}
-        _infer_shapes(self.model)  # into value_info, which run() clears: shapes change
-        self.shapes = _shapes(self.model)
+        infer_shapes(self.model)  # into value_info, which run() clears: shapes change
+        self.shapes = value_shapes(self.model)
 
     def run(self):
         from onnx import numpy_helper

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Iterable
 
 from dlas_predict.space.config import ConvSpec, Variant
-from dlas_predict.space.devices import _registry_entries, get_device
+from dlas_predict.space.devices import registry_entries, get_device
 from dlas_predict.errors import DlasError
 from dlas_predict.measure.records import MeasureResult, measurement_key
 
@@ -54,9 +54,9 @@ class TophubImport:
                 "skipped": dict(self.skipped)}
 
 
-def _devices_by_model() -> dict[tuple[str, str], str]:
+def devices_by_model() -> dict[tuple[str, str], str]:
     return {(e["tophub_file"], e["tophub_model"]): e["name"]
-            for e in _registry_entries() if e.get("tophub_model")}
+            for e in registry_entries() if e.get("tophub_model")}
 
 
 def _pads(p: list[int]) -> tuple[int, int, int, int]:
@@ -140,7 +140,7 @@ def import_tophub(paths: Iterable[str | Path], store: str | Path) -> TophubImpor
     """Add every usable line of the logs to the corpus ``store``."""
     from dlas_predict.corpus.store import CorpusStore
 
-    devices = _devices_by_model()
+    devices = devices_by_model()
     report = TophubImport()
     files = log_files(paths)
     with CorpusStore(store) as db:

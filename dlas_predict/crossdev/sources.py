@@ -78,7 +78,7 @@ def _help_frame(path: str):
         raise DlasError(f"cannot read HELP's latency table {path}: {exc}") from None
 
 
-def _help_table(data: Path | None):
+def help_table(data: Path | None):
     path = _shared("help_nb201", data) / "latency.csv.gz"
     if not path.is_file():
         raise DlasError(f"HELP's latency table not found: {path}")
@@ -87,7 +87,7 @@ def _help_table(data: Path | None):
 
 def help_arch_strings(data: Path | None = None) -> dict[int, str]:
     """NAS-Bench-201 index → architecture string (HELP's table names both)."""
-    df = _help_table(data)
+    df = help_table(data)
     first = df.drop_duplicates("arch_index")
     return dict(zip(first.arch_index.astype(int), first.arch_str))
 
@@ -97,7 +97,7 @@ def help_matrix(data: Path | None = None) -> LatencyMatrix:
     strings, in benchmark index order."""
     from dlas_predict.networks.nasbench201 import arch_macs, parse_arch
 
-    df = _help_table(data)
+    df = help_table(data)
     wide = df.pivot(index="arch_index", columns="device", values="latency").sort_index()
     names = df.drop_duplicates("arch_index").set_index("arch_index").arch_str
     archs = [str(names[i]) for i in wide.index]
@@ -114,7 +114,7 @@ def _kernel_target(conv: str, algorithm: str, compression: str, ratio: float,
     return f"{conv}|{algorithm}|{tag}|{tuning}"
 
 
-def _kernel_features(convs: list, algorithms: list[str], compressions: list[str],
+def kernel_features(convs: list, algorithms: list[str], compressions: list[str],
                      ratios: list[float]) -> np.ndarray:
     """Device-free kernel features: log sizes, shape, algorithm and compression one-hots."""
     from dlas_predict.space.config import Algorithm, Compression
@@ -136,10 +136,10 @@ def _kernel_features(convs: list, algorithms: list[str], compressions: list[str]
 
 def tophub_matrix(data: Path | None = None) -> LatencyMatrix:
     """TopHub's tuned conv workloads × its devices (best time of each workload)."""
-    from dlas_predict.corpus.tophub import _devices_by_model, parse_line
+    from dlas_predict.corpus.tophub import devices_by_model, parse_line
 
     folder = _shared("tophub", data)
-    devices = _devices_by_model()
+    devices = devices_by_model()
     best: dict[str, dict[str, float]] = {}
     info: dict[str, tuple] = {}
     for path in sorted(folder.glob("*.jsonl")):
@@ -164,7 +164,7 @@ def tophub_matrix(data: Path | None = None) -> LatencyMatrix:
         for d, ms in best[t].items():
             M[i, devs.index(d)] = np.log(ms)
     convs = [info[t][0] for t in targets]
-    feats = _kernel_features(convs, ["direct"] * len(targets),
+    feats = kernel_features(convs, ["direct"] * len(targets),
                              [info[t][2] for t in targets], [0.0] * len(targets))
     return LatencyMatrix("tophub", "kernel", targets, devs, M,
                          np.array([c.macs for c in convs], dtype=float), feats,
@@ -226,7 +226,7 @@ def profiles_matrix(level: str = "kernel", devices: list[str] | None = None) -> 
             M[index[k], j] = np.log(ms)
     if level == "kernel":
         convs = [ConvSpec.parse(meta[t][0]) for t in targets]
-        feats = _kernel_features(convs, [meta[t][1] for t in targets],
+        feats = kernel_features(convs, [meta[t][1] for t in targets],
                                  [meta[t][2] for t in targets], [meta[t][3] for t in targets])
         macs = np.array([meta[t][4] for t in targets])
     else:

@@ -246,7 +246,7 @@ def _read_meta(path: Path, _mtime: int) -> dict:
         return {}
 
 
-def _of_this_machine(name: str) -> bool:
+def of_this_machine(name: str) -> bool:
     from dlas_predict.space.devices import LOCAL, is_profile_name
 
     return name == LOCAL or is_profile_name(name)
@@ -284,13 +284,13 @@ def own_model(name: str) -> bool:
     """``name`` has a trained model of the machine it names. The local CPU's and its
     profiles' models are this machine's only when they were trained on it (the models
     shipped for this very machine, :func:`~dlas_predict.space.devices.model_dir`, or
-    ``models_store``'s own); on another machine, ``local`` is a device without a model (answered from a
-    reference, mapped)."""
+    ``models_store``'s own); on another machine, ``local`` is a device without a model
+    (answered from a reference, mapped)."""
     from dlas_predict.space.devices import model_dir
 
     if not (model_dir(name) / "layer.json").is_file():
         return False
-    if not _of_this_machine(name):
+    if not of_this_machine(name):
         return True
     from dlas_predict.space.devices import get_device
 
@@ -307,7 +307,7 @@ def data_spec(name: str):
     from dlas_predict.space.devices import corpus_device, get_device
 
     meta = _model_meta(name)
-    if _of_this_machine(name):
+    if of_this_machine(name):
         fp = meta.get("device_fingerprint") or _corpus_fingerprint(name)
         dev = corpus_device(name, fp) if fp else get_device(name, with_target=False)
     else:

@@ -43,7 +43,7 @@ class ModelError(DlasError):
     """A missing, unreadable or incompatible saved cost model."""
 
 
-def _versions() -> dict[str, str]:
+def package_versions() -> dict[str, str]:
     import lightgbm
     import sklearn
 
@@ -182,7 +182,7 @@ class _JsonStateModel(KernelCostModel):
         """A JSON sidecar holding the fitted state (``to_dict``)."""
         return write_sidecar(directory, name, {"format": type(self).__name__,
                                                "state": self.to_dict(),
-                                               "versions": _versions()})
+                                               "versions": package_versions()})
 
     @classmethod
     def load(cls, directory: Path, name: str) -> "_JsonStateModel":
@@ -288,7 +288,7 @@ class LayerCostModel(KernelCostModel):
             self.models[f"q{int(q * 100)}"] = lgb.LGBMRegressor(
                 objective="quantile", alpha=q, **quantile).fit(trees, y).booster_
         self.meta = {"format": MODEL_FORMAT, "features": list(FEATURE_NAMES),
-                     "versions": _versions(), "n_train": int(len(X)),
+                     "versions": package_versions(), "n_train": int(len(X)),
                      "trees": {key: {"num_leaves": p["num_leaves"],
                                      "n_estimators": p["n_estimators"]}
                                for key, p in (("median", _MEDIAN_PARAMS),

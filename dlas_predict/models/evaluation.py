@@ -308,7 +308,7 @@ INT8_ONLY = frozenset({"qdq_float_conv_macs", "qdq_float_conv_io_bytes",
                        "qdq_float_conv_params"})
 
 
-def _summary(network: str, text: str | None):
+def stored_summary(network: str, text: str | None):
     """The stored summary of a measured network; one stored before a field existed (or
     none) is computed again from the zoo network of that name, or from the generated network
     its name describes (built again: its weights are seeded by its name), and kept only if
@@ -514,7 +514,7 @@ def whole_rows(corpus: Corpus, store: Path) -> list[WholeRow]:
         if any(i is None for i in idx):
             continue
         if summaries.get(m.network) is None:  # the first record whose summary is usable
-            summaries[m.network] = _summary(m.network, m.summary)
+            summaries[m.network] = stored_summary(m.network, m.summary)
         if summaries[m.network] is None:
             continue
         seconds = m.best_s if m.best_s is not None else m.median_s

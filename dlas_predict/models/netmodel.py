@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from dlas_predict.space.config import COMPRESSION_KERNEL, Algorithm, Compression, DType
-from dlas_predict.models.costmodel import ModelError, _versions, read_sidecar, write_sidecar
+from dlas_predict.models.costmodel import ModelError, package_versions, read_sidecar, write_sidecar
 from dlas_predict.space.devices import Device
 from dlas_predict.networks.summary import NetworkSummary
 
@@ -213,7 +213,7 @@ class NetworkCostModel:
                      else list(CORRECTION_FEATURES),
                      "error_q10": float(np.quantile(ratio, 0.1)),
                      "error_q90": float(np.quantile(ratio, 0.9)),
-                     "versions": _versions(), "n_train": int(len(T)), **(meta or {})}
+                     "versions": package_versions(), "n_train": int(len(T)), **(meta or {})}
         return self
 
     @staticmethod

@@ -262,7 +262,7 @@ def training_rows(store: Path, device: str, block: int | None = None):
     ``device``)."""
     from dlas_predict.measure.networks.plans import ONNXRUNTIME
     from dlas_predict.corpus.store import CorpusStore
-    from dlas_predict.models.evaluation import _summary, channels_removed
+    from dlas_predict.models.evaluation import stored_summary, channels_removed
     from dlas_predict.space.config import ConvSpec
     from dlas_predict.space.devices import get_device
 
@@ -291,7 +291,7 @@ def training_rows(store: Path, device: str, block: int | None = None):
             not kept_all
         mode = model_mode(r.config, removed=not kept_all)
         text = (dense_summary.get(r.network) if shares or not pruned else None) or r.summary
-        summary = _summary(r.network, text)
+        summary = stored_summary(r.network, text)
         if not ls or summary is None or r.best_s is None:
             continue
         if mode == "int8" and not knows_qdq_floats(r.network, text):

@@ -157,7 +157,7 @@ def parse_name(name: str) -> tuple[str, dict] | None:
     return (family, params) if file_name(family, params) == name + ".onnx" else None
 
 
-class _Builder:
+class NetworkBuilder:
     def __init__(self, seed: int):
         self.rng = np.random.default_rng(seed)
         self.nodes, self.inits, self.n = [], [], 0
@@ -219,7 +219,7 @@ def build(family: str, params: dict):
     # seeded by the name without the activation: a SiLU network has its ReLU twin's weights,
     # so both prune to the same layer sparsities and share every conv kernel
     twin = {**p, "activation": UNNAMED_DEFAULTS["activation"]}
-    b = _Builder(seed=int(hashlib.sha256(file_name(family, twin).encode()).hexdigest()[:8], 16))
+    b = NetworkBuilder(seed=int(hashlib.sha256(file_name(family, twin).encode()).hexdigest()[:8], 16))
     batch = p["batch"]
     if family == "fc":
         shape = [batch, p["input"]]

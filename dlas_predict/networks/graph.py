@@ -181,7 +181,7 @@ def load_onnx(path: str | Path, infer: bool = True):
     inline_constant_identities(model)
     if infer:
         try:
-            _infer_shapes(model)
+            infer_shapes(model)
         except Exception as exc:
             raise NetworkError(f"shape inference failed on {path}: {str(exc)[:300]}") from None
     return model
@@ -192,7 +192,7 @@ def load_onnx(path: str | Path, infer: bool = True):
 _INFER_KEEP = 1024
 
 
-def _infer_shapes(model) -> None:
+def infer_shapes(model) -> None:
     """ONNX shape inference into ``model.graph.value_info``, without serialising the weights
     (inference copies the model through protobuf: for ResNet-50 that is most of the time)."""
     import onnx
@@ -211,7 +211,7 @@ def _infer_shapes(model) -> None:
     model.graph.value_info.extend(inferred.graph.value_info)
 
 
-def _shapes(model) -> dict[str, tuple[int, ...] | None]:
+def value_shapes(model) -> dict[str, tuple[int, ...] | None]:
     out: dict[str, tuple[int, ...] | None] = {}
     for vi in [*model.graph.input, *model.graph.value_info, *model.graph.output]:
         t = vi.type.tensor_type
@@ -250,7 +250,7 @@ def _attrs(node) -> dict:
     return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
 
 
-def _conv_spec(node, name: str, x: tuple | None, w: tuple | None) -> ConvSpec:
+def conv_spec_of(node, name: str, x: tuple | None, w: tuple | None) -> ConvSpec:
     if not x or not w or len(x) != 4 or len(w) != 4:
         raise NetworkError(f"Conv {name!r}: only 2-D convolutions with known input and "
                            f"weight shapes are supported (got {x}, {w}); export the network "
@@ -362,14 +362,14 @@ def network_of_proto(model, name: str) -> Network:
     model = copy.deepcopy(model)
     inline_constant_identities(model)
     try:
-        _infer_shapes(model)
+        infer_shapes(model)
     except Exception as exc:
         raise NetworkError(f"shape inference failed on {name}: {str(exc)[:300]}") from None
     return _network(model, name, name)
 
 
 def _network(model, name: str, path: str) -> Network:
-    shapes = _shapes(model)
+    shapes = value_shapes(model)
     consts = _constants(model)
     unknown = sorted({n.op_type for n in model.graph.node
                       if n.op_type not in OP_KINDS and n.op_type not in SILENT_OPS})
@@ -404,7 +404,7 @@ def _network(model, name: str, path: str) -> Network:
         params = sum(consts[i] for i in owned)
         macs, spec, weight = 0, None, None
         if kind == "conv":
-            spec = _conv_spec(node, name_, shapes.get(node.input[0]), shapes.get(node.input[1]))
+            spec = conv_spec_of(node, name_, shapes.get(node.input[0]), shapes.get(node.input[1]))
             kind = "depthwise_conv" if spec.depthwise else ("group_conv" if spec.groups > 1
                                                            else "conv")
             macs = spec.macs * shapes[node.input[0]][0]  # × batch

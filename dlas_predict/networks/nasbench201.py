@@ -144,8 +144,8 @@ def read_index_file(path: Path,
 
 class _Net:
     def __init__(self, seed: int):
-        from dlas_predict.networks.generate import _Builder
-        self.b = _Builder(seed)
+        from dlas_predict.networks.generate import NetworkBuilder
+        self.b = NetworkBuilder(seed)
 
     def bn(self, x: str, c: int) -> str:
         b = self.b

@@ -166,12 +166,12 @@ def _basis_of(target: Target, device: str) -> tuple[str, str]:
         return "engine", "network"
     if target.kind == "network":
         return "engine", "network"
-    from dlas_predict.crossdev.transfer import _of_this_machine, own_model
+    from dlas_predict.crossdev.transfer import of_this_machine, own_model
     from dlas_predict.space.devices import get_device
 
     if own_model(device):
         return "engine", "kernel"  # the device's own layer model
-    if _of_this_machine(device):
+    if of_this_machine(device):
         # this CPU (or a profile of it) whose shipped data and model are another machine's:
         # a trained reference mapped to it, zero-shot or by its adapted map, as `recommend`
         # prices it (the kernel data's column of that name is the other machine)
@@ -206,8 +206,8 @@ def _help_device(device: str) -> bool:
 @functools.lru_cache(maxsize=1)
 def _help_devices() -> frozenset[str]:
     try:
-        from dlas_predict.crossdev.sources import _help_table
-        return frozenset(_help_table(None).device.unique())
+        from dlas_predict.crossdev.sources import help_table
+        return frozenset(help_table(None).device.unique())
     except DlasError:
         return frozenset()
 
@@ -283,13 +283,13 @@ def _rows_of(mat: LatencyMatrix, model: LatentModel, keys: list[str]) -> np.ndar
 
 
 def _kernel_z(model: LatentModel, key: str) -> np.ndarray:
-    from dlas_predict.crossdev.sources import _kernel_features
+    from dlas_predict.crossdev.sources import kernel_features
     from dlas_predict.space.config import ConvSpec
 
     conv, alg, comp, tuning = key.split("|")
     comp, _, ratio = comp.partition("@")
     spec = ConvSpec.parse(conv)
-    f = _kernel_features([spec], [alg if alg != "tuned" else "direct"], [comp],
+    f = kernel_features([spec], [alg if alg != "tuned" else "direct"], [comp],
                          [float(ratio or 0)])
     z = model.z_from_features(f)[0]
     group = f"{comp}/{alg}" if model.source == "profiles" else comp

@@ -93,7 +93,7 @@ class Device:
         return out
 
 
-def _registry_entries() -> list[dict[str, Any]]:
+def registry_entries() -> list[dict[str, Any]]:
     text = resources.files("dlas_predict").joinpath("data/devices.json").read_text()
     return json.loads(text)["devices"]
 
@@ -567,7 +567,7 @@ def add_device(name: str, kind: str, target: Any, cores: int, peak_gflops: float
                           "(at most 64 characters)")
     if name == LOCAL or is_profile_name(name):
         raise DeviceError(f"{name!r} is the name of this machine or one of its profiles")
-    if name in {e["name"] for e in _registry_entries()}:
+    if name in {e["name"] for e in registry_entries()}:
         raise DeviceError(f"{name!r} is a shipped device; choose another name")
     if kind not in ("cpu", "gpu"):
         raise DeviceError(f"--kind must be cpu or gpu, got {kind!r}")
@@ -603,7 +603,7 @@ def remove_device(name: str) -> None:
 
 # ---- lookup ------------------------------------------------------------------------------
 def device_names() -> list[str]:
-    return ([LOCAL] + profile_names() + [e["name"] for e in _registry_entries()]
+    return ([LOCAL] + profile_names() + [e["name"] for e in registry_entries()]
             + [e["name"] for e in _user_entries()])
 
 
@@ -614,7 +614,7 @@ def get_device(name: str, with_target: bool = True) -> Device:
     for pname, level, threads in _profile_specs():
         if pname == name:
             return _profile(name, level, threads, with_target)
-    for entry in _registry_entries():
+    for entry in registry_entries():
         if entry["name"] == name:
             return _remote_device(entry)
     for entry in _user_entries():

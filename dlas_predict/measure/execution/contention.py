@@ -295,6 +295,10 @@ def probe_for(target: dict, threads: int, fingerprint: str = "") -> ContentionPr
         return None
     key = (json.dumps(target, sort_keys=True), threads, fingerprint)
     if key not in _PROBES:
+        from dlas_predict.measure.execution.remote import RELEASE_HOOKS
+
+        if drop_probes not in RELEASE_HOOKS:
+            RELEASE_HOOKS.append(drop_probes)  # a board given back takes its probes with it
         canary = Canary(target, canary_reference(fingerprint, threads))
         _PROBES[key] = ContentionProbe(target, threads, canary=canary)
     return _PROBES[key]
@@ -304,16 +308,6 @@ def drop_probes() -> None:
     """Forget the worker's probes (and their modules and tensors, which may live on a
     board whose session is being given back)."""
     _PROBES.clear()
-
-
-def pool_threads() -> int:
-    """Threads of TVM's CPU pool in this process (TVM_NUM_THREADS, else the cores)."""
-    import os
-
-    env = os.environ.get("TVM_NUM_THREADS")
-    if env and env.isdigit() and int(env) > 0:
-        return int(env)
-    return os.cpu_count() or 1
 
 
 def timed(run: Callable[[], list[float]], probe: ContentionProbe | None,
@@ -335,3 +329,17 @@ def timed(run: Callable[[], list[float]], probe: ContentionProbe | None,
             break
     slowdown = None if worst.slowdown is None else round(worst.slowdown, 3)
     return Timed(runs, round(worst.ratio, 3), slowdown, round(waited, 3), attempts)
+
+
+def timed_fields(run, target_json: dict, proto: Any,
+                 fingerprint: str = "") -> dict[str, Any]:
+    """Time ``run`` on a quiet machine where possible
+    (:func:`timed`); the reply's timing fields."""
+    from dlas_predict.measure.execution.remote import execution
+
+    ex = execution()
+    if ex.board is not None:  # the probes run on the board, their canary kept per board
+        fingerprint = ex.board.fingerprint
+    t = timed(run, probe_for(target_json, ex.threads(), fingerprint), proto)
+    return {"run_secs": t.runs, "contention": t.contention, "slowdown": t.slowdown,
+            "quiet_wait_s": t.waited_s, "timing_attempts": t.attempts}

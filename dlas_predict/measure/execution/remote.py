@@ -26,11 +26,24 @@ import socket
 import struct
 import tempfile
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Callable
 
 from dlas_predict.errors import BoardError
 
 #: TVM RPC's tracker protocol constants (``tvm.rpc.base``).
+#: Called when a board is given back, to drop what lives on it (the contention probes'
+#: modules and tensors register theirs).
+RELEASE_HOOKS: list[Callable[[], None]] = []
+
+
+def pool_threads() -> int:
+    """Threads of TVM's CPU pool in this process (TVM_NUM_THREADS, else the cores)."""
+    env = os.environ.get("TVM_NUM_THREADS")
+    if env and env.isdigit() and int(env) > 0:
+        return int(env)
+    return os.cpu_count() or 1
+
+
 _TRACKER_MAGIC = 0x2F271
 _CODE_SUCCESS, _CODE_REQUEST, _CODE_SUMMARY = 0, 4, 6
 
@@ -292,8 +305,6 @@ class LocalExecution:
         return getattr(executable, "mod", executable)
 
     def threads(self) -> int:
-        from dlas_predict.measure.execution.contention import pool_threads
-
         return pool_threads()
 
     def alive(self) -> bool:
@@ -334,9 +345,8 @@ class RemoteExecution:
         and tensors), so the server ends the session and registers again."""
         import gc
 
-        from dlas_predict.measure.execution.contention import drop_probes
-
-        drop_probes()
+        for hook in RELEASE_HOOKS:
+            hook()
         self.session, self.dev = None, None
         gc.collect()
 

@@ -21,18 +21,12 @@ import numpy as np
 
 from dlas_predict.space.config import SparsityPattern
 from dlas_predict.measure import hide_torch_from_children, import_tvm
+from dlas_predict.measure.execution.contention import timed_fields
 from dlas_predict.measure.execution.remote import BoardError, RemoteExecution, execution, use
 from dlas_predict.measure.kernels.reference import check_output, conv2d_reference, make_inputs
 from dlas_predict.measure.kernels.sparse import prune, sparsity
 from dlas_predict.measure.execution.tasks import (KernelTask, NetworkTask, OrtTask, PeaksTask,
-                                                  Protocol, Task, WorkerReply, from_wire,
-                                                  plan_timing)
-
-
-def _target(target_json: dict):
-    import tvm
-
-    return tvm.target.Target(target_json)
+                                                  Task, WorkerReply, from_wire, plan_timing)
 
 
 def run_task(task: Task) -> WorkerReply:
@@ -61,7 +55,7 @@ def run_task(task: Task) -> WorkerReply:
 
 
 def _run_kernel(task: KernelTask) -> dict[str, Any]:
-    from dlas_predict.measure.kernels.cpu import KernelSpec, build_kernel, device_args
+    from dlas_predict.measure.kernels.cpu import KernelSpec, build_kernel, device_args, tvm_target
 
     spec, dtype, pattern, proto = task.conv, task.dtype, task.pattern, task.protocol
     ks = KernelSpec(conv=spec, algorithm=task.algorithm, sparse=task.sparse, dtype=dtype,
@@ -82,7 +76,7 @@ def _run_kernel(task: KernelTask) -> dict[str, Any]:
         executable, ks = _tuned_build(ks, task, pattern, make_args, result)
     else:
         t0 = time.perf_counter()
-        executable = build_kernel(ks, _target(task.target))
+        executable = build_kernel(ks, tvm_target(task.target))
         result["compile_s"] = time.perf_counter() - t0
     dev = ex.dev  # after a search on boards: the session the worker holds again
     if ex.remote and _fault(task) == "truncate":
@@ -110,20 +104,6 @@ def _run_kernel(task: KernelTask) -> dict[str, Any]:
                   **timed_fields(lambda: timer(*args, out).results, task.target, proto,
                                  task.fingerprint))
     return result
-
-
-def timed_fields(run, target_json: dict, proto: Protocol,
-                 fingerprint: str = "") -> dict[str, Any]:
-    """Time ``run`` on a quiet machine where possible
-    (:func:`dlas_predict.measure.execution.contention.timed`); the reply's timing fields."""
-    from dlas_predict.measure.execution.contention import probe_for, timed
-
-    ex = execution()
-    if ex.board is not None:  # the probes run on the board, their canary kept per board
-        fingerprint = ex.board.fingerprint
-    t = timed(run, probe_for(target_json, ex.threads(), fingerprint), proto)
-    return {"run_secs": t.runs, "contention": t.contention, "slowdown": t.slowdown,
-            "quiet_wait_s": t.waited_s, "timing_attempts": t.attempts}
 
 
 def _tuned_build(ks, task: KernelTask, pattern: SparsityPattern, make_args,

@@ -317,7 +317,7 @@ def _in_channel(spec: ConvSpec, k, rc):
     return (k // (spec.K // spec.groups)) * (spec.C // spec.groups) + rc
 
 
-def _direct_nchw_compute(ks: KernelSpec, tiles: bool = False) -> list:
+def direct_nchw_compute(ks: KernelSpec, tiles: bool = False) -> list:
     """Direct convolution over the zero-padded NCHW input (also the GPU's compute). With
     ``tiles`` (the CPU's hand schedule), an output width its ``tile_w`` does not divide is
     computed over whole vector tiles (the padded input wide enough, zeros beyond it) and
@@ -371,7 +371,7 @@ def _direct_compute(ks: KernelSpec, tiles: bool = False) -> list:
     # across output channels, so the tile runs along the output plane
     if ks.conv.depthwise:
         return _depthwise_compute(ks)
-    return _direct_nchw_compute(ks, tiles)
+    return direct_nchw_compute(ks, tiles)
 
 
 def _depthwise_compute(ks: KernelSpec) -> list:
@@ -948,7 +948,7 @@ def _schedule_copy(sch: Schedule, name: str) -> None:
 # ------------------------------------------------------------------------------------------
 # CSR-sparse kernels: TVMScript loops (a TE reduction cannot depend on data).
 # ------------------------------------------------------------------------------------------
-_SPARSE_HEADER = '''
+SPARSE_HEADER = '''
 # from tvm.script import tirx as T
 @T.prim_func
 def main(data: T.Buffer(({C_}, {C}, {H}, {W}), "{dt}"), w_data_h: T.handle,
@@ -1008,7 +1008,7 @@ def _sparse_terms(ks: KernelSpec) -> dict:
     }
 
 
-def _decode(t: dict, indent: str) -> str:
+def csr_decode(t: dict, indent: str) -> str:
     """Statements decoding nonzero ``jj`` of row ``k`` into (c, r, s) and its value."""
     return (f"{indent}jj = w_indptr[k] + j\n"
             f"{indent}col = w_indices[jj]\n"
@@ -1040,7 +1040,7 @@ def _direct_sparse(ks: KernelSpec) -> str:
              (owp - 1) * spec.stride_w + (spec.S - 1) * spec.dilation_w + 1)
     x = (f"pad[c, h * {t['sh']} + r * {t['dh']}, "
          f"(wc * {vl} + v) * {t['sw']} + s * {t['dw']}]")
-    return _SPARSE_HEADER.format(**t) + _pad_loop(t, hp, wp) + f'''
+    return SPARSE_HEADER.format(**t) + _pad_loop(t, hp, wp) + f'''
     for kh in T.parallel({spec.K * spec.OH}):
         acc = T.alloc_buffer(({owp},), "{t["acc"]}", scope="local")
         k = kh // {spec.OH}
@@ -1049,7 +1049,7 @@ def _direct_sparse(ks: KernelSpec) -> str:
             for v in T.vectorized({vl}):
                 acc[wc * {vl} + v] = {t["zero"]}
         for j in range(w_indptr[k + 1] - w_indptr[k]):
-{_decode(t, " " * 12)}            for wc in range({owp // vl}):
+{csr_decode(t, " " * 12)}            for wc in range({owp // vl}):
                 for v in T.vectorized({vl}):
                     acc[wc * {vl} + v] = acc[wc * {vl} + v] + val * {t["load"].format(x=x)}
         for w in range({spec.OW}):
@@ -1065,7 +1065,7 @@ def _gemm_sparse(ks: KernelSpec) -> str:
     crs = (spec.C // spec.groups) * spec.R * spec.S
     rows = spec.groups * crs
     x = f"col[(k // {t['Kg']}) * {crs} + w_indices[jj], pb * {tp} + v]"
-    return _SPARSE_HEADER.format(**t) + f'''
+    return SPARSE_HEADER.format(**t) + f'''
     col = T.alloc_buffer(({rows}, {pp}), "{t["dt"]}")
     for gj in T.parallel({rows}):
         for q in range({pp}):
@@ -1106,7 +1106,7 @@ def _spatial_pack_sparse(ks: KernelSpec) -> str:
     vw_in = (vw_ - 1) * spec.stride_w + (spec.S - 1) * spec.dilation_w + 1
     x = (f"data_vec[ho, wo, c, vh * {t['sh']} + r * {t['dh']}, "
          f"vw * {t['sw']} + s * {t['dw']}]")
-    return _SPARSE_HEADER.format(**t) + f'''
+    return SPARSE_HEADER.format(**t) + f'''
     data_vec = T.alloc_buffer(({oht}, {owt}, {spec.C}, {vh_in}, {vw_in}), "{t["dt"]}")
     for ho in T.parallel({oht}):
         for wo, c, ih, iw in T.grid({owt}, {spec.C}, {vh_in}, {vw_in}):
@@ -1125,7 +1125,7 @@ def _spatial_pack_sparse(ks: KernelSpec) -> str:
                 for vw in T.vectorized({vw_}):
                     acc[vh, vw] = {t["zero"]}
             for j in range(w_indptr[k + 1] - w_indptr[k]):
-{_decode(t, " " * 16)}                for vh in T.unroll({vh_}):
+{csr_decode(t, " " * 16)}                for vh in T.unroll({vh_}):
                     for vw in T.vectorized({vw_}):
                         acc[vh, vw] = acc[vh, vw] + val * {t["load"].format(x=x)}
             for vh, vw in T.grid({vh_}, {vw_}):
@@ -1137,7 +1137,7 @@ def _spatial_pack_sparse(ks: KernelSpec) -> str:
 
 
 #: Dense kernels: (TE compute definition, hand schedule) per algorithm.
-_DENSE = {Algorithm.DIRECT: (_direct_compute, _direct_schedule),
+DENSE_KERNELS = {Algorithm.DIRECT: (_direct_compute, _direct_schedule),
           Algorithm.GEMM: (_gemm_compute, _gemm_schedule),
           Algorithm.SPATIAL_PACK: (_spatial_pack_compute, _spatial_pack_schedule)}
 _SPARSE = {Algorithm.DIRECT: _direct_sparse, Algorithm.GEMM: _gemm_sparse,
@@ -1148,7 +1148,7 @@ def _dense(ks: KernelSpec) -> tuple:
     """A dense kernel's (TE compute definition, hand schedule)."""
     if uses_vnni(ks):
         return _gemm_vnni_compute, _gemm_vnni_schedule
-    return _DENSE[ks.algorithm]
+    return DENSE_KERNELS[ks.algorithm]
 
 
 def output_shape(ks: KernelSpec) -> tuple[int, ...]:
@@ -1208,3 +1208,10 @@ def kernel_module(ks: KernelSpec) -> tvm.IRModule:
 def build_kernel(ks: KernelSpec, target: "tvm.target.Target"):
     """Compile a kernel for ``target``; returns the executable (call ``ex["main"](...)``)."""
     return tvm.compile(kernel_module(ks), target=target)
+
+
+def tvm_target(target_json: dict):
+    """The TVM target of a target's JSON form (a registry entry's ``target``)."""
+    import tvm
+
+    return tvm.target.Target(target_json)

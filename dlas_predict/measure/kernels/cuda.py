@@ -24,8 +24,8 @@ from tvm.s_tir import Schedule
 
 from dlas_predict.space.config import Algorithm, ConvSpec, DType
 from dlas_predict.errors import ConfigError
-from dlas_predict.measure.kernels.cpu import (_DENSE, _SPARSE_HEADER, KernelSpec, _decode,
-                                              _direct_nchw_compute, acc_dtype)
+from dlas_predict.measure.kernels.cpu import (DENSE_KERNELS, SPARSE_HEADER, KernelSpec, csr_decode,
+                                              direct_nchw_compute, acc_dtype)
 
 #: The lowest compute capability the kernels are built for (float16 arithmetic, dp4a).
 MIN_ARCH = 61
@@ -212,7 +212,7 @@ def _direct_csr(ks: KernelSpec) -> str:
     spec, t = ks.conv, _terms(ks)
     tw = ks.knobs["thr_w"]
     nw = -(-spec.OW // tw)
-    return _SPARSE_HEADER.format(**t) + f'''
+    return SPARSE_HEADER.format(**t) + f'''
     for kh in T.thread_binding({spec.K * spec.OH}, thread="blockIdx.x"):
         for tx in T.thread_binding({tw}, thread="threadIdx.x"):
             acc = T.alloc_buffer(({nw},), "{t["acc"]}", scope="local")
@@ -221,7 +221,7 @@ def _direct_csr(ks: KernelSpec) -> str:
             for i in range({nw}):
                 acc[i] = {t["zero"]}
             for j in range(w_indptr[k + 1] - w_indptr[k]):
-{_decode(t, " " * 16)}                for i in range({nw}):
+{csr_decode(t, " " * 16)}                for i in range({nw}):
                     acc[i] = acc[i] + val * {_pixel(spec, t, "h", f"i * {tw} + tx")}
             for i in range({nw}):
                 if i * {tw} + tx < {spec.OW}:
@@ -238,7 +238,7 @@ def _gemm_csr(ks: KernelSpec) -> str:
     rows = spec.groups * crs
     col_fill = ELEMENTWISE_THREADS
     n_col = rows * p
-    return _SPARSE_HEADER.format(**t) + f'''
+    return SPARSE_HEADER.format(**t) + f'''
     colbuf = T.alloc_buffer(({rows}, {p}), "{t["dt"]}")
     for bx in T.thread_binding({-(-n_col // col_fill)}, thread="blockIdx.x"):
         for tx in T.thread_binding({col_fill}, thread="threadIdx.x"):
@@ -280,7 +280,7 @@ def _spatial_pack_csr(ks: KernelSpec) -> str:
     spec, t = ks.conv, _terms(ks)
     vh_, vw_ = ks.knobs["tile_h"], ks.knobs["tile_w"]
     oht, owt = -(-spec.OH // vh_), -(-spec.OW // vw_)
-    return _SPARSE_HEADER.format(**t) + f'''
+    return SPARSE_HEADER.format(**t) + f'''
     for kt in T.thread_binding({spec.K * oht * owt}, thread="blockIdx.x"):
         for tx in T.thread_binding({vh_ * vw_}, thread="threadIdx.x"):
             acc = T.alloc_buffer((1,), "{t["acc"]}", scope="local")
@@ -290,7 +290,7 @@ def _spatial_pack_csr(ks: KernelSpec) -> str:
             acc[0] = {t["zero"]}
             if h < {spec.OH} and w < {spec.OW}:
                 for j in range(w_indptr[k + 1] - w_indptr[k]):
-{_decode(t, " " * 20)}                    acc[0] = acc[0] + val * {_pixel(spec, t, "h", "w")}
+{csr_decode(t, " " * 20)}                    acc[0] = acc[0] + val * {_pixel(spec, t, "h", "w")}
                 out[0, k, h, w] = {t["epi"].format(x="acc[0]")}
 '''
 
@@ -312,8 +312,8 @@ def unscheduled(ks: KernelSpec) -> "tvm.tirx.PrimFunc":
     MetaSchedule's candidates start from (the same arguments)."""
     from tvm import te
 
-    compute = (_direct_nchw_compute if ks.algorithm is Algorithm.DIRECT
-               else _DENSE[ks.algorithm][0])
+    compute = (direct_nchw_compute if ks.algorithm is Algorithm.DIRECT
+               else DENSE_KERNELS[ks.algorithm][0])
     return te.create_prim_func(compute(ks))
 
 

@@ -1061,7 +1061,8 @@ def run_network_task(task: "NetworkTask") -> dict[str, Any]:
     import onnx
 
     from dlas_predict.measure.execution.tasks import plan_timing
-    from dlas_predict.measure.execution.worker import _target, timed_fields
+    from dlas_predict.measure.execution.contention import timed_fields
+    from dlas_predict.measure.kernels.cpu import tvm_target
 
     model = onnx.load(task.onnx)
     dtype = task.dtype
@@ -1077,7 +1078,7 @@ def run_network_task(task: "NetworkTask") -> dict[str, Any]:
     t0 = time.perf_counter()
     engine: dict[str, Any] = {}
     executable = build(model, task.input_name, shape, dtype, choices,
-                       tuned.target if tuned else _target(task.target), specs, scales, tuned,
+                       tuned.target if tuned else tvm_target(task.target), specs, scales, tuned,
                        task.simd_bits, stats=engine, vnni=task.vnni)
     result: dict[str, Any] = {"compile_s": time.perf_counter() - t0, "details": engine}
     if tuned is not None:

@@ -13,7 +13,7 @@ The session runs ``threads`` intra-op threads, one inter-op thread, sequentially
 are checked against the float32 reference (the ``check`` file, onnxruntime's float32
 outputs of the unoptimised model), then the session is timed with the study's protocol and
 the same contention probes as a TVM build
-(:func:`dlas_predict.measure.execution.worker.timed_fields`). onnxruntime runs on this machine only:
+(:func:`dlas_predict.measure.execution.contention.timed_fields`). onnxruntime runs on this machine only:
 over TVM RPC a board has no onnxruntime to call.
 """
 
@@ -108,7 +108,7 @@ def run_ort_task(task: OrtTask) -> dict[str, Any]:
 
     from dlas_predict.measure.execution.remote import execution
     from dlas_predict.measure.execution.tasks import plan_timing
-    from dlas_predict.measure.execution.worker import timed_fields
+    from dlas_predict.measure.execution.contention import timed_fields
 
     if execution().remote:
         raise RuntimeError("onnxruntime runs on this machine only: a board reached over TVM "

@@ -51,7 +51,7 @@ def conv_scales(onnx_model, x: np.ndarray) -> list[tuple[float, float]]:
     import onnx
     from onnx import helper, numpy_helper
 
-    from dlas_predict.compression.accuracy import _session
+    from dlas_predict.compression.accuracy import onnx_session
 
     model = copy.deepcopy(onnx_model)
     convs = [n for n in model.graph.node if n.op_type == "Conv"]
@@ -64,7 +64,7 @@ def conv_scales(onnx_model, x: np.ndarray) -> list[tuple[float, float]]:
                 have.add(name)
             names.append(name)
     consts = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
-    sess = _session(model)
+    sess = onnx_session(model)
     input_name = sess.get_inputs()[0].name
     maxima: dict[str, float] = {}
     for i in range(len(x)):
@@ -181,7 +181,7 @@ def prepare_network(plan: NetworkPlan, tmp: Path, cache: dict,
         return cache[key]
     import onnx
 
-    from dlas_predict.compression.accuracy import _session, prepare
+    from dlas_predict.compression.accuracy import onnx_session, prepare
     from dlas_predict.networks.graph import read_network
 
     pruning = plan.compression in (Compression.WEIGHT_PRUNING, Compression.CHANNEL_PRUNING)
@@ -202,7 +202,7 @@ def prepare_network(plan: NetworkPlan, tmp: Path, cache: dict,
     net = read_network(path, plan.network)
     shape = tuple(net.input_shape)
     x = _samples(plan.model, shape, "test")
-    sess = _session(model)
+    sess = onnx_session(model)
     y = np.concatenate([sess.run(None, {sess.get_inputs()[0].name: x[i:i + 1]})[0]
                         for i in range(len(x))])
     check = tmp / f"net{n}.check.npz"
