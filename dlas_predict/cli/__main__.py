@@ -1,0 +1,5 @@
+"""``python -m dlas_predict.cli``: the ``dlas-predict`` command."""
+
+from dlas_predict.cli import main
+
+main()

@@ -1,0 +1,176 @@
+"""``recommend``: the grid ranked, the top candidates validated, the table shown."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from dlas_predict.space.config import ELBOW_DROP_PP
+from dlas_predict.errors import DlasError
+from dlas_predict.cli.common import (ALLOW_REMOTE_OPT, BOARDS_OPT, QUIET_WAIT_OPT, RPC_KEY_OPT,
+                                     TRACKER_OPT, TRIES_OPT, TUNING_DB_OPT, app, check_quiet_wait,
+                                     fail, handle_errors, make_rpc, open_network_runner, print_json)
+
+def show_recommendation(rec, top: int, max_accuracy_drop: float) -> None:
+    """Print a recommendation as a table with its sources; exit 1 if a validation failed."""
+    from dlas_predict.render import format_table
+
+    ms = (lambda s: "—" if s is None or s != s else f"{s * 1e3:.2f}")
+    shown = rec.candidates[:max(top, len(rec.validated))]
+    ref = rec.reference
+    ref_pred = ref.predicted_s if ref is not None and ref.predicted_s == ref.predicted_s \
+        else None
+    base = ref_pred or rec.dense_baseline_s
+    rows = []
+    listed = shown + ([ref] if ref is not None and ref not in shown else [])
+    for i, c in enumerate(listed, 1):
+        row = {"#": "ref" if c is ref and c not in shown else i,
+               "backend": c.backend + (" (ref)" if c is ref else ""),
+               "compression": c.compression.value,
+               "ratio": "" if c.ratio is None else f"{c.ratio:g}", "algorithm": c.algorithm,
+               "sparse": {True: "csr", False: "dense"}.get(c.sparse, "mixed"),
+               "tuning": c.tuning.value,
+               "tuning min": "" if c.tuning_s is None else f"{c.tuning_s / 60:.1f}",
+               "predicted ms": ms(c.predicted_s),
+               "80% interval": (f"{c.low_s * 1e3:.2f}–{c.high_s * 1e3:.2f}"
+                                if c.low_s == c.low_s else "—"),
+               "source": c.source,
+               "speedup": (f"{base / c.predicted_s:.2f}×" + (" ?" if c.warning else "")
+                           if c.predicted_s == c.predicted_s else "—"),
+               "accuracy": "—" if c.accuracy is None else f"{c.accuracy:.1%}",
+               "accuracy source": c.accuracy_source.split(":")[0]}
+        if rec.validated:
+            timed = c in rec.validated or c is ref
+            row["measured ms"] = ms(c.measured_s) if timed else ""
+            row["pred/meas"] = (f"{c.predicted_s / c.measured_s:.2f}"
+                                if c.measured_s and c.predicted_s == c.predicted_s
+                                else (c.measured_note or "")[:30] if timed else "")
+            if ref is not None and ref.measured_s:
+                row["measured speedup"] = (f"{ref.measured_s / c.measured_s:.2f}×"
+                                           if timed and c.measured_s else "")
+        rows.append(row)
+    from dlas_predict.recommend.search import unchecked
+
+    blind = sum(1 for c in rec.candidates if unchecked(c))
+    typer.echo(f"{rec.network} on {rec.device}: {len(rec.candidates)} candidates kept"
+               + (f" ({blind} of them with no accuracy figure, unchecked)" if blind else "")
+               + f", {len(rec.dropped)} over the accuracy budget "
+               f"({max_accuracy_drop:g} points), {len(rec.skipped)} grid points skipped; "
+               f"{rec.seconds:.1f} s")
+    if rec.source == "trained":
+        how = "predicted by the cost models (" + str(rec.model_info["directory"]) + ")"
+    else:
+        m = rec.mapping
+        how = (f"{rec.source}: {m['reference']}'s cost models ({rec.model_info['directory']}) "
+               f"mapped to {rec.device}" + (" by its spec" if rec.source == "zero-shot" else
+                                            f" by {m['shots']} of its measurements"))
+    against = (f"onnxruntime fp32, the reference ({ref_pred * 1e3:.2f} ms predicted by the "
+               "onnxruntime model)" if ref_pred else
+               f"the fastest predicted dense configuration ({rec.dense_baseline_s * 1e3:.2f} "
+               "ms; no onnxruntime model for this device)")
+    typer.echo(f"latency: {how}; speedup over {against}")
+    typer.echo(format_table(rows))
+    flagged = [i for i, c in enumerate(listed, 1) if c.warning]
+    if flagged:
+        typer.echo(f"? (rows {', '.join(map(str, flagged))}): not surely faster than "
+                   "onnxruntime fp32, whose predicted time its 80 % interval reaches; "
+                   "--validate N measures them"
+                   + (", `dlas-predict calibrate` narrows them" if rec.source == "zero-shot"
+                      and rec.device == "local" else ""))
+    sources = dict.fromkeys(c.accuracy_source for c in shown)
+    for src in sources:
+        typer.echo(f"accuracy source: {src}")
+    by_reason: dict[str, list[str]] = {}
+    for label, why in rec.skipped:
+        by_reason.setdefault(why, []).append(label)
+    for why, labels in by_reason.items():
+        typer.echo(f"skipped {len(labels)} ({', '.join(labels)}): {why}")
+    for note in rec.notes:
+        typer.echo(f"note: {note}")
+    if rec.validated:
+        ok = [c for c in rec.validated if c.measured_s is not None]
+        if ok:
+            win = min(ok, key=lambda c: c.measured_s)
+            typer.echo(f"validated {len(rec.validated)}: fastest measured is {win.label} "
+                       f"({win.backend}) at {win.measured_s * 1e3:.2f} ms (predicted "
+                       f"{win.predicted_s * 1e3:.2f})")
+        for c in rec.validated:
+            if c.same_build_as:
+                typer.echo(f"{c.label} chose {c.layers[0][0]} for every layer: the same "
+                           f"network as {c.same_build_as}, built and timed once")
+        if ref is not None and ref.measured_s:
+            ours = [c for c in ok if c.backend == "tvm"]
+            best = min(ours, key=lambda c: c.measured_s) if ours else None
+            typer.echo(f"onnxruntime fp32 measured in the same run: {ref.measured_s * 1e3:.2f} "
+                       "ms" + (f"; our fastest validated build ({best.label}) is "
+                               f"{ref.measured_s / best.measured_s:.2f}× its speed"
+                               if best else ""))
+        elif ref is not None and ref.measured_note:
+            typer.echo(f"onnxruntime fp32 (the reference) was not timed: {ref.measured_note}")
+        failed = [c for c in rec.validated if c.measured_s is None]
+        if failed:
+            fail(f"{len(failed)} validated candidates failed to build or run: "
+                  + "; ".join(f"{c.label}: {c.measured_note}" for c in failed))
+
+
+@app.command()
+@handle_errors
+def recommend(
+    model: str = typer.Argument(..., help="ONNX file or zoo:NAME."),
+    device: str = typer.Option("local", "--device", help="Device name (see `devices`)."),
+    max_accuracy_drop: float = typer.Option(
+        ELBOW_DROP_PP, "--max-accuracy-drop",
+        help="Drop candidates more than this many top-1 points below dense."),
+    data: Optional[str] = typer.Option(None, "--data",
+                                       help="digits | NPZ | image folder: measure accuracy "
+                                            "on it (else the shipped curves)."),
+    top: int = typer.Option(10, "--top", help="Candidates to print."),
+    validate: str = typer.Option("0", "--validate",
+                                 help="Build and time the top K whole networks (K | all)."),
+    models_dir: Optional[Path] = typer.Option(None, "--models",
+                                              help="Model directory (default: "
+                                                   "models_store/DEVICE)."),
+    tuning: str = typer.Option("all", "--tuning", help="untuned | tuned | all: the halves "
+                               "of the grid to rank (tuned ones with their search time)."),
+    trials: int = typer.Option(64, "--trials", help="Trial budget per kernel the tuned "
+                               "candidates' search time is predicted for (and, with "
+                               "--validate, the budget their schedules were tuned with)."),
+    tuning_db: Optional[Path] = TUNING_DB_OPT,
+    as_json: bool = typer.Option(False, "--json"),
+    tracker: Optional[str] = TRACKER_OPT, rpc_key: Optional[str] = RPC_KEY_OPT,
+    allow_remote_tracker: bool = ALLOW_REMOTE_OPT, boards: Optional[int] = BOARDS_OPT,
+    tries: int = TRIES_OPT,
+    timeout: float = typer.Option(300.0, "--timeout", help="--validate through RPC: seconds "
+                                  "to wait for a free board."),
+    quiet_wait: float = QUIET_WAIT_OPT,
+):
+    """The fastest accurate configuration of MODEL on DEVICE, predicted in seconds; with
+    --validate, proved by building and timing whole networks."""
+    from dlas_predict.measure.execution.rpcopts import tracker_given
+    from dlas_predict.recommend.search import recommend as run
+    from dlas_predict.space.devices import get_device
+
+    if top < 1:
+        raise DlasError(f"--top must be >= 1, got {top}")
+    if validate.strip().lower() == "all":
+        k = 10 ** 9
+    else:
+        try:
+            k = int(validate)
+        except ValueError:
+            raise DlasError(f"--validate takes a count or 'all', got {validate!r}") from None
+    check_quiet_wait(quiet_wait)
+    log = None if as_json else (lambda line: typer.echo(line, err=True))
+    rpc = None
+    if k and tracker_given(tracker):
+        rpc = make_rpc(get_device(device), tracker, rpc_key, allow_remote_tracker, boards, tries,
+                   timeout)
+    rec = run(model, device, max_accuracy_drop, data, top, k, models_dir=models_dir, log=log,
+              tuning=tuning, trials=trials, tuning_db=str(tuning_db) if tuning_db else None,
+              network_runner=open_network_runner(device, rpc, quiet_wait) if k else None)
+    if as_json:
+        print_json(rec.to_dict(top if not k else max(top, min(k, len(rec.candidates)))))
+        return
+    show_recommendation(rec, top, max_accuracy_drop)
