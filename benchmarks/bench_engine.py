@@ -108,7 +108,8 @@ def networks(args, out_dir: Path) -> list[tuple[str, str, str]]:
 
 def measure(model: str, top: int) -> dict:
     """Predict the grid, then time the chosen configurations and onnxruntime fp32."""
-    from dlas_predict.recommend.search import _validate, recommend
+    from dlas_predict.recommend.search import recommend
+    from dlas_predict.recommend.validate import validate_top
     from dlas_predict.space.config import Compression
 
     rec = recommend(model, "local", top=0, tuning="untuned", ratios=RATIOS)
@@ -119,7 +120,7 @@ def measure(model: str, top: int) -> dict:
     chosen += [c for c in ours if c.compression is Compression.DENSE and c not in chosen]
     chosen += [c for c in rec.candidates if c.backend == "onnxruntime"]
     rec.candidates = chosen
-    _validate(rec, model, _device(), len(chosen))
+    validate_top(rec, model, _device(), len(chosen))
     ref = rec.reference
     rows = [{"config": c.label, "backend": c.backend, "compression": c.compression.value,
              "predicted_ms": c.predicted_s * 1e3 if c.predicted_s == c.predicted_s else None,

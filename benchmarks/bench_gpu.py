@@ -76,7 +76,7 @@ def _ours(row: dict, bundles: dict[str, Path], x_np, w_np):
     import tvm
 
     from dlas_predict.measure.gpu.bundle import kernel_spec
-    from dlas_predict.measure.kernels.cpu import device_args
+    from dlas_predict.measure.kernels.build import device_args
 
     bundle, line = bundles[row["key"]]
     path = str(bundle / line["chunk"])

@@ -53,7 +53,7 @@ class Timer:
 
     def time(self, ks, build, inputs) -> tuple[float, "object"]:
         """(best repeat in ms, output) of kernel ``ks`` built by ``build(ks, target)``."""
-        from dlas_predict.measure.kernels.cpu import device_args
+        from dlas_predict.measure.kernels.build import device_args
 
         x, w, extras = inputs
         mod = build(ks, self.target).mod

@@ -7,6 +7,7 @@ import pytest
 
 from conftest import assert_clean_error, run_cli
 from dlas_predict.analysis import frames as A
+from dlas_predict.analysis import plots as P
 from dlas_predict.space.config import ConvSpec, Variant
 from dlas_predict.errors import ConfigError, DlasError
 from dlas_predict.measure.records import MeasureResult, measurement_key
@@ -157,17 +158,17 @@ def test_plots_are_written(store, tmp_path):
     dev = Device(name="local", kind="cpu", description="test CPU", target={}, cores=2,
                  clock_ghz=None, simd_bits=512, peak_gflops={"float32": 100.0},
                  mem_bandwidth_gbs=20.0, source="measured")
-    outs = [A.plot_heatmap(A.heatmap(f, "algorithm", "compression", "gflops"),
+    outs = [P.plot_heatmap(A.heatmap(f, "algorithm", "compression", "gflops"),
                            tmp_path / "h.png"),
-            A.plot_regression(A.regression(f, "gflops", ["C", "algorithm"]),
+            P.plot_regression(A.regression(f, "gflops", ["C", "algorithm"]),
                               tmp_path / "r.png"),
-            A.plot_boxplot(*A.boxplot_stats(f, "speedup", "compression"), tmp_path / "b.png"),
-            A.plot_roofline(f, dev, tmp_path / "rf.png")]
+            P.plot_boxplot(*A.boxplot_stats(f, "speedup", "compression"), tmp_path / "b.png"),
+            P.plot_roofline(f, dev, tmp_path / "rf.png")]
     for out in outs:
         w, h = _png_size(out)
         assert w > 300 and h > 200
     with pytest.raises(ConfigError, match=".png, .svg or .pdf"):
-        A.plot_boxplot(*A.boxplot_stats(f, "speedup", "compression"), tmp_path / "b.txt")
+        P.plot_boxplot(*A.boxplot_stats(f, "speedup", "compression"), tmp_path / "b.txt")
 
 
 def test_attainable_roof():

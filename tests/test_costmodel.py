@@ -210,7 +210,8 @@ def _parallel_extents(cfg: KernelConfig) -> list[int]:
     """Extents of the parallel loops of the kernel TVM builds for ``cfg`` (its TIR text)."""
     import re
 
-    from dlas_predict.measure.kernels.cpu import KernelSpec, kernel_module
+    from dlas_predict.measure.kernels.build import kernel_module
+    from dlas_predict.measure.kernels.spec import KernelSpec
     from dlas_predict.measure.kernels.knobs import default_knobs
 
     from dlas_predict.space.config import COMPRESSION_KERNEL, Variant

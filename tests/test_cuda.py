@@ -24,7 +24,7 @@ DEPTHWISE = ConvSpec.parse("C=8,H=8,W=8,K=8,R=3,S=3,stride=2,pad=1,groups=8")
 
 
 def _kernel(spec, alg, comp, **knobs):
-    from dlas_predict.measure.kernels.cpu import KernelSpec
+    from dlas_predict.measure.kernels.spec import KernelSpec
 
     ratio = 0.7 if comp in (Compression.WEIGHT_PRUNING, Compression.CHANNEL_PRUNING) else 0.0
     v = Variant(alg, comp, ratio, knobs=knobs)

@@ -274,7 +274,8 @@ def test_a_profile_measures_with_its_own_isa_and_threads():
         pytest.skip("not an x86-64 machine with SSE4.2")
     import tvm
 
-    from dlas_predict.measure.kernels.cpu import KernelSpec, build_kernel
+    from dlas_predict.measure.kernels.build import build_kernel
+    from dlas_predict.measure.kernels.spec import KernelSpec
     from dlas_predict.measure.kernels.knobs import resolve_knobs
     from dlas_predict.space.config import ConvSpec, DType, Variant
 
@@ -352,7 +353,8 @@ def test_every_kernel_kind_cross_compiles_to_an_aarch64_shared_library(tmp_path)
         pytest.skip("no aarch64 cross compiler (setup.sh installs it as root)")
     import tvm
 
-    from dlas_predict.measure.kernels.cpu import KernelSpec, build_kernel
+    from dlas_predict.measure.kernels.build import build_kernel
+    from dlas_predict.measure.kernels.spec import KernelSpec
     from dlas_predict.measure.kernels.knobs import resolve_knobs
     from dlas_predict.measure.execution.remote import export_shared
     from dlas_predict.space.config import ConvSpec, DType, Variant

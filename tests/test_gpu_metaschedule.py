@@ -16,7 +16,7 @@ SPEC = ConvSpec.parse("C=8,H=9,W=9,K=16,R=3,S=3,stride=1,pad=1")
 
 
 def _kernel(alg: Algorithm):
-    from dlas_predict.measure.kernels.cpu import KernelSpec
+    from dlas_predict.measure.kernels.spec import KernelSpec
     from dlas_predict.measure.kernels.knobs import resolve_gpu_knobs
 
     v = Variant(alg, Compression.DENSE, 0.0)
@@ -79,7 +79,7 @@ def test_a_search_is_reproducible_from_its_seed(proposed):
 @pytest.mark.slow
 def test_csr_kernels_are_not_metaschedule_workloads():
     from dlas_predict.measure.gpu import metaschedule as gm
-    from dlas_predict.measure.kernels.cpu import KernelSpec
+    from dlas_predict.measure.kernels.spec import KernelSpec
 
     ks = KernelSpec(SPEC, Algorithm.GEMM, True, _kernel(Algorithm.GEMM).dtype, {})
     with pytest.raises(ValueError, match="knob search"):

@@ -66,12 +66,12 @@ def test_non_default_knobs_still_correct(algorithm, sparse, knobs, target):
 @pytest.mark.slow
 def test_verification_catches_a_wrong_kernel(target, monkeypatch):
     """A kernel that computes the wrong thing is reported as not verified."""
-    from dlas_predict.measure.kernels import cpu as kernels
+    from dlas_predict.measure.kernels import build
 
     spec = ConvSpec.parse("C=4,H=6,W=6,K=8,R=3,S=3,stride=1,pad=1")
     variant = Variant("direct", "dense")
-    real = kernels.pack_weights
-    monkeypatch.setattr(kernels, "pack_weights", lambda ks, w: real(ks, w * 2))
+    real = build.pack_weights
+    monkeypatch.setattr(build, "pack_weights", lambda ks, w: real(ks, w * 2))
     result = run_task(_task(spec, variant, target))
     assert not result.verified and result.max_error > 1e-3
 
@@ -147,7 +147,8 @@ def test_a_widened_unpadded_input_is_copied_not_read_through_a_bounds_check():
     """A 1x1 conv on 13 columns computed over 16: the input is read 16 wide, so the direct
     kernel copies it into a zero-padded buffer once; read in place, every vector load of
     the tile would carry the bounds check (several times slower). 16 columns need no copy."""
-    from dlas_predict.measure.kernels.cpu import KernelSpec, kernel_module
+    from dlas_predict.measure.kernels.build import kernel_module
+    from dlas_predict.measure.kernels.spec import KernelSpec
     from dlas_predict.space.config import DType
 
     def blocks(width):
@@ -192,7 +193,8 @@ def _fused_case(algorithm, sparse, dtype, steps=ALL_STEPS, conv=FUSED_CONV, vnni
     import tvm
 
     from dlas_predict.space.config import DType
-    from dlas_predict.measure.kernels.cpu import KernelSpec, build_kernel, device_args
+    from dlas_predict.measure.kernels.build import build_kernel, device_args
+    from dlas_predict.measure.kernels.spec import KernelSpec
     from dlas_predict.measure.kernels.reference import im2col, make_inputs
 
     spec = ConvSpec.parse(conv)
@@ -262,7 +264,7 @@ def test_fast_exp_and_sigmoid_match_numpy_over_the_float32_range():
     import tvm
     from tvm import te
 
-    from dlas_predict.measure.kernels.cpu import fast_exp, fast_sigmoid
+    from dlas_predict.measure.kernels.spec import fast_exp, fast_sigmoid
 
     x = np.concatenate([np.linspace(-87.0, 87.0, 20001), [-200.0, -88.0, 0.0, 1e-8, 88.0, 200.0]]
                        ).astype(np.float32)
@@ -292,7 +294,8 @@ def test_fused_silu_calls_no_scalar_exp(sparse):
     import tvm
 
     from dlas_predict.space.config import DType
-    from dlas_predict.measure.kernels.cpu import KernelSpec, build_kernel
+    from dlas_predict.measure.kernels.build import build_kernel
+    from dlas_predict.measure.kernels.spec import KernelSpec
 
     spec = ConvSpec.parse(FUSED_CONV)
     comp = Compression.WEIGHT_PRUNING if sparse else Compression.DENSE
@@ -474,7 +477,8 @@ def test_tile_h_is_refused_on_a_dense_direct_kernel():
 
 def test_a_missing_epilogue_argument_is_refused():
     from dlas_predict.space.config import DType
-    from dlas_predict.measure.kernels.cpu import KernelSpec, device_args
+    from dlas_predict.measure.kernels.build import device_args
+    from dlas_predict.measure.kernels.spec import KernelSpec
     import numpy as np
 
     spec = ConvSpec.parse("C=4,H=6,W=6,K=8,R=3,S=3,stride=1,pad=1")
@@ -515,7 +519,7 @@ def test_vnni_gemm_fuses_its_epilogue_and_writes_nchw(steps, conv):
     import numpy as np
 
     from dlas_predict.space.config import DType
-    from dlas_predict.measure.kernels.cpu import uses_vnni
+    from dlas_predict.measure.kernels.spec import uses_vnni
 
     out, ref, ks = _fused_case("gemm", False, DType.INT8, steps=steps, conv=conv, vnni=True)
     assert uses_vnni(ks) and out.shape == ref.shape and str(out.dtype) == "float32"
@@ -528,7 +532,8 @@ def test_vnni_gemm_compiles_to_vpdpbusd_for_a_vnni_cpu():
     import tvm
 
     from dlas_predict.space.config import DType
-    from dlas_predict.measure.kernels.cpu import KernelSpec, build_kernel
+    from dlas_predict.measure.kernels.build import build_kernel
+    from dlas_predict.measure.kernels.spec import KernelSpec
 
     spec = ConvSpec.parse(SHAPES[0])
     target = tvm.target.Target({"kind": "llvm", "mtriple": "x86_64-linux-gnu",

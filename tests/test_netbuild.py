@@ -157,7 +157,8 @@ def test_a_batch_norm_after_a_conv_is_folded_into_its_weights(tmp_path):
     import onnxruntime as ort
     import tvm
 
-    from dlas_predict.measure.networks.build import LayerChoice, build as build_net, relax_module
+    from dlas_predict.measure.networks.build import LayerChoice, build as build_net
+    from dlas_predict.measure.networks.importer import relax_module
     from dlas_predict.space.config import Algorithm, DType
 
     path = _bn_net(tmp_path / "bn.onnx")
@@ -178,7 +179,7 @@ def test_a_batch_norm_after_a_conv_is_folded_into_its_weights(tmp_path):
 def test_relu6_lowers_to_elementwise_ops_with_scalar_bounds(tmp_path):
     """The frontend's Max/Min is broadcast + stack + reduce over a full-size constant; the
     builder turns each back into one elementwise op with a scalar bound."""
-    from dlas_predict.measure.networks.build import relax_module
+    from dlas_predict.measure.networks.importer import relax_module
 
     model = onnx.load(str(_relu6_net(tmp_path / "relu6.onnx")))
     text = relax_module(model, "x", (1, 3, 12, 12)).script()
@@ -188,7 +189,7 @@ def test_relu6_lowers_to_elementwise_ops_with_scalar_bounds(tmp_path):
 
 
 def test_a_max_with_a_bound_of_many_values_keeps_its_meaning(tmp_path):
-    from dlas_predict.measure.networks.build import relax_module
+    from dlas_predict.measure.networks.importer import relax_module
 
     bound = np.arange(4, dtype=np.float32).reshape(1, 4, 1, 1)
     graph = helper.make_graph(
@@ -368,9 +369,9 @@ def test_a_padded_pool_keeps_its_padding_stage_and_finishes_in_its_own_loop(size
     the result matches numpy's, on a width a vector divides (32) and on one none does (7)."""
     import tvm
 
-    from dlas_predict.measure.networks.build import _schedule_generic
+    from dlas_predict.measure.networks.schedules import schedule_generic
 
-    func = _schedule_generic(_padded_pool_add(16, size))
+    func = schedule_generic(_padded_pool_add(16, size))
     text = func.script()
     assert 'T.sblock("pad_temp")' in text
     if size % 4 == 0:  # the pool's row is vectorised: its consumers join its loop
@@ -399,7 +400,8 @@ def test_a_cell_of_padded_pools_builds_and_verifies(tmp_path, measurer):
 
 
 def test_each_conv_fuses_the_ops_after_it(tmp_path):
-    from dlas_predict.measure.networks.build import plan_epilogues, relax_module
+    from dlas_predict.measure.networks.build import plan_epilogues
+    from dlas_predict.measure.networks.importer import relax_module
 
     model = onnx.load(str(_epilogue_net(tmp_path / "epi.onnx")))
     plans = plan_epilogues(relax_module(model, "x", (1, 3, 10, 10))["main"])
@@ -421,7 +423,7 @@ def test_tuned_spatial_pack_kernels_fuse_their_epilogues(tmp_path):
     import tvm
 
     from dlas_predict.measure.kernels import tuning as tn
-    from dlas_predict.measure.kernels.cpu import KernelSpec
+    from dlas_predict.measure.kernels.spec import KernelSpec
     from dlas_predict.measure.kernels.knobs import tuned_knobs
     from dlas_predict.measure.networks.build import LayerChoice, TunedKernels, lower
     from dlas_predict.space.config import Algorithm, DType, Variant

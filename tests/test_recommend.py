@@ -95,7 +95,8 @@ def test_a_per_layer_choice_of_one_algorithm_is_built_and_timed_once_for_both():
     every layer is the GEMM build, and gets its measurement (not a second run's noise)."""
     from types import SimpleNamespace
 
-    from dlas_predict.recommend.search import Candidate, Recommendation, _validate
+    from dlas_predict.recommend.validate import validate_top
+    from dlas_predict.recommend.candidates import Candidate, Recommendation
     from dlas_predict.space.config import Compression
 
     gemm2 = (("gemm", False), ("gemm", False))
@@ -128,7 +129,7 @@ def test_a_per_layer_choice_of_one_algorithm_is_built_and_timed_once_for_both():
                                       untuned_layers=None, details=None)
 
     lines = []
-    got = _validate(rec, "net.onnx", dev, 4, log=lines.append, network_runner=Runner)
+    got = validate_top(rec, "net.onnx", dev, 4, log=lines.append, network_runner=Runner)
     assert got == [same, gemm, other, pruned]
     # one line per build as it is timed
     assert [line.split()[:2] for line in lines] == [["validate", f"[{i}/3]"] for i in (1, 2, 3)]
@@ -399,7 +400,8 @@ def test_onnxruntime_rows_move_with_the_map_where_its_model_is_another_machines(
     stay as predicted."""
     from types import SimpleNamespace
 
-    from dlas_predict.recommend.search import Candidate, _map_onnxruntime
+    from dlas_predict.recommend.search import _map_onnxruntime
+    from dlas_predict.recommend.candidates import Candidate
     from dlas_predict.space.config import Algorithm, Compression, Tuning
 
     def rows():
@@ -443,7 +445,8 @@ def test_onnxruntime_rows_move_with_the_map_where_its_model_is_another_machines(
 
 
 def test_no_gain_ranks_after_the_reference_and_a_doubtful_lead_is_flagged():
-    from dlas_predict.recommend.search import Candidate, _rank
+    from dlas_predict.recommend.search import _rank
+    from dlas_predict.recommend.candidates import Candidate
     from dlas_predict.space.config import Compression
 
     def cand(comp, alg, s, high, accuracy=0.99):

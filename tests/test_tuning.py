@@ -253,7 +253,8 @@ def test_tuning_time_model_learns_per_trial_cost_and_round_trips(tmp_path):
 
 def test_tuning_verdict_weighs_gain_against_search_time():
     from dlas_predict.space.config import Compression
-    from dlas_predict.recommend.search import Candidate, _tuning_verdict
+    from dlas_predict.recommend.search import _tuning_verdict
+    from dlas_predict.recommend.candidates import Candidate
 
     def cand(tn, s, search=None):
         return Candidate(Compression.DENSE, None, "gemm", (("gemm", False),), s, s, s,

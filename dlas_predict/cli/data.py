@@ -170,6 +170,7 @@ def analyze_heatmap(x: str = typer.Option(..., "--x", help="Parameter on the x a
                     compression: Optional[str] = _COMP_OPT, as_json: bool = _JSON_OPT):
     """Median of a metric over two parameters: their contribution and interaction."""
     from dlas_predict.analysis import frames as A
+    from dlas_predict.analysis import plots as P
 
     for p in (x, y):
         A.check_parameter(p, level)
@@ -177,7 +178,7 @@ def analyze_heatmap(x: str = typer.Option(..., "--x", help="Parameter on the x a
     frame, corpus = _analysis_frame(device, store, level, network, tuning, dtype,
                                     algorithm, compression)
     result = A.heatmap(frame, x, y, metric, level)
-    A.plot_heatmap(result, out, A._subtitle(frame, corpus=corpus))
+    P.plot_heatmap(result, out, P.plot_subtitle(frame, corpus=corpus))
     if as_json:
         print_json(result.to_dict())
         return
@@ -206,6 +207,7 @@ def analyze_regression(metric: str = typer.Option(..., "--metric", help="Metric 
                        compression: Optional[str] = _COMP_OPT, as_json: bool = _JSON_OPT):
     """Linear regression of a metric on parameters: standardised coefficients and R²."""
     from dlas_predict.analysis import frames as A
+    from dlas_predict.analysis import plots as P
 
     A.check_metric(metric, level)
     default = ("C,K,H,R,stride,depthwise,algorithm,compression,sparsity" if level == "kernel"
@@ -216,7 +218,7 @@ def analyze_regression(metric: str = typer.Option(..., "--metric", help="Metric 
     frame, corpus = _analysis_frame(device, store, level, network, tuning, dtype,
                                     algorithm, compression)
     result = A.regression(frame, metric, names, level)
-    A.plot_regression(result, out, A._subtitle(frame, corpus=corpus))
+    P.plot_regression(result, out, P.plot_subtitle(frame, corpus=corpus))
     if as_json:
         print_json(result.to_dict())
         return
@@ -248,12 +250,13 @@ def analyze_roofline(out: Path = _OUT_OPT, device: str = _DEVICE_OPT,
     """Every kernel measurement at (arithmetic intensity, achieved GFLOP/s) under the
     device's roofs (measured for the local CPU: `devices --measure-peaks`)."""
     from dlas_predict.analysis import frames as A
+    from dlas_predict.analysis import plots as P
 
     A.check_parameter(color, "kernel")
     frame, corpus = _analysis_frame(device, store, "kernel", network, tuning, dtype,
                                     algorithm, compression)
     frame, dev = A.unique_kernels(frame), corpus.device
-    A.plot_roofline(frame, dev, out, color, A._subtitle(frame, " (unique kernels)", corpus))
+    P.plot_roofline(frame, dev, out, color, P.plot_subtitle(frame, " (unique kernels)", corpus))
     frac = frame["roofline_fraction"].dropna()
     above = int((frac > 1.0).sum())
     summary = {"device": dev.name, "roofs_source": dev.source,
@@ -302,13 +305,14 @@ def analyze_boxplot(metric: str = typer.Option(..., "--metric", help="Metric dis
                     as_json: bool = _JSON_OPT):
     """Distribution and variability of a metric per group of a parameter."""
     from dlas_predict.analysis import frames as A
+    from dlas_predict.analysis import plots as P
 
     A.check_parameter(by, level)
     A.check_metric(metric, level)
     frame, corpus = _analysis_frame(device, store, level, network, tuning, dtype,
                                     algorithm, compression)
     result, samples = A.boxplot_stats(frame, metric, by, level)
-    A.plot_boxplot(result, samples, out, A._subtitle(frame, corpus=corpus), log)
+    P.plot_boxplot(result, samples, out, P.plot_subtitle(frame, corpus=corpus), log)
     if as_json:
         print_json(result.to_dict())
         return
@@ -333,7 +337,7 @@ def report(device: str = typer.Option("local", "--device", help="Whose corpus to
     observations with a verdict each, and the plots, as one HTML page. On local, this
     machine's measurements once `calibrate` or `collect` made them; else a shipped corpus,
     and whose machine it is."""
-    from dlas_predict.analysis.report import write_report
+    from dlas_predict.analysis.page import write_report
 
     rep, page = write_report(device, store, out)
     if as_json:

@@ -40,7 +40,7 @@ ITERS = 4096
 #: Rows of the streamed operand (loaded from L1 and converted every step, as in a conv).
 BROWS = 16
 #: Accumulator and output types: as the conv kernels (float16 widens to float32, int8 to
-#: int32; dlas_predict/measure/kernels/cpu.py ACC_DTYPE).
+#: int32; measure/kernels/spec.py ACC_DTYPE).
 ACC = {"float32": "float32", "float16": "float32", "int8": "int32"}
 OUT = {"float32": "float32", "float16": "float16", "int8": "int32"}
 

@@ -374,7 +374,7 @@ class LiveNetworks:
         from contextlib import nullcontext
 
         from dlas_predict.measure.networks.runner import NetworkRunner
-        from dlas_predict.recommend.search import measure_candidates
+        from dlas_predict.recommend.validate import measure_candidates
 
         if self._runner is None:
             self._runner = NetworkRunner(self.dev)

@@ -125,7 +125,8 @@ class Canary:
 
         from dlas_predict.measure.execution.remote import execution
         from dlas_predict.space.config import ConvSpec, DType, Variant
-        from dlas_predict.measure.kernels.cpu import KernelSpec, build_kernel, device_args
+        from dlas_predict.measure.kernels.build import build_kernel, device_args
+        from dlas_predict.measure.kernels.spec import KernelSpec
         from dlas_predict.measure.kernels.knobs import resolve_knobs
         from dlas_predict.measure.kernels.reference import make_inputs
 

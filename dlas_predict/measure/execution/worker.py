@@ -55,7 +55,8 @@ def run_task(task: Task) -> WorkerReply:
 
 
 def _run_kernel(task: KernelTask) -> dict[str, Any]:
-    from dlas_predict.measure.kernels.cpu import KernelSpec, build_kernel, device_args, tvm_target
+    from dlas_predict.measure.kernels.build import build_kernel, device_args, tvm_target
+    from dlas_predict.measure.kernels.spec import KernelSpec
 
     spec, dtype, pattern, proto = task.conv, task.dtype, task.pattern, task.protocol
     ks = KernelSpec(conv=spec, algorithm=task.algorithm, sparse=task.sparse, dtype=dtype,
@@ -113,7 +114,7 @@ def _tuned_build(ks, task: KernelTask, pattern: SparsityPattern, make_args,
     import tvm
 
     from dlas_predict.measure.kernels import tuning as tn
-    from dlas_predict.measure.kernels.cpu import build_kernel
+    from dlas_predict.measure.kernels.build import build_kernel
     from dlas_predict.measure.kernels.knobs import search_space
 
     opts = task.tuning

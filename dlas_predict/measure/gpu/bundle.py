@@ -165,9 +165,9 @@ def _trace_id(trace: str) -> int:
 
 
 def kernel_spec(payload: dict[str, Any]):
-    """The :class:`dlas_predict.measure.kernels.cpu.KernelSpec` of a manifest line."""
+    """The :class:`dlas_predict.measure.kernels.spec.KernelSpec` of a manifest line."""
     from dlas_predict.space.config import Algorithm, DType
-    from dlas_predict.measure.kernels.cpu import KernelSpec
+    from dlas_predict.measure.kernels.spec import KernelSpec
 
     return KernelSpec(conv=ConvSpec.from_dict(payload["conv"]),
                       algorithm=Algorithm.parse(payload["algorithm"]),

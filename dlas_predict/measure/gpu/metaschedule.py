@@ -27,7 +27,7 @@ import logging
 import time
 import tvm
 
-from dlas_predict.measure.kernels.cpu import KernelSpec
+from dlas_predict.measure.kernels.spec import KernelSpec
 
 #: Evolutionary search's population for a round of ``trials`` candidates: MetaSchedule's
 #: default (512) from 64 trials up, eight candidates per trial below (at least 64).

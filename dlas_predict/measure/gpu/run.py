@@ -117,7 +117,7 @@ def _measure_chunk(bundle: Path, chunk: str, lines: list[dict], proto: dict, que
 
     from dlas_predict.space.config import SparsityPattern
     from dlas_predict.measure.gpu.bundle import kernel_spec
-    from dlas_predict.measure.kernels.cpu import device_args
+    from dlas_predict.measure.kernels.build import device_args
     from dlas_predict.measure.kernels.reference import check_output, conv2d_reference, make_inputs
     from dlas_predict.measure.kernels.sparse import prune, sparsity
     from dlas_predict.measure.execution.tasks import Protocol, plan_timing

@@ -24,8 +24,9 @@ from tvm.s_tir import Schedule
 
 from dlas_predict.space.config import Algorithm, ConvSpec, DType
 from dlas_predict.errors import ConfigError
-from dlas_predict.measure.kernels.cpu import (DENSE_KERNELS, SPARSE_HEADER, KernelSpec, csr_decode,
-                                              direct_nchw_compute, acc_dtype)
+from dlas_predict.measure.kernels.cpu import DENSE_KERNELS, direct_nchw_compute, acc_dtype
+from dlas_predict.measure.kernels.csr import SPARSE_HEADER, csr_decode
+from dlas_predict.measure.kernels.spec import KernelSpec
 
 #: The lowest compute capability the kernels are built for (float16 arithmetic, dp4a).
 MIN_ARCH = 61

@@ -2,7 +2,7 @@
 
 Dense kernels are tuned by MetaSchedule (TVM 0.27's successor of the Ansor auto-scheduler
 the study used) from their unscheduled TensorIR
-(:func:`dlas_predict.measure.kernels.cpu.dense_prim_func`). CSR kernels have data-dependent loops
+(:func:`dlas_predict.measure.kernels.build.dense_prim_func`). CSR kernels have data-dependent loops
 that MetaSchedule cannot sample, so their tuned variant is a measured search over the hand
 schedule's knobs (:func:`dlas_predict.measure.kernels.knobs.search_space`), the counterpart of the
 study's "sparse sketch rules".
@@ -28,7 +28,8 @@ import numpy as np
 import tvm
 
 from dlas_predict.space.config import stable_hash
-from dlas_predict.measure.kernels.cpu import KernelSpec, build_kernel, dense_prim_func
+from dlas_predict.measure.kernels.build import build_kernel, dense_prim_func
+from dlas_predict.measure.kernels.spec import KernelSpec
 
 from dlas_predict.measure.records import KNOB_SEARCH, METASCHEDULE  # noqa: F401 - the tuners
 

@@ -10,7 +10,7 @@ The ops that follow a conv, each the only user of the one before (:func:`plan_ep
 per-channel bias add, ReLU, the clamps of ReLU6, SiLU and one residual add, run in the
 kernel's epilogue, on the output tile before it is stored, for every algorithm, dense and
 CSR, in every dtype. A batch norm that is the only user of a conv's output is folded into the
-conv's weights and bias first, as exporters do (:func:`_fold_batch_norms`). In a tuned build,
+conv's weights and bias first, as exporters do (:mod:`~dlas_predict.measure.networks.importer`). In a tuned build,
 the spatial pack and CSR layers fuse theirs too (:meth:`TunedKernels.fuses`): the tuned
 schedule of the bare convolution is replayed on the kernel with its epilogue. Each record
 says what was fused (``details``: :func:`epilogue_details`).
@@ -31,7 +31,7 @@ This module imports TVM; it runs inside the isolated worker (:func:`run_network_
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -39,15 +39,19 @@ import tvm
 from tvm import relax, te
 
 from dlas_predict.space.config import Algorithm, Compression, ConvSpec, DType, Variant
-from dlas_predict.measure.kernels.cpu import KernelSpec, kernel_module, output_shape, pack_weights
+from dlas_predict.measure.kernels.cpu import pack_weights
+from dlas_predict.measure.kernels.build import kernel_module, output_shape
+from dlas_predict.measure.kernels.spec import KernelSpec
 from dlas_predict.measure.kernels.knobs import resolve_knobs
+from dlas_predict.measure.networks.epilogues import Epilogue, dataflow, op_name, plan_epilogues
+from dlas_predict.measure.networks.importer import relax_module
+from dlas_predict.measure.networks.schedules import KERNEL_ATTR, schedule_rest
 
 if TYPE_CHECKING:
     from dlas_predict.measure.execution.tasks import NetworkTask
 
-#: Marks our conv kernels, so the generic scheduler leaves them alone and FuseOps treats them
-#: as opaque (fusing an epilogue into a hand-scheduled kernel would unschedule it).
-KERNEL_ATTR = "dlas.kernel"
+#: FuseOps' pattern of an opaque op, which our kernels (marked with ``schedules.KERNEL_ATTR``)
+#: take: fusing an epilogue into a hand-scheduled kernel would unschedule it.
 _OPAQUE = 8
 
 
@@ -99,7 +103,7 @@ class TunedKernels:
         from dataclasses import replace
 
         from dlas_predict.compression.netplan import kernel_ratio
-        from dlas_predict.measure.kernels.cpu import dense_prim_func
+        from dlas_predict.measure.kernels.build import dense_prim_func
         from dlas_predict.measure.kernels.sparse import sparsity
 
         ratio = kernel_ratio(sparsity(w)) if ks.sparse else 0.0
@@ -161,168 +165,6 @@ class TunedKernels:
         return choice.sparse or choice.algorithm is Algorithm.SPATIAL_PACK
 
 
-@dataclass
-class _Epilogue:
-    """The elementwise ops after one conv that its kernel runs on the output tile: the steps
-    (:attr:`KernelSpec.epilogue`), the bias and the residual operand, and the bindings they
-    replace (the conv's first, the chain's last)."""
-
-    conv: relax.Var
-    steps: list = field(default_factory=list)
-    bias: np.ndarray | None = None
-    residual: relax.Var | None = None
-    replaced: list = field(default_factory=list)
-
-    @property
-    def end(self) -> relax.Var:
-        return self.replaced[-1] if self.replaced else self.conv
-
-
-def _used_vars(expr, out: list) -> None:
-    if isinstance(expr, relax.Var):
-        out.append(expr)
-    elif isinstance(expr, relax.Call):
-        for a in expr.args:
-            _used_vars(a, out)
-    elif isinstance(expr, relax.Tuple):
-        for f in expr.fields:
-            _used_vars(f, out)
-    elif isinstance(expr, relax.TupleGetItem):
-        _used_vars(expr.tuple_value, out)
-    elif isinstance(expr, relax.SeqExpr):
-        _used_vars(expr.body, out)
-
-
-def _op_name(expr) -> str:
-    """The operator of a call to a Relax op, else ''."""
-    if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
-        return str(expr.op.name)
-    return ""
-
-
-def _scalar(expr, values: dict) -> float | None:
-    """The value of a constant of one value, seen through a cast (ToMixedPrecision casts
-    the bounds of a ReLU6 to float16 and leaves the cast unfolded)."""
-    bound = values.get(expr) if isinstance(expr, relax.Var) else None
-    if _op_name(bound) == "relax.astype" and isinstance(bound.args[0], tvm.ir.expr.Constant):
-        expr = bound.args[0]
-    if isinstance(expr, tvm.ir.expr.Constant):
-        v = expr.value.numpy()
-        if v.size >= 1 and v.min() == v.max():
-            return float(v.flat[0])
-    return None
-
-
-def _per_channel(expr, k: int) -> np.ndarray | None:
-    """A constant that broadcasts along the channel axis of [1, K, H, W] only, as [K]."""
-    if not isinstance(expr, tvm.ir.expr.Constant):
-        return None
-    v = expr.value.numpy().astype(np.float32)
-    if v.size == 1:
-        return np.full(k, v.flat[0], np.float32)
-    if v.size == k and v.shape in ((1, k, 1, 1), (k, 1, 1)):
-        return v.reshape(k)
-    return None
-
-
-def _dataflow(func: relax.Function) -> tuple[list, dict, set]:
-    """``func``'s dataflow bindings in order, the bindings using each var, and the vars its
-    result uses."""
-    bindings = [b for block in func.body.blocks if isinstance(block, relax.DataflowBlock)
-                for b in block.bindings if isinstance(b, relax.VarBinding)]
-    users: dict = {}
-    for b in (b for block in func.body.blocks for b in block.bindings):
-        used: list = []
-        _used_vars(b.value, used)
-        for v in used:
-            users.setdefault(v, []).append(b)
-    outputs: list = []
-    _used_vars(func.body.body, outputs)
-    return bindings, users, set(outputs)
-
-
-def plan_epilogues(func: relax.Function) -> dict:
-    """For each conv binding of ``func``'s dataflow blocks, the chain of ops it can fuse
-    (conv var -> :class:`_Epilogue`): a per-channel bias add, ReLU, clamps (ReLU6), SiLU
-    (``x * sigmoid(x)``) and one residual add of a tensor of the output's shape, in any
-    order, each op the only user of the one before it."""
-    bindings, users, output_set = _dataflow(func)
-    binding_set = set(b.var for b in bindings)
-    values = {b.var: b.value for b in bindings}
-    claimed: set = set()
-    plans = {}
-    for b in bindings:
-        call = b.value
-        if _op_name(call) != "relax.nn.conv2d":
-            continue
-        shape = [int(d) for d in b.var.ty.shape]
-        dtype = b.var.ty.dtype
-        plan = _Epilogue(b.var)
-        cur = b.var
-        while cur not in output_set:
-            uses = users.get(cur, [])
-            nxt = _next_step(cur, uses, plan, shape, dtype, binding_set, claimed, values)
-            if nxt is None:
-                break
-            step, new_vars = nxt
-            plan.steps.append(step)
-            plan.replaced.extend(new_vars)
-            claimed.update(new_vars)
-            cur = new_vars[-1]
-        plans[b.var] = plan
-    return plans
-
-
-def _same_tensor(var, shape, dtype) -> bool:
-    ty = var.ty
-    return (isinstance(ty, relax.TensorType) and ty.dtype == dtype and ty.shape is not None
-            and [int(d) for d in ty.shape] == shape)
-
-
-def _next_step(cur, uses, plan: _Epilogue, shape, dtype, bindings, claimed, values):
-    """(step, the bindings it replaces) if ``cur``'s users continue the chain, else None."""
-    if any(u.var in claimed or u.var not in bindings for u in uses):
-        return None
-    if len(uses) == 2:  # SiLU: s = sigmoid(cur); y = cur * s
-        sig = next((u for u in uses if _op_name(u.value) == "relax.sigmoid"), None)
-        mul = next((u for u in uses if _op_name(u.value) == "relax.multiply"), None)
-        if sig is None or mul is None or not _same_tensor(mul.var, shape, dtype):
-            return None
-        args = list(mul.value.args)
-        if not (any(a.same_as(cur) for a in args) and any(a.same_as(sig.var) for a in args)):
-            return None
-        return ("silu",), [sig.var, mul.var]
-    if len(uses) != 1:
-        return None
-    (u,) = uses
-    call = u.value
-    op = _op_name(call)
-    if not op or not _same_tensor(u.var, shape, dtype):
-        return None
-    ops = {s[0] for s in plan.steps}
-    if op == "relax.nn.relu":
-        return ("relu",), [u.var]
-    if op == "relax.nn.silu":
-        return ("silu",), [u.var]
-    if op in ("relax.maximum", "relax.minimum"):
-        other = [a for a in call.args if not a.same_as(cur)]
-        c = _scalar(other[0], values) if len(other) == 1 else None
-        return None if c is None else ((op[len("relax."):len("relax.") + 3], c), [u.var])
-    if op == "relax.add":
-        other = [a for a in call.args if not a.same_as(cur)]
-        if len(other) != 1:
-            return None
-        bias = _per_channel(other[0], shape[1])
-        if bias is not None and "bias" not in ops:
-            plan.bias = bias
-            return ("bias",), [u.var]
-        if (isinstance(other[0], relax.Var) and "residual" not in ops
-                and _same_tensor(other[0], shape, dtype)):
-            plan.residual = other[0]
-            return ("residual",), [u.var]
-    return None
-
-
 def _call_spec(call: relax.Call) -> ConvSpec:
     """The workload of a ``relax.nn.conv2d`` call with constant weights."""
     attrs = call.attrs
@@ -376,7 +218,7 @@ class _ConvLowering:
         return i
 
     def lower(self, bb: relax.BlockBuilder, i: int, call: relax.Call, data: relax.Expr,
-              want: str, epi: _Epilogue | None = None,
+              want: str, epi: Epilogue | None = None,
               residual: relax.Expr | None = None,
               channel_scale: relax.Expr | None = None) -> relax.Expr:
         weight = call.args[1]
@@ -491,7 +333,7 @@ class _LowerConvs(relax.PyExprMutator):
 
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
         var, value = binding.var, binding.value
-        if _op_name(value) == "relax.nn.conv2d":
+        if op_name(value) == "relax.nn.conv2d":
             i = self.lowering.next_index()
             plan = self.plans.get(var)
             if plan is not None and plan.steps:
@@ -562,7 +404,7 @@ def _dequantize(t: te.Tensor, scale: float, dtype: str) -> te.Tensor:
 def _fast_sigmoid(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     """Sigmoid as the kernels' fused SiLU computes it (:func:`~.kernels.fast_sigmoid`, in
     float32): it vectorises, where libm's exp does not."""
-    from dlas_predict.measure.kernels.cpu import fast_sigmoid
+    from dlas_predict.measure.kernels.spec import fast_sigmoid
 
     def sigmoid(t: te.Tensor) -> te.Tensor:
         if t.dtype == "float32":
@@ -600,18 +442,18 @@ def plan_scale_folds(func: relax.Function, plans: dict, lowering: "_ConvLowering
     ``x * s`` binding's var, ``x``, ``s``) where ``s`` [1, C, 1, 1] is a sigmoid's output
     (a squeeze-excitation's gate) scaling ``x`` [1, C, H, W], the product's one user is the
     conv, and :meth:`_ConvLowering.folds_scale` holds. The product is then never computed."""
-    bindings, users, outputs = _dataflow(func)
+    bindings, users, outputs = dataflow(func)
     claimed = {v for p in plans.values() for v in p.replaced}
     values = {b.var: b.value for b in bindings}
     folds = {}
     i = -1
     for b in bindings:
-        if _op_name(b.value) != "relax.nn.conv2d":
+        if op_name(b.value) != "relax.nn.conv2d":
             continue
         i += 1
         m = b.value.args[0]
         call = values.get(m)
-        if (_op_name(call) != "relax.multiply" or m in claimed or m in outputs
+        if (op_name(call) != "relax.multiply" or m in claimed or m in outputs
                 or len(users.get(m, [])) != 1 or not isinstance(m, relax.DataflowVar)):
             continue
         shape = [int(d) for d in m.ty.shape]
@@ -627,7 +469,7 @@ def plan_scale_folds(func: relax.Function, plans: dict, lowering: "_ConvLowering
             scale, x = pair
         else:
             continue
-        if (shape[2] * shape[3] == 1 or _op_name(values.get(scale)) != "relax.sigmoid"
+        if (shape[2] * shape[3] == 1 or op_name(values.get(scale)) != "relax.sigmoid"
                 or not lowering.folds_scale(i, _call_spec(b.value))):
             continue
         folds[b.var] = (m, x, scale)
@@ -638,265 +480,6 @@ def _reshape(t: te.Tensor, shape: tuple[int, ...]) -> te.Tensor:
     from tvm import topi
 
     return topi.reshape(t, shape)
-
-
-# ---- generic schedules for everything that is not a conv ---------------------------------
-def _selects(block) -> bool:
-    """Whether a block stores a select (``if_then_else``): a padding stage."""
-    body = block.body
-    return (isinstance(body, tvm.tirx.BufferStore) and isinstance(body.value, tvm.ir.Call)
-            and body.value.op.same_as(tvm.ir.Op.get("prim.if_then_else")))
-
-
-def _reduces(sch, b) -> bool:
-    return any(iv.iter_type != 0 for iv in sch.get(b).iter_vars)
-
-
-def _elements(block) -> int:
-    """Elements of the buffer a block writes."""
-    return int(np.prod([int(d) for d in block.writes[0].source.shape]))
-
-
-def _window_stage(sch, b) -> bool:
-    """Whether a padding stage is worth keeping as a stage: a stride-1 window reduction (a
-    padded pool) reads it, whose output is nearly as large as the padded input, so copying
-    it once costs little beside the window's loads it frees of the bounds check (a strided
-    pool's output is a quarter of it or less, and the copy costs more than it frees)."""
-    if not _selects(sch.get(b)):
-        return False
-    size = _elements(sch.get(b))
-    return any(_reduces(sch, c) and 2 * _elements(sch.get(c)) >= size
-               for c in sch.get_consumers(b))
-
-
-def _schedule_generic(func: tvm.tirx.PrimFunc, lanes: int = 16) -> tvm.tirx.PrimFunc:
-    """The generic CPU schedule of an op that is not one of our convs: injective producers
-    inlined (but the padding a stride-1 pool reads), reductions vectorised on their
-    contiguous spatial axis with the ops after them computed on each tile, elementwise
-    stages vectorised, or parallel over rows where no whole vector divides them."""
-    from tvm.s_tir import Schedule
-
-    sch = Schedule(func)
-    root = sch.get_sblock("root")
-    blocks = sch.get_child_blocks(root)
-    outputs = {str(sch.get(b).name_hint) for b in sch.get_output_blocks(root)}
-    for b in blocks:  # inline injective producers into their consumers
-        if str(sch.get(b).name_hint) in outputs:
-            continue
-        if _window_stage(sch, b):
-            # the padding a stride-1 pool reads stays a stage: inlined, each of the
-            # window's loads would carry the bounds check and keep its lanes from
-            # vectorising
-            continue
-        try:
-            sch.compute_inline(b)
-        except Exception:  # noqa: BLE001 - a reduction or an opaque block stays
-            pass
-    reductions = []
-    for b in sch.get_child_blocks(root):
-        block = sch.get(b)
-        kinds = [iv.iter_type for iv in block.iter_vars]
-        loops = sch.get_loops(b)
-        if len(loops) != len(kinds) or not loops:
-            continue
-        n_spatial = 0
-        for k in kinds:
-            if k != 0:  # 0: data parallel
-                break
-            n_spatial += 1
-        if n_spatial == 0:
-            continue
-        last = int(sch.get(loops[n_spatial - 1]).extent)
-        vec = next((v for v in (lanes, lanes // 2, lanes // 4) if last % v == 0 and last >= v), 0)
-        if n_spatial < len(kinds) and vec:
-            # reduction (matmul, pooling): vectorise the contiguous spatial axis inside the
-            # reduction loops, parallel over the rest
-            outer, inner = sch.split(loops[n_spatial - 1], [None, vec])
-            sch.reorder(*loops[:n_spatial - 1], outer, *loops[n_spatial:], inner)
-            fused = sch.fuse(*loops[:n_spatial - 1], outer) if n_spatial > 1 else outer
-            sch.parallel(fused)
-            sch.decompose_reduction(b, loops[n_spatial])
-            sch.unroll(inner)  # LLVM's SLP vectoriser turns the unrolled lanes into SIMD
-            reductions.append((b, fused))
-            continue
-        if n_spatial == len(kinds) and vec and (n_spatial > 1 or last >= 4 * vec):
-            # elementwise: vectorise the contiguous axis (whole vectors only, so every lane
-            # is a contiguous load), parallel over everything outside it
-            outer, inner = sch.split(loops[-1], [None, vec])
-            sch.vectorize(inner)
-            sch.parallel(sch.fuse(*loops[:-1], outer) if n_spatial > 1 else outer)
-            continue
-        rows = int(np.prod([int(sch.get(loop).extent) for loop in loops[:n_spatial - 1]]))
-        if n_spatial == len(kinds) and rows > 1 and last > 1:
-            # elementwise on a contiguous axis no whole vector divides (a padded stage's
-            # rows): parallel over the rows, each row one inner loop
-            sch.parallel(sch.fuse(*loops[:-1]))
-            continue
-        fused = sch.fuse(*loops[:n_spatial]) if n_spatial > 1 else loops[0]
-        if int(sch.get(fused).extent) > 1:
-            sch.parallel(fused)
-    for b, fused in reductions:
-        # the ops after a reduction (a pool's division, a residual add) run on each tile of
-        # its output while it is in cache, in the same parallel loop
-        for consumer in sch.get_consumers(b):
-            try:
-                sch.reverse_compute_at(consumer, fused)
-            except Exception:  # noqa: BLE001 - left as its own loop nest, still correct
-                continue
-            try:
-                sch.vectorize(sch.get_loops(consumer)[-1])
-            except Exception:  # noqa: BLE001 - a tile that does not vectorise stays scalar
-                pass
-    return sch.mod["main"].with_attr("tirx.is_scheduled", True)
-
-
-def schedule_rest(mod: tvm.IRModule) -> tvm.IRModule:
-    """Give every PrimFunc that is not one of our conv kernels the generic schedule."""
-    out = {}
-    for gv, func in mod.functions_items():
-        if isinstance(func, tvm.tirx.PrimFunc) and KERNEL_ATTR not in (func.attrs or {}):
-            try:
-                out[gv] = _schedule_generic(func)
-            except Exception:  # noqa: BLE001 - left as legalised, still correct
-                continue
-    for gv, func in out.items():
-        mod[gv] = func
-    return mod
-
-
-# ---- build and run ------------------------------------------------------------------------
-def _clip_as_max_min(model) -> None:
-    """Rewrite ``Clip(x, lo, hi)`` (ReLU6) as ``Min(Max(x, lo), hi)``, in place. The frontend
-    imports Clip as pre-lowered TE calls, which ``ToMixedPrecision`` cannot convert; Max and
-    Min import as Relax ops."""
-    from onnx import helper
-
-    nodes = []
-    for node in model.graph.node:
-        if node.op_type != "Clip":
-            nodes.append(node)
-            continue
-        inputs = list(node.input) + [""] * (3 - len(node.input))
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        x = inputs[0]
-        for i, (op, key) in enumerate((("Max", "min"), ("Min", "max")), 1):
-            bound = inputs[i]
-            if not bound and key in attrs:  # opset < 11: bounds are attributes
-                bound = f"{node.output[0]}_{key}"
-                model.graph.initializer.append(helper.make_tensor(bound, 1, [], [attrs[key]]))
-            if not bound:
-                continue
-            out = f"{node.output[0]}_{op.lower()}"
-            nodes.append(helper.make_node(op, [x, bound], [out], name=f"{node.name}_{op}"))
-            x = out
-        nodes.append(helper.make_node("Identity", [x], [node.output[0]], name=node.name))
-    del model.graph.node[:]
-    model.graph.node.extend(nodes)
-
-
-def _fold_batch_norms(model) -> int:
-    """Fold each inference ``BatchNormalization`` that is the only user of a ``Conv``'s output
-    into that conv's weights and bias, in place (what exporters do: a graph that kept its
-    norms runs them as ops of their own otherwise). Needs the conv's weights, bias and the
-    norm's four parameters as initializers. Returns how many were folded."""
-    from onnx import helper, numpy_helper
-
-    inits = {t.name: t for t in model.graph.initializer}
-    uses: dict[str, int] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            uses[name] = uses.get(name, 0) + 1
-    for out in model.graph.output:
-        uses[out.name] = uses.get(out.name, 0) + 1
-    producer = {node.output[0]: node for node in model.graph.node if node.output}
-    dropped, folded = set(), 0
-    for node in model.graph.node:
-        if node.op_type != "BatchNormalization" or len(node.output) != 1:
-            continue
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        conv = producer.get(node.input[0])
-        params = node.input[1:5]
-        if (attrs.get("training_mode", 0) or conv is None or conv.op_type != "Conv"
-                or uses.get(node.input[0]) != 1 or len(params) != 4
-                or not all(p in inits for p in params)
-                or conv.input[1] not in inits
-                or (len(conv.input) > 2 and conv.input[2] and conv.input[2] not in inits)):
-            continue
-        gamma, beta, mean, var = (numpy_helper.to_array(inits[p]).astype(np.float64)
-                                  for p in params)
-        w = numpy_helper.to_array(inits[conv.input[1]])
-        bias = (numpy_helper.to_array(inits[conv.input[2]]).astype(np.float64)
-                if len(conv.input) > 2 and conv.input[2] else np.zeros(w.shape[0]))
-        scale = gamma / np.sqrt(var + float(attrs.get("epsilon", 1e-5)))
-        w_name, b_name = f"{node.output[0]}_folded_w", f"{node.output[0]}_folded_b"
-        model.graph.initializer.extend([
-            numpy_helper.from_array((w * scale.reshape(-1, *[1] * (w.ndim - 1))).astype(
-                w.dtype), w_name),
-            numpy_helper.from_array(((bias - mean) * scale + beta).astype(w.dtype), b_name)])
-        x = conv.input[0]
-        del conv.input[:]
-        conv.input.extend([x, w_name, b_name])
-        conv.output[0] = node.output[0]
-        dropped.add(id(node))
-        folded += 1
-    if folded:
-        keep = [n for n in model.graph.node if id(n) not in dropped]
-        del model.graph.node[:]
-        model.graph.node.extend(keep)
-    return folded
-
-
-def _stacked_extrema_as_binary(mod: tvm.IRModule) -> tvm.IRModule:
-    """Rewrite ``max(stack((x, c)), axis=0)`` with ``c`` a constant of one value as
-    ``maximum(x, c)`` (and ``min`` as ``minimum``).
-
-    The ONNX frontend imports a two-input Max or Min (and so each ReLU6, through
-    :func:`_clip_as_max_min`) as broadcast, stack and reduce, with the bound folded into a
-    constant of the activation's full size. Lowered, that copies the activation twice and
-    reduces over the copies: a ReLU6 on a 112×112×96 activation took 5 ms, and in
-    mobilenetv2 (ImageNet) those ops cost more than all the convolutions. As a binary op
-    with a scalar it is elementwise and fuses into the preceding op."""
-    from tvm.relax.dpl import is_const, is_op, is_tuple, rewrite_call, wildcard
-
-    inner, shape = wildcard(), wildcard()
-    broadcast = is_op("relax.broadcast_to")(inner, shape)
-    x, c = broadcast | wildcard(), is_const()
-    binary = {"relax.max": relax.op.maximum, "relax.min": relax.op.minimum}
-
-    def rewriter(call: relax.Call, matches: dict) -> relax.Expr:
-        attrs = call.attrs
-        if attrs.axis is None or [int(a) for a in attrs.axis] != [0] or attrs.keepdims:
-            return call
-        bound = matches[c].value.numpy()
-        if bound.size == 0 or bound.min() != bound.max():
-            return call
-        arg = matches[x]
-        if inner in matches and list(matches[inner].ty.shape) == list(call.ty.shape):
-            arg = matches[inner]  # the broadcast is to the shape it already has
-        return binary[call.op.name](arg, relax.const(bound.flat[0], str(bound.dtype)))
-
-    stacked = is_op("relax.stack")(is_tuple([x, c]) | is_tuple([c, x]))
-    patterns = [is_op(op)(stacked) for op in binary]
-    for gv, func in list(mod.functions_items()):
-        if not isinstance(func, relax.Function):
-            continue
-        for pattern in patterns:
-            func = rewrite_call(pattern, rewriter, func)
-        mod[gv] = func
-    return mod
-
-
-def relax_module(model, input_name: str, input_shape: tuple[int, ...]) -> tvm.IRModule:
-    import copy
-
-    from tvm.relax.frontend.onnx import from_onnx
-
-    model = copy.deepcopy(model)
-    _fold_batch_norms(model)
-    _clip_as_max_min(model)
-    mod = from_onnx(model, shape_dict={input_name: list(input_shape)})
-    mod = relax.transform.FoldConstant()(mod)
-    return relax.transform.DeadCodeElimination()(_stacked_extrema_as_binary(mod))
 
 
 def epilogue_details(lowering: _ConvLowering) -> dict:
@@ -1062,7 +645,7 @@ def run_network_task(task: "NetworkTask") -> dict[str, Any]:
 
     from dlas_predict.measure.execution.tasks import plan_timing
     from dlas_predict.measure.execution.contention import timed_fields
-    from dlas_predict.measure.kernels.cpu import tvm_target
+    from dlas_predict.measure.kernels.build import tvm_target
 
     model = onnx.load(task.onnx)
     dtype = task.dtype

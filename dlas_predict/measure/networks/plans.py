@@ -28,7 +28,7 @@ PER_LAYER = "per_layer"
 ONNXRUNTIME = "onnxruntime"
 #: The engine's version, in every whole-network record and its key, so a changed engine
 #: measures again: "14" runs an int8 network's ungrouped GEMM layers on AVX-512 VNNI where
-#: the CPU has it (:func:`~dlas_predict.measure.kernels.cpu.uses_vnni`), "13" computes a sigmoid (a
+#: the CPU has it (:func:`~dlas_predict.measure.kernels.spec.uses_vnni`), "13" computes a sigmoid (a
 #: fused SiLU's, and every Sigmoid op's) as a rational function instead of through a polynomial exp,
 #: and folds a sigmoid gate's channel scale (a squeeze-excitation's) into the next conv's weights
 #: where they are fewer than its input's elements, "12" blocks a spatial pack layer's filters in

@@ -1,0 +1,136 @@
+"""The generic CPU schedule of every op of a network that is not one of our conv kernels:
+injective stages inlined, outer loops fused and parallel, the contiguous inner loop
+vectorised (unscheduled, TVM's legalised ops run serially)."""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+
+#: Marks our conv kernels, so the generic scheduler leaves them alone and FuseOps treats them
+#: as opaque (fusing an epilogue into a hand-scheduled kernel would unschedule it).
+KERNEL_ATTR = "dlas.kernel"
+
+
+# ---- generic schedules for everything that is not a conv ---------------------------------
+def _selects(block) -> bool:
+    """Whether a block stores a select (``if_then_else``): a padding stage."""
+    body = block.body
+    return (isinstance(body, tvm.tirx.BufferStore) and isinstance(body.value, tvm.ir.Call)
+            and body.value.op.same_as(tvm.ir.Op.get("prim.if_then_else")))
+
+
+def _reduces(sch, b) -> bool:
+    return any(iv.iter_type != 0 for iv in sch.get(b).iter_vars)
+
+
+def _elements(block) -> int:
+    """Elements of the buffer a block writes."""
+    return int(np.prod([int(d) for d in block.writes[0].source.shape]))
+
+
+def _window_stage(sch, b) -> bool:
+    """Whether a padding stage is worth keeping as a stage: a stride-1 window reduction (a
+    padded pool) reads it, whose output is nearly as large as the padded input, so copying
+    it once costs little beside the window's loads it frees of the bounds check (a strided
+    pool's output is a quarter of it or less, and the copy costs more than it frees)."""
+    if not _selects(sch.get(b)):
+        return False
+    size = _elements(sch.get(b))
+    return any(_reduces(sch, c) and 2 * _elements(sch.get(c)) >= size
+               for c in sch.get_consumers(b))
+
+
+def schedule_generic(func: tvm.tirx.PrimFunc, lanes: int = 16) -> tvm.tirx.PrimFunc:
+    """The generic CPU schedule of an op that is not one of our convs: injective producers
+    inlined (but the padding a stride-1 pool reads), reductions vectorised on their
+    contiguous spatial axis with the ops after them computed on each tile, elementwise
+    stages vectorised, or parallel over rows where no whole vector divides them."""
+    from tvm.s_tir import Schedule
+
+    sch = Schedule(func)
+    root = sch.get_sblock("root")
+    blocks = sch.get_child_blocks(root)
+    outputs = {str(sch.get(b).name_hint) for b in sch.get_output_blocks(root)}
+    for b in blocks:  # inline injective producers into their consumers
+        if str(sch.get(b).name_hint) in outputs:
+            continue
+        if _window_stage(sch, b):
+            # the padding a stride-1 pool reads stays a stage: inlined, each of the
+            # window's loads would carry the bounds check and keep its lanes from
+            # vectorising
+            continue
+        try:
+            sch.compute_inline(b)
+        except Exception:  # noqa: BLE001 - a reduction or an opaque block stays
+            pass
+    reductions = []
+    for b in sch.get_child_blocks(root):
+        block = sch.get(b)
+        kinds = [iv.iter_type for iv in block.iter_vars]
+        loops = sch.get_loops(b)
+        if len(loops) != len(kinds) or not loops:
+            continue
+        n_spatial = 0
+        for k in kinds:
+            if k != 0:  # 0: data parallel
+                break
+            n_spatial += 1
+        if n_spatial == 0:
+            continue
+        last = int(sch.get(loops[n_spatial - 1]).extent)
+        vec = next((v for v in (lanes, lanes // 2, lanes // 4) if last % v == 0 and last >= v), 0)
+        if n_spatial < len(kinds) and vec:
+            # reduction (matmul, pooling): vectorise the contiguous spatial axis inside the
+            # reduction loops, parallel over the rest
+            outer, inner = sch.split(loops[n_spatial - 1], [None, vec])
+            sch.reorder(*loops[:n_spatial - 1], outer, *loops[n_spatial:], inner)
+            fused = sch.fuse(*loops[:n_spatial - 1], outer) if n_spatial > 1 else outer
+            sch.parallel(fused)
+            sch.decompose_reduction(b, loops[n_spatial])
+            sch.unroll(inner)  # LLVM's SLP vectoriser turns the unrolled lanes into SIMD
+            reductions.append((b, fused))
+            continue
+        if n_spatial == len(kinds) and vec and (n_spatial > 1 or last >= 4 * vec):
+            # elementwise: vectorise the contiguous axis (whole vectors only, so every lane
+            # is a contiguous load), parallel over everything outside it
+            outer, inner = sch.split(loops[-1], [None, vec])
+            sch.vectorize(inner)
+            sch.parallel(sch.fuse(*loops[:-1], outer) if n_spatial > 1 else outer)
+            continue
+        rows = int(np.prod([int(sch.get(loop).extent) for loop in loops[:n_spatial - 1]]))
+        if n_spatial == len(kinds) and rows > 1 and last > 1:
+            # elementwise on a contiguous axis no whole vector divides (a padded stage's
+            # rows): parallel over the rows, each row one inner loop
+            sch.parallel(sch.fuse(*loops[:-1]))
+            continue
+        fused = sch.fuse(*loops[:n_spatial]) if n_spatial > 1 else loops[0]
+        if int(sch.get(fused).extent) > 1:
+            sch.parallel(fused)
+    for b, fused in reductions:
+        # the ops after a reduction (a pool's division, a residual add) run on each tile of
+        # its output while it is in cache, in the same parallel loop
+        for consumer in sch.get_consumers(b):
+            try:
+                sch.reverse_compute_at(consumer, fused)
+            except Exception:  # noqa: BLE001 - left as its own loop nest, still correct
+                continue
+            try:
+                sch.vectorize(sch.get_loops(consumer)[-1])
+            except Exception:  # noqa: BLE001 - a tile that does not vectorise stays scalar
+                pass
+    return sch.mod["main"].with_attr("tirx.is_scheduled", True)
+
+
+def schedule_rest(mod: tvm.IRModule) -> tvm.IRModule:
+    """Give every PrimFunc that is not one of our conv kernels the generic schedule."""
+    out = {}
+    for gv, func in mod.functions_items():
+        if isinstance(func, tvm.tirx.PrimFunc) and KERNEL_ATTR not in (func.attrs or {}):
+            try:
+                out[gv] = schedule_generic(func)
+            except Exception:  # noqa: BLE001 - left as legalised, still correct
+                continue
+    for gv, func in out.items():
+        mod[gv] = func
+    return mod
