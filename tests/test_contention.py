@@ -163,9 +163,11 @@ def test_a_canary_whose_quiet_readings_spread_reads_against_their_median(tmp_pat
 
 
 _PROBE_SCRIPT = """
-import os, sys os.sched_setaffinity(0, {0, 1}) from dlas_predict.measure.execution.contention import
-Canary, ContentionProbe probe = ContentionProbe({"kind": "llvm"}, 2, canary=Canary({"kind": "llvm"},
-None)) probe.canary.slowdown()            # its reference: a quiet moment (the busy process starts
+import os, sys
+os.sched_setaffinity(0, {0, 1})
+from dlas_predict.measure.execution.contention import Canary, ContentionProbe
+probe = ContentionProbe({"kind": "llvm"}, 2, canary=Canary({"kind": "llvm"}, None))
+probe.canary.slowdown()            # its reference: a quiet moment (the busy process starts
 print("ready", flush=True)         # after this line)
 sys.stdin.readline()
 readings = [probe.reading() for _ in range(5)]
