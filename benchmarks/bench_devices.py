@@ -20,6 +20,14 @@
    algorithm, conv time) within ±10 % after 10, 25 and 50 kernel measurements, the
    variance and uncertainty criteria against random choice (3 seeds), one network at a
    time.
+7. **Whole networks from their layers, a device left out, targets as ONNX**: 10 shots drawn
+   at random (3 draws), the rest predicted by the layer-kind model
+   (``crossdev.layerwise``: the basis device that explains the shots best, scaled) and by
+   a MACs fit on the same shots. HELP's devices one at a time (the basis: the other HELP
+   devices on 800 cells, the shipped corpora; targets: 300 other cells, written as ONNX
+   files and read back), and each machine's onnxruntime timings (another runtime; the
+   basis: HELP and the other machines' corpora). Within ±10 %/±25 %, Spearman, and how
+   often the 80 % interval holds the truth.
 
 The public data is read from ``$DLAS_SHARED_DATA`` (default: the public data folder beside the checkout).
 
@@ -252,18 +260,92 @@ def active_learning(budget: int = 50, seeds: int = 3) -> dict:
     return out
 
 
+def _score(pred, low, high, truth) -> dict:
+    from dlas_predict.crossdev.latent import spearman as rho
+
+    err = np.abs(pred / truth - 1)
+    out = {"within_10": float(np.mean(err <= 0.10)), "within_25": float(np.mean(err <= 0.25)),
+           "spearman": float(rho(np.log(pred), np.log(truth)))}
+    if low is not None:
+        out["coverage"] = float(np.mean((truth >= low) & (truth <= high)))
+    return out
+
+
+def _few_shot_draws(basis, X, ms, draws: int = 3, shots: int = 10, seed: int = 0) -> dict:
+    from dlas_predict.crossdev import layerwise as lw
+
+    rng = np.random.default_rng(seed)
+    model, macs = [], []
+    for _ in range(draws):
+        pick = rng.choice(len(ms), size=shots, replace=False)
+        rest = np.setdiff1d(np.arange(len(ms)), pick)
+        fit = lw.fit_few_shot(basis, X[pick], ms[pick])
+        low, high = fit.predict_interval(X[rest])
+        model.append(_score(fit.predict(X[rest]), low, high, ms[rest]))
+        macs.append(_score(lw.macs_fit(X[pick], ms[pick])(X[rest]), None, None, ms[rest]))
+    mean = lambda rows, k: float(np.mean([r[k] for r in rows]))  # noqa: E731
+    return {"targets": int(len(ms)), **{k: mean(model, k) for k in model[0]},
+            **{f"macs_{k}": mean(macs, k) for k in macs[0]}}
+
+
+def layerwise_lodo(eval_archs: int = 300) -> dict:
+    """Section 7: HELP's devices and each machine's onnxruntime timings left out."""
+    import tempfile
+
+    from dlas_predict.crossdev import layerwise as lw
+    from dlas_predict.networks import nasbench201 as nb
+    from dlas_predict.networks.graph import read_network
+
+    mat = sources.help_matrix()
+    train_idx = lw.help_sample(lw.HELP_SAMPLE)
+    rng = np.random.default_rng(7)
+    pool = np.setdiff1d(np.arange(len(mat.targets)), train_idx)
+    test_idx = sorted(rng.choice(pool, size=eval_archs, replace=False).tolist())
+    with tempfile.TemporaryDirectory() as tmp:
+        files = nb.generate([nb.parse_arch(mat.targets[i]) for i in test_idx], Path(tmp))
+        by_name = {Path(f).stem: lw.layer_terms(read_network(f)) for f in files}
+    X_test = np.array([by_name[nb.parse_arch(mat.targets[i]).file_name.removesuffix(".onnx")]
+                       for i in test_idx])
+    helpb = lw.help_basis(indices=train_idx)
+    corpus = lw.corpus_basis()
+    out: dict = {"help": {}, "onnxruntime": {}}
+    for j, d in enumerate(mat.devices):
+        basis = helpb.without(lambda name: name == f"help:{d}") + corpus
+        y = mat.log_ms[test_idx, j]
+        ok = np.isfinite(y)
+        out["help"][d] = _few_shot_draws(basis, X_test[ok], np.exp(y[ok]))
+    cols = lw.corpus_columns()
+    terms = lw.network_terms_by_name(sorted({n for names, _ in cols.values() for n in names}))
+    for key, (names, ms) in cols.items():
+        machine, _, backend = key.split(":")
+        if backend != "onnxruntime":
+            continue
+        keep = [i for i, n in enumerate(names) if n in terms]
+        if len(keep) < 15:
+            continue
+        same = (lambda k, m=machine: k.startswith(f"{m}:local")) if machine == "shipped" else \
+            (lambda k, m=machine: k.startswith(f"{m}:"))
+        basis = helpb + lw.corpus_basis(drop=same)
+        X = np.array([terms[names[i]] for i in keep])
+        out["onnxruntime"][key] = _few_shot_draws(basis, X, ms[keep])
+    for part in ("help", "onnxruntime"):
+        rows = list(out[part].values())
+        out[part]["mean"] = {k: float(np.mean([r[k] for r in rows])) for k in rows[0]}
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", type=Path)
-    ap.add_argument("--sections", default="1,2,3,4,5,6",
-                    help="the sections to run, comma-separated (default: all six)")
+    ap.add_argument("--sections", default="1,2,3,4,5,6,7",
+                    help="the sections to run, comma-separated (default: all seven)")
     args = ap.parse_args()
     try:
         only = {int(x) for x in args.sections.split(",")}
     except ValueError:
         only = set()
-    if not only or not only <= set(range(1, 7)):
-        print(f"Error: --sections takes numbers 1-6, comma-separated; got {args.sections!r}",
+    if not only or not only <= set(range(1, 8)):
+        print(f"Error: --sections takes numbers 1-7, comma-separated; got {args.sections!r}",
               file=sys.stderr)
         return 1
     res = {}
@@ -339,6 +421,17 @@ def main() -> int:
               f"{np.mean([v['variance'][50] for v in al.values()]):.0%}, uncertainty "
               f"{np.mean([v['uncertainty'][50] for v in al.values()]):.0%}, random "
               f"{np.mean([v['random'][50] for v in al.values()]):.0%}")
+    if 7 in only:
+        res["layerwise"] = lw = layerwise_lodo()
+        line = ("   {:34s} n={:4d} ±10% {:4.0%} ±25% {:4.0%} Spearman {:.3f} 80% interval holds "
+                "{:4.0%} | MACs fit: ±10% {:4.0%} ±25% {:4.0%} Spearman {:.3f}")
+        for part, title in (("help", "HELP's devices (NAS-Bench-201 cells as ONNX)"),
+                            ("onnxruntime", "onnxruntime timings of each machine")):
+            print(f"7. whole networks, 10 shots, the rest predicted: {title}")
+            for d, r in lw[part].items():
+                print(line.format(d, int(r["targets"]), r["within_10"], r["within_25"],
+                                  r["spearman"], r["coverage"], r["macs_within_10"],
+                                  r["macs_within_25"], r["macs_spearman"]))
     print(f"total {time.perf_counter() - t0:.0f} s")
     if args.json:
         args.json.write_text(json.dumps(res, indent=1, default=float))

@@ -204,7 +204,8 @@ def test_adapt_on_convs_saves_under_dlas_home_and_predicts_the_same_after_reload
                 "--json")
     out = json.loads(r.output)
     assert r.exit_code == 0 and [o["target"] for o in out] == targets[:2]
-    assert set(out[0]) == {"target", "config", "predicted_ms", "low_ms", "high_ms", "source"}
+    assert set(out[0]) == {"target", "config", "predicted_ms", "low_ms", "high_ms", "source",
+                           "runtime"}
     assert out[0]["low_ms"] < out[0]["predicted_ms"] < out[0]["high_ms"]
     # recommend answers the new device from the map adapt fitted
     rec = json.loads(run_cli("recommend", "zoo:resnet18-cifar", "--device", "my-avx2-box",
@@ -533,8 +534,8 @@ def test_a_large_batch_is_shared_among_the_cores_and_priced_as_one_process_price
             "zoo:mobilenetv2-cifar", "zoo:resnet18-cifar"]
     alone = predictor.predict(nets, "local-avx2-1t", "dense")
     priced = predictor._predict_network
-    monkeypatch.setattr(predictor, "_predict_network", lambda t, device, cfg: replace(
-        priced(t, device, cfg), basis=str(os.getpid())))
+    monkeypatch.setattr(predictor, "_predict_network", lambda t, device, cfg, **kw: replace(
+        priced(t, device, cfg, **kw), basis=str(os.getpid())))
     monkeypatch.setattr(predictor, "PARALLEL_FROM", 2)
     monkeypatch.setattr("dlas_predict.space.devices.local_cores", lambda: 2)
     shared = predictor.predict(nets, "local-avx2-1t", "dense")

@@ -174,20 +174,26 @@ def predict(targets: List[str] = typer.Argument(..., help="conv:C=..,H=..,W=..,K
             data: Optional[Path] = typer.Option(None, "--data", help="Folder of the public "
                                                 "data (default $DLAS_SHARED_DATA, else the "
                                                 "public data folder beside the checkout)."),
+            runtime: Optional[str] = typer.Option(None, "--runtime", help="The runtime whose "
+                                                  "latency to predict: tvm, onnxruntime, or "
+                                                  "the one the device was adapted on (its "
+                                                  "default)."),
             as_json: bool = typer.Option(False, "--json")):
     """Batch prediction on any device from the cross-device models: the latency, its 80 %
-    interval and where it comes from (trained, adapted or zero-shot)."""
+    interval, the runtime it is of, and where it comes from (trained, adapted or
+    zero-shot)."""
     from dlas_predict.recommend.predict import predict as run
     from dlas_predict.render import format_table
 
-    preds = run(list(targets), device, config, data)
+    preds = run(list(targets), device, config, data, runtime)
     if as_json:
         print_json([{k: v for k, v in p.to_dict().items() if k != "basis"} for p in preds])
         return
     typer.echo(format_table([{"target": p.target, "config": p.config,
                               "predicted ms": f"{p.predicted_ms:.4g}",
                               "80% interval": f"{p.low_ms:.4g}–{p.high_ms:.4g}",
-                              "source": p.source, "model": p.basis} for p in preds]))
+                              "runtime": p.runtime, "source": p.source, "model": p.basis}
+                             for p in preds]))
     if any(p.source == "zero-shot" for p in preds):
         typer.echo(f"zero-shot: {device} has no measurement here; `dlas-predict adapt --device "
                    f"{device} --measurements FILE.csv` (or active-learn) makes it better")
@@ -198,7 +204,9 @@ def predict(targets: List[str] = typer.Argument(..., help="conv:C=..,H=..,W=..,K
 def adapt(device: str = typer.Option(..., "--device", help="A registry device, or a new "
                                      "name (registered by its measurements alone)."),
           measurements: Path = typer.Option(..., "--measurements", help="CSV: target, "
-                                            "config (default dense), latency_ms."),
+                                            "config (default dense), latency_ms, and "
+                                            "optionally runtime (tflite, onnxruntime, ...; "
+                                            "one for every row)."),
           data: Optional[Path] = typer.Option(None, "--data", help="Folder of the public "
                                               "data."),
           as_json: bool = typer.Option(False, "--json")):

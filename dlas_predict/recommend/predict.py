@@ -21,6 +21,8 @@ from __future__ import annotations
 import csv
 import functools
 import json
+import math
+import re
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -34,6 +36,11 @@ from dlas_predict.crossdev.adapted import adapted_path, checked_name, read_adapt
 
 #: Two-sided 80 % interval of a Gaussian in log space.
 Z80 = 1.2816
+#: The answer of a device adapted on whole networks of another runtime, or one HELP
+#: measured, for any network: its layers priced by kind (:mod:`~dlas_predict.crossdev.layerwise`).
+LAYERWISE = "layerwise"
+#: The runtimes our engine prices itself.
+ENGINE_RUNTIMES = ("tvm", "onnxruntime")
 MIN_ROWS = 3
 DISAGREE = 2.0
 
@@ -73,6 +80,9 @@ class Prediction:
     high_ms: float
     source: str
     basis: str
+    #: The runtime whose latency this is: ``tvm`` (our builds), ``onnxruntime``, or the
+    #: runtime a device was adapted on (whatever the measurements' ``runtime`` column said).
+    runtime: str = "tvm"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -159,12 +169,15 @@ def _basis_of(target: Target, device: str) -> tuple[str, str]:
     """(source, level) that answers ``target`` on ``device``: HELP for NAS-Bench-201 cells
     on HELP's devices and devices adapted on them, the grid engine (``recommend``'s models)
     for every other network, the kernel data for convs."""
-    if target.kind == "nasbench201":
+    if target.kind in ("nasbench201", "network"):
         adapted = read_adapted(device)
-        if _help_device(device) or (adapted is not None and adapted["source"] == "help"):
+        if adapted is not None and adapted["source"] == LAYERWISE:
+            return LAYERWISE, "network"
+        if target.kind == "nasbench201" and (
+                _help_device(device) or (adapted is not None and adapted["source"] == "help")):
             return "help", "network"
-        return "engine", "network"
-    if target.kind == "network":
+        if target.kind == "network" and _help_device(device):
+            return LAYERWISE, "network"  # HELP measured it: its costs per layer kind
         return "engine", "network"
     from dlas_predict.crossdev.transfer import of_this_machine, own_model
     from dlas_predict.space.devices import get_device
@@ -203,11 +216,17 @@ def _help_device(device: str) -> bool:
     return device not in _registry() and device in _help_devices()
 
 
-@functools.lru_cache(maxsize=1)
 def _help_devices() -> frozenset[str]:
+    from dlas_predict.paths import shared_data
+
+    return _help_devices_in(str(shared_data()))
+
+
+@functools.lru_cache(maxsize=4)
+def _help_devices_in(folder: str) -> frozenset[str]:
     try:
         from dlas_predict.crossdev.sources import help_table
-        return frozenset(help_table(None).device.unique())
+        return frozenset(help_table(Path(folder)).device.unique())
     except DlasError:
         return frozenset()
 
@@ -327,10 +346,15 @@ def _config_of(variant: str) -> str:
 
 
 def predict(targets: list[str], device: str, config: str | None = None,
-            data: Path | None = None) -> list[Prediction]:
+            data: Path | None = None, runtime: str | None = None) -> list[Prediction]:
     """Predicted latency of each target on ``device`` (the fastest allowed configuration
-    where ``config`` leaves a part open)."""
+    where ``config`` leaves a part open), in ``runtime`` (default: the runtime the device
+    was adapted on, else our TVM builds or onnxruntime as ``config`` names)."""
     cfg = parse_config(config)
+    if runtime == "onnxruntime" and cfg.algorithm in (None, "onnxruntime"):
+        cfg = replace(cfg, algorithm="onnxruntime")
+    elif runtime == "tvm" and cfg.algorithm == "onnxruntime":
+        raise ConfigError("--runtime tvm prices our builds; the config names onnxruntime")
     parsed = [parse_target(t) for t in targets]
     _check_known(device)
     out: list[Prediction | None] = [None] * len(parsed)
@@ -338,11 +362,16 @@ def predict(targets: list[str], device: str, config: str | None = None,
     route: dict[str, tuple[str, str]] = {}  # by target kind: the same for every target
     for i, t in enumerate(parsed):
         if t.kind not in route:
-            route[t.kind] = _basis_of(t, device)
+            route[t.kind] = _runtime_route(_basis_of(t, device), device, cfg, runtime)
         groups.setdefault(route[t.kind], []).append(i)
     for (source, level), idx in groups.items():
+        if source == LAYERWISE:
+            for i in idx:
+                out[i] = _predict_layerwise(parsed[i], device, cfg, data)
+            continue
         if source == "engine":
-            for i, pred in zip(idx, _engine([parsed[i] for i in idx], device, cfg, level)):
+            for i, pred in zip(idx, _engine([parsed[i] for i in idx], device, cfg, level,
+                                            tvm_only=runtime == "tvm")):
                 out[i] = pred
             continue
         mat, model = basis(source, level, str(data) if data else None)
@@ -378,15 +407,15 @@ def _price_forked(i: int) -> Prediction:
 
 
 def _engine(targets: list[Target], device: str, cfg: ConfigChoice,
-            level: str) -> list[Prediction]:
+            level: str, tvm_only: bool = False) -> list[Prediction]:
     """Each target priced by the grid engine, a repeated one once. A batch of at least
     :data:`PARALLEL_FROM` distinct networks per core is shared among the cores: the first
     network is priced here (loading the models), then forked processes, which inherit
     them, price the rest."""
     from dlas_predict.space.devices import local_cores
 
-    one = functools.partial(_predict_network if level == "network" else _predict_conv,
-                            device=device, cfg=cfg)
+    one = functools.partial(_predict_network, device=device, cfg=cfg, tvm_only=tvm_only) \
+        if level == "network" else functools.partial(_predict_conv, device=device, cfg=cfg)
     first: dict[tuple[str, str], int] = {}
     for i, t in enumerate(targets):
         first.setdefault((t.kind, t.key), i)
@@ -425,11 +454,11 @@ def _network_file(t: Target) -> str:
 
 
 def _predict_network(t: Target, device: str, cfg: ConfigChoice,
-                     own_models: bool = False) -> Prediction:
+                     own_models: bool = False, tvm_only: bool = False) -> Prediction:
     """A whole network priced by the grid engine (``recommend``'s models, trained,
-    adapted or zero-shot), its fastest candidate that ``cfg`` allows; no accuracy budget.
-    ``own_models``: the device's own trained models, unmapped, wherever they were trained
-    (a reference's raw predictions)."""
+    adapted or zero-shot), its fastest candidate that ``cfg`` allows (``tvm_only``: our
+    builds only); no accuracy budget. ``own_models``: the device's own trained models,
+    unmapped, wherever they were trained (a reference's raw predictions)."""
     from dlas_predict.paths import MODELS_STORE
     from dlas_predict.recommend.search import recommend
     from dlas_predict.space.config import DEFAULT_RATIO, Compression
@@ -445,6 +474,7 @@ def _predict_network(t: Target, device: str, cfg: ConfigChoice,
     ok = [c for c in rec.candidates
           if (cfg.compression is None or c.compression.value == cfg.compression)
           and (cfg.algorithm is None or c.algorithm == cfg.algorithm)
+          and not (tvm_only and c.algorithm == "onnxruntime")
           and (cfg.ratio is None or c.ratio is None or abs(c.ratio - cfg.ratio) < 1e-9)]
     if not ok:
         raise ConfigError(f"{t.text}: no candidate matches {cfg.text} on {device} (the "
@@ -455,7 +485,61 @@ def _predict_network(t: Target, device: str, cfg: ConfigChoice,
         f"/{best.algorithm}/{best.tuning.value}"
     return Prediction(t.text, label, best.predicted_s * 1e3, best.low_s * 1e3,
                       best.high_s * 1e3, best.source, "engine:" + str(
-                          (rec.mapping or {}).get("reference") or rec.device))
+                          (rec.mapping or {}).get("reference") or rec.device),
+                      "onnxruntime" if best.algorithm == "onnxruntime" else "tvm")
+
+
+def _runtime_route(route: tuple[str, str], device: str, cfg: ConfigChoice,
+                   runtime: str | None) -> tuple[str, str]:
+    """``route`` checked against the runtime asked for: a device adapted on another runtime
+    answers in it (layer kinds), or in our engine's runtimes (its map) where the config or
+    ``runtime`` names them."""
+    if route[0] != LAYERWISE:
+        if runtime is not None and runtime not in ENGINE_RUNTIMES:
+            raise ConfigError(f"{device} was not adapted on {runtime!r} latencies: its "
+                              "answers are our engine's (tvm, onnxruntime)")
+        return route
+    adapted = read_adapted(device)
+    own = adapted["runtime"] if adapted is not None else "help"
+    if runtime in ENGINE_RUNTIMES or (runtime is None and cfg.algorithm not in (None, own)) \
+            or (runtime is None and cfg.tuning):
+        if adapted is None or not adapted.get("recommend_map"):
+            raise ConfigError(f"{device}'s latencies are {own}'s; it has no map of our "
+                              f"engine's (tvm, onnxruntime) to price {cfg.text}")
+        return "engine", route[1]
+    if runtime is not None and runtime != own:
+        raise ConfigError(f"{device} was adapted on {own} latencies, not {runtime!r} ones "
+                          f"(adapt it on {runtime} measurements, or ask for --runtime {own})")
+    return route
+
+
+def _layerwise_fit(device: str, data: Path | None):
+    """(the fit, its runtime, the configuration it prices, source) of a device adapted on
+    another runtime's whole networks, or of a device HELP measured."""
+    from dlas_predict.crossdev import layerwise as lw
+
+    adapted = read_adapted(device)
+    if adapted is not None and adapted["source"] == LAYERWISE:
+        return lw.FewShotFit.from_dict(adapted["fit"]), adapted["runtime"], \
+            adapted["config"], "adapted"
+    return lw.help_basis(data).own_fit(f"help:{device}"), "help", "dense", "trained"
+
+
+def _predict_layerwise(t: Target, device: str, cfg: ConfigChoice,
+                       data: Path | None) -> Prediction:
+    from dlas_predict.crossdev import layerwise as lw
+
+    fit, runtime, config, source = _layerwise_fit(device, data)
+    if cfg.compression not in (None, config.split("@")[0]) or (
+            cfg.ratio and f"{config.split('@')[0]}@{cfg.ratio:g}" != config):
+        raise ConfigError(f"{device}'s {runtime} latencies are of {config} networks; it "
+                          f"prices {config}, not {cfg.text}")
+    X = lw.cell_terms(t.key) if t.kind == "nasbench201" else lw.network_terms(t.key)
+    mid = float(fit.predict(X)[0])
+    low, high = (float(v[0]) for v in fit.predict_interval(X))
+    basis = f"layerwise:{fit.basis_device}" + (
+        f" ×{math.exp(fit.offset):.3g}" if fit.offset else "")
+    return Prediction(t.text, f"{config}/{runtime}", mid, low, high, source, basis, runtime)
 
 
 def _predict_conv(t: Target, device: str, cfg: ConfigChoice) -> Prediction:
@@ -494,7 +578,8 @@ def _predict_conv(t: Target, device: str, cfg: ConfigChoice) -> Prediction:
 
 def _prediction(text, config, mean, sd, post, source) -> Prediction:
     return Prediction(text, config, float(np.exp(mean)), float(np.exp(mean - Z80 * sd)),
-                      float(np.exp(mean + Z80 * sd)), post.source, source)
+                      float(np.exp(mean + Z80 * sd)), post.source, source,
+                      {"help": "help", "tophub": "tvm"}.get(source, "tvm"))
 
 
 # ---- adapt --------------------------------------------------------------------------------
@@ -511,6 +596,8 @@ class AdaptReport:
     loading: list[float]
     #: what ``loading`` holds
     parameters: str = "latent loading (intercept, mean-device slope, latent terms, groups)"
+    #: the runtime the rows were timed in
+    runtime: str = "tvm"
 
 
 def read_measurements(path: Path) -> list[tuple[Target, ConfigChoice, float, int]]:
@@ -560,6 +647,34 @@ def read_measurements(path: Path) -> list[tuple[Target, ConfigChoice, float, int
     return rows
 
 
+#: Algorithms of our engine: rows that name one were timed by our TVM builds.
+_TVM_ALGORITHMS = ("direct", "gemm", "spatial_pack", "per_layer")
+
+
+def measured_runtime(path: Path, rows) -> str:
+    """The runtime ``rows`` (of the CSV ``path``) were timed in: the ``runtime`` column, one
+    value for every row; else ``tvm`` where the rows name our algorithms, ``onnxruntime``
+    where they name it, and ``foreign`` otherwise."""
+    reader = csv.DictReader(Path(path).read_text().splitlines())
+    if "runtime" in (reader.fieldnames or []):
+        seen: dict[str, int] = {}
+        for n, r in enumerate(reader, start=2):
+            word = (r.get("runtime") or "").strip().lower() or "foreign"
+            if not re.fullmatch(r"[a-z0-9_.+-]{1,32}", word):
+                raise DlasError(f"{path}:{n}: runtime {word!r}: use one word (tflite, "
+                                "onnxruntime, tensorrt, ...)")
+            seen.setdefault(word, n)
+        if len(seen) > 1:
+            (a, na), (b, nb) = list(seen.items())[:2]
+            raise DlasError(f"{path}:{nb}: runtime {b!r}, but line {na} is {a!r}: adapt one "
+                            "runtime at a time")
+        return next(iter(seen))
+    algs = {c.algorithm for _, c, _, _ in rows}
+    if algs & set(_TVM_ALGORITHMS):
+        return "tvm"
+    return "onnxruntime" if algs == {"onnxruntime"} else "foreign"
+
+
 def adapt(device: str, measurements: Path, data: Path | None = None) -> AdaptReport:
     """Fit ``device``'s loading on its measurements and save it under DLAS_HOME."""
     from dlas_predict.space.devices import device_names
@@ -567,8 +682,11 @@ def adapt(device: str, measurements: Path, data: Path | None = None) -> AdaptRep
     checked_name(device)
     rows = read_measurements(measurements)
     kind = rows[0][0].kind
-    if kind == "network":
+    runtime = measured_runtime(measurements, rows)
+    if kind == "network" and runtime == "tvm":
         return _adapt_networks(device, measurements, rows)
+    if kind == "network":
+        return _adapt_layerwise(device, measurements, rows, runtime, data)
     source, level = ("help", "network") if kind == "nasbench201" else \
         (("profiles" if _is_x86(device) else "tophub"), "kernel")
     mat, model = basis(source, level, str(data) if data else None)
@@ -612,12 +730,11 @@ def adapt(device: str, measurements: Path, data: Path | None = None) -> AdaptRep
                        float(np.median(np.abs(np.exp(loo - yu) - 1))), post.mean.tolist())
 
 
-def _adapt_networks(device: str, measurements: Path, rows) -> AdaptReport:
-    """Whole-network latencies: the reference device's engine prices each (network,
-    configuration), and the map from its latencies to the measured ones is what `recommend`
-    and `predict` then use for the device."""
+def _engine_network_map(device: str, rows):
+    """The reference device's engine prices each (network, configuration) of ``rows``, and
+    the map from its latencies to the measured ones (what `recommend` uses for the device):
+    (the map, its leave-one-out log predictions, the measured log latencies, the reference)."""
     from dlas_predict.crossdev import transfer
-    from dlas_predict.crossdev.latent import spearman
     from dlas_predict.space.devices import device_names, get_device
 
     registered = device not in device_names()
@@ -643,17 +760,92 @@ def _adapt_networks(device: str, measurements: Path, rows) -> AdaptReport:
         mi = transfer.adapted_map(stub, ref, log_ref[keep], scale[keep], y[keep],
                                   [groups[j] for j in keep], base, fit_slope=False)
         loo.append(mi.apply(log_ref[i:i + 1], scale[i:i + 1], [groups[i]])[0])
-    loo = np.array(loo)
+    return m, np.array(loo), y, ref
+
+
+def _adapt_networks(device: str, measurements: Path, rows) -> AdaptReport:
+    """Whole networks timed by our TVM builds: the reference device's engine prices each
+    (network, configuration), and the map from its latencies to the measured ones is what
+    `recommend` and `predict` then use for the device."""
+    from dlas_predict.crossdev.latent import spearman
+    from dlas_predict.space.devices import device_names
+
+    registered = device not in device_names()
+    m, loo, y, ref = _engine_network_map(device, rows)
     path = adapted_path(device)
     path.write_text(json.dumps({
-        "device": device, "source": "engine", "level": "network", "targets": [],
-        "log_ms": [], "networks": [[t.text, c.text, v] for t, c, v, _ in rows],
+        "device": device, "source": "engine", "level": "network", "runtime": "tvm",
+        "targets": [], "log_ms": [], "networks": [[t.text, c.text, v] for t, c, v, _ in rows],
         "recommend_map": m.to_dict(), "measurements": str(measurements)}, indent=1))
     return AdaptReport(device, f"{ref}'s models (whole networks)", len(rows), registered,
                        str(path), spearman(loo, y),
                        float(np.median(np.abs(np.exp(loo - y) - 1))),
                        [m.offset, *m.group_offsets.values()],
                        "map (offset, " + ", ".join(m.group_offsets) + " offsets; slope 1)")
+
+
+def _adapt_layerwise(device: str, measurements: Path, rows, runtime: str,
+                     data: Path | None) -> AdaptReport:
+    """Whole networks timed in another runtime (``runtime``): each network's layers by kind,
+    priced through the basis device whose costs explain the latencies best, scaled
+    (:func:`~dlas_predict.crossdev.layerwise.fit_few_shot`). Its leave-one-out error is the
+    procedure `predict` then runs, the basis device chosen again without each row. The
+    engine's map is fitted too, for `recommend`'s grid."""
+    from dlas_predict.crossdev import layerwise as lw
+    from dlas_predict.crossdev.latent import spearman
+    from dlas_predict.space.devices import device_names
+
+    configs = {(c.compression, c.ratio) for _, c, _, _ in rows}
+    if len(configs) > 1:
+        (a, b) = sorted(configs, key=str)[:2]
+        raise DlasError(f"{measurements}: rows of {_config_text(*a)} and {_config_text(*b)} "
+                        f"networks: {runtime} latencies adapt one configuration at a time")
+    for t, c, _, n in rows:
+        if c.algorithm not in (None, runtime) or c.tuning:
+            raise DlasError(f"{measurements}:{n}: {c.text} names our engine's build; rows "
+                            f"timed in {runtime} name the configuration only (e.g. dense)")
+    config = _config_text(*next(iter(configs)))
+    terms: dict[str, np.ndarray] = {}
+    for t, _, _, n in rows:
+        if t.key not in terms:
+            try:
+                terms[t.key] = lw.network_terms(t.key)
+            except DlasError as exc:
+                raise DlasError(f"{measurements}:{n}: {exc}") from None
+    by_key: dict[str, list[float]] = {}
+    for t, _, v, _ in rows:
+        by_key.setdefault(t.key, []).append(math.log(v))
+    keys = list(by_key)
+    X = np.array([terms[k] for k in keys])
+    y = np.array([np.mean(by_key[k]) for k in keys])
+    if len(keys) < MIN_ROWS:
+        raise DlasError(f"{measurements}: {len(keys)} distinct network(s); adapt needs at "
+                        f"least {MIN_ROWS}")
+    basis, notes = lw.default_basis(data)
+    fit = lw.fit_few_shot(basis, X, np.exp(y))
+    saved = {"device": device, "source": LAYERWISE, "level": "network", "runtime": runtime,
+             "config": config, "fit": fit.to_dict(), "targets": keys, "log_ms": y.tolist(),
+             "networks": [[t.text, c.text, v] for t, c, v, _ in rows],
+             "measurements": str(measurements), "notes": notes}
+    try:
+        m, _, _, _ = _engine_network_map(device, rows)
+        saved["recommend_map"] = m.to_dict()
+    except DlasError as exc:
+        saved["notes"].append(f"no map of our engine's grid: {exc}")
+    path = adapted_path(device)
+    path.write_text(json.dumps(saved, indent=1))
+    loo = y + np.array(fit.loo_log_errors)
+    return AdaptReport(device, f"{runtime} latencies, layer kinds", len(rows),
+                       device not in device_names(), str(path),
+                       spearman(loo, y) if len(y) >= 3 else float("nan"),
+                       float(np.median(np.abs(np.exp(loo - y) - 1))), [fit.offset],
+                       f"{fit.basis_device}'s layer-kind costs scaled by "
+                       f"{math.exp(fit.offset):.3g} (chosen among {len(basis.devices)} basis "
+                       "devices)", runtime)
+
+
+def _config_text(compression: str, ratio: float | None) -> str:
+    return f"{compression}@{ratio:g}" if ratio else compression
 
 
 def _recommend_map(device: str, keys: list[str], log_ms: np.ndarray) -> dict | None:

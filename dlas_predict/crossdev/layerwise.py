@@ -1,0 +1,411 @@
+"""Whole networks priced from their layers, on any device with a few latencies.
+
+A network is described by what its layers do, by kind (:data:`TERMS`): the multiply-adds of
+its k×k, pointwise, depthwise and fully connected layers, the bytes its convs, pools,
+elementwise ops and other layers move, how many layers of each kind it runs, and a constant.
+A device prices those terms: its latency is ``terms · costs``, the costs non-negative
+(:func:`fit_costs`, relative error), fitted wherever a device timed enough networks: HELP's
+21 devices on NAS-Bench-201 cells, and the whole networks of the shipped corpora (each CPU
+profile and GPU, each backend its own basis).
+
+A new device known by a few latencies (``adapt``: a network and its time, in whatever runtime
+timed it) is priced through the basis device whose costs explain those latencies best once
+scaled: for each basis device, one log offset is fitted on the shots; the device whose
+leave-one-out error is the lowest answers (:func:`fit_few_shot`). Its 80 % interval comes from
+the leave-one-out residuals of the whole procedure (the basis device chosen again without
+each shot), so what ``adapt`` reports is what ``predict`` then does.
+
+HELP's latencies are read from the public data folder at run time and never shipped; the
+NAS-Bench-201 cells are built here and their terms cached under DLAS_HOME.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dlas_predict.errors import DlasError
+
+#: The terms a network is priced on, and their units (multiply-adds in G, bytes in MB,
+#: layers in hundreds). A k×k conv is one of at most 3×3; a larger window is apart, as
+#: runtimes run the two with other algorithms.
+TERMS = ("kxk_gmacs", "pointwise_gmacs", "depthwise_gmacs", "fc_gmacs", "large_kernel_gmacs",
+         "conv_mb", "pool_mb", "elementwise_mb", "other_mb",
+         "kxk_layers", "pointwise_layers", "depthwise_layers", "pool_layers",
+         "elementwise_layers", "other_layers", "constant")
+_UNITS = np.array([1e-9] * 5 + [1e-6] * 4 + [1e-2] * 6 + [1.0])
+#: Layer kinds of the graph reader counted as elementwise work (per element, no reduction).
+_ELEMENTWISE = ("elementwise", "activation", "batchnorm")
+#: The version of :data:`TERMS`' definition, in every cache and saved fit.
+TERMS_VERSION = "2"
+#: NAS-Bench-201 cells sampled for HELP's basis (seeded), and the seed.
+HELP_SAMPLE = 800
+_HELP_SEED = 0
+#: The normal quantile of an 80 % interval's ends.
+_Z80 = 1.2816
+#: Networks a basis device needs before its costs are fitted.
+MIN_BASIS_NETWORKS = 8
+
+
+def layer_terms(net) -> np.ndarray:
+    """The :data:`TERMS` of a :class:`~dlas_predict.networks.graph.Network`."""
+    f = np.zeros(len(TERMS))
+    for layer in net.layers:
+        spec = layer.conv
+        if spec is not None:
+            if spec.groups > 1 and spec.groups == spec.C:
+                f[2] += layer.macs
+                f[11] += 1
+            elif spec.R * spec.S == 1:
+                f[1] += layer.macs
+                f[10] += 1
+            else:  # k×k up to 3×3, and larger windows (5×5, 7×7) apart
+                f[0 if spec.R * spec.S <= 9 else 4] += layer.macs
+                f[9] += 1
+            f[5] += layer.bytes_moved
+        elif layer.op in ("Gemm", "MatMul"):
+            f[3] += layer.macs
+            f[8] += layer.bytes_moved
+            f[14] += 1
+        elif layer.kind == "pool":
+            f[6] += layer.bytes_moved
+            f[12] += 1
+        elif layer.kind in _ELEMENTWISE:
+            f[7] += layer.bytes_moved
+            f[13] += 1
+        else:
+            f[8] += layer.bytes_moved
+            f[14] += 1
+    f[15] = 1.0
+    return f * _UNITS
+
+
+def macs_of(terms: np.ndarray) -> np.ndarray:
+    """The multiply-adds (in G) of rows of terms: the MACs baseline's input."""
+    return np.atleast_2d(terms)[:, :5].sum(axis=1)
+
+
+def fit_costs(X: np.ndarray, ms: np.ndarray) -> np.ndarray:
+    """A device's non-negative costs per term, fitted on networks' terms ``X`` and their
+    latencies ``ms`` by relative error (a latency below a fifth of the median weighs as that
+    fifth: tables that round to whole milliseconds hold near-zero times)."""
+    from scipy.optimize import nnls
+
+    X, ms = np.asarray(X, float), np.asarray(ms, float)
+    w = 1.0 / np.maximum(ms, 0.2 * np.median(ms))
+    return nnls(X * w[:, None], ms * w)[0]
+
+
+@dataclass
+class Basis:
+    """Devices whose costs are known: one row of :data:`TERMS` costs each, with where the
+    latencies they were fitted on came from and how far the fit is from them (the RMS of
+    log(fitted / measured))."""
+
+    devices: list[str]
+    costs: np.ndarray            # devices × terms
+    sources: list[str]
+    spreads: list[float] = field(default_factory=list)
+    #: Per device, the largest value of each term among the networks its costs were fitted
+    #: on: a network beyond it is priced by extrapolation.
+    supports: np.ndarray | None = None
+
+    def predict_ms(self, X: np.ndarray) -> np.ndarray:
+        """Networks × devices of predicted milliseconds."""
+        return np.maximum(np.atleast_2d(X) @ self.costs.T, 1e-6)
+
+    def without(self, drop) -> "Basis":
+        keep = [i for i, d in enumerate(self.devices) if not drop(d)]
+        return Basis([self.devices[i] for i in keep], self.costs[keep],
+                     [self.sources[i] for i in keep], [self.spreads[i] for i in keep],
+                     self.supports[keep] if self.supports is not None else None)
+
+    def __add__(self, other: "Basis") -> "Basis":
+        sup = None
+        if self.supports is not None and other.supports is not None:
+            sup = np.vstack([self.supports, other.supports])
+        return Basis(self.devices + other.devices, np.vstack([self.costs, other.costs]),
+                     self.sources + other.sources, self.spreads + other.spreads, sup)
+
+    def own_fit(self, device: str) -> "FewShotFit":
+        """A basis device priced by its own costs (trained on its data), its interval from
+        its fit's spread."""
+        if device not in self.devices:
+            raise DlasError(f"no whole-network costs of {device!r}")
+        j = self.devices.index(device)
+        support = self.supports[j].tolist() if self.supports is not None else []
+        return FewShotFit(device, self.sources[j], self.costs[j].tolist(), 0.0,
+                          _Z80 * self.spreads[j], 0, [], support=support)
+
+
+def basis_of(columns: dict[str, tuple[np.ndarray, np.ndarray]], source: str) -> Basis:
+    """A basis from ``{device: (terms, ms)}``; a device with too few networks is left out."""
+    names, rows, spreads, supports = [], [], [], []
+    for name, (X, ms) in columns.items():
+        if len(ms) >= MIN_BASIS_NETWORKS:
+            names.append(name)
+            rows.append(fit_costs(X, ms))
+            fitted = np.maximum(np.asarray(X) @ rows[-1], 1e-6)
+            spreads.append(float(np.sqrt(np.mean(np.log(fitted / np.asarray(ms)) ** 2))))
+            supports.append(np.asarray(X).max(axis=0))
+    shape = (len(rows), len(TERMS))
+    return Basis(names, np.array(rows).reshape(shape), [source] * len(names), spreads,
+                 np.array(supports).reshape(shape))
+
+
+# ---- few shots -----------------------------------------------------------------------------
+def _choose(P: np.ndarray, log_ms: np.ndarray) -> tuple[int, float]:
+    """The basis column (of log predictions ``P``, shots × devices) whose one-offset fit has
+    the lowest leave-one-out error on ``log_ms``, and that offset."""
+    n = len(log_ms)
+    r = log_ms[:, None] - P
+    if n >= 2:
+        loo = r - (r.sum(axis=0) - r) / (n - 1)
+        score = np.sqrt(np.mean(loo ** 2, axis=0))
+    else:
+        score = np.zeros(P.shape[1])
+    j = int(np.argmin(score))
+    return j, float(r[:, j].mean())
+
+
+@dataclass
+class FewShotFit:
+    """A device priced through one basis device's costs, scaled: ``exp(offset) · terms ·
+    costs``, with an 80 % interval of ``exp(±half_width)``."""
+
+    basis_device: str
+    basis_source: str
+    costs: list[float]
+    offset: float
+    half_width: float
+    shots: int
+    #: Leave-one-out over the shots, the basis device chosen again each time: log(pred/ms).
+    loo_log_errors: list[float] = field(default_factory=list)
+    #: The basis device's :attr:`Basis.supports` row, and the shots' own largest terms.
+    support: list[float] = field(default_factory=list)
+    terms_version: str = TERMS_VERSION
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        base = np.maximum(np.atleast_2d(X) @ np.asarray(self.costs), 1e-6)
+        return base * math.exp(self.offset)
+
+    def extrapolation(self, X: np.ndarray) -> np.ndarray:
+        """How far beyond the networks the costs were fitted on each row of ``X`` lies: the
+        largest ratio of a term to the largest value seen (10 for work of a kind never
+        seen), at least 1."""
+        X = np.atleast_2d(X)
+        if not self.support:
+            return np.ones(len(X))
+        sup = np.asarray(self.support)
+        ratio = np.where(sup > 0, X / np.where(sup > 0, sup, 1.0), np.where(X > 0, 10.0, 0.0))
+        ratio[:, -1] = 1.0  # the constant
+        return np.maximum(ratio.max(axis=1), 1.0)
+
+    def predict_interval(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The 80 % interval: the shots' (or the fit's) spread, widened by half the log of
+        :meth:`extrapolation` where a network lies beyond the data."""
+        mid = self.predict(X)
+        half = np.sqrt(self.half_width ** 2 + (0.5 * np.log(self.extrapolation(X))) ** 2)
+        return mid * np.exp(-half), mid * np.exp(half)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "FewShotFit":
+        if d.get("terms_version") != TERMS_VERSION:
+            raise DlasError("an adapted model of another version of the layer terms: run "
+                            "`adapt` again")
+        return cls(**d)
+
+
+def fit_few_shot(basis: Basis, X: np.ndarray, ms: np.ndarray) -> FewShotFit:
+    """Fit a device on ``X`` (terms of its timed networks) and ``ms`` (their latencies)."""
+    X, ms = np.atleast_2d(np.asarray(X, float)), np.asarray(ms, float)
+    if not len(basis.devices):
+        raise DlasError("no basis device to price networks from (no public data and no "
+                        "shipped whole-network corpus)")
+    if len(ms) < 2:
+        raise DlasError(f"{len(ms)} latency given; a device needs at least 2")
+    y = np.log(ms)
+    P = np.log(basis.predict_ms(X))
+    j, offset = _choose(P, y)
+    loo = np.empty(len(y))
+    for i in range(len(y)):
+        keep = np.arange(len(y)) != i
+        ji, oi = _choose(P[keep], y[keep])
+        loo[i] = P[i, ji] + oi - y[i]
+    n = len(y)
+    spread = float(np.sqrt(np.mean(loo ** 2)))
+    half = _Z80 * spread * math.sqrt(1 + 1 / n)
+    support = np.maximum(basis.supports[j], X.max(axis=0)) if basis.supports is not None \
+        else X.max(axis=0)
+    return FewShotFit(basis.devices[j], basis.sources[j], basis.costs[j].tolist(), offset,
+                      half, n, loo.tolist(), support.tolist())
+
+
+def network_terms(model: str) -> np.ndarray:
+    """The terms of an ONNX file or zoo network (``zoo:NAME``)."""
+    from dlas_predict.networks import zoo
+    from dlas_predict.networks.graph import read_network
+
+    return layer_terms(read_network(zoo.resolve(model)))
+
+
+def cell_terms(arch: str) -> np.ndarray:
+    """The terms of a NAS-Bench-201 cell (its architecture string), built here."""
+    return help_terms([arch])[0]
+
+
+def macs_fit(X: np.ndarray, ms: np.ndarray):
+    """The baseline: log latency linear in log MACs, fitted on the same shots; returns the
+    function that predicts milliseconds from terms."""
+    lx, ly = np.log(np.maximum(macs_of(X), 1e-12)), np.log(np.asarray(ms, float))
+    xc = lx - lx.mean()
+    slope = float(xc @ (ly - ly.mean()) / (xc @ xc)) if xc @ xc > 0 else 0.0
+    icept = float(ly.mean() - slope * lx.mean())
+    return lambda Xq: np.exp(icept + slope * np.log(np.maximum(macs_of(Xq), 1e-12)))
+
+
+# ---- the bases ------------------------------------------------------------------------------
+def help_terms(archs: list[str]) -> np.ndarray:
+    """The terms of NAS-Bench-201 cells (architecture strings), built here, cached under
+    DLAS_HOME by architecture."""
+    import json
+
+    from dlas_predict.networks import nasbench201 as nb
+    from dlas_predict.networks.graph import network_of_proto
+    from dlas_predict.paths import cache_dir
+
+    path = cache_dir("layerwise") / f"nasbench201-terms-v{TERMS_VERSION}.json"
+    cached: dict[str, list[float]] = {}
+    if path.is_file():
+        try:
+            cached = json.loads(path.read_text())
+        except ValueError:
+            cached = {}
+    missing = [a for a in dict.fromkeys(archs) if a not in cached]
+    for a in missing:
+        arch = nb.parse_arch(a)
+        net = network_of_proto(nb.build(arch), arch.file_name.removesuffix(".onnx"))
+        cached[a] = layer_terms(net).tolist()
+    if missing:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(cached))
+        tmp.replace(path)
+    return np.array([cached[a] for a in archs])
+
+
+def help_sample(n_archs: int, seed: int = _HELP_SEED) -> list[int]:
+    """The benchmark indices of HELP's basis cells (a seeded sample)."""
+    rng = np.random.default_rng(seed)
+    return sorted(rng.choice(15625, size=min(n_archs, 15625), replace=False).tolist())
+
+
+def help_basis(data: Path | None = None, indices: list[int] | None = None) -> Basis:
+    """HELP's 21 devices, their costs fitted on a sample of NAS-Bench-201 cells."""
+    from dlas_predict.crossdev.sources import help_matrix
+
+    mat = help_matrix(data)
+    idx = indices if indices is not None else help_sample(HELP_SAMPLE)
+    X = help_terms([mat.targets[i] for i in idx])
+    cols = {}
+    for j, d in enumerate(mat.devices):
+        y = mat.log_ms[idx, j]
+        ok = np.isfinite(y)
+        cols[f"help:{d}"] = (X[ok], np.exp(y[ok]))
+    return basis_of(cols, "help")
+
+
+def corpus_columns(dtype_config: str = "dense") -> dict[str, tuple[list[str], np.ndarray]]:
+    """The shipped corpora's whole networks of ``dtype_config``: per (machine, device,
+    backend or algorithm), the networks and their fastest timed runs (ms)."""
+    import json
+
+    import pandas as pd
+
+    from dlas_predict.paths import CORPUS_SNAPSHOTS
+    from dlas_predict.measure.records import best_of
+
+    out: dict[str, tuple[list[str], np.ndarray]] = {}
+    files = sorted(CORPUS_SNAPSHOTS.glob("*.wholenet.parquet")) + sorted(
+        CORPUS_SNAPSHOTS.glob("machines/*/*.wholenet.parquet"))
+    for f in files:
+        machine = f.parent.name if f.parent.parent.name == "machines" else "shipped"
+        df = pd.read_parquet(f, columns=["device", "network", "config", "algorithm",
+                                         "run_secs", "median_s", "error"])
+        df = df[df.error.isna() & (df.config == dtype_config)]
+        for (dev, alg), g in df.groupby(["device", "algorithm"]):
+            best: dict[str, float] = {}
+            for net, runs, med in zip(g.network, g.run_secs, g.median_s):
+                b = best_of(json.loads(runs)) if isinstance(runs, str) else None
+                s = float(b if b is not None else med)
+                best[net] = min(best.get(net, s), s)
+            key = f"{machine}:{dev}:{alg}"
+            out[key] = (list(best), np.array(list(best.values())) * 1e3)
+    return out
+
+
+def network_terms_by_name(names: list[str]) -> dict[str, np.ndarray]:
+    """The terms of networks the corpora name (zoo networks and generated ones, built again
+    by name), cached under DLAS_HOME; a name that cannot be built is left out."""
+    import json
+
+    from dlas_predict.networks import generate, nasbench201, zoo
+    from dlas_predict.networks.graph import network_of_proto, read_network
+    from dlas_predict.paths import cache_dir
+
+    path = cache_dir("layerwise") / f"corpus-terms-v{TERMS_VERSION}.json"
+    cached: dict[str, list[float] | None] = {}
+    if path.is_file():
+        try:
+            cached = json.loads(path.read_text())
+        except ValueError:
+            cached = {}
+    missing = [n for n in dict.fromkeys(names) if n not in cached]
+    for name in missing:
+        spec = generate.parse_name(name)
+        try:
+            if spec is not None:
+                net = network_of_proto(generate.build(*spec), name)
+            elif name.startswith("nasbench201-"):
+                net = network_of_proto(nasbench201.build(nasbench201.parse_arch(name)), name)
+            else:
+                net = read_network(zoo.resolve(zoo.ZOO_PREFIX + name))
+            cached[name] = layer_terms(net).tolist()
+        except DlasError:
+            cached[name] = None
+    if missing:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(cached))
+        tmp.replace(path)
+    return {n: np.array(v) for n, v in cached.items() if n in names and v is not None}
+
+
+def corpus_basis(drop=lambda name: False) -> Basis:
+    """The shipped corpora's devices and backends (dense whole networks), each its own basis
+    device; ``drop(name)`` leaves some out."""
+    cols = {k: v for k, v in corpus_columns().items() if not drop(k)}
+    terms = network_terms_by_name(sorted({n for names, _ in cols.values() for n in names}))
+    fitted = {}
+    for key, (names, ms) in cols.items():
+        keep = [i for i, n in enumerate(names) if n in terms]
+        if keep:
+            fitted[key] = (np.array([terms[names[i]] for i in keep]), ms[keep])
+    return basis_of(fitted, "corpus")
+
+
+def default_basis(data: Path | None = None) -> tuple[Basis, list[str]]:
+    """Every basis device there is: the shipped corpora's, and HELP's where the public data
+    is found; with a note per source left out."""
+    notes = []
+    basis = corpus_basis()
+    try:
+        basis = basis + help_basis(data)
+    except DlasError as exc:
+        notes.append(f"HELP's devices are not in the basis: {exc}")
+    return basis, notes

@@ -1,0 +1,161 @@
+"""Whole networks priced from their layers: the terms of a network, a device's costs, the
+few-shot fit through a basis device, and adapt/predict on another runtime's latencies."""
+import json
+import math
+
+import numpy as np
+import pytest
+
+from conftest import SHARED_DATA, assert_clean_error, run_cli
+from dlas_predict.crossdev import layerwise as lw
+
+HELP = SHARED_DATA / "help_nb201" / "latency.csv.gz"
+
+
+def _term(name: str) -> int:
+    return lw.TERMS.index(name)
+
+
+def test_the_terms_of_a_network_sum_its_layers_by_kind():
+    from dlas_predict.networks import zoo
+    from dlas_predict.networks.graph import read_network
+
+    net = read_network(zoo.resolve("zoo:mobilenetv1-cifar"))
+    t = lw.layer_terms(net)
+    convs = [l for l in net.layers if l.conv is not None]
+    dw = sum(l.macs for l in convs if l.conv.groups == l.conv.C > 1)
+    pw = sum(l.macs for l in convs if l.conv.R * l.conv.S == 1 and l.conv.groups == 1)
+    assert dw > 0 and pw > 0
+    assert t[_term("depthwise_gmacs")] == pytest.approx(dw * 1e-9)
+    assert t[_term("pointwise_gmacs")] == pytest.approx(pw * 1e-9)
+    assert t[_term("depthwise_layers")] * 100 == sum(l.conv.groups == l.conv.C > 1 for l in convs)
+    assert t[_term("constant")] == 1.0
+    assert lw.macs_of(t)[0] == pytest.approx(sum(l.macs for l in net.layers
+                                                if l.conv is not None or l.op in ("Gemm",
+                                                                                   "MatMul"))
+                                             * 1e-9)
+    resnet = lw.layer_terms(read_network(zoo.resolve("zoo:resnet18-cifar")))
+    assert resnet[_term("depthwise_gmacs")] == 0 and resnet[_term("kxk_gmacs")] > 0
+
+
+def _synthetic(devices: int = 4, networks: int = 40, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(0.0, 1.0, (networks, len(lw.TERMS)))
+    X[:, -1] = 1.0
+    costs = rng.uniform(0.1, 2.0, (devices, len(lw.TERMS)))
+    costs[:, 3:7] = 0.0  # kinds some devices price at nothing
+    return X, costs
+
+
+def test_a_devices_costs_are_recovered_from_its_latencies():
+    X, costs = _synthetic()
+    got = lw.fit_costs(X, X @ costs[0])
+    assert np.allclose(X @ got, X @ costs[0], rtol=1e-6)
+    assert (got >= 0).all()
+
+
+def test_a_few_shot_device_is_priced_through_the_basis_device_it_scales():
+    X, costs = _synthetic()
+    basis = lw.Basis([f"d{i}" for i in range(len(costs))], costs, ["test"] * len(costs),
+                     [0.0] * len(costs), np.tile(X.max(axis=0), (len(costs), 1)))
+    truth = 2.5 * (X @ costs[2])
+    shots = np.arange(10)
+    fit = lw.fit_few_shot(basis, X[shots], truth[shots])
+    assert fit.basis_device == "d2" and fit.offset == pytest.approx(math.log(2.5))
+    assert np.allclose(fit.predict(X[10:]), truth[10:])
+    assert max(abs(e) for e in fit.loo_log_errors) < 1e-9
+    low, high = fit.predict_interval(X[10:])
+    assert (low <= truth[10:] * (1 + 1e-9)).all() and (high >= truth[10:] * (1 - 1e-9)).all()
+    # a network beyond every term the costs were fitted on: a wider interval
+    far = X[10:11] * 5.0
+    far[:, -1] = 1.0
+    lo_far, hi_far = fit.predict_interval(far)
+    assert fit.extrapolation(far)[0] == pytest.approx(5.0, rel=0.2)
+    assert hi_far[0] / lo_far[0] > high[0] / low[0]
+    assert lw.FewShotFit.from_dict(json.loads(json.dumps(fit.to_dict()))) == fit
+
+
+def test_the_leave_one_out_error_is_the_fit_made_without_that_row():
+    """What adapt reports (leave-one-out, the basis device chosen again each time) is what
+    a fit on the other rows predicts for the row left out."""
+    X, costs = _synthetic(seed=3)
+    rng = np.random.default_rng(4)
+    truth = (X @ costs[1]) * np.exp(rng.normal(0.0, 0.15, len(X)))
+    fit = lw.fit_few_shot(lw.Basis(["a", "b", "c", "d"], costs, ["t"] * 4, [0.0] * 4),
+                          X[:8], truth[:8])
+    for i in range(8):
+        keep = np.arange(8) != i
+        alone = lw.fit_few_shot(lw.Basis(["a", "b", "c", "d"], costs, ["t"] * 4, [0.0] * 4),
+                                X[:8][keep], truth[:8][keep])
+        assert math.log(alone.predict(X[i])[0] / truth[i]) == pytest.approx(
+            fit.loo_log_errors[i])
+
+
+def test_the_macs_baseline_is_a_power_law_of_the_multiply_adds():
+    X, _ = _synthetic()
+    ms = 3.0 * lw.macs_of(X) ** 0.8
+    f = lw.macs_fit(X[:10], ms[:10])
+    assert np.allclose(f(X[10:]), ms[10:])
+
+
+def _write(path, header, rows):
+    path.write_text("\n".join([header, *rows]) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("rows, needle", [
+    (["zoo:resnet18-cifar,dense,3.0,tflite", "zoo:vgg16-cifar,dense,4.0,tflite",
+      "zoo:mobilenetv1-cifar,dense,1.0,armnn"], ":4: runtime 'armnn', but line 2 is 'tflite'"),
+    (["zoo:resnet18-cifar,dense,3.0,tflite", "zoo:vgg16-cifar,int8,4.0,tflite",
+      "zoo:mobilenetv1-cifar,dense,1.0,tflite"], "one configuration at a time"),
+    (["zoo:resnet18-cifar,dense/gemm,3.0,tflite", "zoo:vgg16-cifar,dense,4.0,tflite",
+      "zoo:mobilenetv1-cifar,dense,1.0,tflite"], ":2: dense/gemm names our engine's build"),
+    (["zoo:resnet18-cifar,dense,3.0,tf lite", "zoo:vgg16-cifar,dense,4.0,tflite",
+      "zoo:mobilenetv1-cifar,dense,1.0,tflite"], ":2: runtime 'tf lite': use one word"),
+])
+def test_adapt_refuses_rows_of_another_runtime_badly(tmp_path, rows, needle):
+    csv = _write(tmp_path / "m.csv", "target,config,latency_ms,runtime", rows)
+    assert_clean_error(run_cli("adapt", "--device", "box", "--measurements", csv), needle)
+
+
+@pytest.mark.slow
+def test_adapt_on_another_runtime_then_predict_in_it(tmp_path, monkeypatch):
+    """Whole networks timed in another runtime: predict answers in that runtime, with the
+    fit adapt reported, and refuses a runtime the device was not adapted on."""
+    monkeypatch.setenv("DLAS_SHARED_DATA", str(tmp_path / "none"))  # the shipped basis only
+    nets = ["zoo:resnet18-cifar", "zoo:mobilenetv2-cifar", "zoo:vgg16-cifar",
+            "zoo:mobilenetv1-cifar"]
+    times = [3.1, 1.4, 4.8, 0.9]
+    csv = _write(tmp_path / "m.csv", "target,config,latency_ms,runtime",
+                 [f"{n},dense,{v},tflite" for n, v in zip(nets, times)])
+    r = run_cli("adapt", "--device", "tfl-box", "--measurements", csv, "--json")
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.output)
+    assert rep["runtime"] == "tflite" and rep["registered"] and "layer-kind" in rep["parameters"]
+    saved = json.loads(open(rep["path"]).read())
+    fit = lw.FewShotFit.from_dict(saved["fit"])
+    got = json.loads(run_cli("predict", *nets, "--device", "tfl-box", "--json").output)
+    for p, n in zip(got, nets):
+        assert p["runtime"] == "tflite" and p["source"] == "adapted"
+        assert p["config"] == "dense/tflite" and p["low_ms"] < p["predicted_ms"] < p["high_ms"]
+        assert p["predicted_ms"] == pytest.approx(fit.predict(lw.network_terms(n))[0])
+    # the reported error is the fit without each row, as predict would make it
+    y = np.log(times)
+    loo = y + np.array(fit.loo_log_errors)
+    assert rep["loo_median_error"] == pytest.approx(float(np.median(np.abs(np.exp(loo - y) - 1))))
+    assert_clean_error(run_cli("predict", nets[0], "--device", "tfl-box", "--runtime", "armnn"),
+                       "adapted on tflite latencies, not 'armnn'")
+    assert_clean_error(run_cli("predict", nets[0], "--device", "tfl-box", "--config", "int8"),
+                       "prices dense, not int8")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HELP.is_file(), reason="HELP's latencies not there")
+def test_a_help_device_prices_an_onnx_network_by_its_layers():
+    r = run_cli("predict", "zoo:resnet18-cifar", "--device", "titanx_1", "--json")
+    assert r.exit_code == 0, r.output
+    (p,) = json.loads(r.output)
+    assert p["source"] == "trained" and p["runtime"] == "help" and p["config"] == "dense/help"
+    assert p["low_ms"] < p["predicted_ms"] < p["high_ms"]
+    assert_clean_error(run_cli("predict", "zoo:resnet18-cifar", "--device", "titanx_1",
+                               "--config", "int8"), "prices dense, not int8")
