@@ -769,3 +769,42 @@ def test_an_offset_every_measurement_shares_reaches_the_kernels_not_measured():
     assert np.exp(unseen[0]) == pytest.approx(0.6, rel=0.1)
     assert max(abs(v) for v in m.conv_offsets.values()) < 0.1
     assert transfer.PRIOR_ROWS["offset"] < min(transfer.PRIOR_ROWS[k] for k in ("group", "conv"))
+
+
+def test_every_registry_gpu_answers_from_what_ships_without_the_public_data(tmp_path,
+                                                                            monkeypatch):
+    """No public data: a GPU's zero-shot map is fitted on the shipped corpora's CPU and GPU
+    pairs together, and says so; a TopHub device's convs are priced as any device's."""
+    monkeypatch.setenv("DLAS_SHARED_DATA", str(tmp_path / "nothing"))
+    monkeypatch.setenv("DLAS_HOME", str(tmp_path / "home"))
+    r = run_cli("recommend", "zoo:resnet18-cifar", "--device", "xavier", "--json")
+    assert r.exit_code == 0, r.output
+    rec = json.loads(r.output)
+    assert rec["source"] == "zero-shot" and rec["candidates"]
+    assert any("CPU and GPU pairs together" in n and "public data folder not found" in n
+               for n in rec["notes"])
+    r = run_cli("predict", "conv:C=64,H=56,W=56,K=64,R=3,S=3,pad=1", "--device", "rpi3b",
+                "--json")
+    assert r.exit_code == 0, r.output
+    (p,) = json.loads(r.output)
+    assert p["source"] == "zero-shot" and p["low_ms"] < p["predicted_ms"] < p["high_ms"]
+
+
+def test_a_json_command_that_fails_says_so_in_json_too():
+    r = run_cli("predict", "zoo:nonexistent", "--device", "rpi3b", "--json")
+    assert r.exit_code != 0
+    first = r.output.splitlines()[0]
+    assert json.loads(first) == {"error": json.loads(first)["error"]}
+    assert "unknown zoo network 'nonexistent'" in json.loads(first)["error"]
+    assert_clean_error(r, "unknown zoo network")
+
+
+def test_the_unknown_device_error_names_the_adapted_devices(tmp_path, monkeypatch):
+    from dlas_predict.crossdev.adapted import adapted_path
+
+    monkeypatch.setenv("DLAS_HOME", str(tmp_path))
+    adapted_path("my-box").write_text(json.dumps({"device": "my-box", "source": "help",
+                                                  "level": "network", "targets": []}))
+    r = run_cli("recommend", "zoo:resnet18-cifar", "--device", "nosuch")
+    assert_clean_error(r, "unknown device 'nosuch'")
+    assert "my-box" in r.output.split("known:")[1]

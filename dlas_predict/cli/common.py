@@ -32,18 +32,24 @@ def fail(message: str, code: int = 1) -> None:
 
 
 def handle_errors(func: Callable) -> Callable:
-    """Turn library errors into one ``Error:`` line and a non-zero exit status."""
+    """Turn library errors into one ``Error:`` line and a non-zero exit status; under
+    ``--json`` the error is also printed as JSON (``{"error": ...}``) on stdout."""
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
+        def failed(message: str, code: int = 1) -> None:
+            if kwargs.get("as_json"):
+                typer.echo(json.dumps({"error": message}))
+            fail(message, code)
+
         try:
             return func(*args, **kwargs)
         except DlasError as exc:
-            fail(str(exc))
+            failed(str(exc))
         except OSError as exc:  # unwritable output, full disk, unreadable input
-            fail(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc))
+            failed(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc))
         except KeyboardInterrupt:
-            fail("interrupted; every record measured so far is kept in the store", 130)
+            failed("interrupted; every record measured so far is kept in the store", 130)
 
     return wrapper
 

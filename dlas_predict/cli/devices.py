@@ -73,7 +73,7 @@ def devices(ctx: typer.Context,
         "model": "trained" if d.name in trained else "adapted" if d.name in adapted
         else "zero-shot",
         "target": json.dumps(d.target, separators=(",", ":")), "description": d.description,
-    } for d in devs] + [{"name": m["name"], "kind": "?", "origin": "adapted",
+    } for d in devs] + [{"name": m["name"], "kind": "-", "origin": "adapted",
                          "model": "adapted", "description": m["description"]}
                         for m in measured_only]
     columns = [c for c in rows[0] if wide or c not in ("origin", "target")]

@@ -55,6 +55,10 @@ def adapted_summary(device: str) -> dict:
     n = len(a.get("targets", [])) or (a.get("recommend_map") or {}).get("shots", 0)
     empty = {f.name: {} if f.name in ("target", "peak_gflops", "caches") else None
              for f in fields(Device)}
+    if a.get("source") == "layerwise":
+        what = (f"known by {n} whole-network latencies in {a.get('runtime')} ({a.get('config')};"
+                f" priced by layer kinds)")
+    else:
+        what = f"known by {n} measurement(s) on {a.get('source')}'s {a.get('level')}s"
     return {**empty, "name": device, "origin": "adapted", "model": "adapted",
-            "description": f"known by {n} measurement(s) on {a.get('source')}'s "
-                           f"{a.get('level')}s (DLAS_HOME/adapted/{device}.json)"}
+            "description": f"{what} (DLAS_HOME/adapted/{device}.json)"}

@@ -59,7 +59,7 @@ class LatencyMatrix:
         return np.flatnonzero(np.isfinite(self.column(device)))
 
 
-def _shared(folder: str, data: Path | None) -> Path:
+def shared_folder(folder: str, data: Path | None) -> Path:
     root = Path(data) if data else shared_data()
     path = root / folder if (root / folder).is_dir() else root
     if not path.is_dir():
@@ -79,7 +79,7 @@ def _help_frame(path: str):
 
 
 def help_table(data: Path | None):
-    path = _shared("help_nb201", data) / "latency.csv.gz"
+    path = shared_folder("help_nb201", data) / "latency.csv.gz"
     if not path.is_file():
         raise DlasError(f"HELP's latency table not found: {path}")
     return _help_frame(str(path))
@@ -138,7 +138,7 @@ def tophub_matrix(data: Path | None = None) -> LatencyMatrix:
     """TopHub's tuned conv workloads × its devices (best time of each workload)."""
     from dlas_predict.corpus.tophub import devices_by_model, parse_line
 
-    folder = _shared("tophub", data)
+    folder = shared_folder("tophub", data)
     devices = devices_by_model()
     best: dict[str, dict[str, float]] = {}
     info: dict[str, tuple] = {}
@@ -175,6 +175,12 @@ def profile_devices() -> list[str]:
     """Devices with a shipped corpus of this project (the local CPU and its profiles)."""
     return sorted(p.name.removesuffix(".parquet") for p in CORPUS_SNAPSHOTS.glob("*.parquet")
                   if p.name.count(".") == 1 and p.name.startswith("local"))
+
+
+def gpu_corpus_devices() -> list[str]:
+    """GPUs with a shipped kernel corpus (measured through bundles)."""
+    return sorted(p.name.removesuffix(".parquet") for p in CORPUS_SNAPSHOTS.glob("*.parquet")
+                  if p.name.count(".") == 1 and not p.name.startswith("local"))
 
 
 def _read(path: Path, columns: list[str]):

@@ -86,6 +86,8 @@ class TransferFit:
     pairs: int
     devices: list[str]
     per_device: dict[str, dict] = field(default_factory=dict)
+    #: What the fit was made of, where it is not the devices of its own kind alone.
+    note: str = ""
 
 
 @dataclass
@@ -381,7 +383,7 @@ def fit_transfer(kind: str = "cpu", data: Path | None = None,
     every = {n: data_spec(n) for n in device_names()}
     files = sorted(CORPUS_SNAPSHOTS.glob("*.parquet"))
     try:
-        files += sorted(sources._shared("tophub", data).glob("*.jsonl"))
+        files += sorted(sources.shared_folder("tophub", data).glob("*.jsonl"))
     except DlasError:
         pass  # the public data is optional: the shipped profiles alone
     key = json.dumps([MAP_FORMAT, kind, exclude, [(str(f), f.stat().st_size,
@@ -405,11 +407,24 @@ def fit_transfer(kind: str = "cpu", data: Path | None = None,
         mats.append(sources.tophub_matrix(data))
     except DlasError as exc:
         missing = f" (TopHub's kernels of other devices were not read: {exc})"
-    pairs = []
-    for mat in mats:
-        specs = {d: every[d] for d in mat.devices if d in every and every[d].kind == kind}
-        pairs += _pairs(mat, specs)
-    pairs = [p for p in pairs if exclude not in (p[0], p[1])]
+
+    def pairs_of(kinds: set[str]) -> list:
+        out = []
+        for mat in mats:
+            specs = {d: every[d] for d in mat.devices if d in every and every[d].kind in kinds}
+            out += _pairs(mat, specs)
+        return [p for p in out if exclude not in (p[0], p[1])]
+
+    pairs, note = pairs_of({kind}), ""
+    if len({r for r, *_ in pairs} | {d for _, d, *_ in pairs}) < 3:
+        # too few devices of this kind for a map and its leave-one-device-out interval
+        # (no public data): the shipped CPUs' and GPUs' pairs together
+        gpus = sources.gpu_corpus_devices()
+        if gpus:
+            mats.append(sources.profiles_matrix("kernel", devices=gpus))
+        pairs = pairs_of({"cpu", "gpu"})
+        note = (f"fitted on the shipped corpora's CPU and GPU pairs together: too few {kind} "
+                f"devices with shared kernels alone{missing}")
     if not pairs:
         raise DlasError(f"no pair of {kind} devices measured the same kernels: no zero-shot "
                         f"map can be fitted{missing}")
@@ -444,7 +459,7 @@ def fit_transfer(kind: str = "cpu", data: Path | None = None,
     q10, q90 = np.quantile(allq, [0.1, 0.9])
     fitres = TransferFit(float(alpha), float(beta), float(q10), float(q90),
                          float(np.mean(np.abs(np.exp(allq) - 1) <= 0.25)),
-                         int(sum(len(p[2]) for p in pairs)), devices, per)
+                         int(sum(len(p[2]) for p in pairs)), devices, per, note)
     cached[key] = asdict(fitres)
     path.write_text(json.dumps(cached, indent=1))
     _FITS[str(path), key] = fitres
@@ -452,7 +467,7 @@ def fit_transfer(kind: str = "cpu", data: Path | None = None,
 
 
 #: The map's terms: a cached fit of other terms is fitted again.
-MAP_FORMAT = 3
+MAP_FORMAT = 4
 
 #: Fits found in a process, by (cache file, key).
 _FITS: dict[tuple[str, str], TransferFit] = {}
@@ -621,9 +636,12 @@ def _device_map(name: str):
                           f"{adapted['level']}s; `recommend` needs conv or whole-network "
                           f"measurements (`adapt "
                           f"--device {name} --measurements FILE.csv` with conv: targets)")
+    from dlas_predict.crossdev.adapted import adapted_devices
+
+    known = device_names() + [d for d in adapted_devices() if d not in device_names()]
     raise DeviceError(f"unknown device {name!r}: it has neither a spec (`devices add`) nor "
                       f"measurements (`adapt --device {name} --measurements FILE.csv`); "
-                      f"known: {', '.join(device_names())}")
+                      f"known: {', '.join(known)}")
 
 
 def _saved_map(name: str, adapted: dict | None) -> DeviceMap | None:

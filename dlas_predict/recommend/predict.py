@@ -193,10 +193,23 @@ def _basis_of(target: Target, device: str) -> tuple[str, str]:
     if adapted is not None and adapted["level"] == "kernel":
         return adapted["source"], adapted["level"]
     if device in _registry():
-        if getattr(get_device(device, with_target=False), "tophub_model", None):
+        if getattr(get_device(device, with_target=False), "tophub_model", None) \
+                and _tophub_found():
             return "tophub", "kernel"  # TopHub measured it: its own (tuned) kernels
         return "engine", "kernel"  # a trained reference, mapped by the spec (zero-shot)
     return ("profiles" if _is_x86(device) else "tophub"), "kernel"
+
+
+def _tophub_found() -> bool:
+    """Whether TopHub's logs are in the public data folder (else a TopHub device's convs
+    are priced as any registry device's: a trained reference, mapped)."""
+    from dlas_predict.crossdev.sources import shared_folder
+
+    try:
+        shared_folder("tophub", None)
+    except DlasError:
+        return False
+    return True
 
 
 def _registry() -> list[str]:

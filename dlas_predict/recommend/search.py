@@ -389,6 +389,11 @@ def _setup(model: str, device: str, validate: int, models_dir: Path | None,
                     if ref_dev.name == dev.name else f"{ref_dev.name}'s models")
         notes.append(f"{why}: {ref_what} price the grid and each kernel is mapped to "
                      f"{dev.name} by {what}")
+        if mapping.source == "zero-shot":
+            from dlas_predict.crossdev.transfer import fit_transfer
+
+            if fit_transfer(dev.kind).note:
+                notes.append(f"the zero-shot map was {fit_transfer(dev.kind).note}")
         if mapping.source == "zero-shot" and dev.measured_here:
             notes.append(f"{dev.name} is zero-shot on this CPU: `dlas-predict calibrate` "
                          "measures it in minutes and makes it accurate")
