@@ -8,6 +8,7 @@ from typing import List, Optional
 
 import typer
 
+from dlas_predict.space.config import ELBOW_DROP_PP
 from dlas_predict.errors import DlasError
 from dlas_predict.cli.common import (ALLOW_REMOTE_OPT, QUIET_WAIT_OPT, RPC_KEY_OPT, TRACKER_OPT,
                                      app, fail, handle_errors, make_protocol, make_rpc, print_json)
@@ -178,6 +179,11 @@ def predict(targets: List[str] = typer.Argument(..., help="conv:C=..,H=..,W=..,K
                                                   "latency to predict: tvm, onnxruntime, or "
                                                   "the one the device was adapted on (its "
                                                   "default)."),
+            max_accuracy_drop: float = typer.Option(
+                ELBOW_DROP_PP, "--max-accuracy-drop", help="Where --config names no "
+                "compression: the network's answer is the first that recommend ranks within "
+                "this many points of top-1 (a compression of unknown accuracy never before "
+                "dense)."),
             as_json: bool = typer.Option(False, "--json")):
     """Batch prediction on any device from the cross-device models: the latency, its 80 %
     interval, the runtime it is of, and where it comes from (trained, adapted or
@@ -185,7 +191,7 @@ def predict(targets: List[str] = typer.Argument(..., help="conv:C=..,H=..,W=..,K
     from dlas_predict.recommend.predict import predict as run
     from dlas_predict.render import format_table
 
-    preds = run(list(targets), device, config, data, runtime)
+    preds = run(list(targets), device, config, data, runtime, max_accuracy_drop)
     if as_json:
         print_json([{k: v for k, v in p.to_dict().items() if k != "basis"} for p in preds])
         return

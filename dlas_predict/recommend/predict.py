@@ -32,6 +32,7 @@ from dlas_predict.crossdev.latent import DevicePosterior, LatentModel, select
 from dlas_predict.crossdev.sources import LatencyMatrix, load
 from dlas_predict.errors import ConfigError, DeviceError, DlasError
 from dlas_predict.paths import cache_dir
+from dlas_predict.space.config import ELBOW_DROP_PP
 from dlas_predict.crossdev.adapted import adapted_path, checked_name, read_adapted
 
 #: Two-sided 80 % interval of a Gaussian in log space.
@@ -359,10 +360,15 @@ def _config_of(variant: str) -> str:
 
 
 def predict(targets: list[str], device: str, config: str | None = None,
-            data: Path | None = None, runtime: str | None = None) -> list[Prediction]:
+            data: Path | None = None, runtime: str | None = None,
+            max_accuracy_drop: float = ELBOW_DROP_PP) -> list[Prediction]:
     """Predicted latency of each target on ``device`` (the fastest allowed configuration
-    where ``config`` leaves a part open), in ``runtime`` (default: the runtime the device
-    was adapted on, else our TVM builds or onnxruntime as ``config`` names)."""
+    where ``config`` leaves a part open; where it names no compression, a network's within
+    ``max_accuracy_drop`` points of top-1, as `recommend` ranks it), in ``runtime``
+    (default: the runtime the device was adapted on, else our TVM builds or onnxruntime as
+    ``config`` names)."""
+    if not max_accuracy_drop >= 0:
+        raise ConfigError(f"the accuracy budget must be >= 0 points, got {max_accuracy_drop}")
     cfg = parse_config(config)
     if runtime == "onnxruntime" and cfg.algorithm in (None, "onnxruntime"):
         cfg = replace(cfg, algorithm="onnxruntime")
@@ -384,7 +390,8 @@ def predict(targets: list[str], device: str, config: str | None = None,
             continue
         if source == "engine":
             for i, pred in zip(idx, _engine([parsed[i] for i in idx], device, cfg, level,
-                                            tvm_only=runtime == "tvm")):
+                                            tvm_only=runtime == "tvm",
+                                            max_accuracy_drop=max_accuracy_drop)):
                 out[i] = pred
             continue
         mat, model = basis(source, level, str(data) if data else None)
@@ -420,14 +427,16 @@ def _price_forked(i: int) -> Prediction:
 
 
 def _engine(targets: list[Target], device: str, cfg: ConfigChoice,
-            level: str, tvm_only: bool = False) -> list[Prediction]:
+            level: str, tvm_only: bool = False,
+            max_accuracy_drop: float = ELBOW_DROP_PP) -> list[Prediction]:
     """Each target priced by the grid engine, a repeated one once. A batch of at least
     :data:`PARALLEL_FROM` distinct networks per core is shared among the cores: the first
     network is priced here (loading the models), then forked processes, which inherit
     them, price the rest."""
     from dlas_predict.space.devices import local_cores
 
-    one = functools.partial(_predict_network, device=device, cfg=cfg, tvm_only=tvm_only) \
+    one = functools.partial(_predict_network, device=device, cfg=cfg, tvm_only=tvm_only,
+                            max_accuracy_drop=max_accuracy_drop) \
         if level == "network" else functools.partial(_predict_conv, device=device, cfg=cfg)
     first: dict[tuple[str, str], int] = {}
     for i, t in enumerate(targets):
@@ -467,11 +476,15 @@ def _network_file(t: Target) -> str:
 
 
 def _predict_network(t: Target, device: str, cfg: ConfigChoice,
-                     own_models: bool = False, tvm_only: bool = False) -> Prediction:
+                     own_models: bool = False, tvm_only: bool = False,
+                     max_accuracy_drop: float = ELBOW_DROP_PP) -> Prediction:
     """A whole network priced by the grid engine (``recommend``'s models, trained,
-    adapted or zero-shot), its fastest candidate that ``cfg`` allows (``tvm_only``: our
-    builds only); no accuracy budget. ``own_models``: the device's own trained models,
-    unmapped, wherever they were trained (a reference's raw predictions)."""
+    adapted or zero-shot): the configuration ``cfg`` names, its fastest candidate where a
+    part is left open. Where ``cfg`` names no compression, the answer is `recommend`'s
+    first: within ``max_accuracy_drop`` points of top-1, a candidate of unknown accuracy
+    never before the dense reference. ``tvm_only``: our builds only. ``own_models``: the
+    device's own trained models, unmapped, wherever they were trained (a reference's raw
+    predictions)."""
     from dlas_predict.paths import MODELS_STORE
     from dlas_predict.recommend.search import recommend
     from dlas_predict.space.config import DEFAULT_RATIO, Compression
@@ -481,7 +494,8 @@ def _predict_network(t: Target, device: str, cfg: ConfigChoice,
     # dense is always priced: the grid's speedups are relative to it
     comps = ({Compression.DENSE, Compression(cfg.compression)} if cfg.compression
              else set(Compression))
-    rec = recommend(_network_file(t), device, max_accuracy_drop=float("inf"), top=0,
+    budget = max_accuracy_drop if cfg.compression is None else float("inf")
+    rec = recommend(_network_file(t), device, max_accuracy_drop=budget, top=0,
                     ratios=(ratio,), tuning=tuning, compressions=tuple(comps),
                     models_dir=MODELS_STORE / device if own_models else None)
     ok = [c for c in rec.candidates
@@ -493,7 +507,8 @@ def _predict_network(t: Target, device: str, cfg: ConfigChoice,
         raise ConfigError(f"{t.text}: no candidate matches {cfg.text} on {device} (the "
                           f"grid had {len(rec.candidates)}; skipped: "
                           + "; ".join(f"{a}: {b}" for a, b in rec.skipped[:3]) + ")")
-    best = min(ok, key=lambda c: c.predicted_s)
+    # the ranking where the compression is chosen (the budget's), else the fastest
+    best = ok[0] if cfg.compression is None else min(ok, key=lambda c: c.predicted_s)
     label = best.compression.value + (f"@{best.ratio:g}" if best.ratio else "") + \
         f"/{best.algorithm}/{best.tuning.value}"
     return Prediction(t.text, label, best.predicted_s * 1e3, best.low_s * 1e3,
