@@ -779,6 +779,7 @@ def test_an_offset_every_measurement_shares_reaches_the_kernels_not_measured():
     assert transfer.PRIOR_ROWS["offset"] < min(transfer.PRIOR_ROWS[k] for k in ("group", "conv"))
 
 
+@pytest.mark.slow  # fits the zero-shot map from the shipped corpora alone
 def test_every_registry_gpu_answers_from_what_ships_without_the_public_data(tmp_path,
                                                                             monkeypatch):
     """No public data: a GPU's zero-shot map is fitted on the shipped corpora's CPU and GPU
