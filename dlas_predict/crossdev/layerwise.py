@@ -272,31 +272,42 @@ def macs_fit(X: np.ndarray, ms: np.ndarray):
 
 
 # ---- the bases ------------------------------------------------------------------------------
-def help_terms(archs: list[str]) -> np.ndarray:
-    """The terms of NAS-Bench-201 cells (architecture strings), built here, cached under
-    DLAS_HOME by architecture."""
+def _cached_terms(name: str, keys: list[str], compute) -> dict[str, list[float] | None]:
+    """Terms by key, from the cache file ``name`` under DLAS_HOME, the missing ones computed
+    (``compute(key)``: the terms, or None where the network cannot be built) and kept."""
     import json
 
-    from dlas_predict.networks import nasbench201 as nb
-    from dlas_predict.networks.graph import network_of_proto
     from dlas_predict.paths import cache_dir
 
-    path = cache_dir("layerwise") / f"nasbench201-terms-v{TERMS_VERSION}.json"
-    cached: dict[str, list[float]] = {}
+    path = cache_dir("layerwise") / f"{name}-terms-v{TERMS_VERSION}.json"
+    cached: dict[str, list[float] | None] = {}
     if path.is_file():
         try:
             cached = json.loads(path.read_text())
         except ValueError:
             cached = {}
-    missing = [a for a in dict.fromkeys(archs) if a not in cached]
-    for a in missing:
-        arch = nb.parse_arch(a)
-        net = network_of_proto(nb.build(arch), arch.file_name.removesuffix(".onnx"))
-        cached[a] = layer_terms(net).tolist()
+    missing = [k for k in dict.fromkeys(keys) if k not in cached]
+    for k in missing:
+        cached[k] = compute(k)
     if missing:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(cached))
         tmp.replace(path)
+    return cached
+
+
+def help_terms(archs: list[str]) -> np.ndarray:
+    """The terms of NAS-Bench-201 cells (architecture strings), built here, cached under
+    DLAS_HOME by architecture."""
+    from dlas_predict.networks import nasbench201 as nb
+    from dlas_predict.networks.graph import network_of_proto
+
+    def compute(a: str) -> list[float]:
+        arch = nb.parse_arch(a)
+        return layer_terms(network_of_proto(nb.build(arch),
+                                            arch.file_name.removesuffix(".onnx"))).tolist()
+
+    cached = _cached_terms("nasbench201", archs, compute)
     return np.array([cached[a] for a in archs])
 
 
@@ -353,21 +364,10 @@ def corpus_columns(dtype_config: str = "dense") -> dict[str, tuple[list[str], np
 def network_terms_by_name(names: list[str]) -> dict[str, np.ndarray]:
     """The terms of networks the corpora name (zoo networks and generated ones, built again
     by name), cached under DLAS_HOME; a name that cannot be built is left out."""
-    import json
-
     from dlas_predict.networks import generate, nasbench201, zoo
     from dlas_predict.networks.graph import network_of_proto, read_network
-    from dlas_predict.paths import cache_dir
 
-    path = cache_dir("layerwise") / f"corpus-terms-v{TERMS_VERSION}.json"
-    cached: dict[str, list[float] | None] = {}
-    if path.is_file():
-        try:
-            cached = json.loads(path.read_text())
-        except ValueError:
-            cached = {}
-    missing = [n for n in dict.fromkeys(names) if n not in cached]
-    for name in missing:
+    def compute(name: str) -> list[float] | None:
         spec = generate.parse_name(name)
         try:
             if spec is not None:
@@ -376,14 +376,12 @@ def network_terms_by_name(names: list[str]) -> dict[str, np.ndarray]:
                 net = network_of_proto(nasbench201.build(nasbench201.parse_arch(name)), name)
             else:
                 net = read_network(zoo.resolve(zoo.ZOO_PREFIX + name))
-            cached[name] = layer_terms(net).tolist()
         except DlasError:
-            cached[name] = None
-    if missing:
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(cached))
-        tmp.replace(path)
-    return {n: np.array(v) for n, v in cached.items() if n in names and v is not None}
+            return None
+        return layer_terms(net).tolist()
+
+    cached = _cached_terms("corpus", names, compute)
+    return {n: np.array(cached[n]) for n in names if cached.get(n) is not None}
 
 
 def corpus_basis(drop=lambda name: False) -> Basis:
