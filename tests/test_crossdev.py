@@ -817,3 +817,29 @@ def test_the_unknown_device_error_names_the_adapted_devices(tmp_path, monkeypatc
     r = run_cli("recommend", "zoo:resnet18-cifar", "--device", "nosuch")
     assert_clean_error(r, "unknown device 'nosuch'")
     assert "my-box" in r.output.split("known:")[1]
+
+
+@pytest.mark.skipif(not (SHARED_DATA / "tophub").is_dir(), reason="TopHub's logs not there")
+def test_tuned_kernels_adapt_a_device_on_tophubs_tuned_kernels(tmp_path):
+    """Rows of ``conv:`` with a ``/tuned`` config, as TopHub publishes them, adapt a device
+    on TopHub's tuned kernels; predict then prices tuned configurations on it."""
+    from dlas_predict.crossdev import sources
+
+    mat = sources.tophub_matrix(None)
+    j = mat.devices.index("rk3399-cpu")
+    rows = np.flatnonzero(np.isfinite(mat.log_ms[:, j]))[:12]
+    lines = [f'conv:{mat.targets[i].split("|")[0]},dense/direct/tuned,'
+             f'{np.exp(mat.log_ms[i, j]):.5f}' for i in rows[:10]]
+    csv = _write(tmp_path / "t.csv", lines)
+    r = run_cli("adapt", "--device", "tuned-box", "--measurements", csv, "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["source"] == "tophub"
+    held = [f"conv:{mat.targets[i].split('|')[0]}" for i in rows[10:]]
+    got = json.loads(run_cli("predict", *held, "--device", "tuned-box", "--config",
+                             "dense/direct/tuned", "--json").output)
+    truth = np.exp(mat.log_ms[rows[10:], j])
+    assert [p["config"] for p in got] == ["dense/tuned"] * 2
+    assert all(0.5 < p["predicted_ms"] / t < 2.0 for p, t in zip(got, truth))
+    mixed = _write(tmp_path / "m.csv", lines[:5] + [lines[5].replace("/tuned", "")])
+    assert_clean_error(run_cli("adapt", "--device", "tuned-box", "--measurements", mixed),
+                       "tuned and untuned kernels")

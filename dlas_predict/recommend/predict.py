@@ -715,8 +715,12 @@ def adapt(device: str, measurements: Path, data: Path | None = None) -> AdaptRep
         return _adapt_networks(device, measurements, rows)
     if kind == "network":
         return _adapt_layerwise(device, measurements, rows, runtime, data)
+    tuned = {c.tuning == "tuned" for _, c, _, _ in rows} if kind == "conv" else {False}
+    if tuned == {True, False}:
+        raise DlasError(f"{measurements}: tuned and untuned kernels; adapt them apart (the "
+                        "tuned ones on TopHub's tuned kernels)")
     source, level = ("help", "network") if kind == "nasbench201" else \
-        (("profiles" if _is_x86(device) else "tophub"), "kernel")
+        (("tophub" if True in tuned or not _is_x86(device) else "profiles"), "kernel")
     mat, model = basis(source, level, str(data) if data else None)
     keys = []
     for t, c, _, n in rows:
@@ -725,7 +729,8 @@ def adapt(device: str, measurements: Path, data: Path | None = None) -> AdaptRep
                 raise DlasError(f"{measurements}:{n}: NAS-Bench-201 rows are dense")
             keys.append(t.key)
         else:
-            alg = c.algorithm or ("tuned" if source == "tophub" else None)
+            # TopHub's kernels are its tuned templates, whichever algorithm they run
+            alg = "tuned" if source == "tophub" else c.algorithm
             if alg is None:
                 raise DlasError(f"{measurements}:{n}: name the algorithm of a conv "
                                 "(e.g. dense/direct)")
