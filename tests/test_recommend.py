@@ -300,7 +300,7 @@ def test_ranker_orders_by_speed():
     X = rng.normal(size=(120, 5))
     secs = np.exp(X[:, 0])
     groups = [f"net{i % 6}" for i in range(120)]
-    scores = ConfigRanker(seed=0).fit(X, secs, groups).scores(X)
+    scores = ConfigRanker(seed=0).fit(X, secs, groups).predict(X)
     # higher score = faster: strongly anti-correlated with the latency
     assert np.corrcoef(scores, secs)[0, 1] < -0.5
 

@@ -652,7 +652,7 @@ def whole_network_lono(corpus: Corpus, rows: list[WholeRow], seed: int = 0,
                 whole_terms(corpus, held, layer_s), conv, X))
             if name == "lightgbm":
                 preds["lightgbm_conv_sum"] = conv
-                preds["ranker"] = -ranker.scores(X)  # lower is better, like a latency
+                preds["ranker"] = -ranker.predict(X)  # lower is better, like a latency
         t = truth[test]
         per_net[net] = HeldOutNetwork(len(test), {})
         for name, p in preds.items():

@@ -348,7 +348,7 @@ class ConfigRanker:
     """LGBMRanker over whole configurations; a group is one network on one device."""
 
     seed: int = 0
-    booster: object = None
+    booster_: object = None  # learned by fit
 
     def fit(self, X: np.ndarray, seconds: np.ndarray, groups: list[str]) -> "ConfigRanker":
         import lightgbm as lgb
@@ -363,15 +363,15 @@ class ConfigRanker:
             # relevance: 0..max by speed within the network (fastest = highest)
             ranks = np.argsort(np.argsort(seconds[sel]))
             labels[sel] = np.clip(len(sel) - 1 - ranks, 0, 30)
-        self.booster = lgb.LGBMRanker(
+        self.booster_ = lgb.LGBMRanker(
             objective="lambdarank", n_estimators=200, learning_rate=0.05, num_leaves=7,
             min_child_samples=5, verbose=-1, n_jobs=2, random_state=self.seed,
             label_gain=list(range(64))).fit(X, labels, group=sizes).booster_
         return self
 
-    def scores(self, X: np.ndarray) -> np.ndarray:
-        """Higher is faster."""
-        return self.booster.predict(np.asarray(X, dtype=np.float64))
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        """A score per row of ``X``: higher is faster (a ranking, not a latency)."""
+        return self.booster_.predict(np.asarray(X, dtype=np.float64))
 
 
 class ConvSumModel:
