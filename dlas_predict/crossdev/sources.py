@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from dlas_predict.errors import DlasError
-from dlas_predict.paths import CORPUS_SNAPSHOTS, shared_data
+from dlas_predict.paths import CORPUS_SNAPSHOTS
 
 SOURCES = ("help", "tophub", "profiles")
 LEVELS = ("network", "kernel")
@@ -60,12 +60,12 @@ class LatencyMatrix:
 
 
 def shared_folder(folder: str, data: Path | None) -> Path:
-    root = Path(data) if data else shared_data()
-    path = root / folder if (root / folder).is_dir() else root
-    if not path.is_dir():
-        raise DlasError(f"public data folder not found: {path} (set DLAS_SHARED_DATA to the "
-                        f"folder holding {folder}/)")
-    return path
+    """The public data folder ``folder``: under ``data``, else ``DLAS_SHARED_DATA`` (or
+    beside the checkout), else fetched into DLAS_HOME (:func:`~dlas_predict.publicdata.
+    data_folder`)."""
+    from dlas_predict.publicdata import data_folder
+
+    return data_folder(folder, data)
 
 
 @functools.lru_cache(maxsize=4)

@@ -232,15 +232,18 @@ def _help_device(device: str) -> bool:
 
 def _help_devices() -> frozenset[str]:
     from dlas_predict.paths import shared_data
+    from dlas_predict.publicdata import fetched_root
 
-    return _help_devices_in(str(shared_data()))
+    return _help_devices_in(str(shared_data()), str(fetched_root()))
 
 
 @functools.lru_cache(maxsize=4)
-def _help_devices_in(folder: str) -> frozenset[str]:
+def _help_devices_in(shared: str, fetched: str) -> frozenset[str]:
+    """HELP's devices, in whichever public data folder holds its table (the arguments key
+    the cache: where the folders are)."""
     try:
         from dlas_predict.crossdev.sources import help_table
-        return frozenset(help_table(Path(folder)).device.unique())
+        return frozenset(help_table(None).device.unique())
     except DlasError:
         return frozenset()
 
