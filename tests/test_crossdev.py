@@ -843,3 +843,16 @@ def test_tuned_kernels_adapt_a_device_on_tophubs_tuned_kernels(tmp_path):
     mixed = _write(tmp_path / "m.csv", lines[:5] + [lines[5].replace("/tuned", "")])
     assert_clean_error(run_cli("adapt", "--device", "tuned-box", "--measurements", mixed),
                        "tuned and untuned kernels")
+
+
+@pytest.mark.skipif(not (SHARED_DATA / "tophub").is_dir(), reason="TopHub's logs not there")
+def test_leave_one_device_out_reports_how_often_the_interval_holds():
+    r = run_cli("evaluate", "--leave-one-device-out", "--source", "tophub", "--device",
+                "rk3399-cpu", "--shots", "10", "--json")
+    assert r.exit_code == 0, r.output
+    (dev,) = json.loads(r.output)["devices"]
+    scores = next(iter(dev["by_shots"].values()))
+    assert 0.0 <= scores["coverage"] <= 1.0
+    text = run_cli("evaluate", "--leave-one-device-out", "--source", "tophub", "--device",
+                   "rk3399-cpu", "--shots", "10").output
+    assert "80% holds" in text and "inside the 80 % interval: 10 shots" in text

@@ -138,6 +138,7 @@ def _evaluate_devices(source, level, shots, draws, data, device, seed, as_json) 
                          "Spearman": f"{sc.spearman:.3f}", "Kendall τ": f"{sc.kendall:.3f}",
                          "MAPE": pct(sc.mape), "within ±10%": pct(sc.within_10pct),
                          "within ±25%": pct(sc.within_25pct),
+                         "80% holds": pct(sc.coverage),
                          "MACs Spearman": f"{b.spearman:.3f}",
                          "MACs ±10%": pct(b.within_10pct)})
         if h.roofline is not None:
@@ -159,6 +160,10 @@ def _evaluate_devices(source, level, shots, draws, data, device, seed, as_json) 
     means = "; ".join(f"{n} shots {rep.mean('model', n):.3f} (MACs {rep.mean('macs', n):.3f})"
                       for n in rep.shots)
     typer.echo(f"\nmean Spearman: {means}")
+    covers = [(n, rep.mean("model", n, "coverage")) for n in rep.shots]
+    if any(v == v for _, v in covers):  # NaN: no interval (a sibling's measurements)
+        typer.echo("mean share of truths inside the 80 % interval: " + "; ".join(
+            f"{n} shots " + (f"{v:.0%}" if v == v else "—") for n, v in covers))
 
 
 @app.command()

@@ -31,6 +31,8 @@ class Scores:
     mape: float | None
     within_10pct: float | None
     within_25pct: float | None
+    #: Share of the truths inside the predictions' 80 % intervals (where they have one).
+    coverage: float | None = None
 
 
 @dataclass
@@ -70,14 +72,18 @@ class DeviceReport:
         return asdict(self)
 
 
-def score(pred_log: np.ndarray, true_log: np.ndarray, absolute: bool = True) -> Scores:
-    """Rank and (``absolute``) error scores of log-ms predictions."""
+def score(pred_log: np.ndarray, true_log: np.ndarray, absolute: bool = True,
+          sd: np.ndarray | None = None) -> Scores:
+    """Rank and (``absolute``) error scores of log-ms predictions; with their standard
+    deviations ``sd``, how often the truth lies in the 80 % interval."""
     if not absolute:
         return Scores(spearman(pred_log, true_log), kendall_tau(pred_log, true_log), None, None,
                       None)
     err = np.abs(np.exp(pred_log - true_log) - 1)
+    cover = None if sd is None else float(np.mean(np.abs(pred_log - true_log) <= 1.2816 * sd))
     return Scores(spearman(pred_log, true_log), kendall_tau(pred_log, true_log),
-                  float(np.mean(err)), float(np.mean(err <= 0.10)), float(np.mean(err <= 0.25)))
+                  float(np.mean(err)), float(np.mean(err <= 0.10)), float(np.mean(err <= 0.25)),
+                  cover)
 
 
 def _mean_scores(items: list[Scores]) -> Scores:
@@ -86,7 +92,7 @@ def _mean_scores(items: list[Scores]) -> Scores:
         v = [x for x in v if np.isfinite(x)]
         return float(np.mean(v)) if v else None
     return Scores(m("spearman") or float("nan"), m("kendall") or float("nan"), m("mape"),
-                  m("within_10pct"), m("within_25pct"))
+                  m("within_10pct"), m("within_25pct"), m("coverage"))
 
 
 def device_spec(name: str) -> np.ndarray | None:
@@ -261,12 +267,15 @@ def leave_one_device_out(mat: LatencyMatrix, shots: tuple[int, ...] = DEFAULT_SH
             for _ in range(draws if s else 1):
                 pick = rng.choice(len(rows), s, replace=False) if s else np.zeros(0, int)
                 rest_i = np.setdiff1d(np.arange(len(rows)), pick)
+                sd = None
                 if anchor is not None:  # one offset: the shots' median residual, shrunk
                     res = y[pick] - anchor[pick]
                     pred = anchor + (np.median(res) * s / (s + 1) if s else 0.0)
                 else:
-                    pred = Z @ (model.adapt(Z[pick], y[pick], prior) if s else prior).mean
-                got.append(score(pred[rest_i], y[rest_i]))
+                    pred, sd = model.predict(model.adapt(Z[pick], y[pick], prior) if s
+                                             else prior, Z=Z)
+                got.append(score(pred[rest_i], y[rest_i],
+                                 sd=None if sd is None else sd[rest_i]))
                 if s >= 2:
                     A = np.c_[np.ones(s), logmacs[pick]]
                     coef = np.linalg.lstsq(A, y[pick], rcond=None)[0]
