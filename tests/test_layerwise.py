@@ -61,7 +61,7 @@ def test_a_few_shot_device_is_priced_through_the_basis_device_it_scales():
     truth = 2.5 * (X @ costs[2])
     shots = np.arange(10)
     fit = lw.fit_few_shot(basis, X[shots], truth[shots])
-    assert fit.basis_device == "d2" and fit.offset == pytest.approx(math.log(2.5))
+    assert fit.basis_device == "d2" and fit.scales == pytest.approx([2.5, 2.5])
     assert np.allclose(fit.predict(X[10:]), truth[10:])
     assert max(abs(e) for e in fit.loo_log_errors) < 1e-9
     low, high = fit.predict_interval(X[10:])

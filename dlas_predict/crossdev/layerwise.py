@@ -10,8 +10,9 @@ profile and GPU, each backend its own basis).
 
 A new device known by a few latencies (``adapt``: a network and its time, in whatever runtime
 timed it) is priced through the basis device whose costs explain those latencies best once
-scaled: for each basis device, one log offset is fitted on the shots; the device whose
-leave-one-out error is the lowest answers (:func:`fit_few_shot`). Its 80 % interval comes from
+scaled: its price split into compute (multiply-adds) and the rest, both parts scaled alike
+or each its own (shrunk towards one scale); the basis device and the parametrisation with
+the lowest leave-one-out error on the shots answer (:func:`fit_few_shot`). Its 80 % interval comes from
 the leave-one-out residuals of the whole procedure (the basis device chosen again without
 each shot), so what ``adapt`` reports is what ``predict`` then does.
 
@@ -138,7 +139,7 @@ class Basis:
             raise DlasError(f"no whole-network costs of {device!r}")
         j = self.devices.index(device)
         support = self.supports[j].tolist() if self.supports is not None else []
-        return FewShotFit(device, self.sources[j], self.costs[j].tolist(), 0.0,
+        return FewShotFit(device, self.sources[j], self.costs[j].tolist(), [1.0, 1.0],
                           _Z80 * self.spreads[j], 0, [], support=support)
 
 
@@ -158,40 +159,88 @@ def basis_of(columns: dict[str, tuple[np.ndarray, np.ndarray]], source: str) -> 
 
 
 # ---- few shots -----------------------------------------------------------------------------
-def _choose(P: np.ndarray, log_ms: np.ndarray) -> tuple[int, float]:
-    """The basis column (of log predictions ``P``, shots × devices) whose one-offset fit has
-    the lowest leave-one-out error on ``log_ms``, and that offset."""
-    n = len(log_ms)
-    r = log_ms[:, None] - P
-    if n >= 2:
-        loo = r - (r.sum(axis=0) - r) / (n - 1)
-        score = np.sqrt(np.mean(loo ** 2, axis=0))
-    else:
-        score = np.zeros(P.shape[1])
-    j = int(np.argmin(score))
-    return j, float(r[:, j].mean())
+#: The terms of multiply-adds: a basis device's price of a network splits into its compute
+#: (these) and the rest (bytes, layers, the constant).
+_COMPUTE = np.array([1.0] * 5 + [0.0] * (len(TERMS) - 5))
+#: Basis devices whose one-offset fit is best are the candidates of the two fits.
+_CANDIDATES = 8
+#: The two-scale fit's pull towards one scale for both parts, as many rows as it weighs.
+_SPLIT_PRIOR = 1.0
+
+
+def _split_fit(c: np.ndarray, o: np.ndarray, ms: np.ndarray) -> tuple[float, float]:
+    """Scales (compute, rest) of a basis device's two parts fitted to ``ms`` by relative
+    error, shrunk towards the one scale that fits both."""
+    from scipy.optimize import nnls
+
+    one = math.exp(float(np.mean(np.log(ms) - np.log(np.maximum(c + o, 1e-12)))))
+    w = 1.0 / ms
+    A = np.r_[np.c_[c, o] * w[:, None], math.sqrt(_SPLIT_PRIOR) * np.eye(2)]
+    t = np.r_[np.ones(len(ms)), math.sqrt(_SPLIT_PRIOR) * np.array([one, one])]
+    a, b = nnls(A, t)[0]
+    return float(a), float(b)
+
+
+def _apply(c, o, scales: tuple[float, float]):
+    return np.maximum(scales[0] * c + scales[1] * o, 1e-9)
+
+
+def _select(C: np.ndarray, O: np.ndarray, ms: np.ndarray) -> tuple[int, tuple[float, float]]:
+    """The basis device (column of compute ``C`` and rest ``O``, shots × devices) and the
+    scales of its parts that predict ``ms`` with the lowest leave-one-out error: one scale
+    for both, or a scale each (chosen by the same error)."""
+    n, y = len(ms), np.log(ms)
+    L = np.log(np.maximum(C + O, 1e-12))
+    r = y[:, None] - L
+    loo0 = (r - (r.sum(axis=0) - r) / (n - 1)) if n >= 2 else np.zeros_like(r)
+    score0 = np.sqrt(np.mean(loo0 ** 2, axis=0))
+    best = None
+    for j in np.argsort(score0, kind="stable")[:_CANDIDATES]:
+        fits = [(float(score0[j]), 0)]
+        if n >= 3:
+            errs = []
+            for k in range(n):
+                keep = np.arange(n) != k
+                sc = _split_fit(C[keep, j], O[keep, j], ms[keep])
+                errs.append(math.log(_apply(C[k, j], O[k, j], sc) / ms[k]))
+            fits.append((float(np.sqrt(np.mean(np.square(errs)))), 1))
+        for score, variant in fits:
+            if best is None or score < best[0]:
+                best = (score, int(j), variant)
+    _, j, variant = best
+    if variant == 0:
+        one = math.exp(float(np.mean(r[:, j])))
+        return j, (one, one)
+    return j, _split_fit(C[:, j], O[:, j], ms)
 
 
 @dataclass
 class FewShotFit:
-    """A device priced through one basis device's costs, scaled: ``exp(offset) · terms ·
-    costs``, with an 80 % interval of ``exp(±half_width)``."""
+    """A device priced through one basis device's costs, its compute and the rest each
+    scaled (``scales``; one scale for both where that predicts the shots better), with an
+    80 % interval of ``exp(±half_width)``."""
 
     basis_device: str
     basis_source: str
     costs: list[float]
-    offset: float
+    scales: list[float]
     half_width: float
     shots: int
-    #: Leave-one-out over the shots, the basis device chosen again each time: log(pred/ms).
+    #: Leave-one-out over the shots, the whole choice made again each time: log(pred/ms).
     loo_log_errors: list[float] = field(default_factory=list)
     #: The basis device's :attr:`Basis.supports` row, and the shots' own largest terms.
     support: list[float] = field(default_factory=list)
     terms_version: str = TERMS_VERSION
 
+    @property
+    def offset(self) -> float:
+        """The log scale of a network's whole price where both parts scale alike."""
+        return math.log(self.scales[0]) if self.scales[0] == self.scales[1] else float("nan")
+
     def predict(self, X: np.ndarray) -> np.ndarray:
-        base = np.maximum(np.atleast_2d(X) @ np.asarray(self.costs), 1e-6)
-        return base * math.exp(self.offset)
+        X = np.atleast_2d(X)
+        costs = np.asarray(self.costs)
+        return _apply((X * _COMPUTE) @ costs, (X * (1 - _COMPUTE)) @ costs, self.scales)
 
     def extrapolation(self, X: np.ndarray) -> np.ndarray:
         """How far beyond the networks the costs were fitted on each row of ``X`` lies: the
@@ -212,12 +261,19 @@ class FewShotFit:
         half = np.sqrt(self.half_width ** 2 + (0.5 * np.log(self.extrapolation(X))) ** 2)
         return mid * np.exp(-half), mid * np.exp(half)
 
+    def describe(self) -> str:
+        a, b = self.scales
+        if a == b:
+            return f"{self.basis_device}'s layer-kind costs scaled by {a:.3g}"
+        return (f"{self.basis_device}'s layer-kind costs, its compute scaled by {a:.3g} and "
+                f"the rest by {b:.3g}")
+
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "FewShotFit":
-        if d.get("terms_version") != TERMS_VERSION:
+        if d.get("terms_version") != TERMS_VERSION or "scales" not in d:
             raise DlasError("an adapted model of another version of the layer terms: run "
                             "`adapt` again")
         return cls(**d)
@@ -231,21 +287,31 @@ def fit_few_shot(basis: Basis, X: np.ndarray, ms: np.ndarray) -> FewShotFit:
                         "shipped whole-network corpus)")
     if len(ms) < 2:
         raise DlasError(f"{len(ms)} latency given; a device needs at least 2")
-    y = np.log(ms)
-    P = np.log(basis.predict_ms(X))
-    j, offset = _choose(P, y)
-    loo = np.empty(len(y))
-    for i in range(len(y)):
-        keep = np.arange(len(y)) != i
-        ji, oi = _choose(P[keep], y[keep])
-        loo[i] = P[i, ji] + oi - y[i]
-    n = len(y)
+    C = (X * _COMPUTE) @ basis.costs.T
+    O = (X * (1 - _COMPUTE)) @ basis.costs.T
+    j, scales = _select(C, O, ms)
+    n = len(ms)
+    loo = np.empty(n)
+    for i in range(n):
+        keep = np.arange(n) != i
+        ji, si = _select(C[keep], O[keep], ms[keep])
+        loo[i] = math.log(_apply(C[i, ji], O[i, ji], si) / ms[i])
     spread = float(np.sqrt(np.mean(loo ** 2)))
     half = _Z80 * spread * math.sqrt(1 + 1 / n)
     support = np.maximum(basis.supports[j], X.max(axis=0)) if basis.supports is not None \
         else X.max(axis=0)
-    return FewShotFit(basis.devices[j], basis.sources[j], basis.costs[j].tolist(), offset,
-                      half, n, loo.tolist(), support.tolist())
+    return FewShotFit(basis.devices[j], basis.sources[j], basis.costs[j].tolist(),
+                      list(scales), half, n, loo.tolist(), support.tolist())
+
+
+def macs_fit(X: np.ndarray, ms: np.ndarray):
+    """The baseline: log latency linear in log MACs, fitted on the same shots; returns the
+    function that predicts milliseconds from terms."""
+    lx, ly = np.log(np.maximum(macs_of(X), 1e-12)), np.log(np.asarray(ms, float))
+    xc = lx - lx.mean()
+    slope = float(xc @ (ly - ly.mean()) / (xc @ xc)) if xc @ xc > 0 else 0.0
+    icept = float(ly.mean() - slope * lx.mean())
+    return lambda Xq: np.exp(icept + slope * np.log(np.maximum(macs_of(Xq), 1e-12)))
 
 
 def network_terms(model: str) -> np.ndarray:
@@ -259,16 +325,6 @@ def network_terms(model: str) -> np.ndarray:
 def cell_terms(arch: str) -> np.ndarray:
     """The terms of a NAS-Bench-201 cell (its architecture string), built here."""
     return help_terms([arch])[0]
-
-
-def macs_fit(X: np.ndarray, ms: np.ndarray):
-    """The baseline: log latency linear in log MACs, fitted on the same shots; returns the
-    function that predicts milliseconds from terms."""
-    lx, ly = np.log(np.maximum(macs_of(X), 1e-12)), np.log(np.asarray(ms, float))
-    xc = lx - lx.mean()
-    slope = float(xc @ (ly - ly.mean()) / (xc @ xc)) if xc @ xc > 0 else 0.0
-    icept = float(ly.mean() - slope * lx.mean())
-    return lambda Xq: np.exp(icept + slope * np.log(np.maximum(macs_of(Xq), 1e-12)))
 
 
 # ---- the bases ------------------------------------------------------------------------------

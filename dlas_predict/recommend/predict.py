@@ -568,8 +568,9 @@ def _predict_layerwise(t: Target, device: str, cfg: ConfigChoice,
     X = lw.cell_terms(t.key) if t.kind == "nasbench201" else lw.network_terms(t.key)
     mid = float(fit.predict(X)[0])
     low, high = (float(v[0]) for v in fit.predict_interval(X))
+    a, b = fit.scales
     basis = f"layerwise:{fit.basis_device}" + (
-        f" ×{math.exp(fit.offset):.3g}" if fit.offset else "")
+        "" if a == b == 1.0 else f" ×{a:.3g}" if a == b else f" ×{a:.3g}/×{b:.3g}")
     return Prediction(t.text, f"{config}/{runtime}", mid, low, high, source, basis, runtime)
 
 
@@ -874,10 +875,9 @@ def _adapt_layerwise(device: str, measurements: Path, rows, runtime: str,
     return AdaptReport(device, f"{runtime} latencies, layer kinds", len(rows),
                        device not in device_names(), str(path),
                        spearman(loo, y) if len(y) >= 3 else float("nan"),
-                       float(np.median(np.abs(np.exp(loo - y) - 1))), [fit.offset],
-                       f"{fit.basis_device}'s layer-kind costs scaled by "
-                       f"{math.exp(fit.offset):.3g} (chosen among {len(basis.devices)} basis "
-                       "devices)", runtime)
+                       float(np.median(np.abs(np.exp(loo - y) - 1))), list(fit.scales),
+                       f"{fit.describe()} (chosen among {len(basis.devices)} basis devices "
+                       "by leave-one-out error)", runtime)
 
 
 def _config_text(compression: str, ratio: float | None) -> str:
