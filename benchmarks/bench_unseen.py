@@ -272,7 +272,7 @@ def _adapt_held_out(args, rows: list[dict], paths: dict, scored: dict) -> str:
     from dlas_predict.crossdev import transfer
 
     from dlas_predict.crossdev.adapted import adapted_dir
-    from dlas_predict.recommend import predict as predictor
+    from dlas_predict.recommend.adapt import adapt
 
     saved = adapted_dir() / f"{args.device}.json"
     backup = saved.read_bytes() if saved.is_file() else None
@@ -296,7 +296,7 @@ def _adapt_held_out(args, rows: list[dict], paths: dict, scored: dict) -> str:
                                 f"{c['measured_ms']}\n")
                 try:
                     transfer._MAPS.clear()
-                    predictor.adapt(args.device, Path(f.name))
+                    adapt(args.device, Path(f.name))
                 finally:
                     Path(f.name).unlink()
                 source, pred = _predicted(paths[held["name"]][1], args.device)

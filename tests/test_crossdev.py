@@ -541,8 +541,8 @@ def test_a_large_batch_is_shared_among_the_cores_and_priced_as_one_process_price
     nets = ["zoo:resnet18-cifar", "zoo:mobilenetv1-cifar", "zoo:vgg16-cifar",
             "zoo:mobilenetv2-cifar", "zoo:resnet18-cifar"]
     alone = predictor.predict(nets, "local-avx2-1t", "dense")
-    priced = predictor._predict_network
-    monkeypatch.setattr(predictor, "_predict_network", lambda t, device, cfg, **kw: replace(
+    priced = predictor.predict_network
+    monkeypatch.setattr(predictor, "predict_network", lambda t, device, cfg, **kw: replace(
         priced(t, device, cfg, **kw), basis=str(os.getpid())))
     monkeypatch.setattr(predictor, "PARALLEL_FROM", 2)
     monkeypatch.setattr("dlas_predict.space.devices.local_cores", lambda: 2)

@@ -223,7 +223,7 @@ def adapt(device: str = typer.Option(..., "--device", help="A registry device, o
           as_json: bool = typer.Option(False, "--json")):
     """Few-shot calibration: fit a device's loading on latencies measured on it, in any
     runtime; saved under DLAS_HOME (never over the shipped models)."""
-    from dlas_predict.recommend.predict import adapt as run
+    from dlas_predict.recommend.adapt import adapt as run
 
     rep = run(device, measurements, data)
     if as_json:

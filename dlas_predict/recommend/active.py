@@ -439,7 +439,7 @@ def replay_source(path: Path, networks: list[str] | None, device: str) -> tuple[
     if not path.is_file():
         raise DlasError(f"--replay: {path} not found")
     if path.suffix == ".csv":
-        from dlas_predict.recommend.predict import read_measurements
+        from dlas_predict.recommend.adapt import read_measurements
 
         if not networks:
             raise DlasError("--replay FILE.csv needs --network: the CSV names kernels, "
