@@ -391,12 +391,10 @@ def help_basis(data: Path | None = None, indices: list[int] | None = None) -> Ba
 def corpus_columns(dtype_config: str = "dense") -> dict[str, tuple[list[str], np.ndarray]]:
     """The shipped corpora's whole networks of ``dtype_config``: per (machine, device,
     backend or algorithm), the networks and their fastest timed runs (ms)."""
-    import json
-
     import pandas as pd
 
+    from dlas_predict.corpus.kernels import modelled_seconds
     from dlas_predict.paths import CORPUS_SNAPSHOTS
-    from dlas_predict.measure.records import best_of
 
     out: dict[str, tuple[list[str], np.ndarray]] = {}
     files = sorted(CORPUS_SNAPSHOTS.glob("*.wholenet.parquet")) + sorted(
@@ -408,10 +406,9 @@ def corpus_columns(dtype_config: str = "dense") -> dict[str, tuple[list[str], np
         df = df[df.error.isna() & (df.config == dtype_config)]
         for (dev, alg), g in df.groupby(["device", "algorithm"]):
             best: dict[str, float] = {}
-            for net, runs, med in zip(g.network, g.run_secs, g.median_s):
-                b = best_of(json.loads(runs)) if isinstance(runs, str) else None
-                s = float(b if b is not None else med)
-                best[net] = min(best.get(net, s), s)
+            for row in g.to_dict("records"):
+                s = modelled_seconds(row)
+                best[row["network"]] = min(best.get(row["network"], s), s)
             key = f"{machine}:{dev}:{alg}"
             out[key] = (list(best), np.array(list(best.values())) * 1e3)
     return out
@@ -420,21 +417,11 @@ def corpus_columns(dtype_config: str = "dense") -> dict[str, tuple[list[str], np
 def network_terms_by_name(names: list[str]) -> dict[str, np.ndarray]:
     """The terms of networks the corpora name (zoo networks and generated ones, built again
     by name), cached under DLAS_HOME; a name that cannot be built is left out."""
-    from dlas_predict.networks import generate, nasbench201, zoo
-    from dlas_predict.networks.graph import network_of_proto, read_network
+    from dlas_predict.networks.zoo import named_network
 
     def compute(name: str) -> list[float] | None:
-        spec = generate.parse_name(name)
-        try:
-            if spec is not None:
-                net = network_of_proto(generate.build(*spec), name)
-            elif name.startswith("nasbench201-"):
-                net = network_of_proto(nasbench201.build(nasbench201.parse_arch(name)), name)
-            else:
-                net = read_network(zoo.resolve(zoo.ZOO_PREFIX + name))
-        except DlasError:
-            return None
-        return layer_terms(net).tolist()
+        net = named_network(name)
+        return None if net is None else layer_terms(net).tolist()
 
     cached = _cached_terms("corpus", names, compute)
     return {n: np.array(cached[n]) for n in names if cached.get(n) is not None}

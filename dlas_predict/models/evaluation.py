@@ -348,21 +348,10 @@ def named_summary(network: str):
     name, or of the generated network or NAS-Bench-201 cell its name describes; None for
     any other name. Kept per name: every record of a network asks for the same one."""
     from dlas_predict.networks.summary import NetworkSummary
-    from dlas_predict.networks import generate, nasbench201
-    from dlas_predict.networks import zoo
-    from dlas_predict.networks.graph import network_of_proto, read_network
+    from dlas_predict.networks.zoo import named_network
 
-    spec = generate.parse_name(network)
-    try:
-        if spec is not None:
-            net = network_of_proto(generate.build(*spec), network)
-        elif network.startswith("nasbench201-"):  # a cell's name is its architecture's code
-            net = network_of_proto(nasbench201.build(nasbench201.parse_arch(network)), network)
-        else:
-            net = read_network(zoo.resolve(zoo.ZOO_PREFIX + network))
-        return NetworkSummary.of(net)
-    except DlasError:
-        return None
+    net = named_network(network)
+    return None if net is None else NetworkSummary.of(net)
 
 
 def layer_kernel_keys(layers: list[dict], plan: list) -> list[KernelKey]:

@@ -392,8 +392,9 @@ def _setup(model: str, device: str, validate: int, models_dir: Path | None,
         if mapping.source == "zero-shot":
             from dlas_predict.crossdev.transfer import fit_transfer
 
-            if fit_transfer(dev.kind).note:
-                notes.append(f"the zero-shot map was {fit_transfer(dev.kind).note}")
+            note = fit_transfer(dev.kind).note
+            if note:
+                notes.append(f"the zero-shot map was {note}")
         if mapping.source == "zero-shot" and dev.measured_here:
             notes.append(f"{dev.name} is zero-shot on this CPU: `dlas-predict calibrate` "
                          "measures it in minutes and makes it accurate")
