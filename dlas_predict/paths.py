@@ -27,6 +27,8 @@ def _shipped_root() -> Path:
 SHIPPED = _shipped_root()
 #: Trained cost models, one folder per device.
 MODELS_STORE = SHIPPED / "models_store"
+#: The accuracy-cost model (a compression's top-1 drop predicted from the weights).
+ACCURACY_MODEL = MODELS_STORE / "accuracy"
 #: The local CPU's models and corpora measured on further machines, one folder per machine
 #: fingerprint under MODELS_STORE and CORPUS_SNAPSHOTS (see :func:`model_dir`).
 MACHINES = "machines"

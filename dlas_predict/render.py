@@ -3,7 +3,18 @@
 from __future__ import annotations
 
 import io
+import sys
 from typing import Any, Sequence
+
+
+def progress_bar(total: int, desc: str, unit: str, enabled: bool = True):
+    """A tqdm bar on stderr, only when asked for and stdout is a terminal; else None (the
+    caller logs one line per step instead)."""
+    if not enabled or not total or not sys.stdout.isatty():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, dynamic_ncols=True, file=sys.stderr)
 
 
 def _cell(value: Any) -> str:

@@ -325,7 +325,7 @@ def test_network_commands_bad_input(tmp_path):
                              tmp_path / "d.npz"), "do not match the model input")
     (tmp_path / "empty").mkdir()
     _assert_clean_error(_run("accuracy", "zoo:mobilenetv1-cifar", "--data",
-                             tmp_path / "empty"), "holds no images")
+                             tmp_path / "empty"), "no class subfolders")
 
 
 def test_accuracy_json():

@@ -7,6 +7,7 @@ import pytest
 
 from conftest import DEMO, assert_clean_error, run_cli
 from dlas_predict.errors import DlasError
+from dlas_predict.recommend.accuracy import unchecked
 from dlas_predict.recommend.search import MODELS_STORE, ONNXRUNTIME, PER_LAYER, recommend
 
 SHIPPED = MODELS_STORE / "local"
@@ -84,10 +85,11 @@ def test_validate_builds_and_times_the_top_candidate(tmp_path):
     assert ref["config"]["backend"] == "onnxruntime" and ref["measured_ms"] > 0
     # the fastest timed run (what the models predict) and, beside it, the median run
     assert 0 < measured[0]["measured_ms"] <= measured[0]["measured_median_ms"]
-    # no labelled data and no shipped curve: accuracy unknown, said so
-    assert rec["candidates"][0]["accuracy"] is None or \
-        rec["candidates"][0]["config"]["compression"] == "dense"
-    assert any("no accuracy figure" in n for n in rec["notes"])
+    # no labelled data and no shipped curve: the drop is predicted from the weights, and the
+    # budget checked against its interval's upper end
+    top = rec["candidates"][0]
+    assert top["config"]["compression"] == "dense" or (
+        top["accuracy_source"].startswith("predicted") and top["accuracy_drop_high_pp"] <= 1)
 
 
 def test_a_per_layer_choice_of_one_algorithm_is_built_and_timed_once_for_both():
@@ -450,7 +452,8 @@ def test_no_gain_ranks_after_the_reference_and_a_doubtful_lead_is_flagged():
     from dlas_predict.space.config import Compression
 
     def cand(comp, alg, s, high, accuracy=0.99):
-        return Candidate(comp, None, alg, (), s, s * 0.8, high, accuracy=accuracy)
+        return Candidate(comp, None, alg, (), s, s * 0.8, high, accuracy=accuracy,
+                         accuracy_drop_pp=None if accuracy is None else 0.0)
 
     ref = cand(Compression.DENSE, ONNXRUNTIME, 1.0e-3, 1.2e-3)
     tie = cand(Compression.FLOAT16, ONNXRUNTIME, 0.995e-3, 1.2e-3)    # 0.5 % faster
@@ -480,3 +483,40 @@ def test_an_exported_zoo_network_keeps_its_measured_accuracy_curve(tmp_path):
     assert rec.network == "mbv2"
     assert all(c.accuracy_source.startswith("shipped curve") for c in rec.candidates)
     assert any("holds the weights of zoo:mobilenetv2-cifar" in n for n in rec.notes)
+
+
+def test_without_data_a_network_s_accuracy_is_predicted_and_the_budget_checks_the_upper_end():
+    from dlas_predict.space.config import Compression
+
+    rec = recommend(str(DEMO), max_accuracy_drop=1.0)
+    predicted = [c for c in rec.candidates if c.accuracy_source.startswith("predicted")]
+    assert predicted, "no candidate was priced by the accuracy-cost model"
+    for c in predicted:
+        assert c.accuracy is None and c.accuracy_drop_pp <= c.accuracy_drop_high_pp <= 1.0
+    assert not any(unchecked(c) for c in rec.candidates)
+    assert any(why.startswith("predicted drop up to") for _, why in rec.dropped)
+    # removing nine channels in ten is never kept within one point
+    assert not any(c.compression is Compression.CHANNEL_PRUNING and c.ratio >= 0.9
+                   for c in rec.candidates)
+    loose = recommend(str(DEMO), max_accuracy_drop=100.0)
+    assert len(loose.candidates) > len(rec.candidates)
+    row = next(c for c in loose.candidates if c.accuracy_source.startswith("predicted"))
+    assert row.to_dict()["accuracy_drop_high_pp"] == row.accuracy_drop_high_pp
+
+
+def test_random_weights_are_not_priced_and_stay_unchecked():
+    from dlas_predict.recommend.accuracy import Accuracies
+    from dlas_predict.space.config import Compression
+
+    acc = Accuracies("zoo:resnet50", "resnet50", None, predictable=False)
+    fig = acc.get(Compression.CHANNEL_PRUNING, 0.5)
+    assert fig.value is None and fig.drop_pp is None
+    assert fig.source.startswith("unknown") and "random" in fig.source
+    assert acc.get(Compression.DENSE, None).drop_pp == 0
+
+
+def test_the_header_counts_each_accuracy_source():
+    res = _run("recommend", DEMO, "--top", "3")
+    assert res.exit_code == 0, res.output
+    line = next(l for l in res.output.splitlines() if l.startswith("accuracy of the kept"))
+    assert "predicted" in line and "uncompressed" in line and "dropped as over the budget" in line

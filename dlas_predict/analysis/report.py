@@ -677,7 +677,7 @@ def build_report(device: str, store: Path | None, out_dir: Path) -> Report:
         net = A.network_frame(path, dev)
     except DlasError:
         net = None
-    from dlas_predict.recommend.search import shipped_curves
+    from dlas_predict.recommend.accuracy import shipped_curves
 
     curves = shipped_curves() or None  # accuracy does not depend on the device
     out_dir.mkdir(parents=True, exist_ok=True)

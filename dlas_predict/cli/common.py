@@ -85,6 +85,24 @@ QUIET_WAIT_OPT = typer.Option(30.0, "--quiet-wait", help="Seconds to wait, befor
                                "process on a core, the canary kernel near its fastest (0: time "
                                "at once; both are probed and recorded either way).")
 
+DATA_LIMIT_OPT = typer.Option(None, "--data-limit", help="Measure on at most this many images "
+                              "of --data (the same seeded subset every run).")
+MEAN_OPT = typer.Option(None, "--mean", help="Per-channel mean of the input normalisation, on "
+                        "the 0-1 scale (e.g. 0.485,0.456,0.406; default: the model's metadata, "
+                        "else 0.5).")
+STD_OPT = typer.Option(None, "--std", help="Per-channel std of the input normalisation (default: "
+                       "the model's metadata, else 0.5).")
+INPUT_SIZE_OPT = typer.Option(None, "--input-size", help="HxW (or N) of a model whose input "
+                              "leaves them open.")
+
+
+def data_options(limit, mean, std, input_size):
+    """The data options of the flags above."""
+    from dlas_predict.compression.data import DataOptions, parse_floats, parse_size
+
+    return DataOptions(limit, parse_floats(mean, "--mean"), parse_floats(std, "--std"),
+                       parse_size(input_size))
+
 
 def check_quiet_wait(quiet_wait: float) -> None:
     from dlas_predict.errors import ConfigError

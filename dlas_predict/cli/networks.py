@@ -8,7 +8,8 @@ from typing import List, Optional
 import typer
 
 from dlas_predict.space.config import DEFAULT_CURVE_RATIOS, ELBOW_DROP_PP
-from dlas_predict.cli.common import app, fail, handle_errors, print_json
+from dlas_predict.cli.common import (DATA_LIMIT_OPT, INPUT_SIZE_OPT, MEAN_OPT, STD_OPT, app,
+                                     data_options, fail, handle_errors, print_json)
 
 # ---- networks ---------------------------------------------------------------------------
 @app.command()
@@ -82,7 +83,9 @@ def export(name: str = typer.Argument(..., help="Zoo network (NAME or zoo:NAME).
     else:
         calib = None
         if compression == "int8":
-            calib = accuracy.load_data("digits", zoo.get(model).input_shape, "train").x[:128]
+            from dlas_predict.compression.data import load_data
+
+            calib = load_data("digits", zoo.get(model).input_shape, "train").x[:128]
         prep = accuracy.prepare(model, compression, ratio, remove_channels, finetune_epochs,
                                 calib)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -138,7 +141,12 @@ def generate(family: str = typer.Argument(..., help="fc | cnn | nasbench201"),
 @handle_errors
 def accuracy_cmd(
     model: str = typer.Argument(..., help="ONNX file or zoo:NAME."),
-    data: str = typer.Option("digits", "--data", help="digits | PATH (.npz or image folder)."),
+    data: str = typer.Option("digits", "--data", help="digits | PATH (.npz, .csv of "
+                             "PATH,LABEL rows, or an image folder of class subfolders)."),
+    data_limit: Optional[int] = DATA_LIMIT_OPT,
+    mean: Optional[str] = MEAN_OPT,
+    std: Optional[str] = STD_OPT,
+    input_size: Optional[str] = INPUT_SIZE_OPT,
     compression: str = typer.Option("dense", "--compression",
                                     help="dense | weight_pruning | channel_pruning | float16 "
                                          "| int8"),
@@ -161,9 +169,10 @@ def accuracy_cmd(
     from dlas_predict.render import format_table
 
     log = None if as_json else (lambda s: typer.echo(s, err=True))
+    options = data_options(data_limit, mean, std, input_size)
     if not curve:
         res = accuracy.measure(model, data, compression, ratio, finetune_epochs,
-                               remove_channels, log=log)
+                               remove_channels, log=log, options=options)
         if as_json:
             print_json(res.to_dict())
             return
@@ -182,7 +191,8 @@ def accuracy_cmd(
         for note in res.notes:
             typer.echo(f"note: {note}")
         return
-    rep = accuracy.pruning_curves(model, ratios, data, finetune_epochs, elbow_drop, log=log)
+    rep = accuracy.pruning_curves(model, ratios, data, finetune_epochs, elbow_drop, log=log,
+                                  options=options)
     if as_json:
         print_json(rep.to_dict())
         return

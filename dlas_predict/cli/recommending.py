@@ -9,9 +9,38 @@ import typer
 
 from dlas_predict.space.config import ELBOW_DROP_PP
 from dlas_predict.errors import DlasError
-from dlas_predict.cli.common import (ALLOW_REMOTE_OPT, BOARDS_OPT, QUIET_WAIT_OPT, RPC_KEY_OPT,
-                                     TRACKER_OPT, TRIES_OPT, TUNING_DB_OPT, app, check_quiet_wait,
-                                     fail, handle_errors, make_rpc, open_network_runner, print_json)
+from dlas_predict.cli.common import (ALLOW_REMOTE_OPT, BOARDS_OPT, DATA_LIMIT_OPT,
+                                     INPUT_SIZE_OPT, MEAN_OPT, QUIET_WAIT_OPT, RPC_KEY_OPT,
+                                     STD_OPT, TRACKER_OPT, TRIES_OPT, TUNING_DB_OPT, app,
+                                     check_quiet_wait, data_options, fail, handle_errors,
+                                     make_rpc, open_network_runner, print_json)
+
+def _accuracy_cell(c) -> str:
+    if c.accuracy is not None:
+        return f"{c.accuracy:.1%}"
+    if c.accuracy_drop_pp is None:
+        return "—"
+    if c.accuracy_drop_pp == 0 and c.accuracy_drop_high_pp is None:
+        return "no drop"
+    if c.accuracy_drop_high_pp is not None:
+        return f"-{c.accuracy_drop_pp:.1f} pt (≤{c.accuracy_drop_high_pp:.1f})"
+    return f"-{c.accuracy_drop_pp:.1f} pt"
+
+
+def accuracy_line(rec) -> str:
+    """One line: how many candidates' accuracy was checked against the budget, and how."""
+    from dlas_predict.recommend.accuracy import unchecked
+
+    counts: dict[str, int] = {}
+    for c in rec.candidates:
+        kind = ("unchecked" if unchecked(c) else c.accuracy_source.split(":")[0] or "dense")
+        counts[kind] = counts.get(kind, 0) + 1
+    over = len(rec.dropped)
+    parts = [f"{n} {kind}" for kind, n in sorted(counts.items(), key=lambda kv: -kv[1])]
+    return (f"accuracy of the kept candidates: {', '.join(parts)}"
+            + (f"; {over} dropped as over the budget" if over else "")
+            + ("; unchecked ones rank after the reference" if "unchecked" in counts else ""))
+
 
 def show_recommendation(rec, top: int, max_accuracy_drop: float) -> None:
     """Print a recommendation as a table with its sources; exit 1 if a validation failed."""
@@ -39,7 +68,7 @@ def show_recommendation(rec, top: int, max_accuracy_drop: float) -> None:
                "source": c.source,
                "speedup": (f"{base / c.predicted_s:.2f}×" + (" ?" if c.warning else "")
                            if c.predicted_s == c.predicted_s else "—"),
-               "accuracy": "—" if c.accuracy is None else f"{c.accuracy:.1%}",
+               "accuracy": _accuracy_cell(c),
                "accuracy source": c.accuracy_source.split(":")[0]}
         if rec.validated:
             timed = c in rec.validated or c is ref
@@ -51,14 +80,10 @@ def show_recommendation(rec, top: int, max_accuracy_drop: float) -> None:
                 row["measured speedup"] = (f"{ref.measured_s / c.measured_s:.2f}×"
                                            if timed and c.measured_s else "")
         rows.append(row)
-    from dlas_predict.recommend.search import unchecked
-
-    blind = sum(1 for c in rec.candidates if unchecked(c))
-    typer.echo(f"{rec.network} on {rec.device}: {len(rec.candidates)} candidates kept"
-               + (f" ({blind} of them with no accuracy figure, unchecked)" if blind else "")
-               + f", {len(rec.dropped)} over the accuracy budget "
-               f"({max_accuracy_drop:g} points), {len(rec.skipped)} grid points skipped; "
-               f"{rec.seconds:.1f} s")
+    typer.echo(f"{rec.network} on {rec.device}: {len(rec.candidates)} candidates kept, "
+               f"{len(rec.dropped)} over the accuracy budget ({max_accuracy_drop:g} points), "
+               f"{len(rec.skipped)} grid points skipped; {rec.seconds:.1f} s")
+    typer.echo(accuracy_line(rec))
     if rec.source == "trained":
         how = "predicted by the cost models (" + str(rec.model_info["directory"]) + ")"
     else:
@@ -124,8 +149,13 @@ def recommend(
         ELBOW_DROP_PP, "--max-accuracy-drop",
         help="Drop candidates more than this many top-1 points below dense."),
     data: Optional[str] = typer.Option(None, "--data",
-                                       help="digits | NPZ | image folder: measure accuracy "
-                                            "on it (else the shipped curves)."),
+                                       help="digits | NPZ | CSV | image folder: measure "
+                                            "accuracy on it (else the shipped curves, else "
+                                            "predicted from the weights)."),
+    data_limit: Optional[int] = DATA_LIMIT_OPT,
+    mean: Optional[str] = MEAN_OPT,
+    std: Optional[str] = STD_OPT,
+    input_size: Optional[str] = INPUT_SIZE_OPT,
     top: int = typer.Option(10, "--top", help="Candidates to print."),
     validate: str = typer.Option("0", "--validate",
                                  help="Build and time the top K whole networks (K | all)."),
@@ -167,7 +197,9 @@ def recommend(
     if k and tracker_given(tracker):
         rpc = make_rpc(get_device(device), tracker, rpc_key, allow_remote_tracker, boards, tries,
                    timeout)
+    options = data_options(data_limit, mean, std, input_size)
     rec = run(model, device, max_accuracy_drop, data, top, k, models_dir=models_dir, log=log,
+              data_options=options,
               tuning=tuning, trials=trials, tuning_db=str(tuning_db) if tuning_db else None,
               network_runner=open_network_runner(device, rpc, quiet_wait) if k else None)
     if as_json:

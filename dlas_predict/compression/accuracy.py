@@ -14,12 +14,10 @@ from pathlib import Path
 import numpy as np
 
 from dlas_predict.space.config import DEFAULT_CURVE_RATIOS as DEFAULT_RATIOS, ELBOW_DROP_PP
+from dlas_predict.compression.data import (DataError, DataOptions, check_labels, data_hash,
+                                           labelled, load_data)
 from dlas_predict.compression.digits import Dataset
-from dlas_predict.errors import ConfigError, DlasError
-
-
-class DataError(DlasError):
-    """A data set that cannot be read or does not fit the model."""
+from dlas_predict.errors import ConfigError
 
 
 def onnx_session(model):
@@ -40,13 +38,54 @@ def onnx_session(model):
     return ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
 
 
-def input_shape(model) -> tuple[int, int, int]:
-    """The C×H×W input of a model (batch dimension dropped)."""
+def input_shape(model, size: tuple[int, int] | None = None) -> tuple[int, int, int]:
+    """The C×H×W input of a model (batch dimension dropped); ``size`` (H, W) fills the
+    height and width a model leaves open (and must match those it fixes)."""
     sess = onnx_session(model)
-    shape = sess.get_inputs()[0].shape
-    if len(shape) != 4 or not all(isinstance(d, int) and d > 0 for d in shape[1:]):
-        raise DataError(f"model input shape {shape} is not a fixed N×C×H×W image input")
+    shape = list(sess.get_inputs()[0].shape)
+    fixed = lambda d: isinstance(d, int) and d > 0  # noqa: E731
+    if len(shape) == 4 and size is not None:
+        for i, want in zip((2, 3), size):
+            if fixed(shape[i]) and shape[i] != want:
+                raise DataError(f"--input-size {size[0]}x{size[1]} disagrees with the "
+                                f"model's fixed input {shape}")
+            shape[i] = want
+    if len(shape) != 4 or not all(fixed(d) for d in shape[1:]):
+        raise DataError(f"model input shape {shape} is not a fixed N×C×H×W image input"
+                        + ("; give its height and width with --input-size HxW"
+                           if len(shape) == 4 and fixed(shape[1]) else ""))
     return tuple(shape[1:])
+
+
+def with_fixed_input(path: Path, shape: tuple[int, int, int]) -> Path:
+    """``path`` itself where its input is fixed, else a copy whose input is fixed to 1×
+    ``shape`` (kept in the cache): what the compressions read layer shapes from."""
+    import hashlib
+
+    import onnx
+
+    from dlas_predict.paths import cache_dir
+
+    m = onnx.load(str(path))
+    dims = m.graph.input[0].type.tensor_type.shape.dim
+    if all(d.HasField("dim_value") and d.dim_value > 0 for d in dims):
+        return Path(path)
+    for d, v in zip(dims, (1, *shape)):
+        d.Clear()
+        d.dim_value = v
+    digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+    out = cache_dir("accuracy") / f"{Path(path).stem}-{digest}-{'x'.join(map(str, shape))}.onnx"
+    if not out.is_file():
+        from dlas_predict.files import write_if_changed
+
+        write_if_changed(out, m.SerializeToString())
+    return out
+
+
+def output_classes(model) -> int | None:
+    """The model's number of outputs (classes), where its graph fixes it."""
+    out = onnx_session(model).get_outputs()[0].shape
+    return int(out[-1]) if out and isinstance(out[-1], int) and out[-1] > 1 else None
 
 
 def predict(model, x: np.ndarray) -> np.ndarray:
@@ -54,7 +93,8 @@ def predict(model, x: np.ndarray) -> np.ndarray:
     sess = onnx_session(model)
     inp = sess.get_inputs()[0]
     want = tuple(inp.shape[1:])
-    if tuple(x.shape[1:]) != want:
+    if len(x.shape[1:]) != len(want) or any(isinstance(w, int) and w > 0 and w != d
+                                             for w, d in zip(want, x.shape[1:])):
         raise DataError(f"data shape {tuple(x.shape[1:])} does not match the model input "
                         f"{want}")
     batch = inp.shape[0] if isinstance(inp.shape[0], int) and inp.shape[0] > 0 else 64
@@ -105,93 +145,6 @@ class AccuracyResult:
         if self.uncalibrated is not None:
             d["uncalibrated_" + self.metric] = self.uncalibrated
         return d
-
-
-# ---- data --------------------------------------------------------------------------------
-IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
-
-
-def _fit(x: np.ndarray, shape: tuple[int, int, int], source: str) -> np.ndarray:
-    """N×C×H×W float32 in the model's layout; N×H×W×C is transposed, N×H×W grey is
-    replicated over C. A shape that still does not match raises :class:`DataError`."""
-    x = np.asarray(x, dtype=np.float32)
-    if x.ndim == 3 and shape[0] in (1, 3):
-        x = np.repeat(x[:, None], shape[0], axis=1)
-    if x.ndim == 4 and tuple(x.shape[1:]) != shape and tuple(x.shape[3:] + x.shape[1:3]) == shape:
-        x = x.transpose(0, 3, 1, 2)
-    if x.ndim != 4 or tuple(x.shape[1:]) != shape:
-        raise DataError(f"{source}: images of shape {tuple(x.shape[1:])} do not match the "
-                        f"model input {shape} (C×H×W)")
-    return np.ascontiguousarray(x)
-
-
-def _npz(path: Path, shape: tuple[int, int, int]) -> Dataset:
-    try:
-        data = np.load(path)
-        keys = set(data.files)
-    except Exception as exc:
-        raise DataError(f"{path} is not a readable .npz ({exc})") from None
-    xk = next((k for k in ("x", "images", "X") if k in keys), None)
-    yk = next((k for k in ("y", "labels", "Y") if k in keys), None)
-    if xk is None:
-        raise DataError(f"{path} has no images array (named x or images); it has: "
-                        f"{', '.join(sorted(keys)) or 'nothing'}")
-    x = _fit(data[xk], shape, str(path))
-    if len(x) == 0:
-        raise DataError(f"{path} holds no images")
-    if yk is None:
-        return Dataset(path.name, x, np.full(len(x), -1, np.int64))
-    y = np.asarray(data[yk]).astype(np.int64).ravel()
-    if len(y) != len(x):
-        raise DataError(f"{path}: {len(x)} images but {len(y)} labels")
-    return Dataset(path.name, x, y)
-
-
-def _folder(path: Path, shape: tuple[int, int, int]) -> Dataset:
-    """Class-per-subfolder images (labels = sorted subfolder order), or flat unlabelled
-    images. Resized to H×W, grey or RGB by C, scaled to [-1, 1] as the digits task is."""
-    from PIL import Image
-
-    subdirs = sorted(p for p in path.iterdir() if p.is_dir())
-    if subdirs:
-        files = [(f, label) for label, d in enumerate(subdirs) for f in sorted(d.iterdir())
-                 if f.suffix.lower() in IMAGE_SUFFIXES]
-    else:
-        files = [(f, -1) for f in sorted(path.iterdir()) if f.suffix.lower() in IMAGE_SUFFIXES]
-    if not files:
-        raise DataError(f"{path} holds no images ({', '.join(sorted(IMAGE_SUFFIXES))}), "
-                        "directly or in class subfolders")
-    c, h, w = shape
-    xs = []
-    for f, _ in files:
-        try:
-            img = Image.open(f).convert("L" if c == 1 else "RGB").resize((w, h),
-                                                                     Image.BILINEAR)
-        except Exception as exc:
-            raise DataError(f"cannot read image {f}: {exc}") from None
-        a = np.asarray(img, dtype=np.float32) / 255.0 * 2.0 - 1.0
-        xs.append(a[None] if c == 1 else a.transpose(2, 0, 1))
-    return Dataset(path.name, np.stack(xs).astype(np.float32),
-                   np.array([label for _, label in files], np.int64))
-
-
-def load_data(spec: str, shape: tuple[int, int, int], split: str = "test") -> Dataset:
-    """``digits`` (its ``split``), an ``.npz`` (x/images [+ y/labels]) or an image folder."""
-    from dlas_predict.compression.digits import digits
-
-    if spec == "digits":
-        return digits(split, shape)
-    path = Path(spec)
-    if not path.exists():
-        raise DataError(f"data {spec!r} not found: give 'digits', an .npz file or an image "
-                        "folder")
-    if path.is_dir():
-        return _folder(path, shape)
-    return _npz(path, shape)
-
-
-def labelled(data: Dataset) -> bool:
-    return bool(len(data)) and bool(np.all(data.y >= 0))
 
 
 # ---- compressed models -------------------------------------------------------------------
@@ -282,20 +235,33 @@ def _weights_label(prep: Prepared) -> str:
 def measure(model: str, data: str = "digits", compression: str = "dense",
             ratio: float | None = None, finetune_epochs: int = 0,
             remove_channels: bool = False, log=None,
-            reference: float | None = None) -> AccuracyResult:
+            reference: float | None = None,
+            options: DataOptions = DataOptions()) -> AccuracyResult:
     """Measure the accuracy of ``model`` compressed as asked: top-1 on labelled data, else
     the fidelity proxy (agreement with the uncompressed model on the data's images).
-    ``reference``: the uncompressed top-1 on the same data, when already measured."""
+    ``reference``: the uncompressed top-1 on the same data, when already measured.
+    A result is cached under ``DLAS_HOME/cache/accuracy`` by the model file's hash, the
+    data's hash and the compression; the same question is answered from there."""
     from dlas_predict.networks import zoo
     from dlas_predict.space.config import Compression
 
     comp = Compression.parse(compression)
     path = zoo.resolve(model)
-    shape = input_shape(path)
-    test = load_data(data, shape)
+    shape = input_shape(path, options.input_size)
+    if options.input_size is not None:
+        fixed = with_fixed_input(path, shape)
+        if fixed != path:
+            model, path = str(fixed), fixed
+    test = load_data(data, shape, options=options, model_path=path)
+    check_labels(test, output_classes(path))
+    key = _cache_key(path, test, comp, ratio, finetune_epochs, remove_channels, options)
+    cached = _cached(key)
+    if cached is not None:
+        return cached
     calibration = None
     if comp is Compression.INT8:
-        calib_src = load_data("digits", shape, "train") if data == "digits" else test
+        calib_src = (load_data("digits", shape, "train", options) if data == "digits"
+                     else test)
         calibration = calib_src.x[:128]
     prep = prepare(model, comp.value, ratio, remove_channels, finetune_epochs, calibration,
                    log=log)
@@ -316,13 +282,49 @@ def measure(model: str, data: str = "digits", compression: str = "dense",
         raw = compress_onnx(onnx.load(str(path)), "int8", calibration=noise).model
         uncal = (evaluate_onnx(raw, test) if metric == "top1"
                  else agreement(raw, path, test.x))
-    return AccuracyResult(
+    notes = tuple(prep.compressed.notes) + ((f"{test.skipped} images could not be decoded "
+                                             "and were skipped",) if test.skipped else ())
+    res = AccuracyResult(
         model=prep.name, compression=comp.value, ratio=prep.compressed.ratio, metric=metric,
         value=value, data=test.name, n_samples=len(test), reference_top1=reference,
         finetune_epochs=finetune_epochs, weights=_weights_label(prep),
-        notes=tuple(prep.compressed.notes), uncalibrated=uncal)
+        notes=notes, uncalibrated=uncal)
+    _store(key, res)
+    return res
 
 
+def _cache_key(path: Path, test: Dataset, comp, ratio, finetune_epochs: int,
+               remove_channels: bool, options: DataOptions) -> str:
+    import hashlib
+
+    model_hash = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+    what = f"{comp.value}|{ratio}|{finetune_epochs}|{remove_channels}|{options.key}"
+    return "-".join((model_hash, data_hash(test),
+                     hashlib.sha256(what.encode()).hexdigest()[:12]))
+
+
+def _cached(key: str) -> AccuracyResult | None:
+    import json
+
+    from dlas_predict.paths import cache_dir
+
+    f = cache_dir("accuracy") / f"{key}.json"
+    try:
+        d = json.loads(f.read_text())
+        return AccuracyResult(**{**d, "notes": tuple(d["notes"])})
+    except (OSError, ValueError, TypeError, KeyError):
+        return None  # absent or unreadable: measured again, and rewritten
+
+
+def _store(key: str, res: AccuracyResult) -> None:
+    import dataclasses
+    import json
+
+    from dlas_predict.files import write_if_changed
+    from dlas_predict.paths import cache_dir
+
+    write_if_changed(cache_dir("accuracy") / f"{key}.json",
+                     json.dumps(dataclasses.asdict(res)).encode())
 
 
 def elbow(points: list[tuple[float, float]], reference: float,
@@ -338,12 +340,14 @@ def elbow(points: list[tuple[float, float]], reference: float,
 
 
 def curve(model: str, kind: str, ratios=DEFAULT_RATIOS, data: str = "digits",
-          finetune_epochs: int = 0, log=None) -> list[AccuracyResult]:
+          finetune_epochs: int = 0, log=None,
+          options: DataOptions = DataOptions()) -> list[AccuracyResult]:
     """Accuracy against pruning ratio for one pruning kind (each point measured)."""
     points = []
     for r in ratios:
         points.append(measure(model, data, kind, r, finetune_epochs, log=log,
-                              reference=points[0].reference_top1 if points else None))
+                              reference=points[0].reference_top1 if points else None,
+                              options=options))
     return points
 
 
@@ -372,7 +376,8 @@ class PruningCurves:
 
 
 def pruning_curves(model: str, ratios: str, data: str | None, finetune_epochs: int,
-                   elbow_drop: float, log=None) -> PruningCurves:
+                   elbow_drop: float, log=None,
+                   options: DataOptions = DataOptions()) -> PruningCurves:
     """Measure both pruning curves of ``model`` at ``ratios`` (a comma list)."""
     try:
         grid = sorted({float(r) for r in ratios.split(",") if r.strip()})
@@ -382,7 +387,7 @@ def pruning_curves(model: str, ratios: str, data: str | None, finetune_epochs: i
         raise ConfigError("--ratios is empty")
     curves, elbows, reference = {}, {}, None
     for kind in ("weight_pruning", "channel_pruning"):
-        points = curve(model, kind, grid, data, finetune_epochs, log=log)
+        points = curve(model, kind, grid, data, finetune_epochs, log=log, options=options)
         reference = points[0].reference_top1
         ref = reference if reference is not None else 1.0  # proxy: agreement with itself
         curves[kind] = points

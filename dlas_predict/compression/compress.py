@@ -111,12 +111,12 @@ def channel_masks(weights: list[np.ndarray], ratio: float,
 
 
 # ---- ONNX helpers ------------------------------------------------------------------------
-def _conv_nodes(model) -> list:
+def conv_nodes(model) -> list:
     inits = {i.name for i in model.graph.initializer}
     return [n for n in model.graph.node if n.op_type == "Conv" and n.input[1] in inits]
 
 
-def _arrays(model) -> dict[str, np.ndarray]:
+def initializer_arrays(model) -> dict[str, np.ndarray]:
     from onnx import numpy_helper
 
     return {i.name: numpy_helper.to_array(i).copy() for i in model.graph.initializer}
@@ -141,9 +141,9 @@ def layer_sparsity(model) -> list[LayerSparsity]:
     inline_constant_identities(model)
     model = onnx.shape_inference.infer_shapes(model, strict_mode=False)
     shapes = value_shapes(model)
-    arrays = _arrays(model)
+    arrays = initializer_arrays(model)
     out = []
-    for node in _conv_nodes(model):
+    for node in conv_nodes(model):
         w = arrays[node.input[1]]
         name = node.name or node.output[0]
         spec = conv_spec_of(node, name, shapes.get(node.input[0]), tuple(w.shape))
@@ -154,8 +154,8 @@ def layer_sparsity(model) -> list[LayerSparsity]:
 
 
 def _prune_onnx(model, kind: Compression, ratio: float):
-    arrays = _arrays(model)
-    convs = _conv_nodes(model)
+    arrays = initializer_arrays(model)
+    convs = conv_nodes(model)
     if not convs:
         raise NetworkError("the model has no convolution with constant weights to prune")
     weights = [arrays[n.input[1]] for n in convs]
@@ -175,7 +175,7 @@ def _float16(model) -> None:
     import onnx
     from onnx import TensorProto, helper
 
-    arrays = _arrays(model)
+    arrays = initializer_arrays(model)
     _write_arrays(model, {k: v.astype(np.float16).astype(np.float32)
                           for k, v in arrays.items() if v.dtype == np.float32})
     inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
@@ -350,7 +350,7 @@ class _ChannelRemover:
 
         self.model = copy.deepcopy(model)
         inline_constant_identities(self.model)
-        self.arrays = _arrays(self.model)
+        self.arrays = initializer_arrays(self.model)
         self.consts = dict(self.arrays)
         for node in self.model.graph.node:
             if node.op_type == "Constant":
@@ -368,7 +368,7 @@ class _ChannelRemover:
 
         arrays = self.arrays
         removed = kept_zero = 0
-        for node in _conv_nodes(self.model):
+        for node in conv_nodes(self.model):
             if _attr(node, "group", 1) != 1:
                 continue  # a depthwise/grouped conv's channels are tied to its input's
             w = arrays[node.input[1]]
@@ -532,7 +532,7 @@ def _ranked_weights(model: str):
     from dlas_predict.networks.graph import read_proto
 
     m = read_proto(zoo.resolve(model))
-    convs = _conv_nodes(m)
+    convs = conv_nodes(m)
     inits = {i.name: i for i in m.graph.initializer}  # only the conv weights are read
     raw = [numpy_helper.to_array(inits[n.input[1]]) for n in convs]
     return raw, raw, [_attr(n, "group", 1) == 1 for n in convs]
@@ -574,11 +574,11 @@ def channel_removed_networks(model: str, ratios) -> dict[float, tuple[list, dict
 
     raw, folded, prunable = _ranked_weights(model)
     base = read_proto(zoo.resolve(model))
-    convs = _conv_nodes(base)
+    convs = conv_nodes(base)
     if len(convs) != len(raw):
         raise NetworkError(f"{model}: {len(convs)} conv layers with constant weights but "
                            f"{len(raw)} prunable convs in its definition")
-    arrays = _arrays(base)
+    arrays = initializer_arrays(base)
     out = {}
     for r in ratios:
         keeps = channel_masks(folded, r, prunable)
@@ -587,10 +587,10 @@ def channel_removed_networks(model: str, ratios) -> dict[float, tuple[list, dict
                   for i, (n, k) in enumerate(zip(convs, keeps))}
         _write_arrays(m, {k: v.astype(np.float32) for k, v in pruned.items()})
         m, _removed, _kept = remove_zero_channels(m)
-        left = _arrays(m)
+        left = initializer_arrays(m)
         net = network_of_proto(m, str(model))
         layers = []
-        for node, layer in zip(_conv_nodes(m), net.convs()):
+        for node, layer in zip(conv_nodes(m), net.convs()):
             w = left[node.input[1]]
             layers.append((layer.spec, float((w == 0).mean())))
         out[r] = (layers, asdict(NetworkSummary.of(net)))

@@ -23,6 +23,7 @@ class Dataset:
     name: str
     x: np.ndarray
     y: np.ndarray
+    skipped: int = 0  # images that could not be decoded, left out
 
     def __len__(self) -> int:
         return len(self.y)

@@ -8,7 +8,6 @@ with ``error``, and ``runner.protocol`` says how the records were timed.
 
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -75,15 +74,6 @@ class NetworkCollectSummary:
         return sum(1 for r in self.records if r.error is not None)
 
 
-def _progress(total: int, desc: str, unit: str, enabled: bool):
-    """A tqdm bar on stderr, only when asked for and stdout is a terminal."""
-    if not enabled or not total or not sys.stdout.isatty():
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=desc, unit=unit, dynamic_ncols=True, file=sys.stderr)
-
-
 def collect_kernels(tasks: list["MeasureTask"], store: CorpusStore | None, runner: Runner,
                     retry_failures: bool = False,
                     on_result: Callable[[MeasureResult], None] | None = None,
@@ -106,7 +96,9 @@ def collect_kernels(tasks: list["MeasureTask"], store: CorpusStore | None, runne
             if store is not None and (retime_slow or retime_unprobed) else {})
     todo = [t for t in tasks if t.key not in done or t.key in slow]
     summary = CollectSummary(planned=len(tasks), skipped=len(tasks) - len(todo))
-    bar = _progress(len(todo), desc, "kernel", progress)
+    from dlas_predict.render import progress_bar
+
+    bar = progress_bar(len(todo), desc, "kernel", progress)
     try:
         for result in runner.run(todo):
             summary.measured += 1

@@ -24,6 +24,7 @@ class Candidate:
     accuracy: float | None = None
     accuracy_source: str = ""
     accuracy_drop_pp: float | None = None
+    accuracy_drop_high_pp: float | None = None  # a predicted drop's 80 % interval upper end
     measured_s: float | None = None         # fastest timed run: what the models predict
     measured_median_s: float | None = None  # the protocol's median, for reference
     measured_note: str | None = None
@@ -66,7 +67,8 @@ class Candidate:
                "predicted_high_ms": ms(self.high_s), "source": self.source,
                "accuracy": self.accuracy,
                "accuracy_source": self.accuracy_source,
-               "accuracy_drop_pp": self.accuracy_drop_pp, "measured_ms": ms(self.measured_s),
+               "accuracy_drop_pp": self.accuracy_drop_pp,
+               "accuracy_drop_high_pp": self.accuracy_drop_high_pp, "measured_ms": ms(self.measured_s),
                "measured_median_ms": ms(self.measured_median_s),
                "predicted_tuning_s": None if self.tuning_s is None else round(self.tuning_s, 1)}
         if self.algorithm == PER_LAYER:

@@ -27,76 +27,15 @@ from dlas_predict.space.config import (COMPRESSION_KERNEL, DEFAULT_CURVE_RATIOS,
 from dlas_predict.errors import DlasError
 from dlas_predict.measure.networks.plans import ONNXRUNTIME, PER_LAYER
 
-from dlas_predict.paths import CURVES, MODELS_STORE
+from dlas_predict.paths import MODELS_STORE
 from dlas_predict.space.devices import model_dir
 from dlas_predict.models.device import features_device, load_models
+from dlas_predict.recommend.accuracy import Accuracies, unchecked
 from dlas_predict.recommend.candidates import Candidate, Recommendation
 from dlas_predict.recommend.validate import validate_top
 
 
 # ---- models ----------------------------------------------------------------------------------
-# ---- accuracy ----------------------------------------------------------------------------------
-def shipped_curves() -> dict:
-    """The shipped accuracy curves by network ({} when the file is absent)."""
-    from dlas_predict.compression.accuracy import load_curves
-
-    return load_curves(CURVES)
-
-
-def _curve_lookup(name: str):
-    return shipped_curves().get(name)
-
-
-class _Accuracy:
-    """Accuracy per (compression, ratio): measured on --data, else the shipped curve."""
-
-    def __init__(self, model: str, name: str, data: str | None, log=None):
-        self.model, self.name, self.data, self.log = model, name, data, log
-        self.curve = None if data else _curve_lookup(name)
-        self.reference = None
-        self.cache: dict[tuple, tuple] = {}
-
-    def get(self, comp: Compression, ratio: float | None) -> tuple:
-        """(value, source, drop in points) or (None, why unknown, None)."""
-        key = (comp, ratio)
-        if key not in self.cache:
-            self.cache[key] = self._get(comp, ratio)
-        return self.cache[key]
-
-    def _get(self, comp: Compression, ratio: float | None) -> tuple:
-        if self.data:
-            from dlas_predict.compression.accuracy import measure
-
-            t0 = time.perf_counter()
-            res = measure(self.model, self.data, comp.value, ratio, reference=self.reference)
-            if self.log:
-                self.log(f"accuracy [{len(self.cache) + 1}] {comp.value}"
-                         + (f"@{ratio:g}" if ratio else "") + f": {res.metric} "
-                         f"{res.value:.4f} on {res.n_samples} images "
-                         f"({time.perf_counter() - t0:.1f} s)")
-            if res.metric == "top1":
-                self.reference = res.reference_top1
-                return (res.value, f"measured: top-1 on {res.data} ({res.n_samples} images)",
-                        (res.reference_top1 - res.value) * 100)
-            return (res.value, f"measured: fidelity proxy on {res.data} (agreement with the "
-                    f"uncompressed model, {res.n_samples} images)", (1 - res.value) * 100)
-        if self.curve is None:
-            return (None, "unknown: no shipped curve for this network; pass --data to "
-                    "measure", None)
-        dense = self.curve.dense
-        src = (f"shipped curve: top-1 on {self.curve.data} "
-               f"({self.curve.n_samples} images, datasets/accuracy/curves.json)")
-        if comp is Compression.DENSE:
-            return dense, src, 0.0
-        if comp in (Compression.FLOAT16, Compression.INT8):
-            v = self.curve.accuracy(comp.value)
-            return (v, src, (dense - v) * 100) if v is not None else (None, "unknown", None)
-        v = self.curve.accuracy(comp.value, ratio, digits=4)
-        if v is None:
-            return None, "unknown: ratio not on the shipped curve; pass --data", None
-        return v, src, (dense - v) * 100
-
-
 # ---- the recommender ---------------------------------------------------------------------------
 @dataclass(frozen=True)
 class GridPoint:
@@ -201,14 +140,16 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
               ratios: tuple[float, ...] = DEFAULT_CURVE_RATIOS, models_dir: Path | None = None,
               log=None, tuning: str = "all", trials: int = 64,
               tuning_db: str | None = None, network_runner=None,
-              compressions: tuple[Compression, ...] = tuple(Compression)) -> Recommendation:
+              compressions: tuple[Compression, ...] = tuple(Compression),
+              data_options=None) -> Recommendation:
     """Predict every grid point of ``model`` on ``device``, drop what breaks the accuracy
     budget, rank the rest; with ``validate`` > 0, build and time the top ones (local only)
     with the whole-network runner ``network_runner()`` opens (default: the local CPU's).
 
     ``tuning`` (untuned | tuned | all) picks the halves of the grid, ``compressions`` its
     rows (dense among them: speedups are relative to it); a tuned candidate also carries the
-    predicted search time for ``trials`` trials per kernel."""
+    predicted search time for ``trials`` trials per kernel. ``data_options``
+    (:class:`~dlas_predict.compression.data.DataOptions`): how ``data`` is read."""
     from dlas_predict.measure.execution.runner import TuningOptions
 
     t0 = time.time()
@@ -259,9 +200,9 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
     cands += ort
     dense_best = min(c.predicted_s for c in dense)
     dropped: list[tuple[str, str]] = []
-    kept = _within_budget(cands, _Accuracy(model, su.entry.name if su.entry else su.name,
-                                           data, log), max_accuracy_drop,
-                          dropped, su)
+    acc = Accuracies(model, su.entry.name if su.entry else su.name, data, log,
+                     predictable=su.entry is None or su.entry.trained, options=data_options)
+    kept = _within_budget(cands, acc, max_accuracy_drop, dropped, su)
     reference = next((c for c in ort if c.compression is Compression.DENSE), None)
     _rank(kept, reference)
     if len(su.tunings) == 2:
@@ -284,11 +225,6 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
 #: A candidate predicted less than this much faster than the reference gains nothing the
 #: models can tell: it ranks after the reference.
 NO_GAIN = 0.01
-
-
-def unchecked(c: Candidate) -> bool:
-    """A compressed candidate whose accuracy is neither measured nor known from a curve."""
-    return c.accuracy is None and c.compression is not Compression.DENSE
 
 
 def _rank(kept: list[Candidate], reference: Candidate | None) -> None:
@@ -680,25 +616,30 @@ def _price(plans: list[Plan], su: _Setup, X: np.ndarray, layer_pred, tune_s,
     return cands
 
 
-def _within_budget(cands: list[Candidate], acc: "_Accuracy", max_accuracy_drop: float,
+def _within_budget(cands: list[Candidate], acc: Accuracies, max_accuracy_drop: float,
                    dropped: list[tuple[str, str]], su: _Setup) -> list[Candidate]:
-    """Stage 5: each candidate's accuracy; those over the budget are dropped with the reason."""
+    """Stage 5: each candidate's accuracy; those over the budget are dropped with the reason
+    (a predicted drop is checked at its 80 % interval's upper end: kept with 90 %
+    confidence)."""
+    acc.measure_all(dict.fromkeys((c.compression, c.ratio) for c in cands))
     kept = []
     unknown = 0
     for c in cands:
-        c.accuracy, c.accuracy_source, c.accuracy_drop_pp = acc.get(c.compression, c.ratio)
-        if c.accuracy_drop_pp is not None and c.accuracy_drop_pp > max_accuracy_drop + 1e-9:
-            dropped.append((c.label, f"accuracy drop {c.accuracy_drop_pp:.1f} points > "
-                                     f"{max_accuracy_drop:g}"))
+        fig = acc.get(c.compression, c.ratio)
+        c.accuracy, c.accuracy_source, c.accuracy_drop_pp = fig.value, fig.source, fig.drop_pp
+        c.accuracy_drop_high_pp = fig.high_pp
+        drop = fig.checked_drop
+        if drop is not None and drop > max_accuracy_drop + 1e-9:
+            what = ("predicted drop up to" if fig.high_pp is not None else "accuracy drop")
+            dropped.append((c.label, f"{what} {drop:.1f} points > {max_accuracy_drop:g}"))
             continue
         if unchecked(c):
             unknown += 1
         kept.append(c)
     if unknown:
-        su.notes.append(f"{unknown} candidates have no accuracy figure (no --data and no "
-                        "shipped curve): they are kept but unchecked against the accuracy "
-                        "budget, and ranked after the dense reference however fast; pass "
-                        "--data digits|PATH to measure")
+        su.notes.append(f"{unknown} candidates have no accuracy figure: they are kept but "
+                        "unchecked against the accuracy budget, and ranked after the dense "
+                        "reference however fast; pass --data digits|PATH to measure")
     if su.entry is not None and not su.entry.trained:
         su.notes.append("this zoo network has random weights (nothing can be downloaded): "
                         "accuracy figures for it are chance level")

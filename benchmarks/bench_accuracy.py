@@ -1,0 +1,88 @@
+"""The accuracy-cost model judged leave-one-network-out on the measured curves.
+
+    .venv/bin/python benchmarks/bench_accuracy.py [--table datasets/accuracy/features.parquet]
+
+Each network's points are predicted by a model (trees and interval) fitted on the other
+networks only. Printed per compression and overall: the share of predicted drops within
+±2 points where the measured drop is at most 10 points, the mean absolute error in points,
+and how often the measured drop lies in the 80 % interval; beside them the simplest
+baseline, the other networks' mean normalised drop at the same compression and ratio (the
+average curve). Then the budget check the tool makes without data: a point is kept when the
+upper end of its interval is within the budget; how many kept points truly break it, and
+how many of the points that truly keep it are kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def average_curve(table, groups: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Leave one network out: the other networks' mean normalised drop at the same
+    compression and ratio."""
+    key = table["compression"].astype(str) + "@" + table["ratio"].fillna(0).round(3).astype(str)
+    key = key.to_numpy()
+    out = np.full(len(y), np.nan)
+    for name in np.unique(groups):
+        test = groups == name
+        for k in np.unique(key[test]):
+            train = (~test) & (key == k)
+            out[test & (key == k)] = y[train].mean() if train.any() else 0.0
+    return np.clip(out, 0, 1)
+
+
+def main() -> int:
+    from dlas_predict.models.accuracy import held_out, read_training_table
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--table", type=Path,
+                   default=ROOT / "datasets" / "accuracy" / "features.parquet")
+    p.add_argument("--budget", type=float, default=1.0, help="accuracy budget in points")
+    args = p.parse_args()
+    t0 = time.time()
+    table, X, y, groups = read_training_table(args.table)
+    mid, low, high = held_out(X, y, groups)
+    base = average_curve(table, groups, y)
+    scale = (table["dense"] - table["chance"]).clip(lower=0).to_numpy() * 100
+    true_pp, pred_pp, base_pp = y * scale, mid * scale, base * scale
+    low_pp, high_pp = low * scale, high * scale
+    comp = table["compression"].to_numpy()
+    print(f"{len(np.unique(groups))} networks, {len(y)} measured points "
+          f"({time.time() - t0:.0f} s)\n")
+    print("| compression | points with drop ≤ 10 | within ±2 points | average curve | "
+          "MAE (points) | average curve | in 80 % interval (all points) |")
+    print("|---|---|---|---|---|---|---|")
+    for name in [*sorted(set(comp)), "all"]:
+        sel = np.ones(len(y), bool) if name == "all" else comp == name
+        small = sel & (true_pp <= 10)
+        within = np.abs(pred_pp - true_pp)[small] <= 2
+        bwithin = np.abs(base_pp - true_pp)[small] <= 2
+        cover = ((true_pp >= low_pp - 1e-9) & (true_pp <= high_pp + 1e-9))[sel]
+        print(f"| {name} | {small.sum()} | **{within.mean():.0%}** | {bwithin.mean():.0%} | "
+              f"{np.abs(pred_pp - true_pp)[sel].mean():.1f} | "
+              f"{np.abs(base_pp - true_pp)[sel].mean():.1f} | {cover.mean():.0%} |")
+    kept = high_pp <= args.budget
+    truly = true_pp <= args.budget
+    print(f"\nbudget {args.budget:g} point(s), checked against the interval's upper end: "
+          f"{kept.sum()} of {len(y)} points kept; {int((kept & ~truly).sum())} of them "
+          f"break the budget ({(kept & ~truly).sum() / max(kept.sum(), 1):.0%}); "
+          f"{(kept & truly).sum() / max(truly.sum(), 1):.0%} of the {truly.sum()} points "
+          "that keep it are kept")
+    worst = np.argsort(-(true_pp - high_pp) * kept)[:3]
+    for i in worst:
+        if kept[i] and true_pp[i] > args.budget:
+            print(f"  broke: {groups[i]} {comp[i]}@{table['ratio'].iloc[i]}: measured "
+                  f"{true_pp[i]:.1f}, interval up to {high_pp[i]:.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,135 @@
+"""What a compression does to a network's weights, read without data: the features of the
+accuracy-cost model (``dlas_predict.models.accuracy``).
+
+Each compression is applied to the conv weights exactly as :mod:`compress` applies it to
+an ONNX file (global L1 unstructured masks, global L1 channel masks, per-tensor symmetric
+int8, float16 rounding), and described by dimensionless figures that carry from one
+network to another: the share of each layer's weights (or output channels) removed, the
+share of each layer's L2 energy removed (the error it injects, relative to its signal),
+their worst layer, first layer and sum over depth, the channels left in the thinnest layer;
+and the network's own shape: depth, depthwise share, residual adds, size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from dlas_predict.compression.compress import (channel_masks, conv_nodes, initializer_arrays,
+                                               weight_masks)
+from dlas_predict.errors import NetworkError
+from dlas_predict.space.config import Compression
+
+#: The compressions the model prices, in the order of their one-hot features.
+KINDS = (Compression.WEIGHT_PRUNING, Compression.CHANNEL_PRUNING, Compression.INT8,
+         Compression.FLOAT16)
+FEATURE_NAMES = (
+    "is_weight_pruning", "is_channel_pruning", "is_int8", "is_float16", "ratio",
+    # what the compression removes, per layer
+    "removed_max", "removed_mean", "removed_first", "removed_last",
+    "energy_max", "energy_mean", "energy_first", "energy_last", "energy_depth_sum",
+    "energy_depth_mean", "heavy_layers", "kept_channels_min_log2",
+    # the network
+    "conv_layers_log2", "depthwise_share", "residual_adds_per_conv", "conv_params_log10",
+    "first_params_share", "weight_spread",
+)
+#: A layer that loses more than this share of its energy counts as heavily hit.
+HEAVY = 0.5
+
+
+@dataclass(frozen=True)
+class ConvWeights:
+    """A network's conv layers as the compressions see them (graph order)."""
+
+    weights: tuple[np.ndarray, ...]
+    prunable: tuple[bool, ...]       # a channel pruning candidate (not depthwise or grouped)
+    residual_adds: int
+    classes: int | None              # the output width, where the graph says it
+
+    @classmethod
+    def of(cls, model) -> "ConvWeights":
+        """Read from an ONNX ModelProto, or a path to one."""
+        from dlas_predict.networks.graph import read_proto
+
+        if not hasattr(model, "graph"):
+            model = read_proto(model)
+        convs = conv_nodes(model)
+        if not convs:
+            raise NetworkError("the model has no convolution with constant weights: the "
+                               "accuracy-cost model prices conv networks")
+        arrays = initializer_arrays(model)
+        weights = tuple(arrays[n.input[1]].astype(np.float32) for n in convs)
+        adds = sum(1 for n in model.graph.node if n.op_type in ("Add", "Sum")
+                   and not any(i in arrays for i in n.input))
+        classes = None
+        out = model.graph.output[0].type.tensor_type.shape.dim if model.graph.output else ()
+        if len(out) >= 2 and out[-1].dim_value > 1:
+            classes = int(out[-1].dim_value)
+        groups = [next((a.i for a in n.attribute if a.name == "group"), 1) for n in convs]
+        return cls(weights, tuple(g == 1 for g in groups), adds, classes)
+
+
+def _network(cw: ConvWeights) -> list[float]:
+    sizes = np.array([w.size for w in cw.weights], float)
+    depthwise = np.array([not p for p in cw.prunable])
+    spread = [float(np.std(np.abs(w)) / (np.mean(np.abs(w)) + 1e-12)) for w in cw.weights]
+    return [np.log2(len(cw.weights)), float(sizes[depthwise].sum() / sizes.sum()),
+            cw.residual_adds / len(cw.weights), float(np.log10(sizes.sum())),
+            float(sizes[0] / sizes.sum()), float(np.average(spread, weights=sizes))]
+
+
+def _summary(removed: np.ndarray, energy: np.ndarray, sizes: np.ndarray,
+             kept_min: float) -> list[float]:
+    depth = -np.log1p(-np.minimum(energy, 0.999))
+    return [float(removed.max()), float(np.average(removed, weights=sizes)), float(removed[0]),
+            float(removed[-1]), float(energy.max()), float(np.average(energy, weights=sizes)),
+            float(energy[0]), float(energy[-1]), float(depth.sum()), float(depth.mean()),
+            float((energy > HEAVY).mean()), float(np.log2(max(kept_min, 1.0)))]
+
+
+def _energy(w: np.ndarray, kept: np.ndarray) -> float:
+    total = float(np.square(w).sum())
+    return float(np.square(w[~kept]).sum()) / total if total > 0 else 0.0
+
+
+def _quantised(w: np.ndarray, kind: Compression) -> np.ndarray:
+    if kind is Compression.FLOAT16:
+        return w.astype(np.float16).astype(np.float32)
+    scale = float(np.abs(w).max()) / 127 or 1.0
+    return np.clip(np.round(w / scale), -127, 127) * scale
+
+
+def features(cw: ConvWeights, compression: Compression, ratio: float | None) -> np.ndarray:
+    """One row of :data:`FEATURE_NAMES`: what ``compression`` at ``ratio`` does to ``cw``."""
+    if compression not in KINDS:
+        raise NetworkError(f"the accuracy-cost model prices {', '.join(k.value for k in KINDS)}"
+                           f", not {compression.value}")
+    ws = cw.weights
+    sizes = np.array([w.size for w in ws], float)
+    onehot = [float(compression is k) for k in KINDS]
+    if compression is Compression.WEIGHT_PRUNING:
+        keeps = weight_masks(list(ws), float(ratio))
+        removed = np.array([1 - k.mean() for k in keeps])
+        energy = np.array([_energy(w, k) for w, k in zip(ws, keeps)])
+        kept_min = min(int(np.any(k.reshape(k.shape[0], -1), axis=1).sum()) for k in keeps)
+    elif compression is Compression.CHANNEL_PRUNING:
+        keeps = channel_masks(list(ws), float(ratio), list(cw.prunable))
+        removed = np.array([1 - k.mean() for k in keeps])
+        energy = np.array([_energy(w, np.broadcast_to(k.reshape(-1, *[1] * (w.ndim - 1)),
+                                                      w.shape)) for w, k in zip(ws, keeps)])
+        kept_min = min(int(k.sum()) for k, p in zip(keeps, cw.prunable) if p) \
+            if any(cw.prunable) else min(len(k) for k in keeps)
+        ratio = float(ratio)
+    else:
+        errors = []
+        for w in ws:
+            q = _quantised(w, compression)
+            total = float(np.square(w).sum())
+            errors.append(float(np.square(q - w).sum()) / total if total > 0 else 0.0)
+        removed = np.zeros(len(ws))
+        energy = np.array(errors)
+        kept_min = min(w.shape[0] for w in ws)
+        ratio = 0.0
+    return np.array(onehot + [float(ratio or 0.0)]
+                    + _summary(removed, energy, sizes, kept_min) + _network(cw), np.float64)

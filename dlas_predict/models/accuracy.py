@@ -1,0 +1,273 @@
+"""The accuracy-cost model: a compression's top-1 drop predicted from the network's weights.
+
+Trained on measured curves (``datasets/accuracy/generated.json``: small CNNs of four
+families trained here on digits, and the trained zoo networks, each measured as a user's
+ONNX file), it predicts the *share of the network's above-chance accuracy* that a
+compression loses, ``(dense - compressed) / (dense - chance)``, from what the compression
+does to the weights (:mod:`dlas_predict.compression.sensitivity`). The share carries across
+tasks of other accuracies; in points it is ``share × (dense - chance) × 100``, and where the
+uncompressed accuracy is unknown (no data) the tool takes it as 100 %: the largest drop the
+share can mean.
+
+The 80 % interval is conformal: the trees' errors on networks held out of the fit (grouped
+folds), split by the size of the prediction (a flat region's errors are small, a cliff's
+large) and apart for the quantised rows, give each bin its 10th and 90th percentile of
+error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from dlas_predict.compression.sensitivity import FEATURE_NAMES, KINDS, ConvWeights, features
+from dlas_predict.models.costmodel import ModelError, package_versions, read_sidecar, write_sidecar
+from dlas_predict.space.config import Compression
+
+MODEL_FORMAT = "accuracy-cost-1"
+NAME = "accuracy"
+#: Upper edges of the prediction bins the interval's errors are taken from.
+BIN_EDGES = (0.01, 0.05, 0.2, 0.5)
+#: The interval's percentiles (an 80 % interval).
+QUANTILES = (0.1, 0.9)
+FOLDS = 5
+_PARAMS = {"n_estimators": 300, "learning_rate": 0.03, "num_leaves": 15,
+           "min_child_samples": 10, "subsample": 0.8, "subsample_freq": 1,
+           "colsample_bytree": 0.8, "verbose": -1}
+
+
+def normalised_drop(dense: float, value: float, chance: float) -> float:
+    """The share of above-chance accuracy lost (0: none, 1: down to chance)."""
+    return (dense - value) / np.maximum(dense - chance, 1e-6)
+
+
+# ---- the training table -------------------------------------------------------------------
+@dataclass(frozen=True)
+class CurvePoint:
+    """One measured compression of one network: the training row's label and key."""
+
+    network: str
+    family: str
+    compression: Compression
+    ratio: float | None
+    dense: float
+    value: float
+    chance: float
+
+    @property
+    def drop(self) -> float:
+        return normalised_drop(self.dense, self.value, self.chance)
+
+
+def curve_points(name: str, entry: dict, classes: int = 10) -> list[CurvePoint]:
+    """Every measured point of one network's curves entry (the format of ``curves.json``)."""
+    family = (entry.get("network") or {}).get("family", "zoo")
+    chance, dense = 1.0 / classes, float(entry["dense"])
+    out = []
+    for comp in KINDS:
+        if comp.value in ("float16", "int8"):
+            if entry.get(comp.value) is not None:
+                out.append(CurvePoint(name, family, comp, None, dense, float(entry[comp.value]),
+                                      chance))
+            continue
+        for r, v in (entry.get(comp.value) or {}).get("points", []):
+            out.append(CurvePoint(name, family, comp, float(r), dense, float(v), chance))
+    return out
+
+
+def write_training_table(curves: dict, onnx_dir: Path, out: Path) -> Path:
+    """The model's training table: one row per measured point, its features read from the
+    network's ONNX file in ``onnx_dir`` (``NAME.onnx``)."""
+    import pandas as pd
+
+    rows = []
+    for name, entry in sorted(curves.items()):
+        cw = ConvWeights.of(Path(onnx_dir) / f"{name}.onnx")
+        for p in curve_points(name, entry, cw.classes or 10):
+            f = features(cw, p.compression, p.ratio)
+            rows.append({"network": p.network, "family": p.family,
+                         "compression": p.compression.value, "ratio": p.ratio,
+                         "dense": p.dense, "value": p.value, "chance": p.chance,
+                         **dict(zip(FEATURE_NAMES, f))})
+    table = pd.DataFrame(rows)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    table.to_parquet(out, index=False)
+    return out
+
+
+def read_training_table(path: Path):
+    """The table and its arrays: (table, X, normalised drop, network of each row)."""
+    import pandas as pd
+
+    table = pd.read_parquet(path)
+    missing = [n for n in FEATURE_NAMES if n not in table.columns]
+    if missing:
+        raise ModelError(f"{path} lacks the features {', '.join(missing)}; rebuild it with "
+                         "datasets/make_accuracy_corpus.py --features")
+    X = table[list(FEATURE_NAMES)].to_numpy(np.float64)
+    y = normalised_drop(table["dense"].to_numpy(), table["value"].to_numpy(),
+                        table["chance"].to_numpy())
+    return table, X, y, table["network"].to_numpy()
+
+
+# ---- the model ----------------------------------------------------------------------------
+#: The bins: one per prediction range of the pruning rows, and one for the quantised rows
+#: (float16 and int8), whose errors are of another scale.
+N_BINS = len(BIN_EDGES) + 2
+_QUANTISED = [FEATURE_NAMES.index("is_int8"), FEATURE_NAMES.index("is_float16")]
+
+
+def _bin(pred: np.ndarray, X: np.ndarray) -> np.ndarray:
+    quantised = X[:, _QUANTISED].sum(axis=1) > 0
+    return np.where(quantised, N_BINS - 1, np.searchsorted(np.array(BIN_EDGES), pred))
+
+
+def _fit_trees(X: np.ndarray, y: np.ndarray, seed: int, n_estimators: int):
+    import lightgbm as lgb
+
+    params = {**_PARAMS, "n_estimators": n_estimators}
+    return lgb.LGBMRegressor(objective="regression", random_state=seed, **params).fit(
+        X, y).booster_
+
+
+def _folds(groups: np.ndarray, k: int, seed: int) -> list[np.ndarray]:
+    names = np.unique(groups)
+    order = np.random.default_rng(seed).permutation(len(names))
+    return [np.isin(groups, names[order[i::k]]) for i in range(min(k, len(names)))]
+
+
+@dataclass
+class AccuracyCostModel:
+    """Predicts the normalised top-1 drop of a compression (0: none, 1: to chance) with an
+    80 % interval. ``fit(X, drop, groups)``, ``predict(X)``, ``predict_interval(X)``,
+    ``save(directory)``, ``load(directory)``, as the latency models."""
+
+    seed: int = 0
+    n_estimators: int = _PARAMS["n_estimators"]
+    trees: object = None
+    errors: list = field(default_factory=list)  # per bin: [10th, 90th] percentile of error
+    meta: dict = field(default_factory=dict)
+
+    def fit(self, X: np.ndarray, drop: np.ndarray, groups: np.ndarray) -> "AccuracyCostModel":
+        X, drop, groups = np.asarray(X, np.float64), np.asarray(drop, np.float64), \
+            np.asarray(groups)
+        if len(np.unique(groups)) < 3:
+            raise ModelError("the accuracy-cost model needs the curves of 3 networks or more")
+        held = np.full(len(drop), np.nan)
+        for test in _folds(groups, FOLDS, self.seed):
+            held[test] = np.clip(_fit_trees(X[~test], drop[~test], self.seed,
+                                                  self.n_estimators).predict(X[test]),
+                                 0, 1)
+        residual, bins = drop - held, _bin(held, X)
+        self.errors = []
+        for b in range(N_BINS):
+            r = residual[bins == b]
+            r = r if len(r) >= 10 else residual  # a bin too thin borrows every error
+            self.errors.append([float(np.quantile(r, q)) for q in QUANTILES])
+        self.trees = _fit_trees(X, drop, self.seed, self.n_estimators)
+        self.meta = {"format": MODEL_FORMAT, "features": list(FEATURE_NAMES),
+                     "versions": package_versions(), "n_train": int(len(X)),
+                     "networks": int(len(np.unique(groups))), "bin_edges": list(BIN_EDGES),
+                     "errors": self.errors, "quantiles": list(QUANTILES), "folds": FOLDS,
+                     "trees": {**_PARAMS, "n_estimators": self.n_estimators}}
+        return self
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        """The normalised drop, in [0, 1]."""
+        if self.trees is None:
+            raise ModelError("the accuracy-cost model is not trained")
+        return np.clip(self.trees.predict(np.asarray(X, np.float64)), 0, 1)
+
+    def predict_interval(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The 80 % interval (low, high) of the normalised drop; low ≤ predict ≤ high."""
+        X = np.asarray(X, np.float64)
+        mid = self.predict(X)
+        err = np.array(self.errors)[_bin(mid, X)]
+        return (np.clip(np.minimum(mid + err[:, 0], mid), 0, 1),
+                np.clip(np.maximum(mid + err[:, 1], mid), 0, 1))
+
+    def save(self, directory: Path) -> Path:
+        from dlas_predict.models.trees import MODEL_SUFFIX, save_trees
+
+        sidecar = write_sidecar(directory, NAME, self.meta)
+        save_trees(self.trees, Path(directory) / f"{NAME}{MODEL_SUFFIX}")
+        return sidecar
+
+    @classmethod
+    def load(cls, directory: Path) -> "AccuracyCostModel":
+        from dlas_predict.models.costmodel import load_trees
+        from dlas_predict.models.trees import model_file
+
+        sidecar, meta = read_sidecar(directory, NAME, "accuracy-cost model",
+                                     "train one with datasets/make_accuracy_corpus.py --fit")
+        if meta.get("format") != MODEL_FORMAT or meta.get("features") != list(FEATURE_NAMES):
+            raise ModelError(f"{sidecar}: trained on other features than this version "
+                             "computes; retrain with datasets/make_accuracy_corpus.py --fit")
+        errors = meta.get("errors")
+        if not isinstance(errors, list) or len(errors) != N_BINS:
+            raise ModelError(f"{sidecar}: no interval errors; retrain it")
+        return cls(trees=load_trees(model_file(directory, NAME), len(FEATURE_NAMES)),
+                   errors=errors, meta=meta)
+
+
+def held_out(X: np.ndarray, drop: np.ndarray, groups: np.ndarray, seed: int = 0,
+             n_estimators: int = _PARAMS["n_estimators"]):
+    """Leave one network out: each network's rows predicted by a model (trees and interval)
+    fitted on the other networks only. Returns (middle, low, high) normalised drops."""
+    mid, low, high = (np.full(len(drop), np.nan) for _ in range(3))
+    for name in np.unique(groups):
+        test = groups == name
+        m = AccuracyCostModel(seed=seed, n_estimators=n_estimators).fit(
+            X[~test], drop[~test], groups[~test])
+        mid[test] = m.predict(X[test])
+        low[test], high[test] = m.predict_interval(X[test])
+    return mid, low, high
+
+
+# ---- what the tool asks ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class PredictedDrop:
+    """A compression's predicted top-1 drop, in points of a network whose uncompressed
+    accuracy is ``dense`` (1.0 when unknown: the largest drop the share can mean)."""
+
+    drop_pp: float
+    low_pp: float
+    high_pp: float
+    dense: float
+    chance: float
+
+    @property
+    def source(self) -> str:
+        return (f"predicted: accuracy-cost model, drop {self.drop_pp:.1f} points (80 % "
+                f"interval {self.low_pp:.1f}-{self.high_pp:.1f})")
+
+
+class AccuracyPredictor:
+    """The shipped accuracy-cost model applied to one network's weights."""
+
+    def __init__(self, model_path, directory: Path | None = None):
+        from dlas_predict.paths import ACCURACY_MODEL
+
+        self.model = AccuracyCostModel.load(Path(directory or ACCURACY_MODEL))
+        self.weights = ConvWeights.of(model_path)
+        self.chance = 1.0 / (self.weights.classes or 1000)
+
+    def drops(self, points: list[tuple[Compression, float | None]],
+              dense: float | None = None) -> list[PredictedDrop]:
+        X = np.array([features(self.weights, c, r) for c, r in points])
+        mid = self.model.predict(X)
+        low, high = self.model.predict_interval(X)
+        d = 1.0 if dense is None else dense
+        scale = max(d - self.chance, 0.0) * 100
+        return [PredictedDrop(float(m * scale), float(lo * scale), float(hi * scale), d,
+                              self.chance) for m, lo, hi in zip(mid, low, high)]
+
+
+def fit_shipped(table_path: Path, directory: Path, seed: int = 0) -> AccuracyCostModel:
+    """Fit on the training table and save (the shipped model)."""
+    _table, X, y, groups = read_training_table(table_path)
+    model = AccuracyCostModel(seed=seed).fit(X, y, groups)
+    model.save(directory)
+    return model

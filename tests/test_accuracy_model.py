@@ -1,0 +1,112 @@
+"""The accuracy-cost model: fit, interval, save → load → predict equality, the shipped model on
+a real network, and clear errors for what it cannot use."""
+import json
+
+import numpy as np
+import pytest
+
+from conftest import DEMO
+from dlas_predict.compression.sensitivity import FEATURE_NAMES, ConvWeights, features
+from dlas_predict.models.accuracy import (AccuracyCostModel, AccuracyPredictor, curve_points,
+                                          held_out, normalised_drop)
+from dlas_predict.models.costmodel import ModelError
+from dlas_predict.networks.generate import build
+from dlas_predict.space.config import Compression
+
+RATIOS = (0.1, 0.3, 0.5, 0.7, 0.9)
+
+
+def _table(n_networks=5):
+    """Rows of real features of generated networks; a drop that grows with the energy the
+    compression removes, so that the trees have something to learn."""
+    rng = np.random.default_rng(0)
+    X, y, groups = [], [], []
+    for i in range(n_networks):
+        net = build("cnn", {"layers": 2 + i % 3, "kernels": 8 + 4 * i, "kernel_size": 3,
+                            "input": 16, "batch": 1, "block": ("plain", "residual")[i % 2],
+                            "downsample": 1, "activation": "relu", "se": 0})
+        cw = ConvWeights.of(net)
+        for comp in (Compression.WEIGHT_PRUNING, Compression.CHANNEL_PRUNING):
+            for r in RATIOS:
+                row = features(cw, comp, r)
+                X.append(row)
+                energy = row[FEATURE_NAMES.index("energy_mean")]
+                y.append(float(np.clip(energy * 1.5 + rng.normal(0, 0.02), 0, 1)))
+                groups.append(f"net{i}")
+    return np.array(X), np.array(y), np.array(groups)
+
+
+def test_normalised_drop_is_the_share_of_above_chance_accuracy_lost():
+    assert normalised_drop(0.9, 0.9, 0.1) == 0
+    assert normalised_drop(0.9, 0.1, 0.1) == pytest.approx(1)
+    assert normalised_drop(0.9, 0.5, 0.1) == pytest.approx(0.5)
+
+
+def test_fit_save_load_predict_equality(tmp_path):
+    X, y, groups = _table()
+    model = AccuracyCostModel(n_estimators=20).fit(X, y, groups)
+    mid = model.predict(X)
+    low, high = model.predict_interval(X)
+    assert ((0 <= low) & (low <= mid) & (mid <= high) & (high <= 1)).all()
+    assert np.corrcoef(mid, y)[0, 1] > 0.8
+    model.save(tmp_path)
+    back = AccuracyCostModel.load(tmp_path)
+    assert np.allclose(back.predict(X), mid, atol=1e-9)
+    assert all(np.allclose(a, b, atol=1e-9) for a, b in zip(back.predict_interval(X),
+                                                             (low, high)))
+    # a retrain that changes nothing rewrites nothing
+    before = (tmp_path / "accuracy.json").stat().st_mtime_ns
+    AccuracyCostModel(n_estimators=20).fit(X, y, groups).save(tmp_path)
+    assert (tmp_path / "accuracy.json").stat().st_mtime_ns == before
+
+
+def test_held_out_predicts_each_network_from_the_others_only():
+    X, y, groups = _table(4)
+    mid, low, high = held_out(X, y, groups, n_estimators=20)
+    assert np.isfinite(mid).all() and (low <= mid).all() and (mid <= high).all()
+    # a network's held-out prediction differs from the all-networks fit's
+    full = AccuracyCostModel(n_estimators=20).fit(X, y, groups).predict(X)
+    assert not np.allclose(mid, full)
+
+
+def test_what_the_model_cannot_use_is_a_clear_error(tmp_path):
+    X, y, groups = _table(2)
+    with pytest.raises(ModelError, match="3 networks or more"):
+        AccuracyCostModel(n_estimators=20).fit(X, y, groups)
+    with pytest.raises(ModelError, match="no accuracy-cost model"):
+        AccuracyCostModel.load(tmp_path)
+    X, y, groups = _table(3)
+    AccuracyCostModel(n_estimators=20).fit(X, y, groups).save(tmp_path)
+    meta = json.loads((tmp_path / "accuracy.json").read_text())
+    (tmp_path / "accuracy.json").write_text(json.dumps({**meta, "features": ["ratio"]}))
+    with pytest.raises(ModelError, match="other features"):
+        AccuracyCostModel.load(tmp_path)
+    (tmp_path / "accuracy.json").write_text("{not json")
+    with pytest.raises(ModelError, match="not valid JSON"):
+        AccuracyCostModel.load(tmp_path)
+
+
+def test_the_shipped_model_prices_a_real_network_in_points():
+    p = AccuracyPredictor(DEMO)
+    drops = p.drops([(Compression.CHANNEL_PRUNING, 0.1), (Compression.CHANNEL_PRUNING, 0.9),
+                     (Compression.FLOAT16, None)])
+    for d in drops:
+        assert 0 <= d.low_pp <= d.drop_pp <= d.high_pp <= 100 * (1 - d.chance) + 1e-9
+        assert d.dense == 1.0 and d.source.startswith("predicted")
+    # removing 90 % of the channels costs more than 10 %, and more than float16
+    assert drops[1].drop_pp > drops[0].drop_pp and drops[1].drop_pp > drops[2].drop_pp
+    assert drops[1].drop_pp > 20
+    # a known uncompressed accuracy scales the points
+    half = p.drops([(Compression.CHANNEL_PRUNING, 0.9)], dense=0.5)[0]
+    assert half.drop_pp == pytest.approx(drops[1].drop_pp * (0.5 - p.chance) / (1 - p.chance))
+
+
+def test_curve_points_read_every_measured_compression():
+    from dlas_predict.compression.accuracy import load_curves
+
+    entry = load_curves()["resnet18-cifar"].to_dict()
+    pts = curve_points("resnet18-cifar", entry)
+    kinds = [p.compression for p in pts]
+    assert kinds.count(Compression.WEIGHT_PRUNING) == len(entry["weight_pruning"]["points"])
+    assert Compression.INT8 in kinds and Compression.FLOAT16 in kinds
+    assert all(p.chance == 0.1 and p.dense == entry["dense"] for p in pts)

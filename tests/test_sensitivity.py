@@ -1,0 +1,67 @@
+"""The accuracy-cost model's features: each compression applied to the conv weights as the
+ONNX path applies it, described by figures that grow with what it removes."""
+import numpy as np
+import pytest
+
+from dlas_predict.compression.sensitivity import FEATURE_NAMES, ConvWeights, features
+from dlas_predict.errors import NetworkError
+from dlas_predict.networks.generate import build
+from dlas_predict.space.config import Compression
+
+
+def _net(block="residual", layers=3):
+    return build("cnn", {"layers": layers, "kernels": 16, "kernel_size": 3, "input": 16,
+                         "batch": 1, "block": block, "downsample": 1, "activation": "relu",
+                         "se": 0})
+
+
+def _f(cw, comp, ratio=None):
+    return dict(zip(FEATURE_NAMES, features(cw, comp, ratio)))
+
+
+def test_the_network_is_read_from_its_graph():
+    cw = ConvWeights.of(_net("residual"))
+    assert cw.classes == 10 and cw.residual_adds == 3
+    assert all(cw.prunable) and len(cw.weights) == 1 + 3 * 2 + 1  # stem, 2 per block, 1 shortcut
+    sep = ConvWeights.of(_net("separable"))
+    assert sep.prunable.count(False) == 3 and sep.residual_adds == 0
+    assert _f(sep, Compression.INT8)["depthwise_share"] > 0
+    assert _f(cw, Compression.INT8)["depthwise_share"] == 0
+
+
+def test_weight_pruning_removes_its_ratio_and_more_energy_as_the_ratio_grows():
+    cw = ConvWeights.of(_net())
+    rows = [_f(cw, Compression.WEIGHT_PRUNING, r) for r in (0.1, 0.5, 0.9)]
+    for r, row in zip((0.1, 0.5, 0.9), rows):
+        assert row["removed_mean"] == pytest.approx(r, abs=0.01)
+        assert row["is_weight_pruning"] == 1 and row["ratio"] == r
+        # the global criterion removes the smallest weights: less energy than their share
+        assert row["energy_mean"] < row["removed_mean"]
+    for key in ("energy_mean", "energy_max", "energy_depth_sum", "removed_max"):
+        assert rows[0][key] < rows[1][key] < rows[2][key], key
+
+
+def test_channel_pruning_empties_channels_and_leaves_depthwise_layers_whole():
+    cw = ConvWeights.of(_net("separable"))
+    low, high = (_f(cw, Compression.CHANNEL_PRUNING, r) for r in (0.2, 0.8))
+    assert low["energy_depth_sum"] < high["energy_depth_sum"]
+    assert high["kept_channels_min_log2"] <= low["kept_channels_min_log2"]
+    # each prunable layer keeps one channel at least: its energy is never all removed
+    assert high["energy_max"] < 1
+
+
+def test_float16_injects_far_less_error_than_int8_and_neither_removes_weights():
+    cw = ConvWeights.of(_net())
+    f16, i8 = _f(cw, Compression.FLOAT16), _f(cw, Compression.INT8)
+    assert f16["removed_max"] == i8["removed_max"] == 0 and f16["ratio"] == 0
+    assert 0 < f16["energy_mean"] < i8["energy_mean"] / 100
+
+
+def test_what_cannot_be_priced_is_refused():
+    with pytest.raises(NetworkError, match="no convolution"):
+        ConvWeights.of(build("fc", {"layers": 2, "nodes": 32, "input": 16, "output": 10,
+                                    "batch": 1}))
+    with pytest.raises(NetworkError, match="not dense"):
+        features(ConvWeights.of(_net()), Compression.DENSE, None)
+    row = features(ConvWeights.of(_net()), Compression.INT8, None)
+    assert row.shape == (len(FEATURE_NAMES),) and np.isfinite(row).all()
