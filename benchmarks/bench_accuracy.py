@@ -9,7 +9,10 @@ and how often the measured drop lies in the 80 % interval; beside them the simpl
 baseline, the other networks' mean normalised drop at the same compression and ratio (the
 average curve). Then the budget check the tool makes without data: a point is kept when the
 upper end of its interval is within the budget; how many kept points truly break it, and
-how many of the points that truly keep it are kept.
+how many of the points that truly keep it are kept. Last, for each trained zoo network in the
+table, `recommend`'s ranking on `local` with the accuracy predicted by the model fitted
+without that network (as for a user's ONNX file that matches no curve): the top 3 kept, each
+checked against the network's measured curve.
 """
 
 from __future__ import annotations
@@ -81,7 +84,50 @@ def main() -> int:
         if kept[i] and true_pp[i] > args.budget:
             print(f"  broke: {groups[i]} {comp[i]}@{table['ratio'].iloc[i]}: measured "
                   f"{true_pp[i]:.1f}, interval up to {high_pp[i]:.1f}")
+    zoo_top3(table, X, y, groups, args.budget)
     return 0
+
+
+def zoo_top3(table, X, y, groups, budget: float) -> None:
+    """Each trained zoo network's top 3 under the predicted budget check, against its
+    measured curve."""
+    from dlas_predict.compression.sensitivity import ConvWeights, features
+    from dlas_predict.models.accuracy import AccuracyCostModel
+    from dlas_predict.networks import zoo
+    from dlas_predict.recommend.search import recommend
+    from dlas_predict.space.config import Compression
+
+    names = [n for n in np.unique(groups) if n in zoo.ZOO]
+    if not names:
+        return
+    print(f"\nzoo networks, accuracy predicted by a model fitted without them (budget "
+          f"{budget:g} point), recommend's top 3 on local against the measured curve:\n")
+    print("| network | top 3 (predicted drop up to) | measured drops | over the budget |")
+    print("|---|---|---|---|")
+    for name in names:
+        model = AccuracyCostModel().fit(X[groups != name], y[groups != name],
+                                        groups[groups != name])
+        cw = ConvWeights.of(zoo.export(f"zoo:{name}"))
+        chance = 1.0 / (cw.classes or 1000)
+        rows = table[table["network"] == name]
+        measured = {(r.compression, None if r.ratio != r.ratio else round(r.ratio, 2)):
+                    (r.dense - r.value) * 100 for r in rows.itertuples()}
+        rec = recommend(f"zoo:{name}", max_accuracy_drop=float("inf"), tuning="untuned")
+        top = []
+        for c in rec.candidates:
+            key = (c.compression.value, None if c.ratio is None else round(c.ratio, 2))
+            if c.compression is Compression.DENSE:
+                high = 0.0
+            else:
+                f = features(cw, c.compression, c.ratio)[None]
+                high = float(model.predict_interval(f)[1][0]) * (1 - chance) * 100
+            if high <= budget and key in measured or c.compression is Compression.DENSE:
+                top.append((c, high, measured.get(key, 0.0)))
+            if len(top) == 3:
+                break
+        over = sum(1 for _, _, m in top if m > budget)
+        print(f"| {name} | " + "; ".join(f"{c.label} ({h:.1f})" for c, h, _ in top)
+              + " | " + ", ".join(f"{m:.1f}" for _, _, m in top) + f" | {over} |")
 
 
 if __name__ == "__main__":

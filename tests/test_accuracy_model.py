@@ -7,13 +7,13 @@ import pytest
 
 from conftest import DEMO
 from dlas_predict.compression.sensitivity import FEATURE_NAMES, ConvWeights, features
-from dlas_predict.models.accuracy import (AccuracyCostModel, AccuracyPredictor, curve_points,
-                                          held_out, normalised_drop)
+from dlas_predict.models.accuracy import (HIGH_MAX, AccuracyCostModel, AccuracyPredictor,
+                                          curve_points, held_out, normalised_drop)
 from dlas_predict.models.costmodel import ModelError
 from dlas_predict.networks.generate import build
 from dlas_predict.space.config import Compression
 
-RATIOS = (0.1, 0.3, 0.5, 0.7, 0.9)
+RATIOS = tuple(round(0.05 * i, 2) for i in range(1, 20))
 
 
 def _table(n_networks=5):
@@ -44,10 +44,11 @@ def test_normalised_drop_is_the_share_of_above_chance_accuracy_lost():
 
 def test_fit_save_load_predict_equality(tmp_path):
     X, y, groups = _table()
-    model = AccuracyCostModel(n_estimators=20).fit(X, y, groups)
+    model = AccuracyCostModel(tree_scale=0.5).fit(X, y, groups)
     mid = model.predict(X)
     low, high = model.predict_interval(X)
-    assert ((0 <= low) & (low <= mid) & (mid <= high) & (high <= 1)).all()
+    assert ((-1 <= low) & (low <= mid) & (mid <= high) & (high <= HIGH_MAX)).all()
+    assert ((0 <= mid) & (mid <= 1)).all()
     assert np.corrcoef(mid, y)[0, 1] > 0.8
     model.save(tmp_path)
     back = AccuracyCostModel.load(tmp_path)
@@ -56,27 +57,27 @@ def test_fit_save_load_predict_equality(tmp_path):
                                                              (low, high)))
     # a retrain that changes nothing rewrites nothing
     before = (tmp_path / "accuracy.json").stat().st_mtime_ns
-    AccuracyCostModel(n_estimators=20).fit(X, y, groups).save(tmp_path)
+    AccuracyCostModel(tree_scale=0.5).fit(X, y, groups).save(tmp_path)
     assert (tmp_path / "accuracy.json").stat().st_mtime_ns == before
 
 
 def test_held_out_predicts_each_network_from_the_others_only():
     X, y, groups = _table(4)
-    mid, low, high = held_out(X, y, groups, n_estimators=20)
+    mid, low, high = held_out(X, y, groups, tree_scale=0.1)
     assert np.isfinite(mid).all() and (low <= mid).all() and (mid <= high).all()
     # a network's held-out prediction differs from the all-networks fit's
-    full = AccuracyCostModel(n_estimators=20).fit(X, y, groups).predict(X)
+    full = AccuracyCostModel(tree_scale=0.1).fit(X, y, groups).predict(X)
     assert not np.allclose(mid, full)
 
 
 def test_what_the_model_cannot_use_is_a_clear_error(tmp_path):
     X, y, groups = _table(2)
     with pytest.raises(ModelError, match="3 networks or more"):
-        AccuracyCostModel(n_estimators=20).fit(X, y, groups)
+        AccuracyCostModel(tree_scale=0.1).fit(X, y, groups)
     with pytest.raises(ModelError, match="no accuracy-cost model"):
         AccuracyCostModel.load(tmp_path)
     X, y, groups = _table(3)
-    AccuracyCostModel(n_estimators=20).fit(X, y, groups).save(tmp_path)
+    AccuracyCostModel(tree_scale=0.1).fit(X, y, groups).save(tmp_path)
     meta = json.loads((tmp_path / "accuracy.json").read_text())
     (tmp_path / "accuracy.json").write_text(json.dumps({**meta, "features": ["ratio"]}))
     with pytest.raises(ModelError, match="other features"):
@@ -91,7 +92,8 @@ def test_the_shipped_model_prices_a_real_network_in_points():
     drops = p.drops([(Compression.CHANNEL_PRUNING, 0.1), (Compression.CHANNEL_PRUNING, 0.9),
                      (Compression.FLOAT16, None)])
     for d in drops:
-        assert 0 <= d.low_pp <= d.drop_pp <= d.high_pp <= 100 * (1 - d.chance) + 1e-9
+        assert d.low_pp <= d.drop_pp <= d.high_pp <= 100 * d.dense + 1e-9
+        assert 0 <= d.drop_pp
         assert d.dense == 1.0 and d.source.startswith("predicted")
     # removing 90 % of the channels costs more than 10 %, and more than float16
     assert drops[1].drop_pp > drops[0].drop_pp and drops[1].drop_pp > drops[2].drop_pp

@@ -29,15 +29,10 @@ def _accuracy_cell(c) -> str:
 
 def accuracy_line(rec) -> str:
     """One line: how many candidates' accuracy was checked against the budget, and how."""
-    from dlas_predict.recommend.accuracy import unchecked
-
-    counts: dict[str, int] = {}
-    for c in rec.candidates:
-        kind = ("unchecked" if unchecked(c) else c.accuracy_source.split(":")[0] or "dense")
-        counts[kind] = counts.get(kind, 0) + 1
+    counts = rec.accuracy_counts()
     over = len(rec.dropped)
-    parts = [f"{n} {kind}" for kind, n in sorted(counts.items(), key=lambda kv: -kv[1])]
-    return (f"accuracy of the kept candidates: {', '.join(parts)}"
+    return ("accuracy of the kept candidates: "
+            + ", ".join(f"{n} {kind}" for kind, n in counts.items())
             + (f"; {over} dropped as over the budget" if over else "")
             + ("; unchecked ones rank after the reference" if "unchecked" in counts else ""))
 
@@ -156,6 +151,9 @@ def recommend(
     mean: Optional[str] = MEAN_OPT,
     std: Optional[str] = STD_OPT,
     input_size: Optional[str] = INPUT_SIZE_OPT,
+    fine_tune: int = typer.Option(0, "--fine-tune", help="Measure pruned candidates after "
+                                  "this many epochs of fine-tuning (zoo networks, --data "
+                                  "digits), as the study does."),
     top: int = typer.Option(10, "--top", help="Candidates to print."),
     validate: str = typer.Option("0", "--validate",
                                  help="Build and time the top K whole networks (K | all)."),
@@ -199,7 +197,7 @@ def recommend(
                    timeout)
     options = data_options(data_limit, mean, std, input_size)
     rec = run(model, device, max_accuracy_drop, data, top, k, models_dir=models_dir, log=log,
-              data_options=options,
+              data_options=options, finetune_epochs=fine_tune,
               tuning=tuning, trials=trials, tuning_db=str(tuning_db) if tuning_db else None,
               network_runner=open_network_runner(device, rpc, quiet_wait) if k else None)
     if as_json:

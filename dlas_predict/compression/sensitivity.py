@@ -13,13 +13,13 @@ and the network's own shape: depth, depthwise share, residual adds, size.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
-from dlas_predict.compression.compress import (channel_masks, conv_nodes, initializer_arrays,
-                                               weight_masks)
+from dlas_predict.compression.compress import channel_masks, conv_nodes, initializer_arrays
 from dlas_predict.errors import NetworkError
-from dlas_predict.space.config import Compression
+from dlas_predict.space.config import Compression, check_ratio
 
 #: The compressions the model prices, in the order of their one-hot features.
 KINDS = (Compression.WEIGHT_PRUNING, Compression.CHANNEL_PRUNING, Compression.INT8,
@@ -69,6 +69,50 @@ class ConvWeights:
         groups = [next((a.i for a in n.attribute if a.name == "group"), 1) for n in convs]
         return cls(weights, tuple(g == 1 for g in groups), adds, classes)
 
+    @cached_property
+    def magnitudes(self) -> "_Magnitudes":
+        """Each layer's sorted magnitudes, their running sum of squares and each output
+        channel's largest magnitude: global weight pruning at any ratio from one sort."""
+        return _Magnitudes.of(self.weights)
+
+
+@dataclass(frozen=True)
+class _Magnitudes:
+    sorted_abs: tuple[np.ndarray, ...]
+    cum_sq: tuple[np.ndarray, ...]
+    channel_max: tuple[np.ndarray, ...]
+    flat_sorted: np.ndarray
+
+    @classmethod
+    def of(cls, weights) -> "_Magnitudes":
+        s = tuple(np.sort(np.abs(w).ravel()) for w in weights)
+        return cls(s, tuple(np.cumsum(np.square(a, dtype=np.float64)) for a in s),
+                   tuple(np.abs(w).reshape(w.shape[0], -1).max(axis=1) for w in weights),
+                   np.sort(np.concatenate(s), kind="stable"))  # merges the sorted runs
+
+    def weight_pruning(self, ratio: float):
+        """Per layer, for global L1 unstructured pruning of ``ratio`` (``weight_masks``):
+        (removed weights, removed energy share, output channels left with a weight). Ties
+        at the threshold are pruned in layer order."""
+        k = int(np.floor(ratio * self.flat_sorted.size))
+        if k == 0:
+            n = len(self.sorted_abs)
+            return np.zeros(n), np.zeros(n), [len(c) for c in self.channel_max]
+        t = self.flat_sorted[k - 1]
+        below = [int(np.searchsorted(a, t, "left")) for a in self.sorted_abs]
+        ties = [int(np.searchsorted(a, t, "right")) - b for a, b in zip(self.sorted_abs, below)]
+        left = k - sum(below)
+        counts = []
+        for b, tie in zip(below, ties):
+            take = min(tie, max(left, 0))
+            counts.append(b + take)
+            left -= take
+        energy = np.array([c[n - 1] / c[-1] if n and c[-1] > 0 else 0.0
+                           for c, n in zip(self.cum_sq, counts)])
+        kept = [int((m > t).sum()) if n < a.size else 0
+                for m, n, a in zip(self.channel_max, counts, self.sorted_abs)]
+        return np.array(counts, float), energy, kept
+
 
 def _network(cw: ConvWeights) -> list[float]:
     sizes = np.array([w.size for w in cw.weights], float)
@@ -109,10 +153,10 @@ def features(cw: ConvWeights, compression: Compression, ratio: float | None) -> 
     sizes = np.array([w.size for w in ws], float)
     onehot = [float(compression is k) for k in KINDS]
     if compression is Compression.WEIGHT_PRUNING:
-        keeps = weight_masks(list(ws), float(ratio))
-        removed = np.array([1 - k.mean() for k in keeps])
-        energy = np.array([_energy(w, k) for w, k in zip(ws, keeps)])
-        kept_min = min(int(np.any(k.reshape(k.shape[0], -1), axis=1).sum()) for k in keeps)
+        check_ratio(float(ratio), allow_zero=True)
+        counts, energy, kept = cw.magnitudes.weight_pruning(float(ratio))
+        removed = counts / sizes
+        kept_min = min(kept)
     elif compression is Compression.CHANNEL_PRUNING:
         keeps = channel_masks(list(ws), float(ratio), list(cw.prunable))
         removed = np.array([1 - k.mean() for k in keeps])

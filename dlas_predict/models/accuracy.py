@@ -26,16 +26,16 @@ from dlas_predict.compression.sensitivity import FEATURE_NAMES, KINDS, ConvWeigh
 from dlas_predict.models.costmodel import ModelError, package_versions, read_sidecar, write_sidecar
 from dlas_predict.space.config import Compression
 
-MODEL_FORMAT = "accuracy-cost-1"
+MODEL_FORMAT = "accuracy-cost-3"
 NAME = "accuracy"
 #: Upper edges of the prediction bins the interval's errors are taken from.
 BIN_EDGES = (0.01, 0.05, 0.2, 0.5)
 #: The interval's percentiles (an 80 % interval).
 QUANTILES = (0.1, 0.9)
 FOLDS = 5
-_PARAMS = {"n_estimators": 300, "learning_rate": 0.03, "num_leaves": 15,
-           "min_child_samples": 10, "subsample": 0.8, "subsample_freq": 1,
-           "colsample_bytree": 0.8, "verbose": -1}
+#: The interval's highest normalised drop: a collapsed network falls to chance, or a little
+#: under it.
+HIGH_MAX = 1.1
 
 
 def normalised_drop(dense: float, value: float, chance: float) -> float:
@@ -113,23 +113,59 @@ def read_training_table(path: Path):
 
 
 # ---- the model ----------------------------------------------------------------------------
-#: The bins: one per prediction range of the pruning rows, and one for the quantised rows
-#: (float16 and int8), whose errors are of another scale.
-N_BINS = len(BIN_EDGES) + 2
-_QUANTISED = [FEATURE_NAMES.index("is_int8"), FEATURE_NAMES.index("is_float16")]
+#: The model's parts, each with trees of its own: a part's rows are those of its one-hot
+#: feature(s). Quantised rows (one per network and kind) get small trees.
+PARTS = {"weight_pruning": ("is_weight_pruning",), "channel_pruning": ("is_channel_pruning",),
+         "quantised": ("is_int8", "is_float16")}
+#: Pruning trees: few leaves, rising in the damage features (a network pruned more never
+#: loses less), so that a family seen in few networks is not fitted to their noise.
+_RISING = ("ratio", "removed_max", "removed_mean", "energy_max", "energy_mean",
+           "energy_depth_sum", "energy_depth_mean", "heavy_layers")
+_PRUNING = {"n_estimators": 200, "learning_rate": 0.03, "num_leaves": 7,
+            "min_child_samples": 20, "verbose": -1, "n_jobs": 1,
+            "monotone_constraints": [1 if n in _RISING else
+                                     -1 if n == "kept_channels_min_log2" else 0
+                                     for n in FEATURE_NAMES]}
+_QUANTISED = {"n_estimators": 50, "learning_rate": 0.05, "num_leaves": 3,
+              "min_child_samples": 8, "verbose": -1, "n_jobs": 1}
+#: Error bins per part: the pruning parts' by predicted drop, the quantised part's one.
+N_BINS = len(BIN_EDGES) + 1
 
 
-def _bin(pred: np.ndarray, X: np.ndarray) -> np.ndarray:
-    quantised = X[:, _QUANTISED].sum(axis=1) > 0
-    return np.where(quantised, N_BINS - 1, np.searchsorted(np.array(BIN_EDGES), pred))
+def _part_rows(X: np.ndarray) -> dict[str, np.ndarray]:
+    return {part: X[:, [FEATURE_NAMES.index(c) for c in cols]].sum(axis=1) > 0
+            for part, cols in PARTS.items()}
 
 
-def _fit_trees(X: np.ndarray, y: np.ndarray, seed: int, n_estimators: int):
+def _bin(part: str, pred: np.ndarray) -> np.ndarray:
+    if part == "quantised":
+        return np.zeros(len(pred), int)
+    return np.searchsorted(np.array(BIN_EDGES), pred)
+
+
+#: The trees learn the drop's log-odds, clipped to this and 1 - this: on that scale a
+#: drop of 0.2 % and one of 2 % are as far apart as 50 % and 90 %, which a cliff's
+#: neighbourhood needs (on the plain scale the trees average the flat side with the cliff).
+LOGIT_EPS = 0.002
+
+
+def _logit(v: np.ndarray) -> np.ndarray:
+    v = np.clip(v, LOGIT_EPS, 1 - LOGIT_EPS)
+    return np.log(v / (1 - v))
+
+
+def _fit_trees(part: str, X: np.ndarray, y: np.ndarray, seed: int, scale: float):
     import lightgbm as lgb
 
-    params = {**_PARAMS, "n_estimators": n_estimators}
+    params = dict(_QUANTISED if part == "quantised" else _PRUNING)
+    params["n_estimators"] = max(1, int(round(params["n_estimators"] * scale)))
     return lgb.LGBMRegressor(objective="regression", random_state=seed, **params).fit(
-        X, y).booster_
+        X, _logit(y)).booster_
+
+
+def _drop(booster, X: np.ndarray) -> np.ndarray:
+    """A part's predicted drop: its trees' log-odds, back on the 0-1 scale."""
+    return 1 / (1 + np.exp(-booster.predict(X)))
 
 
 def _folds(groups: np.ndarray, k: int, seed: int) -> list[np.ndarray]:
@@ -142,12 +178,13 @@ def _folds(groups: np.ndarray, k: int, seed: int) -> list[np.ndarray]:
 class AccuracyCostModel:
     """Predicts the normalised top-1 drop of a compression (0: none, 1: to chance) with an
     80 % interval. ``fit(X, drop, groups)``, ``predict(X)``, ``predict_interval(X)``,
-    ``save(directory)``, ``load(directory)``, as the latency models."""
+    ``save(directory)``, ``load(directory)``, as the latency models. ``tree_scale``
+    scales every part's number of trees (tests fit small models)."""
 
     seed: int = 0
-    n_estimators: int = _PARAMS["n_estimators"]
-    trees: object = None
-    errors: list = field(default_factory=list)  # per bin: [10th, 90th] percentile of error
+    tree_scale: float = 1.0
+    trees: dict = field(default_factory=dict)   # part → booster
+    errors: dict = field(default_factory=dict)  # part → per bin [10th, 90th] percentiles
     meta: dict = field(default_factory=dict)
 
     def fit(self, X: np.ndarray, drop: np.ndarray, groups: np.ndarray) -> "AccuracyCostModel":
@@ -155,44 +192,68 @@ class AccuracyCostModel:
             np.asarray(groups)
         if len(np.unique(groups)) < 3:
             raise ModelError("the accuracy-cost model needs the curves of 3 networks or more")
-        held = np.full(len(drop), np.nan)
-        for test in _folds(groups, FOLDS, self.seed):
-            held[test] = np.clip(_fit_trees(X[~test], drop[~test], self.seed,
-                                                  self.n_estimators).predict(X[test]),
-                                 0, 1)
-        residual, bins = drop - held, _bin(held, X)
-        self.errors = []
-        for b in range(N_BINS):
-            r = residual[bins == b]
-            r = r if len(r) >= 10 else residual  # a bin too thin borrows every error
-            self.errors.append([float(np.quantile(r, q)) for q in QUANTILES])
-        self.trees = _fit_trees(X, drop, self.seed, self.n_estimators)
+        self.trees, self.errors = {}, {}
+        for part, rows in _part_rows(X).items():
+            if not rows.any():
+                continue
+            Xp, yp, gp = X[rows], drop[rows], groups[rows]
+            held = np.full(len(yp), np.nan)
+            for test in _folds(gp, FOLDS, self.seed):
+                if test.all():
+                    continue
+                held[test] = _drop(_fit_trees(part, Xp[~test], yp[~test], self.seed,
+                                              self.tree_scale), Xp[test])
+            ok = np.isfinite(held)
+            residual, bins = (yp - held)[ok], _bin(part, held[ok])
+            self.errors[part] = []
+            for b in range(N_BINS):
+                r = residual[bins == b]
+                r = r if len(r) >= 10 else residual  # a bin too thin borrows every error
+                self.errors[part].append([float(np.quantile(r, q)) if len(r) else 0.0
+                                          for q in QUANTILES])
+            self.trees[part] = _fit_trees(part, Xp, yp, self.seed, self.tree_scale)
         self.meta = {"format": MODEL_FORMAT, "features": list(FEATURE_NAMES),
                      "versions": package_versions(), "n_train": int(len(X)),
                      "networks": int(len(np.unique(groups))), "bin_edges": list(BIN_EDGES),
                      "errors": self.errors, "quantiles": list(QUANTILES), "folds": FOLDS,
-                     "trees": {**_PARAMS, "n_estimators": self.n_estimators}}
+                     "parts": sorted(self.trees), "tree_scale": self.tree_scale,
+                     "target": f"log-odds of the normalised drop, clipped to {LOGIT_EPS}"}
         return self
+
+    def _each(self, X: np.ndarray):
+        if not self.trees:
+            raise ModelError("the accuracy-cost model is not trained")
+        X = np.asarray(X, np.float64)
+        for part, rows in _part_rows(X).items():
+            if rows.any():
+                if part not in self.trees:
+                    raise ModelError(f"the accuracy-cost model has no {part} part")
+                yield part, rows, _drop(self.trees[part], X[rows])
 
     def predict(self, X: np.ndarray) -> np.ndarray:
         """The normalised drop, in [0, 1]."""
-        if self.trees is None:
-            raise ModelError("the accuracy-cost model is not trained")
-        return np.clip(self.trees.predict(np.asarray(X, np.float64)), 0, 1)
+        out = np.full(len(X), np.nan)
+        for _part, rows, mid in self._each(X):
+            out[rows] = mid
+        return out
 
     def predict_interval(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The 80 % interval (low, high) of the normalised drop; low ≤ predict ≤ high."""
-        X = np.asarray(X, np.float64)
-        mid = self.predict(X)
-        err = np.array(self.errors)[_bin(mid, X)]
-        return (np.clip(np.minimum(mid + err[:, 0], mid), 0, 1),
-                np.clip(np.maximum(mid + err[:, 1], mid), 0, 1))
+        low, high = np.full(len(X), np.nan), np.full(len(X), np.nan)
+        for part, rows, mid in self._each(X):
+            err = np.array(self.errors[part])[_bin(part, mid)]
+            # a drop below zero is real (a compression can regularise) and measured often
+            low[rows] = np.clip(np.minimum(mid + err[:, 0], mid), -1, 1)
+            # and below chance (a collapsed network's top-1 is chance, give or take)
+            high[rows] = np.clip(np.maximum(mid + err[:, 1], mid), 0, HIGH_MAX)
+        return low, high
 
     def save(self, directory: Path) -> Path:
         from dlas_predict.models.trees import MODEL_SUFFIX, save_trees
 
         sidecar = write_sidecar(directory, NAME, self.meta)
-        save_trees(self.trees, Path(directory) / f"{NAME}{MODEL_SUFFIX}")
+        for part, booster in self.trees.items():
+            save_trees(booster, Path(directory) / f"{NAME}.{part}{MODEL_SUFFIX}")
         return sidecar
 
     @classmethod
@@ -205,21 +266,23 @@ class AccuracyCostModel:
         if meta.get("format") != MODEL_FORMAT or meta.get("features") != list(FEATURE_NAMES):
             raise ModelError(f"{sidecar}: trained on other features than this version "
                              "computes; retrain with datasets/make_accuracy_corpus.py --fit")
-        errors = meta.get("errors")
-        if not isinstance(errors, list) or len(errors) != N_BINS:
+        errors, parts = meta.get("errors"), meta.get("parts")
+        if (not isinstance(errors, dict) or not isinstance(parts, list)
+                or any(len(errors.get(p) or ()) != N_BINS for p in parts)):
             raise ModelError(f"{sidecar}: no interval errors; retrain it")
-        return cls(trees=load_trees(model_file(directory, NAME), len(FEATURE_NAMES)),
-                   errors=errors, meta=meta)
+        trees = {p: load_trees(model_file(directory, f"{NAME}.{p}"), len(FEATURE_NAMES))
+                 for p in parts}
+        return cls(trees=trees, errors=errors, meta=meta)
 
 
 def held_out(X: np.ndarray, drop: np.ndarray, groups: np.ndarray, seed: int = 0,
-             n_estimators: int = _PARAMS["n_estimators"]):
+             tree_scale: float = 1.0):
     """Leave one network out: each network's rows predicted by a model (trees and interval)
     fitted on the other networks only. Returns (middle, low, high) normalised drops."""
     mid, low, high = (np.full(len(drop), np.nan) for _ in range(3))
     for name in np.unique(groups):
         test = groups == name
-        m = AccuracyCostModel(seed=seed, n_estimators=n_estimators).fit(
+        m = AccuracyCostModel(seed=seed, tree_scale=tree_scale).fit(
             X[~test], drop[~test], groups[~test])
         mid[test] = m.predict(X[test])
         low[test], high[test] = m.predict_interval(X[test])
@@ -261,8 +324,10 @@ class AccuracyPredictor:
         low, high = self.model.predict_interval(X)
         d = 1.0 if dense is None else dense
         scale = max(d - self.chance, 0.0) * 100
-        return [PredictedDrop(float(m * scale), float(lo * scale), float(hi * scale), d,
-                              self.chance) for m, lo, hi in zip(mid, low, high)]
+        # no drop exceeds the whole accuracy (below chance, down to none right)
+        return [PredictedDrop(float(m * scale), float(lo * scale),
+                              float(min(hi * scale, d * 100)), d, self.chance)
+                for m, lo, hi in zip(mid, low, high)]
 
 
 def fit_shipped(table_path: Path, directory: Path, seed: int = 0) -> AccuracyCostModel:

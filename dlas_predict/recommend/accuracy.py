@@ -44,8 +44,8 @@ def shipped_curves() -> dict:
 
 def unchecked(c: Candidate) -> bool:
     """A compressed candidate whose accuracy is neither measured, known from a curve nor
-    predicted."""
-    return c.accuracy_drop_pp is None and c.compression is not Compression.DENSE
+    predicted (:attr:`Candidate.unchecked`)."""
+    return c.unchecked
 
 
 class Accuracies:
@@ -54,10 +54,11 @@ class Accuracies:
     a zoo network's random ones)."""
 
     def __init__(self, model: str, name: str, data: str | None, log=None,
-                 predictable: bool = True, options=None):
+                 predictable: bool = True, options=None, finetune_epochs: int = 0):
         from dlas_predict.compression.data import DataOptions
 
         self.model, self.name, self.data, self.log = model, name, data, log
+        self.finetune_epochs = finetune_epochs
         self.options = options or DataOptions()
         self.curve = None if data else shipped_curves().get(name)
         self.predictable = predictable
@@ -105,7 +106,9 @@ class Accuracies:
         from dlas_predict.compression.accuracy import measure
 
         t0 = time.perf_counter()
-        res = measure(self.model, self.data, comp.value, ratio, reference=self.reference,
+        pruned = comp in (Compression.WEIGHT_PRUNING, Compression.CHANNEL_PRUNING)
+        epochs = self.finetune_epochs if pruned else 0
+        res = measure(self.model, self.data, comp.value, ratio, epochs, reference=self.reference,
                       options=self.options)
         if self.log:
             self.log(f"accuracy [{len(self.cache) + 1}] {comp.value}"
@@ -113,6 +116,8 @@ class Accuracies:
                      f"{res.value:.4f} on {res.n_samples} images "
                      f"({time.perf_counter() - t0:.1f} s)")
         skipped = next((f"; {n}" for n in res.notes if "could not be decoded" in n), "")
+        if epochs:
+            skipped += f"; fine-tuned {epochs} epochs on the digits training split"
         if res.metric == "top1":
             self.reference = res.reference_top1
             return AccuracyFigure(res.value, f"measured: top-1 on {res.data} "

@@ -41,6 +41,12 @@ class Candidate:
     warning: str | None = None
 
     @property
+    def unchecked(self) -> bool:
+        """A compressed candidate whose accuracy is neither measured, known from a curve
+        nor predicted."""
+        return self.accuracy_drop_pp is None and self.compression is not Compression.DENSE
+
+    @property
     def backend(self) -> str:
         return "onnxruntime" if self.algorithm == ONNXRUNTIME else "tvm"
 
@@ -113,6 +119,16 @@ class Recommendation:
             return r.measured_s
         return r.predicted_s if r.predicted_s == r.predicted_s else None
 
+    def accuracy_counts(self) -> dict[str, int]:
+        """The kept candidates by accuracy source (measured, shipped curve, predicted,
+        uncompressed, unchecked), most first."""
+        counts: dict[str, int] = {}
+        for c in self.candidates:
+            kind = ("unchecked" if c.unchecked
+                    else c.accuracy_source.split(":")[0] or "uncompressed")
+            counts[kind] = counts.get(kind, 0) + 1
+        return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
     def to_dict(self, top: int | None = None) -> dict:
         shown = self.candidates if top is None else self.candidates[:top]
         extra = [c for c in self.validated if c not in shown]
@@ -130,6 +146,7 @@ class Recommendation:
                     **self.reference.to_dict(),
                     "what": "onnxruntime fp32 (CPU provider) on the dense model: speedups "
                             "are relative to it"},
+                "accuracy_sources": self.accuracy_counts(),
                 "model": self.model_info, "dropped": [list(d) for d in self.dropped],
                 "skipped": [list(s) for s in self.skipped], "notes": self.notes,
                 "seconds": round(self.seconds, 2)}

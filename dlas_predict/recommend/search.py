@@ -141,7 +141,7 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
               log=None, tuning: str = "all", trials: int = 64,
               tuning_db: str | None = None, network_runner=None,
               compressions: tuple[Compression, ...] = tuple(Compression),
-              data_options=None) -> Recommendation:
+              data_options=None, finetune_epochs: int = 0) -> Recommendation:
     """Predict every grid point of ``model`` on ``device``, drop what breaks the accuracy
     budget, rank the rest; with ``validate`` > 0, build and time the top ones (local only)
     with the whole-network runner ``network_runner()`` opens (default: the local CPU's).
@@ -149,7 +149,9 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
     ``tuning`` (untuned | tuned | all) picks the halves of the grid, ``compressions`` its
     rows (dense among them: speedups are relative to it); a tuned candidate also carries the
     predicted search time for ``trials`` trials per kernel. ``data_options``
-    (:class:`~dlas_predict.compression.data.DataOptions`): how ``data`` is read."""
+    (:class:`~dlas_predict.compression.data.DataOptions`): how ``data`` is read;
+    ``finetune_epochs``: pruned candidates are measured after that much fine-tuning (a zoo
+    network, on the digits training split, its masks held)."""
     from dlas_predict.measure.execution.runner import TuningOptions
 
     t0 = time.time()
@@ -157,6 +159,14 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
         raise DlasError(f"--max-accuracy-drop must be >= 0 points, got {max_accuracy_drop}")
     if validate < 0:
         raise DlasError(f"--validate must be a count >= 0 or 'all', got {validate}")
+    if finetune_epochs < 0:
+        raise DlasError(f"--fine-tune must be 0 or more epochs, got {finetune_epochs}")
+    if finetune_epochs and data != "digits":
+        raise DlasError("--fine-tune trains on the digits training split and measures on "
+                        "its test split: give --data digits")
+    if finetune_epochs and not str(model).startswith("zoo:"):
+        raise DlasError("--fine-tune needs the network's torch definition: use a zoo:NAME "
+                        "network")
     tuned_opts = TuningOptions(budget=trials, db=tuning_db)  # checks --trials
     if Compression.DENSE not in compressions:
         raise DlasError("the grid's speedups are relative to dense: compressions must "
@@ -201,7 +211,8 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
     dense_best = min(c.predicted_s for c in dense)
     dropped: list[tuple[str, str]] = []
     acc = Accuracies(model, su.entry.name if su.entry else su.name, data, log,
-                     predictable=su.entry is None or su.entry.trained, options=data_options)
+                     predictable=su.entry is None or su.entry.trained, options=data_options,
+                     finetune_epochs=finetune_epochs)
     kept = _within_budget(cands, acc, max_accuracy_drop, dropped, su)
     reference = next((c for c in ort if c.compression is Compression.DENSE), None)
     _rank(kept, reference)
