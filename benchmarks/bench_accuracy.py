@@ -63,8 +63,14 @@ def main() -> int:
     print("| compression | points with drop ≤ 10 | within ±2 points | average curve | "
           "MAE (points) | average curve | in 80 % interval (all points) |")
     print("|---|---|---|---|---|---|---|")
-    for name in [*sorted(set(comp)), "all"]:
-        sel = np.ones(len(y), bool) if name == "all" else comp == name
+    from dlas_predict.networks import zoo
+
+    is_zoo = np.isin(groups, list(zoo.ZOO))
+    for name in [*sorted(set(comp)), "all", "all, zoo networks only"]:
+        sel = (np.ones(len(y), bool) if name == "all" else is_zoo if name.endswith("only")
+               else comp == name)
+        if not sel.any():
+            continue
         small = sel & (true_pp <= 10)
         within = np.abs(pred_pp - true_pp)[small] <= 2
         bwithin = np.abs(base_pp - true_pp)[small] <= 2
@@ -110,7 +116,8 @@ def zoo_top3(table, X, y, groups, budget: float) -> None:
         cw = ConvWeights.of(zoo.export(f"zoo:{name}"))
         chance = 1.0 / (cw.classes or 1000)
         rows = table[table["network"] == name]
-        measured = {(r.compression, None if r.ratio != r.ratio else round(r.ratio, 2)):
+        measured = {(r.compression, round(r.ratio, 2) if r.ratio == r.ratio and r.ratio
+                     else None):
                     (r.dense - r.value) * 100 for r in rows.itertuples()}
         rec = recommend(f"zoo:{name}", max_accuracy_drop=float("inf"), tuning="untuned")
         top = []

@@ -508,7 +508,8 @@ def test_random_weights_are_not_priced_and_stay_unchecked():
     from dlas_predict.recommend.accuracy import Accuracies
     from dlas_predict.space.config import Compression
 
-    acc = Accuracies("zoo:resnet50", "resnet50", None, predictable=False)
+    acc = Accuracies("zoo:resnet50", "resnet50", None,
+                     unpredictable="its weights are random (nothing to predict from)")
     fig = acc.get(Compression.CHANNEL_PRUNING, 0.5)
     assert fig.value is None and fig.drop_pp is None
     assert fig.source.startswith("unknown") and "random" in fig.source

@@ -3,6 +3,7 @@ ONNX path applies it, described by figures that grow with what it removes."""
 import numpy as np
 import pytest
 
+from dlas_predict.compression.probe import PROBE_FEATURES
 from dlas_predict.compression.sensitivity import FEATURE_NAMES, ConvWeights, features
 from dlas_predict.errors import NetworkError
 from dlas_predict.networks.generate import build
@@ -64,4 +65,38 @@ def test_what_cannot_be_priced_is_refused():
     with pytest.raises(NetworkError, match="not dense"):
         features(ConvWeights.of(_net()), Compression.DENSE, None)
     row = features(ConvWeights.of(_net()), Compression.INT8, None)
-    assert row.shape == (len(FEATURE_NAMES),) and np.isfinite(row).all()
+    assert row.shape == (len(FEATURE_NAMES),)
+    assert np.isfinite(row[:-len(PROBE_FEATURES)]).all() and np.isnan(row[-3:]).all()
+
+
+def test_the_probe_runs_the_pruned_network_as_onnxruntime_runs_its_compressed_file(tmp_path):
+    """The probe's figures equal those of the file ``compress`` writes, run on the same
+    synthetic inputs; float16 and int8 rows have none; a second ask is answered from the
+    cache without running anything."""
+    import onnx
+
+    from dlas_predict.compression import probe as probe_mod
+    from dlas_predict.compression.accuracy import onnx_session
+    from dlas_predict.compression.compress import compress_onnx
+
+    net = _net()
+    path = tmp_path / "net.onnx"
+    onnx.save(net, str(path))
+    cw = ConvWeights.of(path)
+    row = _f(cw, Compression.CHANNEL_PRUNING, 0.3)
+    pruned = compress_onnx(onnx.load(str(path)), "channel_pruning", 0.3).model
+    x = probe_mod.synthetic_inputs((3, 16, 16))
+    run = lambda m: np.concatenate([onnx_session(m).run(None, {"input": x[i:i + 1]})[0]
+                                    for i in range(len(x))])
+    o, ref = run(pruned), run(onnx.load(str(path)))
+    assert row["probe_agreement"] == pytest.approx((o.argmax(1) == ref.argmax(1)).mean())
+    rel = np.linalg.norm(o - ref) / np.linalg.norm(ref - ref.mean(0))
+    assert row["probe_logit_change"] == pytest.approx(rel, rel=1e-4)
+    assert -1 <= row["probe_cosine"] <= 1
+    assert np.isnan(_f(cw, Compression.INT8)["probe_agreement"])
+    # unpruned: the same function
+    same = _f(cw, Compression.WEIGHT_PRUNING, 0.0)
+    assert same["probe_agreement"] == 1 and same["probe_logit_change"] == 0
+    again = ConvWeights.of(path)
+    again.__dict__["probe"] = None  # running anything now would fail
+    assert _f(again, Compression.CHANNEL_PRUNING, 0.3)["probe_cosine"] == row["probe_cosine"]

@@ -12,12 +12,13 @@ and the network's own shape: depth, depthwise share, residual adds, size.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
 
 from dlas_predict.compression.compress import channel_masks, conv_nodes, initializer_arrays
+from dlas_predict.compression.probe import PROBE_FEATURES
 from dlas_predict.errors import NetworkError
 from dlas_predict.space.config import Compression, check_ratio
 
@@ -33,6 +34,8 @@ FEATURE_NAMES = (
     # the network
     "conv_layers_log2", "depthwise_share", "residual_adds_per_conv", "conv_params_log10",
     "first_params_share", "weight_spread",
+    # the pruned network run on synthetic inputs (compression.probe; missing when quantised)
+    *PROBE_FEATURES,
 )
 #: A layer that loses more than this share of its energy counts as heavily hit.
 HEAVY = 0.5
@@ -46,6 +49,7 @@ class ConvWeights:
     prunable: tuple[bool, ...]       # a channel pruning candidate (not depthwise or grouped)
     residual_adds: int
     classes: int | None              # the output width, where the graph says it
+    model: object = field(default=None, compare=False, repr=False)  # the ModelProto
 
     @classmethod
     def of(cls, model) -> "ConvWeights":
@@ -67,7 +71,33 @@ class ConvWeights:
         if len(out) >= 2 and out[-1].dim_value > 1:
             classes = int(out[-1].dim_value)
         groups = [next((a.i for a in n.attribute if a.name == "group"), 1) for n in convs]
-        return cls(weights, tuple(g == 1 for g in groups), adds, classes)
+        return cls(weights, tuple(g == 1 for g in groups), adds, classes, model)
+
+    @cached_property
+    def probe(self):
+        """The network ready to run on synthetic inputs (:mod:`compression.probe`)."""
+        from dlas_predict.compression.probe import FunctionProbe
+
+        if self.model is None:
+            raise NetworkError("the probe needs the network itself, not only its weights")
+        return FunctionProbe(self.model, self.weights)
+
+    @cached_property
+    def probe_cache(self):
+        from dlas_predict.compression.probe import ProbeCache, model_bytes
+
+        return ProbeCache(model_bytes(self.model))
+
+    def probed(self, compression: Compression, ratio: float, keeps) -> tuple:
+        """The probe's figures of a pruning whose keep-masks ``keeps()`` gives (called only
+        when the figures are not cached)."""
+        key = f"{compression.value}@{ratio:.6g}"
+        cached = self.probe_cache.get(key)
+        if cached is None:
+            cached = self.probe.compare([np.where(k, w, 0).astype(np.float32)
+                                         for w, k in zip(self.weights, keeps())])
+            self.probe_cache.put(key, cached)
+        return cached
 
     @cached_property
     def magnitudes(self) -> "_Magnitudes":
@@ -113,6 +143,15 @@ class _Magnitudes:
                 for m, n, a in zip(self.channel_max, counts, self.sorted_abs)]
         return np.array(counts, float), energy, kept
 
+    def keep_masks(self, weights, ratio: float) -> list[np.ndarray]:
+        """The keep-masks of global weight pruning at ``ratio``: every weight above the
+        threshold (``weight_masks`` less its choice among weights tied at the threshold)."""
+        k = int(np.floor(ratio * self.flat_sorted.size))
+        if k == 0:
+            return [np.ones(w.shape, bool) for w in weights]
+        t = self.flat_sorted[k - 1]
+        return [np.abs(w) > t for w in weights]
+
 
 def _network(cw: ConvWeights) -> list[float]:
     sizes = np.array([w.size for w in cw.weights], float)
@@ -152,11 +191,15 @@ def features(cw: ConvWeights, compression: Compression, ratio: float | None) -> 
     ws = cw.weights
     sizes = np.array([w.size for w in ws], float)
     onehot = [float(compression is k) for k in KINDS]
+    probe = (np.nan,) * len(PROBE_FEATURES)
     if compression is Compression.WEIGHT_PRUNING:
         check_ratio(float(ratio), allow_zero=True)
         counts, energy, kept = cw.magnitudes.weight_pruning(float(ratio))
         removed = counts / sizes
         kept_min = min(kept)
+        if cw.model is not None:
+            probe = cw.probed(compression, float(ratio),
+                              lambda: cw.magnitudes.keep_masks(ws, float(ratio)))
     elif compression is Compression.CHANNEL_PRUNING:
         keeps = channel_masks(list(ws), float(ratio), list(cw.prunable))
         removed = np.array([1 - k.mean() for k in keeps])
@@ -165,6 +208,10 @@ def features(cw: ConvWeights, compression: Compression, ratio: float | None) -> 
         kept_min = min(int(k.sum()) for k, p in zip(keeps, cw.prunable) if p) \
             if any(cw.prunable) else min(len(k) for k in keeps)
         ratio = float(ratio)
+        if cw.model is not None:
+            probe = cw.probed(compression, ratio, lambda: [
+                np.broadcast_to(k.reshape(-1, *[1] * (w.ndim - 1)), w.shape)
+                for w, k in zip(ws, keeps)])
     else:
         errors = []
         for w in ws:
@@ -176,4 +223,5 @@ def features(cw: ConvWeights, compression: Compression, ratio: float | None) -> 
         kept_min = min(w.shape[0] for w in ws)
         ratio = 0.0
     return np.array(onehot + [float(ratio or 0.0)]
-                    + _summary(removed, energy, sizes, kept_min) + _network(cw), np.float64)
+                    + _summary(removed, energy, sizes, kept_min) + _network(cw) + list(probe),
+                    np.float64)

@@ -50,30 +50,35 @@ def unchecked(c: Candidate) -> bool:
 
 class Accuracies:
     """Accuracy per (compression, ratio) of one network: measured on ``data``, else its
-    shipped curve, else predicted (``predictable``: the weights are the network's own, not
-    a zoo network's random ones)."""
+    shipped curve, else predicted, unless ``unpredictable`` says why not (a zoo network's
+    random weights, or a caller that asks for no accuracy)."""
 
     def __init__(self, model: str, name: str, data: str | None, log=None,
-                 predictable: bool = True, options=None, finetune_epochs: int = 0):
+                 unpredictable: str | None = None, options=None, finetune_epochs: int = 0):
         from dlas_predict.compression.data import DataOptions
 
         self.model, self.name, self.data, self.log = model, name, data, log
         self.finetune_epochs = finetune_epochs
         self.options = options or DataOptions()
         self.curve = None if data else shipped_curves().get(name)
-        self.predictable = predictable
+        self.unpredictable = unpredictable
         self.reference = None
         self.cache: dict[tuple, AccuracyFigure] = {}
         self._predictor = None
         self._why_not = None
 
     def measure_all(self, keys) -> None:
-        """Each (compression, ratio) of ``keys`` looked up once; with data, measured under a
-        progress bar on a terminal (else one log line each)."""
+        """Each (compression, ratio) of ``keys`` looked up once; measured or predicted under
+        a progress bar on a terminal (measured: else one log line each)."""
         from dlas_predict.render import progress_bar
 
         keys = [k for k in keys if k not in self.cache]
-        bar = progress_bar(len(keys), "accuracy", "network", enabled=bool(self.data))
+        predicting = not self.data and self.curve is None and not self.unpredictable
+        if predicting and keys and self.log:
+            self.log("predicting each compression's accuracy from the weights (each pruning "
+                     "run on synthetic inputs once; kept in DLAS_HOME/cache/probe)")
+        bar = progress_bar(len(keys), "accuracy", "compression",
+                           enabled=bool(self.data) or predicting)
         log = self.log
         if bar is not None:
             self.log = None
@@ -150,8 +155,8 @@ class Accuracies:
 
     def _load_predictor(self):
         if self._predictor is None and self._why_not is None:
-            if not self.predictable:
-                self._why_not = "its weights are random (nothing to predict from)"
+            if self.unpredictable:
+                self._why_not = self.unpredictable
                 return None
             from dlas_predict.models.accuracy import AccuracyPredictor
             from dlas_predict.networks import zoo

@@ -497,6 +497,7 @@ def predict_network(t: Target, device: str, cfg: ConfigChoice,
     budget = max_accuracy_drop if cfg.compression is None else float("inf")
     rec = recommend(_network_file(t), device, max_accuracy_drop=budget, top=0,
                     ratios=(ratio,), tuning=tuning, compressions=tuple(comps),
+                    predict_accuracy=cfg.compression is None,
                     models_dir=MODELS_STORE / device if own_models else None)
     ok = [c for c in rec.candidates
           if (cfg.compression is None or c.compression.value == cfg.compression)

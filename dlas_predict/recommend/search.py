@@ -141,7 +141,8 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
               log=None, tuning: str = "all", trials: int = 64,
               tuning_db: str | None = None, network_runner=None,
               compressions: tuple[Compression, ...] = tuple(Compression),
-              data_options=None, finetune_epochs: int = 0) -> Recommendation:
+              data_options=None, finetune_epochs: int = 0,
+              predict_accuracy: bool = True) -> Recommendation:
     """Predict every grid point of ``model`` on ``device``, drop what breaks the accuracy
     budget, rank the rest; with ``validate`` > 0, build and time the top ones (local only)
     with the whole-network runner ``network_runner()`` opens (default: the local CPU's).
@@ -151,7 +152,8 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
     predicted search time for ``trials`` trials per kernel. ``data_options``
     (:class:`~dlas_predict.compression.data.DataOptions`): how ``data`` is read;
     ``finetune_epochs``: pruned candidates are measured after that much fine-tuning (a zoo
-    network, on the digits training split, its masks held)."""
+    network, on the digits training split, its masks held); ``predict_accuracy=False``:
+    no accuracy-cost model is asked (a caller that needs no accuracy figure)."""
     from dlas_predict.measure.execution.runner import TuningOptions
 
     t0 = time.time()
@@ -210,8 +212,11 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
     cands += ort
     dense_best = min(c.predicted_s for c in dense)
     dropped: list[tuple[str, str]] = []
+    unpredictable = ("its weights are random (nothing to predict from)"
+                     if su.entry is not None and not su.entry.trained
+                     else None if predict_accuracy else "no accuracy was asked for")
     acc = Accuracies(model, su.entry.name if su.entry else su.name, data, log,
-                     predictable=su.entry is None or su.entry.trained, options=data_options,
+                     unpredictable=unpredictable, options=data_options,
                      finetune_epochs=finetune_epochs)
     kept = _within_budget(cands, acc, max_accuracy_drop, dropped, su)
     reference = next((c for c in ort if c.compression is Compression.DENSE), None)
