@@ -11,8 +11,8 @@ share can mean.
 
 The 80 % interval is conformal: the trees' errors on networks held out of the fit (grouped
 folds), split by the size of the prediction (a flat region's errors are small, a cliff's
-large) and apart for the quantised rows, give each bin its 10th and 90th percentile of
-error.
+large) and for the quantised rows by kind (float16's, int8's), give each bin its 10th and
+90th percentile of error.
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ _PRUNING = {"n_estimators": 200, "learning_rate": 0.03, "num_leaves": 7,
                                      for n in FEATURE_NAMES]}
 _QUANTISED = {"n_estimators": 50, "learning_rate": 0.05, "num_leaves": 3,
               "min_child_samples": 8, "verbose": -1, "n_jobs": 1}
-#: Error bins per part: the pruning parts' by predicted drop, the quantised part's one.
+#: Error bins per part: the pruning parts' by predicted drop, the quantised part's by kind.
 N_BINS = len(BIN_EDGES) + 1
 
 
@@ -137,9 +137,9 @@ def _part_rows(X: np.ndarray) -> dict[str, np.ndarray]:
             for part, cols in PARTS.items()}
 
 
-def _bin(part: str, pred: np.ndarray) -> np.ndarray:
-    if part == "quantised":
-        return np.zeros(len(pred), int)
+def _bin(part: str, pred: np.ndarray, X: np.ndarray) -> np.ndarray:
+    if part == "quantised":  # float16's errors apart from int8's
+        return (X[:, FEATURE_NAMES.index("is_int8")] > 0).astype(int)
     return np.searchsorted(np.array(BIN_EDGES), pred)
 
 
@@ -204,11 +204,11 @@ class AccuracyCostModel:
                 held[test] = _drop(_fit_trees(part, Xp[~test], yp[~test], self.seed,
                                               self.tree_scale), Xp[test])
             ok = np.isfinite(held)
-            residual, bins = (yp - held)[ok], _bin(part, held[ok])
+            residual, bins = (yp - held)[ok], _bin(part, held[ok], Xp[ok])
             self.errors[part] = []
             for b in range(N_BINS):
                 r = residual[bins == b]
-                r = r if len(r) >= 10 else residual  # a bin too thin borrows every error
+                r = r if len(r) >= 10 else residual  # a bin too thin (or unused) borrows all
                 self.errors[part].append([float(np.quantile(r, q)) if len(r) else 0.0
                                           for q in QUANTILES])
             self.trees[part] = _fit_trees(part, Xp, yp, self.seed, self.tree_scale)
@@ -241,7 +241,7 @@ class AccuracyCostModel:
         """The 80 % interval (low, high) of the normalised drop; low ≤ predict ≤ high."""
         low, high = np.full(len(X), np.nan), np.full(len(X), np.nan)
         for part, rows, mid in self._each(X):
-            err = np.array(self.errors[part])[_bin(part, mid)]
+            err = np.array(self.errors[part])[_bin(part, mid, np.asarray(X)[rows])]
             # a drop below zero is real (a compression can regularise) and measured often
             low[rows] = np.clip(np.minimum(mid + err[:, 0], mid), -1, 1)
             # and below chance (a collapsed network's top-1 is chance, give or take)
