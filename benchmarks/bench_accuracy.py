@@ -97,8 +97,7 @@ def main() -> int:
 def zoo_top3(table, X, y, groups, budget: float) -> None:
     """Each trained zoo network's top 3 under the predicted budget check, against its
     measured curve."""
-    from dlas_predict.compression.sensitivity import ConvWeights, features
-    from dlas_predict.models.accuracy import AccuracyCostModel
+    from dlas_predict.models.accuracy import AccuracyCostModel, AccuracyPredictor
     from dlas_predict.networks import zoo
     from dlas_predict.recommend.search import recommend
     from dlas_predict.space.config import Compression
@@ -113,8 +112,8 @@ def zoo_top3(table, X, y, groups, budget: float) -> None:
     for name in names:
         model = AccuracyCostModel().fit(X[groups != name], y[groups != name],
                                         groups[groups != name])
-        cw = ConvWeights.of(zoo.export(f"zoo:{name}"))
-        chance = 1.0 / (cw.classes or 1000)
+        predictor = AccuracyPredictor(zoo.export(f"zoo:{name}"), model=model)
+        highs: dict[tuple, float] = {}
         rows = table[table["network"] == name]
         measured = {(r.compression, round(r.ratio, 2) if r.ratio == r.ratio and r.ratio
                      else None):
@@ -125,9 +124,10 @@ def zoo_top3(table, X, y, groups, budget: float) -> None:
             key = (c.compression.value, None if c.ratio is None else round(c.ratio, 2))
             if c.compression is Compression.DENSE:
                 high = 0.0
-            else:
-                f = features(cw, c.compression, c.ratio)[None]
-                high = float(model.predict_interval(f)[1][0]) * (1 - chance) * 100
+            else:  # as recommend checks it, once per compression and ratio
+                if key not in highs:
+                    highs[key] = predictor.drops([(c.compression, c.ratio)])[0].high_pp
+                high = highs[key]
             if high <= budget and key in measured or c.compression is Compression.DENSE:
                 top.append((c, high, measured.get(key, 0.0)))
             if len(top) == 3:

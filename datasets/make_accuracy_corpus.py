@@ -122,28 +122,6 @@ def build(spec: dict):
     return nn.Sequential(*layers)
 
 
-def measure_curves(path: Path, ratios) -> dict:
-    """Every compression of an ONNX file measured as a user's file is (an entry in the
-    format of ``datasets/accuracy/curves.json``)."""
-    from dlas_predict.compression import accuracy
-
-    dense = accuracy.measure(str(path))
-    entry = {"metric": "top1", "data": dense.data, "n_samples": dense.n_samples,
-             "dense": dense.value, "elbow_drop_pp": accuracy.ELBOW_DROP_PP,
-             "source": "measured: datasets/make_accuracy_corpus.py"}
-    for comp in ("float16", "int8"):
-        r = accuracy.measure(str(path), compression=comp, reference=dense.value)
-        entry[comp] = r.value
-        if r.uncalibrated is not None:
-            entry[f"{comp}_uncalibrated"] = r.uncalibrated
-    for kind in ("weight_pruning", "channel_pruning"):
-        pts = [(r, accuracy.measure(str(path), "digits", kind, r, reference=dense.value).value)
-               for r in ratios]
-        entry[kind] = {"points": [[r, v] for r, v in pts],
-                       "elbow": accuracy.elbow(pts, dense.value)}
-    return entry
-
-
 def corpus_dir() -> Path:
     from dlas_predict.paths import cache_dir
 
@@ -153,7 +131,7 @@ def corpus_dir() -> Path:
 def generate(n: int, zoo_too: bool, skip: set[str] = frozenset()) -> None:
     import torch
 
-    from dlas_predict.compression import digits, training
+    from dlas_predict.compression import accuracy, digits, training
     from dlas_predict.networks import zoo
 
     torch.set_num_threads(len(__import__("os").sched_getaffinity(0)))
@@ -186,7 +164,8 @@ def generate(n: int, zoo_too: bool, skip: set[str] = frozenset()) -> None:
             spec = {"family": "zoo", "network": name}
             zoo.export(f"zoo:{name}", path)
             params = None
-        entry = measure_curves(path, RATIOS)
+        entry = accuracy.curves_entry(str(path), RATIOS,
+                                      "measured: datasets/make_accuracy_corpus.py")
         entry["network"] = spec
         entry["params"] = params
         entry["seconds"] = round(time.time() - t0, 1)

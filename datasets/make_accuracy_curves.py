@@ -38,26 +38,10 @@ def main() -> int:
     for name in args.names:
         t0 = time.time()
         model = f"zoo:{name}"
-        dense = accuracy.measure(model)
-        entry = {"metric": "top1", "data": dense.data, "n_samples": dense.n_samples,
-                 "dense": dense.value, "elbow_drop_pp": accuracy.ELBOW_DROP_PP,
-                 "source": "measured: datasets/make_accuracy_curves.py"}
-        for comp in ("float16", "int8"):
-            r = accuracy.measure(model, compression=comp)
-            entry[comp] = r.value
-            if r.uncalibrated is not None:
-                entry[f"{comp}_uncalibrated"] = r.uncalibrated
-        for epochs in sorted({0, finetune.get(name, 0)}):
-            for kind in ("weight_pruning", "channel_pruning"):
-                pts = accuracy.curve(model, kind, accuracy.DEFAULT_RATIOS,
-                                     finetune_epochs=epochs)
-                key = kind if epochs == 0 else f"{kind}+finetune{epochs}"
-                entry[key] = {"points": [[pt.ratio, pt.value] for pt in pts],
-                              "elbow": accuracy.elbow([(pt.ratio, pt.value) for pt in pts],
-                                                      dense.value)}
-                print(f"{name} {key}: elbow {entry[key]['elbow']}; "
-                      + " ".join(f"{r:g}:{v:.3f}" for r, v in entry[key]["points"]),
-                      flush=True)
+        entry = accuracy.curves_entry(model, accuracy.DEFAULT_RATIOS,
+                                      "measured: datasets/make_accuracy_curves.py",
+                                      (0, finetune.get(name, 0)),
+                                      log=lambda line: print(f"{name} {line}", flush=True))
         entry["seconds"] = round(time.time() - t0, 1)
         result[name] = entry
         out_path.write_text(json.dumps(result, indent=2) + "\n")

@@ -40,3 +40,19 @@ def write_if_changed(path: Path, data: bytes) -> bool:
         tmp.unlink(missing_ok=True)
         raise
     return replace_if_changed(tmp, path)
+
+
+_DIGESTS: dict[tuple, str] = {}
+
+
+def file_digest(path: Path) -> str:
+    """The sha256 of a file's bytes (hex), remembered while the file keeps its size and
+    modification time: a model asked about many times is read and hashed once."""
+    import hashlib
+
+    path = Path(path).resolve()
+    st = path.stat()
+    key = (str(path), st.st_mtime_ns, st.st_size)
+    if key not in _DIGESTS:
+        _DIGESTS[key] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return _DIGESTS[key]

@@ -181,10 +181,10 @@ def test_the_model_s_metadata_gives_the_normalisation(tmp_path):
                       "block": "plain", "downsample": 0, "activation": "relu", "se": 0})
     onnx.helper.set_model_props(m, {"mean": "0.2,0.2,0.2", "std": "0.25,0.25,0.25"})
     onnx.save(m, str(tmp_path / "m.onnx"))
-    norm = datasets.model_normalisation(tmp_path / "m.onnx", DataOptions())
+    meta = accuracy.model_metadata(tmp_path / "m.onnx")
+    norm = datasets.model_normalisation(meta, DataOptions())
     assert norm.mean == (0.2,) * 3 and norm.source == "the model's metadata"
-    assert datasets.model_normalisation(tmp_path / "m.onnx",
-                                        DataOptions(mean=(0.5,))).mean == (0.5,)
+    assert datasets.model_normalisation(meta, DataOptions(mean=(0.5,))).mean == (0.5,)
 
 
 def _model(tmp_path, open_size=False):

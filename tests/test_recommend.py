@@ -7,7 +7,6 @@ import pytest
 
 from conftest import DEMO, assert_clean_error, run_cli
 from dlas_predict.errors import DlasError
-from dlas_predict.recommend.accuracy import unchecked
 from dlas_predict.recommend.search import MODELS_STORE, ONNXRUNTIME, PER_LAYER, recommend
 
 SHIPPED = MODELS_STORE / "local"
@@ -493,7 +492,7 @@ def test_without_data_a_network_s_accuracy_is_predicted_and_the_budget_checks_th
     assert predicted, "no candidate was priced by the accuracy-cost model"
     for c in predicted:
         assert c.accuracy is None and c.accuracy_drop_pp <= c.accuracy_drop_high_pp <= 1.0
-    assert not any(unchecked(c) for c in rec.candidates)
+    assert not any(c.unchecked for c in rec.candidates)
     assert any(why.startswith("predicted drop up to") for _, why in rec.dropped)
     # removing nine channels in ten is never kept within one point
     assert not any(c.compression is Compression.CHANNEL_PRUNING and c.ratio >= 0.9

@@ -21,12 +21,14 @@ from dlas_predict.errors import ConfigError
 
 
 def onnx_session(model):
-    """An onnxruntime session on a path, bytes or ModelProto; optimisations off (so the
-    float16 emulation casts stay in place), 2 threads."""
+    """An onnxruntime session on a path, bytes or ModelProto (a session is returned as it
+    is); optimisations off (so the float16 emulation casts stay in place), 2 threads."""
     import os
 
     import onnxruntime as ort
 
+    if hasattr(model, "get_inputs"):  # a session already
+        return model
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     opts.intra_op_num_threads = len(os.sched_getaffinity(0))
@@ -39,8 +41,8 @@ def onnx_session(model):
 
 
 def input_shape(model, size: tuple[int, int] | None = None) -> tuple[int, int, int]:
-    """The C×H×W input of a model (batch dimension dropped); ``size`` (H, W) fills the
-    height and width a model leaves open (and must match those it fixes)."""
+    """The C×H×W input of a model or session (batch dimension dropped); ``size`` (H, W)
+    fills the height and width a model leaves open (and must match those it fixes)."""
     sess = onnx_session(model)
     shape = list(sess.get_inputs()[0].shape)
     fixed = lambda d: isinstance(d, int) and d > 0  # noqa: E731
@@ -58,34 +60,35 @@ def input_shape(model, size: tuple[int, int] | None = None) -> tuple[int, int, i
 
 
 def with_fixed_input(path: Path, shape: tuple[int, int, int]) -> Path:
-    """``path`` itself where its input is fixed, else a copy whose input is fixed to 1×
-    ``shape`` (kept in the cache): what the compressions read layer shapes from."""
-    import hashlib
-
+    """A copy of the model at ``path`` whose input is fixed to 1×``shape`` (kept in the
+    cache): what the compressions read layer shapes from."""
     import onnx
 
+    from dlas_predict.files import file_digest
     from dlas_predict.paths import cache_dir
 
-    m = onnx.load(str(path))
-    dims = m.graph.input[0].type.tensor_type.shape.dim
-    if all(d.HasField("dim_value") and d.dim_value > 0 for d in dims):
-        return Path(path)
-    for d, v in zip(dims, (1, *shape)):
-        d.Clear()
-        d.dim_value = v
-    digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
-    out = cache_dir("accuracy") / f"{Path(path).stem}-{digest}-{'x'.join(map(str, shape))}.onnx"
+    out = cache_dir("accuracy") / (f"{Path(path).stem}-{file_digest(path)[:16]}-"
+                                   f"{'x'.join(map(str, shape))}.onnx")
     if not out.is_file():
         from dlas_predict.files import write_if_changed
 
+        m = onnx.load(str(path))
+        for d, v in zip(m.graph.input[0].type.tensor_type.shape.dim, (1, *shape)):
+            d.Clear()
+            d.dim_value = v
         write_if_changed(out, m.SerializeToString())
     return out
 
 
 def output_classes(model) -> int | None:
-    """The model's number of outputs (classes), where its graph fixes it."""
+    """The number of outputs (classes) of a model or session, where its graph fixes it."""
     out = onnx_session(model).get_outputs()[0].shape
     return int(out[-1]) if out and isinstance(out[-1], int) and out[-1] > 1 else None
+
+
+def model_metadata(model) -> dict[str, str]:
+    """The metadata of a model or session (ONNX's ``metadata_props``)."""
+    return dict(onnx_session(model).get_modelmeta().custom_metadata_map)
 
 
 def predict(model, x: np.ndarray) -> np.ndarray:
@@ -135,6 +138,7 @@ class AccuracyResult:
     weights: str = ""
     notes: tuple[str, ...] = ()
     uncalibrated: float | None = None  # int8: the same metric with ranges from one random input
+    images_skipped: int = 0  # images of the data that could not be decoded
 
     def to_dict(self) -> dict:
         d = {"model": self.model, "compression": self.compression, "ratio": self.ratio,
@@ -247,13 +251,14 @@ def measure(model: str, data: str = "digits", compression: str = "dense",
 
     comp = Compression.parse(compression)
     path = zoo.resolve(model)
-    shape = input_shape(path, options.input_size)
-    if options.input_size is not None:
-        fixed = with_fixed_input(path, shape)
-        if fixed != path:
-            model, path = str(fixed), fixed
-    test = load_data(data, shape, options=options, model_path=path)
-    check_labels(test, output_classes(path))
+    sess = onnx_session(path)  # one session tells the input, the outputs and the metadata
+    shape = input_shape(sess, options.input_size)
+    test = load_data(data, shape, options=options, metadata=model_metadata(sess))
+    check_labels(test, output_classes(sess))
+    dims = sess.get_inputs()[0].shape
+    if options.input_size is not None and not all(isinstance(d, int) and d > 0 for d in dims):
+        path = with_fixed_input(path, shape)  # the open dimensions, now given
+        model = str(path)
     key = _cache_key(path, test, comp, ratio, finetune_epochs, remove_channels, options)
     cached = _cached(key)
     if cached is not None:
@@ -288,7 +293,7 @@ def measure(model: str, data: str = "digits", compression: str = "dense",
         model=prep.name, compression=comp.value, ratio=prep.compressed.ratio, metric=metric,
         value=value, data=test.name, n_samples=len(test), reference_top1=reference,
         finetune_epochs=finetune_epochs, weights=_weights_label(prep),
-        notes=notes, uncalibrated=uncal)
+        notes=notes, uncalibrated=uncal, images_skipped=test.skipped)
     _store(key, res)
     return res
 
@@ -297,9 +302,10 @@ def _cache_key(path: Path, test: Dataset, comp, ratio, finetune_epochs: int,
                remove_channels: bool, options: DataOptions) -> str:
     import hashlib
 
-    model_hash = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+    from dlas_predict.files import file_digest
+
     what = f"{comp.value}|{ratio}|{finetune_epochs}|{remove_channels}|{options.key}"
-    return "-".join((model_hash, data_hash(test),
+    return "-".join((file_digest(path)[:16], data_hash(test),
                      hashlib.sha256(what.encode()).hexdigest()[:12]))
 
 
@@ -349,6 +355,32 @@ def curve(model: str, kind: str, ratios=DEFAULT_RATIOS, data: str = "digits",
                               reference=points[0].reference_top1 if points else None,
                               options=options))
     return points
+
+
+def curves_entry(model: str, ratios, source: str, finetune_epochs: tuple[int, ...] = (0,),
+                 log=None) -> dict:
+    """Every compression of ``model`` measured on digits: an entry in the format of
+    ``datasets/accuracy/curves.json`` (dense, float16 and int8 with int8 before calibration,
+    both pruning curves at ``ratios`` with their elbows, and ``KIND+finetuneN`` curves for
+    each nonzero count of ``finetune_epochs``). ``log``: called with each curve's line."""
+    dense = measure(model)
+    entry = {"metric": "top1", "data": dense.data, "n_samples": dense.n_samples,
+             "dense": dense.value, "elbow_drop_pp": ELBOW_DROP_PP, "source": source}
+    for comp in ("float16", "int8"):
+        r = measure(model, compression=comp, reference=dense.value)
+        entry[comp] = r.value
+        if r.uncalibrated is not None:
+            entry[f"{comp}_uncalibrated"] = r.uncalibrated
+    for epochs in sorted(set(finetune_epochs)):
+        for kind in ("weight_pruning", "channel_pruning"):
+            pts = curve(model, kind, ratios, finetune_epochs=epochs)
+            key = kind if epochs == 0 else f"{kind}+finetune{epochs}"
+            entry[key] = {"points": [[pt.ratio, pt.value] for pt in pts],
+                          "elbow": elbow([(pt.ratio, pt.value) for pt in pts], dense.value)}
+            if log:
+                log(f"{key}: elbow {entry[key]['elbow']}; "
+                    + " ".join(f"{r:g}:{v:.3f}" for r, v in entry[key]["points"]))
+    return entry
 
 
 @dataclass

@@ -95,16 +95,10 @@ class Normalisation:
         return ((x01 - mean) / std).astype(np.float32)
 
 
-def model_normalisation(model_path, options: DataOptions) -> Normalisation:
-    """The options' mean/std, else the model's metadata's, else the default."""
-    meta = {}
-    try:
-        import onnx
-
-        meta = {p.key.lower(): p.value for p in onnx.load(str(model_path),
-                                                         load_external_data=False).metadata_props}
-    except Exception:  # an unreadable model fails later, where it is run, with its own error
-        pass
+def model_normalisation(metadata: dict[str, str], options: DataOptions) -> Normalisation:
+    """The options' mean/std, else those of the model's ``metadata`` (its
+    ``metadata_props``), else the default."""
+    meta = {k.lower(): v for k, v in metadata.items()}
     mean = options.mean or parse_floats(meta.get("mean"), "the model's metadata mean")
     std = options.std or parse_floats(meta.get("std"), "the model's metadata std")
     if mean is None and std is None:
@@ -220,9 +214,10 @@ def _csv(path: Path, shape: tuple[int, int, int], norm: Normalisation) -> Datase
 
 
 def load_data(spec: str, shape: tuple[int, int, int], split: str = "test",
-              options: DataOptions = DataOptions(), model_path=None) -> Dataset:
+              options: DataOptions = DataOptions(), metadata: dict | None = None) -> Dataset:
     """``digits`` (its ``split``), an ``.npz``, an image folder or a ``.csv``, as the
-    network's input of ``shape`` (C×H×W); at most ``options.limit`` images."""
+    network's input of ``shape`` (C×H×W), normalised as the options or the model's
+    ``metadata`` say; at most ``options.limit`` images."""
     from dlas_predict.compression.digits import digits
 
     if spec == "digits":
@@ -232,8 +227,7 @@ def load_data(spec: str, shape: tuple[int, int, int], split: str = "test",
         if not path.exists():
             raise DataError(f"data {spec!r} not found: give 'digits', an .npz file, a .csv "
                             "of PATH,LABEL rows or an image folder of class subfolders")
-        norm = model_normalisation(model_path, options) if model_path else Normalisation(
-            options.mean or (0.5,), options.std or (0.5,))
+        norm = model_normalisation(metadata or {}, options)
         if path.is_dir():
             data = _folder(path, shape, norm)
         elif path.suffix.lower() == ".csv":

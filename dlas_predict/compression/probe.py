@@ -14,9 +14,7 @@ constants, so each pruning only feeds its masked weights. Three figures per prun
 
 from __future__ import annotations
 
-import hashlib
 import json
-from pathlib import Path
 
 import numpy as np
 
@@ -52,7 +50,8 @@ class FunctionProbe:
         names = [n.input[1] for n in conv_nodes(m)]
         if len(names) != len(weights):
             raise NetworkError("the probe's conv layers do not match the network's")
-        keep = [i for i in m.graph.initializer if i.name not in set(names)]
+        moved = set(names)
+        keep = [i for i in m.graph.initializer if i.name not in moved]
         by_name = {i.name: i for i in m.graph.initializer}
         listed = {i.name for i in m.graph.input}  # older files list initializers as inputs
         inputs = [onnx.helper.make_tensor_value_info(n, by_name[n].data_type,
@@ -101,14 +100,13 @@ class FunctionProbe:
 
 
 class ProbeCache:
-    """Probe figures of one network file, kept under ``DLAS_HOME/cache/probe`` by the
-    file's hash: a second question about the same network runs nothing."""
+    """Probe figures of one network, kept under ``DLAS_HOME/cache/probe`` by its ``digest``
+    (the sha256 of its file): a second question about the same network runs nothing."""
 
-    def __init__(self, model_bytes: bytes):
+    def __init__(self, digest: str):
         from dlas_predict.paths import cache_dir
 
-        digest = hashlib.sha256(model_bytes).hexdigest()[:20]
-        self.path = cache_dir("probe") / f"{digest}.json"
+        self.path = cache_dir("probe") / f"{digest[:20]}.json"
         try:
             d = json.loads(self.path.read_text())
             self.data = d["figures"] if d.get("version") == CACHE_VERSION else {}
@@ -126,7 +124,3 @@ class ProbeCache:
         write_if_changed(self.path, json.dumps({"version": CACHE_VERSION,
                                                 "figures": self.data}).encode())
 
-
-def model_bytes(model) -> bytes:
-    return model.SerializeToString() if hasattr(model, "SerializeToString") else \
-        Path(model).read_bytes()

@@ -50,13 +50,17 @@ class ConvWeights:
     residual_adds: int
     classes: int | None              # the output width, where the graph says it
     model: object = field(default=None, compare=False, repr=False)  # the ModelProto
+    digest: str | None = field(default=None, compare=False, repr=False)  # its file's sha256
 
     @classmethod
     def of(cls, model) -> "ConvWeights":
         """Read from an ONNX ModelProto, or a path to one."""
+        from dlas_predict.files import file_digest
         from dlas_predict.networks.graph import read_proto
 
+        digest = None
         if not hasattr(model, "graph"):
+            digest = file_digest(model)
             model = read_proto(model)
         convs = conv_nodes(model)
         if not convs:
@@ -71,7 +75,7 @@ class ConvWeights:
         if len(out) >= 2 and out[-1].dim_value > 1:
             classes = int(out[-1].dim_value)
         groups = [next((a.i for a in n.attribute if a.name == "group"), 1) for n in convs]
-        return cls(weights, tuple(g == 1 for g in groups), adds, classes, model)
+        return cls(weights, tuple(g == 1 for g in groups), adds, classes, model, digest)
 
     @cached_property
     def probe(self):
@@ -84,9 +88,12 @@ class ConvWeights:
 
     @cached_property
     def probe_cache(self):
-        from dlas_predict.compression.probe import ProbeCache, model_bytes
+        import hashlib
 
-        return ProbeCache(model_bytes(self.model))
+        from dlas_predict.compression.probe import ProbeCache
+
+        return ProbeCache(self.digest
+                          or hashlib.sha256(self.model.SerializeToString()).hexdigest())
 
     def probed(self, compression: Compression, ratio: float, keeps) -> tuple:
         """The probe's figures of a pruning whose keep-masks ``keeps()`` gives (called only
@@ -120,15 +127,20 @@ class _Magnitudes:
                    tuple(np.abs(w).reshape(w.shape[0], -1).max(axis=1) for w in weights),
                    np.sort(np.concatenate(s), kind="stable"))  # merges the sorted runs
 
+    def _cut(self, ratio: float) -> tuple[int, float | None]:
+        """How many weights global pruning of ``ratio`` removes, and the magnitude of the
+        largest of them (None when it removes none)."""
+        k = int(np.floor(ratio * self.flat_sorted.size))
+        return k, (float(self.flat_sorted[k - 1]) if k else None)
+
     def weight_pruning(self, ratio: float):
         """Per layer, for global L1 unstructured pruning of ``ratio`` (``weight_masks``):
         (removed weights, removed energy share, output channels left with a weight). Ties
         at the threshold are pruned in layer order."""
-        k = int(np.floor(ratio * self.flat_sorted.size))
-        if k == 0:
+        k, t = self._cut(ratio)
+        if t is None:
             n = len(self.sorted_abs)
             return np.zeros(n), np.zeros(n), [len(c) for c in self.channel_max]
-        t = self.flat_sorted[k - 1]
         below = [int(np.searchsorted(a, t, "left")) for a in self.sorted_abs]
         ties = [int(np.searchsorted(a, t, "right")) - b for a, b in zip(self.sorted_abs, below)]
         left = k - sum(below)
@@ -146,10 +158,9 @@ class _Magnitudes:
     def keep_masks(self, weights, ratio: float) -> list[np.ndarray]:
         """The keep-masks of global weight pruning at ``ratio``: every weight above the
         threshold (``weight_masks`` less its choice among weights tied at the threshold)."""
-        k = int(np.floor(ratio * self.flat_sorted.size))
-        if k == 0:
+        _k, t = self._cut(ratio)
+        if t is None:
             return [np.ones(w.shape, bool) for w in weights]
-        t = self.flat_sorted[k - 1]
         return [np.abs(w) > t for w in weights]
 
 
@@ -202,16 +213,15 @@ def features(cw: ConvWeights, compression: Compression, ratio: float | None) -> 
                               lambda: cw.magnitudes.keep_masks(ws, float(ratio)))
     elif compression is Compression.CHANNEL_PRUNING:
         keeps = channel_masks(list(ws), float(ratio), list(cw.prunable))
+        full = [np.broadcast_to(k.reshape(-1, *[1] * (w.ndim - 1)), w.shape)
+                for w, k in zip(ws, keeps)]  # each channel's keep over its weights (views)
         removed = np.array([1 - k.mean() for k in keeps])
-        energy = np.array([_energy(w, np.broadcast_to(k.reshape(-1, *[1] * (w.ndim - 1)),
-                                                      w.shape)) for w, k in zip(ws, keeps)])
+        energy = np.array([_energy(w, f) for w, f in zip(ws, full)])
         kept_min = min(int(k.sum()) for k, p in zip(keeps, cw.prunable) if p) \
             if any(cw.prunable) else min(len(k) for k in keeps)
         ratio = float(ratio)
         if cw.model is not None:
-            probe = cw.probed(compression, ratio, lambda: [
-                np.broadcast_to(k.reshape(-1, *[1] * (w.ndim - 1)), w.shape)
-                for w, k in zip(ws, keeps)])
+            probe = cw.probed(compression, ratio, lambda: full)
     else:
         errors = []
         for w in ws:

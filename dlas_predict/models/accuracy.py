@@ -56,10 +56,6 @@ class CurvePoint:
     value: float
     chance: float
 
-    @property
-    def drop(self) -> float:
-        return normalised_drop(self.dense, self.value, self.chance)
-
 
 def curve_points(name: str, entry: dict, classes: int = 10) -> list[CurvePoint]:
     """Every measured point of one network's curves entry (the format of ``curves.json``)."""
@@ -177,8 +173,9 @@ def _folds(groups: np.ndarray, k: int, seed: int) -> list[np.ndarray]:
 @dataclass
 class AccuracyCostModel:
     """Predicts the normalised top-1 drop of a compression (0: none, 1: to chance) with an
-    80 % interval. ``fit(X, drop, groups)``, ``predict(X)``, ``predict_interval(X)``,
-    ``save(directory)``, ``load(directory)``, as the latency models. ``tree_scale``
+    80 % interval. ``fit(X, drop, groups)``, ``predict(X)``, ``predict_interval(X)``
+    (both at once: ``predict_all``), ``save(directory)``, ``load(directory)``, as the
+    latency models. ``tree_scale``
     scales every part's number of trees (tests fit small models)."""
 
     seed: int = 0
@@ -220,33 +217,34 @@ class AccuracyCostModel:
                      "target": f"log-odds of the normalised drop, clipped to {LOGIT_EPS}"}
         return self
 
-    def _each(self, X: np.ndarray):
+    def predict_all(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The normalised drop (in [0, 1]) and its 80 % interval (low, high), the trees
+        walked once."""
         if not self.trees:
             raise ModelError("the accuracy-cost model is not trained")
         X = np.asarray(X, np.float64)
+        mid, low, high = (np.full(len(X), np.nan) for _ in range(3))
         for part, rows in _part_rows(X).items():
-            if rows.any():
-                if part not in self.trees:
-                    raise ModelError(f"the accuracy-cost model has no {part} part")
-                yield part, rows, _drop(self.trees[part], X[rows])
+            if not rows.any():
+                continue
+            if part not in self.trees:
+                raise ModelError(f"the accuracy-cost model has no {part} part")
+            m = _drop(self.trees[part], X[rows])
+            err = np.array(self.errors[part])[_bin(part, m, X[rows])]
+            mid[rows] = m
+            # a drop below zero is real (a compression can regularise) and measured often
+            low[rows] = np.clip(np.minimum(m + err[:, 0], m), -1, 1)
+            # and below chance (a collapsed network's top-1 is chance, give or take)
+            high[rows] = np.clip(np.maximum(m + err[:, 1], m), 0, HIGH_MAX)
+        return mid, low, high
 
     def predict(self, X: np.ndarray) -> np.ndarray:
         """The normalised drop, in [0, 1]."""
-        out = np.full(len(X), np.nan)
-        for _part, rows, mid in self._each(X):
-            out[rows] = mid
-        return out
+        return self.predict_all(X)[0]
 
     def predict_interval(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The 80 % interval (low, high) of the normalised drop; low ≤ predict ≤ high."""
-        low, high = np.full(len(X), np.nan), np.full(len(X), np.nan)
-        for part, rows, mid in self._each(X):
-            err = np.array(self.errors[part])[_bin(part, mid, np.asarray(X)[rows])]
-            # a drop below zero is real (a compression can regularise) and measured often
-            low[rows] = np.clip(np.minimum(mid + err[:, 0], mid), -1, 1)
-            # and below chance (a collapsed network's top-1 is chance, give or take)
-            high[rows] = np.clip(np.maximum(mid + err[:, 1], mid), 0, HIGH_MAX)
-        return low, high
+        return self.predict_all(X)[1:]
 
     def save(self, directory: Path) -> Path:
         from dlas_predict.models.trees import MODEL_SUFFIX, save_trees
@@ -284,8 +282,7 @@ def held_out(X: np.ndarray, drop: np.ndarray, groups: np.ndarray, seed: int = 0,
         test = groups == name
         m = AccuracyCostModel(seed=seed, tree_scale=tree_scale).fit(
             X[~test], drop[~test], groups[~test])
-        mid[test] = m.predict(X[test])
-        low[test], high[test] = m.predict_interval(X[test])
+        mid[test], low[test], high[test] = m.predict_all(X[test])
     return mid, low, high
 
 
@@ -308,20 +305,21 @@ class PredictedDrop:
 
 
 class AccuracyPredictor:
-    """The shipped accuracy-cost model applied to one network's weights."""
+    """The shipped accuracy-cost model (or ``model``, one fitted here) applied to one
+    network's weights."""
 
-    def __init__(self, model_path, directory: Path | None = None):
+    def __init__(self, model_path, directory: Path | None = None,
+                 model: AccuracyCostModel | None = None):
         from dlas_predict.paths import ACCURACY_MODEL
 
-        self.model = AccuracyCostModel.load(Path(directory or ACCURACY_MODEL))
+        self.model = model or AccuracyCostModel.load(Path(directory or ACCURACY_MODEL))
         self.weights = ConvWeights.of(model_path)
         self.chance = 1.0 / (self.weights.classes or 1000)
 
     def drops(self, points: list[tuple[Compression, float | None]],
               dense: float | None = None) -> list[PredictedDrop]:
         X = np.array([features(self.weights, c, r) for c, r in points])
-        mid = self.model.predict(X)
-        low, high = self.model.predict_interval(X)
+        mid, low, high = self.model.predict_all(X)
         d = 1.0 if dense is None else dense
         scale = max(d - self.chance, 0.0) * 100
         # no drop exceeds the whole accuracy (below chance, down to none right)

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 from dlas_predict.errors import DlasError
 from dlas_predict.paths import CURVES
-from dlas_predict.recommend.candidates import Candidate
 from dlas_predict.space.config import Compression
 
 #: The predicted rows' source (their figures are the candidate's drop and its upper end).
@@ -40,12 +39,6 @@ def shipped_curves() -> dict:
     from dlas_predict.compression.accuracy import load_curves
 
     return load_curves(CURVES)
-
-
-def unchecked(c: Candidate) -> bool:
-    """A compressed candidate whose accuracy is neither measured, known from a curve nor
-    predicted (:attr:`Candidate.unchecked`)."""
-    return c.unchecked
 
 
 class Accuracies:
@@ -120,17 +113,18 @@ class Accuracies:
                      + (f"@{ratio:g}" if ratio else "") + f": {res.metric} "
                      f"{res.value:.4f} on {res.n_samples} images "
                      f"({time.perf_counter() - t0:.1f} s)")
-        skipped = next((f"; {n}" for n in res.notes if "could not be decoded" in n), "")
+        more = (f"; {res.images_skipped} images could not be decoded and were skipped"
+                if res.images_skipped else "")
         if epochs:
-            skipped += f"; fine-tuned {epochs} epochs on the digits training split"
+            more += f"; fine-tuned {epochs} epochs on the digits training split"
         if res.metric == "top1":
             self.reference = res.reference_top1
             return AccuracyFigure(res.value, f"measured: top-1 on {res.data} "
-                                  f"({res.n_samples} images{skipped})",
+                                  f"({res.n_samples} images{more})",
                                   (res.reference_top1 - res.value) * 100)
         return AccuracyFigure(res.value, f"measured: fidelity proxy on {res.data} (agreement "
                               f"with the uncompressed model, {res.n_samples} images"
-                              f"{skipped})", (1 - res.value) * 100)
+                              f"{more})", (1 - res.value) * 100)
 
     def _from_curve(self, comp: Compression, ratio: float | None) -> AccuracyFigure:
         dense = self.curve.dense

@@ -30,7 +30,7 @@ from dlas_predict.measure.networks.plans import ONNXRUNTIME, PER_LAYER
 from dlas_predict.paths import MODELS_STORE
 from dlas_predict.space.devices import model_dir
 from dlas_predict.models.device import features_device, load_models
-from dlas_predict.recommend.accuracy import Accuracies, unchecked
+from dlas_predict.recommend.accuracy import Accuracies
 from dlas_predict.recommend.candidates import Candidate, Recommendation
 from dlas_predict.recommend.validate import validate_top
 
@@ -246,8 +246,9 @@ NO_GAIN = 0.01
 def _rank(kept: list[Candidate], reference: Candidate | None) -> None:
     """Sort ``kept`` by predicted latency, the reference (onnxruntime fp32; without one,
     the fastest dense candidate) before any candidate predicted less than :data:`NO_GAIN`
-    faster and before every candidate whose accuracy is unchecked (:func:`unchecked`: what a
-    compression costs is unknown, so it is never the first answer); flag each candidate
+    faster and before every candidate whose accuracy is unchecked
+    (:attr:`Candidate.unchecked`: what a compression costs is unknown, so it is never the
+    first answer); flag each candidate
     ranked before the reference whose 80 % interval reaches the reference's predicted time:
     the model cannot tell that it is faster."""
     if reference is None or not np.isfinite(reference.predicted_s):
@@ -259,7 +260,7 @@ def _rank(kept: list[Candidate], reference: Candidate | None) -> None:
     ref_s = reference.predicted_s
 
     def key(c: Candidate) -> tuple[float, int, float]:
-        if c is not reference and (unchecked(c) and c.predicted_s <= ref_s
+        if c is not reference and (c.unchecked and c.predicted_s <= ref_s
                                    or (1 - NO_GAIN) * ref_s <= c.predicted_s <= ref_s):
             return ref_s, 1, c.predicted_s
         return c.predicted_s, int(c is not reference), c.predicted_s
@@ -649,7 +650,7 @@ def _within_budget(cands: list[Candidate], acc: Accuracies, max_accuracy_drop: f
             what = ("predicted drop up to" if fig.high_pp is not None else "accuracy drop")
             dropped.append((c.label, f"{what} {drop:.1f} points > {max_accuracy_drop:g}"))
             continue
-        if unchecked(c):
+        if c.unchecked:
             unknown += 1
         kept.append(c)
     if unknown:
