@@ -327,6 +327,21 @@ def test_a_model_of_another_machine_is_not_this_machines(monkeypatch):
     assert transfer.reference_for(here) in transfer.trained_devices()
 
 
+def test_a_cpu_is_answered_from_a_reference_of_its_own_thread_count():
+    """Two references of the same code, one and two threads, at equal distance in peak and
+    bandwidth: a two-core CPU takes the two-thread one, a one-core CPU the other."""
+    from dataclasses import replace
+
+    from dlas_predict.crossdev import transfer
+
+    one, two = transfer.data_spec("local-avx2-1t"), transfer.data_spec("local-avx2-2t")
+    mid = {k: float(np.sqrt(one.peak_gflops[k] * two.peak_gflops[k])) for k in one.peak_gflops}
+    bw = float(np.sqrt(one.mem_bandwidth_gbs * two.mem_bandwidth_gbs))
+    for cores, want in ((2, "local-avx2-2t"), (1, "local-avx2-1t")):
+        cpu = replace(one, name="x", peak_gflops=mid, mem_bandwidth_gbs=bw, cores=cores)
+        assert transfer.reference_for(cpu, ["local-avx2-1t", "local-avx2-2t"]) == want
+
+
 def _shipped_for(root, fingerprint: str):
     """A models_store under ``root`` whose ``local`` is the shipped one, with a copy of it
     shipped for the machine ``fingerprint`` (its metadata saying it was trained there)."""

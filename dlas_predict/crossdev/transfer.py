@@ -90,6 +90,12 @@ class TransferFit:
     note: str = ""
 
 
+#: The whole-network offset group of a per-layer plan whose layers run more than one kernel:
+#: its layout changes between layers and its choice of each layer's fastest prediction are
+#: priced apart from one algorithm's plan.
+MIXED = "mixed"
+
+
 @dataclass
 class DeviceMap:
     """How a reference device's kernel latencies become ``device``'s."""
@@ -114,8 +120,8 @@ class DeviceMap:
     #: machine's local CPU is not used)
     fingerprint: str = ""
     #: calibrated on whole networks: log offsets of our whole-network builds over the mapped
-    #: layer and network models, by compression ("*": any other), and their leave-one-out
-    #: 10-90 % error
+    #: layer and network models, by compression ("*": any other; "mixed": a plan whose
+    #: layers run more than one kernel), and their leave-one-out 10-90 % error
     network_offsets: dict[str, float] = field(default_factory=dict)
     network_q: tuple[float, float] = (0.0, 0.0)
     #: calibrated on onnxruntime runs: log offsets over the reference's onnxruntime model,
@@ -161,10 +167,13 @@ class DeviceMap:
             out = out + np.array([self.conv_offsets.get(c, 0.0) for c in convs])
         return out
 
-    def network_offset(self, compression: str) -> float | None:
-        """The whole-network offset of a compression (None: not calibrated on networks)."""
+    def network_offset(self, compression: str, mixed: bool = False) -> float | None:
+        """The whole-network offset of a compression, or of a mixed plan where one was
+        calibrated (None: not calibrated on networks)."""
         if not self.network_offsets:
             return None
+        if mixed and MIXED in self.network_offsets:
+            return self.network_offsets[MIXED]
         return self.network_offsets.get(str(compression).partition("@")[0],
                                         self.network_offsets.get("*", 0.0))
 
@@ -328,8 +337,10 @@ def same_code(ref, device) -> bool:
 def reference_for(device, candidates: list[str] | None = None) -> str:
     """The trained device (of ``candidates``, default every trained one) nearest ``device``
     in spec (same kind: CPU or GPU), each as its data was measured (:func:`data_spec`):
-    peak, bandwidth and SIMD width. A trained device of the same processor and vector width
-    (a CPU of another thread count or clock) comes before any other."""
+    peak, bandwidth, SIMD width and, for a CPU, threads (a reference of other threads
+    scales its layers and pays its launches otherwise). A trained device of the same
+    processor and vector width (a CPU of another thread count or clock) comes before any
+    other."""
     best, best_d = None, np.inf
     for name in trained_devices() if candidates is None else candidates:
         ref = data_spec(name)
@@ -340,6 +351,8 @@ def reference_for(device, candidates: list[str] | None = None) -> str:
             d += abs(np.log(ref.mem_bandwidth_gbs / device.mem_bandwidth_gbs))
         if ref.simd_bits and device.simd_bits:  # code of another vector width: a doubling
             d += abs(np.log2(ref.simd_bits / device.simd_bits))  # counts 1 (a peak's: ln 2)
+        if device.kind == "cpu" and ref.cores and device.cores:  # threads: how a layer
+            d += abs(np.log(ref.cores / device.cores))  # scales, what a launch costs
         if not same_code(ref, device):
             d += 100.0
         if d < best_d:

@@ -8,9 +8,10 @@ models, mapped by its spec (zero-shot). Calibration measures it:
    spent; the adapted kernel map (offset, slope, group and shape offsets) is fitted.
 2. **Whole networks**: with that map in place, the networks are priced, and a few of
    their candidates are built and timed here, onnxruntime's (fp32, float16, int8,
-   channel-pruned) first, then our dense and int8 builds: each backend's residuals give
-   log offsets by compression (ours) and by run mode (onnxruntime's), shrunk to a common
-   one, with their leave-one-out error as the interval.
+   channel-pruned) and our builds (one algorithm's, and a per-layer plan of mixed kernels)
+   in turn: each backend's residuals give log offsets by compression (ours, mixed plans
+   apart) and by run mode (onnxruntime's), shrunk to a common one, with their
+   leave-one-out error as the interval.
 
 The map is saved under ``DLAS_HOME/adapted/DEVICE.json`` with this machine's fingerprint
 (a map of another machine is not used). Every measurement is committed to
@@ -37,12 +38,14 @@ from dlas_predict.errors import DlasError
 DEFAULT_NETWORKS = ("demo", "zoo:resnet18-cifar", "zoo:mobilenetv2-cifar")
 #: The share of the time budget the kernels get; whole networks take the rest.
 KERNEL_SHARE = 0.55
-#: The runs timed per network, in this order: (backend, compression, ratio), the two
-#: backends in turn, then onnxruntime's other modes.
-RUNS = (("onnxruntime", "dense", None), ("tvm", "dense", None),
-        ("onnxruntime", "channel_pruning", 0.9), ("tvm", "channel_pruning", 0.9),
-        ("onnxruntime", "int8", None), ("tvm", "int8", None),
-        ("onnxruntime", "float16", None), ("onnxruntime", "channel_pruning", 0.5))
+#: The runs timed per network, in this order: (backend, compression, ratio, mixed), the two
+#: backends in turn, then onnxruntime's other modes. ``mixed``: our per-layer plan whose
+#: layers run more than one kernel (its own offset group), else one algorithm's fastest.
+RUNS = (("onnxruntime", "dense", None, False), ("tvm", "dense", None, False),
+        ("onnxruntime", "channel_pruning", 0.9, False), ("tvm", "channel_pruning", 0.9, False),
+        ("tvm", "channel_pruning", 0.9, True), ("onnxruntime", "int8", None, False),
+        ("tvm", "int8", None, False), ("tvm", "dense", None, True),
+        ("onnxruntime", "float16", None, False), ("onnxruntime", "channel_pruning", 0.5, False))
 #: Kernel measurements at most: whole networks say more per minute once the kernel map
 #: has settled (on a 2-core Zen 4, 150 kernels took about a minute).
 MAX_KERNELS = 150
@@ -94,7 +97,7 @@ class NetworkRow:
     network: str
     config: str                # e.g. int8/gemm, dense/onnxruntime
     backend: str
-    group: str                 # our builds: the compression; onnxruntime: its run mode
+    group: str                 # ours: the compression, or mixed; onnxruntime: its run mode
     predicted_ms: float
     measured_ms: float
 
@@ -276,8 +279,8 @@ def _save(path: Path, device: str, kmap, curve, fp: str, rows: list[NetworkRow] 
 def _networks_phase(device: str, nets: list[str], memo: Memo, oracle: Callable,
                     deadline: float, clock, say) -> list[NetworkRow]:
     """Network by network, price it with the kernel map, then time its calibration
-    candidates until the deadline, the two backends' in turn (dense, channel-pruned at 0.9,
-    int8; then onnxruntime's float16 and channel-pruned at 0.5)."""
+    candidates (:data:`RUNS`) until the deadline."""
+    from dlas_predict.crossdev.transfer import MIXED
     from dlas_predict.models.ortmodel import model_mode
     from dlas_predict.recommend.search import recommend
 
@@ -290,9 +293,9 @@ def _networks_phase(device: str, nets: list[str], memo: Memo, oracle: Callable,
                         ratios=(0.5, 0.9), tuning="untuned")
         best = {}
         for c in rec.candidates:
-            if c.backend == "tvm" and c.algorithm == "per_layer":
-                continue
-            k = (c.backend, c.compression.value, c.ratio)
+            if c.algorithm == "per_layer" and not c.mixed:
+                continue  # one algorithm's plan: that algorithm's candidate
+            k = (c.backend, c.compression.value, c.ratio, c.mixed)
             if k not in best or c.predicted_s < best[k].predicted_s:
                 best[k] = c
         for w in RUNS:
@@ -314,7 +317,7 @@ def _networks_phase(device: str, nets: list[str], memo: Memo, oracle: Callable,
                 say(f"{rec.network} {c.label}: {got.note or 'failed'}; left out")
                 continue
             group = model_mode(c.compression) if c.backend == "onnxruntime" else \
-                c.compression.value
+                MIXED if c.mixed else c.compression.value
             rows.append(NetworkRow(rec.network, c.label, c.backend, group, basis * 1e3,
                                    got.ms))
             say(f"{rec.network} {c.label} ({c.backend}): {got.ms:.3f} ms measured, "

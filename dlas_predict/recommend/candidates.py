@@ -47,6 +47,11 @@ class Candidate:
         return self.accuracy_drop_pp is None and self.compression is not Compression.DENSE
 
     @property
+    def mixed(self) -> bool:
+        """A per-layer plan whose layers run more than one algorithm."""
+        return self.algorithm == PER_LAYER and len({a for a, _ in self.layers}) > 1
+
+    @property
     def backend(self) -> str:
         return "onnxruntime" if self.algorithm == ONNXRUNTIME else "tvm"
 

@@ -467,15 +467,16 @@ def _offset_rows(cands: list[Candidate], offsets: list[float], q: tuple[float, f
 
 
 def _calibrate_networks(cands: list[Candidate], su: _Setup) -> None:
-    """A calibrated map's whole-network offsets on our builds (by compression)."""
+    """A calibrated map's whole-network offsets on our builds (by compression; mixed
+    per-layer plans apart)."""
     m = su.mapping
     if m is None or not m.network_offsets:
         return
-    _offset_rows(cands, [m.network_offset(c.compression.value) for c in cands],
+    _offset_rows(cands, [m.network_offset(c.compression.value, c.mixed) for c in cands],
                  tuple(m.network_q), m.source)
     su.notes.append(f"{su.dev.name} is calibrated on this machine: our builds' latencies "
                     "are moved by the offsets its whole networks were measured at, by "
-                    "compression")
+                    "compression and for mixed per-layer plans")
 
 
 def _calibrate_onnxruntime(ort: list[Candidate], su: _Setup) -> None:
