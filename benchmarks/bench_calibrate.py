@@ -6,8 +6,8 @@ calibrated ``local`` (``--calibrated-home``: a DLAS_HOME where ``dlas-predict ca
 ran): its top K candidates of both backends are built and timed here. The same candidates
 are priced zero-shot (a DLAS_HOME without the calibration) and by a MACs fit (log latency on
 log MACs, per backend, fitted on the calibration's own whole-network runs: the same shots).
-Printed: within ±10 %, MAPE and Spearman of each, and the pick after validating 3 against
-the best measured.
+Printed: within ±10 %, MAPE and Spearman of each (and by backend), the share of measured
+times inside each 80 % interval, and the pick after validating 3 against the best measured.
 
     DLAS_HOME=H dlas-predict calibrate
     .venv/bin/python benchmarks/bench_calibrate.py --calibrated-home H [--validate 12]
@@ -93,16 +93,21 @@ def main() -> int:
             os.environ["DLAS_HOME"] = str(zero_home)
             zero = recommend(str(path), args.device, max_accuracy_drop=float("inf"), top=0,
                              tuning="untuned", ratios=(0.5, 0.9))
-            zmap = {(c.label, c.backend): c.predicted_s for c in zero.candidates}
+            zmap = {(c.label, c.backend): c for c in zero.candidates}
             macs = _macs(path)
             for c in rec.validated:
                 if c.measured_s is None or (c.label, c.backend) not in zmap:
                     continue
                 f = fit.get(c.backend)
+                z = zmap[(c.label, c.backend)]
                 rows.append({"network": path.stem, "label": c.label, "backend": c.backend,
                              "measured_ms": c.measured_s * 1e3,
                              "calibrated_ms": c.predicted_s * 1e3,
-                             "zero_shot_ms": zmap[(c.label, c.backend)] * 1e3,
+                             "calibrated_low_ms": c.low_s * 1e3,
+                             "calibrated_high_ms": c.high_s * 1e3,
+                             "zero_shot_ms": z.predicted_s * 1e3,
+                             "zero_shot_low_ms": z.low_s * 1e3,
+                             "zero_shot_high_ms": z.high_s * 1e3,
                              "macs_fit_ms": float(np.exp(np.polyval(f, np.log(macs))))
                              if f is not None else None})
             print(f"{path.stem}: {len(rec.validated)} validated", flush=True)
@@ -113,7 +118,14 @@ def main() -> int:
            "candidates": len(rows)}
     for k in ("zero_shot_ms", "calibrated_ms", "macs_fit_ms"):
         ok = [i for i, r in enumerate(rows) if r[k] is not None]
-        out[k.removesuffix("_ms")] = _score(np.array([rows[i][k] for i in ok]), meas[ok])
+        name = k.removesuffix("_ms")
+        out[name] = _score(np.array([rows[i][k] for i in ok]), meas[ok])
+        for backend in ("tvm", "onnxruntime"):
+            b = [i for i in ok if rows[i]["backend"] == backend]
+            out[name][backend] = _score(np.array([rows[i][k] for i in b]), meas[b])
+        if f"{name}_low_ms" in rows[0]:  # the 80 % interval's share of measured times
+            out[name]["interval_holds"] = float(np.mean(
+                [r[f"{name}_low_ms"] <= r["measured_ms"] <= r[f"{name}_high_ms"] for r in rows]))
     picks = []
     for net in sorted({r["network"] for r in rows}):
         r = [x for x in rows if x["network"] == net]

@@ -121,7 +121,8 @@ class DeviceMap:
     fingerprint: str = ""
     #: calibrated on whole networks: log offsets of our whole-network builds over the mapped
     #: layer and network models, by compression ("*": any other; "mixed": a plan whose
-    #: layers run more than one kernel), and their leave-one-out 10-90 % error
+    #: layers run more than one kernel), and the 10-90 % log error of a new network: their
+    #: leave-one-out error and the kernel map's, in quadrature
     network_offsets: dict[str, float] = field(default_factory=dict)
     network_q: tuple[float, float] = (0.0, 0.0)
     #: calibrated on onnxruntime runs: log offsets over the reference's onnxruntime model,

@@ -220,7 +220,8 @@ def run(device: str, minutes: float, networks: list[str] | None,
         if tvm:
             res = np.log([r.measured_ms / r.predicted_ms for r in tvm])
             kmap.network_offsets, net_loo = transfer.shrunk_offsets(res, [r.group for r in tvm])
-            kmap.network_q = _quantiles(net_loo, res)
+            # a new network's error: its offset's and its unseen kernels' map error
+            kmap.network_q = _combined(_quantiles(net_loo, res), (kmap.q10, kmap.q90))
         else:
             notes.append("no whole network of ours was timed: our builds keep the kernel map "
                          "alone (give more --minutes)")
@@ -257,6 +258,11 @@ def _quantiles(loo: np.ndarray, res: np.ndarray) -> tuple[float, float]:
     src = loo if len(loo) >= 5 else np.r_[loo, res - res.mean()] if len(res) else np.zeros(1)
     q10, q90 = np.quantile(src, [0.1, 0.9])
     return float(min(q10, -0.05)), float(max(q90, 0.05))
+
+
+def _combined(a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:
+    """The 10-90 % log error of two independent errors: each end in quadrature."""
+    return -float(np.hypot(a[0], b[0])), float(np.hypot(a[1], b[1]))
 
 
 def _elapsed(clock, t0) -> str:

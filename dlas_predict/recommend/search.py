@@ -456,13 +456,15 @@ def _map_onnxruntime(ort: list[Candidate], su: _Setup, kernels: list[tuple], own
 def _offset_rows(cands: list[Candidate], offsets: list[float], q: tuple[float, float],
                  source: str) -> None:
     """Each candidate's prediction moved by its calibrated log offset; its interval is the
-    wider of the model's (moved) and the calibration's own leave-one-out error."""
+    calibration's own 10-90 % error on this machine (``q``, log), not the reference
+    model's, which is of another machine's spread and far wider than the calibrated
+    error."""
     for c, off in zip(cands, offsets):
         f = float(np.exp(off))
         c.basis_s = c.predicted_s
         c.predicted_s *= f
-        c.low_s = min(c.low_s * f, c.predicted_s * float(np.exp(min(q[0], 0.0))))
-        c.high_s = max(c.high_s * f, c.predicted_s * float(np.exp(max(q[1], 0.0))))
+        c.low_s = c.predicted_s * float(np.exp(min(q[0], 0.0)))
+        c.high_s = c.predicted_s * float(np.exp(max(q[1], 0.0)))
         c.source = source
 
 
