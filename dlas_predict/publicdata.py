@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from dlas_predict.errors import DlasError
+from dlas_predict.errors import DlasError, param
 
 
 @dataclass(frozen=True)
@@ -173,7 +173,7 @@ def fetch(sources: list[str], from_dir: Path | None = None, mirror: str | None =
             if from_dir is not None:
                 src = Path(from_dir) / path
                 if not src.is_file():
-                    raise DlasError(f"--from {from_dir}: {path} not found there")
+                    raise DlasError(f"{param('from_dir')} {from_dir}: {path} not found there")
                 shutil.copyfile(src, dest)
                 _check(dest, size, sha, str(src))
                 continue

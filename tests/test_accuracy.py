@@ -218,9 +218,9 @@ def test_measure_checks_labels_and_input_size_and_caches_what_it_measured(tmp_pa
     monkeypatch.setattr(accuracy, "evaluate_onnx", lambda *a: pytest.fail("not cached"))
     again = accuracy.measure(str(path), str(tmp_path / "ok.npz"), "int8")
     assert again == first and again.metric == "top1"
-    # a model that leaves its height and width open takes them from --input-size
+    # a model that leaves its height and width open takes them from input_size
     open_path = _model(tmp_path, open_size=True)
-    with pytest.raises(DataError, match="--input-size"):
+    with pytest.raises(DataError, match="`input_size`"):
         accuracy.measure(str(open_path), str(tmp_path / "ok.npz"))
     monkeypatch.undo()
     res = accuracy.measure(str(open_path), str(tmp_path / "ok.npz"),

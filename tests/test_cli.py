@@ -46,6 +46,32 @@ def test_every_command_answers_help_with_exit_zero():
     assert "COMPRESSION[@RATIO][/ALGORITHM][/tuned]" in _run("predict", "--help").output
 
 
+@pytest.mark.parametrize("args, needle", [
+    (["calibrate", "--minutes", "0"], "--minutes must be above 0"),
+    (["recommend", DEMO, "--fine-tune", "-1"], "--fine-tune must be 0 or more epochs"),
+    (["recommend", DEMO, "--data-limit", "0", "--data", "digits"],
+     "--data-limit must be at least 1"),
+    (["devices", "add", "x", "--kind", "cpu", "--target", "{}", "--cores", "0",
+      "--peak-gflops", "1", "--bandwidth-gbs", "1"], "--cores must be a positive number"),
+])
+def test_a_library_error_names_the_option_that_sets_its_parameter(args, needle):
+    """The library names its parameters (`minutes`); the command shows its own option,
+    under another name too (finetune_epochs: --fine-tune; DataOptions.limit: --data-limit)."""
+    result = _run(*args)
+    _assert_clean_error(result, needle)
+    assert "`" not in result.output.replace("`dlas-predict", "")
+
+
+def test_a_library_error_names_the_parameter_where_no_command_runs():
+    from dlas_predict.errors import DlasError, param, with_flags
+    from dlas_predict.recommend import calibrate
+
+    with pytest.raises(DlasError, match="`minutes` must be above 0"):
+        calibrate.run("local", 0, None)
+    msg = f"{param('minutes')} and {param('other')}"
+    assert with_flags(msg, {"minutes": "--minutes"}) == "--minutes and `other`"
+
+
 def test_a_plain_install_carries_every_subpackage():
     """``pip install .`` installs the packages pyproject names, not the ones it finds: each
     subpackage of the library and of the TVM backend must be named there."""
@@ -175,7 +201,7 @@ def test_corpus_bad_input(tmp_path):
 
     CorpusStore(store).close()
     _assert_clean_error(_run("corpus", "export", "--store", store, "--format", "xlsx", "-o",
-                             tmp_path / "o.xlsx"), "parquet, csv")
+                             tmp_path / "o.xlsx"), "'xlsx' is not one of 'parquet', 'csv'")
     blocker = tmp_path / "file"
     blocker.write_text("x")
     _assert_clean_error(_run("corpus", "export", "--store", store, "--format", "csv", "-o",

@@ -487,7 +487,7 @@ def test_active_learn_bad_input(args, needle):
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["--level", "layer"], "unknown --level 'layer'; allowed: network, kernel"),
+    (["--level", "layer"], "'layer' is not one of 'kernel', 'network'"),
     (["--source", "help"], "help has networks only; use --level network"),
     (["--source", "tophub", "--level", "network"], "tophub has kernels only"),
     (["--shots", "0,ten"], "--shots takes comma-separated counts"),

@@ -459,7 +459,7 @@ def test_results_from_another_gpu_are_filed_under_the_gpu_that_measured_them(tmp
     (results.parent / "gpu.json").write_text(json.dumps(h200.gpu) + "\n")
     assert gpu_fingerprint(h200.gpu) == h200.fingerprint
     with CorpusStore(tmp_path / "s.sqlite") as db:
-        with pytest.raises(DlasError, match="--device"):
+        with pytest.raises(DlasError, match="`device`"):
             import_results(out, results, db)
         with pytest.raises(DlasError, match="fingerprint"):
             import_results(out, results, db, get_device("local", with_target=False))

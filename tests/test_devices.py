@@ -313,7 +313,7 @@ def test_devices_add_then_remove():
     ({"--target": "{not json"}, "not JSON"),
     ({"--target": '{"kind":"nosuchkind"}'}, "llvm target"),
     ({"--target": '{"kind":"llvm","mcpu":7}'}, "TVM rejects the target"),
-    ({"--kind": "fpga"}, "--kind must be cpu or gpu"),
+    ({"--kind": "fpga"}, "'fpga' is not one of 'cpu', 'gpu'"),
     ({"--cores": "0"}, "--cores must be a positive"),
     ({"--peak-gflops": "-1"}, "--peak-gflops must be a positive"),
     ({"--bandwidth-gbs": "0"}, "--bandwidth-gbs must be a positive"),

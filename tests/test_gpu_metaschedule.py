@@ -155,7 +155,7 @@ def test_a_metaschedule_round_imports_as_one_tuned_record_and_seeds_the_next(tmp
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["--tuner", "ansor", "--trials", "4"], "--tuner must be knob-search or metaschedule"),
+    (["--tuner", "ansor", "--trials", "4"], "'ansor' is not one of 'knob-search', 'metaschedule'"),
     (["--tuner", "metaschedule"], "--tuner metaschedule tunes kernels"),
     (["--tuner", "metaschedule", "--trials", "4", "--whole-network"],
      "--tuner metaschedule tunes kernels"),

@@ -22,10 +22,11 @@ from typing import Any, Iterable
 from dlas_predict.space.config import COMPRESSION_KERNEL, Compression
 from dlas_predict.space.devices import Device, fingerprint_here, rows_device
 from dlas_predict.corpus.store import store_device
-from dlas_predict.errors import ConfigError, DlasError
+from dlas_predict.errors import ConfigError, DlasError, param
 from dlas_predict.networks.generate import UNNAMED_DEFAULTS, name_value
 from dlas_predict.compression.netplan import ratio_key
 from dlas_predict.paths import CORPUS_SNAPSHOTS as SHIPPED
+from dlas_predict.space.choices import Level
 
 # ---- what can be asked for -----------------------------------------------------------------
 #: Kernel-level parameters: name → description.
@@ -84,7 +85,7 @@ METRICS: dict[str, tuple[str, str]] = {
 #: Metrics that exist at the network level.
 NETWORK_METRICS = ("latency_ms", "log_latency", "gflops", "spread", "speedup")
 
-LEVELS = ("kernel", "network")
+LEVELS = Level.words()
 
 
 def _unknown(kind: str, name: str, allowed: Iterable[str]) -> ConfigError:
@@ -132,8 +133,8 @@ class Filters:
             have = sorted(set(frame[col].astype(str)))
             unknown = values - set(have)
             if unknown:
-                raise ConfigError(f"--{col} {','.join(sorted(unknown))} is not in this corpus; "
-                                  f"available: {', '.join(have) or '(none)'}")
+                raise ConfigError(f"{param(col)} {','.join(sorted(unknown))} is not in this "
+                                  f"corpus; available: {', '.join(have) or '(none)'}")
             frame = frame[frame[col].astype(str).isin(values)]
         return frame
 
@@ -684,8 +685,9 @@ def resolve_store_snapshot(device: str) -> Path:
     snaps = shipped_snapshots()
     if device not in snaps:
         raise DlasError(f"no shipped corpus for device {device!r} (shipped: "
-                        f"{', '.join(snaps) or 'none'}); give --store PATH (TopHub's devices: "
-                        "dlas-predict corpus import-tophub $DLAS_SHARED_DATA/tophub --store PATH)")
+                        f"{', '.join(snaps) or 'none'}); give {param('store')} PATH (TopHub's "
+                        "devices: dlas-predict corpus import-tophub $DLAS_SHARED_DATA/tophub "
+                        "--store PATH)")
     return snaps[device]
 
 

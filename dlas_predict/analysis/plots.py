@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from dlas_predict.errors import ConfigError, DlasError
+from dlas_predict.errors import ConfigError, DlasError, param
 from dlas_predict.space.devices import Device
 from dlas_predict.analysis.frames import (METRICS, BoxplotResult, Corpus, HeatmapResult,
                                           RegressionResult, check_parameter, compute_roof)
@@ -31,7 +31,7 @@ def _label(name: str) -> str:
 def _save(fig, out: Path) -> Path:
     out = Path(out)
     if out.suffix.lower() not in (".png", ".svg", ".pdf"):
-        raise ConfigError(f"--out {out}: use a .png, .svg or .pdf file name")
+        raise ConfigError(f"{param('out')} {out}: use a .png, .svg or .pdf file name")
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110, bbox_inches="tight")
     _plt().close(fig)

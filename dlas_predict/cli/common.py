@@ -11,7 +11,7 @@ from typing import Callable, Optional
 
 import typer
 
-from dlas_predict.errors import DlasError
+from dlas_predict.errors import DlasError, with_flags
 
 #: Help texts are plain text: ``[/ALGORITHM]`` and the like are syntax, not rich markup.
 PLAIN = {"rich_markup_mode": None}
@@ -32,8 +32,10 @@ def fail(message: str, code: int = 1) -> None:
 
 
 def handle_errors(func: Callable) -> Callable:
-    """Turn library errors into one ``Error:`` line and a non-zero exit status; under
+    """Turn library errors into one ``Error:`` line and a non-zero exit status, each
+    parameter the message names shown as the command's option that sets it; under
     ``--json`` the error is also printed as JSON (``{"error": ...}``) on stdout."""
+    flags = command_flags(func)
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
@@ -45,13 +47,37 @@ def handle_errors(func: Callable) -> Callable:
         try:
             return func(*args, **kwargs)
         except DlasError as exc:
-            failed(str(exc))
+            failed(with_flags(str(exc), flags))
         except OSError as exc:  # unwritable output, full disk, unreadable input
             failed(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc))
         except KeyboardInterrupt:
             failed("interrupted; every record measured so far is kept in the store", 130)
 
     return wrapper
+
+
+#: Library parameters that a command's option sets under another name.
+PARAM_ALIASES = {"limit": "data_limit", "request_timeout_s": "timeout", "patience": "early_stop",
+                 "budget": "trials",
+                 "finetune_epochs": "fine_tune", "key": "rpc_key",
+                 "allow_remote": "allow_remote_tracker"}
+
+
+def command_flags(func: Callable) -> dict[str, str]:
+    """A command's options by the library parameters they set: each option's own name
+    (its longest flag), and its :data:`PARAM_ALIASES`."""
+    import inspect
+
+    from typer.models import OptionInfo
+
+    flags = {}
+    for name, p in inspect.signature(func).parameters.items():
+        if isinstance(p.default, OptionInfo):
+            decls = [d.split("/")[0] for d in p.default.param_decls if d.startswith("--")]
+            if decls:
+                flags[name] = max(decls, key=len)
+    flags.update({k: flags[v] for k, v in PARAM_ALIASES.items() if v in flags and k not in flags})
+    return flags
 
 
 def print_json(obj) -> None:

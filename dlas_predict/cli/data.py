@@ -8,6 +8,7 @@ from typing import List, Optional
 
 import typer
 
+from dlas_predict.space.choices import ExportFormat, Level
 from dlas_predict.cli.common import analyze_app, app, corpus_app, fail, handle_errors, print_json
 
 # ---- corpus -----------------------------------------------------------------------------
@@ -30,19 +31,17 @@ def corpus_stats(store: Path = typer.Option(..., "--store", help="Corpus store."
 @corpus_app.command("export")
 @handle_errors
 def corpus_export(store: Path = typer.Option(..., "--store", help="Corpus store."),
-                  fmt: str = typer.Option("parquet", "--format", help="parquet | csv"),
+                  fmt: ExportFormat = typer.Option(ExportFormat.PARQUET, "--format",
+                                                   help="File format."),
                   out: Path = typer.Option(..., "-o", "--out", help="Output file."),
                   latest: bool = typer.Option(False, "--latest", help="Leave out the kernel "
                                               "records that a later kernels version of the "
                                               "same configuration supersedes.")):
     """Export every measurement (all run times included) as Parquet or CSV."""
-    from dlas_predict.errors import StoreError
     from dlas_predict.corpus.store import CorpusStore
 
-    if fmt not in ("parquet", "csv"):
-        raise StoreError(f"unknown export format {fmt!r}; allowed: parquet, csv")
     with CorpusStore(store, must_exist=True) as db:
-        n = db.export(out, fmt, latest=latest)
+        n = db.export(out, fmt.value, latest=latest)
     from dlas_predict.corpus.store import networks_path
 
     typer.echo(f"wrote {n} records to {out} (network configurations: {networks_path(out)})")
@@ -126,8 +125,8 @@ _DEVICE_OPT = typer.Option("local", "--device", help="Whose shipped corpus to re
 _STORE_OPT = typer.Option(None, "--store", help="A corpus store instead of the device's own "
                           "(local: this machine's, once `calibrate` or `collect` measured it) "
                           "or shipped corpus.")
-_LEVEL_OPT = typer.Option("kernel", "--level", help="kernel (one row per conv kernel "
-                          "measurement) | network (one row per whole-network configuration).")
+_LEVEL_OPT = typer.Option(Level.KERNEL, "--level", help="kernel: one row per conv kernel "
+                          "measurement; network: one row per whole-network configuration.")
 _NETWORK_OPT = typer.Option(None, "--network", help="Keep these networks (comma-separated).")
 _TUNING_OPT = typer.Option(None, "--tuning", help="Keep untuned | tuned.")
 _DTYPE_OPT = typer.Option(None, "--dtype", help="Keep float32 | float16 | int8.")
@@ -164,7 +163,7 @@ def analyze_heatmap(x: str = typer.Option(..., "--x", help="Parameter on the x a
                     y: str = typer.Option(..., "--y", help="Parameter on the y axis."),
                     metric: str = typer.Option("gflops", "--metric", help="Metric coloured."),
                     out: Path = _OUT_OPT, device: str = _DEVICE_OPT,
-                    store: Optional[Path] = _STORE_OPT, level: str = _LEVEL_OPT,
+                    store: Optional[Path] = _STORE_OPT, level: Level = _LEVEL_OPT,
                     network: Optional[str] = _NETWORK_OPT, tuning: Optional[str] = _TUNING_OPT,
                     dtype: Optional[str] = _DTYPE_OPT, algorithm: Optional[str] = _ALG_OPT,
                     compression: Optional[str] = _COMP_OPT, as_json: bool = _JSON_OPT):
@@ -200,7 +199,7 @@ def analyze_regression(metric: str = typer.Option(..., "--metric", help="Metric 
                            None, "--params", help="Parameters (comma-separated); default: "
                            "the layer shape and the configuration."),
                        out: Path = _OUT_OPT, device: str = _DEVICE_OPT,
-                       store: Optional[Path] = _STORE_OPT, level: str = _LEVEL_OPT,
+                       store: Optional[Path] = _STORE_OPT, level: Level = _LEVEL_OPT,
                        network: Optional[str] = _NETWORK_OPT,
                        tuning: Optional[str] = _TUNING_OPT, dtype: Optional[str] = _DTYPE_OPT,
                        algorithm: Optional[str] = _ALG_OPT,
@@ -295,7 +294,7 @@ def analyze_roofline(out: Path = _OUT_OPT, device: str = _DEVICE_OPT,
 def analyze_boxplot(metric: str = typer.Option(..., "--metric", help="Metric distributed."),
                     by: str = typer.Option(..., "--by", help="Parameter that groups."),
                     out: Path = _OUT_OPT, device: str = _DEVICE_OPT,
-                    store: Optional[Path] = _STORE_OPT, level: str = _LEVEL_OPT,
+                    store: Optional[Path] = _STORE_OPT, level: Level = _LEVEL_OPT,
                     network: Optional[str] = _NETWORK_OPT, tuning: Optional[str] = _TUNING_OPT,
                     dtype: Optional[str] = _DTYPE_OPT, algorithm: Optional[str] = _ALG_OPT,
                     compression: Optional[str] = _COMP_OPT,

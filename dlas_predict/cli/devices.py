@@ -9,6 +9,7 @@ from typing import Optional
 
 import typer
 
+from dlas_predict.space.choices import DeviceKind
 from dlas_predict.cli.common import (ALLOW_REMOTE_OPT, PLAIN, RPC_KEY_OPT, TRACKER_OPT, app, fail,
                                      handle_errors, make_rpc, print_json)
 
@@ -99,7 +100,7 @@ def _figure(value: float | None) -> str | None:
 @devices_app.command("add")
 @handle_errors
 def devices_add(name: str = typer.Argument(..., help="The new device's name."),
-                kind: str = typer.Option(..., "--kind", help="cpu | gpu"),
+                kind: DeviceKind = typer.Option(..., "--kind"),
                 target: str = typer.Option(..., "--target", help="TVM target as JSON, e.g. "
                                            '{"kind":"llvm","mtriple":"aarch64-linux-gnu",'
                                            '"mcpu":"cortex-a72"}'),
@@ -114,7 +115,7 @@ def devices_add(name: str = typer.Argument(..., help="The new device's name."),
     """Register a device in DLAS_HOME; its figures are labelled ``spec``."""
     from dlas_predict.space.devices import add_device, user_registry_path
 
-    dev = add_device(name, kind, target, cores, peak_gflops, bandwidth_gbs, rpc_key,
+    dev = add_device(name, kind.value, target, cores, peak_gflops, bandwidth_gbs, rpc_key,
                      description)
     typer.echo(f"added {dev.name} ({dev.kind}, {dev.cores} cores, "
                f"{dev.peak_gflops['float32']:g} GFLOP/s and {dev.mem_bandwidth_gbs:g} GB/s "

@@ -8,6 +8,7 @@ from typing import List, Optional
 
 import typer
 
+from dlas_predict.space.choices import Tuner, TuningChoice
 from dlas_predict.errors import DlasError
 from dlas_predict.cli.common import (ALLOW_REMOTE_OPT, BOARDS_OPT, EARLY_STOP_OPT, QUIET_WAIT_OPT,
                                      RPC_KEY_OPT, TRACKER_OPT, TRIALS_OPT, TRIES_OPT, TUNING_DB_OPT,
@@ -33,8 +34,9 @@ def measure(
     timeout: float = typer.Option(300.0, "--timeout", help="Seconds before a kernel is "
                                   "declared hung."),
     quiet_wait: float = QUIET_WAIT_OPT,
-    tuning: str = typer.Option("untuned", "--tuning", help="untuned | tuned | all (tuned: "
-                               "MetaSchedule for dense kernels, a knob search for CSR)."),
+    tuning: TuningChoice = typer.Option(TuningChoice.UNTUNED, "--tuning", help="tuned: "
+                                        "MetaSchedule for dense kernels, a knob search "
+                                        "for CSR."),
     trials: int = TRIALS_OPT, early_stop: int = EARLY_STOP_OPT,
     tuning_db: Optional[Path] = TUNING_DB_OPT,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per variant."),
@@ -60,7 +62,7 @@ def measure(
     compressions = Compression.parse_list(compression)
     check_ratio(ratio)
     proto = make_protocol(max_repeats, time_budget, quiet_wait)
-    tunings, opts = make_tuning(tuning, trials, early_stop, tuning_db)
+    tunings, opts = make_tuning(tuning.value, trials, early_stop, tuning_db)
     dev = get_device(device)
     if emulated and store is not None:
         raise DlasError("timings on an emulated board are not the device's: the corpus "
@@ -181,7 +183,7 @@ def collect(
     time_budget: float = typer.Option(3.0, "--time-budget"),
     timeout: float = typer.Option(300.0, "--timeout"),
     quiet_wait: float = QUIET_WAIT_OPT,
-    tuning: str = typer.Option("untuned", "--tuning", help="untuned | tuned | all."),
+    tuning: TuningChoice = typer.Option(TuningChoice.UNTUNED, "--tuning"),
     trials: int = TRIALS_OPT, early_stop: int = EARLY_STOP_OPT,
     tuning_db: Optional[Path] = TUNING_DB_OPT,
     as_json: bool = typer.Option(False, "--json", help="Print the run summary as JSON."),
@@ -197,7 +199,7 @@ def collect(
     collect_into(network, store, device, algorithms, compressions, ratio, retry_failures,
              max_repeats, time_budget, timeout, as_json, quiet, per_layer=not uniform,
              whole_network=whole_network,
-             tuning=make_tuning(tuning, trials, early_stop, tuning_db), quiet_wait=quiet_wait,
+             tuning=make_tuning(tuning.value, trials, early_stop, tuning_db), quiet_wait=quiet_wait,
              retime_slow=retime_slow, retime_unprobed=retime_unprobed,
              remote=(tracker, rpc_key, allow_remote_tracker, boards, tries),
              backends=backends, builds_only=builds_only)
@@ -227,7 +229,7 @@ def bundle(networks: List[str] = typer.Argument(..., help="ONNX files or zoo:NAM
                "repeating pattern of their own magnitudes (zeros kept: same shapes, masks and "
                "kernels), so big networks fit a small transfer; the check uses the same "
                "weights."),
-           tuner: str = typer.Option("knob-search", "--tuner", help="With --trials: "
+           tuner: Tuner = typer.Option(Tuner.KNOB_SEARCH, "--tuner", help="With --trials: "
                                      "knob-search (every kernel) or metaschedule (dense "
                                      "kernels: the hand schedule and trials-1 candidates of "
                                      "one round of MetaSchedule's evolutionary search)."),
@@ -254,10 +256,9 @@ def bundle(networks: List[str] = typer.Argument(..., help="ONNX files or zoo:NAM
     dev = get_device(device, with_target=False)
     if timing_weights and not whole_network:
         raise DlasError("--timing-weights applies to whole networks: add --whole-network")
-    from dlas_predict.measure.records import KNOB_SEARCH, METASCHEDULE
+    from dlas_predict.measure.records import METASCHEDULE
 
-    if tuner not in (KNOB_SEARCH, METASCHEDULE):
-        raise DlasError(f"--tuner must be {KNOB_SEARCH} or {METASCHEDULE}, got {tuner!r}")
+    tuner = tuner.value
     try:
         sizes = tuple(int(x) for x in kernel_sizes.split(",") if x.strip())
     except ValueError:

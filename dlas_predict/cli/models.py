@@ -8,6 +8,7 @@ from typing import List, Optional
 
 import typer
 
+from dlas_predict.space.choices import Criterion, Level
 from dlas_predict.space.config import ELBOW_DROP_PP
 from dlas_predict.errors import DlasError
 from dlas_predict.cli.common import (ALLOW_REMOTE_OPT, QUIET_WAIT_OPT, RPC_KEY_OPT, TRACKER_OPT,
@@ -83,7 +84,7 @@ def evaluate(store: Optional[Path] = typer.Option(None, "--store", help="Corpus 
              source: Optional[str] = typer.Option(None, "--source", help="help | tophub | "
                                                   "profiles (default: help at network "
                                                   "level, profiles at kernel level)."),
-             level: str = typer.Option("kernel", "--level", help="kernel | network"),
+             level: Level = typer.Option(Level.KERNEL, "--level"),
              shots: Optional[str] = typer.Option(None, "--shots", help="Comma-separated "
                                                  "measurement counts (default 0,5,10,20,50)."),
              draws: int = typer.Option(5, "--draws", help="Random draws of the shots."),
@@ -94,7 +95,7 @@ def evaluate(store: Optional[Path] = typer.Option(None, "--store", help="Corpus 
     """Leave-one-network-out: the cost model against the roofline and MACs baselines; or
     leave-one-device-out (--leave-one-device-out): the cross-device model by shots."""
     if lodo:
-        return _evaluate_devices(source, level, shots, draws, data, device, seed, as_json)
+        return _evaluate_devices(source, level.value, shots, draws, data, device, seed, as_json)
     if store is None:
         fail("--store is needed (or --leave-one-device-out)")
     from dlas_predict.models.evaluation import MODELS, WHOLE_MODELS, evaluate_store
@@ -255,7 +256,8 @@ def active_learn(device: str = typer.Option(..., "--device", help="The device to
                  plot: Optional[Path] = typer.Option(None, "--plot", help="Learning curve PNG "
                                                      "(default DLAS_HOME/active-learn/DEVICE"
                                                      ".png)."),
-                 criterion: str = typer.Option("variance", "--criterion", help="variance (the "
+                 criterion: Criterion = typer.Option(
+                     Criterion.VARIANCE, "--criterion", help="variance (the "
                                                "expected drop of the plans' variance) | "
                                                "uncertainty (interval width × share) | "
                                                "random."),
@@ -281,7 +283,7 @@ def active_learn(device: str = typer.Option(..., "--device", help="The device to
     if replay is not None:
         if store is not None or tracker:
             fail("--replay measures nothing: drop --store and --tracker")
-        rep = active.learn_replay(device, replay, list(network), budget, criterion, seed,
+        rep = active.learn_replay(device, replay, list(network), budget, criterion.value, seed,
                                   target_interval, random_runs, plot, log)
     else:
         from dlas_predict.measure.execution.farm import kernel_runner
@@ -295,7 +297,7 @@ def active_learn(device: str = typer.Option(..., "--device", help="The device to
                   "--replay recorded measurements)")
         rep = active.learn_live(device, list(network),
                                 lambda: kernel_runner(dev, proto, timeout, rpc, log), budget,
-                                criterion, seed, target_interval, store, plot, log)
+                                criterion.value, seed, target_interval, store, plot, log)
     if as_json:
         print_json(rep.to_dict())
         return

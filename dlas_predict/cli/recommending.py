@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 
+from dlas_predict.space.choices import TuningChoice
 from dlas_predict.space.config import ELBOW_DROP_PP
 from dlas_predict.errors import DlasError
 from dlas_predict.cli.common import (ALLOW_REMOTE_OPT, BOARDS_OPT, DATA_LIMIT_OPT,
@@ -160,8 +161,9 @@ def recommend(
     models_dir: Optional[Path] = typer.Option(None, "--models",
                                               help="Model directory (default: "
                                                    "models_store/DEVICE)."),
-    tuning: str = typer.Option("all", "--tuning", help="untuned | tuned | all: the halves "
-                               "of the grid to rank (tuned ones with their search time)."),
+    tuning: TuningChoice = typer.Option(TuningChoice.ALL, "--tuning", help="The halves of "
+                                        "the grid to rank (tuned ones with their search "
+                                        "time)."),
     trials: int = typer.Option(64, "--trials", help="Trial budget per kernel the tuned "
                                "candidates' search time is predicted for (and, with "
                                "--validate, the budget their schedules were tuned with)."),
@@ -198,7 +200,7 @@ def recommend(
     options = data_options(data_limit, mean, std, input_size)
     rec = run(model, device, max_accuracy_drop, data, top, k, models_dir=models_dir, log=log,
               data_options=options, finetune_epochs=fine_tune,
-              tuning=tuning, trials=trials, tuning_db=str(tuning_db) if tuning_db else None,
+              tuning=tuning.value, trials=trials, tuning_db=str(tuning_db) if tuning_db else None,
               network_runner=open_network_runner(device, rpc, quiet_wait) if k else None)
     if as_json:
         print_json(rec.to_dict(top if not k else max(top, min(k, len(rec.candidates)))))

@@ -17,7 +17,7 @@ from dlas_predict.space.config import DEFAULT_CURVE_RATIOS as DEFAULT_RATIOS, EL
 from dlas_predict.compression.data import (DataError, DataOptions, check_labels, data_hash,
                                            labelled, load_data)
 from dlas_predict.compression.digits import Dataset
-from dlas_predict.errors import ConfigError
+from dlas_predict.errors import ConfigError, param
 
 
 def onnx_session(model):
@@ -49,12 +49,12 @@ def input_shape(model, size: tuple[int, int] | None = None) -> tuple[int, int, i
     if len(shape) == 4 and size is not None:
         for i, want in zip((2, 3), size):
             if fixed(shape[i]) and shape[i] != want:
-                raise DataError(f"--input-size {size[0]}x{size[1]} disagrees with the "
+                raise DataError(f"{param('input_size')} {size[0]}x{size[1]} disagrees with the "
                                 f"model's fixed input {shape}")
             shape[i] = want
     if len(shape) != 4 or not all(fixed(d) for d in shape[1:]):
         raise DataError(f"model input shape {shape} is not a fixed N×C×H×W image input"
-                        + ("; give its height and width with --input-size HxW"
+                        + (f"; give its height and width with {param('input_size')} HxW"
                            if len(shape) == 4 and fixed(shape[1]) else ""))
     return tuple(shape[1:])
 
@@ -181,16 +181,17 @@ def prepare(model: str, compression: str = "dense", ratio: float | None = None,
     pruning = comp in (Compression.WEIGHT_PRUNING, Compression.CHANNEL_PRUNING)
     if pruning:
         if ratio is None:
-            raise ConfigError(f"{comp.value} needs --ratio in [0, 1)")
+            raise ConfigError(f"{comp.value} needs {param('ratio')} in [0, 1)")
         check_ratio(ratio, allow_zero=True)
     elif ratio:
         raise ConfigError(f"{comp.value} takes no ratio (got {ratio})")
     if finetune_epochs < 0:
-        raise ConfigError(f"--finetune-epochs must be >= 0, got {finetune_epochs}")
+        raise ConfigError(f"{param('finetune_epochs')} must be >= 0, got {finetune_epochs}")
     if finetune_epochs and not pruning:
         raise ConfigError("fine-tuning applies to weight_pruning and channel_pruning")
     if remove_channels and comp is not Compression.CHANNEL_PRUNING:
-        raise ConfigError("--remove-channels needs --compression channel_pruning")
+        raise ConfigError(f"{param('remove_channels')} needs {param('compression')} "
+                          "channel_pruning")
     entry = zoo.get(model) if str(model).startswith(zoo.ZOO_PREFIX) else None
     path = zoo.resolve(model)
     name = entry.name if entry else path.stem
@@ -414,9 +415,10 @@ def pruning_curves(model: str, ratios: str, data: str | None, finetune_epochs: i
     try:
         grid = sorted({float(r) for r in ratios.split(",") if r.strip()})
     except ValueError:
-        raise ConfigError(f"--ratios {ratios!r} is not a comma list of numbers") from None
+        raise ConfigError(f"{param('ratios')} {ratios!r} is not a comma list of numbers"
+                          ) from None
     if not grid:
-        raise ConfigError("--ratios is empty")
+        raise ConfigError(f"{param('ratios')} is empty")
     curves, elbows, reference = {}, {}, None
     for kind in ("weight_pruning", "channel_pruning"):
         points = curve(model, kind, grid, data, finetune_epochs, log=log, options=options)

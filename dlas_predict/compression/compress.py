@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dlas_predict.space.config import Compression, ConvSpec, check_ratio
-from dlas_predict.errors import ConfigError, NetworkError
+from dlas_predict.errors import ConfigError, NetworkError, param
 
 
 @dataclass(frozen=True)
@@ -273,7 +273,7 @@ def compress_onnx(model, compression: Compression | str, ratio: float | None = N
         raise ConfigError(f"{compression.value} takes no ratio (got {ratio})")
     if remove_channels:
         if compression is not Compression.CHANNEL_PRUNING:
-            raise ConfigError("removing channels needs --compression channel_pruning")
+            raise ConfigError(f"removing channels needs {param('compression')} channel_pruning")
         model, removed, kept_zero = remove_zero_channels(model)
         notes.append(removal_note(removed, kept_zero))
     sparsity = layer_sparsity(model)

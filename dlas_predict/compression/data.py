@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from dlas_predict.compression.digits import Dataset
-from dlas_predict.errors import DlasError
+from dlas_predict.errors import DlasError, param
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
 #: The seed of the subset ``limit`` keeps (the same images every run).
@@ -43,15 +43,15 @@ class DataOptions:
 
     def __post_init__(self):
         if self.limit is not None and self.limit < 1:
-            raise DataError(f"--data-limit must be at least 1, got {self.limit}")
+            raise DataError(f"{param('limit')} must be at least 1, got {self.limit}")
         for name in ("mean", "std"):
             v = getattr(self, name)
             if v is not None and (not v or any(not np.isfinite(a) for a in v)):
-                raise DataError(f"--{name} needs one number or one per channel, got {v}")
+                raise DataError(f"{param(name)} needs one number or one per channel, got {v}")
         if self.std is not None and any(a <= 0 for a in self.std):
-            raise DataError(f"--std must be positive, got {self.std}")
+            raise DataError(f"{param('std')} must be positive, got {self.std}")
         if self.input_size is not None and min(self.input_size) < 1:
-            raise DataError(f"--input-size must be positive, got {self.input_size}")
+            raise DataError(f"{param('input_size')} must be positive, got {self.input_size}")
 
     @property
     def key(self) -> str:
@@ -77,7 +77,7 @@ def parse_size(text: str | None) -> tuple[int, int] | None:
         h, w = (int(parts[0]), int(parts[0])) if len(parts) == 1 else (int(parts[0]),
                                                                          int(parts[1]))
     except (ValueError, IndexError):
-        raise DataError(f"--input-size {text!r} is not N or HxW") from None
+        raise DataError(f"{param('input_size')} {text!r} is not N or HxW") from None
     return h, w
 
 

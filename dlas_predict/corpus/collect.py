@@ -17,7 +17,7 @@ from dlas_predict.compression.netplan import LayerConfig
 from dlas_predict.measure.networks.plans import NetworkMeasurement, NetworkPlan
 from dlas_predict.measure.records import MeasureResult
 from dlas_predict.corpus.store import CorpusStore, kernel_config
-from dlas_predict.errors import DlasError
+from dlas_predict.errors import DlasError, param
 from dlas_predict.space.config import Algorithm, Compression, Tuning
 from dlas_predict.space.devices import Device
 
@@ -371,7 +371,8 @@ def collect(models: list[str], store_path: Path, device: Device, kernel_runner: 
     store holds under no kernels version (so every layer of a build has a kernel timing):
     each per-layer plan then reads the kernels the store holds, whatever engine timed them."""
     if not kernels and network_runner is None:
-        raise DlasError("measuring no kernel needs the whole networks (--whole-network)")
+        raise DlasError(f"measuring no kernel needs the whole networks "
+                        f"({param('whole_network')})")
     networks = plan_networks(models, compressions, ratio, per_layer)
     tasks = (kernel_tasks(networks, algorithms, tunings, device, tuning)
              if "tvm" in backends else [])

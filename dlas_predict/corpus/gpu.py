@@ -15,7 +15,7 @@ from typing import Any
 
 from dlas_predict.space.config import ConvSpec, Variant
 from dlas_predict.space.devices import Device
-from dlas_predict.errors import DlasError
+from dlas_predict.errors import DlasError, param
 from dlas_predict.measure.records import KNOB_SEARCH, METASCHEDULE, MeasureResult, measurement_key
 from dlas_predict.measure.gpu.bundle import (TRACES, GpuTask, file_metaschedule, ran_ok, read_lines,
                                              search_tasks)
@@ -95,7 +95,7 @@ def _measured_on(header: dict[str, Any], results: Path | None,
             raise DlasError(
                 f"the results beside {gpu_file} were measured on {gpu.get('name')} "
                 f"(fingerprint {measured}), not on the bundle's {header['device']}: pass "
-                "--device with the registry device of that GPU")
+                f"{param('device')} with the registry device of that GPU")
         return out
     if measured is None:
         raise DlasError(f"no gpu.json beside {results}: which GPU measured them is unknown, so "
@@ -330,7 +330,8 @@ def import_bundle(bundle: Path, results: Path | None, store: Path,
     if results is not None and not results.is_file():
         raise DlasError(f"no results file {results}")
     if tuning_db is not None and results is None:
-        raise DlasError("--tuning-db files measured candidates: give the results file")
+        raise DlasError(f"{param('tuning_db')} files measured candidates: give the "
+                        f"{param('results')} file")
     with CorpusStore(store) as db:
         nets = import_plans(bundle, db)
         counts = import_results(bundle, results, db, device)

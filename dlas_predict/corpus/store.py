@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator
 from dlas_predict.errors import StoreError
 from dlas_predict.files import replace_if_changed, scratch_path
 from dlas_predict.measure.records import MeasureResult, board_emulated, slowness
+from dlas_predict.space.choices import ExportFormat
 
 if TYPE_CHECKING:
     from dlas_predict.measure.networks.plans import NetworkMeasurement
@@ -408,8 +409,9 @@ class CorpusStore:
             frame = pd.DataFrame(columns=["id", *COLUMNS])
         out = Path(out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        if fmt not in ("parquet", "csv"):
-            raise StoreError(f"unknown export format {fmt!r}; allowed: parquet, csv")
+        if fmt not in ExportFormat.words():
+            raise StoreError(f"unknown export format {fmt!r}; allowed: "
+                             + ", ".join(ExportFormat.words()))
         configs = pd.DataFrame(self.network_configs(), columns=[
             "network", "config", "layer_index", "layer_name", "conv", "compression", "ratio"])
         whole = pd.DataFrame(self.network_measurements(), columns=["id", *NETWORK_COLUMNS])

@@ -17,7 +17,7 @@ import numpy as np
 from dlas_predict.crossdev.latent import DevicePosterior, LatentModel, spearman
 from dlas_predict.models.costmodel import kendall_tau
 from dlas_predict.crossdev.sources import LatencyMatrix
-from dlas_predict.errors import DlasError
+from dlas_predict.errors import DlasError, param
 
 DEFAULT_SHOTS = (0, 5, 10, 20, 50)
 
@@ -219,7 +219,7 @@ def leave_one_device_out(mat: LatencyMatrix, shots: tuple[int, ...] = DEFAULT_SH
     """Hold out each device (or those named) in turn; see the module doc."""
     shots = tuple(sorted(set(int(s) for s in shots)))
     if any(s < 0 for s in shots):
-        raise DlasError("--shots must be 0 or more")
+        raise DlasError(f"{param('shots')} must be 0 or more")
     names = devices or list(mat.devices)
     unknown = [d for d in names if d not in mat.devices]
     if unknown:
@@ -243,7 +243,7 @@ def leave_one_device_out(mat: LatencyMatrix, shots: tuple[int, ...] = DEFAULT_SH
             continue
         too_many = [s for s in shots if s > len(rows) - 3]
         if too_many and (devices or too_many[0] == shots[0]):
-            raise DlasError(f"--shots {too_many[0]} is larger than device {d}'s data "
+            raise DlasError(f"{param('shots')} {too_many[0]} is larger than device {d}'s data "
                             f"({len(rows)} targets; at most {len(rows) - 3} shots leave three "
                             "to score)")
         Z = model.z_rows(rows, mat.features)
@@ -309,20 +309,21 @@ def evaluate_devices(source: str | None = None, level: str = "kernel", shots: st
     from dlas_predict.crossdev import sources
 
     if level not in sources.LEVELS:
-        raise DlasError(f"unknown --level {level!r}; allowed: " + ", ".join(sources.LEVELS))
+        raise DlasError(f"unknown {param('level')} {level!r}; allowed: "
+                        + ", ".join(sources.LEVELS))
     source = source or ("help" if level == "network" else "profiles")
     only = {"help": "network", "tophub": "kernel"}.get(source)
     if only and level != only:
-        raise DlasError(f"{source} has {only}s only; use --level {only}")
+        raise DlasError(f"{source} has {only}s only; use {param('level')} {only}")
     try:
         counts = (tuple(int(x) for x in shots.split(",") if x.strip()) if shots
                   else DEFAULT_SHOTS)
     except ValueError:
-        raise DlasError(f"--shots takes comma-separated counts, e.g. 0,5,10 (got {shots!r})"
-                        ) from None
+        raise DlasError(f"{param('shots')} takes comma-separated counts, e.g. 0,5,10 "
+                        f"(got {shots!r})") from None
     if not counts:
-        raise DlasError("--shots is empty")
+        raise DlasError(f"{param('shots')} is empty")
     if draws < 1:
-        raise DlasError("--draws must be at least 1")
+        raise DlasError(f"{param('draws')} must be at least 1")
     mat = sources.load(source, level, data)
     return leave_one_device_out(mat, counts, draws, seed, [device] if device else None, log=log)

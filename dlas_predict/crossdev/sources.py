@@ -20,9 +20,10 @@ import numpy as np
 
 from dlas_predict.errors import DlasError
 from dlas_predict.paths import CORPUS_SNAPSHOTS
+from dlas_predict.space.choices import Level
 
 SOURCES = ("help", "tophub", "profiles")
-LEVELS = ("network", "kernel")
+LEVELS = Level.words()
 
 
 @dataclass

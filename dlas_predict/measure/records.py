@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dlas_predict.space.config import ConvSpec, Variant, stable_hash
+from dlas_predict.space.choices import Tuner
 
 
 def measurement_key(device: str, fingerprint: str, spec: ConvSpec, variant: Variant,
@@ -98,8 +99,8 @@ def slowness(contention: float | None, slowdown: float | None, protocol: Any) ->
 
 #: The tuners of a tuned record (``tuner``): TVM's MetaSchedule, or a measured search over a
 #: hand schedule's knobs.
-METASCHEDULE = "metaschedule"
-KNOB_SEARCH = "knob-search"
+METASCHEDULE = Tuner.METASCHEDULE.value
+KNOB_SEARCH = Tuner.KNOB_SEARCH.value
 
 
 @dataclass(frozen=True)

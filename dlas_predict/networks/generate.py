@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dlas_predict.errors import ConfigError
+from dlas_predict.errors import ConfigError, param
 
 FAMILIES: dict[str, dict[str, object]] = {
     "fc": {"layers": 4, "nodes": 512, "input": 784, "output": 10, "batch": 1},
@@ -76,14 +76,14 @@ def parse_grid(family: str, items: list[str]) -> list[dict]:
     axes: dict[str, list] = {}
     for item in items:
         if "=" not in item:
-            raise ConfigError(f"--param {item!r} is not NAME=V1,V2,..")
+            raise ConfigError(f"{param('param')} {item!r} is not NAME=V1,V2,..")
         key, values = item.split("=", 1)
         key = key.strip()
         if key not in defaults:
             raise ConfigError(f"unknown parameter {key!r} for family {family!r}; allowed: "
                               f"{', '.join(defaults)}")
         if key in axes:
-            raise ConfigError(f"--param {key} given twice")
+            raise ConfigError(f"{param('param')} {key} given twice")
         parsed = []
         for v in (v.strip() for v in values.split(",")):
             if key in CHOICES:
@@ -102,7 +102,7 @@ def parse_grid(family: str, items: list[str]) -> list[dict]:
                 raise ConfigError(f"{key}={n}: must be at least {low}")
             parsed.append(n)
         if not parsed:
-            raise ConfigError(f"--param {key} has no values")
+            raise ConfigError(f"{param('param')} {key} has no values")
         axes[key] = parsed
     keys = list(defaults)
     grid = [dict(zip(keys, combo)) for combo in itertools.product(

@@ -38,9 +38,10 @@ from typing import Callable
 import numpy as np
 
 from dlas_predict.crossdev import transfer
-from dlas_predict.errors import DlasError
+from dlas_predict.errors import DlasError, param
+from dlas_predict.space.choices import Criterion
 
-CRITERIA = ("variance", "uncertainty", "random")
+CRITERIA = Criterion.words()
 
 
 @dataclass(frozen=True)
@@ -437,13 +438,13 @@ def replay_source(path: Path, networks: list[str] | None, device: str) -> tuple[
 
     path = Path(path)
     if not path.is_file():
-        raise DlasError(f"--replay: {path} not found")
+        raise DlasError(f"{param('replay')}: {path} not found")
     if path.suffix == ".csv":
         from dlas_predict.recommend.adapt import read_measurements
 
         if not networks:
-            raise DlasError("--replay FILE.csv needs --network: the CSV names kernels, "
-                            "not the networks they belong to")
+            raise DlasError(f"{param('replay')} FILE.csv needs {param('network')}: the CSV "
+                            "names kernels, not the networks they belong to")
         measured = {}
         for t, c, v, n in read_measurements(path):
             if t.kind != "conv" or c.algorithm is None:
@@ -492,11 +493,12 @@ class LearnReport:
 
 def _check_options(budget: int, criterion: str, target_interval: float | None) -> None:
     if budget < 1:
-        raise DlasError("--budget must be at least 1")
+        raise DlasError(f"{param('budget')} must be at least 1")
     if criterion not in CRITERIA:
-        raise DlasError(f"unknown --criterion {criterion!r}; allowed: {', '.join(CRITERIA)}")
+        raise DlasError(f"unknown {param('criterion')} {criterion!r}; allowed: "
+                        + ", ".join(CRITERIA))
     if target_interval is not None and target_interval <= 1:
-        raise DlasError("--target-interval is a high/low ratio above 1 (e.g. 1.2)")
+        raise DlasError(f"{param('target_interval')} is a high/low ratio above 1 (e.g. 1.2)")
 
 
 def learn_replay(device: str, replay: Path, networks: list[str] | None, budget: int,
@@ -508,8 +510,8 @@ def learn_replay(device: str, replay: Path, networks: list[str] | None, budget: 
     _check_options(budget, criterion, target_interval)
     pool, oracle = replay_source(replay, networks or None, device)
     if budget > len(pool.kernels):
-        raise DlasError(f"--budget {budget} is more than the {len(pool.kernels)} kernels of "
-                        "these networks")
+        raise DlasError(f"{param('budget')} {budget} is more than the {len(pool.kernels)} "
+                        "kernels of these networks")
     curves = {criterion: [run(device, pool, oracle, budget, criterion, seed, target_interval,
                               log=log)]}
     if criterion != "random":
@@ -529,7 +531,7 @@ def learn_live(device: str, networks: list[str], runner: Callable, budget: int,
 
     _check_options(budget, criterion, target_interval)
     if not networks:
-        raise DlasError("--network is needed (the networks whose kernels to measure)")
+        raise DlasError(f"{param('network')} is needed (the networks whose kernels to measure)")
     pool = pool_from_networks(list(networks))
     db = None
     if store is not None:

@@ -31,7 +31,7 @@ from typing import Callable
 
 import numpy as np
 
-from dlas_predict.errors import DlasError
+from dlas_predict.errors import DlasError, param
 
 #: The built-in calibration networks: plain 3×3 convs, residual blocks, pointwise and
 #: depthwise layers (the demo CNN, a ResNet and a MobileNet of the zoo).
@@ -162,7 +162,7 @@ def run(device: str, minutes: float, networks: list[str] | None,
     t0 = clock()
     say = log or (lambda s: None)
     if not minutes > 0:
-        raise DlasError(f"--minutes must be above 0, got {minutes:g}")
+        raise DlasError(f"{param('minutes')} must be above 0, got {minutes:g}")
     live = kernel_oracle is None or network_oracle is None
     dev = get_device(device, with_target=live)
     if live:

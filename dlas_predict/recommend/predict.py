@@ -27,7 +27,7 @@ import numpy as np
 
 from dlas_predict.crossdev.latent import DevicePosterior, LatentModel, select
 from dlas_predict.crossdev.sources import LatencyMatrix, load
-from dlas_predict.errors import ConfigError, DeviceError, DlasError
+from dlas_predict.errors import ConfigError, DeviceError, DlasError, param
 from dlas_predict.paths import cache_dir
 from dlas_predict.space.config import ELBOW_DROP_PP
 from dlas_predict.crossdev.adapted import read_adapted
@@ -373,7 +373,7 @@ def predict(targets: list[str], device: str, config: str | None = None,
     if runtime == "onnxruntime" and cfg.algorithm in (None, "onnxruntime"):
         cfg = replace(cfg, algorithm="onnxruntime")
     elif runtime == "tvm" and cfg.algorithm == "onnxruntime":
-        raise ConfigError("--runtime tvm prices our builds; the config names onnxruntime")
+        raise ConfigError(f"{param('runtime')} tvm prices our builds; the config names onnxruntime")
     parsed = [parse_target(t) for t in targets]
     _check_known(device)
     out: list[Prediction | None] = [None] * len(parsed)
@@ -538,7 +538,8 @@ def _runtime_route(route: tuple[str, str], device: str, cfg: ConfigChoice,
         return "engine", route[1]
     if runtime is not None and runtime != own:
         raise ConfigError(f"{device} was adapted on {own} latencies, not {runtime!r} ones "
-                          f"(adapt it on {runtime} measurements, or ask for --runtime {own})")
+                          f"(adapt it on {runtime} measurements, or ask for "
+                          f"{param('runtime')} {own})")
     return route
 
 

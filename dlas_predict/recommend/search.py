@@ -24,7 +24,7 @@ import numpy as np
 
 from dlas_predict.space.config import (COMPRESSION_KERNEL, DEFAULT_CURVE_RATIOS, ELBOW_DROP_PP,
                                        Algorithm, Compression, Tuning)
-from dlas_predict.errors import DlasError
+from dlas_predict.errors import DlasError, param
 from dlas_predict.measure.networks.plans import ONNXRUNTIME, PER_LAYER
 
 from dlas_predict.paths import MODELS_STORE
@@ -158,16 +158,19 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
 
     t0 = time.time()
     if max_accuracy_drop < 0:
-        raise DlasError(f"--max-accuracy-drop must be >= 0 points, got {max_accuracy_drop}")
+        raise DlasError(f"{param('max_accuracy_drop')} must be >= 0 points, got "
+                        f"{max_accuracy_drop}")
     if validate < 0:
-        raise DlasError(f"--validate must be a count >= 0 or 'all', got {validate}")
+        raise DlasError(f"{param('validate')} must be a count >= 0 or 'all', got {validate}")
     if finetune_epochs < 0:
-        raise DlasError(f"--fine-tune must be 0 or more epochs, got {finetune_epochs}")
+        raise DlasError(f"{param('finetune_epochs')} must be 0 or more epochs, got "
+                        f"{finetune_epochs}")
     if finetune_epochs and data != "digits":
-        raise DlasError("--fine-tune trains on the digits training split and measures on "
-                        "its test split: give --data digits")
+        raise DlasError(f"{param('finetune_epochs')} trains on the digits training split and "
+                        f"measures on its test split: give {param('data')} digits")
     if finetune_epochs and not str(model).startswith("zoo:"):
-        raise DlasError("--fine-tune needs the network's torch definition: use a zoo:NAME "
+        raise DlasError(f"{param('finetune_epochs')} needs the network's torch definition: use a "
+                        "zoo:NAME "
                         "network")
     tuned_opts = TuningOptions(budget=trials, db=tuning_db)  # checks --trials
     if Compression.DENSE not in compressions:
@@ -292,14 +295,15 @@ def _setup(model: str, device: str, validate: int, models_dir: Path | None,
         # no model of its own: a reference device's models, mapped (zero-shot or adapted)
         mapping, dev, ref_dev = device_map(device)
         if validate > 0 and not dev.target:
-            raise DlasError(f"--validate measures on the device; {device} is known by "
+            raise DlasError(f"{param('validate')} measures on the device; {device} is known by "
                             "measurements alone (no target to build for)")
         if validate > 0:
             dev = get_device(device, with_target=True)
     else:
         dev = get_device(device, with_target=validate > 0)
     if validate > 0 and dev.kind == "gpu":
-        raise DlasError(f"--validate builds and times whole networks on this machine's CPU; "
+        raise DlasError(f"{param('validate')} builds and times whole networks on this machine's "
+                        "CPU; "
                         f"{dev.name} is a GPU, whose whole networks are not built yet")
     # a reference answers with its shipped models, as its data was measured (data_spec)
     models = (load_models(dev.name, models_dir) if ref_dev is None else

@@ -8,7 +8,7 @@ import time
 import numpy as np
 
 from dlas_predict.space.config import Compression, Tuning
-from dlas_predict.errors import DlasError
+from dlas_predict.errors import DlasError, param
 from dlas_predict.measure.networks.plans import ONNXRUNTIME, PER_LAYER
 from dlas_predict.recommend.candidates import Candidate, Recommendation
 
@@ -19,8 +19,8 @@ def validate_top(rec: Recommendation, model: str, dev, k: int, log=None,
     ``network_runner()`` opens (default: the local CPU's); onnxruntime fp32, the reference,
     is timed in the same run wherever onnxruntime can run as the device."""
     if network_runner is None and not dev.measured_here:
-        raise DlasError(f"--validate builds and times the candidates on the device: "
-                        f"{dev.name!r} is reached through a tracker (--tracker HOST:PORT)")
+        raise DlasError(f"{param('validate')} builds and times the candidates on the device: "
+                        f"{dev.name!r} is reached through a tracker ({param('tracker')} HOST:PORT)")
     chosen = rec.candidates[:k]
     timed = list(chosen)
     if dev.measured_here:

@@ -20,8 +20,9 @@ from pathlib import Path
 from importlib import resources
 from typing import Any
 
-from dlas_predict.errors import DeviceError
+from dlas_predict.errors import DeviceError, param
 from dlas_predict.paths import cache_dir
+from dlas_predict.space.choices import DeviceKind
 
 LOCAL = "local"
 
@@ -534,11 +535,12 @@ def _check_target(target: Any, kind: str) -> dict[str, Any]:
         try:
             target = json.loads(target)
         except ValueError as exc:
-            raise DeviceError(f"--target is not JSON ({exc}); give a TVM target dict such as "
+            raise DeviceError(f"{param('target')} is not JSON ({exc}); give a TVM target dict "
+                              "such as "
                               '\'{"kind": "llvm", "mtriple": "aarch64-linux-gnu", '
                               '"mcpu": "cortex-a72"}\'') from None
     if not isinstance(target, dict) or "kind" not in target:
-        raise DeviceError(f"--target must be a JSON object with a 'kind', got {target!r}")
+        raise DeviceError(f"{param('target')} must be a JSON object with a 'kind', got {target!r}")
     cpu_kinds, gpu_kinds = {"llvm", "c"}, {"cuda", "opencl", "vulkan", "metal", "rocm"}
     if kind == "cpu" and target["kind"] not in cpu_kinds:
         raise DeviceError(f"a cpu device needs an llvm target, got kind {target['kind']!r}")
@@ -569,13 +571,14 @@ def add_device(name: str, kind: str, target: Any, cores: int, peak_gflops: float
         raise DeviceError(f"{name!r} is the name of this machine or one of its profiles")
     if name in {e["name"] for e in registry_entries()}:
         raise DeviceError(f"{name!r} is a shipped device; choose another name")
-    if kind not in ("cpu", "gpu"):
-        raise DeviceError(f"--kind must be cpu or gpu, got {kind!r}")
+    if kind not in DeviceKind.words():
+        raise DeviceError(f"{param('kind')} must be {' or '.join(DeviceKind.words())}, "
+                          f"got {kind!r}")
     if cores < 1:
-        raise DeviceError(f"--cores must be a positive number, got {cores}")
-    for flag, value in (("--peak-gflops", peak_gflops), ("--bandwidth-gbs", bandwidth_gbs)):
+        raise DeviceError(f"{param('cores')} must be a positive number, got {cores}")
+    for name_, value in (("peak_gflops", peak_gflops), ("bandwidth_gbs", bandwidth_gbs)):
         if not (value > 0) or value != value or value == float("inf"):
-            raise DeviceError(f"{flag} must be a positive figure, got {value}")
+            raise DeviceError(f"{param(name_)} must be a positive figure, got {value}")
     target = _check_target(target, kind)
     entry = {"name": name, "kind": kind,
              "description": description or f"user device ({kind}, {cores} cores)",

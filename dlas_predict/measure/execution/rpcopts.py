@@ -13,7 +13,7 @@ import ipaddress
 import socket
 from dataclasses import dataclass
 
-from dlas_predict.errors import ConfigError
+from dlas_predict.errors import ConfigError, param
 
 #: The environment variable read when ``--tracker`` is not given.
 TRACKER_ENV = "DLAS_TRACKER"
@@ -29,7 +29,8 @@ def parse_tracker(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     host = host.strip("[]")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"--tracker must be HOST:PORT (e.g. 127.0.0.1:9190), got {text!r}")
+        raise ConfigError(f"{param('tracker')} must be HOST:PORT (e.g. 127.0.0.1:9190), got "
+                          f"{text!r}")
     return host, int(port)
 
 
@@ -66,13 +67,14 @@ class RpcOptions:
 
     def __post_init__(self) -> None:
         if self.boards is not None and self.boards < 1:
-            raise ConfigError(f"--boards must be at least 1, got {self.boards}")
+            raise ConfigError(f"{param('boards')} must be at least 1, got {self.boards}")
         if self.tries < 1:
-            raise ConfigError(f"--tries must be at least 1, got {self.tries}")
+            raise ConfigError(f"{param('tries')} must be at least 1, got {self.tries}")
         if not self.request_timeout_s > 0:
-            raise ConfigError(f"--timeout must be positive, got {self.request_timeout_s}")
+            raise ConfigError(f"{param('request_timeout_s')} must be positive, got "
+                              f"{self.request_timeout_s}")
         if not self.key:
-            raise ConfigError("--rpc-key must not be empty")
+            raise ConfigError(f"{param('rpc_key')} must not be empty")
 
     @property
     def tracker(self) -> str:
@@ -105,9 +107,9 @@ def rpc_options(tracker: str | None, key: str | None, device, allow_remote: bool
         if not device.measured_here:
             raise ConfigError(
                 f"device {device.name!r} is not this machine: its kernels are measured on "
-                f"the device through a TVM RPC tracker (--tracker HOST:PORT or "
+                f"the device through a TVM RPC tracker ({param('tracker')} HOST:PORT or "
                 f"${TRACKER_ENV}, with boards registered under the key "
-                f"{device.rpc_key or '(give --rpc-key)'})")
+                f"{device.rpc_key or '(give ' + param('rpc_key') + ')'})")
         return None
     if device.kind != "cpu":
         raise ConfigError(f"device {device.name!r} is a {device.kind}: measuring through RPC "
@@ -117,11 +119,11 @@ def rpc_options(tracker: str | None, key: str | None, device, allow_remote: bool
     if not is_loopback(host):
         if not allow_remote:
             raise ConfigError(f"the tracker {host}:{port} is not on loopback; TVM RPC has no "
-                              "authentication, so using it needs --allow-remote-tracker")
+                              f"authentication, so using it needs {param('allow_remote')}")
         if warn is not None:
             warn(REMOTE_WARNING.format(addr=f"{host}:{port}"))
     key = key or device.rpc_key
     if not key:
         raise ConfigError(f"device {device.name!r} has no rpc_key in the registry: give "
-                          "--rpc-key KEY")
+                          f"{param('key')} KEY")
     return RpcOptions(host=host, port=port, key=key, **kwargs)

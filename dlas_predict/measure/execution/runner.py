@@ -24,7 +24,7 @@ from typing import Any, Iterable, Iterator
 
 from dlas_predict.space.config import ConvSpec, Tuning, Variant
 from dlas_predict.space.devices import Device
-from dlas_predict.errors import ConfigError
+from dlas_predict.errors import ConfigError, param
 from dlas_predict.measure.records import MeasureResult, measurement_key
 from dlas_predict.measure import kernels_version
 from dlas_predict.measure.kernels.knobs import resolve_knobs, tuned_knobs
@@ -50,9 +50,11 @@ class TuningOptions:
 
     def __post_init__(self) -> None:
         if not 1 <= self.budget <= MAX_TRIALS:
-            raise ConfigError(f"--trials must be between 1 and {MAX_TRIALS}, got {self.budget}")
+            raise ConfigError(f"{param('budget')} must be between 1 and {MAX_TRIALS}, got "
+                              f"{self.budget}")
         if self.patience < 0:
-            raise ConfigError(f"--early-stop must be 0 (off) or positive, got {self.patience}")
+            raise ConfigError(f"{param('patience')} must be 0 (off) or positive, got "
+                              f"{self.patience}")
 
     def db_path(self, device: Device) -> Path:
         if self.db:
@@ -173,7 +175,7 @@ class LocalRunner(Runner):
             why = board_mismatch(self.device.target, self.board, self.device.cores)
             if why:
                 self._kill()
-                raise BoardError(f"{why}: not a {self.device.name} (check --rpc-key)",
+                raise BoardError(f"{why}: not a {self.device.name} (check {param('rpc_key')})",
                                  "mismatch")
 
     def _stderr_tail(self, n: int = 600) -> str:
