@@ -163,6 +163,66 @@ def test_an_interrupted_calibration_resumes_without_measuring_anything_twice(unc
     assert third.asked == [] and nets3.asked == []
 
 
+_KILLED_CHILD = """
+import sys, time
+sys.path.insert(0, {tests!r})
+from dlas_predict.recommend import calibrate as cal
+from test_calibrate import Clock, Kernels, Networks
+
+class Slow(Kernels):
+    def __call__(self, k):
+        time.sleep(0.05)
+        return super().__call__(k)
+
+cal.MAX_KERNELS = 24
+cal.run("local", 5.0, [{net!r}], Slow(), Networks(), clock=Clock())
+"""
+
+
+@pytest.mark.slow
+def test_a_calibration_killed_by_sigkill_resumes_without_duplicates(uncalibrated):
+    """The process killed with SIGKILL in the middle of its kernels: every measurement
+    committed before is kept, the resumed run measures none of them again, and the store
+    is intact."""
+    import signal
+    import sqlite3
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from dlas_predict.paths import dlas_home
+    from dlas_predict.space.devices import get_device
+
+    memo_path = dlas_home() / "calibrate" / f"{get_device('local').fingerprint}.sqlite"
+    code = _KILLED_CHILD.format(tests=str(Path(__file__).parent), net=str(DEMO_NETWORK))
+    child = subprocess.Popen([sys.executable, "-c", code])
+    count = lambda: sqlite3.connect(memo_path).execute(  # noqa: E731
+        "SELECT COUNT(*) FROM calibration WHERE kind = 'kernel'").fetchone()[0]
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and child.poll() is None:
+        if memo_path.is_file() and count() >= 5:
+            break
+        time.sleep(0.02)
+    assert child.poll() is None, "the child ended before it could be killed"
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    db = sqlite3.connect(memo_path)
+    assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    before = {k for (k,) in db.execute("SELECT key FROM calibration WHERE kind = 'kernel'")}
+    db.close()
+    assert 5 <= len(before) < 24
+    again = Kernels()
+    rep = cal.run("local", 5.0, [str(DEMO_NETWORK)], again, Networks(), clock=Clock())
+    assert not set(again.asked) & before
+    assert rep.kernels == 24
+    memo = cal.Memo(memo_path)
+    try:
+        assert memo.count("kernel") == len(before | set(again.asked))
+    finally:
+        memo.close()
+
+
 @pytest.mark.slow
 def test_a_noisy_or_failed_kernel_is_recorded_and_left_out_of_the_fit(uncalibrated):
     class Noisy(Kernels):
