@@ -1,4 +1,6 @@
 """ParaDnn-style generator: grids, names, valid ONNX, and the shapes it promises."""
+import json
+
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -25,8 +27,12 @@ def test_grid_is_the_cross_product_with_defaults():
 def test_bad_params(items, needle):
     with pytest.raises(ConfigError, match=needle):
         parse_grid("cnn", items)
-    with pytest.raises(ConfigError, match="known: fc, cnn"):
-        parse_grid("rnn", [])
+    with pytest.raises(ConfigError, match="known: fc, cnn, rnn, transformer"):
+        parse_grid("gan", [])
+    with pytest.raises(ConfigError, match="not a multiple of heads"):
+        parse_grid("transformer", ["d_model=100", "heads=3"])
+    with pytest.raises(ConfigError, match="lstm, gru, rnn"):
+        parse_grid("rnn", ["cell=mamba"])
 
 
 def test_files_run_and_have_the_promised_layers(tmp_path):
@@ -277,3 +283,118 @@ def test_a_conv_says_what_its_output_feeds_and_the_summary_counts_the_joined_one
     floats = [l for l in convs[res] if l.qdq_float]
     assert 0 < len(floats) < len(convs[res])
     assert summary[res].qdq_float_conv_macs == sum(l.macs for l in floats)
+
+
+def _initializers(model) -> dict:
+    from onnx import numpy_helper
+
+    return {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+
+
+def _layer_norm(x, gamma, beta):
+    mu = x.mean(-1, keepdims=True)
+    return (x - mu) / np.sqrt(x.var(-1, keepdims=True) + 1e-5) * gamma + beta
+
+
+def test_a_transformer_is_bert_s_encoder_block_and_counts_its_attention(tmp_path):
+    """The generated encoder against numpy: attention of two heads, residual adds,
+    LayerNormalization, a GELU feed-forward; its MACs are the block's analytic count."""
+    from scipy.special import erf
+
+    p = {"layers": 1, "d_model": 8, "heads": 2, "ffn": 2, "seq": 5, "batch": 1}
+    model = build("transformer", p)
+    x = np.random.default_rng(0).normal(size=(1, 5, 8)).astype(np.float32)
+    got = ort.InferenceSession(model.SerializeToString(),
+                               providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+    w = [v for v in _initializers(model).values() if v.dtype == np.float32 and v.ndim >= 1]
+    mats = [a for a in w if a.ndim == 2]
+    (wq, wk, wv, wo, w1, w2, wc) = mats
+    gammas = [a for a in w if a.ndim == 1 and np.all(a == 1)]
+    assert len(gammas) == 2
+
+    def dense(a, m):
+        return a @ m  # the biases are zero
+
+    def heads(a):
+        return a.reshape(1, 5, 2, 4).transpose(0, 2, 1, 3)
+
+    q, k, v = heads(dense(x, wq)), heads(dense(x, wk)), heads(dense(x, wv))
+    s = q @ k.transpose(0, 1, 3, 2) / np.sqrt(4)
+    s = np.exp(s - s.max(-1, keepdims=True))
+    ctx = (s / s.sum(-1, keepdims=True) @ v).transpose(0, 2, 1, 3).reshape(1, 5, 8)
+    h = _layer_norm(x + dense(ctx, wo), 1.0, 0.0)
+    f = dense(h, w1)
+    f = 0.5 * f * (1 + erf(f / np.sqrt(2)))
+    h = _layer_norm(h + dense(f, w2), 1.0, 0.0)
+    want = h.mean(1) @ wc.T
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+    path = tmp_path / "t.onnx"
+    import onnx
+
+    onnx.save(build("transformer", {**p, "layers": 2, "d_model": 128, "heads": 4,
+                                    "ffn": 4, "seq": 64, "batch": 2}), str(path))
+    net = read_network(path)
+    d, n, b = 128, 64, 2
+    per_block = 4 * n * d * d + 2 * n * n * d + 2 * 4 * n * d * d
+    assert net.macs == b * (2 * per_block + d * 10)
+    kinds = [layer.kind for layer in net.layers]
+    assert kinds.count("matmul") == 2 * 2 and kinds.count("layernorm") == 2 * 2
+    qk = next(layer for layer in net.layers if layer.kind == "matmul")
+    assert qk.macs == b * 4 * n * n * (d // 4) and qk.params == 0
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru", "rnn"])
+def test_a_recurrent_network_embeds_steps_and_projects_and_counts_its_cells(cell, tmp_path):
+    """Token ids through the embedding, the recurrent layers and the projection: the LSTM
+    against numpy (ONNX's gate order i, o, f, c); every cell's MACs are seq × gates ×
+    hidden × (input + hidden), its parameters its three tensors, the embedding's its table
+    and the rows it reads."""
+    import onnx
+
+    p = {"layers": 2, "hidden": 6, "embedding": 4, "vocab": 11, "seq": 3, "batch": 2,
+         "cell": cell}
+    model = build("rnn", p)
+    ids = np.array([[1, 4, 10], [0, 2, 3]], dtype=np.int64)
+    got = ort.InferenceSession(model.SerializeToString(),
+                               providers=["CPUExecutionProvider"]).run(None, {"input": ids})[0]
+    assert got.shape == (3, 2, 11) and np.isfinite(got).all()
+    if cell == "lstm":
+        w = _initializers(model)
+        table = next(v for v in w.values() if v.shape == (11, 4))
+        cells = [v for v in w.values() if v.ndim == 3]
+        proj = next(v for v in w.values() if v.shape == (6, 11))
+        sig = lambda z: 1 / (1 + np.exp(-z))  # noqa: E731
+        x = table[ids].transpose(1, 0, 2)
+        for W, R in (cells[0:2], cells[2:4]):
+            h, c, ys = np.zeros((2, 6)), np.zeros((2, 6)), []
+            for t in range(3):
+                g = x[t] @ W[0].T + h @ R[0].T
+                i, o, f, cc = np.split(g, 4, axis=1)
+                c = sig(f) * c + sig(i) * np.tanh(cc)
+                h = sig(o) * np.tanh(c)
+                ys.append(h)
+            x = np.stack(ys)
+        np.testing.assert_allclose(got, x @ proj, rtol=1e-4, atol=1e-5)
+    path = tmp_path / "r.onnx"
+    onnx.save(model, str(path))
+    net = read_network(path)
+    gates = {"lstm": 4, "gru": 3, "rnn": 1}[cell]
+    rec = [layer for layer in net.layers if layer.kind == "recurrent"]
+    assert [layer.macs for layer in rec] == [2 * 3 * gates * 6 * (4 + 6),
+                                             2 * 3 * gates * 6 * (6 + 6)]
+    assert rec[0].params == gates * 6 * 4 + gates * 6 * 6 + 2 * gates * 6
+    emb = next(layer for layer in net.layers if layer.kind == "embedding")
+    assert emb.params == 11 * 4 and emb.bytes_moved == 4 * 2 * (2 * 3 * 4)
+    assert net.macs == sum(layer.macs for layer in rec) + 3 * 2 * 6 * 11
+
+
+def test_the_grid_refuses_a_network_without_convolutions_in_one_line(tmp_path):
+    from conftest import assert_clean_error, run_cli
+
+    [m] = generate("transformer", ["layers=1", "d_model=32", "seq=8"], tmp_path)
+    res = run_cli("layers", str(m.path), "--json")
+    assert res.exit_code == 0, res.output
+    kinds = {layer["kind"] for layer in json.loads(res.output)["layers"]}
+    assert {"matmul", "layernorm", "fc", "activation"} <= kinds
+    assert_clean_error(run_cli("recommend", str(m.path)), "has no convolution")

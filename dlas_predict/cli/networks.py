@@ -98,9 +98,10 @@ def export(name: str = typer.Argument(..., help="Zoo network (NAME or zoo:NAME).
 
 @app.command()
 @handle_errors
-def generate(family: str = typer.Argument(..., help="fc | cnn | nasbench201"),
+def generate(family: str = typer.Argument(..., help="fc | cnn | rnn | transformer | "
+                                                     "nasbench201"),
              param: List[str] = typer.Option([], "--param", help="NAME=V1,V2,.. (repeatable; "
-                                             "fc and cnn)"),
+                                             "every family but nasbench201)"),
              arch: List[str] = typer.Option([], "--arch", help="nasbench201: an architecture "
                                             "string |op~0|+|op~0|op~1|+|op~0|op~1|op~2| "
                                             "(repeatable)."),

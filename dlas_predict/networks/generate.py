@@ -1,6 +1,6 @@
 """ParaDnn-style parameterised model families: sweep a design space as ONNX files.
 
-Two families, each a grid over its performance-sensitive parameters (ParaDnn, Wang et al.,
+Four families, each a grid over its performance-sensitive parameters (ParaDnn, Wang et al.,
 MLSys 2020):
 
 - ``fc``: fully connected; ``layers`` hidden layers of ``nodes`` units, ``input`` features,
@@ -19,6 +19,17 @@ MLSys 2020):
   ``downsample`` blocks (evenly spaced) halve the resolution and double the filters. Global
   average pool and a 10-way classifier end it. ``activation`` is ``relu`` or ``silu``
   (x·sigmoid(x), EfficientNet's), after every conv and add.
+- ``rnn``: ParaDnn's recurrent family; token ids (``batch`` × ``seq``) through an embedding
+  of ``vocab`` rows of ``embedding`` values, ``layers`` stacked ``cell`` layers (``lstm``,
+  ``gru`` or ``rnn``: ONNX's LSTM, GRU and RNN ops) of ``hidden`` units, and a projection
+  of every step onto the ``vocab`` (a language model's logits).
+- ``transformer``: an encoder of ``layers`` blocks on ``seq`` tokens of ``d_model`` values
+  (already embedded: ``batch`` × ``seq`` × ``d_model``), each block BERT's: multi-head
+  self-attention of ``heads`` heads (query, key and value projections, QKᵀ scaled by
+  1/√(d_model/heads), softmax, the product with V, the output projection), the residual
+  add and LayerNormalization, then a feed-forward of ``ffn`` × ``d_model`` units with GELU
+  (x·Φ(x), by its erf form), the residual add and LayerNormalization. The mean over the
+  tokens and a 10-way classifier end it.
 
 The ONNX graphs are built directly (no torch) with seeded He-initialised weights.
 """
@@ -39,9 +50,14 @@ FAMILIES: dict[str, dict[str, object]] = {
     "fc": {"layers": 4, "nodes": 512, "input": 784, "output": 10, "batch": 1},
     "cnn": {"layers": 4, "kernels": 64, "kernel_size": 3, "input": 32, "batch": 1,
             "block": "plain", "downsample": 0, "activation": "relu", "se": 0},
+    "rnn": {"layers": 2, "hidden": 256, "embedding": 128, "vocab": 1000, "seq": 32,
+            "batch": 1, "cell": "lstm"},
+    "transformer": {"layers": 2, "d_model": 128, "heads": 2, "ffn": 4, "seq": 64, "batch": 1},
 }
 CHOICES = {"block": ("plain", "residual", "separable", "inverted"),
-           "activation": ("relu", "silu")}
+           "activation": ("relu", "silu"), "cell": ("lstm", "gru", "rnn")}
+#: A recurrent cell's gates (ONNX's order of the op's weight rows).
+CELL_GATES = {"lstm": 4, "gru": 3, "rnn": 1}
 #: The inverted-residual block's expansion (MobileNetV2's and EfficientNet's 6).
 EXPAND = 6
 #: The squeeze-excitation's reduction: its hidden width is the block's input channels over
@@ -113,6 +129,8 @@ def parse_grid(family: str, items: list[str]) -> list[dict]:
 
 
 def _check(family: str, p: dict) -> None:
+    if family == "transformer" and p["d_model"] % p["heads"]:
+        raise ConfigError(f"d_model={p['d_model']} is not a multiple of heads={p['heads']}")
     if family == "cnn":
         if p["kernel_size"] > p["input"]:
             raise ConfigError(f"kernel_size={p['kernel_size']} exceeds input={p['input']}")
@@ -195,6 +213,62 @@ class NetworkBuilder:
         return self.node("Gemm", [x, self.const(w, "w"), self.const(np.zeros(cout), "b")],
                          "fc", transB=1)
 
+    def ints(self, values, prefix: str = "shape") -> str:
+        """An int64 constant (a shape, axes)."""
+        from onnx import numpy_helper
+
+        name = self._name(prefix)
+        self.inits.append(numpy_helper.from_array(np.asarray(values, dtype=np.int64), name))
+        return name
+
+    def dense(self, x: str, cin: int, cout: int) -> str:
+        """x · W + b over the last axis of an activation of any rank (MatMul, Add)."""
+        w = self.rng.normal(0, np.sqrt(2.0 / cin), (cin, cout))
+        return self.node("Add", [self.node("MatMul", [x, self.const(w, "w")], "matmul"),
+                                 self.const(np.zeros(cout), "b")], "bias")
+
+    def layer_norm(self, x: str, width: int) -> str:
+        return self.node("LayerNormalization", [x, self.const(np.ones(width), "gamma"),
+                                                self.const(np.zeros(width), "beta")],
+                         "layernorm", axis=-1, epsilon=1e-5)
+
+    def gelu(self, x: str) -> str:
+        """x · Φ(x) = 0.5 · x · (1 + erf(x / √2))."""
+        erf = self.node("Erf", [self.node("Mul", [x, self.const(np.array(1 / np.sqrt(2)),
+                                                                "c")], "scale")], "erf")
+        half = self.node("Mul", [x, self.const(np.array(0.5), "c")], "half")
+        return self.node("Mul", [half, self.node("Add", [erf, self.const(np.array(1.0), "c")],
+                                                 "one_plus")], "gelu")
+
+    def attention(self, x: str, batch: int, seq: int, d: int, heads: int) -> str:
+        """Multi-head self-attention of ``x`` (batch × seq × d) and its output projection."""
+        dh = d // heads
+
+        def split(t: str) -> str:  # batch × heads × seq × dh
+            t = self.node("Reshape", [t, self.ints([batch, seq, heads, dh])], "heads")
+            return self.node("Transpose", [t], "heads_t", perm=[0, 2, 1, 3])
+
+        q, k, v = (split(self.dense(x, d, d)) for _ in range(3))
+        kt = self.node("Transpose", [k], "keys_t", perm=[0, 1, 3, 2])
+        scores = self.node("Mul", [self.node("MatMul", [q, kt], "qk"),
+                                   self.const(np.array(1 / np.sqrt(dh)), "c")], "scaled")
+        probs = self.node("Softmax", [scores], "softmax", axis=-1)
+        ctx = self.node("Transpose", [self.node("MatMul", [probs, v], "av")], "merge_t",
+                        perm=[0, 2, 1, 3])
+        ctx = self.node("Reshape", [ctx, self.ints([batch, seq, d])], "merge")
+        return self.dense(ctx, d, d)
+
+    def recurrent(self, x: str, cell: str, cin: int, hidden: int) -> str:
+        """One ``cell`` layer over ``x`` (seq × batch × cin) → seq × batch × hidden."""
+        gates = CELL_GATES[cell]
+        w = self.rng.normal(0, np.sqrt(1.0 / cin), (1, gates * hidden, cin))
+        r = self.rng.normal(0, np.sqrt(1.0 / hidden), (1, gates * hidden, hidden))
+        b = np.zeros((1, 2 * gates * hidden))
+        y = self.node(cell.upper() if cell != "rnn" else "RNN",
+                      [x, self.const(w, "w"), self.const(r, "r"), self.const(b, "b")],
+                      cell, hidden_size=hidden)
+        return self.node("Squeeze", [y, self.ints([1], "axes")], "steps")
+
     def relu(self, x: str) -> str:
         return self.node("Relu", [x], "relu")
 
@@ -221,7 +295,30 @@ def build(family: str, params: dict):
     twin = {**p, "activation": UNNAMED_DEFAULTS["activation"]}
     b = NetworkBuilder(seed=int(hashlib.sha256(file_name(family, twin).encode()).hexdigest()[:8], 16))
     batch = p["batch"]
-    if family == "fc":
+    in_type = TensorProto.FLOAT
+    if family == "rnn":
+        in_type, shape = TensorProto.INT64, [batch, p["seq"]]
+        table = b.rng.normal(0, 1.0, (p["vocab"], p["embedding"]))
+        x = b.node("Gather", [b.const(table, "embedding"), "input"], "embed")
+        x = b.node("Transpose", [x], "time_major", perm=[1, 0, 2])  # seq × batch × emb
+        width = p["embedding"]
+        for _ in range(p["layers"]):
+            x, width = b.recurrent(x, p["cell"], width, p["hidden"]), p["hidden"]
+        x = b.dense(x, width, p["vocab"])
+        out_shape = [p["seq"], batch, p["vocab"]]
+    elif family == "transformer":
+        d, seq = p["d_model"], p["seq"]
+        shape = [batch, seq, d]
+        x = "input"
+        for _ in range(p["layers"]):
+            x = b.layer_norm(b.node("Add", [x, b.attention(x, batch, seq, d, p["heads"])],
+                                    "residual"), d)
+            y = b.dense(b.gelu(b.dense(x, d, p["ffn"] * d)), p["ffn"] * d, d)
+            x = b.layer_norm(b.node("Add", [x, y], "residual"), d)
+        x = b.node("ReduceMean", [x], "tokens_mean", axes=[1], keepdims=0)
+        x = b.gemm(x, d, 10)
+        out_shape = [batch, 10]
+    elif family == "fc":
         shape = [batch, p["input"]]
         x, width = "input", p["input"]
         for _ in range(p["layers"]):
@@ -265,7 +362,7 @@ def build(family: str, params: dict):
     b.nodes[-1].output[0] = "output"
     graph = helper.make_graph(
         b.nodes, f"{family}-generated",
-        [helper.make_tensor_value_info("input", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("input", in_type, shape)],
         [helper.make_tensor_value_info("output", TensorProto.FLOAT, out_shape)], b.inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
                               producer_name="dlas-predict generate")

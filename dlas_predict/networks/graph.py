@@ -6,10 +6,13 @@ as measurable workloads (what ``collect`` needs). An op the tool does not know r
 :class:`NetworkError` naming it; a malformed or truncated file raises one too.
 
 Conventions: batch 1 (a symbolic batch is read as 1); MACs are the multiply-accumulates of
-convolutions and fully connected layers (the study's Tables 2/5 convention); parameters are
-the float weights a layer owns (a batch norm owns its scale and shift, not its running
-statistics); bytes moved are the compulsory fp32 traffic: activation inputs, weights and
-output, each once.
+convolutions, fully connected layers, products of two activations (attention's QKᵀ and
+its product with V: kind ``matmul``) and recurrent cells (LSTM, GRU, RNN: every step's
+input and recurrent products, each direction) (the study's Tables 2/5 convention);
+parameters are the float weights a layer owns (a batch norm owns its scale and shift, not
+its running statistics; an embedding its table); bytes moved are the compulsory fp32
+traffic: activation inputs, weights and output, each once (an embedding reads the rows it
+gathers, not its whole table).
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import numpy as np
 from dlas_predict.space.config import ConvSpec
 from dlas_predict.errors import NetworkError, SpecError
 
+#: A recurrent op's gates: each is one input and one recurrent product per step.
+RECURRENT_GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 # ONNX op → layer kind. Ops that compute nothing (Identity, Constant, shape arithmetic) are
 # not layers.
 OP_KINDS = {
@@ -31,16 +36,21 @@ OP_KINDS = {
     "MaxPool": "pool", "AveragePool": "pool",
     "GlobalAveragePool": "global_pool", "GlobalMaxPool": "global_pool",
     "ReduceMean": "global_pool",
+    "ReduceSum": "reduce", "ReduceMax": "reduce",
     "BatchNormalization": "batchnorm",
+    "LayerNormalization": "layernorm",
+    **{op: "recurrent" for op in RECURRENT_GATES},
     **{op: "activation" for op in ("Relu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish",
                                    "LeakyRelu", "Tanh", "Softmax", "Elu", "Selu", "PRelu",
                                    "Softplus", "Gelu", "Erf")},
-    **{op: "elementwise" for op in ("Add", "Mul", "Sub", "Div")},
+    **{op: "elementwise" for op in ("Add", "Mul", "Sub", "Div", "Pow", "Sqrt", "Neg",
+                                    "Reciprocal", "Exp", "Where")},
     "Concat": "concat",
     **{op: "reshape" for op in ("Flatten", "Reshape", "Squeeze", "Unsqueeze", "Transpose",
-                                "Dropout", "Pad")},
+                                "Dropout", "Pad", "Split", "Slice", "Expand", "Tile")},
 }
-SILENT_OPS = {"Identity", "Constant", "Shape", "Gather", "Cast", "ConstantOfShape", "Range"}
+SILENT_OPS = {"Identity", "Constant", "Shape", "Gather", "Cast", "ConstantOfShape", "Range",
+              "Equal", "Not", "Less", "Greater"}
 #: Ops a layer's output passes through to reach what it feeds (:attr:`Layer.feeds`); Shape
 #: reads no data and is not fed.
 EPILOGUE_OPS = {"BatchNormalization", "Relu", "Clip"}
@@ -290,6 +300,26 @@ def _fc_macs(node, name: str, ins: list, out: tuple | None) -> int:
     return int(math.prod(out)) * int(ins[0][-1])
 
 
+def _recurrent_macs(node, name: str, shapes: dict) -> int:
+    """An LSTM, GRU or RNN's multiply-adds: every step, each direction, each gate's input
+    product (input size × hidden) and recurrent product (hidden × hidden)."""
+    x, w = shapes.get(node.input[0]), shapes.get(node.input[1])
+    if x is None or w is None or len(x) != 3 or len(w) != 3:
+        raise NetworkError(f"{node.op_type} {name!r}: unknown input or weight shapes "
+                           f"({x}, {w}); export with a fixed sequence length")
+    attrs = _attrs(node)
+    seq, batch = (x[1], x[0]) if attrs.get("layout", 0) else (x[0], x[1])
+    dirs, gates_hidden, inputs = w
+    hidden = gates_hidden // RECURRENT_GATES[node.op_type]
+    return int(seq * batch * dirs * gates_hidden * (inputs + hidden))
+
+
+def _is_table(node, consts: dict[str, int], shapes: dict) -> bool:
+    """A Gather that reads rows of a float table (an embedding), not shape arithmetic."""
+    table = shapes.get(node.input[0])
+    return consts.get(node.input[0], 0) > 0 and table is not None and len(table) == 2
+
+
 def read_network(path: str | Path, name: str | None = None) -> Network:
     """Every compute op of the ONNX network at ``path``, in graph order.
 
@@ -387,10 +417,11 @@ def _network(model, name: str, path: str) -> Network:
     feeds = _feeds(model, consumers)
     qdq_float = _qdq_float(consumers)
     for node in model.graph.node:
-        if node.op_type in SILENT_OPS:
+        embedding = node.op_type == "Gather" and _is_table(node, consts, shapes)
+        if node.op_type in SILENT_OPS and not embedding:
             continue
         name_ = node.name or node.output[0]
-        kind = OP_KINDS[node.op_type]
+        kind = "embedding" if embedding else OP_KINDS[node.op_type]
         act_in = [i for i in node.input if i and i not in consts]
         ins = [shapes.get(i) for i in node.input if i]
         out = shapes.get(node.output[0])
@@ -412,12 +443,19 @@ def _network(model, name: str, path: str) -> Network:
         elif kind == "fc":
             macs = _fc_macs(node, name_, ins, out)
             weight = node.input[1] if node.input[1] in consts else None
+            if weight is None and node.op_type == "MatMul":
+                kind = "matmul"  # two activations: attention's QKᵀ and its product with V
+        elif kind == "recurrent":
+            macs = _recurrent_macs(node, name_, shapes)
+            weight = node.input[1] if node.input[1] in consts else None
         window = 0
         if kind == "pool":
             window = int(math.prod(_attrs(node).get("kernel_shape") or [1]))
         act_elems = sum(int(math.prod(shapes[i])) for i in act_in if shapes.get(i) is not None)
         out_elems = int(math.prod(out)) if out is not None else 0
         all_weights = sum(consts[i] for i in node.input if i and i in consts)
+        if embedding:  # the rows gathered are read, not the whole table; indices are ints
+            act_elems, all_weights = 0, out_elems
         net.layers.append(Layer(
             index=len(net.layers), name=name_, op=node.op_type, kind=kind,
             input_shapes=tuple(tuple(shapes[i]) for i in act_in if shapes.get(i) is not None),
