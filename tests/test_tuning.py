@@ -180,7 +180,7 @@ def test_knob_search_tunes_csr_kernel_and_reuses_the_database(tmp_path):
 def test_measure_rejects_bad_tuning_options(args, message):
     res = CliRunner().invoke(app, ["measure", "--conv", "C=8,H=10,W=10,K=16,R=3,S=3,pad=1",
                                    *args])
-    assert res.exit_code == 1
+    assert res.exit_code in (1, 2)  # 2: a word outside the option's choices
     assert message in res.output and "Traceback" not in res.output
 
 
