@@ -392,6 +392,7 @@ def test_the_models_shipped_for_this_very_machine_answer_local_as_trained(monkey
 
 
 @pytest.mark.slow
+@pytest.mark.machine
 def test_active_learn_on_a_machine_its_model_was_not_trained_on_starts_from_that_model(
         monkeypatch):
     """Live, ``local``'s shipped model of another machine is a reference like any other
@@ -743,6 +744,7 @@ def test_predict_a_conv_here_with_a_model_of_another_machine_is_mapped_as_recomm
 
 
 @pytest.mark.slow
+@pytest.mark.machine
 def test_a_profile_left_out_is_answered_from_its_sibling_of_the_same_code():
     """A held-out profile whose processor and vector width a training device shares (another
     thread count) is answered zero-shot from that sibling's measurements, scaled by the

@@ -406,7 +406,7 @@ def test_a_forced_isa_level_is_this_cpu_at_that_level_or_a_clean_error(monkeypat
         native.fingerprint, native.simd_bits, native.isa_flags)
 
 
-@pytest.mark.slow  # the machine-reading modules' fast tests again, in a process of their own
+@pytest.mark.slow  # the machine-reading modules' tests again, in a process of their own
 def test_the_tests_that_read_this_machine_pass_on_an_avx2_only_cpu():
     """The tests that ask what this machine is (its devices, profiles and the models and
     maps chosen for it) pass where ``local`` is an AVX2-only CPU, as on a Zen 3: run again
@@ -421,7 +421,7 @@ def test_the_tests_that_read_this_machine_pass_on_an_avx2_only_cpu():
     if local.simd_bits != 512:
         pytest.skip("this CPU is no wider than AVX2: the suite already ran as on one")
     env = {**os.environ, D.FORCE_ISA_ENV: "avx2"}
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "not slow",
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "not slow or machine",
                           "-p", "no:cacheprovider", "tests/test_devices.py",
                           "tests/test_crossdev.py"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
