@@ -8,6 +8,7 @@ import pytest
 from conftest import DEMO, assert_clean_error, run_cli
 from dlas_predict.errors import DlasError
 from dlas_predict.recommend.search import MODELS_STORE, ONNXRUNTIME, PER_LAYER, recommend
+from dlas_predict.space.config import Tuning
 
 SHIPPED = MODELS_STORE / "local"
 
@@ -65,6 +66,8 @@ def test_accuracy_budget_drops_what_breaks_it():
     for cands in groups.values():
         per_layer = [c for c in cands if c.algorithm == PER_LAYER]
         uniform = [c.conv_s for c in cands if c.algorithm not in (PER_LAYER, ONNXRUNTIME)]
+        if not uniform:  # tuned ones predicted no faster than untuned are not listed
+            continue
         for c in per_layer:
             assert c.conv_s <= min(uniform) * (1 + 1e-9), (c.label, c.conv_s, min(uniform))
             compared += 1
@@ -544,3 +547,19 @@ def test_fine_tuned_pruning_is_measured_and_said_so():
     assert "fine-tuned" not in dense.accuracy_source
     # the shipped curve: 1 epoch of fine-tuning holds weight pruning at 0.5 within a point
     assert pruned[0].accuracy_drop_pp < 2
+
+
+def test_a_tuned_candidate_predicted_no_faster_than_untuned_is_not_listed():
+    """Tuning that is predicted to gain nothing costs its search for nothing: such a tuned
+    candidate is skipped, with the reason, and every tuned one kept beats its untuned
+    twin."""
+    rec = recommend("zoo:resnet18-cifar", max_accuracy_drop=100.0)
+    untuned = {(c.backend, c.compression, c.ratio, c.algorithm, c.layers): c.predicted_s
+               for c in rec.candidates if c.tuning is Tuning.UNTUNED}
+    tuned = [c for c in rec.candidates if c.tuning is Tuning.TUNED]
+    for c in tuned:
+        twin = untuned.get((c.backend, c.compression, c.ratio, c.algorithm, c.layers))
+        assert twin is None or c.predicted_s < twin, c.label
+    skipped = [names for names, why in rec.skipped if "no faster tuned than untuned" in why]
+    assert skipped and "tuned" in skipped[0]
+

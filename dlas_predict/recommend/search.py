@@ -226,6 +226,7 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
     _rank(kept, reference)
     if len(su.tunings) == 2:
         su.notes.append(_tuning_verdict(kept, trials))
+        kept = _without_dominated_tuning(kept, su.skipped)
     rec = Recommendation(su.name, su.dev.name, kept, dropped, su.skipped, dense_best, su.info,
                          su.notes)
     rec.reference = reference
@@ -711,6 +712,25 @@ def _tuning_seconds(model, X: np.ndarray, kernels: list[tuple], trials: int):
         sizes.append(len(search_space(spec, Variant(alg, comp, ratio or 0.5))) if sparse
                      else 0)
     return model.predict(X, trials, sizes)
+
+
+def _without_dominated_tuning(kept: list[Candidate], skipped: list) -> list[Candidate]:
+    """``kept`` without the tuned candidates predicted no faster than the same build
+    untuned: a search that costs time for no predicted gain is never the answer (each is
+    listed in ``skipped``)."""
+    untuned = {(c.backend, c.compression, c.ratio, c.algorithm, c.layers): c.predicted_s
+                for c in kept if c.tuning is Tuning.UNTUNED}
+    out, dominated = [], []
+    for c in kept:
+        twin = untuned.get((c.backend, c.compression, c.ratio, c.algorithm, c.layers))
+        if c.tuning is Tuning.TUNED and twin is not None and c.predicted_s >= twin:
+            dominated.append(c.label)
+        else:
+            out.append(c)
+    if dominated:
+        skipped.append((", ".join(dominated), "predicted no faster tuned than untuned: the "
+                        "search would cost time for no gain, the untuned build is listed"))
+    return out
 
 
 def _tuning_verdict(kept: list[Candidate], trials: int) -> str:
