@@ -202,6 +202,13 @@ class _ConvLowering:
         #: convs whose input's channel scale was folded into their weights
         self.folded_scales = 0
 
+    def hand_vnni(self, spec: ConvSpec, choice: "LayerChoice") -> bool:
+        """Whether a layer runs AVX-512 VNNI (where the CPU has it): every layer that keeps
+        its hand schedule, untuned or tuned with no search in the database; a tuned layer
+        keeps the knobs it was tuned under (no VNNI)."""
+        return self.vnni and (self.tuned is None
+                              or not self.tuned.holds(spec, choice, self.dtype))
+
     def folds_scale(self, i: int, spec: ConvSpec) -> bool:
         """Whether conv ``i`` of workload ``spec`` takes a channel scale of its input into
         its weights (:func:`plan_scale_folds`): an untuned dense float kernel on a CPU."""
@@ -243,9 +250,7 @@ class _ConvLowering:
 
             knobs = resolve_gpu_knobs(spec, variant)
         else:
-            # a tuned build's layers keep the knobs they were tuned under (no VNNI)
-            knobs = resolve_knobs(spec, variant, self.simd_bits,
-                                  self.vnni and self.tuned is None)
+            knobs = resolve_knobs(spec, variant, self.simd_bits, self.hand_vnni(spec, choice))
         steps = tuple(epi.steps) if epi is not None else ()
         x = data
         scale = None
