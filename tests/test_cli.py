@@ -447,3 +447,18 @@ def test_accuracy_curve_json_and_bad_ratios():
     assert d["metric"] == "top1" and 0.9 <= d["reference_top1"] <= 1.0
     _assert_clean_error(_run("accuracy", "zoo:mobilenetv1-cifar", "--curve", "--ratios", "a,b"),
                         "not a comma list")
+
+
+def test_under_json_an_error_of_the_parser_is_json_too():
+    """The installed command: a word outside an option's choices under --json prints
+    {"error": ...} on stdout and exits 2; a library error exits 1 the same way."""
+    import subprocess
+    import sys
+
+    for args, code, needle in ((["recommend", DEMO, "--tuning", "bogus"], 2, "'bogus'"),
+                               (["calibrate", "--minutes", "0"], 1, "--minutes must be")):
+        out = subprocess.run([sys.executable, "-m", "dlas_predict.cli", *args, "--json"],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == code, out.stderr
+        assert needle in json.loads(out.stdout)["error"]
+        assert "Error: " in out.stderr and "Traceback" not in out.stderr

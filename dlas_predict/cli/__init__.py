@@ -16,5 +16,27 @@ __all__ = ["app", "main"]
 
 
 def main() -> None:
-    app()
+    """Run the command. Under ``--json`` an error the parser finds (an unknown option, a
+    word outside an option's choices) is printed as ``{"error": ...}`` on stdout too, as
+    every library error is."""
+    import sys
+
+    args = sys.argv[1:]
+    if "--json" not in args:
+        app()
+        return
+    import json
+
+    import typer
+
+    try:
+        code = typer.main.get_command(app).main(args, prog_name="dlas-predict",
+                                                standalone_mode=False)
+    except Exception as exc:
+        if not hasattr(exc, "format_message"):  # not the parser's: as without --json
+            raise
+        print(json.dumps({"error": exc.format_message()}))
+        exc.show()
+        sys.exit(getattr(exc, "exit_code", 2))
+    sys.exit(code if isinstance(code, int) else 0)
 
