@@ -284,6 +284,7 @@ def _trained_here(monkeypatch, here: bool) -> None:
         get_device(name, with_target=False).fingerprint if here else "0123456789abcdef"))
 
 
+@pytest.mark.machine
 def test_a_reference_is_priced_by_its_shipped_model_whichever_model_answers_here(
         monkeypatch):
     """A map scales a reference's predictions by the machine its shipped model and corpus
@@ -306,6 +307,7 @@ def test_a_reference_is_priced_by_its_shipped_model_whichever_model_answers_here
     assert np.allclose(transfer.reference_predictions("local", rows), shipped)
 
 
+@pytest.mark.machine
 def test_a_model_of_another_machine_is_not_this_machines(monkeypatch):
     """The local CPU's and its profiles' models are this machine's only when trained on it;
     otherwise they are references described as the machine they were trained on."""
@@ -327,6 +329,7 @@ def test_a_model_of_another_machine_is_not_this_machines(monkeypatch):
     assert transfer.reference_for(here) in transfer.trained_devices()
 
 
+@pytest.mark.machine
 def test_a_cpu_is_answered_from_a_reference_of_its_own_thread_count():
     """Two references of the same code, one and two threads, at equal distance in peak and
     bandwidth: a two-core CPU takes the two-thread one, a one-core CPU the other."""
@@ -361,6 +364,7 @@ def _shipped_for(root, fingerprint: str):
     return store
 
 
+@pytest.mark.machine
 def test_the_models_shipped_for_this_very_machine_answer_local_as_trained(monkeypatch,
                                                                           tmp_path):
     """Where the project measured the machine the tool runs on, ``local`` is answered by
@@ -392,6 +396,7 @@ def test_the_models_shipped_for_this_very_machine_answer_local_as_trained(monkey
 
 
 @pytest.mark.slow
+@pytest.mark.machine
 @pytest.mark.machine
 def test_active_learn_on_a_machine_its_model_was_not_trained_on_starts_from_that_model(
         monkeypatch):
@@ -592,6 +597,7 @@ def test_adapt_on_whole_network_latencies_then_recommend(tmp_path):
     assert rec["mapping"]["slope"] == 1.0
 
 
+@pytest.mark.machine
 def test_a_map_fitted_without_a_slope_fits_offsets_to_what_the_slope_leaves():
     """``fit_slope=False``: slope 1, and the offset and group offsets (each shrunk towards
     the zero-shot map's 0) fit y - x."""
@@ -613,6 +619,7 @@ def test_a_map_fitted_without_a_slope_fits_offsets_to_what_the_slope_leaves():
     assert free.slope != 1.0
 
 
+@pytest.mark.machine
 def test_predict_prices_a_network_run_by_onnxruntime(monkeypatch):
     """As its model's machine, onnxruntime's row is trained; elsewhere (the layer model
     mapped here too) it moves with the map and is the map's."""
@@ -690,6 +697,7 @@ def test_between_gpus_a_kernel_that_fits_their_l2_takes_little_of_the_bandwidth_
     assert abs(fitted - peak_only) < 0.01 < abs(whole - peak_only)
 
 
+@pytest.mark.machine
 def test_an_adapted_map_prices_kernels_in_the_milliseconds_it_was_fitted_in():
     """A map is of log milliseconds (active-learn, adapt fit it there); kernels priced in
     seconds are mapped through milliseconds, so a slope pivots at 1 ms whatever the unit:
@@ -708,6 +716,7 @@ def test_an_adapted_map_prices_kernels_in_the_milliseconds_it_was_fitted_in():
     assert low == pytest.approx(mid * np.exp(-0.1)) and high == pytest.approx(mid * np.exp(0.2))
 
 
+@pytest.mark.machine
 def test_predict_a_conv_here_with_a_model_of_another_machine_is_mapped_as_recommend_is(
         monkeypatch):
     """On a machine the shipped local model was not trained on, a conv on ``local`` is
@@ -745,6 +754,7 @@ def test_predict_a_conv_here_with_a_model_of_another_machine_is_mapped_as_recomm
 
 @pytest.mark.slow
 @pytest.mark.machine
+@pytest.mark.machine
 def test_a_profile_left_out_is_answered_from_its_sibling_of_the_same_code():
     """A held-out profile whose processor and vector width a training device shares (another
     thread count) is answered zero-shot from that sibling's measurements, scaled by the
@@ -775,6 +785,7 @@ def test_a_profile_left_out_is_answered_from_its_sibling_of_the_same_code():
     assert h.by_shots[0].within_25pct > 0.7 and h.by_shots[10].within_25pct > 0.7
 
 
+@pytest.mark.machine
 def test_an_offset_every_measurement_shares_reaches_the_kernels_not_measured():
     """Ten measurements of five conv shapes, each 40 % faster than the map says: the common
     offset goes to the map's overall offset (held by the weakest prior), not to the shapes'

@@ -7,6 +7,7 @@ from dlas_predict.space.devices import device_names, get_device, local_fingerpri
 from dlas_predict.errors import DeviceError
 
 
+@pytest.mark.machine
 def test_registry_has_the_study_and_tophub_devices():
     names = device_names()
     for name in ("local", "i7-8700", "hikey970-cpu", "hikey970-gpu", "xavier-cpu", "xavier",
@@ -21,6 +22,7 @@ def test_unknown_device_lists_known_ones():
         get_device("pentium-ii")
 
 
+@pytest.mark.machine
 def test_local_is_detected_with_a_specific_target_and_stable_fingerprint():
     local = get_device("local")
     assert local.target["kind"] == "llvm" and local.target.get("mcpu")
@@ -45,6 +47,7 @@ def test_estimated_roofs_are_of_the_kernels_arithmetic_not_the_isas_best():
     assert _estimated_peaks(2, None, 512, {"fma"}) == {}
 
 
+@pytest.mark.machine
 def test_measured_roofs_replace_the_estimate():
     import json
 
@@ -199,6 +202,7 @@ class _PeaksBoard:
                            tvm_version="0.x")
 
 
+@pytest.mark.machine
 def test_measured_roofs_are_stored_with_the_device_and_read_back(tmp_path, monkeypatch):
     import json
 
@@ -221,6 +225,7 @@ def test_measured_roofs_are_stored_with_the_device_and_read_back(tmp_path, monke
     assert task.caches == dev.caches and task.vnni == dev.vnni
 
 
+@pytest.mark.machine
 def test_a_failed_roofs_measurement_is_one_error_and_stores_nothing():
     from dlas_predict.measure.peaks import measure_device_peaks
     from dlas_predict.space.devices import measured_peaks
@@ -242,6 +247,7 @@ def _isa_estimate() -> float:
 
 
 # ---- profiles of this CPU -----------------------------------------------------------------
+@pytest.mark.machine
 def test_profiles_are_this_cpu_with_their_own_code_generation_threads_and_fingerprint():
     from dlas_predict.space.devices import is_profile_name, profile_names
 
@@ -266,6 +272,7 @@ def test_profiles_are_this_cpu_with_their_own_code_generation_threads_and_finger
         assert dev.vnni == (local.vnni and "native" in name)
 
 
+@pytest.mark.machine
 def test_a_profile_measures_with_its_own_isa_and_threads():
     """The x86-64-v2 profile's kernels hold no AVX instruction; local's may."""
     from dlas_predict.space.devices import profile_names
@@ -294,6 +301,7 @@ ADD = ("devices", "add", "myboard", "--kind", "cpu", "--target",
        "--peak-gflops", "40", "--bandwidth-gbs", "12.8")
 
 
+@pytest.mark.machine
 def test_devices_add_then_remove():
     from conftest import run_cli
 
@@ -374,6 +382,7 @@ def test_every_kernel_kind_cross_compiles_to_an_aarch64_shared_library(tmp_path)
 
 
 # ---- the tests on a CPU of a lower ISA ---------------------------------------------------
+@pytest.mark.machine
 def test_a_forced_isa_level_is_this_cpu_at_that_level_or_a_clean_error(monkeypatch):
     """``DLAS_FORCE_ISA`` makes ``local`` a CPU of a lower x86-64 level: that level's flags,
     vector width, fingerprint and code generation; a level this CPU cannot run, or no
@@ -421,7 +430,7 @@ def test_the_tests_that_read_this_machine_pass_on_an_avx2_only_cpu():
     if local.simd_bits != 512:
         pytest.skip("this CPU is no wider than AVX2: the suite already ran as on one")
     env = {**os.environ, D.FORCE_ISA_ENV: "avx2"}
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "not slow or machine",
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "machine",
                           "-p", "no:cacheprovider", "tests/test_devices.py",
                           "tests/test_crossdev.py"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)

@@ -28,9 +28,9 @@ def test_crash_hang_and_exception_are_recorded_and_run_goes_on(monkeypatch):
              MeasureTask.make(SPEC, Variant("spatial_pack", "dense"), dev, fault="exit"),
              MeasureTask.make(SPEC, Variant("gemm", "weight_pruning", 0.5), dev)]
     proto = Protocol(max_repeats=5, min_repeats=2, time_budget_s=0.05, quiet_wait_s=0)
-    # 10 s per task (a fresh worker's start is not counted): the healthy kernel compiles,
+    # 6 s per task (a fresh worker's start is not counted): the healthy kernel compiles,
     # verifies and is timed in about 2 s, with room for a loaded machine
-    with LocalRunner(dev, protocol=proto, timeout_s=10) as runner:
+    with LocalRunner(dev, protocol=proto, timeout_s=6) as runner:
         results = list(runner.run(tasks))
     assert [r.ok for r in results] == [False, False, False, False, True]
     assert "SIGSEGV" in results[0].error
