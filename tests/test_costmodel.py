@@ -635,6 +635,7 @@ def test_every_kernel_model_shares_one_interface_and_round_trips(cls, tmp_path):
             tmp_path, "m")
 
 
+@pytest.mark.slow  # trains a model to compare against
 def test_the_numpy_tree_walk_predicts_what_lightgbm_predicts():
     """Every shipped layer model, read by models.trees, gives LightGBM's own predictions
     (NaN inputs too), so predicting need not import LightGBM."""

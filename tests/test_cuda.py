@@ -408,6 +408,7 @@ def test_kernels_match_numpy_reference_on_the_gpu(tmp_path):
     assert counts["measured"] == len(tasks) and counts["failed"] == 0
 
 
+@pytest.mark.slow
 def test_recommend_answers_for_the_gpu_from_the_shipped_model(tmp_path):
     import shutil
 
@@ -525,6 +526,7 @@ def test_a_whole_network_lowers_to_cuda_with_our_kernels_and_every_op_on_the_gpu
     assert "blockIdx.x" in src and "threadIdx.x" in src
 
 
+@pytest.mark.slow
 def test_a_whole_network_bundle_builds_each_configuration_and_imports_as_network_records(
         tmp_path):
     import onnx
