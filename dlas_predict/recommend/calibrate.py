@@ -45,8 +45,7 @@ RUNS = (("onnxruntime", "dense", None, False), ("tvm", "dense", None, False),
         ("onnxruntime", "channel_pruning", 0.9, False), ("tvm", "channel_pruning", 0.9, False),
         ("tvm", "channel_pruning", 0.9, True), ("onnxruntime", "int8", None, False),
         ("tvm", "int8", None, False), ("tvm", "dense", None, True),
-        ("onnxruntime", "float16", None, False), ("onnxruntime", "channel_pruning", 0.5, False),
-        ("tvm", "channel_pruning", 0.5, True), ("tvm", "weight_pruning", 0.9, False))
+        ("onnxruntime", "float16", None, False), ("onnxruntime", "channel_pruning", 0.5, False))
 #: Kernel measurements at most: whole networks say more per minute once the kernel map
 #: has settled (on a 2-core Zen 4, 150 kernels took about a minute).
 MAX_KERNELS = 150
