@@ -146,6 +146,38 @@ def test_a_per_layer_choice_of_one_algorithm_is_built_and_timed_once_for_both():
         other.to_dict()
 
 
+def test_a_validation_timed_on_a_busy_machine_says_so():
+    """A whole network timed while the probes saw the machine busy (the canary 1.3x its
+    usual time) keeps its time, with a note that it is noisy; a quiet one has none."""
+    from types import SimpleNamespace
+
+    from dlas_predict.recommend.candidates import Candidate
+    from dlas_predict.recommend.validate import measure_candidates
+    from dlas_predict.space.config import Compression
+
+    cands = [Candidate(Compression.DENSE, None, "gemm", (("gemm", False),), 1e-3, 1e-3, 1e-3),
+             Candidate(Compression.INT8, None, "gemm", (("gemm", False),), 1e-3, 1e-3, 1e-3)]
+    dev = SimpleNamespace(name="local", fingerprint="f", measured_here=True)
+
+    class Runner:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+        def run(self, plans):
+            for p, slow in zip(plans, (1.30, 1.01)):
+                yield SimpleNamespace(key=p.key(dev), error=None, best_s=2e-3, median_s=2e-3,
+                                      verified=True, untuned_layers=None, details=None,
+                                      contention=1.0, slowdown=slow)
+
+    measure_candidates("net.onnx", "net", dev, cands, network_runner=Runner)
+    assert cands[0].measured_s == 2e-3 and cands[0].measured_note.startswith("noisy")
+    assert "canary ×1.30" in cands[0].measured_note
+    assert cands[1].measured_s == 2e-3 and cands[1].measured_note is None
+
+
 def test_table_output_names_sources():
     res = _run("recommend", "zoo:resnet18-cifar", "--top", "5")
     assert res.exit_code == 0, res.output

@@ -395,6 +395,8 @@ class LiveNetworks:
                 out.append((None, c.measured_note or "failed"))
             elif c.measured_note and c.measured_note.startswith("output check"):
                 out.append((None, "failed: " + c.measured_note))
+            elif c.measured_note and c.measured_note.startswith("noisy"):
+                out.append((c.measured_s * 1e3, c.measured_note + "; not fitted"))
             else:
                 out.append((c.measured_s * 1e3, ""))
         return out

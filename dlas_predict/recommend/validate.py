@@ -84,6 +84,8 @@ def measure_candidates(model: str, network: str, dev, cands: list[Candidate],
                 if not m.verified:
                     c.measured_note = (f"output check failed (max error {m.max_error:.3g}, "
                                        f"top-1 agreement {m.top1_agreement:.0%})")
+                elif noisy := _noisy(m, getattr(nr, "protocol", None)):
+                    c.measured_note = noisy
                 elif m.untuned_layers:
                     c.measured_note = (f"{len(m.tuned_layers or [])} of {len(c.layers)} layers "
                                        "tuned; the tuning database holds no search for the "
@@ -91,6 +93,19 @@ def measure_candidates(model: str, network: str, dev, cands: list[Candidate],
                                        "kept their hand schedules")
                 elif c.backend == "onnxruntime" and (m.details or {}).get("calibration"):
                     c.measured_note = f"int8 calibrated on {m.details['calibration']}"
+
+
+def _noisy(m, protocol) -> str | None:
+    """Why a whole-network timing is of a busy machine (its probes over the protocol's
+    limits: :func:`~dlas_predict.measure.records.slowness`), or None."""
+    from dlas_predict.measure.execution.tasks import Protocol
+    from dlas_predict.measure.records import slowness
+
+    contention, slowdown = getattr(m, "contention", None), getattr(m, "slowdown", None)
+    if slowness(contention, slowdown, protocol or Protocol()) <= 1.0:
+        return None
+    return (f"noisy: the machine was busy while it was timed (canary ×{slowdown or 0:.2f}, "
+            f"threads ×{contention or 0:.2f})")
 
 
 def _same_builds(timed: list[Candidate]) -> dict[int, Candidate]:
