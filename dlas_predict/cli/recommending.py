@@ -132,9 +132,9 @@ def show_recommendation(rec, top: int, max_accuracy_drop: float) -> None:
             typer.echo(f"onnxruntime fp32 (the reference) was not timed: {ref.measured_note}")
         noisy = [c for c in rec.validated if (c.measured_note or "").startswith("noisy")]
         if noisy:
-            typer.echo(f"timed on a busy machine (their times are of it, time them again when "
-                       f"it is quiet): " + "; ".join(f"{c.label}: {c.measured_note}"
-                                                   for c in noisy))
+            typer.echo("timed on a busy machine (their times are of it, time them again when "
+                       "it is quiet): " + "; ".join(f"{c.label}: {c.measured_note}"
+                                                  for c in noisy))
         failed = [c for c in rec.validated if c.measured_s is None]
         if failed:
             fail(f"{len(failed)} validated candidates failed to build or run: "
