@@ -94,6 +94,30 @@ def test_validate_builds_and_times_the_top_candidate(tmp_path):
         top["accuracy_source"].startswith("predicted") and top["accuracy_drop_high_pp"] <= 1)
 
 
+class _Timed:
+    """A network runner (its own factory) that builds nothing: each plan's timing is
+    ``timing(i, plan)``'s fields, verified and of every layer untuned."""
+
+    def __init__(self, dev, timing) -> None:
+        self.dev, self.timing = dev, timing
+
+    def __call__(self) -> "_Timed":
+        return self
+
+    def __enter__(self) -> "_Timed":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def run(self, plans):
+        from types import SimpleNamespace
+
+        for i, p in enumerate(plans):
+            yield SimpleNamespace(key=p.key(self.dev), error=None, verified=True,
+                                  untuned_layers=None, details=None, **self.timing(i, p))
+
+
 def test_a_per_layer_choice_of_one_algorithm_is_built_and_timed_once_for_both():
     """Validation builds each distinct network once: a per-layer choice that picked GEMM for
     every layer is the GEMM build, and gets its measurement (not a second run's noise)."""
@@ -118,22 +142,13 @@ def test_a_per_layer_choice_of_one_algorithm_is_built_and_timed_once_for_both():
     dev = SimpleNamespace(name="local", fingerprint="f", measured_here=False)
     ran = []
 
-    class Runner:
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return None
-
-        def run(self, plans):
-            for i, p in enumerate(plans):
-                ran.append((p.config, p.algorithm))
-                yield SimpleNamespace(key=p.key(dev), error=None, best_s=(i + 2) * 1e-3,
-                                      median_s=(i + 2) * 1e-3, verified=True,
-                                      untuned_layers=None, details=None)
+    def timed(i, p):
+        ran.append((p.config, p.algorithm))
+        return {"best_s": (i + 2) * 1e-3, "median_s": (i + 2) * 1e-3}
 
     lines = []
-    got = validate_top(rec, "net.onnx", dev, 4, log=lines.append, network_runner=Runner)
+    got = validate_top(rec, "net.onnx", dev, 4, log=lines.append,
+                       network_runner=_Timed(dev, timed))
     assert got == [same, gemm, other, pruned]
     # one line per build as it is timed
     assert [line.split()[:2] for line in lines] == [["validate", f"[{i}/3]"] for i in (1, 2, 3)]
@@ -158,21 +173,9 @@ def test_a_validation_timed_on_a_busy_machine_says_so():
     cands = [Candidate(Compression.DENSE, None, "gemm", (("gemm", False),), 1e-3, 1e-3, 1e-3),
              Candidate(Compression.INT8, None, "gemm", (("gemm", False),), 1e-3, 1e-3, 1e-3)]
     dev = SimpleNamespace(name="local", fingerprint="f", measured_here=True)
-
-    class Runner:
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return None
-
-        def run(self, plans):
-            for p, slow in zip(plans, (1.30, 1.01)):
-                yield SimpleNamespace(key=p.key(dev), error=None, best_s=2e-3, median_s=2e-3,
-                                      verified=True, untuned_layers=None, details=None,
-                                      contention=1.0, slowdown=slow)
-
-    measure_candidates("net.onnx", "net", dev, cands, network_runner=Runner)
+    runner = _Timed(dev, lambda i, p: {"best_s": 2e-3, "median_s": 2e-3, "contention": 1.0,
+                                       "slowdown": (1.30, 1.01)[i]})
+    measure_candidates("net.onnx", "net", dev, cands, network_runner=runner)
     assert cands[0].measured_s == 2e-3 and cands[0].measured_note.startswith("noisy")
     assert "canary ×1.30" in cands[0].measured_note
     assert cands[1].measured_s == 2e-3 and cands[1].measured_note is None

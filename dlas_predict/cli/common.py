@@ -35,7 +35,6 @@ def handle_errors(func: Callable) -> Callable:
     """Turn library errors into one ``Error:`` line and a non-zero exit status, each
     parameter the message names shown as the command's option that sets it; under
     ``--json`` the error is also printed as JSON (``{"error": ...}``) on stdout."""
-    flags = command_flags(func)
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
@@ -47,7 +46,7 @@ def handle_errors(func: Callable) -> Callable:
         try:
             return func(*args, **kwargs)
         except DlasError as exc:
-            failed(with_flags(str(exc), flags))
+            failed(with_flags(str(exc), command_flags(func)))
         except OSError as exc:  # unwritable output, full disk, unreadable input
             failed(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc))
         except KeyboardInterrupt:

@@ -97,6 +97,15 @@ def slowness(contention: float | None, slowdown: float | None, protocol: Any) ->
                0.0 if slowdown is None else slowdown / float(protocol.slowdown_limit))
 
 
+def noisy_note(contention: float | None, slowdown: float | None, protocol: Any) -> str | None:
+    """Why a timing is of a busy machine (its probes over ``protocol``'s limits, see
+    :func:`slowness`), as a record's note says it, or None."""
+    if slowness(contention, slowdown, protocol) <= 1.0:
+        return None
+    return (f"noisy: the machine was busy while it was timed (canary ×{slowdown or 0:.2f}, "
+            f"threads ×{contention or 0:.2f})")
+
+
 #: The tuners of a tuned record (``tuner``): TVM's MetaSchedule, or a measured search over a
 #: hand schedule's knobs.
 METASCHEDULE = Tuner.METASCHEDULE.value

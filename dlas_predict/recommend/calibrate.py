@@ -350,6 +350,7 @@ class LiveKernels:
         from dlas_predict.corpus.store import CorpusStore
         from dlas_predict.recommend.active import Live
         from dlas_predict.measure.execution.runner import LocalRunner
+        from dlas_predict.measure.records import noisy_note
         from dlas_predict.paths import default_store_path
 
         if self._live is None:
@@ -359,10 +360,8 @@ class LiveKernels:
         r = self._live.result(k)
         if r is None:
             return None, "failed: " + self._live.failed[k.key][:200]
-        if r.contended(self.protocol):
-            return float(r.median_s * 1e3), (f"noisy: the machine was busy (canary "
-                                             f"×{r.slowdown or 0:.2f}); not fitted")
-        return float(r.median_s * 1e3), ""
+        noisy = noisy_note(r.contention, r.slowdown, self.protocol)
+        return float(r.median_s * 1e3), f"{noisy}; not fitted" if noisy else ""
 
     def close(self) -> None:
         if self._live is not None:

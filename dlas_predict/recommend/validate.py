@@ -51,7 +51,9 @@ def measure_candidates(model: str, network: str, dev, cands: list[Candidate],
     """Build and time each candidate as a whole network on ``dev`` with the runner that
     ``network_runner()`` opens (default: this machine's), filling its measured time, or its
     note where it failed or its output check did; ``log`` gets one line per candidate."""
+    from dlas_predict.measure.execution.tasks import Protocol
     from dlas_predict.measure.networks.plans import NetworkPlan, onnxruntime_plan
+    from dlas_predict.measure.records import noisy_note
 
     if network_runner is None:
         from dlas_predict.measure.networks.runner import NetworkRunner
@@ -67,6 +69,7 @@ def measure_candidates(model: str, network: str, dev, cands: list[Candidate],
     plans = [plan_of(c) for c in cands]
     t0 = time.perf_counter()
     with network_runner() as nr:
+        protocol = getattr(nr, "protocol", None) or Protocol()
         by_key = {p.key(dev): c for p, c in zip(plans, cands)}  # a farm answers as boards
         for i, m in enumerate(nr.run(plans), 1):                # finish
             c = by_key[m.key]
@@ -84,7 +87,8 @@ def measure_candidates(model: str, network: str, dev, cands: list[Candidate],
                 if not m.verified:
                     c.measured_note = (f"output check failed (max error {m.max_error:.3g}, "
                                        f"top-1 agreement {m.top1_agreement:.0%})")
-                elif noisy := _noisy(m, getattr(nr, "protocol", None)):
+                elif noisy := noisy_note(getattr(m, "contention", None),
+                                         getattr(m, "slowdown", None), protocol):
                     c.measured_note = noisy
                 elif m.untuned_layers:
                     c.measured_note = (f"{len(m.tuned_layers or [])} of {len(c.layers)} layers "
@@ -93,19 +97,6 @@ def measure_candidates(model: str, network: str, dev, cands: list[Candidate],
                                        "kept their hand schedules")
                 elif c.backend == "onnxruntime" and (m.details or {}).get("calibration"):
                     c.measured_note = f"int8 calibrated on {m.details['calibration']}"
-
-
-def _noisy(m, protocol) -> str | None:
-    """Why a whole-network timing is of a busy machine (its probes over the protocol's
-    limits: :func:`~dlas_predict.measure.records.slowness`), or None."""
-    from dlas_predict.measure.execution.tasks import Protocol
-    from dlas_predict.measure.records import slowness
-
-    contention, slowdown = getattr(m, "contention", None), getattr(m, "slowdown", None)
-    if slowness(contention, slowdown, protocol or Protocol()) <= 1.0:
-        return None
-    return (f"noisy: the machine was busy while it was timed (canary ×{slowdown or 0:.2f}, "
-            f"threads ×{contention or 0:.2f})")
 
 
 def _same_builds(timed: list[Candidate]) -> dict[int, Candidate]:

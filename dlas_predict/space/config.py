@@ -6,56 +6,16 @@ command line, in corpus columns and in the docs.
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import json
-import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
 from dlas_predict.errors import ConfigError, SpecError
+from dlas_predict.space.choices import Choice
 
 
-class _Named(str, enum.Enum):
-    """A string enum whose parse error lists the allowed values."""
-
-    @classmethod
-    def parse(cls, value: "str | _Named") -> "_Named":
-        if isinstance(value, cls):
-            return value
-        text = str(value).strip().lower().replace("-", "_")
-        for member in cls:
-            if member.value == text:
-                return member
-        allowed = ", ".join(m.value for m in cls)
-        raise ConfigError(f"unknown {cls._label()} {value!r}; allowed: {allowed}")
-
-    @classmethod
-    def parse_list(cls, text: str) -> list["_Named"]:
-        """Parse ``all`` or a comma-separated list, keeping order and dropping repeats."""
-        if text.strip().lower() == "all":
-            return list(cls)
-        out: list[_Named] = []
-        for part in text.split(","):
-            if not part.strip():
-                continue
-            member = cls.parse(part)
-            if member not in out:
-                out.append(member)
-        if not out:
-            allowed = ", ".join(m.value for m in cls)
-            raise ConfigError(f"no {cls._label()} given; allowed: all, {allowed}")
-        return out
-
-    @classmethod
-    def _label(cls) -> str:
-        return re.sub(r"(?<!^)(?=[A-Z])", " ", cls.__name__).lower()
-
-    def __str__(self) -> str:  # pragma: no cover - trivial
-        return self.value
-
-
-class Algorithm(_Named):
+class Algorithm(Choice):
     """Convolution algorithms of the study."""
 
     DIRECT = "direct"
@@ -63,7 +23,7 @@ class Algorithm(_Named):
     SPATIAL_PACK = "spatial_pack"
 
 
-class PlanAlgorithm(_Named):
+class PlanAlgorithm(Choice):
     """What a configuration's algorithm part may name: a convolution algorithm, ``per_layer``
     (each layer its fastest algorithm) or ``onnxruntime`` (the systems software in place of
     our kernels)."""
@@ -79,7 +39,7 @@ class PlanAlgorithm(_Named):
         return "algorithm"
 
 
-class Compression(_Named):
+class Compression(Choice):
     """Model optimisations of the study."""
 
     DENSE = "dense"
@@ -89,7 +49,7 @@ class Compression(_Named):
     INT8 = "int8"
 
 
-class DType(_Named):
+class DType(Choice):
     """Data type of inputs and weights (int8 accumulates in int32 and requantises)."""
 
     FLOAT32 = "float32"
@@ -97,14 +57,14 @@ class DType(_Named):
     INT8 = "int8"
 
 
-class Tuning(_Named):
+class Tuning(Choice):
     """Code generation: a fixed hand schedule, or a searched one."""
 
     UNTUNED = "untuned"
     TUNED = "tuned"
 
 
-class SparsityPattern(_Named):
+class SparsityPattern(Choice):
     """How zeros are placed in pruned weights."""
 
     NONE = "none"
