@@ -59,7 +59,7 @@ def help_protocol() -> dict:
     train = mat
     for d in HELP_VAL:
         train = train.without(d)
-    model = LatentModel.fit(train)
+    model = LatentModel().fit(train)
     ev = np.arange(900, 1900)
     out = {}
     for d in HELP_VAL:
@@ -73,7 +73,7 @@ def help_protocol() -> dict:
                   "macs_spearman": spearman(mat.macs[ev][keep], yy[keep])}
     out["mean"] = {k: float(np.mean([out[d][k] for d in HELP_VAL]))
                    for k in ("spearman", "macs_spearman")}
-    out["k"], out["noise"] = model.k, model.noise_var
+    out["k"], out["noise"] = model.k_, model.noise_var_
     return out
 
 

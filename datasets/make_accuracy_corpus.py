@@ -199,7 +199,7 @@ def main() -> int:
         from dlas_predict.paths import ACCURACY_MODEL
 
         model = fit_shipped(TABLE, ACCURACY_MODEL)
-        print(f"fitted on {model.meta['n_train']} points of {model.meta['networks']} networks;"
+        print(f"fitted on {model.meta_['n_train']} points of {model.meta_['networks']} networks;"
               f" saved to {ACCURACY_MODEL}")
         return 0
     generate(args.networks, args.zoo, set(args.skip))

@@ -11,6 +11,7 @@ from dlas_predict.analysis import plots as P
 from dlas_predict.space.config import ConvSpec, Variant
 from dlas_predict.errors import ConfigError, DlasError
 from dlas_predict.measure.records import MeasureResult, measurement_key
+from dlas_predict.measure.networks.plans import NetworkMeasurement
 from dlas_predict.corpus.store import CorpusStore, store_device
 
 GEN = "cnn_layers=2_kernels=32_kernel_size=3_input=20_batch=1_block=residual_downsample=0"
@@ -129,10 +130,9 @@ def test_unknown_names_list_the_available_ones(store):
 
 def test_network_frame_prefers_whole_network_latencies(store):
     with CorpusStore(store) as db:
-        db.add_network_measurement({
-            "key": "w1", "device": "local", "fingerprint": "fp", "network": "net-a",
-            "config": "dense", "algorithm": "gemm", "plan": "[]", "dtype": "float32",
-            "run_secs": "[0.01]", "median_s": 0.01, "spread": 0.0, "verified": 1})
+        db.add_network(NetworkMeasurement(
+            key="w1", device="local", fingerprint="fp", network="net-a", config="dense",
+            algorithm="gemm", plan="[]", dtype="float32", run_secs=[0.01], verified=True))
     n = A.network_frame(store)
     assert len(n) == 2 * 3 * 3  # 2 networks x 3 configs x 3 algorithms
     whole = n[(n.network == "net-a") & (n.config == "dense") & (n.algorithm == "gemm")].iloc[0]

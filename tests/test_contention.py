@@ -292,7 +292,7 @@ def test_retime_slow_times_slow_records_again_and_keeps_the_quieter(tmp_path):
                 for r in db.results()}
         assert best["gemm"] == (2e-3, 1.01, 1.0)  # replaced by the quieter timing
         assert best["spatial_pack"] == (5e-3, 1.0, 1.6)  # the stored timing was quieter
-        assert db.stats()["records"] == 3
+        assert db.stats().records == 3
         assert set(db.slow_keys(runner.protocol)) == {tasks[2].key}
 
 

@@ -101,9 +101,9 @@ def test_metrics():
 def fitted(tmp_path_factory):
     """One layer model fitted on the synthetic corpus and saved: (model, its folder)."""
     corpus = _corpus()
-    model = LayerCostModel().fit(corpus.X, corpus.seconds, meta={"corpus_fingerprint": "x"})
+    model = LayerCostModel(about={"corpus_fingerprint": "x"}).fit(corpus.X, corpus.seconds)
     folder = tmp_path_factory.mktemp("fitted")
-    model.save(folder, "layer")
+    model.save(folder)
     return model, folder
 
 
@@ -122,28 +122,28 @@ def test_model_learns_the_law_with_an_interval_and_round_trips(fitted, tmp_path)
     low, high = model.predict_interval(test.X)
     assert np.all(low <= mid) and np.all(mid <= high)
     assert costmodel.mape(mid, test.seconds) < 0.25
-    model.save(tmp_path, "layer")
-    back = LayerCostModel.load(tmp_path, "layer")
+    model.save(tmp_path)
+    back = LayerCostModel.load(tmp_path)
     np.testing.assert_array_equal(model.predict(test.X), back.predict(test.X))
     for a, b in zip(model.predict_interval(test.X), back.predict_interval(test.X)):
         np.testing.assert_array_equal(a, b)
-    assert back.meta["corpus_fingerprint"] == "x" and back.meta["features"] == list(FEATURE_NAMES)
+    assert back.meta_["corpus_fingerprint"] == "x" and back.meta_["features"] == list(FEATURE_NAMES)
 
 
 def test_load_refuses_missing_stale_and_corrupt_models(fitted, tmp_path):
     with pytest.raises(ModelError, match="dlas-predict train"):
-        LayerCostModel.load(tmp_path, "layer")
+        LayerCostModel.load(tmp_path)
     corpus = _corpus()
     tmp_path = _saved_copy(fitted, tmp_path)
     sidecar = tmp_path / "layer.json"
     meta = json.loads(sidecar.read_text())
     sidecar.write_text(json.dumps({**meta, "features": meta["features"][:-1]}))
     with pytest.raises(ModelError, match="other features"):
-        LayerCostModel.load(tmp_path, "layer")
+        LayerCostModel.load(tmp_path)
     sidecar.write_text(json.dumps(meta))
     (tmp_path / "layer.q90.txt.xz").write_bytes(b"garbage")
     with pytest.raises(ModelError, match="cannot load"):
-        LayerCostModel.load(tmp_path, "layer")
+        LayerCostModel.load(tmp_path)
     with pytest.raises(ModelError, match="too few"):
         LayerCostModel().fit(corpus.X[:3], corpus.seconds[:3])
 
@@ -157,16 +157,16 @@ def test_a_model_saved_before_a_tree_feature_was_added_predicts_from_its_own(tmp
     names = [n for n in TREE_FEATURES if n != "vnni"]
     cols = [TREE_FEATURES.index(n) for n in names]
     model = LayerCostModel().fit(corpus.X, corpus.seconds)
-    y = np.log(corpus.seconds) - np.log(model.stage.predict(corpus.X))
-    for key in model.models:  # trees as a version without the feature trained them
-        model.models[key] = lgb.LGBMRegressor(n_estimators=20, verbose=-1).fit(
+    y = np.log(corpus.seconds) - np.log(model.stage_.predict(corpus.X))
+    for key in model.models_:  # trees as a version without the feature trained them
+        model.models_[key] = lgb.LGBMRegressor(n_estimators=20, verbose=-1).fit(
             corpus.X[:, cols], y + (key == "q90") - (key == "q10")).booster_
-    model.meta["features"] = [*names, *STAGE_TERMS]
-    model.save(tmp_path, "layer")
-    back = LayerCostModel.load(tmp_path, "layer")
+    model.meta_["features"] = [*names, *STAGE_TERMS]
+    model.save(tmp_path)
+    back = LayerCostModel.load(tmp_path)
     assert back.tree_columns() == cols
     test = _corpus(seed=7)
-    expect = model.stage.predict(test.X) * np.exp(model.models["median"].predict(test.X[:, cols]))
+    expect = model.stage_.predict(test.X) * np.exp(model.models_["median"].predict(test.X[:, cols]))
     np.testing.assert_allclose(back.predict(test.X), expect, rtol=1e-9)
 
 
@@ -264,7 +264,7 @@ def test_stage_model_learns_an_additive_law_and_extrapolates(tmp_path):
     law = lambda X: X[:, cols] @ np.array(list(costs.values()))  # noqa: E731
     train = _corpus()
     model = StageCostModel().fit(train.X, law(train.X))
-    assert len(model.scale) == len(STAGE_TERMS)
+    assert len(model.scale_) == len(STAGE_TERMS)
     big = []
     for spec in _specs(10, 3):
         spec = ConvSpec(C=spec.C, H=spec.H * 4, W=spec.W * 4, K=spec.K, R=spec.R, S=spec.S,
@@ -316,10 +316,10 @@ def test_load_refuses_a_model_without_its_stage_costs(fitted, tmp_path):
     meta = json.loads(sidecar.read_text())
     sidecar.write_text(json.dumps({k: v for k, v in meta.items() if k != "stage"}))
     with pytest.raises(ModelError, match="stage-cost"):
-        LayerCostModel.load(tmp_path, "layer")
+        LayerCostModel.load(tmp_path)
     sidecar.write_text(json.dumps({**meta, "stage": {**meta["stage"], "scale": [1.0]}}))
     with pytest.raises(ModelError, match="other terms"):
-        LayerCostModel.load(tmp_path, "layer")
+        LayerCostModel.load(tmp_path)
 
 
 def test_a_stored_summary_without_a_newer_field_is_computed_again(tmp_path):
@@ -622,17 +622,39 @@ def test_a_channel_pruning_record_pairs_only_with_the_layers_it_timed():
 @pytest.mark.parametrize("cls", [StageCostModel, RooflineBaseline, MacsLinearBaseline])
 def test_every_kernel_model_shares_one_interface_and_round_trips(cls, tmp_path):
     corpus = _corpus()
-    model = cls().fit(corpus.X, corpus.seconds)
+    model = cls(name="m").fit(corpus.X, corpus.seconds)
     assert isinstance(model, costmodel.KernelCostModel)
     pred = model.predict(corpus.X)
     low, high = model.predict_interval(corpus.X)
     assert pred.shape == (len(corpus.X),) and np.all(low <= pred) and np.all(pred <= high)
-    model.save(tmp_path, "m")
+    assert model.save(tmp_path) == tmp_path / "m.json"
     back = cls.load(tmp_path, "m")
     np.testing.assert_array_equal(back.predict(corpus.X), pred)
     with pytest.raises(ModelError, match="not a"):
         (RooflineBaseline if cls is not RooflineBaseline else MacsLinearBaseline).load(
             tmp_path, "m")
+    with pytest.raises(ModelError, match="no"):
+        cls.load(tmp_path)  # saved under another name than the default
+
+
+def test_intervals_at_another_coverage_widen_or_narrow_around_the_prediction(fitted):
+    """``predict_interval(X, q)``: the fitted 80 % interval as it is; a wider coverage
+    gives a wider interval around the same median, a narrower one a narrower; a coverage
+    outside (0, 1) is refused."""
+    from dlas_predict.models.base import CostModel
+
+    model, test = fitted[0], _corpus(seed=7)
+    assert isinstance(model, CostModel)
+    mid = model.predict(test.X)
+    lo80, hi80 = model.predict_interval(test.X)
+    lo95, hi95 = model.predict_interval(test.X, 0.95)
+    lo50, hi50 = model.predict_interval(test.X, 0.5)
+    assert np.all(lo95 <= lo80) and np.all(hi80 <= hi95)
+    assert np.all(lo80 <= lo50) and np.all(lo50 <= mid) and np.all(hi50 <= hi80)
+    assert np.any(hi95 > hi80) and np.any(hi50 < hi80)
+    for q in (0.0, 1.0, 1.5):
+        with pytest.raises(ValueError, match="coverage"):
+            model.predict_interval(test.X, q)
 
 
 @pytest.mark.slow  # trains a model to compare against
@@ -742,18 +764,18 @@ def test_a_model_saved_again_unchanged_rewrites_no_file(tmp_path):
     corpus = _corpus()
     X, seconds = corpus.X[:40], corpus.seconds[:40]  # few rows: small trees, quick to pack
     model = LayerCostModel().fit(X, seconds)
-    model.save(tmp_path, "layer")
+    model.save(tmp_path)
     files = sorted(tmp_path.iterdir())
     assert [f.name for f in files] == ["layer.json", "layer.median.txt.xz",
                                        "layer.q10.txt.xz", "layer.q90.txt.xz"]
     stamps = {f: f.stat().st_mtime_ns for f in files}
     for f in files:
         os.utime(f, ns=(1, 1))  # a rewrite would move it
-    model.meta["train_seconds"] = 123.0
-    LayerCostModel.load(tmp_path, "layer").save(tmp_path, "layer")
-    model.save(tmp_path, "layer")
+    model.meta_["train_seconds"] = 123.0
+    LayerCostModel.load(tmp_path).save(tmp_path)
+    model.save(tmp_path)
     assert all(f.stat().st_mtime_ns == 1 for f in files), stamps
-    back = LayerCostModel.load(tmp_path, "layer")
+    back = LayerCostModel.load(tmp_path)
     assert np.array_equal(back.predict(X), model.predict(X))
     text = trees.read_model_text(tmp_path / "layer.median.txt.xz")
     (tmp_path / "n.txt").write_text(text)
@@ -790,5 +812,5 @@ def test_a_loop_structure_its_family_lacks_takes_that_structures_costs_across_dt
     assert costmodel.mape(model.predict(held), law(held)) < 0.05
     # without the costs across element types, the family's 1×1-only costs are 4× too cheap
     own = StageCostModel.from_dict({**model.to_dict(), "costs": {
-        k: v for k, v in model.costs.items() if not k.startswith("any:")}})
+        k: v for k, v in model.costs_.items() if not k.startswith("any:")}})
     assert costmodel.mape(own.predict(held), law(held)) > 0.5

@@ -44,7 +44,7 @@ def test_completion_recovers_missing_entries_of_a_low_rank_matrix():
 def test_ten_shots_rank_a_held_out_device_and_beat_its_zero_shot_prior():
     mat = synthetic()
     held = "d4"
-    model = LatentModel.fit(mat.without(held))
+    model = LatentModel().fit(mat.without(held))
     y = mat.column(held)
     shots = np.arange(10)
     post = model.adapt(shots, y[shots])
@@ -229,7 +229,7 @@ def test_help_ten_shots_rank_a_device_left_out(tmp_path):
 
     mat = help_matrix()
     train = mat.without("titanx_1").without("titanx_32").without("titanx_256")
-    model = LatentModel.fit(train, k=4, noise=4.0)
+    model = LatentModel(k=4, noise=4.0).fit(train)
     shots = np.array([11982, 431, 55, 9, 14451, 8636, 9881, 13479, 6196, 1462])
     y = mat.column("titanx_1")
     post = model.adapt(shots, y[shots])
@@ -638,7 +638,7 @@ def test_predict_prices_a_network_run_by_onnxruntime(monkeypatch):
     (q,) = json.loads(run_cli("predict", "zoo:resnet18-cifar", "--device", "local",
                               "--config", "dense/onnxruntime", "--json").output)
     # the onnxruntime model read here: this machine's own where the project measured it
-    where = OrtLatencyModel.load(model_dir("local")).meta["onnxruntime_fingerprints"]
+    where = OrtLatencyModel.load(model_dir("local")).meta_["onnxruntime_fingerprints"]
     here = get_device("local", with_target=False).fingerprint in where
     assert q["source"] == ("trained" if here else "zero-shot")
     assert (q["predicted_ms"] == p["predicted_ms"]) == here
@@ -771,7 +771,7 @@ def test_a_profile_left_out_is_answered_from_its_sibling_of_the_same_code():
     rep = leave_one_device_out(mat, shots=(0, 10), draws=2, devices=["local-sse42-1t"])
     (h,) = rep.devices
     assert h.zero_shot_from == "sibling"
-    model = LatentModel.fit(mat.without("local-sse42-1t"))
+    model = LatentModel().fit(mat.without("local-sse42-1t"))
     sib, shift = sibling_map(model, "local-sse42-1t")
     assert sib == "local-sse42-2t" and 0 < shift < np.log(4)  # one thread is slower than two
     assert zero_shot_prior(model, "local-sse42-1t")[1] == "sibling"

@@ -229,7 +229,7 @@ def test_a_crashing_build_is_a_recorded_failure_and_the_store_keeps_it(small_cnn
         assert recs[0].error is None
         rows = db.network_measurements()
         assert len(rows) == 1 and rows[0]["error"] is None and rows[0]["verified"] == 1
-        assert db.stats()["network_measurements"] == 1
+        assert db.stats().network_measurements == 1
 
 
 def _epilogue_net(path):
@@ -587,12 +587,12 @@ def test_a_collection_after_an_engine_change_times_only_the_builds_it_altered(tm
         for p in plans:
             failed = p.network == "even" and p.algorithm == "direct"
             version = versions[p.network]
-            db.add_network_measurement(NetworkMeasurement(
+            db.add_network(NetworkMeasurement(
                 key=p.key(dev, version), device=dev.name,
                 fingerprint=dev.fingerprint, network=p.network, config=p.config,
                 algorithm=p.algorithm, plan=p.plan_json(), dtype="float32",
                 run_secs=[] if failed else [1e-3], version=version,
-                error="crashed" if failed else None).to_row())
+                error="crashed" if failed else None))
         left = uncarried(plans, nets, db, dev)
     assert [(p.network, p.algorithm) for p in left] == [
         ("wide", "spatial_pack"), ("even", "direct"), ("gated", "direct"),

@@ -8,7 +8,7 @@ from dlas_predict.measure.networks.plans import NetworkMeasurement, onnxruntime_
 from dlas_predict.corpus.store import CorpusStore
 from dlas_predict.errors import DlasError
 from dlas_predict.networks.summary import NetworkSummary
-from dlas_predict.models.ortmodel import (OrtLatencyModel, TERMS, model_mode, nothing_removed,
+from dlas_predict.models.ortmodel import (OrtInputs, OrtLatencyModel, TERMS, model_mode, nothing_removed,
                                           ort_terms, training_rows)
 from dlas_predict.space.config import ConvSpec
 from dlas_predict.space.devices import get_device
@@ -51,25 +51,26 @@ def _data(seed=0, networks=12, noise=0.02):
 
 def test_the_fit_finds_the_law_and_reports_held_out_error():
     X, y, modes, nets = _data()
-    m = OrtLatencyModel.fit(X, y, modes, nets)
-    mid, low, high = m.predict(X, modes)
+    m = OrtLatencyModel().fit(OrtInputs(X, modes), y, groups=nets)
+    mid, low, high = m.predict_all(OrtInputs(X, modes))
     assert np.all(np.abs(mid / y - 1) < 0.1)
-    assert set(m.coef) == {"fp32", "float16", "int8"} and len(m.coef["fp32"]) == len(TERMS)
-    assert all(c >= 0 for c in m.coef["fp32"])
-    for mode, figures in m.meta["lono"].items():
+    assert set(m.coef_) == {"fp32", "float16", "int8"} and len(m.coef_["fp32"]) == len(TERMS)
+    assert all(c >= 0 for c in m.coef_["fp32"])
+    for mode, figures in m.meta_["lono"].items():
         assert figures["networks"] == 12 and figures["within_25pct"] > 0.9
     assert np.all(low <= mid) and np.all(mid <= high)
 
 
 def test_save_load_predict_equality(tmp_path):
     X, y, modes, nets = _data(seed=1)
-    m = OrtLatencyModel.fit(X, y, modes, nets, meta={"device": "local"})
+    m = OrtLatencyModel(about={"device": "local"}).fit(OrtInputs(X, modes), y, groups=nets)
     m.save(tmp_path)
     back = OrtLatencyModel.load(tmp_path)
-    for a, b in zip(m.predict(X, modes), back.predict(X, modes)):
+    for a, b in zip(m.predict_all(OrtInputs(X, modes)), back.predict_all(OrtInputs(X, modes))):
         assert np.array_equal(a, b)
-    assert back.meta["device"] == "local"
-    assert OrtLatencyModel.load(tmp_path / "none") is None
+    assert back.meta_["device"] == "local"
+    with pytest.raises(DlasError, match="no onnxruntime model"):
+        OrtLatencyModel.load(tmp_path / "none")
     (tmp_path / "onnxruntime.json").write_text("{not json")
     with pytest.raises(DlasError, match="not an onnxruntime model"):
         OrtLatencyModel.load(tmp_path)
@@ -79,17 +80,17 @@ def test_a_mode_with_too_few_networks_is_priced_by_the_fp32_fit():
     X, y, modes, nets = _data(seed=2)
     keep = [i for i, (m, n) in enumerate(zip(modes, nets))
             if m != "int8" or n in ("net0", "net1")]
-    model = OrtLatencyModel.fit(X[keep], y[keep], [modes[i] for i in keep],
-                                [nets[i] for i in keep])
-    assert "int8" not in model.coef
+    model = OrtLatencyModel().fit(OrtInputs(X[keep], [modes[i] for i in keep]), y[keep],
+                                  groups=[nets[i] for i in keep])
+    assert "int8" not in model.coef_
     x = X[[modes.index("int8")]]
-    assert model.predict(x, ["int8"])[0][0] == model.predict(x, ["fp32"])[0][0]
+    assert model.predict(OrtInputs(x, ["int8"]))[0] == model.predict(OrtInputs(x, ["fp32"]))[0]
 
 
 def test_too_few_networks_is_a_clear_error():
     X, y, modes, nets = _data(networks=3)
     with pytest.raises(DlasError, match="at least 5 networks"):
-        OrtLatencyModel.fit(X, y, modes, nets)
+        OrtLatencyModel().fit(OrtInputs(X, modes), y, groups=nets)
 
 
 def test_channel_pruning_counts_the_density_weight_pruning_all_of_it():
@@ -129,7 +130,7 @@ def test_training_rows_read_the_stores_onnxruntime_records(tmp_path, old_summari
                     plan=plan.plan_json(), dtype=plan.dtype.value, run_secs=[1e-3, 2e-3],
                     verified=True, summary=json.dumps(stored),
                     details={"backend": "onnxruntime"})
-                db.add_network_measurement(rec.to_row())
+                db.add_network(rec)
     X, y, modes, nets = training_rows(tmp_path / "s.sqlite", "local")
     n = 3 if old_summaries else 6
     assert len(y) == n and sorted(set(modes)) == (["fp32"] if old_summaries
@@ -146,13 +147,13 @@ def test_channel_pruned_networks_are_a_mode_of_their_own():
     fp32 = [i for i, m in enumerate(modes) if m == "fp32"]
     # the same networks pruned: a fixed cost per network four times the dense one's
     Xc, yc = X[fp32], y[fp32] + 3 * LAW[0]
-    both = OrtLatencyModel.fit(np.vstack([X, Xc]), np.concatenate([y, yc]),
-                               modes + ["channel_pruning"] * len(fp32),
-                               nets + [nets[i] for i in fp32])
-    assert set(both.coef) == {"fp32", "channel_pruning", "int8", "float16"}
-    pruned = both.predict(Xc, ["channel_pruning"] * len(fp32))[0]
+    both = OrtLatencyModel().fit(
+        OrtInputs(np.vstack([X, Xc]), modes + ["channel_pruning"] * len(fp32)),
+        np.concatenate([y, yc]), groups=nets + [nets[i] for i in fp32])
+    assert set(both.coef_) == {"fp32", "channel_pruning", "int8", "float16"}
+    pruned = both.predict(OrtInputs(Xc, ["channel_pruning"] * len(fp32)))
     assert np.all(np.abs(pruned / yc - 1) < 0.1)
-    assert np.all(both.predict(X[fp32], ["fp32"] * len(fp32))[0] < pruned)
+    assert np.all(both.predict(OrtInputs(X[fp32], ["fp32"] * len(fp32))) < pruned)
 
 
 def test_narrow_and_unaligned_convs_are_counted():
@@ -270,7 +271,7 @@ def test_the_qdq_float_convs_are_onnxruntimes(tmp_path):
 
 def test_a_model_fitted_on_other_terms_asks_to_be_fitted_again(tmp_path):
     X, y, modes, nets = _data(seed=6)
-    OrtLatencyModel.fit(X, y, modes, nets).save(tmp_path)
+    OrtLatencyModel().fit(OrtInputs(X, modes), y, groups=nets).save(tmp_path)
     d = json.loads((tmp_path / "onnxruntime.json").read_text())
     d["meta"]["terms"] = d["meta"]["terms"][:10]
     (tmp_path / "onnxruntime.json").write_text(json.dumps(d))
@@ -307,7 +308,7 @@ def test_a_pruned_model_with_nothing_removed_trains_and_prices_as_the_dense_fp32
                 dtype=plan.dtype.value, run_secs=[1e-3], verified=True,
                 summary=json.dumps(summary.__dict__),
                 details={"backend": "onnxruntime", **details})
-            db.add_network_measurement(rec.to_row())
+            db.add_network(rec)
     X, y, modes, nets = training_rows(tmp_path / "s.sqlite", "local")
     assert modes == ["fp32", "fp32"]
     assert X[0].tolist() == X[1].tolist()
@@ -337,7 +338,7 @@ def test_int8_prices_the_convs_qdq_leaves_in_float_dearer():
     ratio = {}
     for name, summary in (("plain", plain), ("joined", joined)):
         x = [ort_terms(specs, [0.0] * 4, summary, mode, False) for mode in ("fp32", "int8")]
-        mid = model.predict(np.array(x), ["fp32", "int8"])[0]
+        mid = model.predict(OrtInputs(np.array(x), ["fp32", "int8"]))
         ratio[name] = mid[1] / mid[0]
     assert ratio["plain"] < 0.8 and ratio["joined"] > 1.5 * ratio["plain"]
 
@@ -362,14 +363,14 @@ def test_training_on_another_machines_onnxruntime_runs_saves_into_that_machines_
                                                   for j, s in enumerate(specs)])
             plan = onnxruntime_plan(f"{name}.onnx", name, "dense", None)
             t = float(ort_terms(specs, [0.0] * len(specs), summary, "fp32", False) @ LAW)
-            db.add_network_measurement(NetworkMeasurement(
+            db.add_network(NetworkMeasurement(
                 key=plan.key(dev), device="local", fingerprint=other, network=name,
                 config="dense", algorithm=plan.algorithm, plan=plan.plan_json(),
                 dtype=plan.dtype.value, run_secs=[t], verified=True,
                 summary=json.dumps(summary.__dict__),
-                details={"backend": "onnxruntime"}).to_row())
+                details={"backend": "onnxruntime"}))
     report = train(store, "local", only_onnxruntime=True)
     saved = tmp_path / "models" / paths.MACHINES / other / "local" / "onnxruntime.json"
     assert report.onnxruntime_model == str(saved) and saved.is_file()
     assert not (tmp_path / "models" / "local").exists()
-    assert OrtLatencyModel.load(saved.parent).meta["onnxruntime_fingerprints"] == [other]
+    assert OrtLatencyModel.load(saved.parent).meta_["onnxruntime_fingerprints"] == [other]

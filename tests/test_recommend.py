@@ -229,10 +229,10 @@ def test_network_model_save_load_predict_equal(tmp_path):
     true = np.zeros(len(NET_TERMS))
     true[0], true[6] = 1.1, 0.5
     whole = T @ true * np.exp(0.02 * rng.normal(size=60))
-    m = NetworkCostModel().fit(T, whole, 32 << 20)
-    assert m.coef[0] == pytest.approx(1.1, rel=0.1) and np.all(m.coef >= 0)
-    m.save(tmp_path, "network")
-    back = NetworkCostModel.load(tmp_path, "network")
+    m = NetworkCostModel(cache_bytes=32 << 20).fit(NetworkInputs.point(T, T[:, 0]), whole)
+    assert m.coef_[0] == pytest.approx(1.1, rel=0.1) and np.all(m.coef_ >= 0)
+    m.save(tmp_path)
+    back = NetworkCostModel.load(tmp_path)
     assert back.cache_bytes == 32 << 20
     conv = T[:, 0]
     X = NetworkInputs(T, conv, conv * 0.9, conv * 1.1)
@@ -242,15 +242,15 @@ def test_network_model_save_load_predict_equal(tmp_path):
     mid, (lo, hi) = back.predict(X), back.predict_interval(X)
     assert np.all(lo <= mid) and np.all(mid <= hi)
     with pytest.raises(DlasError, match="whole-network"):
-        NetworkCostModel().fit(T[:3], whole[:3], 0)
+        NetworkCostModel().fit(NetworkInputs.point(T[:3], T[:3, 0]), whole[:3])
     meta = json.loads((tmp_path / "network.json").read_text())
     (tmp_path / "network.json").write_text(json.dumps({**meta, "cache_bytes": None}))
     with pytest.raises(DlasError, match="cache size"):
-        NetworkCostModel.load(tmp_path, "network")
+        NetworkCostModel.load(tmp_path)
     meta["coef"][0] = -1
     (tmp_path / "network.json").write_text(json.dumps(meta))
     with pytest.raises(DlasError, match="invalid"):
-        NetworkCostModel.load(tmp_path, "network")
+        NetworkCostModel.load(tmp_path)
 
 
 def test_network_model_correction_learns_what_terms_miss(tmp_path):
@@ -270,17 +270,17 @@ def test_network_model_correction_learns_what_terms_miss(tmp_path):
     whole = T[:, 0] * factor * np.exp(0.01 * rng.normal(size=n))
     groups = [f"net{i % 48}" for i in range(n)]
     T[:, 1:] = 0
-    linear = NetworkCostModel().fit(T, whole, 0)
-    assert linear.correction is None  # no features: the linear model alone
-    few = NetworkCostModel().fit(T, whole, 0, features=F, groups=[f"net{i % 5}" for i in range(n)])
-    assert few.correction is None  # too few networks to learn a correction from
-    m = NetworkCostModel().fit(T, whole, 0, features=F, groups=groups)
-    assert m.meta["correction"] == list(CORRECTION_FEATURES)
     X = NetworkInputs.point(T, T[:, 0], F)
+    linear = NetworkCostModel().fit(NetworkInputs.point(T, T[:, 0]), whole)
+    assert linear.correction_ is None  # no features: the linear model alone
+    few = NetworkCostModel().fit(X, whole, groups=[f"net{i % 5}" for i in range(n)])
+    assert few.correction_ is None  # too few networks to learn a correction from
+    m = NetworkCostModel().fit(X, whole, groups=groups)
+    assert m.meta_["correction"] == list(CORRECTION_FEATURES)
     err = lambda model: np.median(np.abs(model.predict(X) / whole - 1))
     assert err(m) < 0.05 < err(linear)
-    m.save(tmp_path, "network")
-    back = NetworkCostModel.load(tmp_path, "network")
+    m.save(tmp_path)
+    back = NetworkCostModel.load(tmp_path)
     assert np.allclose(m.predict(X), back.predict(X))
     lo, hi = back.predict_interval(X)
     assert np.all(lo <= back.predict(X)) and np.all(back.predict(X) <= hi)
@@ -290,12 +290,12 @@ def test_network_model_correction_learns_what_terms_miss(tmp_path):
     # reads the model's own device's terms, so its factor is the same
     slower = NetworkInputs(3 * T, 3 * T[:, 0], 3 * T[:, 0], 3 * T[:, 0], F, correction_terms=T)
     assert np.allclose(back.predict(slower), 3 * back.predict(X))
-    linear.save(tmp_path, "network")  # a fit without correction removes the old one's file
+    linear.save(tmp_path)  # a fit without correction removes the old one's file
     assert not (tmp_path / "network.correction.txt.xz").exists()
-    m.save(tmp_path, "network")
+    m.save(tmp_path)
     (tmp_path / "network.correction.txt.xz").unlink()
     with pytest.raises(DlasError, match="missing"):
-        NetworkCostModel.load(tmp_path, "network")
+        NetworkCostModel.load(tmp_path)
 
 
 

@@ -127,10 +127,10 @@ def test_backend_table_compares_what_both_backends_timed(tmp_path):
     with CorpusStore(tmp_path / "s.sqlite") as db:
         for network, config, ms in (("a", "dense", 0.5), ("a", "int8", 4.0), ("zz", "dense", 1)):
             plan = onnxruntime_plan(f"{network}.onnx", network, config, None)
-            db.add_network_measurement(NetworkMeasurement(
+            db.add_network(NetworkMeasurement(
                 key=plan.key(dev), device="local", fingerprint=dev.fingerprint,
                 network=network, config=config, algorithm=plan.algorithm, plan="[]",
-                dtype=plan.dtype.value, run_secs=[ms / 1e3] * 3, verified=True).to_row())
+                dtype=plan.dtype.value, run_secs=[ms / 1e3] * 3, verified=True))
     rows = R.backend_table(net, tmp_path / "s.sqlite", dev)
     assert [(r["network"], r["config"]) for r in rows] == [("a", "dense"), ("a", "int8")]
     assert rows[0]["fastest"] == "onnxruntime" and rows[0]["tvm / onnxruntime"] == "2.00"

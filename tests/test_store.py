@@ -36,15 +36,15 @@ def test_add_is_idempotent_and_keeps_all_runs(tmp_path):
         assert back.run_secs == [1e-3, 2e-3, 3e-3] and back.median_s == 2e-3
         assert back.variant == r.variant and back.conv == SPEC and back.key == r.key
         stats = db.stats()
-        assert (stats["records"], stats["failures"], stats["duplicates"]) == (1, 0, 0)
+        assert (stats.records, stats.failures, stats.duplicates) == (1, 0, 0)
 
 
 def test_failure_replaced_by_retry_but_success_never_replaced(tmp_path):
     with CorpusStore(tmp_path / "c.sqlite") as db:
         db.add(_result(error="boom"))
-        assert db.stats()["failures"] == 1
+        assert db.stats().failures == 1
         db.add(_result())
-        assert db.stats()["failures"] == 0 and db.stats()["records"] == 1
+        assert db.stats().failures == 0 and db.stats().records == 1
         assert not db.add(_result(error="later failure"))
         assert db.results()[0].error is None
 
@@ -301,7 +301,7 @@ def test_sigkill_mid_collection_loses_nothing_and_resume_completes(tmp_path):
     with CorpusStore(store) as db:
         stats = db.stats()
         keys_after = {r["key"]: r["run_secs"] for r in db.rows()}
-    assert stats["records"] == 24 and stats["duplicates"] == 0 and stats["failures"] == 0
+    assert stats.records == 24 and stats.duplicates == 0 and stats.failures == 0
     assert all(keys_after[k] == runs for k, runs in before)  # old records untouched
 
 

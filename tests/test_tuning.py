@@ -231,24 +231,29 @@ def _tuned_rows():
 
 
 def test_tuning_time_model_learns_per_trial_cost_and_round_trips(tmp_path):
-    from dlas_predict.models.costmodel import ModelError, TuningTimeModel
+    import numpy as np
+
+    from dlas_predict.models.costmodel import ModelError, TuningInputs, TuningTimeModel
 
     X, secs, trials, budgets, tuners = _tuned_rows()
-    model = TuningTimeModel().fit(X, secs, trials, budgets, tuners, meta={"device": "local"})
-    assert model.trial_share == {"knob-search": 0.25, "metaschedule": 0.5}
+    runs = TuningInputs(X, budgets, trials=trials, tuners=tuners)
+    model = TuningTimeModel(about={"device": "local"}).fit(runs, secs)
+    assert model.trial_share_ == {"knob-search": 0.25, "metaschedule": 0.5}
     per = model.per_trial(X)
     dense = [i for i, t in enumerate(tuners) if t == "metaschedule"]
     sparse = [i for i, t in enumerate(tuners) if t == "knob-search"]
     assert min(per[dense]) > 5 * max(per[sparse])     # a MetaSchedule trial costs far more
-    pred = model.predict(X, 64, [4] * len(X))
+    ask = TuningInputs(X, np.full(len(X), 64), np.full(len(X), 4))
+    pred = model.predict(ask)
     # dense: 64 trials x the observed share; CSR: the search space bounds the trials
     assert pred[dense[0]] == pytest.approx(per[dense[0]] * 32)
     assert pred[sparse[0]] == pytest.approx(per[sparse[0]] * 4)
     model.save(tmp_path)
     back = TuningTimeModel.load(tmp_path)
-    assert back.predict(X, 64, [4] * len(X)) == pytest.approx(pred)
+    assert back.predict(ask) == pytest.approx(pred)
     with pytest.raises(ModelError, match="too few"):
-        TuningTimeModel().fit(X[:2], secs[:2], trials[:2], budgets[:2], tuners[:2])
+        TuningTimeModel().fit(TuningInputs(X[:2], budgets[:2], trials=trials[:2],
+                                           tuners=tuners[:2]), secs[:2])
 
 
 def test_tuning_verdict_weighs_gain_against_search_time():

@@ -3,6 +3,7 @@ analysis toolbox (``analyze heatmap|regression|roofline|boxplot``) and ``report`
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import List, Optional
 
@@ -20,7 +21,7 @@ def corpus_stats(store: Path = typer.Option(..., "--store", help="Corpus store."
     from dlas_predict.corpus.store import CorpusStore
 
     with CorpusStore(store, must_exist=True) as db:
-        stats = db.stats()
+        stats = asdict(db.stats())
     if as_json:
         print_json(stats)
         return

@@ -165,7 +165,7 @@ def collect_networks(plans: list[NetworkPlan], store: CorpusStore | None, runner
             continue
         out.retimed += int(key in slow)
         if store is not None:
-            store.add_network_measurement(rec.to_row(), replace=key in slow)
+            store.add_network(rec, replace=key in slow)
         if log:
             what = (f"{rec.median_s * 1e3:.2f} ms (compile {rec.compile_s:.1f} s, "
                     f"verified={rec.verified})" if rec.error is None
@@ -402,7 +402,7 @@ def collect(models: list[str], store_path: Path, device: Device, kernel_runner: 
         stats = db.stats()
     return CollectReport(
         store=str(store_path), kernels=summary, networks=len(networks),
-        unique_workloads=n_specs, records=stats["records"],
-        failures_in_store=stats["failures"], network_measurements=stats["network_measurements"],
+        unique_workloads=n_specs, records=stats.records,
+        failures_in_store=stats.failures, network_measurements=stats.network_measurements,
         network_failures=whole.failed, network_contended=contended,
         network_retimed=whole.retimed, network_kept=whole.kept)

@@ -72,7 +72,7 @@ def _import_networks(rows: list[dict[str, Any]], header: dict[str, Any],
         if refile:
             row = {**row, "key": network_key(row, header)}
         rec = network_record(row, header)
-        if store.add_network_measurement(rec.to_row()):
+        if store.add_network(rec):
             added += 1
             failed += rec.error is not None
     return added, failed

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
@@ -203,6 +204,27 @@ def _refuse_emulated(board: str | None) -> None:
         raise StoreError("a timing on an emulated board cannot go into a corpus")
 
 
+@dataclass(frozen=True)
+class StoreStats:
+    """A store's counts: kernel records, failed ones, duplicate keys, unverified and noisy
+    ones, distinct workloads, networks, successful whole-network measurements, and the
+    records per device, algorithm, compression and tuning."""
+
+    store: str
+    records: int
+    failures: int
+    duplicates: int
+    unverified: int
+    noisy: int
+    workloads: int
+    networks: int
+    network_measurements: int
+    devices: dict[str, int]
+    algorithms: dict[str, int]
+    compressions: dict[str, int]
+    tunings: dict[str, int]
+
+
 class CorpusStore:
     """A measurement corpus in one SQLite file.
 
@@ -268,12 +290,11 @@ class CorpusStore:
         with self._db:
             self._db.executemany(_CONFIG_SQL, [(network, config, *layer) for layer in layers])
 
-    def add_network_measurement(self, row: dict[str, Any], replace: bool = False) -> bool:
-        """Commit one whole-network measurement (a dict of :data:`NETWORK_COLUMNS`); a stored
-        failure of the same key is replaced, a stored success only with ``replace``. False if
-        already there."""
+    def add_network(self, record: "NetworkMeasurement", replace: bool = False) -> bool:
+        """Commit one whole-network measurement; a stored failure of the same key is
+        replaced, a stored success only with ``replace``. False if already there."""
         with self._db:
-            return self._insert_network(row, replace)
+            return self._insert_network(record.to_row(), replace)
 
     def _insert_network(self, row: dict[str, Any], replace: bool) -> bool:
         _refuse_emulated(row.get("board"))
@@ -366,7 +387,7 @@ class CorpusStore:
                 best[k] = r
         return [MeasureResult.from_row(best[k]) for k in sorted(best)]
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> "StoreStats":
         """Counts for ``corpus stats``: records, failures, duplicate keys, and a breakdown."""
         q = self._db.execute
         records = q("SELECT COUNT(*) FROM measurements").fetchone()[0]
@@ -380,17 +401,16 @@ class CorpusStore:
             return {r[0]: r[1] for r in q(
                 f"SELECT {col}, COUNT(*) FROM measurements GROUP BY {col} ORDER BY {col}")}
 
-        return {
-            "store": str(self.path), "records": records, "failures": failures,
-            "duplicates": duplicates, "unverified": unverified, "noisy": noisy,
-            "workloads": q("SELECT COUNT(DISTINCT conv) FROM measurements").fetchone()[0],
-            "networks": q("SELECT COUNT(*) FROM (SELECT network FROM network_layers UNION "
-                          "SELECT network FROM network_configs)").fetchone()[0],
-            "network_measurements": q("SELECT COUNT(*) FROM network_measurements WHERE error "
-                                      "IS NULL").fetchone()[0],
-            "devices": group("device"), "algorithms": group("algorithm"),
-            "compressions": group("compression"), "tunings": group("tuning"),
-        }
+        return StoreStats(
+            store=str(self.path), records=records, failures=failures,
+            duplicates=duplicates, unverified=unverified, noisy=noisy,
+            workloads=q("SELECT COUNT(DISTINCT conv) FROM measurements").fetchone()[0],
+            networks=q("SELECT COUNT(*) FROM (SELECT network FROM network_layers UNION "
+                       "SELECT network FROM network_configs)").fetchone()[0],
+            network_measurements=q("SELECT COUNT(*) FROM network_measurements WHERE error "
+                                   "IS NULL").fetchone()[0],
+            devices=group("device"), algorithms=group("algorithm"),
+            compressions=group("compression"), tunings=group("tuning"))
 
     def export(self, out: str | Path, fmt: str, latest: bool = False) -> int:
         """Write every measurement to ``out`` as parquet or csv; returns the row count.

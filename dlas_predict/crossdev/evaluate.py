@@ -134,7 +134,7 @@ def sibling_map(model: LatentModel, device: str) -> tuple[str, float] | None:
     """(the training device that is ``device``'s :func:`sibling`, the log scale from it to
     ``device``: the CPU zero-shot map's spec term, α and β fitted without ``device``), or
     None."""
-    sib = sibling(device, model.devices)
+    sib = sibling(device, model.devices_)
     if sib is None:
         return None
     from dlas_predict.crossdev.transfer import DeviceMap, data_spec, fit_transfer
@@ -161,10 +161,10 @@ def zero_shot_prior(model: LatentModel, device: str, sibling_of=_LOOK_UP):
     """
     sm = sibling_map(model, device) if sibling_of is _LOOK_UP else sibling_of
     if sm is not None:
-        mean = model.loadings[model.devices.index(sm[0])].copy()
+        mean = model.loadings_[model.devices_.index(sm[0])].copy()
         mean[0] += sm[1]
-        return DevicePosterior(mean, model.prior_cov.copy(), "zero-shot", 0), "sibling"
-    specs = [device_spec(d) for d in model.devices]
+        return DevicePosterior(mean, model.prior_cov_.copy(), "zero-shot", 0), "sibling"
+    specs = [device_spec(d) for d in model.devices_]
     own = device_spec(device)
     if own is None or any(s is None for s in specs):
         return model.zero_shot(), "prior"
@@ -233,10 +233,10 @@ def leave_one_device_out(mat: LatencyMatrix, shots: tuple[int, ...] = DEFAULT_SH
         if len(rest.devices) < 2:
             raise DlasError(f"leave-one-device-out needs at least three devices in "
                             f"{mat.source} ({len(mat.devices)} have data)")
-        model = LatentModel.fit(rest, seed=seed)
+        model = LatentModel(seed=seed).fit(rest)
         rows = mat.measured(d)
         if not mat.features.size:
-            rows = rows[np.isfinite(model.Z[rows]).all(axis=1)]
+            rows = rows[np.isfinite(model.Z_[rows]).all(axis=1)]
         if len(rows) < min_targets:
             if log:
                 log(f"{d}: {len(rows)} targets shared with the other devices, too few; skipped")
@@ -250,7 +250,7 @@ def leave_one_device_out(mat: LatencyMatrix, shots: tuple[int, ...] = DEFAULT_SH
         y = y_all[rows]
         sm = sibling_map(model, d)
         prior, how = zero_shot_prior(model, d, sm)
-        h = HeldOutDevice(d, len(rows), how, model.k)
+        h = HeldOutDevice(d, len(rows), how, model.k_)
         anchor = None
         if sm is not None:  # the sibling's own measurements, mapped, where it has them
             sib, shift = sm

@@ -73,40 +73,46 @@ class DevicePosterior:
 
 @dataclass
 class LatentModel:
-    """The fitted cross-device model of one latency matrix (see the module doc)."""
+    """The cross-device model of one latency matrix (see the module doc).
+    ``LatentModel(k, noise, seed).fit(mat)``: ``k`` latent dimensions and the observation
+    noise multiplier ``noise``, each chosen by leave-one-device-out where None. Its
+    prediction is per device: ``predict(posterior, rows)`` with the device's loading from
+    :meth:`zero_shot`, :meth:`adapt` or a training device's own."""
 
-    source: str
-    level: str
-    devices: list[str]
-    k: int
-    noise_var: float
-    targets: list[str]
-    Z: np.ndarray                  # targets × (k + 2)
-    loadings: np.ndarray           # devices × (k + 2)
-    prior_mean: np.ndarray
-    prior_cov: np.ndarray
+    k: int | None = None
+    noise: float | None = None
+    seed: int = 0
+    source_: str = field(default="", init=False)
+    level_: str = field(default="", init=False)
+    devices_: list[str] = field(default_factory=list, init=False)
+    k_: int = field(default=0, init=False)
+    noise_var_: float = field(default=0.0, init=False)
+    targets_: list[str] = field(default_factory=list, init=False)
+    Z_: np.ndarray | None = field(default=None, init=False)         # targets × (k + 2)
+    loadings_: np.ndarray | None = field(default=None, init=False)  # devices × (k + 2)
+    prior_mean_: np.ndarray | None = field(default=None, init=False)
+    prior_cov_: np.ndarray | None = field(default=None, init=False)
     #: Ridge maps features → z for unseen targets (None where the source has no features).
-    feat_mu: np.ndarray | None = None
-    feat_sd: np.ndarray | None = None
-    feat_W: np.ndarray | None = None
-    index: dict[str, int] = field(default_factory=dict)
+    feat_mu_: np.ndarray | None = field(default=None, init=False)
+    feat_sd_: np.ndarray | None = field(default=None, init=False)
+    feat_W_: np.ndarray | None = field(default=None, init=False)
+    index_: dict[str, int] = field(default_factory=dict, init=False)
     #: Categories with their own per-device offset (the first category is the baseline).
-    group_names: list[str] = field(default_factory=list)
-    G: np.ndarray | None = None    # targets × (len(group_names) - 1)
+    group_names_: list[str] = field(default_factory=list, init=False)
+    G_: np.ndarray | None = field(default=None, init=False)  # targets × (groups - 1)
 
     # ---- fitting ------------------------------------------------------------------------
-    @classmethod
-    def fit(cls, mat: LatencyMatrix, k: int | None = None, noise: float | None = None,
-            seed: int = 0) -> "LatentModel":
+    def fit(self, mat: LatencyMatrix) -> "LatentModel":
         if len(mat.devices) < 2:
             raise DlasError(f"a cross-device model needs at least two devices with data "
                             f"({mat.source} has {len(mat.devices)})")
+        k, noise = self.k, self.noise
         if k is None or noise is None:
-            k, noise = select(mat, seed=seed)
-        return cls._fit(mat, k, noise)
+            k, noise = select(mat, seed=self.seed)
+        return self.fit_at(mat, k, noise)
 
-    @classmethod
-    def _fit(cls, mat: LatencyMatrix, k: int, noise: float) -> "LatentModel":
+    def fit_at(self, mat: LatencyMatrix, k: int, noise: float) -> "LatentModel":
+        """Fit with ``k`` and ``noise`` as given (no selection)."""
         Y = mat.log_ms
         seen = np.isfinite(Y).any(axis=1)
         k = max(0, min(k, len(mat.devices) - 2))
@@ -130,18 +136,19 @@ class LatentModel:
             A, y = Z[rows], Y[rows, j]
             L[j] = np.linalg.solve(A.T @ A + 1e-6 * np.eye(P), A.T @ y)
             resid.append(np.mean((A @ L[j] - y) ** 2))
-        prior_mean = L.mean(axis=0)
         C = np.cov(L.T) if len(L) > 1 else np.zeros((P, P))
-        prior_cov = np.atleast_2d(C) + np.diag(np.maximum(np.diag(np.atleast_2d(C)), 1e-2)
-                                              * 0.1 + 1e-4)
-        noise_var = float(np.median(resid) * noise + 1e-4)
-        model = cls(mat.source, mat.level, list(mat.devices), k, noise_var, list(mat.targets),
-                    Z, L, prior_mean, prior_cov)
-        model.index = {t: i for i, t in enumerate(mat.targets)}
-        model.group_names, model.G = names, G
+        self.source_, self.level_, self.devices_ = mat.source, mat.level, list(mat.devices)
+        self.k_, self.targets_, self.Z_, self.loadings_ = k, list(mat.targets), Z, L
+        self.noise_var_ = float(np.median(resid) * noise + 1e-4)
+        self.prior_mean_ = L.mean(axis=0)
+        self.prior_cov_ = np.atleast_2d(C) + np.diag(np.maximum(np.diag(np.atleast_2d(C)),
+                                                                1e-2) * 0.1 + 1e-4)
+        self.index_ = {t: i for i, t in enumerate(mat.targets)}
+        self.group_names_, self.G_ = names, G
+        self.feat_mu_ = self.feat_sd_ = self.feat_W_ = None
         if mat.features.size:
-            model._fit_features(mat.features[seen], Zs)
-        return model
+            self._fit_features(mat.features[seen], Zs)
+        return self
 
     def _fit_features(self, F: np.ndarray, Zs: np.ndarray, lam: float = 1.0) -> None:
         mu, sd = F.mean(axis=0), F.std(axis=0) + 1e-9
@@ -149,28 +156,28 @@ class LatentModel:
         Fs = np.c_[Fs, Fs[:, 1:] ** 2]
         reg = lam * np.eye(Fs.shape[1])
         reg[0, 0] = 0
-        self.feat_mu, self.feat_sd = mu, sd
-        self.feat_W = np.linalg.solve(Fs.T @ Fs + reg, Fs.T @ Zs[:, 1:])
+        self.feat_mu_, self.feat_sd_ = mu, sd
+        self.feat_W_ = np.linalg.solve(Fs.T @ Fs + reg, Fs.T @ Zs[:, 1:])
 
     def z_from_features(self, F: np.ndarray) -> np.ndarray:
-        if self.feat_W is None:
-            raise DlasError(f"{self.source} targets outside the data cannot be predicted "
+        if self.feat_W_ is None:
+            raise DlasError(f"{self.source_} targets outside the data cannot be predicted "
                             "(no target features)")
-        Fs = np.c_[np.ones(len(F)), (F - self.feat_mu) / self.feat_sd]
+        Fs = np.c_[np.ones(len(F)), (F - self.feat_mu_) / self.feat_sd_]
         Fs = np.c_[Fs, Fs[:, 1:] ** 2]
-        return np.c_[np.ones(len(F)), Fs @ self.feat_W]
+        return np.c_[np.ones(len(F)), Fs @ self.feat_W_]
 
     def z_rows(self, rows: np.ndarray, features: np.ndarray | None = None) -> np.ndarray:
         """z of the matrix's rows: learned where a training device measured the row, else
         from the row's features."""
-        Z = self.Z[rows].copy()
+        Z = self.Z_[rows].copy()
         unseen = ~np.isfinite(Z).all(axis=1)
         if unseen.any():
             if features is None or not features.size:
-                raise DlasError(f"{int(unseen.sum())} {self.source} targets were measured by "
+                raise DlasError(f"{int(unseen.sum())} {self.source_} targets were measured by "
                                 "no training device and have no features")
             z = self.z_from_features(features[rows][unseen])
-            Z[unseen] = np.c_[z, self.G[rows][unseen]] if self.G is not None else z
+            Z[unseen] = np.c_[z, self.G_[rows][unseen]] if self.G_ is not None else z
         return Z
 
     # ---- a device -----------------------------------------------------------------------
@@ -178,34 +185,34 @@ class LatentModel:
                   train_specs: np.ndarray | None = None) -> DevicePosterior:
         """The prior; with specs for the new and the training devices, the prior mean
         moved by a ridge regression of the loadings on the specs."""
-        mean = self.prior_mean.copy()
+        mean = self.prior_mean_.copy()
         if spec is not None and train_specs is not None and len(train_specs) >= 2:
             S = np.asarray(train_specs, dtype=float)
             mu, sd = S.mean(axis=0), S.std(axis=0) + 1e-9
             A = np.c_[np.ones(len(S)), (S - mu) / sd]
             reg = np.eye(A.shape[1])
             reg[0, 0] = 0
-            W = np.linalg.solve(A.T @ A + reg, A.T @ self.loadings)
+            W = np.linalg.solve(A.T @ A + reg, A.T @ self.loadings_)
             mean = np.r_[1.0, (np.asarray(spec, dtype=float) - mu) / sd] @ W
-        return DevicePosterior(mean, self.prior_cov.copy(), "zero-shot", 0)
+        return DevicePosterior(mean, self.prior_cov_.copy(), "zero-shot", 0)
 
     def adapt(self, rows: np.ndarray, log_ms: np.ndarray,
               prior: DevicePosterior | None = None) -> DevicePosterior:
         """The posterior loading given measured targets (rows of Z, or z vectors)."""
-        A = self.Z[rows] if rows.ndim == 1 else rows
+        A = self.Z_[rows] if rows.ndim == 1 else rows
         prior = prior or self.zero_shot()
         Pi = np.linalg.inv(prior.cov)
-        prec = A.T @ A / self.noise_var + Pi
+        prec = A.T @ A / self.noise_var_ + Pi
         cov = np.linalg.inv(prec)
-        mean = cov @ (A.T @ log_ms / self.noise_var + Pi @ prior.mean)
+        mean = cov @ (A.T @ log_ms / self.noise_var_ + Pi @ prior.mean)
         return DevicePosterior(mean, cov, "adapted", len(log_ms))
 
     def predict(self, post: DevicePosterior, rows: np.ndarray | None = None,
                 Z: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Mean log ms and its standard deviation (loading uncertainty + noise)."""
-        Zq = Z if Z is not None else (self.Z if rows is None else self.Z[rows])
+        Zq = Z if Z is not None else (self.Z_ if rows is None else self.Z_[rows])
         mean = Zq @ post.mean
-        var = np.einsum("ij,jk,ik->i", Zq, post.cov, Zq) + self.noise_var
+        var = np.einsum("ij,jk,ik->i", Zq, post.cov, Zq) + self.noise_var_
         return mean, np.sqrt(var)
 
 
@@ -230,11 +237,11 @@ def select(mat: LatencyMatrix, shots: int = 10, draws: int = 3, seed: int = 0
             rows = np.flatnonzero(np.isfinite(y) & np.isfinite(rest.log_ms).any(axis=1))
             if len(rows) < shots + 5:
                 continue
-            base = LatentModel._fit(rest, k, 1.0)
-            base_noise = base.noise_var
+            base = LatentModel().fit_at(rest, k, 1.0)
+            base_noise = base.noise_var_
             picks = [rng.choice(rows, shots, replace=False) for _ in range(draws)]
             for n in NOISE_CHOICES:
-                base.noise_var = (base_noise - 1e-4) * n + 1e-4
+                base.noise_var_ = (base_noise - 1e-4) * n + 1e-4
                 for p in picks:
                     post = base.adapt(p, y[p])
                     q = np.setdiff1d(rows, p)

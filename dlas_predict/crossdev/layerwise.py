@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from dlas_predict.errors import DlasError
+from dlas_predict.models.base import FITTED_COVERAGE, at_coverage
 
 #: The terms a network is priced on, and their units (multiply-adds in G, bytes in MB,
 #: layers in hundreds). A k×k conv is one of at most 3×3; a larger window is apart, as
@@ -254,12 +255,14 @@ class FewShotFit:
         ratio[:, -1] = 1.0  # the constant
         return np.maximum(ratio.max(axis=1), 1.0)
 
-    def predict_interval(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The 80 % interval: the shots' (or the fit's) spread, widened by half the log of
-        :meth:`extrapolation` where a network lies beyond the data."""
+    def predict_interval(self, X: np.ndarray, q: float = FITTED_COVERAGE
+                         ) -> tuple[np.ndarray, np.ndarray]:
+        """The 80 % interval (``q`` = 0.8; rescaled for another coverage): the shots' (or the
+        fit's) spread, widened by half the log of :meth:`extrapolation` where a network lies
+        beyond the data."""
         mid = self.predict(X)
         half = np.sqrt(self.half_width ** 2 + (0.5 * np.log(self.extrapolation(X))) ** 2)
-        return mid * np.exp(-half), mid * np.exp(half)
+        return at_coverage(mid, mid * np.exp(-half), mid * np.exp(half), q)
 
     def describe(self) -> str:
         a, b = self.scales

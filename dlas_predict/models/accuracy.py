@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from dlas_predict.compression.sensitivity import FEATURE_NAMES, KINDS, ConvWeights, features
+from dlas_predict.models.base import FITTED_COVERAGE, CostModel, at_coverage
 from dlas_predict.models.costmodel import ModelError, package_versions, read_sidecar, write_sidecar
 from dlas_predict.space.config import Compression
 
@@ -171,25 +172,26 @@ def _folds(groups: np.ndarray, k: int, seed: int) -> list[np.ndarray]:
 
 
 @dataclass
-class AccuracyCostModel:
+class AccuracyCostModel(CostModel):
     """Predicts the normalised top-1 drop of a compression (0: none, 1: to chance) with an
-    80 % interval. ``fit(X, drop, groups)``, ``predict(X)``, ``predict_interval(X)``
+    80 % interval. ``fit(X, drop, groups)``, ``predict(X)``, ``predict_interval(X, q)``
     (both at once: ``predict_all``), ``save(directory)``, ``load(directory)``, as the
-    latency models. ``tree_scale``
-    scales every part's number of trees (tests fit small models)."""
+    latency models. ``tree_scale`` scales every part's number of trees (tests fit small
+    models)."""
 
     seed: int = 0
     tree_scale: float = 1.0
-    trees: dict = field(default_factory=dict)   # part → booster
-    errors: dict = field(default_factory=dict)  # part → per bin [10th, 90th] percentiles
-    meta: dict = field(default_factory=dict)
+    name: str = NAME
+    trees_: dict = field(default_factory=dict, init=False)   # part → booster
+    errors_: dict = field(default_factory=dict, init=False)  # part → per bin [q10, q90]
+    meta_: dict = field(default_factory=dict, init=False)
 
     def fit(self, X: np.ndarray, drop: np.ndarray, groups: np.ndarray) -> "AccuracyCostModel":
         X, drop, groups = np.asarray(X, np.float64), np.asarray(drop, np.float64), \
             np.asarray(groups)
         if len(np.unique(groups)) < 3:
             raise ModelError("the accuracy-cost model needs the curves of 3 networks or more")
-        self.trees, self.errors = {}, {}
+        self.trees_, self.errors_ = {}, {}
         for part, rows in _part_rows(X).items():
             if not rows.any():
                 continue
@@ -202,35 +204,35 @@ class AccuracyCostModel:
                                               self.tree_scale), Xp[test])
             ok = np.isfinite(held)
             residual, bins = (yp - held)[ok], _bin(part, held[ok], Xp[ok])
-            self.errors[part] = []
+            self.errors_[part] = []
             for b in range(N_BINS):
                 r = residual[bins == b]
                 r = r if len(r) >= 10 else residual  # a bin too thin (or unused) borrows all
-                self.errors[part].append([float(np.quantile(r, q)) if len(r) else 0.0
+                self.errors_[part].append([float(np.quantile(r, q)) if len(r) else 0.0
                                           for q in QUANTILES])
-            self.trees[part] = _fit_trees(part, Xp, yp, self.seed, self.tree_scale)
-        self.meta = {"format": MODEL_FORMAT, "features": list(FEATURE_NAMES),
+            self.trees_[part] = _fit_trees(part, Xp, yp, self.seed, self.tree_scale)
+        self.meta_ = {"format": MODEL_FORMAT, "features": list(FEATURE_NAMES),
                      "versions": package_versions(), "n_train": int(len(X)),
                      "networks": int(len(np.unique(groups))), "bin_edges": list(BIN_EDGES),
-                     "errors": self.errors, "quantiles": list(QUANTILES), "folds": FOLDS,
-                     "parts": sorted(self.trees), "tree_scale": self.tree_scale,
+                     "errors": self.errors_, "quantiles": list(QUANTILES), "folds": FOLDS,
+                     "parts": sorted(self.trees_), "tree_scale": self.tree_scale,
                      "target": f"log-odds of the normalised drop, clipped to {LOGIT_EPS}"}
         return self
 
     def predict_all(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The normalised drop (in [0, 1]) and its 80 % interval (low, high), the trees
         walked once."""
-        if not self.trees:
+        if not self.trees_:
             raise ModelError("the accuracy-cost model is not trained")
         X = np.asarray(X, np.float64)
         mid, low, high = (np.full(len(X), np.nan) for _ in range(3))
         for part, rows in _part_rows(X).items():
             if not rows.any():
                 continue
-            if part not in self.trees:
+            if part not in self.trees_:
                 raise ModelError(f"the accuracy-cost model has no {part} part")
-            m = _drop(self.trees[part], X[rows])
-            err = np.array(self.errors[part])[_bin(part, m, X[rows])]
+            m = _drop(self.trees_[part], X[rows])
+            err = np.array(self.errors_[part])[_bin(part, m, X[rows])]
             mid[rows] = m
             # a drop below zero is real (a compression can regularise) and measured often
             low[rows] = np.clip(np.minimum(m + err[:, 0], m), -1, 1)
@@ -242,24 +244,29 @@ class AccuracyCostModel:
         """The normalised drop, in [0, 1]."""
         return self.predict_all(X)[0]
 
-    def predict_interval(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The 80 % interval (low, high) of the normalised drop; low ≤ predict ≤ high."""
-        return self.predict_all(X)[1:]
+    def predict_interval(self, X: np.ndarray, q: float = FITTED_COVERAGE
+                         ) -> tuple[np.ndarray, np.ndarray]:
+        """The central ``q`` interval (low, high) of the normalised drop, low ≤ predict ≤
+        high: the binned 10th and 90th percentiles of the held-out errors (``q`` = 0.8),
+        rescaled for another coverage (on the drop's own scale)."""
+        mid, low, high = self.predict_all(X)
+        return at_coverage(mid, low, high, q, log=False)
 
     def save(self, directory: Path) -> Path:
         from dlas_predict.models.trees import MODEL_SUFFIX, save_trees
 
-        sidecar = write_sidecar(directory, NAME, self.meta)
-        for part, booster in self.trees.items():
-            save_trees(booster, Path(directory) / f"{NAME}.{part}{MODEL_SUFFIX}")
+        sidecar = write_sidecar(directory, self.name, self.meta_)
+        for part, booster in self.trees_.items():
+            save_trees(booster, Path(directory) / f"{self.name}.{part}{MODEL_SUFFIX}")
         return sidecar
 
     @classmethod
-    def load(cls, directory: Path) -> "AccuracyCostModel":
+    def load(cls, directory: Path, name: str | None = None) -> "AccuracyCostModel":
         from dlas_predict.models.costmodel import load_trees
         from dlas_predict.models.trees import model_file
 
-        sidecar, meta = read_sidecar(directory, NAME, "accuracy-cost model",
+        name = name or cls.name
+        sidecar, meta = read_sidecar(directory, name, "accuracy-cost model",
                                      "train one with datasets/make_accuracy_corpus.py --fit")
         if meta.get("format") != MODEL_FORMAT or meta.get("features") != list(FEATURE_NAMES):
             raise ModelError(f"{sidecar}: trained on other features than this version "
@@ -268,9 +275,11 @@ class AccuracyCostModel:
         if (not isinstance(errors, dict) or not isinstance(parts, list)
                 or any(len(errors.get(p) or ()) != N_BINS for p in parts)):
             raise ModelError(f"{sidecar}: no interval errors; retrain it")
-        trees = {p: load_trees(model_file(directory, f"{NAME}.{p}"), len(FEATURE_NAMES))
-                 for p in parts}
-        return cls(trees=trees, errors=errors, meta=meta)
+        model = cls(name=name)
+        model.trees_ = {p: load_trees(model_file(directory, f"{name}.{p}"),
+                                      len(FEATURE_NAMES)) for p in parts}
+        model.errors_, model.meta_ = errors, meta
+        return model
 
 
 def held_out(X: np.ndarray, drop: np.ndarray, groups: np.ndarray, seed: int = 0,

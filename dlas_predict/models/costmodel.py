@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from dlas_predict.errors import DlasError
+from dlas_predict.models.base import FITTED_COVERAGE, CostModel, at_coverage
 from dlas_predict.models.features import FEATURE_NAMES, STAGE_TERMS, TREE_FEATURES
 
 MODEL_FORMAT = "dlas-layer-cost-3"
@@ -136,32 +137,21 @@ def _family_keys(X: np.ndarray, family: tuple[str, ...]
             [mid_u[i] for i in inverse])
 
 
-class KernelCostModel(abc.ABC):
-    """The interface every kernel-latency model shares, baselines included: ``fit`` on
-    features and measured seconds (returns the model), ``predict`` seconds,
-    ``predict_interval`` (low, high) seconds, ``save`` to a directory under a name, and
-    ``load`` it back. A model without an interval of its own gives its point prediction as
-    both ends."""
+class KernelCostModel(CostModel):
+    """A kernel-latency model, baselines included (:class:`~dlas_predict.models.base.CostModel`):
+    ``fit`` on features and measured seconds, ``predict`` seconds, ``predict_interval``
+    (low, high) seconds, ``save`` to a directory as ``NAME.json`` (``name``, a constructor
+    argument), ``load(directory, name)`` it back."""
+
+    name: str
 
     @abc.abstractmethod
     def fit(self, X: np.ndarray, seconds: np.ndarray) -> "KernelCostModel":
         ...
 
-    @abc.abstractmethod
-    def predict(self, X: np.ndarray) -> np.ndarray:
-        ...
-
-    def predict_interval(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        pred = self.predict(X)
-        return pred, pred
-
-    @abc.abstractmethod
-    def save(self, directory: Path, name: str) -> Path:
-        ...
-
     @classmethod
     @abc.abstractmethod
-    def load(cls, directory: Path, name: str) -> "KernelCostModel":
+    def load(cls, directory: Path, name: str | None = None) -> "KernelCostModel":
         ...
 
 
@@ -175,23 +165,24 @@ class _JsonStateModel(KernelCostModel):
 
     @classmethod
     @abc.abstractmethod
-    def from_dict(cls, d: dict) -> "_JsonStateModel":
+    def from_dict(cls, d: dict, name: str | None = None) -> "_JsonStateModel":
         ...
 
-    def save(self, directory: Path, name: str) -> Path:
+    def save(self, directory: Path) -> Path:
         """A JSON sidecar holding the fitted state (``to_dict``)."""
-        return write_sidecar(directory, name, {"format": type(self).__name__,
-                                               "state": self.to_dict(),
-                                               "versions": package_versions()})
+        return write_sidecar(directory, self.name, {"format": type(self).__name__,
+                                                    "state": self.to_dict(),
+                                                    "versions": package_versions()})
 
     @classmethod
-    def load(cls, directory: Path, name: str) -> "_JsonStateModel":
+    def load(cls, directory: Path, name: str | None = None) -> "_JsonStateModel":
+        name = name or cls.name
         sidecar, meta = read_sidecar(directory, name, cls.__name__,
                                      "fit one and save it first")
         if meta.get("format") != cls.__name__:
             raise ModelError(f"{sidecar}: a {meta.get('format')!r}, not a {cls.__name__}")
         try:
-            return cls.from_dict(meta["state"])
+            return cls.from_dict(meta["state"], name)
         except (KeyError, TypeError, ValueError) as exc:
             raise ModelError(f"{sidecar}: unusable state ({exc})") from None
 
@@ -205,10 +196,11 @@ class StageCostModel(_JsonStateModel):
     Additive in what the loops execute, so it extrapolates in scale, which trees cannot;
     :class:`LayerCostModel`'s trees learn what it misses."""
 
-    scale: list = field(default_factory=list)   # each term's largest training value
-    costs: dict = field(default_factory=dict)   # family or family|structure key → costs
-    default: list = field(default_factory=list)  # fitted on every row
     family: tuple = STAGE_FAMILY                # the columns a family key is made of
+    name: str = "stage"
+    scale_: list = field(default_factory=list, init=False)  # each term's largest training value
+    costs_: dict = field(default_factory=dict, init=False)  # family (|structure) key → costs
+    default_: list = field(default_factory=list, init=False)  # fitted on every row
 
     def fit(self, X: np.ndarray, seconds: np.ndarray) -> "StageCostModel":
         from scipy.optimize import nnls
@@ -222,100 +214,110 @@ class StageCostModel(_JsonStateModel):
             return [float(c) for c in nnls(A[sel], np.ones(int(sel.sum())))[0]]
 
         coarse, fine, mid = _family_keys(X, self.family)
-        self.scale, self.costs = [float(v) for v in scale], {}
+        self.scale_, self.costs_ = [float(v) for v in scale], {}
         for keys, least in ((coarse, 1), (fine, MIN_STRUCTURE_ROWS),
                             (mid, MIN_STRUCTURE_ROWS)):
             arr = np.array(keys)
             for k in sorted(set(keys)):
                 sel = arr == k
                 if sel.sum() >= least:
-                    self.costs[k] = fit(sel)
-        self.default = fit(np.ones(len(X), dtype=bool))
+                    self.costs_[k] = fit(sel)
+        self.default_ = fit(np.ones(len(X), dtype=bool))
         return self
 
     def predict(self, X: np.ndarray) -> np.ndarray:
+        if not self.scale_:
+            raise ModelError("the stage-cost model is not trained")
         X = np.asarray(X, dtype=np.float64)
-        T = X[:, _STAGE] / np.array(self.scale)
+        T = X[:, _STAGE] / np.array(self.scale_)
         coarse, fine, mid = _family_keys(X, self.family)
         # its family's costs for its loop structure; where the family has too few rows of
         # that structure, the structure's across element types; else its family's
-        costs = np.array([self.costs.get(f) or self.costs.get(m)
-                          or self.costs.get(c, self.default)
+        costs = np.array([self.costs_.get(f) or self.costs_.get(m)
+                          or self.costs_.get(c, self.default_)
                           for c, f, m in zip(coarse, fine, mid)])
         # a family whose costs all came out 0 would predict 0: floor at 1 ns
         return np.maximum(np.sum(T * costs, axis=1), 1e-9)
 
     def to_dict(self) -> dict:
-        return {"scale": self.scale, "costs": self.costs, "default": self.default,
+        return {"scale": self.scale_, "costs": self.costs_, "default": self.default_,
                 "family": list(self.family)}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "StageCostModel":
+    def from_dict(cls, d: dict, name: str | None = None) -> "StageCostModel":
         if len(d.get("scale", ())) != len(STAGE_TERMS):
             raise ModelError("the stage-cost model has other terms than this version computes")
         # a model saved without its family columns was keyed by the baselines' families
         family = tuple(d.get("family", _FAMILY))
         if not set(family) <= set(FEATURE_NAMES):
             raise ModelError(f"the stage-cost model's families use unknown columns {family}")
-        return cls(scale=d["scale"], costs=d["costs"], default=d["default"], family=family)
+        model = cls(family=family, name=name or cls.name)
+        model.scale_, model.costs_, model.default_ = d["scale"], d["costs"], d["default"]
+        return model
 
 
 @dataclass
 class LayerCostModel(KernelCostModel):
     """Predicts a kernel's median latency (seconds) with an 80 % interval: the stage-cost
     model's time, corrected by trees trained on the log of the ratio (a tree's leaves are
-    constants, so learning log latency itself could not extrapolate in scale)."""
+    constants, so learning log latency itself could not extrapolate in scale). ``about``:
+    what the caller records in the saved sidecar (device, fingerprints)."""
 
     seed: int = 0
-    models: dict = field(default_factory=dict)  # "median", "q10", "q90" → LGBM booster
-    stage: StageCostModel = field(default_factory=StageCostModel)
-    meta: dict = field(default_factory=dict)
+    name: str = "layer"
+    about: dict = field(default_factory=dict)
+    models_: dict = field(default_factory=dict, init=False)  # "median", "q10", "q90" → trees
+    stage_: StageCostModel = field(default_factory=StageCostModel, init=False)
+    meta_: dict = field(default_factory=dict, init=False)
 
-    def fit(self, X: np.ndarray, seconds: np.ndarray, meta: dict | None = None) -> "LayerCostModel":
+    def fit(self, X: np.ndarray, seconds: np.ndarray) -> "LayerCostModel":
         import lightgbm as lgb
 
         if len(X) < 10:
             raise ModelError(f"too few measurements to train on ({len(X)}); collect more")
         X = np.asarray(X, dtype=np.float64)
-        self.stage = StageCostModel().fit(X, seconds)
-        y = np.log(seconds) - np.log(self.stage.predict(X))
+        self.stage_ = StageCostModel().fit(X, seconds)
+        y = np.log(seconds) - np.log(self.stage_.predict(X))
         trees = X[:, :_TREES]
         median = dict(_MEDIAN_PARAMS, random_state=self.seed)
         quantile = dict(_LGB_PARAMS, random_state=self.seed)
-        self.models = {"median": lgb.LGBMRegressor(objective="regression", **median)
-                       .fit(trees, y).booster_}
+        self.models_ = {"median": lgb.LGBMRegressor(objective="regression", **median)
+                        .fit(trees, y).booster_}
         for q in QUANTILES:
-            self.models[f"q{int(q * 100)}"] = lgb.LGBMRegressor(
+            self.models_[f"q{int(q * 100)}"] = lgb.LGBMRegressor(
                 objective="quantile", alpha=q, **quantile).fit(trees, y).booster_
-        self.meta = {"format": MODEL_FORMAT, "features": list(FEATURE_NAMES),
+        self.meta_ = {"format": MODEL_FORMAT, "features": list(FEATURE_NAMES),
                      "versions": package_versions(), "n_train": int(len(X)),
                      "trees": {key: {"num_leaves": p["num_leaves"],
                                      "n_estimators": p["n_estimators"]}
                                for key, p in (("median", _MEDIAN_PARAMS),
                                               ("quantiles", _LGB_PARAMS))},
-                     **(meta or {})}
+                     **self.about}
         return self
 
     def predict(self, X: np.ndarray) -> np.ndarray:
         """Median seconds."""
         return self._predict(X, ("median",))[0]
 
-    def predict_interval(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The 80 % interval (low, high) seconds; low ≤ median ≤ high."""
+    def predict_interval(self, X: np.ndarray, q: float = FITTED_COVERAGE
+                         ) -> tuple[np.ndarray, np.ndarray]:
+        """The central ``q`` interval (low, high) seconds, low ≤ median ≤ high: the 10 % and
+        90 % quantile models' (``q`` = 0.8), rescaled for another coverage
+        (:func:`~dlas_predict.models.base.at_coverage`)."""
         mid, low, high = self._predict(X, ("median", "q10", "q90"))
-        return np.minimum(low, mid), np.maximum(high, mid)
+        return at_coverage(mid, np.minimum(low, mid), np.maximum(high, mid), q)
 
     def _predict(self, X: np.ndarray, keys: tuple[str, ...]) -> list[np.ndarray]:
-        if not self.models:
+        if not self.models_:
             raise ModelError("the cost model is not trained")
         X = np.asarray(X, dtype=np.float64)
-        base, trees = np.log(self.stage.predict(X)), X[:, self.tree_columns()]
+        base, trees = np.log(self.stage_.predict(X)), X[:, self.tree_columns()]
         return [np.exp(self._raw(k, trees) + base) for k in keys]
 
     def tree_columns(self) -> list[int]:
         """The columns of a :data:`FEATURE_NAMES` row the trees were trained on: every tree
         feature, or, for a model saved before a feature was added, those it knew."""
-        names = self.meta.get("features", FEATURE_NAMES)[:-len(STAGE_TERMS)]
+        names = self.meta_.get("features", FEATURE_NAMES)[:-len(STAGE_TERMS)]
         return [TREE_FEATURES.index(n) for n in names]
 
     def _raw(self, key: str, trees: np.ndarray) -> np.ndarray:
@@ -327,19 +329,21 @@ class LayerCostModel(KernelCostModel):
             memo.clear()
             memo["digest"] = digest
         if key not in memo:
-            memo[key] = self.models[key].predict(trees)
+            memo[key] = self.models_[key].predict(trees)
         return memo[key]
 
-    def save(self, directory: Path, name: str) -> Path:
-        sidecar = write_sidecar(directory, name, {**self.meta, "stage": self.stage.to_dict()})
+    def save(self, directory: Path) -> Path:
+        sidecar = write_sidecar(directory, self.name,
+                                {**self.meta_, "stage": self.stage_.to_dict()})
         from dlas_predict.models.trees import MODEL_SUFFIX, save_trees
 
-        for key, booster in self.models.items():
-            save_trees(booster, Path(directory) / f"{name}.{key}{MODEL_SUFFIX}")
+        for key, booster in self.models_.items():
+            save_trees(booster, Path(directory) / f"{self.name}.{key}{MODEL_SUFFIX}")
         return sidecar
 
     @classmethod
-    def load(cls, directory: Path, name: str) -> "LayerCostModel":
+    def load(cls, directory: Path, name: str | None = None) -> "LayerCostModel":
+        name = name or cls.name
         sidecar, meta = read_sidecar(directory, name, "cost model",
                                      "train one with `dlas-predict train`")
         if meta.get("format") != MODEL_FORMAT:
@@ -360,7 +364,9 @@ class LayerCostModel(KernelCostModel):
         models = {key: load_trees(model_file(directory, f"{name}.{key}"),
                                   len(known) - len(STAGE_TERMS))
                   for key in ("median", *(f"q{int(q * 100)}" for q in QUANTILES))}
-        return cls(models=models, stage=stage, meta=meta)
+        model = cls(name=name)
+        model.models_, model.stage_, model.meta_ = models, stage, meta
+        return model
 
 
 def load_trees(path: Path, n_features: int, advice: str = ""):
@@ -401,39 +407,43 @@ def _group_keys(X: np.ndarray) -> list[tuple]:
 class RooflineBaseline(_JsonStateModel):
     """Roofline time × one efficiency factor per algorithm × compression (geometric mean)."""
 
-    factors: dict = field(default_factory=dict)
-    default: float = 1.0
+    name: str = "roofline"
+    factors_: dict = field(default_factory=dict, init=False)
+    default_: float = field(default=1.0, init=False)
 
     def fit(self, X: np.ndarray, seconds: np.ndarray) -> "RooflineBaseline":
         roof = np.exp(X[:, FEATURE_NAMES.index("log_roofline_s")])
         ratio = np.log(seconds / roof)
         keys = _group_keys(X)
-        self.default = float(np.exp(ratio.mean()))
+        self.default_, self.factors_ = float(np.exp(ratio.mean())), {}
         for k in set(keys):
             sel = np.array([kk == k for kk in keys])
-            self.factors[k] = float(np.exp(ratio[sel].mean()))
+            self.factors_[k] = float(np.exp(ratio[sel].mean()))
         return self
 
     def predict(self, X: np.ndarray) -> np.ndarray:
         roof = np.exp(X[:, FEATURE_NAMES.index("log_roofline_s")])
-        return roof * np.array([self.factors.get(k, self.default) for k in _group_keys(X)])
+        return roof * np.array([self.factors_.get(k, self.default_) for k in _group_keys(X)])
 
     def to_dict(self) -> dict:
-        return {"default": self.default,
-                "factors": [[list(k), v] for k, v in self.factors.items()]}
+        return {"default": self.default_,
+                "factors": [[list(k), v] for k, v in self.factors_.items()]}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "RooflineBaseline":
-        return cls(factors={tuple(k): float(v) for k, v in d["factors"]},
-                   default=float(d["default"]))
+    def from_dict(cls, d: dict, name: str | None = None) -> "RooflineBaseline":
+        model = cls(name=name or cls.name)
+        model.factors_ = {tuple(k): float(v) for k, v in d["factors"]}
+        model.default_ = float(d["default"])
+        return model
 
 
 @dataclass
 class MacsLinearBaseline(_JsonStateModel):
     """latency = a·MACs + b, least squares per algorithm × compression."""
 
-    coefs: dict = field(default_factory=dict)
-    default: tuple = (0.0, 0.0)
+    name: str = "macs_linear"
+    coefs_: dict = field(default_factory=dict, init=False)
+    default_: tuple = field(default=(0.0, 0.0), init=False)
 
     @staticmethod
     def _fit(macs: np.ndarray, s: np.ndarray) -> tuple[float, float]:
@@ -445,26 +455,29 @@ class MacsLinearBaseline(_JsonStateModel):
     def fit(self, X: np.ndarray, seconds: np.ndarray) -> "MacsLinearBaseline":
         macs = np.exp(X[:, FEATURE_NAMES.index("log_macs")])
         keys = _group_keys(X)
-        self.default = self._fit(macs, seconds)
+        self.default_, self.coefs_ = self._fit(macs, seconds), {}
         for k in set(keys):
             sel = np.array([kk == k for kk in keys])
-            self.coefs[k] = self._fit(macs[sel], seconds[sel])
+            self.coefs_[k] = self._fit(macs[sel], seconds[sel])
         return self
 
     def predict(self, X: np.ndarray) -> np.ndarray:
         macs = np.exp(X[:, FEATURE_NAMES.index("log_macs")])
         out = np.array([a * m + b for m, (a, b) in
-                        zip(macs, (self.coefs.get(k, self.default) for k in _group_keys(X)))])
+                        zip(macs, (self.coefs_.get(k, self.default_)
+                                   for k in _group_keys(X)))])
         return np.maximum(out, 1e-9)  # a line can go negative on small layers
 
     def to_dict(self) -> dict:
-        return {"default": list(self.default),
-                "coefs": [[list(k), list(v)] for k, v in self.coefs.items()]}
+        return {"default": list(self.default_),
+                "coefs": [[list(k), list(v)] for k, v in self.coefs_.items()]}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "MacsLinearBaseline":
-        return cls(coefs={tuple(k): (float(v[0]), float(v[1])) for k, v in d["coefs"]},
-                   default=(float(d["default"][0]), float(d["default"][1])))
+    def from_dict(cls, d: dict, name: str | None = None) -> "MacsLinearBaseline":
+        model = cls(name=name or cls.name)
+        model.coefs_ = {tuple(k): (float(v[0]), float(v[1])) for k, v in d["coefs"]}
+        model.default_ = (float(d["default"][0]), float(d["default"][1]))
+        return model
 
 
 # ---- metrics -----------------------------------------------------------------------------
@@ -508,62 +521,88 @@ def _tuning_terms(X: np.ndarray) -> np.ndarray:
         X[:, col("is_int8")]])
 
 
+@dataclass(frozen=True)
+class TuningInputs:
+    """What the tuning-time model reads per kernel: its :data:`FEATURE_NAMES` row, the
+    trials its search is given (``budgets``) and, for a CSR kernel, its number of knob
+    candidates (``search_sizes``; 0 for a dense one). To fit, also the trials each search
+    ran before it stopped and its tuner."""
+
+    features: np.ndarray
+    budgets: np.ndarray
+    search_sizes: np.ndarray | None = None
+    trials: np.ndarray | None = None
+    tuners: list[str] | None = None
+
+
 @dataclass
-class TuningTimeModel:
+class TuningTimeModel(CostModel):
     """Seconds a tuner spends per trial on a kernel (least squares on log seconds per trial
     over the corpus's tuned records), and the share of its budget a search runs before early
-    stopping ends it (the median over the corpus, per tuner)."""
+    stopping ends it (the median over the corpus, per tuner). ``about``: what the caller
+    records in the saved sidecar."""
 
-    coef: list = field(default_factory=list)
-    trial_share: dict = field(default_factory=dict)  # tuner -> median trials / budget
-    meta: dict = field(default_factory=dict)
+    name: str = "tuning"
+    about: dict = field(default_factory=dict)
+    coef_: list = field(default_factory=list, init=False)
+    trial_share_: dict = field(default_factory=dict, init=False)  # tuner → trials / budget
+    meta_: dict = field(default_factory=dict, init=False)
 
-    def fit(self, X: np.ndarray, seconds: np.ndarray, trials: np.ndarray, budgets: np.ndarray,
-            tuners: list[str], meta: dict | None = None) -> "TuningTimeModel":
+    def fit(self, X: TuningInputs, seconds: np.ndarray) -> "TuningTimeModel":
         if len(seconds) < 3:
             raise ModelError(f"{len(seconds)} tuned records: too few to learn what tuning "
                              "costs (collect with `dlas-predict tune --network ...`)")
-        A = _tuning_terms(X)
-        y = np.log(np.asarray(seconds) / np.maximum(np.asarray(trials), 1))
+        if X.trials is None or X.tuners is None:
+            raise ValueError("fitting needs each search's trials and tuner")
+        trials, budgets, tuners = np.asarray(X.trials), np.asarray(X.budgets), X.tuners
+        A = _tuning_terms(X.features)
+        y = np.log(np.asarray(seconds) / np.maximum(trials, 1))
         coef, *_ = np.linalg.lstsq(A, y, rcond=None)
-        self.coef = [float(c) for c in coef]
+        self.coef_, self.trial_share_ = [float(c) for c in coef], {}
         for tuner in sorted(set(tuners)):
             sel = np.array([t == tuner for t in tuners])
-            self.trial_share[tuner] = float(np.median(np.asarray(trials)[sel]
-                                                      / np.asarray(budgets)[sel]))
-        pred = np.exp(A @ coef) * np.asarray(trials)
-        medians = {t: float(np.median(np.asarray(budgets)[[u == t for u in tuners]]))
+            self.trial_share_[tuner] = float(np.median(trials[sel] / budgets[sel]))
+        pred = np.exp(A @ coef) * trials
+        medians = {t: float(np.median(budgets[[u == t for u in tuners]]))
                    for t in sorted(set(tuners))}
-        self.meta = {**(meta or {}), "format": TUNING_FORMAT, "n_train": int(len(seconds)),
-                     "median_trials": medians,
-                     "train_mape": mape(pred, np.asarray(seconds)),
-                     "total_tuning_hours": float(np.sum(seconds) / 3600)}
+        self.meta_ = {**self.about, "format": TUNING_FORMAT, "n_train": int(len(seconds)),
+                      "median_trials": medians,
+                      "train_mape": mape(pred, np.asarray(seconds)),
+                      "total_tuning_hours": float(np.sum(seconds) / 3600)}
         return self
 
-    def per_trial(self, X: np.ndarray) -> np.ndarray:
-        return np.exp(_tuning_terms(X) @ np.array(self.coef))
+    def per_trial(self, features: np.ndarray) -> np.ndarray:
+        """Seconds per trial of each kernel row."""
+        if not self.coef_:
+            raise ModelError("the tuning-time model is not trained")
+        return np.exp(_tuning_terms(features) @ np.array(self.coef_))
 
-    def predict(self, X: np.ndarray, budget: int, search_sizes: list[int]) -> np.ndarray:
-        """Seconds to tune each kernel of ``X`` with ``budget`` trials; ``search_sizes`` is
-        each CSR kernel's number of knob candidates (ignored for dense kernels)."""
-        sparse = np.asarray(X)[:, FEATURE_NAMES.index("sparse")] > 0
+    def predict(self, X: TuningInputs) -> np.ndarray:
+        """Seconds to tune each kernel with its budget: a CSR kernel's search ends with its
+        knob candidates, a dense one's after the share of the budget MetaSchedule runs."""
+        sparse = np.asarray(X.features)[:, FEATURE_NAMES.index("sparse")] > 0
         from dlas_predict.measure.records import METASCHEDULE
 
-        ms_share = self.trial_share.get(METASCHEDULE, 1.0)
-        trials = np.where(sparse, np.minimum(budget, np.asarray(search_sizes)),
-                          np.maximum(1.0, budget * ms_share))
-        return self.per_trial(X) * trials
+        ms_share = self.trial_share_.get(METASCHEDULE, 1.0)
+        budgets = np.asarray(X.budgets, dtype=np.float64)
+        sizes = np.zeros(len(budgets)) if X.search_sizes is None else np.asarray(X.search_sizes)
+        trials = np.where(sparse, np.minimum(budgets, sizes),
+                          np.maximum(1.0, budgets * ms_share))
+        return self.per_trial(X.features) * trials
 
-    def save(self, directory: Path, name: str = "tuning") -> Path:
-        return write_sidecar(directory, name, {**self.meta, "coef": self.coef,
-                                               "trial_share": self.trial_share})
+    def save(self, directory: Path) -> Path:
+        return write_sidecar(directory, self.name, {**self.meta_, "coef": self.coef_,
+                                                    "trial_share": self.trial_share_})
 
     @classmethod
-    def load(cls, directory: Path, name: str = "tuning") -> "TuningTimeModel":
+    def load(cls, directory: Path, name: str | None = None) -> "TuningTimeModel":
+        name = name or cls.name
         sidecar, meta = read_sidecar(directory, name, "tuning-time model",
                                      "train on a corpus with tuned records")
         if meta.get("format") != TUNING_FORMAT:
             raise ModelError(f"{sidecar}: format {meta.get('format')!r}, expected "
                              f"{TUNING_FORMAT!r}; retrain with `dlas-predict train`")
-        coef, share = meta.pop("coef"), meta.pop("trial_share")
-        return cls(coef=coef, trial_share=share, meta=meta)
+        model = cls(name=name)
+        model.coef_, model.trial_share_ = meta.pop("coef"), meta.pop("trial_share")
+        model.meta_ = meta
+        return model

@@ -39,19 +39,19 @@ def load_models(device_name: str, directory: Path | None = None) -> DeviceModels
                 f"the device itself (`dlas-predict collect --device {device_name} ...` once "
                 f"RPC reaches it), then `dlas-predict train --device {device_name}`")
         raise DlasError(f"no cost model for device {device_name!r} in {directory}: {hint}")
-    layer = LayerCostModel.load(directory, "layer")
+    layer = LayerCostModel.load(directory)
     if (directory / "network.json").is_file():
-        network = NetworkCostModel.load(directory, "network")
+        network = NetworkCostModel.load(directory)
     else:  # a device measured kernel by kernel only (e.g. a GPU through a bundle)
         from dlas_predict.models.netmodel import ConvSumModel
 
         network = ConvSumModel()
-    info = {"directory": str(directory), "trained_on": layer.meta.get("device"),
-            "device_fingerprint": layer.meta.get("device_fingerprint"),
-            "corpus_fingerprint": layer.meta.get("corpus_fingerprint"),
-            "device_roofs": layer.meta.get("device_roofs"),
-            "kernels": layer.meta.get("n_train"), "whole_networks": network.meta.get("n_train"),
-            "tuned_kernels": layer.meta.get("tuned_kernels", 0)}
+    info = {"directory": str(directory), "trained_on": layer.meta_.get("device"),
+            "device_fingerprint": layer.meta_.get("device_fingerprint"),
+            "corpus_fingerprint": layer.meta_.get("corpus_fingerprint"),
+            "device_roofs": layer.meta_.get("device_roofs"),
+            "kernels": layer.meta_.get("n_train"), "whole_networks": network.meta_.get("n_train"),
+            "tuned_kernels": layer.meta_.get("tuned_kernels", 0)}
     return DeviceModels(layer, network, info)
 
 

@@ -142,7 +142,7 @@ def network_configurations(corpus: Corpus, network: str,
 def _fit_all(X: np.ndarray, y: np.ndarray, seed: int = 0) -> dict:
     model = LayerCostModel(seed=seed).fit(X, y)
     return {"lightgbm": model,
-            "stage": model.stage,  # the stage-cost model alone: what the trees add to it
+            "stage": model.stage_,  # the stage-cost model alone: what the trees add to it
             "roofline": RooflineBaseline().fit(X, y),
             "macs_linear": MacsLinearBaseline().fit(X, y)}
 
@@ -620,9 +620,9 @@ def whole_network_lono(corpus: Corpus, rows: list[WholeRow], seed: int = 0,
         # the shipped models' rule (their fit knows the networks): a correction only where
         # enough networks train it
         enough = fits_correction(len(trainw), len(networks) - 1)
-        residual = NetworkCostModel().fit(T_meas[trainw], truth[trainw], cache,
-                                          features=X_meas[trainw] if enough else None,
-                                          seed=seed)
+        residual = NetworkCostModel(cache_bytes=cache, seed=seed).fit(
+            NetworkInputs.point(T_meas[trainw], measured_conv[trainw],
+                                X_meas[trainw] if enough else None), truth[trainw])
         corrected.add(residual.corrected)
         ranker = ConfigRanker(seed=seed).fit(X_meas[trainw], truth[trainw],
                                              [rows[i].network for i in trainw])

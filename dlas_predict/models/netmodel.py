@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from dlas_predict.space.config import COMPRESSION_KERNEL, Algorithm, Compression, DType
+from dlas_predict.models.base import FITTED_COVERAGE, CostModel, at_coverage
 from dlas_predict.models.costmodel import ModelError, package_versions, read_sidecar, write_sidecar
 from dlas_predict.space.devices import Device
 from dlas_predict.networks.summary import NetworkSummary
@@ -173,47 +174,54 @@ class NetworkInputs:
 
 
 @dataclass
-class NetworkCostModel:
+class NetworkCostModel(CostModel):
     """Whole-network latency = non-negative linear model over :data:`NET_TERMS`, fitted on
     measured whole networks (with their measured conv sums) to minimise relative error,
     times the correction's factor where it has enough networks to learn from
     (:data:`MIN_CORRECTION_ROWS`). Its interval: the layer model's conv interval, widened by
     the 10 %/90 % quantiles of the model's relative error, out of fold by network where the
-    networks are known (in sample otherwise)."""
+    networks are known (in sample otherwise).
 
-    coef: np.ndarray | None = None
-    correction: object = None  # LightGBM booster or TreeModel; None: the linear model alone
-    meta: dict = field(default_factory=dict)
+    ``cache_bytes``: the device's last-level cache, which the :func:`net_terms` rows of
+    fitting and of predictions are built with; ``about``: what the caller records in the
+    saved sidecar."""
 
-    def fit(self, T: np.ndarray, whole_s: np.ndarray, cache_bytes: int,
-            features: np.ndarray | None = None, groups: list[str] | None = None,
-            meta: dict | None = None, seed: int = 0) -> "NetworkCostModel":
-        """``T``: :func:`net_terms` rows built with ``cache_bytes``, the device's last-level
-        cache, which predictions must use too (:attr:`cache_bytes`); ``features``: their
-        :func:`net_features` rows (without them, no correction); ``groups``: each row's
-        network, for out-of-fold interval errors."""
-        T, whole_s = np.asarray(T, dtype=np.float64), np.asarray(whole_s, dtype=np.float64)
+    cache_bytes: int = 0
+    seed: int = 0
+    name: str = "network"
+    about: dict = field(default_factory=dict)
+    coef_: np.ndarray | None = field(default=None, init=False)
+    correction_: object = field(default=None, init=False)  # trees; None: the linear model
+    meta_: dict = field(default_factory=dict, init=False)
+
+    def fit(self, X: NetworkInputs, whole_s: np.ndarray,
+            groups: list[str] | None = None) -> "NetworkCostModel":
+        """``X``: measured networks' :func:`net_terms` rows with their measured conv sums,
+        and their :func:`net_features` rows (without them, no correction); ``groups``: each
+        row's network, for out-of-fold interval errors."""
+        T, whole_s = np.asarray(X.terms, dtype=np.float64), np.asarray(whole_s, np.float64)
+        features, seed = X.features, self.seed
         if len(T) < 8:
             raise ModelError(f"too few whole-network measurements to learn the residual "
                              f"({len(T)}); collect some with `dlas-predict collect "
                              "--whole-network`")
-        self.coef = _nnls_relative(T, whole_s)
-        self.correction = None
+        self.coef_ = _nnls_relative(T, whole_s)
+        self.correction_ = None
         if features is not None and fits_correction(
                 len(T), None if groups is None else len(set(groups))):
-            self.correction = self._fit_correction(self.coef, T, whole_s, features, seed)
-        if groups is not None and self.correction is not None:
+            self.correction_ = self._fit_correction(self.coef_, T, whole_s, features, seed)
+        if groups is not None and self.correction_ is not None:
             ratio = self._out_of_fold(T, whole_s, features, np.asarray(groups), seed)
         else:
             ratio = whole_s / np.maximum(self._predict(T, features), 1e-12)
-        self.meta = {"format": NET_MODEL_FORMAT, "terms": list(NET_TERMS),
-                     "cache_bytes": int(cache_bytes),
-                     "coef": [float(c) for c in self.coef],
-                     "correction": None if self.correction is None
-                     else list(CORRECTION_FEATURES),
-                     "error_q10": float(np.quantile(ratio, 0.1)),
-                     "error_q90": float(np.quantile(ratio, 0.9)),
-                     "versions": package_versions(), "n_train": int(len(T)), **(meta or {})}
+        self.meta_ = {"format": NET_MODEL_FORMAT, "terms": list(NET_TERMS),
+                      "cache_bytes": int(self.cache_bytes),
+                      "coef": [float(c) for c in self.coef_],
+                      "correction": None if self.correction_ is None
+                      else list(CORRECTION_FEATURES),
+                      "error_q10": float(np.quantile(ratio, 0.1)),
+                      "error_q90": float(np.quantile(ratio, 0.9)),
+                      "versions": package_versions(), "n_train": int(len(T)), **self.about}
         return self
 
     @staticmethod
@@ -235,9 +243,10 @@ class NetworkCostModel:
         ratio = np.empty(len(T))
         for f in range(_FOLDS):
             te, tr = fold == f, fold != f
-            coef = _nnls_relative(T[tr], whole_s[tr])
-            part = NetworkCostModel(coef, self._fit_correction(coef, T[tr], whole_s[tr],
-                                                               features[tr], seed))
+            part = NetworkCostModel()
+            part.coef_ = _nnls_relative(T[tr], whole_s[tr])
+            part.correction_ = self._fit_correction(part.coef_, T[tr], whole_s[tr],
+                                                    features[tr], seed)
             ratio[te] = whole_s[te] / np.maximum(part._predict(T[te], features[te]), 1e-12)
         return ratio
 
@@ -245,25 +254,20 @@ class NetworkCostModel:
     def corrected(self) -> bool:
         """Whether predictions read :attr:`NetworkInputs.features` (the model has a
         correction)."""
-        return self.correction is not None
-
-    @property
-    def cache_bytes(self) -> int:
-        """The last-level cache the model's terms were computed with."""
-        return int(self.meta["cache_bytes"])
+        return self.correction_ is not None
 
     def predict(self, X: NetworkInputs) -> np.ndarray:
         """Whole-network seconds; ``X.terms`` and ``X.features`` built with the predicted
         conv sums ``X.conv``."""
-        if self.coef is None:
+        if self.coef_ is None:
             raise ModelError("the network model is not trained")
         return self._predict(np.asarray(X.terms, dtype=np.float64), X.features,
                              X.correction_terms)
 
     def _predict(self, T: np.ndarray, features: np.ndarray | None,
                  correction_terms: np.ndarray | None = None) -> np.ndarray:
-        base = T @ self.coef
-        if self.correction is None:
+        base = T @ self.coef_
+        if self.correction_ is None:
             return base
         if features is None:
             raise ModelError("the network model's correction needs each configuration's "
@@ -271,33 +275,37 @@ class NetworkCostModel:
         Tc, base_c = T, base
         if correction_terms is not None:
             Tc = np.asarray(correction_terms, dtype=np.float64)
-            base_c = Tc @ self.coef
-        rows = correction_rows(features, Tc, self.coef, np.maximum(base_c, 1e-12))
-        return base * np.exp(self.correction.predict(rows))
+            base_c = Tc @ self.coef_
+        rows = correction_rows(features, Tc, self.coef_, np.maximum(base_c, 1e-12))
+        return base * np.exp(self.correction_.predict(rows))
 
-    def predict_interval(self, X: NetworkInputs) -> tuple[np.ndarray, np.ndarray]:
+    def predict_interval(self, X: NetworkInputs, q: float = FITTED_COVERAGE
+                         ) -> tuple[np.ndarray, np.ndarray]:
         """The interval (low, high) seconds: the conv sums' interval, widened by the model's
-        own 10 %/90 % error."""
+        own 10 %/90 % error (``q`` = 0.8; rescaled for another coverage)."""
         mid = self.predict(X)
-        lo = mid * np.minimum(X.conv_low / X.conv, 1.0) * min(self.meta["error_q10"], 1.0)
-        hi = mid * np.maximum(X.conv_high / X.conv, 1.0) * max(self.meta["error_q90"], 1.0)
-        return lo, hi
+        lo = mid * np.minimum(X.conv_low / X.conv, 1.0) * min(self.meta_["error_q10"], 1.0)
+        hi = mid * np.maximum(X.conv_high / X.conv, 1.0) * max(self.meta_["error_q90"], 1.0)
+        return at_coverage(mid, lo, hi, q)
 
-    def save(self, directory: Path, name: str) -> Path:
+    def save(self, directory: Path) -> Path:
         from dlas_predict.models.trees import MODEL_SUFFIX, save_trees
 
-        sidecar = write_sidecar(directory, name, self.meta)
+        name = self.name
+        sidecar = write_sidecar(directory, name, self.meta_)
         path = Path(directory) / f"{name}.correction{MODEL_SUFFIX}"
-        if self.correction is not None:
-            save_trees(self.correction, path)
+        if self.correction_ is not None:
+            save_trees(self.correction_, path)
         else:  # a correction of an earlier fit must not be read with this one
             path.unlink(missing_ok=True)
             (Path(directory) / f"{name}.correction.txt").unlink(missing_ok=True)
         return sidecar
 
     @classmethod
-    def load(cls, directory: Path, name: str) -> "NetworkCostModel":
+    def load(cls, directory: Path, name: str | None = None) -> "NetworkCostModel":
         from dlas_predict.models.costmodel import load_trees
+
+        name = name or cls.name
 
         sidecar, meta = read_sidecar(directory, name, "network model",
                                      "train one with `dlas-predict train` on a store with "
@@ -323,7 +331,9 @@ class NetworkCostModel:
                 raise ModelError(f"{sidecar} names a correction, but {path} is missing; "
                                  "retrain with `dlas-predict train`")
             correction = load_trees(path, len(CORRECTION_FEATURES), "; retrain")
-        return cls(coef=coef, correction=correction, meta=meta)
+        model = cls(cache_bytes=meta["cache_bytes"], name=name)
+        model.coef_, model.correction_, model.meta_ = coef, correction, meta
+        return model
 
 
 def _nnls_relative(T: np.ndarray, whole_s: np.ndarray) -> np.ndarray:
@@ -348,7 +358,7 @@ class ConfigRanker:
     """LGBMRanker over whole configurations; a group is one network on one device."""
 
     seed: int = 0
-    booster_: object = None  # learned by fit
+    booster_: object = field(default=None, init=False)
 
     def fit(self, X: np.ndarray, seconds: np.ndarray, groups: list[str]) -> "ConfigRanker":
         import lightgbm as lgb
@@ -378,16 +388,17 @@ class ConvSumModel:
     """The stand-in for a device with no whole-network measurements: a network's latency is
     the sum of its predicted conv kernels, with their interval. It leaves out the other
     operators and the launch gaps, so it is a lower bound of the whole network, and says
-    so (``meta["scope"]``)."""
+    so (``meta_["scope"]``). Nothing is learned: it is never fitted nor saved."""
 
     cache_bytes = 0
     corrected = False
 
     def __init__(self) -> None:
-        self.meta = {"n_train": 0, "scope": "conv sum"}
+        self.meta_ = {"n_train": 0, "scope": "conv sum"}
 
     def predict(self, X: NetworkInputs) -> np.ndarray:
         return np.asarray(X.conv)
 
-    def predict_interval(self, X: NetworkInputs) -> tuple[np.ndarray, np.ndarray]:
-        return np.asarray(X.conv_low), np.asarray(X.conv_high)
+    def predict_interval(self, X: NetworkInputs, q: float = FITTED_COVERAGE
+                         ) -> tuple[np.ndarray, np.ndarray]:
+        return at_coverage(X.conv, X.conv_low, X.conv_high, q)

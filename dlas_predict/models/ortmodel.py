@@ -44,7 +44,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dlas_predict.errors import DlasError
+from dlas_predict.models.base import FITTED_COVERAGE, CostModel, at_coverage
+from dlas_predict.models.costmodel import ModelError
 
 #: The terms of the model, in order.
 TERMS = ("const", "dense_macs", "depthwise_macs", "conv_io_bytes", "weight_bytes",
@@ -56,7 +57,7 @@ TERMS = ("const", "dense_macs", "depthwise_macs", "conv_io_bytes", "weight_bytes
 MODES = ("fp32", "channel_pruning", "int8", "float16")
 #: A conv with fewer input or output channels than this is narrow.
 NARROW = 16
-FILE = "onnxruntime.json"
+FILE = "onnxruntime.json"  # the model saved in a device's model folder
 #: onnxruntime pads a blocked (NCHWc) tensor's channels up to its block from a multiple of
 #: this (its channel alignment).
 NCHWC_ALIGNMENT = 4
@@ -144,14 +145,26 @@ def ort_terms(specs, ratios, summary, mode: str, channels_removed: bool,
                      unblocked / 1e9, unblocked_n, unblocked_io / 1e6, *qdq, padded / 1e9])
 
 
-@dataclass
-class OrtLatencyModel:
-    """Per mode: the coefficients of :data:`TERMS` (seconds per unit) and the interval."""
+@dataclass(frozen=True)
+class OrtInputs:
+    """What the onnxruntime model reads per run: its :func:`ort_terms` row and its mode
+    (:data:`MODES`)."""
 
-    coef: dict[str, list[float]] = field(default_factory=dict)
-    q10: dict[str, float] = field(default_factory=dict)   # log(pred / measured), 10 %
-    q90: dict[str, float] = field(default_factory=dict)
-    meta: dict = field(default_factory=dict)
+    terms: np.ndarray
+    modes: list[str]
+
+
+@dataclass
+class OrtLatencyModel(CostModel):
+    """Per mode: the coefficients of :data:`TERMS` (seconds per unit) and the interval.
+    ``about``: what the caller records with the saved model."""
+
+    name: str = "onnxruntime"
+    about: dict = field(default_factory=dict)
+    coef_: dict[str, list[float]] = field(default_factory=dict, init=False)
+    q10_: dict[str, float] = field(default_factory=dict, init=False)  # log(pred / measured)
+    q90_: dict[str, float] = field(default_factory=dict, init=False)
+    meta_: dict = field(default_factory=dict, init=False)
 
     @staticmethod
     def _nnls(X: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -160,77 +173,88 @@ class OrtLatencyModel:
         w = 1.0 / y  # relative error
         return nnls(X * w[:, None], np.ones(len(y)))[0]
 
-    @classmethod
-    def fit(cls, X: np.ndarray, y: np.ndarray, modes: list[str], networks: list[str],
-            meta: dict | None = None) -> "OrtLatencyModel":
-        """Fit each mode on its rows; its interval and metrics from leave-one-network-out."""
-        X, y = np.asarray(X, float), np.asarray(y, float)
-        modes_a, nets = np.array(modes), np.array(networks)
-        if len(set(networks)) < MIN_NETWORKS:
-            raise DlasError(f"the onnxruntime model needs measurements of at least "
-                            f"{MIN_NETWORKS} networks, the store has {len(set(networks))}")
-        m = cls(meta=dict(meta or {}))
-        m.meta.update(terms=list(TERMS), n_train=int(len(y)),
-                      networks=sorted(set(networks)), lono={})
+    def fit(self, X: OrtInputs, y: np.ndarray, groups: list[str]) -> "OrtLatencyModel":
+        """Fit each mode on its rows; its interval and metrics from leaving one network
+        (``groups``: each row's) out."""
+        T, y = np.asarray(X.terms, float), np.asarray(y, float)
+        modes_a, nets = np.array(X.modes), np.array(groups)
+        if len(set(groups)) < MIN_NETWORKS:
+            raise ModelError(f"the onnxruntime model needs measurements of at least "
+                             f"{MIN_NETWORKS} networks, the store has {len(set(groups))}")
+        self.coef_, self.q10_, self.q90_ = {}, {}, {}
+        self.meta_ = dict(self.about, terms=list(TERMS), n_train=int(len(y)),
+                          networks=sorted(set(groups)), lono={})
         for mode in MODES:
             rows = modes_a == mode
             if len(set(nets[rows])) < MIN_NETWORKS:
                 continue
-            Xm, ym, nm = X[rows], y[rows], nets[rows]
-            m.coef[mode] = [float(c) for c in cls._nnls(Xm, ym)]
+            Xm, ym, nm = T[rows], y[rows], nets[rows]
+            self.coef_[mode] = [float(c) for c in self._nnls(Xm, ym)]
             err = np.empty(len(ym))
             for net in set(nm):
                 out = nm == net
-                c = cls._nnls(Xm[~out], ym[~out])
+                c = self._nnls(Xm[~out], ym[~out])
                 err[out] = np.log(np.maximum(Xm[out] @ c, 1e-9) / ym[out])
-            m.q10[mode], m.q90[mode] = (float(v) for v in np.quantile(err, [0.1, 0.9]))
-            m.meta["lono"][mode] = {
+            self.q10_[mode], self.q90_[mode] = (float(v) for v in np.quantile(err, [0.1, 0.9]))
+            self.meta_["lono"][mode] = {
                 "rows": int(len(ym)), "networks": int(len(set(nm))),
                 "mape": float(np.mean(np.abs(np.exp(err) - 1))),
                 "within_10pct": float(np.mean(np.abs(np.exp(err) - 1) <= 0.10)),
                 "within_25pct": float(np.mean(np.abs(np.exp(err) - 1) <= 0.25))}
-        if "fp32" not in m.coef:
-            raise DlasError("the onnxruntime model needs fp32 measurements of at least "
-                            f"{MIN_NETWORKS} networks")
-        return m
+        if "fp32" not in self.coef_:
+            raise ModelError("the onnxruntime model needs fp32 measurements of at least "
+                             f"{MIN_NETWORKS} networks")
+        return self
 
-    def predict(self, X: np.ndarray, modes: list[str]) -> tuple[np.ndarray, np.ndarray,
-                                                                  np.ndarray]:
-        """(mid, low, high) seconds of each row. A mode fitted on too few networks is
-        priced with the fp32 fit (and the fp32 interval)."""
-        X = np.atleast_2d(np.asarray(X, float))
-        mid, low, high = (np.empty(len(X)) for _ in range(3))
-        for i, (x, mode) in enumerate(zip(X, modes)):
-            mm = mode if mode in self.coef else "fp32"
-            t = max(float(x @ np.array(self.coef[mm])), 1e-9)
+    def predict_all(self, X: OrtInputs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(mid, low, high) seconds of each row, the 80 % interval. A mode fitted on too
+        few networks is priced with the fp32 fit (and the fp32 interval)."""
+        if not self.coef_:
+            raise ModelError("the onnxruntime model is not trained")
+        T = np.atleast_2d(np.asarray(X.terms, float))
+        mid, low, high = (np.empty(len(T)) for _ in range(3))
+        for i, (x, mode) in enumerate(zip(T, X.modes)):
+            mm = mode if mode in self.coef_ else "fp32"
+            t = max(float(x @ np.array(self.coef_[mm])), 1e-9)
             # q = log(pred / measured): the measured value lies in pred·exp(-q)
-            mid[i], low[i], high[i] = t, t * np.exp(-self.q90[mm]), t * np.exp(-self.q10[mm])
+            mid[i], low[i], high[i] = t, t * np.exp(-self.q90_[mm]), t * np.exp(-self.q10_[mm])
         return mid, low, high
+
+    def predict(self, X: OrtInputs) -> np.ndarray:
+        return self.predict_all(X)[0]
+
+    def predict_interval(self, X: OrtInputs, q: float = FITTED_COVERAGE
+                         ) -> tuple[np.ndarray, np.ndarray]:
+        mid, low, high = self.predict_all(X)
+        return at_coverage(mid, np.minimum(low, mid), np.maximum(high, mid), q)
 
     def save(self, directory: Path) -> Path:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        path = directory / FILE
+        path = directory / f"{self.name}.json"
         from dlas_predict.files import write_if_changed
 
-        write_if_changed(path, json.dumps({"coef": self.coef, "q10": self.q10,
-                                           "q90": self.q90, "meta": self.meta},
+        write_if_changed(path, json.dumps({"coef": self.coef_, "q10": self.q10_,
+                                           "q90": self.q90_, "meta": self.meta_},
                                           indent=1, sort_keys=True).encode())
         return path
 
     @classmethod
-    def load(cls, directory: Path) -> "OrtLatencyModel | None":
-        path = Path(directory) / FILE
+    def load(cls, directory: Path, name: str | None = None) -> "OrtLatencyModel":
+        name = name or cls.name
+        path = Path(directory) / f"{name}.json"
         if not path.is_file():
-            return None
+            raise ModelError(f"no onnxruntime model in {directory}")
         try:
             d = json.loads(path.read_text())
-            model = cls(d["coef"], d["q10"], d["q90"], d.get("meta", {}))
-        except (ValueError, KeyError) as exc:
-            raise DlasError(f"{path} is not an onnxruntime model ({exc})") from None
-        if model.meta.get("terms", list(TERMS)) != list(TERMS):
-            raise DlasError(f"{path} was fitted on other terms than this version's: fit it "
-                            "again (`dlas-predict train --store S --only onnxruntime`)")
+            model = cls(name=name)
+            model.coef_, model.q10_, model.q90_ = d["coef"], d["q10"], d["q90"]
+            model.meta_ = d.get("meta", {})
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ModelError(f"{path} is not an onnxruntime model ({exc})") from None
+        if model.meta_.get("terms", list(TERMS)) != list(TERMS):
+            raise ModelError(f"{path} was fitted on other terms than this version's: fit it "
+                             "again (`dlas-predict train --store S --only onnxruntime`)")
         return model
 
 

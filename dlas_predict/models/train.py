@@ -87,7 +87,8 @@ def train(store: Path, device: str = "local", out: Path | None = None,
     from dlas_predict.models.costmodel import LayerCostModel, mape, within
     from dlas_predict.models.evaluation import (load_corpus, measured_layer_seconds,
                                                 whole_features, whole_rows, whole_terms)
-    from dlas_predict.models.netmodel import NetworkCostModel, last_level_cache_bytes
+    from dlas_predict.models.netmodel import (NetworkCostModel, NetworkInputs,
+                                              last_level_cache_bytes)
 
     corpus = load_corpus(store, device)
     t0 = time.time()
@@ -100,38 +101,39 @@ def train(store: Path, device: str = "local", out: Path | None = None,
     learned = corpus.learned()
     meta["other_schedule_kernels"] = int(len(corpus.keys) - len(learned))
     X, seconds = corpus.X[learned], corpus.seconds[learned]
-    model = LayerCostModel(seed=seed).fit(X, seconds, meta=meta)
+    model = LayerCostModel(seed=seed, about=meta).fit(X, seconds)
     pred = model.predict(X)
     low, high = model.predict_interval(X)
-    model.meta["train_metrics"] = {
+    model.meta_["train_metrics"] = {
         "mape": mape(pred, seconds), "within_10pct": within(pred, seconds),
         "interval_coverage": float(np.mean((seconds >= low) & (seconds <= high)))}
-    model.meta["train_seconds"] = round(time.time() - t0, 2)
+    model.meta_["train_seconds"] = round(time.time() - t0, 2)
     directory = out or machine_model_dir(corpus.device.name, corpus.device.fingerprint)
-    sidecar = model.save(directory, "layer")
+    sidecar = model.save(directory)
     report = TrainReport(device=corpus.device.name, model=str(sidecar),
-                         kernels=len(corpus.keys), **model.meta["train_metrics"],
-                         train_seconds=model.meta["train_seconds"])
+                         kernels=len(corpus.keys), **model.meta_["train_metrics"],
+                         train_seconds=model.meta_["train_seconds"])
     rows = whole_rows(corpus, store)
     if rows:
         truth = np.array([r.seconds for r in rows])
         layer_s = measured_layer_seconds(corpus, rows)
         T = whole_terms(corpus, rows, layer_s)
         F = whole_features(rows, np.array([s.sum() for s in layer_s]), corpus.device)
-        net = NetworkCostModel().fit(
-            T, truth, last_level_cache_bytes(corpus.device), features=F,
-            groups=[r.network for r in rows], seed=seed,
-            meta={**meta, "networks": sorted({r.network for r in rows})})
-        net.save(directory, "network")
+        conv = np.array([s.sum() for s in layer_s])
+        net = NetworkCostModel(
+            cache_bytes=last_level_cache_bytes(corpus.device), seed=seed,
+            about={**meta, "networks": sorted({r.network for r in rows})}).fit(
+            NetworkInputs.point(T, conv, F), truth, groups=[r.network for r in rows])
+        net.save(directory)
         report.whole_networks = len(rows)
         report.networks = len({r.network for r in rows})
         report.network_model = str(directory / "network.json")
     tuning = train_tuning_time(store, corpus.device, directory, meta)
     if tuning is not None:
         report.tuning_model = str(directory / "tuning.json")
-        report.tuned_records = tuning.meta["n_train"]
-        report.tuning_hours = tuning.meta["total_tuning_hours"]
-        report.tuning_mape = tuning.meta["train_mape"]
+        report.tuned_records = tuning.meta_["n_train"]
+        report.tuning_hours = tuning.meta_["total_tuning_hours"]
+        report.tuning_mape = tuning.meta_["train_mape"]
     ort = train_onnxruntime(store, corpus.device, directory, meta)
     return _with_onnxruntime(report, ort, directory) if ort is not None else report
 
@@ -140,8 +142,8 @@ def _with_onnxruntime(report: TrainReport, ort, directory: Path) -> TrainReport:
     from dlas_predict.models.ortmodel import FILE
 
     report.onnxruntime_model = str(Path(directory) / FILE)
-    report.onnxruntime_records = ort.meta["n_train"]
-    report.onnxruntime_lono = ort.meta["lono"]
+    report.onnxruntime_records = ort.meta_["n_train"]
+    report.onnxruntime_lono = ort.meta_["lono"]
     return report
 
 
@@ -160,15 +162,16 @@ def train_onnxruntime(store: Path, dev: Device, directory: Path, meta: dict):
     """Fit and save the onnxruntime latency model when the store has onnxruntime records of
     ``dev`` (else None; a model already in ``directory`` is kept: it may come from another
     store, as the kernels' models do not time onnxruntime)."""
-    from dlas_predict.models.ortmodel import OrtLatencyModel, nchwc_block, training_rows
+    from dlas_predict.models.ortmodel import (OrtInputs, OrtLatencyModel, nchwc_block,
+                                              training_rows)
 
     X, y, modes, nets = training_rows(store, dev.name, nchwc_block(dev))
     if not len(y):
         return None
-    model = OrtLatencyModel.fit(X, y, modes, nets, meta={
+    model = OrtLatencyModel(about={
         **meta, "corpus": str(store),
         "onnxruntime_fingerprints": sorted(onnxruntime_fingerprints(store, dev.name)),
-        "cpu_model": dev.cpu_model})
+        "cpu_model": dev.cpu_model}).fit(OrtInputs(X, modes), y, groups=nets)
     model.save(directory)
     return model
 
@@ -178,7 +181,7 @@ def train_tuning_time(store: Path, dev: Device, directory: Path, meta: dict):
     stale model in ``directory`` is removed)."""
     import numpy as np
 
-    from dlas_predict.models.costmodel import TuningTimeModel
+    from dlas_predict.models.costmodel import TuningInputs, TuningTimeModel
     from dlas_predict.models.features import features
     from dlas_predict.corpus.kernels import config_from_row
 
@@ -191,8 +194,8 @@ def train_tuning_time(store: Path, dev: Device, directory: Path, meta: dict):
         return None
     X = np.array([features(config_from_row(r), dev) for r in rows])
     budgets = [int(json.loads(r["knobs"]).get("budget") or r["trials"]) for r in rows]
-    model = TuningTimeModel().fit(X, np.array([r["tuning_seconds"] for r in rows]),
-                                  np.array([r["trials"] for r in rows]), np.array(budgets),
-                                  [r["tuner"] for r in rows], meta=meta)
+    runs = TuningInputs(X, np.array(budgets), trials=np.array([r["trials"] for r in rows]),
+                        tuners=[r["tuner"] for r in rows])
+    model = TuningTimeModel(about=meta).fit(runs, np.array([r["tuning_seconds"] for r in rows]))
     model.save(directory)
     return model

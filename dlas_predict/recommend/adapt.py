@@ -164,7 +164,7 @@ def adapt(device: str, measurements: Path, data: Path | None = None) -> AdaptRep
     from dlas_predict.crossdev.latent import spearman
     registered = device not in device_names()  # known by these measurements alone
     saved = {"device": device, "source": source, "level": level, "targets": list(uniq),
-             "log_ms": yu.tolist(), "k": model.k, "noise_var": model.noise_var,
+             "log_ms": yu.tolist(), "k": model.k_, "noise_var": model.noise_var_,
              "loading": post.mean.tolist(), "measurements": str(measurements)}
     if level == "kernel":
         saved["recommend_map"] = _recommend_map(device, list(uniq), yu)

@@ -270,7 +270,7 @@ def basis(source: str, level: str, data: str | None = None) -> tuple[LatencyMatr
         chosen[key] = list(select(mat))
         path.write_text(json.dumps(chosen, indent=1))
     k, noise = chosen[key]
-    return mat, LatentModel._fit(mat, int(k), float(noise))
+    return mat, LatentModel().fit_at(mat, int(k), float(noise))
 
 
 def posterior_of(device: str, source: str, level: str, mat: LatencyMatrix,
@@ -279,9 +279,9 @@ def posterior_of(device: str, source: str, level: str, mat: LatencyMatrix,
     if adapted is not None and adapted["source"] == source and adapted.get("targets"):
         rows, y = rows_of(mat, model, adapted["targets"]), np.array(adapted["log_ms"])
         return model.adapt(rows, y, prior_of(device, model))
-    if device in model.devices:
-        j = model.devices.index(device)
-        return DevicePosterior(model.loadings[j], np.zeros_like(model.prior_cov), "trained",
+    if device in model.devices_:
+        j = model.devices_.index(device)
+        return DevicePosterior(model.loadings_[j], np.zeros_like(model.prior_cov_), "trained",
                                int(np.isfinite(mat.column(device)).sum()))
     from dlas_predict.space.devices import device_names
 
@@ -305,13 +305,13 @@ def prior_of(device: str, model: LatentModel) -> DevicePosterior:
 
 def rows_of(mat: LatencyMatrix, model: LatentModel, keys: list[str]) -> np.ndarray:
     """z of target keys: learned rows where the matrix has them, else from features."""
-    idx = [model.index.get(k) for k in keys]
-    if all(i is not None and np.isfinite(model.Z[i]).all() for i in idx):
-        return model.Z[np.array(idx)]
+    idx = [model.index_.get(k) for k in keys]
+    if all(i is not None and np.isfinite(model.Z_[i]).all() for i in idx):
+        return model.Z_[np.array(idx)]
     if mat.level != "kernel":
         missing = next(k for k, i in zip(keys, idx) if i is None)
         raise DlasError(f"{missing!r} is not in {mat.source}'s data")
-    return np.vstack([model.Z[i] if i is not None and np.isfinite(model.Z[i]).all()
+    return np.vstack([model.Z_[i] if i is not None and np.isfinite(model.Z_[i]).all()
                       else _kernel_z(model, k) for k, i in zip(keys, idx)])
 
 
@@ -325,8 +325,8 @@ def _kernel_z(model: LatentModel, key: str) -> np.ndarray:
     f = kernel_features([spec], [alg if alg != "tuned" else "direct"], [comp],
                          [float(ratio or 0)])
     z = model.z_from_features(f)[0]
-    group = f"{comp}/{alg}" if model.source == "profiles" else comp
-    g = [float(group == n) for n in model.group_names[1:]]
+    group = f"{comp}/{alg}" if model.source_ == "profiles" else comp
+    g = [float(group == n) for n in model.group_names_[1:]]
     return np.r_[z, g]
 
 

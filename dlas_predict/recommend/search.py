@@ -326,7 +326,7 @@ def _setup(model: str, device: str, validate: int, models_dir: Path | None,
                         "conv weights) does not apply to it")
     if net.batch != 1:
         raise DlasError(f"{model} has batch {net.batch}; the models predict batch 1")
-    if getattr(net_model, "meta", {}).get("scope") == "conv sum":
+    if getattr(net_model, "meta_", {}).get("scope") == "conv sum":
         notes.append(f"{dev.name} has no whole-network measurements: each latency is the sum "
                      "of the network's conv kernels as the layer model predicts them (other "
                      "operators and launch gaps left out, so a lower bound of the network)")
@@ -379,19 +379,19 @@ _ORT_ELSEWHERE = ("the onnxruntime model was trained on another machine ({}); it
 
 def _onnxruntime_setup(su: _Setup, models_dir: Path | None) -> None:
     """The device's onnxruntime model (beside its other models), or why there is none."""
-    from dlas_predict.models.ortmodel import OrtLatencyModel
+    from dlas_predict.models.ortmodel import FILE, OrtLatencyModel
 
     directory = Path(models_dir) if models_dir else model_dir(su.dev.name)
-    su.ort_model = OrtLatencyModel.load(directory)
-    if su.ort_model is None:
+    if not (directory / FILE).is_file():
         su.skipped.append(("onnxruntime", f"no onnxruntime model for {su.dev.name} in "
                            f"{directory} (onnxruntime is timed on this machine and its "
                            "native-ISA profiles: `dlas-predict collect --whole-network "
                            "--backends onnxruntime`, then `train`)"))
         return
-    where = su.ort_model.meta.get("onnxruntime_fingerprints") or []
+    su.ort_model = OrtLatencyModel.load(directory)
+    where = su.ort_model.meta_.get("onnxruntime_fingerprints") or []
     su.ort_here = bool(su.dev.fingerprint and su.dev.fingerprint in where)
-    su.ort_machine = su.ort_model.meta.get("cpu_model") or ", ".join(where)
+    su.ort_machine = su.ort_model.meta_.get("cpu_model") or ", ".join(where)
     su.ort_elsewhere = bool(su.dev.fingerprint and where and not su.ort_here)
     # with a map, :func:`_map_onnxruntime` scales its rows and says so
     if su.mapping is None and su.ort_elsewhere:
@@ -404,7 +404,7 @@ def _onnxruntime_candidates(points, su: _Setup) -> list[Candidate]:
     if su.ort_model is None or Tuning.UNTUNED not in su.tunings:
         return []
     from dlas_predict.networks.summary import NetworkSummary
-    from dlas_predict.models.ortmodel import model_mode, nchwc_block, ort_terms
+    from dlas_predict.models.ortmodel import OrtInputs, model_mode, nchwc_block, ort_terms
 
     weight_pruned = [p for p in points if p.compression is Compression.WEIGHT_PRUNING]
     su.skipped.extend((f"{p.compression.value}@{p.ratio:g} onnxruntime",
@@ -419,7 +419,7 @@ def _onnxruntime_candidates(points, su: _Setup) -> list[Candidate]:
     block = nchwc_block(su.dev)
     X = np.array([ort_terms(p.specs or specs, p.layer_ratios, p.summary or summary, mode,
                             False, block) for p, mode in zip(points, modes)])
-    mid, low, high = su.ort_model.predict(X, modes)
+    mid, low, high = su.ort_model.predict_all(OrtInputs(X, modes))
     return [Candidate(p.compression, p.ratio, ONNXRUNTIME, (), float(m), float(lo), float(hi))
             for p, m, lo, hi in zip(points, mid, low, high)]
 
@@ -679,8 +679,8 @@ def _tuning_model(info: dict, models_dir: Path | None, device: str):
     if not (directory / "tuning.json").is_file():
         return None
     model = TuningTimeModel.load(directory)
-    info["tuning_model"] = {"tuned_kernels": model.meta.get("n_train"),
-                            "trial_share": model.trial_share}
+    info["tuning_model"] = {"tuned_kernels": model.meta_.get("n_train"),
+                            "trial_share": model.trial_share_}
     return model
 
 
@@ -691,9 +691,9 @@ def _searched_trials(model, gpu: bool) -> tuple[int | None, int | None]:
     (``--trials``): (None, None)."""
     from dlas_predict.measure.records import KNOB_SEARCH, METASCHEDULE
 
-    if model is None or (METASCHEDULE in model.trial_share and not gpu):
+    if model is None or (METASCHEDULE in model.trial_share_ and not gpu):
         return None, None
-    medians = model.meta.get("median_trials", {})
+    medians = model.meta_.get("median_trials", {})
     trials, ms = medians.get(KNOB_SEARCH), medians.get(METASCHEDULE)
     return (int(trials) if trials else None), (int(ms) if ms else None)
 
@@ -711,7 +711,9 @@ def _tuning_seconds(model, X: np.ndarray, kernels: list[tuple], trials: int):
         sparse = COMPRESSION_KERNEL[comp][0]
         sizes.append(len(search_space(spec, Variant(alg, comp, ratio or 0.5))) if sparse
                      else 0)
-    return model.predict(X, trials, sizes)
+    from dlas_predict.models.costmodel import TuningInputs
+
+    return model.predict(TuningInputs(X, np.full(len(X), trials), np.array(sizes)))
 
 
 def _without_dominated_tuning(kept: list[Candidate], skipped: list) -> list[Candidate]:
