@@ -555,6 +555,44 @@ def test_a_tuned_int8_build_keeps_vnni_on_every_layer_the_database_holds_no_sear
     assert len(scripts[0]) == 3 and scripts[1] == scripts[0]
 
 
+def test_a_layer_whose_search_lost_to_the_hand_schedule_is_built_by_hand(tmp_path):
+    """Where a search's best was timed slower than the hand schedule (the database's index
+    says ``kept: hand``), the tuned build lowers the layer as the untuned build does, fused
+    epilogue included, and counts it as tuned."""
+    import tvm
+
+    from dlas_predict.measure.kernels import tuning as tn
+    from dlas_predict.measure.kernels.knobs import tuned_knobs
+    from dlas_predict.measure.kernels.spec import KernelSpec
+    from dlas_predict.measure.networks.build import LayerChoice, TunedKernels, lower
+    from dlas_predict.space.config import Algorithm, DType, Variant
+
+    path = _epilogue_net(tmp_path / "epi.onnx")
+    model = onnx.load(str(path))
+    dev = get_device("local")
+    db = tn.TuningDB(tmp_path / "db")
+    for layer in read_network(path).convs():
+        ks = KernelSpec(layer.spec, Algorithm.GEMM, False, DType.FLOAT32,
+                        tuned_knobs(layer.spec, Variant("gemm", "dense"), 1, dev.simd_bits))
+        db.record(tn.tuning_key(dev.fingerprint, ks, 1, dev.target),
+                  tn.TuneOutcome("metaschedule", 1, 1, 1.0, 2e-3, False, kept="hand",
+                                 search_s=2e-3, hand_s=1e-3))
+    tuned = TunedKernels(str(db.path), 1, dev.fingerprint, dev.target, dev.cores,
+                         simd_bits=dev.simd_bits)
+    scripts, stats = [], []
+    for t in (None, tuned):
+        got: dict = {}
+        mod = lower(model, "x", (1, 3, 10, 10), DType.FLOAT32,
+                    [LayerChoice(Algorithm.GEMM, False)] * 3, tuned=t, stats=got)
+        scripts.append(sorted(f.script() for _, f in mod.functions_items()
+                              if isinstance(f, tvm.tirx.PrimFunc)))
+        stats.append(got)
+    assert tuned.tuned == [0, 1, 2] and tuned.untuned == []
+    assert scripts[1] == scripts[0]
+    assert stats[1]["fused_layers"] == stats[0]["fused_layers"] == 3
+    assert stats[1]["separate_layers"] == 0
+
+
 def test_a_collection_after_an_engine_change_times_only_the_builds_it_altered(tmp_path):
     """A build a carried engine timed is not timed again where today's engine builds it the
     same way: on 16 lanes, 124 filters were blocked 31 at a time by engine 11 (today 32, the

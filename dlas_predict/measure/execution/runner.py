@@ -231,9 +231,12 @@ class LocalRunner(Runner):
         v = task.variant
         tuning = None
         if task.tuning is not None:
+            hand = None
+            if not v.sparse and self.device.kind == "cpu":  # the untuned twin's knobs
+                hand = resolve_knobs(task.spec, v, self.device.simd_bits, self.device.vnni)
             tuning = TuningRequest(db=str(task.tuning.db_path(self.device)),
                                    budget=task.tuning.budget, cores=self.device.cores,
-                                   patience=task.tuning.patience)
+                                   patience=task.tuning.patience, hand_knobs=hand)
         return KernelTask(conv=task.spec, algorithm=v.algorithm, sparse=v.sparse,
                           dtype=v.dtype, knobs=dict(task.knobs), ratio=v.ratio,
                           pattern=v.pattern, compression=v.compression,

@@ -51,14 +51,16 @@ def plan_timing(single_s: float, proto: Protocol) -> tuple[int, int]:
 @dataclass(frozen=True)
 class TuningRequest:
     """How the worker finds a tuned schedule: the tuning database, the trial budget, early
-    stopping after ``patience`` trials without gain (0: never), the cores it tunes for, and
-    (whole networks) the pruning pattern of the CSR layers."""
+    stopping after ``patience`` trials without gain (0: never), the cores it tunes for,
+    (whole networks) the pruning pattern of the CSR layers, and (a dense kernel) the knobs
+    of its untuned twin, whose hand schedule the search's best must beat to be kept."""
 
     db: str
     budget: int
     cores: int
     patience: int = 0
     pattern: str = "unstructured"
+    hand_knobs: dict[str, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -232,6 +234,7 @@ class WorkerReply:
     tuning_reused: bool | None = None
     stopped_early: bool | None = None
     tuner_best_s: float | None = None
+    tuning_kept: str | None = None  # MetaSchedule: "search" or "hand" (see tuning.TuneOutcome)
     tuned_layers: list[int] | None = None
     untuned_layers: list[int] | None = None
     # roofs

@@ -133,13 +133,21 @@ def _tuned_build(ks, task: KernelTask, pattern: SparsityPattern, make_args,
         t0 = time.perf_counter()
         executable = build_kernel(ks, target)
     else:
-        mod, outcome = tn.tune_dense(ks, target, db, key, budget, patience)
+        from dataclasses import replace
+
+        hand = replace(ks, knobs=dict(opts.hand_knobs)) if opts.hand_knobs else None
+        mod, outcome = tn.tune_dense(ks, target, db, key, budget, patience, hand=hand,
+                                     make_args=make_args)
         t0 = time.perf_counter()
-        executable = tvm.compile(mod, target=target)
+        if mod is None:  # the hand schedule beat the search's best: it is the tuned build
+            ks = replace(hand, knobs={**hand.knobs, "budget": budget})
+            executable = build_kernel(hand, target)
+        else:
+            executable = tvm.compile(mod, target=target)
     result["compile_s"] = time.perf_counter() - t0
     result.update(tuning_seconds=outcome.seconds, trials=outcome.trials, tuner=outcome.tuner,
                   tuning_reused=outcome.reused, stopped_early=outcome.stopped_early,
-                  tuner_best_s=outcome.best_s,
+                  tuner_best_s=outcome.best_s, tuning_kept=outcome.kept,
                   knobs=dict(ks.knobs))
     return executable, ks
 

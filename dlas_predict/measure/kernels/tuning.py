@@ -116,6 +116,12 @@ class TuneOutcome:
     stopped_early: bool
     knobs: dict[str, int] = field(default_factory=dict)  # knob search: the winner
     reused: bool = False      # found in the database: nothing was searched this time
+    #: MetaSchedule: the schedule kept, ``search`` (its best) or ``hand`` (the hand
+    #: schedule, timed faster than the search's best in the same run: tuning never loses
+    #: to no tuning), and the two times of that comparison (seconds per call).
+    kept: str = "search"
+    search_s: float | None = None
+    hand_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -250,11 +256,21 @@ def search_strategy(budget: int):
         population_size=population, init_min_unmeasured=min(50, population))
 
 
+#: Rounds of the search's best against the hand schedule, each timed in turn.
+COMPARE_ROUNDS = 3
+
+
 def tune_dense(ks: KernelSpec, target: "tvm.target.Target", db: TuningDB, key: str,
-               budget: int, patience: int, per_iter: int = 16) -> tuple[tvm.IRModule,
-                                                                        TuneOutcome]:
+               budget: int, patience: int, per_iter: int = 16,
+               hand: KernelSpec | None = None,
+               make_args: Callable[[KernelSpec], list] | None = None
+               ) -> tuple[tvm.IRModule | None, TuneOutcome]:
     """Tune ``ks`` with MetaSchedule unless ``db`` already holds this search; returns the
-    best schedule's module and the search's outcome."""
+    best schedule's module and the search's outcome. With ``hand`` (the same kernel as the
+    untuned grid builds it) and ``make_args``, a new search's best is timed against the hand
+    schedule in turn (:data:`COMPARE_ROUNDS` rounds, the fastest of each) and the faster is
+    kept: where the hand schedule wins, the module is None, the outcome says
+    ``kept="hand"``, and the caller builds ``hand``."""
     from tvm.s_tir import meta_schedule as ms
 
     func = dense_prim_func(ks)
@@ -286,12 +302,46 @@ def tune_dense(ks: KernelSpec, target: "tvm.target.Target", db: TuningDB, key: s
         if best is None:
             raise RuntimeError(f"MetaSchedule found no valid schedule in {outcome.trials} "
                                f"trials (first error: {counter['error']})")
+        sch = ms.tir_integration.compile_tir(db.metaschedule(), func, target)
+        if sch is not None and hand is not None and make_args is not None:
+            outcome = _against_hand(outcome, sch.mod, ks, hand, target, make_args)
         db.record(key, outcome)
+        if outcome.kept == "hand":
+            return None, outcome
+    elif outcome.kept == "hand":
+        return None, outcome
     sch = ms.tir_integration.compile_tir(db.metaschedule(), func, target)
     if sch is None:
         raise RuntimeError(f"the tuning database has no schedule for this kernel although "
                            f"its index lists a search ({outcome.trials} trials)")
     return sch.mod, outcome
+
+
+def _against_hand(outcome: TuneOutcome, searched: tvm.IRModule, ks: KernelSpec,
+                  hand: KernelSpec, target: "tvm.target.Target",
+                  make_args: Callable[[KernelSpec], list]) -> TuneOutcome:
+    """``outcome`` with the search's best and the hand schedule timed in turn on the
+    execution device, and the faster kept. A hand schedule that does not build or run
+    leaves the search's best."""
+    from dataclasses import replace
+
+    from dlas_predict.measure.execution.remote import execution
+
+    run = execution()
+    target_json = dict(target.export())
+    try:
+        mods = {"search": run.load(tvm.compile(searched, target=target), target_json),
+                "hand": run.load(build_kernel(hand, target), target_json)}
+        args = {"search": make_args(ks), "hand": make_args(hand)}
+        times = {k: float("inf") for k in mods}
+        for _ in range(COMPARE_ROUNDS):
+            for k, mod in mods.items():
+                times[k] = min(times[k], quick_time(mod["main"], args[k], mod, run.dev))
+    except Exception as exc:  # the hand schedule did not build or run: the search stands
+        logging.getLogger(__name__).warning("hand schedule not compared: %s", exc)
+        return outcome
+    kept = "hand" if times["hand"] < times["search"] else "search"
+    return replace(outcome, kept=kept, search_s=times["search"], hand_s=times["hand"])
 
 
 def _board_tuning(target: "tvm.target.Target"):

@@ -82,8 +82,9 @@ class TunedKernels:
 
     A dense layer gets the best MetaSchedule trace of its workload, replayed on the network's
     own kernel (int8 layers differ from the tuned kernel only in their calibrated scale); a
-    CSR layer gets the knobs its search chose. A layer the database does not hold keeps its
-    hand schedule and is counted in ``untuned``.
+    CSR layer gets the knobs its search chose. A dense layer whose search's best lost to the
+    hand schedule (``TuneOutcome.kept``) keeps the hand schedule, counted as tuned. A layer
+    the database does not hold keeps its hand schedule and is counted in ``untuned``.
     """
 
     def __init__(self, db: str, budget: int, fingerprint: str, target_json: dict, cores: int,
@@ -115,6 +116,9 @@ class TunedKernels:
         if ks.sparse:
             self.tuned.append(i)
             return kernel_module(replace(ks, knobs={**ks.knobs, **found.knobs}))["main"]
+        if found.kept == "hand":  # the hand schedule beat the search: tuning kept it
+            self.tuned.append(i)
+            return kernel_module(ks)["main"]
         from tvm.s_tir import Schedule
         from tvm.s_tir.meta_schedule.tir_integration import compile_tir
 
@@ -131,15 +135,18 @@ class TunedKernels:
         self.tuned.append(i)
         return sch.mod["main"]
 
-    def holds(self, spec: ConvSpec, choice: "LayerChoice", dtype: DType) -> bool:
-        """Whether the database holds a search of a dense layer of ``spec`` (a layer it does
-        not hold keeps its hand schedule, and with it its fused epilogue). CSR layers: True
-        (their searched knobs depend on the pruned weights, and they fuse either way)."""
+    def replaces_hand(self, spec: ConvSpec, choice: "LayerChoice", dtype: DType) -> bool:
+        """Whether a search's schedule replaces the hand schedule of a dense layer of
+        ``spec``: the database holds a search of it whose best beat the hand schedule (any
+        other layer keeps its hand schedule, and with it its fused epilogue). CSR layers:
+        True (their searched knobs depend on the pruned weights, and they fuse either
+        way)."""
         if choice.sparse:
             return True
         _, key = self._search(KernelSpec(spec, choice.algorithm, False, dtype, {}),
                               DENSE_COMPRESSION[dtype], 0.0)
-        return self.db.lookup(key) is not None
+        found = self.db.lookup(key)
+        return found is not None and found.kept != "hand"
 
     def _search(self, ks: KernelSpec, comp: Compression,
                 ratio: float) -> tuple[KernelSpec, str]:
@@ -204,10 +211,11 @@ class _ConvLowering:
 
     def hand_vnni(self, spec: ConvSpec, choice: "LayerChoice") -> bool:
         """Whether a layer runs AVX-512 VNNI (where the CPU has it): every layer that keeps
-        its hand schedule, untuned or tuned with no search in the database; a tuned layer
-        keeps the knobs it was tuned under (no VNNI)."""
+        its hand schedule, untuned, tuned with no search in the database, or tuned to the
+        hand schedule; a layer of a search's schedule keeps the knobs it was tuned under (no
+        VNNI)."""
         return self.vnni and (self.tuned is None
-                              or not self.tuned.holds(spec, choice, self.dtype))
+                              or not self.tuned.replaces_hand(spec, choice, self.dtype))
 
     def folds_scale(self, i: int, spec: ConvSpec) -> bool:
         """Whether conv ``i`` of workload ``spec`` takes a channel scale of its input into
@@ -380,8 +388,8 @@ def lower_convs(mod: tvm.IRModule, lowering: _ConvLowering) -> tvm.IRModule:
                      if isinstance(b, relax.VarBinding)}
             kept = {conv: plan for i, (conv, plan) in enumerate(plans.items())
                     if i >= len(lowering.choices) or TunedKernels.fuses(lowering.choices[i])
-                    or not lowering.tuned.holds(_call_spec(calls[conv]),
-                                                lowering.choices[i], lowering.dtype)}
+                    or not lowering.tuned.replaces_hand(_call_spec(calls[conv]),
+                                                        lowering.choices[i], lowering.dtype)}
             lowering.separate_layers += sum(1 for conv, plan in plans.items()
                                             if plan.steps and conv not in kept)
             plans = kept
