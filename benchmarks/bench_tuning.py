@@ -47,7 +47,7 @@ def pairs(store: Path, device: str = "local") -> list[dict]:
     out = []
     for key, t in tuned.items():
         u = untuned.get(key)
-        if u is None:
+        if u is None or u["noisy"] or t["noisy"]:  # a spread run compares nothing
             continue
         out.append({"conv": key[0], "algorithm": key[1], "compression": key[2],
                     "ratio": key[3], "untuned_s": u["median_s"], "tuned_s": t["median_s"],

@@ -1,4 +1,6 @@
 """Measured accuracy: data loading, the fidelity proxy, the elbow rule, and real drops."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -72,8 +74,53 @@ def test_proxy_without_labels(tmp_path):
     assert pruned.to_dict()["fidelity_proxy"] == pruned.value
 
 
+def test_fine_tuning_splits_other_data_into_two_seeded_halves():
+    d = digits.digits("test", (1, 8, 8))
+    tune, held = datasets.split_for_finetune(d)
+    assert len(tune) == 180 and len(held) == 180 and "fine-tuning half" in tune.name
+    both = np.concatenate([tune.x, held.x]).reshape(360, -1)
+    assert len(np.unique(both, axis=0)) == len(np.unique(d.x.reshape(360, -1), axis=0))
+    again = datasets.split_for_finetune(d)[0]
+    assert np.array_equal(again.x, tune.x) and np.array_equal(again.y, tune.y)
+    with pytest.raises(DataError, match="labelled"):
+        datasets.split_for_finetune(replace(d, y=np.full(360, -1)))
+
+
+def test_a_plain_onnx_file_is_fine_tuned_through_the_importer(tmp_path):
+    """A pruned ONNX file with no zoo definition is fine-tuned as a torch module: its masks
+    held (the exported weights keep the pruned share of zeros), its weights moved by the
+    training, and the record says how."""
+    import onnx
+    from onnx import numpy_helper
+
+    from dlas_predict.networks.generate import FAMILIES, build
+
+    path = tmp_path / "small.onnx"
+    onnx.save(build("cnn", {**FAMILIES["cnn"], "layers": 2, "kernels": 8}), str(path))
+    data = digits.digits("train", (3, 32, 32))
+    few = replace(data, name="digits-few", x=data.x[:96], y=data.y[:96])
+    pruned = accuracy.prepare(str(path), "weight_pruning", 0.8)
+    tuned = accuracy.prepare(str(path), "weight_pruning", 0.8, finetune_epochs=1,
+                             finetune_data=few)
+    note = next(n for n in tuned.compressed.notes if n.startswith("fine-tuned"))
+    assert "digits-few (96 images)" in note and "imported into torch" in note
+
+    def convs(model):
+        inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+        return [inits[n.input[1]] for n in model.graph.node if n.op_type == "Conv"]
+
+    for a, b in zip(convs(tuned.compressed.model), convs(pruned.compressed.model)):
+        assert np.array_equal(a == 0, b == 0)  # the same global criterion, masks held
+    sparsity = np.mean(np.concatenate([(w == 0).ravel() for w in
+                                       convs(tuned.compressed.model)]))
+    assert sparsity == pytest.approx(0.8, abs=0.02)
+    assert any(not np.allclose(a, b) for a, b in zip(convs(tuned.compressed.model),
+                                                    convs(pruned.compressed.model)))
+
+
 @pytest.mark.slow
-def test_extreme_pruning_genuinely_drops_and_finetuning_is_refused_on_plain_onnx(tmp_path):
+def test_extreme_pruning_genuinely_drops_and_an_exported_zoo_file_is_pruned_as_the_zoo(
+        tmp_path):
     dense = accuracy.measure("zoo:mobilenetv1-cifar")
     assert dense.metric == "top1" and dense.value >= 0.9
     assert dense.weights.startswith("trained")
@@ -82,11 +129,11 @@ def test_extreme_pruning_genuinely_drops_and_finetuning_is_refused_on_plain_onnx
     assert wp.value < 0.5 and cp.value < 0.5
     assert wp.reference_top1 == dense.value
     from dlas_predict.networks import zoo
-    from dlas_predict.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="zoo:NAME"):
-        accuracy.measure(str(zoo.export("mobilenetv1-cifar")), compression="weight_pruning",
-                         ratio=0.5, finetune_epochs=1)
+    prep = accuracy.prepare(str(zoo.export("mobilenetv1-cifar", tmp_path / "mine.onnx")),
+                            "weight_pruning", 0.5)
+    assert prep.name == "mine" and any("holds zoo:mobilenetv1-cifar's weights" in n
+                                       for n in prep.compressed.notes)
 
 
 @pytest.mark.slow

@@ -154,8 +154,9 @@ def accuracy_cmd(
     ratio: Optional[float] = typer.Option(None, "--ratio", help="Pruning ratio [0, 1)."),
     remove_channels: bool = typer.Option(False, "--remove-channels"),
     finetune_epochs: int = typer.Option(0, "--finetune-epochs",
-                                        help="Fine-tune the pruned zoo network (digits train "
-                                             "split, masks held)."),
+                                        help="Fine-tune the pruned network, masks held "
+                                             "(digits: its training split; other labelled "
+                                             "data: one half, the other half measured)."),
     curve: bool = typer.Option(False, "--curve", help="Accuracy-vs-ratio curves for both "
                                "pruning kinds, with the elbow ratio of each."),
     ratios: str = typer.Option(",".join(map(str, DEFAULT_CURVE_RATIOS)), "--ratios",

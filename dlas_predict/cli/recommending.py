@@ -158,8 +158,9 @@ def recommend(
     std: Optional[str] = STD_OPT,
     input_size: Optional[str] = INPUT_SIZE_OPT,
     fine_tune: int = typer.Option(0, "--fine-tune", help="Measure pruned candidates after "
-                                  "this many epochs of fine-tuning (zoo networks, --data "
-                                  "digits), as the study does."),
+                                  "this many epochs of fine-tuning, as the study does (zoo "
+                                  "networks and ONNX files; on digits' training split, or on "
+                                  "half of other --data, the rest measuring)."),
     top: int = typer.Option(10, "--top", help="Candidates to print."),
     validate: str = typer.Option("0", "--validate",
                                  help="Build and time the top K whole networks (K | all)."),

@@ -15,7 +15,7 @@ import numpy as np
 
 from dlas_predict.space.config import DEFAULT_CURVE_RATIOS as DEFAULT_RATIOS, ELBOW_DROP_PP
 from dlas_predict.compression.data import (DataError, DataOptions, check_labels, data_hash,
-                                           labelled, load_data)
+                                           labelled, load_data, split_for_finetune)
 from dlas_predict.compression.digits import Dataset
 from dlas_predict.errors import ConfigError, param
 
@@ -164,11 +164,15 @@ class Prepared:
 
 def prepare(model: str, compression: str = "dense", ratio: float | None = None,
             remove_channels: bool = False, finetune_epochs: int = 0,
-            calibration: np.ndarray | None = None, log=None) -> Prepared:
+            calibration: np.ndarray | None = None, log=None,
+            finetune_data: Dataset | None = None) -> Prepared:
     """Resolve ``model`` (path or ``zoo:NAME``) and compress it.
 
-    Zoo networks are pruned on their torch definition (and fine-tuned there, on the digits
-    training split, masks held) before export; plain ONNX files are pruned on their weights.
+    Zoo networks are pruned on their torch definition before export; plain ONNX files are
+    pruned on their weights. With ``finetune_epochs``, a pruned network is fine-tuned with
+    its masks held on ``finetune_data`` (labelled images; default: the digits training
+    split), a plain ONNX file through the torch module the importer makes of it
+    (:mod:`dlas_predict.networks.torchimport`).
     """
     import onnx
 
@@ -195,20 +199,37 @@ def prepare(model: str, compression: str = "dense", ratio: float | None = None,
     entry = zoo.get(model) if str(model).startswith(zoo.ZOO_PREFIX) else None
     path = zoo.resolve(model)
     name = entry.name if entry else path.stem
-    if pruning and entry is not None:
+    matched = None
+    if entry is None and pruning:  # an exported zoo network is pruned as the zoo's is
+        entry = matched = zoo.match(path)
+    if pruning and (entry is not None or finetune_epochs):
         import tempfile
 
-        from dlas_predict.compression import digits
         from dlas_predict.compression import training
 
-        net = zoo.torch_model(entry.name)
+        if entry is not None:
+            net, shape = zoo.torch_model(entry.name), entry.input_shape
+        else:
+            from dlas_predict.networks.torchimport import import_onnx, input_shape
+
+            net, shape = import_onnx(path), input_shape(path)
+        if finetune_epochs and finetune_data is None:
+            from dlas_predict.compression import digits
+
+            finetune_data = digits.digits("train", shape)
+        if entry is None:
+            import torch
+
+            net.insert_norms(torch.from_numpy(finetune_data.x[:NORM_IMAGES]))
         reapply = compress.torch_masks(net, comp, ratio)
         if finetune_epochs:
-            train = digits.digits("train", entry.input_shape)
-            training.train(net, train.x, train.y, finetune_epochs, lr=0.01, max_shift=2,
+            trainable = net if entry is not None else _Logits(net)
+            training.train(trainable, finetune_data.x, finetune_data.y, finetune_epochs,
+                           lr=0.01, max_shift=2 if len(shape) == 3 else 0,
                            after_step=reapply, log=log)
+            training.recalibrate_norms(net, finetune_data.x)
         with tempfile.TemporaryDirectory(prefix="dlas-") as tmp:
-            exported = zoo.export_model(net, entry.input_shape, Path(tmp) / f"{name}.onnx")
+            exported = zoo.export_model(net, shape, Path(tmp) / f"{name}.onnx")
             base = onnx.load(str(exported))
         notes = []
         if remove_channels:
@@ -218,15 +239,40 @@ def prepare(model: str, compression: str = "dense", ratio: float | None = None,
         done = compress.compress_onnx(base, "dense", None)
         done.compression, done.ratio = comp, ratio
         done.notes.extend(notes)
+        if matched is not None:
+            done.notes.append(f"the file holds zoo:{matched.name}'s weights: pruned on its "
+                              "torch definition")
         if finetune_epochs:
-            done.notes.append(f"fine-tuned {finetune_epochs} epochs on the digits training "
-                              "split with the masks held")
+            done.notes.append(f"fine-tuned {finetune_epochs} epochs on {finetune_data.name} "
+                              f"({len(finetune_data)} images) with the masks held, batch "
+                              "norms recalibrated on them"
+                              + ("" if entry is not None else
+                                 " (the ONNX file imported into torch)"))
     else:
-        if finetune_epochs:
-            raise ConfigError("fine-tuning needs a torch definition: use a zoo:NAME network")
         done = compress.compress_onnx(onnx.load(str(path)), comp, ratio, calibration,
                                       remove_channels=remove_channels)
     return Prepared(name, path, done, entry)
+
+
+#: The fine-tuning procedure's version, in the key of a fine-tuned accuracy's cache entry.
+FINETUNE_VERSION = "2"
+#: Images whose conv outputs set the batch norms inserted into an imported graph.
+NORM_IMAGES = 256
+
+
+def _Logits(module):
+    """A module that trains on an imported graph's logits (a final softmax's input)."""
+    import torch.nn as nn
+
+    class Logits(nn.Module):
+        def __init__(self, inner) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            return self.inner.logits(x)
+
+    return Logits(module)
 
 
 def _weights_label(prep: Prepared) -> str:
@@ -251,11 +297,18 @@ def measure(model: str, data: str = "digits", compression: str = "dense",
     from dlas_predict.space.config import Compression
 
     comp = Compression.parse(compression)
+    if finetune_epochs and data != "digits" and not options.finetune_split:
+        from dataclasses import replace
+
+        options = replace(options, finetune_split=True)
     path = zoo.resolve(model)
     sess = onnx_session(path)  # one session tells the input, the outputs and the metadata
     shape = input_shape(sess, options.input_size)
     test = load_data(data, shape, options=options, metadata=model_metadata(sess))
     check_labels(test, output_classes(sess))
+    tune = None
+    if options.finetune_split and data != "digits":
+        tune, test = split_for_finetune(test)
     dims = sess.get_inputs()[0].shape
     if options.input_size is not None and not all(isinstance(d, int) and d > 0 for d in dims):
         path = with_fixed_input(path, shape)  # the open dimensions, now given
@@ -270,7 +323,7 @@ def measure(model: str, data: str = "digits", compression: str = "dense",
                      else test)
         calibration = calib_src.x[:128]
     prep = prepare(model, comp.value, ratio, remove_channels, finetune_epochs, calibration,
-                   log=log)
+                   log=log, finetune_data=tune)
     compressed = prep.compressed.model
     uncal = None
     if labelled(test):
@@ -306,6 +359,8 @@ def _cache_key(path: Path, test: Dataset, comp, ratio, finetune_epochs: int,
     from dlas_predict.files import file_digest
 
     what = f"{comp.value}|{ratio}|{finetune_epochs}|{remove_channels}|{options.key}"
+    if finetune_epochs:  # a result of another fine-tuning procedure is not this one's
+        what += f"|finetune-{FINETUNE_VERSION}"
     return "-".join((file_digest(path)[:16], data_hash(test),
                      hashlib.sha256(what.encode()).hexdigest()[:12]))
 

@@ -34,12 +34,16 @@ class DataError(DlasError):
 class DataOptions:
     """How images become the network's input: ``limit`` images at most (a seeded random
     subset), per-channel ``mean``/``std`` on the 0-1 scale (None: the model's metadata, else
-    0.5), and ``input_size`` (H, W) for a model whose input leaves them open."""
+    0.5), and ``input_size`` (H, W) for a model whose input leaves them open.
+    ``finetune_split``: the images (other than digits, which has its own training split) are
+    split in two seeded halves, one to fine-tune pruned networks on and the other to measure
+    every candidate on, the uncompressed network included (:func:`split_for_finetune`)."""
 
     limit: int | None = None
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
     input_size: tuple[int, int] | None = None
+    finetune_split: bool = False
 
     def __post_init__(self):
         if self.limit is not None and self.limit < 1:
@@ -55,7 +59,8 @@ class DataOptions:
 
     @property
     def key(self) -> str:
-        return f"{self.limit}|{self.mean}|{self.std}|{self.input_size}"
+        return (f"{self.limit}|{self.mean}|{self.std}|{self.input_size}"
+                + ("|finetune-split" if self.finetune_split else ""))
 
 
 def parse_floats(text: str | None, what: str) -> tuple[float, ...] | None:
@@ -238,6 +243,25 @@ def load_data(spec: str, shape: tuple[int, int, int], split: str = "test",
         keep = np.sort(np.random.default_rng(LIMIT_SEED).permutation(len(data))[:options.limit])
         data = replace(data, x=data.x[keep], y=data.y[keep])
     return data
+
+
+#: The seed of the halves :func:`split_for_finetune` draws.
+SPLIT_SEED = 0
+
+
+def split_for_finetune(data: Dataset) -> tuple[Dataset, Dataset]:
+    """(the half to fine-tune on, the half to measure on) of labelled ``data``: a seeded
+    random half each (the measured half gets the odd image)."""
+    if not labelled(data):
+        raise DataError(f"{data.name}: fine-tuning needs labelled images (a label per image)")
+    if len(data) < 2:
+        raise DataError(f"{data.name}: {len(data)} image, too few to fine-tune on one half "
+                        "and measure on the other")
+    order = np.random.default_rng(SPLIT_SEED).permutation(len(data))
+    tune, held = np.sort(order[:len(data) // 2]), np.sort(order[len(data) // 2:])
+    return (replace(data, name=f"{data.name} (fine-tuning half)", x=data.x[tune],
+                    y=data.y[tune], skipped=0),
+            replace(data, name=f"{data.name} (measured half)", x=data.x[held], y=data.y[held]))
 
 
 def labelled(data: Dataset) -> bool:

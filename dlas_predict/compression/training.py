@@ -64,6 +64,32 @@ def train(model: nn.Module, x: np.ndarray, y: np.ndarray, epochs: int, *, lr: fl
 
 
 @torch.no_grad()
+def recalibrate_norms(model: nn.Module, x: np.ndarray, batch_size: int = 128) -> int:
+    """Set every batch norm's running statistics to the mean and variance of its input over
+    the images ``x`` (the weights unchanged); returns how many. After pruning and a short
+    fine-tuning the running statistics trail the weights: a ResNet-18 fine-tuned for one
+    epoch after weight pruning at 0.95 scored 23 % on digits with them, 99 % recalibrated."""
+    norms = [m for m in model.modules()
+             if isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d))]
+    if not norms:
+        return 0
+    saved = [m.momentum for m in norms]
+    for m in norms:
+        m.reset_running_stats()
+        m.momentum = None  # a cumulative average over the batches
+    was = model.training
+    model.train()
+    try:
+        for start in range(0, len(x), batch_size):
+            model(torch.from_numpy(x[start:start + batch_size]))
+    finally:
+        for m, momentum in zip(norms, saved):
+            m.momentum = momentum
+        model.train(was)
+    return len(norms)
+
+
+@torch.no_grad()
 def top1(model: nn.Module, x: np.ndarray, y: np.ndarray, batch_size: int = 128) -> float:
     """Top-1 accuracy of a torch model (eval mode)."""
     model.eval()

@@ -116,7 +116,9 @@ class Accuracies:
         more = (f"; {res.images_skipped} images could not be decoded and were skipped"
                 if res.images_skipped else "")
         if epochs:
-            more += f"; fine-tuned {epochs} epochs on the digits training split"
+            more += (f"; fine-tuned {epochs} epochs on "
+                     + ("the digits training split" if self.data == "digits" else
+                        "the other half of the data"))
         if res.metric == "top1":
             self.reference = res.reference_top1
             return AccuracyFigure(res.value, f"measured: top-1 on {res.data} "

@@ -151,8 +151,10 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
     rows (dense among them: speedups are relative to it); a tuned candidate also carries the
     predicted search time for ``trials`` trials per kernel. ``data_options``
     (:class:`~dlas_predict.compression.data.DataOptions`): how ``data`` is read;
-    ``finetune_epochs``: pruned candidates are measured after that much fine-tuning (a zoo
-    network, on the digits training split, its masks held); ``predict_accuracy=False``:
+    ``finetune_epochs``: pruned candidates are measured after that much fine-tuning, masks
+    held (a zoo network on its torch definition, an ONNX file imported into torch; on the
+    digits training split, or on one half of other ``data``, every candidate then measured
+    on the other half); ``predict_accuracy=False``:
     no accuracy-cost model is asked (a caller that needs no accuracy figure)."""
     from dlas_predict.measure.execution.runner import TuningOptions
 
@@ -165,13 +167,16 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
     if finetune_epochs < 0:
         raise DlasError(f"{param('finetune_epochs')} must be 0 or more epochs, got "
                         f"{finetune_epochs}")
+    if finetune_epochs and not data:
+        raise DlasError(f"{param('finetune_epochs')} measures the fine-tuned candidates: give "
+                        f"{param('data')} (digits: its training split fine-tunes; other "
+                        "labelled images: one half fine-tunes, the other is measured)")
     if finetune_epochs and data != "digits":
-        raise DlasError(f"{param('finetune_epochs')} trains on the digits training split and "
-                        f"measures on its test split: give {param('data')} digits")
-    if finetune_epochs and not str(model).startswith("zoo:"):
-        raise DlasError(f"{param('finetune_epochs')} needs the network's torch definition: use a "
-                        "zoo:NAME "
-                        "network")
+        from dataclasses import replace
+
+        from dlas_predict.compression.data import DataOptions
+
+        data_options = replace(data_options or DataOptions(), finetune_split=True)
     tuned_opts = TuningOptions(budget=trials, db=tuning_db)  # checks --trials
     if Compression.DENSE not in compressions:
         raise DlasError("the grid's speedups are relative to dense: compressions must "
