@@ -72,11 +72,11 @@ def main() -> int:
         # the MACs fit, per backend, on the calibration's own whole-network runs
         fit = {}
         shots = cal.get("networks", [])
-        from dlas_predict.recommend.calibrate import resolve_networks
+        from dlas_predict.corpus.collect import calibration_networks
         from dlas_predict.networks import zoo
 
         macs_of = {}
-        for n in resolve_networks(None):
+        for n in calibration_networks():
             p = Path(zoo.resolve(n))
             macs_of[p.stem if not n.startswith("zoo:") else n[4:]] = _macs(p)
         for backend in ("tvm", "onnxruntime"):

@@ -191,6 +191,27 @@ def test_collect_bad_input(tmp_path):
                              "--builds-only"), "add --whole-network")
 
 
+def test_collect_without_networks_asks_for_them_and_the_calibration_set_names_its_own(
+        tmp_path, monkeypatch):
+    """No --network is one clear error; --calibration-set measures the calibration networks
+    (and any named), whole networks included, with its lighter protocol unless the options
+    say otherwise."""
+    from dlas_predict.cli import measuring
+    from dlas_predict.corpus.collect import CALIBRATION_REPEATS, calibration_networks
+
+    _assert_clean_error(_run("collect", "--store", tmp_path / "s.sqlite"),
+                        "--network FILE.onnx or zoo:NAME")
+    seen = []
+    monkeypatch.setattr(measuring, "collect_into", lambda *a, **k: seen.append((a, k)))
+    assert _run("collect", "--calibration-set", "--store", tmp_path / "s.sqlite").exit_code == 0
+    assert _run("collect", "--calibration-set", "--network", DEMO, "--store",
+                tmp_path / "s.sqlite", "--max-repeats", "7").exit_code == 0
+    (first, kw), (second, _) = seen
+    assert first[0] == calibration_networks() and kw["whole_network"]
+    assert (first[7], first[8]) == (CALIBRATION_REPEATS, 0.5)
+    assert second[0] == calibration_networks() + [str(DEMO)] and second[7] == 7
+
+
 def test_corpus_bad_input(tmp_path):
     _assert_clean_error(_run("corpus", "stats", "--store", tmp_path / "none.sqlite"),
                         "no corpus store")

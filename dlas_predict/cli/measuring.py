@@ -143,9 +143,15 @@ def _measure_row(r) -> dict:
 @app.command()
 @handle_errors
 def collect(
-    network: List[str] = typer.Option(..., "--network",
+    network: List[str] = typer.Option([], "--network",
                                       help="ONNX file or zoo:NAME (repeatable)."),
     store: Path = typer.Option(..., "--store", help="Corpus store (SQLite), created if new."),
+    calibration_set: bool = typer.Option(
+        False, "--calibration-set",
+        help="This machine as data for the cross-CPU models: the calibration networks' "
+             "kernels (every algorithm and compression) and whole networks (both backends), "
+             "timed with fewer runs (30, 0.5 s a kernel unless --max-repeats/--time-budget "
+             "say otherwise); about 20 min on 2 cores, resumable."),
     device: str = typer.Option("local", "--device", help="Device name (see `devices`)."),
     algorithms: str = typer.Option("all", "--algorithms", help="all | comma list."),
     compressions: str = typer.Option("all", "--compressions", help="all | comma list."),
@@ -179,8 +185,10 @@ def collect(
         False, "--builds-only",
         help="With --whole-network: time the whole networks only, not their kernels (after "
              "an engine change); per-layer plans read the kernels already in the store."),
-    max_repeats: int = typer.Option(150, "--max-repeats"),
-    time_budget: float = typer.Option(3.0, "--time-budget"),
+    max_repeats: Optional[int] = typer.Option(None, "--max-repeats",
+                                              help="Timed runs a kernel at most (default 150)."),
+    time_budget: Optional[float] = typer.Option(None, "--time-budget",
+                                                help="Seconds of runs a kernel (default 3)."),
     timeout: float = typer.Option(300.0, "--timeout"),
     quiet_wait: float = QUIET_WAIT_OPT,
     tuning: TuningChoice = typer.Option(TuningChoice.UNTUNED, "--tuning"),
@@ -196,9 +204,21 @@ def collect(
 
     Pruned networks are pruned globally at --ratio and each layer's kernels are measured at
     that layer's own sparsity."""
+    from dlas_predict.corpus.collect import (CALIBRATION_BUDGET_S, CALIBRATION_REPEATS,
+                                             calibration_networks)
+
+    if calibration_set:
+        network = calibration_networks() + list(network)
+        whole_network = True
+        max_repeats = CALIBRATION_REPEATS if max_repeats is None else max_repeats
+        time_budget = CALIBRATION_BUDGET_S if time_budget is None else time_budget
+    elif not network:
+        raise DlasError("give the networks to measure (--network FILE.onnx or zoo:NAME, "
+                        "repeatable), or --calibration-set")
     collect_into(network, store, device, algorithms, compressions, ratio, retry_failures,
-             max_repeats, time_budget, timeout, as_json, quiet, per_layer=not uniform,
-             whole_network=whole_network,
+             150 if max_repeats is None else max_repeats,
+             3.0 if time_budget is None else time_budget, timeout, as_json, quiet,
+             per_layer=not uniform, whole_network=whole_network,
              tuning=make_tuning(tuning.value, trials, early_stop, tuning_db), quiet_wait=quiet_wait,
              retime_slow=retime_slow, retime_unprobed=retime_unprobed,
              remote=(tracker, rpc_key, allow_remote_tracker, boards, tries),

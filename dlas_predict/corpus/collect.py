@@ -187,6 +187,24 @@ class NetworkToCollect:
     configs: dict[str, list[LayerConfig]]
 
 
+#: The calibration networks, shared by `calibrate` and `collect --calibration-set`: plain
+#: 3×3 convs, residual blocks, pointwise and depthwise layers (the demo CNN, a ResNet and a
+#: MobileNet of the zoo).
+CALIBRATION_NETWORKS = ("demo", "zoo:resnet18-cifar", "zoo:mobilenetv2-cifar")
+#: `collect --calibration-set`'s timing protocol: fewer runs than a corpus's default (150
+#: runs, 3 s a kernel), so that a new machine's kernels and whole networks take minutes.
+CALIBRATION_REPEATS, CALIBRATION_BUDGET_S = 30, 0.5
+
+
+def calibration_networks(networks: list[str] | None = None) -> list[str]:
+    """The named networks, or :data:`CALIBRATION_NETWORKS` (``demo``: the shipped demo
+    CNN's file)."""
+    from dlas_predict.paths import DEMO_NETWORK
+
+    return [str(DEMO_NETWORK) if n == "demo" else n
+            for n in (networks or CALIBRATION_NETWORKS)]
+
+
 def plan_networks(models: list[str], compressions: list[Compression], ratio: float,
                   per_layer: bool = True) -> list[NetworkToCollect]:
     """Read each network and plan its compressed configurations; bad networks raise."""

@@ -32,10 +32,8 @@ from typing import Callable
 import numpy as np
 
 from dlas_predict.errors import DlasError, param
+from dlas_predict.corpus.collect import calibration_networks
 
-#: The built-in calibration networks: plain 3×3 convs, residual blocks, pointwise and
-#: depthwise layers (the demo CNN, a ResNet and a MobileNet of the zoo).
-DEFAULT_NETWORKS = ("demo", "zoo:resnet18-cifar", "zoo:mobilenetv2-cifar")
 #: The share of the time budget the kernels get; whole networks take the rest.
 KERNEL_SHARE = 0.55
 #: The runs timed per network, in this order: (backend, compression, ratio, mixed), the two
@@ -126,16 +124,6 @@ class CalibrationReport:
         return asdict(self)
 
 
-def resolve_networks(networks: list[str] | None) -> list[str]:
-    """The calibration networks: the named ones, or the built-in set."""
-    from dlas_predict.paths import DEMO_NETWORK
-
-    out = []
-    for n in networks or DEFAULT_NETWORKS:
-        out.append(str(DEMO_NETWORK) if n == "demo" else n)
-    return out
-
-
 def _check(device) -> None:
     if device.kind != "cpu" or not device.measured_here:
         raise DlasError(f"calibrate measures this machine's CPU (local or one of its "
@@ -173,7 +161,7 @@ def run(device: str, minutes: float, networks: list[str] | None,
     if transfer.own_model(device) and fingerprint is None:
         raise DlasError(f"{device}'s model was trained on this very CPU (fingerprint {fp}): "
                         "there is nothing to calibrate; `collect` and `train` refresh it")
-    nets = resolve_networks(networks)
+    nets = calibration_networks(networks)
     pool = active.pool_from_networks(nets)
     memo = Memo(memo_path or dlas_home() / "calibrate" / f"{fp}.sqlite")
     kernel_oracle = kernel_oracle or LiveKernels(dev)
