@@ -197,7 +197,8 @@ def test_collect_without_networks_asks_for_them_and_the_calibration_set_names_it
     (and any named), whole networks included, with its lighter protocol unless the options
     say otherwise."""
     from dlas_predict.cli import measuring
-    from dlas_predict.corpus.collect import CALIBRATION_REPEATS, calibration_networks
+    from dlas_predict.corpus.collect import (CALIBRATION_REPEATS, CALIBRATION_SET,
+                                             calibration_networks)
 
     _assert_clean_error(_run("collect", "--store", tmp_path / "s.sqlite"),
                         "--network FILE.onnx or zoo:NAME")
@@ -207,9 +208,10 @@ def test_collect_without_networks_asks_for_them_and_the_calibration_set_names_it
     assert _run("collect", "--calibration-set", "--network", DEMO, "--store",
                 tmp_path / "s.sqlite", "--max-repeats", "7").exit_code == 0
     (first, kw), (second, _) = seen
-    assert first[0] == calibration_networks() and kw["whole_network"]
+    assert first[0] == calibration_networks(CALIBRATION_SET) and kw["whole_network"]
+    assert len(first[0]) == 5 and calibration_networks()[0] in first[0]
     assert (first[7], first[8]) == (CALIBRATION_REPEATS, 0.5)
-    assert second[0] == calibration_networks() + [str(DEMO)] and second[7] == 7
+    assert second[0] == first[0] + [str(DEMO)] and second[7] == 7
 
 
 def test_corpus_bad_input(tmp_path):

@@ -148,10 +148,10 @@ def collect(
     store: Path = typer.Option(..., "--store", help="Corpus store (SQLite), created if new."),
     calibration_set: bool = typer.Option(
         False, "--calibration-set",
-        help="This machine as data for the cross-CPU models: the calibration networks' "
-             "kernels (every algorithm and compression) and whole networks (both backends), "
-             "timed with fewer runs (30, 0.5 s a kernel unless --max-repeats/--time-budget "
-             "say otherwise); about 20 min on 2 cores, resumable."),
+        help="This machine as data: the kernels (every algorithm and compression) and "
+             "whole networks (both backends) of five networks (the calibration networks, "
+             "mobilenetv1-cifar, vgg16-cifar), timed with fewer runs (30, 0.5 s a kernel "
+             "unless --max-repeats/--time-budget say otherwise); resumable."),
     device: str = typer.Option("local", "--device", help="Device name (see `devices`)."),
     algorithms: str = typer.Option("all", "--algorithms", help="all | comma list."),
     compressions: str = typer.Option("all", "--compressions", help="all | comma list."),
@@ -205,10 +205,10 @@ def collect(
     Pruned networks are pruned globally at --ratio and each layer's kernels are measured at
     that layer's own sparsity."""
     from dlas_predict.corpus.collect import (CALIBRATION_BUDGET_S, CALIBRATION_REPEATS,
-                                             calibration_networks)
+                                             CALIBRATION_SET, calibration_networks)
 
     if calibration_set:
-        network = calibration_networks() + list(network)
+        network = calibration_networks(CALIBRATION_SET) + list(network)
         whole_network = True
         max_repeats = CALIBRATION_REPEATS if max_repeats is None else max_repeats
         time_budget = CALIBRATION_BUDGET_S if time_budget is None else time_budget

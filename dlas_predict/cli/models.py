@@ -59,6 +59,8 @@ def train(store: Path = typer.Option(..., "--store", help="Corpus store to learn
     typer.echo(f"fit on the training data (not a held-out figure; see `evaluate`): MAPE "
                f"{report.mape:.1%}, within ±10 % {report.within_10pct:.1%}, 80 % "
                f"interval covers {report.interval_coverage:.1%}")
+    if report.onnxruntime_skipped:
+        typer.echo(f"no onnxruntime model: {report.onnxruntime_skipped}")
     if report.whole_networks:
         typer.echo(f"network residual model: {report.whole_networks} whole-network "
                    f"measurements of {report.networks} networks → {report.network_model}")

@@ -191,12 +191,16 @@ class NetworkToCollect:
 #: 3×3 convs, residual blocks, pointwise and depthwise layers (the demo CNN, a ResNet and a
 #: MobileNet of the zoo).
 CALIBRATION_NETWORKS = ("demo", "zoo:resnet18-cifar", "zoo:mobilenetv2-cifar")
+#: `collect --calibration-set`'s networks: the calibration networks and two more of the
+#: zoo (pointwise and depthwise stacks, plain 3×3 stacks), five, as many as an onnxruntime
+#: model needs to be fitted.
+CALIBRATION_SET = CALIBRATION_NETWORKS + ("zoo:mobilenetv1-cifar", "zoo:vgg16-cifar")
 #: `collect --calibration-set`'s timing protocol: fewer runs than a corpus's default (150
 #: runs, 3 s a kernel), so that a new machine's kernels and whole networks take minutes.
 CALIBRATION_REPEATS, CALIBRATION_BUDGET_S = 30, 0.5
 
 
-def calibration_networks(networks: list[str] | None = None) -> list[str]:
+def calibration_networks(networks: list[str] | tuple[str, ...] | None = None) -> list[str]:
     """The named networks, or :data:`CALIBRATION_NETWORKS` (``demo``: the shipped demo
     CNN's file)."""
     from dlas_predict.paths import DEMO_NETWORK

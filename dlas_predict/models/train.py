@@ -43,6 +43,8 @@ class TrainReport:
     onnxruntime_records: int | None = None
     #: leave-one-network-out figures of the onnxruntime model, by mode
     onnxruntime_lono: dict | None = None
+    #: why the store's onnxruntime runs fitted no onnxruntime model (too few networks)
+    onnxruntime_skipped: str | None = None
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -134,7 +136,13 @@ def train(store: Path, device: str = "local", out: Path | None = None,
         report.tuned_records = tuning.meta_["n_train"]
         report.tuning_hours = tuning.meta_["total_tuning_hours"]
         report.tuning_mape = tuning.meta_["train_mape"]
-    ort = train_onnxruntime(store, corpus.device, directory, meta)
+    from dlas_predict.models.costmodel import ModelError
+
+    try:
+        ort = train_onnxruntime(store, corpus.device, directory, meta)
+    except ModelError as exc:  # the kernels' models stand; onnxruntime's says why not
+        report.onnxruntime_skipped = str(exc)
+        return report
     return _with_onnxruntime(report, ort, directory) if ort is not None else report
 
 
