@@ -48,7 +48,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from dlas_predict.errors import DlasError  # noqa: E402
-from jsonl import append_row, read_rows  # noqa: E402
+from dlas_predict.files import append_row, read_rows  # noqa: E402
 
 STYLES = ("plain", "residual", "separable", "inverted")
 #: The pruning ratios of the grid here (recommend's default has ten of each).

@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 from dlas_predict.measure.networks.plans import PER_LAYER  # noqa: E402
 from dlas_predict.errors import DlasError  # noqa: E402
-from jsonl import append_row, read_rows  # noqa: E402
+from dlas_predict.files import append_row, read_rows  # noqa: E402
 
 #: Generated CNNs of unseen shapes: one per block style (parameters as ``generate cnn``).
 CNNS = [

@@ -20,6 +20,7 @@ network (other ops, the VM or the session) is one row. Run it on a quiet machine
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 import time
@@ -40,9 +41,24 @@ def kind(symbol: str) -> str:
     return "other op (TVM-scheduled)"
 
 
-def main() -> int:
-    from kerneltime import pointwise as is_pointwise, thread_args
+def _thread_args(ap: argparse.ArgumentParser) -> argparse.Namespace | None:
+    """Parse ``--threads`` (default 2) and set TVM's thread count before TVM loads; None
+    (after one ``Error:`` line) when it is below 1."""
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    if args.threads < 1:
+        print(f"Error: --threads must be at least 1, got {args.threads}", file=sys.stderr)
+        return None
+    os.environ["TVM_NUM_THREADS"] = str(args.threads)
+    return args
 
+
+def _is_pointwise(spec) -> bool:
+    """An ungrouped 1x1 convolution."""
+    return spec.R == spec.S == 1 and spec.groups == 1
+
+
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("network", help="zoo:NAME or an ONNX file")
     ap.add_argument("--algorithm", default="direct", choices=ALGORITHMS)
@@ -52,7 +68,7 @@ def main() -> int:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--onnxruntime", action="store_true",
                     help="set each conv layer beside onnxruntime's time for its node")
-    args = thread_args(ap)
+    args = _thread_args(ap)
     if args is None:
         return 1
     if args.runs < 1 or args.top < 1:
@@ -81,7 +97,7 @@ def main() -> int:
     input_name = model.graph.input[0].name
     shape = tuple(net.input_shape)
     pointwise = args.pointwise or args.algorithm
-    choices = [LayerChoice(Algorithm.parse(pointwise if is_pointwise(c.spec)
+    choices = [LayerChoice(Algorithm.parse(pointwise if _is_pointwise(c.spec)
                                            else args.algorithm), False) for c in net.convs()]
     stats: dict = {}
     executable = build(model, input_name, shape, DType.FLOAT32, choices,

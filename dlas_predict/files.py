@@ -56,3 +56,28 @@ def file_digest(path: Path) -> str:
     if key not in _DIGESTS:
         _DIGESTS[key] = hashlib.sha256(path.read_bytes()).hexdigest()
     return _DIGESTS[key]
+
+
+def read_rows(path: Path, keep=lambda row: True) -> dict[str, dict]:
+    """The JSON rows already in the JSON-lines file ``path`` (that ``keep`` accepts), by
+    their ``name``: the resumable output of a run that appends one row per finished item."""
+    import json
+
+    done: dict[str, dict] = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:  # blank, or a line cut by a kill: that item is simply redone
+                continue
+            if keep(row):
+                done[row["name"]] = row
+    return done
+
+
+def append_row(path: Path, row: dict) -> None:
+    """Append ``row`` to the JSON-lines file ``path`` (created if new)."""
+    import json
+
+    with path.open("a") as f:
+        f.write(json.dumps(row) + "\n")

@@ -35,3 +35,16 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_no_scratch(tmp_path):
     with pytest.raises(TypeError):
         write_if_changed(path, "not bytes")  # type: ignore[arg-type]
     assert path.read_bytes() == b"old" and list(tmp_path.iterdir()) == [path]
+
+
+def test_rows_appended_read_back_by_name_and_a_cut_line_is_redone(tmp_path):
+    from dlas_predict.files import append_row, read_rows
+
+    path = tmp_path / "out.jsonl"
+    assert read_rows(path) == {}
+    append_row(path, {"name": "a", "ms": 1.0})
+    append_row(path, {"name": "b", "ms": 2.0})
+    with path.open("a") as f:
+        f.write('{"name": "c", "ms"')  # killed mid-write
+    assert sorted(read_rows(path)) == ["a", "b"]
+    assert list(read_rows(path, keep=lambda r: r["ms"] > 1.5)) == ["b"]
