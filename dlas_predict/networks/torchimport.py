@@ -126,7 +126,8 @@ class OnnxModule(nn.Module):
                 w = w * a.get("alpha", 1.0)
                 b = inits.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
                 if b is not None:
-                    b = np.broadcast_to(np.array(b) * a.get("beta", 1.0), (w.shape[0],))
+                    b = np.broadcast_to(np.asarray(b).reshape(-1) * a.get("beta", 1.0),
+                                        (w.shape[0],))
             else:
                 w, b = w.T, None
             lin = nn.Linear(w.shape[1], w.shape[0], bias=b is not None)
