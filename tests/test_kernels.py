@@ -186,9 +186,10 @@ FUSED_CONV = "C=16,H=9,W=11,K=24,R=3,S=3,stride=2,pad=1"
 DEPTHWISE_CONV = "C=12,H=9,W=11,K=24,R=3,S=3,stride=2,pad=1,groups=12"
 
 
-def _fused_case(algorithm, sparse, dtype, steps=ALL_STEPS, conv=FUSED_CONV, vnni=False):
+def _fused_case(algorithm, sparse, dtype, steps=ALL_STEPS, conv=FUSED_CONV, vnni=False,
+                asked=()):
     """(kernel output, numpy reference) of a strided conv with the epilogue ``steps``
-    (int8 GEMM: on AVX-512 VNNI where ``vnni``)."""
+    (int8 GEMM: on AVX-512 VNNI where ``vnni``; ``asked``: the variant's own knobs)."""
     import numpy as np
     import tvm
 
@@ -201,7 +202,8 @@ def _fused_case(algorithm, sparse, dtype, steps=ALL_STEPS, conv=FUSED_CONV, vnni
     comp = Compression.WEIGHT_PRUNING if sparse else {
         DType.FLOAT32: Compression.DENSE, DType.FLOAT16: Compression.FLOAT16,
         DType.INT8: Compression.INT8}[dtype]
-    knobs = resolve_knobs(spec, Variant(algorithm, comp, 0.5 if sparse else 0.0), 256, vnni)
+    knobs = resolve_knobs(spec, Variant(algorithm, comp, 0.5 if sparse else 0.0, knobs=asked),
+                          256, vnni)
     rng = np.random.default_rng(3)
     x, w = make_inputs(spec, dtype, 1)
     if sparse:
@@ -543,6 +545,60 @@ def test_vnni_gemm_compiles_to_vpdpbusd_for_a_vnni_cpu():
         asm = build_kernel(KernelSpec(spec, Algorithm.GEMM, False, DType.INT8, knobs),
                            target).mod.inspect_source("s")
         assert ("vpdpbusd" in asm) is vnni
+
+
+PMADDWD = (("pmaddwd", 1),)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("text", VNNI_SHAPES)
+def test_pmaddwd_gemm_matches_reference(text, target):
+    """The int8 GEMM on AVX2's vpmaddwd (int16 pairs, exact) on any CPU of AVX2 or more."""
+    spec = ConvSpec.parse(text)
+    variant = Variant("gemm", "int8", knobs=PMADDWD)
+    knobs = resolve_knobs(spec, variant, 256)
+    assert knobs["pmaddwd"] == 1 and knobs["tile_p"] == 8
+    result = run_task(_task(spec, variant, target, knobs))
+    assert result.verified, f"max error {result.max_error}"
+
+
+@pytest.mark.parametrize("conv", [FUSED_CONV, "C=7,H=5,W=13,K=33,R=3,S=1,stride=1,pad=1"],
+                         ids=["cropped", "odd-reduction"])
+def test_pmaddwd_gemm_fuses_its_epilogue(conv):
+    import numpy as np
+
+    from dlas_predict.space.config import DType
+    from dlas_predict.measure.kernels.spec import uses_pmaddwd
+
+    out, ref, ks = _fused_case("gemm", False, DType.INT8, conv=conv, asked=PMADDWD)
+    assert uses_pmaddwd(ks) and out.shape == ref.shape
+    assert np.abs(out.astype(np.float64) - ref).max() < 1e-4 * max(1.0, np.abs(ref).max())
+
+
+def test_pmaddwd_gemm_compiles_to_vpmaddwd_and_takes_its_knobs_only_as_asked():
+    """Built for an AVX2 CPU: the main loop is ``vpmaddwd``; the knob is asked for by name
+    (no default uses it), on the int8 GEMM only, with its 8 lanes, and not with vnni."""
+    import tvm
+
+    from dlas_predict.errors import ConfigError
+    from dlas_predict.space.config import DType
+    from dlas_predict.measure.kernels.build import build_kernel
+    from dlas_predict.measure.kernels.spec import KernelSpec
+
+    spec = ConvSpec.parse(SHAPES[0])
+    knobs = resolve_knobs(spec, Variant("gemm", "int8", knobs=PMADDWD), 256)
+    target = tvm.target.Target({"kind": "llvm", "mtriple": "x86_64-linux-gnu",
+                                "mcpu": "haswell"})
+    asm = build_kernel(KernelSpec(spec, Algorithm.GEMM, False, DType.INT8, knobs),
+                       target).mod.inspect_source("s")
+    assert "vpmaddwd" in asm
+    assert "pmaddwd" not in resolve_knobs(spec, Variant("gemm", "int8"), 256)
+    with pytest.raises(ConfigError, match="8 lanes"):
+        resolve_knobs(spec, Variant("gemm", "int8", knobs=(*PMADDWD, ("tile_p", 16))))
+    with pytest.raises(ConfigError, match="ask for one"):
+        resolve_knobs(spec, Variant("gemm", "int8", knobs=(*PMADDWD, ("vnni", 1))))
+    with pytest.raises(ConfigError, match="unknown knob 'pmaddwd'"):
+        resolve_knobs(spec, Variant("direct", "int8", knobs=PMADDWD))
 
 
 def test_vnni_knobs_apply_to_ungrouped_int8_gemm_only():

@@ -12,9 +12,10 @@ from tvm import te
 from tvm.s_tir import Schedule
 
 from dlas_predict.space.config import Algorithm
-from dlas_predict.measure.kernels.spec import KernelSpec, uses_vnni
+from dlas_predict.measure.kernels.spec import KernelSpec, uses_pmaddwd, uses_vnni
 from dlas_predict.measure.kernels.cpu import DENSE_KERNELS, pack_weights, spatial_pack_compute
-from dlas_predict.measure.kernels.vnni import gemm_vnni_compute, gemm_vnni_schedule
+from dlas_predict.measure.kernels.vnni import (gemm_pmaddwd_compute, gemm_vnni_compute,
+                                               gemm_vnni_schedule)
 from dlas_predict.measure.kernels.csr import SPARSE_KERNELS
 
 
@@ -22,6 +23,8 @@ def _dense(ks: KernelSpec) -> tuple:
     """A dense kernel's (TE compute definition, hand schedule)."""
     if uses_vnni(ks):
         return gemm_vnni_compute, gemm_vnni_schedule
+    if uses_pmaddwd(ks):
+        return gemm_pmaddwd_compute, gemm_vnni_schedule
     return DENSE_KERNELS[ks.algorithm]
 
 
@@ -72,8 +75,8 @@ def kernel_module(ks: KernelSpec) -> tvm.IRModule:
     compute, schedule = _dense(ks)
     if ks.algorithm is Algorithm.SPATIAL_PACK:  # the output stage the hand schedule tiles
         compute = partial(spatial_pack_compute, tile_epilogue=True)
-    elif not uses_vnni(ks):  # extents the vector tiles do not divide, over whole tiles
-        compute = partial(compute, tiles=True)
+    elif not (uses_vnni(ks) or uses_pmaddwd(ks)):  # extents the vector tiles do not divide,
+        compute = partial(compute, tiles=True)  # over whole tiles
     sch = Schedule(te.create_prim_func(compute(ks)))
     schedule(sch, ks)
     return sch.mod

@@ -26,7 +26,7 @@ from dlas_predict.measure.kernels.knobs import (depthwise_extents, direct_input_
                                                 filters_computed)
 from dlas_predict.measure.kernels.sparse import to_csr
 from dlas_predict.measure.kernels.spec import (ACC_DTYPE, KernelSpec, ceil_div, fast_sigmoid,
-                                               uses_vnni)
+                                               uses_pmaddwd, uses_vnni)
 
 
 # ------------------------------------------------------------------------------------------
@@ -40,6 +40,14 @@ def pack_weights(ks: KernelSpec, w: np.ndarray) -> list[np.ndarray]:
         return [csr.data, csr.indices, csr.indptr]
     if ks.algorithm is Algorithm.DIRECT:
         return [np.ascontiguousarray(w)]
+    if ks.algorithm is Algorithm.GEMM and uses_pmaddwd(ks):
+        # [filter blocks, ceil(CRS/2), tile_k, 2] int16, zero filters and reduction padding
+        kb = ks.knobs["tile_k"]
+        crs = w[0].size
+        rows = np.zeros((ceil_div(spec.K, kb) * kb, ceil_div(crs, 2) * 2), np.int16)
+        rows[:spec.K, :crs] = w.reshape(spec.K, -1)
+        packed = rows.reshape(-1, kb, rows.shape[1] // 2, 2).transpose(0, 2, 1, 3)
+        return [np.ascontiguousarray(packed)]
     if ks.algorithm is Algorithm.GEMM and uses_vnni(ks):
         # [filter blocks, ceil(CRS/4), tile_k, 4], zero filters and reduction padding; and
         # 128 times each filter's weight sum (the unsigned bytes' offset), per padded filter

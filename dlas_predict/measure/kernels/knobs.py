@@ -107,6 +107,17 @@ def _vnni_knobs(spec: ConvSpec, simd_bits: int | None) -> dict[str, int]:
             "vnni": 1}
 
 
+#: The int32 lanes of the pmaddwd GEMM's accumulators: an AVX2 register.
+PMADDWD_LANES = 8
+
+
+def _pmaddwd_knobs(spec: ConvSpec, simd_bits: int | None) -> dict[str, int]:
+    """The pmaddwd GEMM's defaults: a register tile of up to 12 filters (12 or 8 where they
+    divide K), one accumulator vector of 8 positions each."""
+    return {"tile_k": _filter_tile(spec, min(registers(simd_bits)[1], 12), (12, 8)),
+            "tile_p": PMADDWD_LANES, "pmaddwd": 1}
+
+
 def default_knobs(spec: ConvSpec, variant: Variant, simd_bits: int | None = None,
                   vnni: bool = False) -> dict[str, int]:
     """The untuned schedule's knobs for ``variant`` on ``spec``, chosen from the shape and the
@@ -252,14 +263,25 @@ def resolve_knobs(spec: ConvSpec, variant: Variant, simd_bits: int | None = None
     variant's own knobs; unknown knob names are an error. The ``vnni`` knob (1) asks for the
     VNNI GEMM where the CPU's defaults do not."""
     names = KNOB_NAMES[(variant.algorithm, variant.sparse)]
-    asked = False
+    asked = pairs = False
     if vnni_capable(variant, spec):
-        names += ("vnni",)
+        names += ("vnni", "pmaddwd")
         asked = dict(variant.knobs).get("vnni") == 1
-    defaults = _vnni_knobs(spec, simd_bits) if asked else default_knobs(spec, variant,
-                                                                        simd_bits, vnni)
+        pairs = dict(variant.knobs).get("pmaddwd") == 1
+    if asked and pairs:
+        raise ConfigError("the vnni and pmaddwd knobs are two int8 GEMMs: ask for one")
+    defaults = _vnni_knobs(spec, simd_bits) if asked else \
+        _pmaddwd_knobs(spec, simd_bits) if pairs else default_knobs(spec, variant, simd_bits,
+                                                                    vnni)
     knobs = _override(defaults, variant, names,
                       f"{variant.algorithm.value}{' (sparse)' if variant.sparse else ''}")
+    if knobs.get("pmaddwd"):
+        if knobs["pmaddwd"] != 1:
+            raise ConfigError(f"pmaddwd must be 1 (on), got {knobs['pmaddwd']}")
+        if knobs["tile_p"] != PMADDWD_LANES:
+            raise ConfigError(f"the pmaddwd GEMM's tile_p is its {PMADDWD_LANES} lanes; got "
+                              f"{knobs['tile_p']}")
+        return knobs
     if knobs.get("vnni"):
         if knobs["vnni"] != 1:
             raise ConfigError(f"vnni must be 1 (on), got {knobs['vnni']}")

@@ -70,6 +70,12 @@ def uses_vnni(ks: KernelSpec) -> bool:
     return vnni_capable(ks) and bool(ks.knobs.get("vnni"))
 
 
+def uses_pmaddwd(ks: KernelSpec) -> bool:
+    """An int8 GEMM kernel whose ``pmaddwd`` knob is set: AVX2's ``vpmaddwd`` sums two
+    int16 products per int32 lane (:mod:`dlas_predict.measure.kernels.vnni`)."""
+    return vnni_capable(ks) and bool(ks.knobs.get("pmaddwd"))
+
+
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 

@@ -1,5 +1,7 @@
-"""The int8 GEMM on AVX-512 VNNI: four int8 products summed per int32 lane by one
-instruction (``vpdpbusd``), tensorized into the GEMM kernel's inner loop."""
+"""The int8 GEMMs on dot-product instructions, tensorized into the GEMM kernel's inner loop:
+AVX-512 VNNI's ``vpdpbusd`` sums four int8 products per int32 lane (the ``vnni`` knob), and
+AVX2's ``vpmaddwd`` two int16 products (the ``pmaddwd`` knob: int8 values widened to int16,
+exact, on any CPU with AVX2)."""
 
 from __future__ import annotations
 
@@ -63,6 +65,99 @@ def vnni_intrin(lanes: int) -> str:
 
     TensorIntrin.register(name, desc, impl)
     return name
+
+
+def pmaddwd_intrin() -> str:
+    """The name of the tensor intrinsic (registered on first use) that adds to 8 int32
+    accumulators (one per output position) the two products of each position's word of two
+    int16 reduction elements by one filter's two int16 weights, broadcast: ``vpmaddwd``,
+    then an add (it does not accumulate)."""
+    from tvm.s_tir import TensorIntrin
+    from tvm.script import tirx as T
+
+    name = "dlas_pmaddwd_s16s16i32_8x2"
+    if TensorIntrin.get(name, allow_missing=True) is not None:
+        return name
+
+    @T.prim_func(s_tir=True)
+    def desc(a: T.Buffer((8,), "int32", offset_factor=1),
+             b: T.Buffer((2,), "int16", offset_factor=1),
+             c: T.Buffer((8,), "int32", offset_factor=1, scope="local")) -> None:
+        with T.sblock("root"):
+            T.reads(c[0:8], a[0:8], b[0:2])
+            T.writes(c[0:8])
+            for i, k in T.grid(8, 2):
+                with T.sblock("update"):
+                    vi, vk = T.axis.remap("SR", [i, k])
+                    c[vi] = c[vi] + T.shift_right(T.shift_left(a[vi], 16 - vk * 16), 16) \
+                        * T.Cast("int32", b[vk])
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.Buffer((8,), "int32", offset_factor=1),
+             b: T.Buffer((2,), "int16", offset_factor=1),
+             c: T.Buffer((8,), "int32", offset_factor=1, scope="local")) -> None:
+        with T.sblock("root"):
+            T.reads(c[0:8], a[0:8], b[0:2])
+            T.writes(c[0:8])
+            c[T.ramp(T.int32(0), 1, 8)] = c.vload([0], dtype="int32x8") + \
+                T.call_llvm_pure_intrin(
+                    T.llvm_lookup_intrinsic_id("llvm.x86.avx2.pmadd.wd"),
+                    T.reinterpret(a.vload([0], dtype="int32x8"), dtype="int16x16"),
+                    T.reinterpret(T.broadcast(T.reinterpret(b.vload([0], dtype="int16x2"),
+                                                            dtype="int32"), 8),
+                                  dtype="int16x16"), dtype="int32x8")
+
+    TensorIntrin.register(name, desc, impl)
+    return name
+
+
+def gemm_pmaddwd_compute(ks: KernelSpec) -> list:
+    """im2col into words of two int16 reduction elements per position (``col`` [vectors of
+    positions, ceil(CRS/2), 8], the low half the even element), then a GEMM [filters,
+    positions] whose every lane sums a word's two elements times a filter's int16 weights
+    (packed [filter blocks, ceil(CRS/2), tile_k, 2]), and the output stage. Signed times
+    signed, so no offset; padded positions and filters are zeros, cropped."""
+    spec = ks.conv
+    kb, lanes = ks.knobs["tile_k"], ks.knobs["tile_p"]
+    crs = spec.C * spec.R * spec.S
+    red, kt = ceil_div(crs, 2), ceil_div(spec.K, kb)
+    p = spec.OH * spec.OW
+    pp = padded_extent(p, lanes)
+    data = te.placeholder(spec.input_shape, "int8", name="data")
+    weight = te.placeholder((kt, red, kb, 2), "int16", name="weight")
+    pad = padded_input(data, spec, spec.H + spec.pad_t + spec.pad_b,
+                       spec.W + spec.pad_l + spec.pad_r)
+    rs_ = spec.R * spec.S
+    i32 = "int32"
+
+    def element(j, q):  # reduction element j at position q (0 past the extents)
+        jc, qc = tvm.tirx.min(j, crs - 1), tvm.tirx.min(q, p - 1)
+        v = im2col_element(pad, spec, jc // rs_, jc, qc).astype(i32)
+        if crs % 2 == 0 and pp == p:
+            return v
+        return tvm.tirx.if_then_else(tvm.tirx.all(j < crs, q < p), v, tvm.tirx.const(0, i32))
+
+    col = te.compute((pp // lanes, red, lanes), lambda qo, j, qi: tvm.tirx.bitwise_and(
+        element(j * 2, qo * lanes + qi), 0xFFFF) | (element(j * 2 + 1, qo * lanes + qi) << 16),
+        name="col")
+    rj, ri = te.reduce_axis((0, red), "rj"), te.reduce_axis((0, 2), "ri")
+    conv = te.compute(
+        (kt * kb, pp),
+        lambda k, q: te.sum(
+            tvm.tirx.shift_right(tvm.tirx.shift_left(col[q // lanes, rj, q % lanes],
+                                                     16 - ri * 16), 16)
+            * weight[k // kb, rj, k % kb, ri].astype(i32), axis=[rj, ri]),
+        name="conv")
+    extras = epilogue_inputs(ks)
+    ow = spec.OW
+
+    def finish(n, k, q):
+        if not ks.epilogue:
+            return epilogue(conv(k, q), ks.requant_scale, ks.dtype, vector_round=True)
+        return finish_output(conv(k, q), ks, extras, k, (n, k, q // ow, q % ow))
+
+    out = te.compute((1, spec.K, p), finish, name="out")
+    return [data, weight, *extras.values(), out]
 
 
 def gemm_vnni_compute(ks: KernelSpec) -> list:
@@ -131,8 +226,8 @@ def gemm_vnni_schedule(sch: Schedule, ks: KernelSpec) -> None:
     """The words of ``col`` parallel over vectors of positions; the GEMM parallel over
     vectors of ``tile_p`` positions by blocks of ``tile_k`` filters (in that order, so each
     core reads the words it wrote), a register tile of one accumulator vector per filter
-    updated by :func:`vnni_intrin` per word, then written through the epilogue while in
-    cache."""
+    updated by :func:`vnni_intrin` (or, with the ``pmaddwd`` knob, :func:`pmaddwd_intrin`)
+    per word, then written through the epilogue while in cache."""
     kb, lanes = ks.knobs["tile_k"], ks.knobs["tile_p"]
     spec = ks.conv
     sch.compute_inline(sch.get_sblock("pad"))
@@ -156,7 +251,7 @@ def gemm_vnni_schedule(sch: Schedule, ks: KernelSpec) -> None:
     else:
         sch.reverse_compute_inline(out)
     init = sch.decompose_reduction(block, rj)
-    sch.tensorize(qi, vnni_intrin(lanes))
+    sch.tensorize(qi, pmaddwd_intrin() if ks.knobs.get("pmaddwd") else vnni_intrin(lanes))
     sch.unroll(ki)
     vectorize(sch, sch.get_loops(init)[-1])
     vectorize(sch, sch.get_loops(wb)[-1])
