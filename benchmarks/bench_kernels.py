@@ -99,6 +99,10 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="Four shapes only.")
     parser.add_argument("--time-budget", type=float, default=1.0)
     parser.add_argument("--json", type=Path, default=None, help="Also write results here.")
+    parser.add_argument("--int8-knobs", default=None, metavar="NAME=V[,NAME=V]",
+                        help="Also time the int8 GEMM with these knobs (e.g. pmaddwd=1), "
+                             "and compare it with the best float32 and the best default "
+                             "int8 kernel of each shape.")
     parser.add_argument("--simd-bits", type=int, default=None,
                         help="Size the untuned register tiles for a CPU of this vector width "
                              "instead of this one's (e.g. 512 on an AVX2 machine: the tiles "
@@ -112,19 +116,35 @@ def main() -> int:
         device = replace(device, simd_bits=args.simd_bits)
     comps = Compression.parse_list(args.compressions)
     variants = variant_grid(list(Algorithm), comps, 0.9)
+    asked = None
+    if args.int8_knobs:
+        from dlas_predict.space.config import Variant
+
+        try:
+            knobs = tuple((k.strip(), int(v)) for k, v in
+                          (kv.split("=") for kv in args.int8_knobs.split(",")))
+        except ValueError:
+            print(f"Error: --int8-knobs takes NAME=V[,NAME=V], got {args.int8_knobs!r}",
+                  file=sys.stderr)
+            return 2
+        from dlas_predict.measure.kernels.knobs import vnni_capable
+
+        asked = Variant("gemm", "int8", knobs=knobs)  # ungrouped convs only
+        variants = [*variants, asked]
     proto = Protocol(max_repeats=150, min_repeats=10, time_budget_s=args.time_budget)
     shapes = QUICK if args.quick else SHAPES
     print(f"device: {device.description}; target {json.dumps(device.target)}; "
           f"{device.cores} threads for TVM and onnxruntime; register tiles for "
           f"{device.simd_bits}-bit vectors", flush=True)
-    rows, summary = [], []
+    rows, summary, extra = [], [], []
     with LocalRunner(device, protocol=proto, timeout_s=600) as runner:
         for net, specs in shapes.items():
             for text in specs:
                 spec = ConvSpec.parse(text)
                 ort_ms = ort_median_ms(spec, device.cores, args.time_budget)
                 results = list(runner.run([MeasureTask.make(spec, v, device)
-                                           for v in variants]))
+                                           for v in variants
+                                           if v is not asked or vnni_capable(v, spec)]))
                 for r in results:
                     med = r.median_s * 1e3 if r.ok else None
                     rows.append({
@@ -132,6 +152,19 @@ def main() -> int:
                         "compression": r.variant.compression.value, "median_ms": med,
                         "gflops": r.gflops, "verified": r.verified, "ort_ms": ort_ms,
                         "vs_ort": med / ort_ms if med else None, "error": r.error})
+                if asked is not None:
+                    def knobbed(r) -> bool:  # a record keeps its knobs, not its variant's
+                        return all(r.knobs.get(k) == v for k, v in asked.knobs)
+
+                    mine = [r for r in results if r.ok and knobbed(r)]
+                    fp32 = [r.median_s for r in results if r.ok and r.variant.compression
+                            is Compression.DENSE]
+                    int8 = [r.median_s for r in results if r.ok and not knobbed(r)
+                            and r.variant.compression is Compression.INT8]
+                    if mine and fp32 and int8:
+                        extra.append({"conv": text, "knobs ms": mine[0].median_s * 1e3,
+                                      "best fp32 ms": min(fp32) * 1e3,
+                                      "best int8 ms": min(int8) * 1e3})
                 dense = [r for r in results if r.ok and r.variant.compression
                          is Compression.DENSE]
                 if dense:
@@ -150,6 +183,17 @@ def main() -> int:
                 print(flush=True)
     print("Best untuned dense float32 algorithm vs onnxruntime (same run):")
     print(format_table([{**s, "ratio": f"{s['ratio']:.3f}"} for s in summary]))
+    if extra:
+        import math
+
+        def geo(key: str) -> float:
+            return math.exp(statistics.mean(math.log(e[key] / e["knobs ms"]) for e in extra))
+
+        print(f"\nint8 GEMM with {args.int8_knobs} (same run): speedup over the best float32 "
+              f"kernel x{geo('best fp32 ms'):.2f}, over the best default int8 kernel "
+              f"x{geo('best int8 ms'):.2f} (geometric means over {len(extra)} shapes)")
+        print(format_table([{k: (round(v, 4) if isinstance(v, float) else v)
+                             for k, v in e.items()} for e in extra]))
     three = [s for s in summary if s["kernel"].startswith("3x3")]
     worst = max(three, key=lambda s: s["ratio"], default=None)
     ok = worst is not None and worst["ratio"] <= 2.0  # unrounded: 2.003 is a miss
@@ -159,7 +203,8 @@ def main() -> int:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"device": device.to_dict(), "rows": rows,
-                                         "summary": summary}, indent=1, default=str))
+                                         "summary": summary, "int8_knobs": extra},
+                                        indent=1, default=str))
     return 0 if ok else 1
 
 
