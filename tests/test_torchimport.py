@@ -86,3 +86,28 @@ def test_an_unsupported_operator_or_input_is_one_clear_error(tmp_path):
     bad.write_bytes(b"not onnx")
     with pytest.raises(NetworkError, match="not a readable ONNX model"):
         import_onnx(bad)
+
+
+@pytest.mark.parametrize("mode", ["SAME_UPPER", "SAME_LOWER", "VALID"])
+def test_auto_padded_convs_and_pools_as_keras_exports_write_them(tmp_path, mode):
+    from onnx import TensorProto, helper, numpy_helper
+
+    from dlas_predict.networks.torchimport import import_onnx
+
+    rng = np.random.default_rng(4)
+    w = numpy_helper.from_array(rng.normal(size=(6, 3, 3, 3)).astype(np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], auto_pad=mode, strides=[2, 2]),
+             helper.make_node("MaxPool", ["c"], ["y"], auto_pad=mode, kernel_shape=[2, 2],
+                              strides=[2, 2])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [1, 3, 9, 10])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, None)], [w])
+    path = tmp_path / "auto.onnx"
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8  # what onnxruntime reads
+    onnx.save(model, str(path))
+    x = rng.normal(size=(1, 3, 9, 10)).astype(np.float32)
+    with torch.no_grad():
+        got = import_onnx(path)(torch.from_numpy(x)).numpy()
+    ref = _ort(path, x)
+    assert got.shape == ref.shape and np.abs(got - ref).max() <= 1e-5 * max(1.0, np.abs(ref).max())

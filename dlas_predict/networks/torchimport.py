@@ -57,6 +57,29 @@ def _pads(pads: list[int] | None, dims: int = 2) -> tuple[list[int], bool]:
     return out, True
 
 
+def _auto_pad(attrs: dict) -> str | None:
+    """A node's ``auto_pad`` where it sets the padding (SAME_UPPER, SAME_LOWER, VALID), else
+    None (explicit ``pads``)."""
+    mode = attrs.get("auto_pad", b"NOTSET")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    return None if mode in ("NOTSET", "") else mode
+
+
+def _same_pads(x: torch.Tensor, kernel, stride, dilation, mode: str) -> list[int]:
+    """F.pad's list (last dimension first) that ``auto_pad`` ``mode`` gives an input of
+    ``x``'s spatial size: SAME keeps ceil(size / stride) outputs, the odd pixel at the end
+    (SAME_UPPER) or the beginning (SAME_LOWER); VALID pads nothing."""
+    out: list[int] = []
+    for size, k, s, d in reversed(list(zip(x.shape[2:], kernel, stride, dilation))):
+        if mode == "VALID":
+            out += [0, 0]
+            continue
+        total = max((-(-int(size) // s) - 1) * s + (k - 1) * d + 1 - int(size), 0)
+        small, large = total // 2, total - total // 2
+        out += [small, large] if mode == "SAME_UPPER" else [large, small]
+    return out
+
+
 class OnnxModule(nn.Module):
     """The graph of an ONNX model with one input, as a torch module (module doc)."""
 
@@ -100,16 +123,16 @@ class OnnxModule(nn.Module):
                 raise ImportError_(f"Conv {node.name!r}: a 2-D convolution with constant "
                                    "weights is needed")
             b = inits.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
-            if a.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
-                raise ImportError_(f"Conv {node.name!r}: auto_pad is not supported")
+            auto = _auto_pad(a)
             pads, uneven = _pads(a.get("pads"))
             groups = int(a.get("group", 1))
             conv = nn.Conv2d(w.shape[1] * groups, w.shape[0], tuple(w.shape[2:]),
                              stride=tuple(a.get("strides", (1, 1))),
-                             padding=0 if uneven else tuple(pads),
+                             padding=0 if uneven or auto else tuple(pads),
                              dilation=tuple(a.get("dilations", (1, 1))), groups=groups,
                              bias=b is not None)
-            conv.uneven_pads = pads if uneven else None
+            conv.uneven_pads = pads if uneven and not auto else None
+            conv.auto_pad = auto
             with torch.no_grad():
                 conv.weight.copy_(torch.from_numpy(np.array(w, np.float32)))
                 if b is not None:
@@ -211,7 +234,10 @@ class OnnxModule(nn.Module):
         x = ins[0] if ins else None
         if layer is not None:
             conv = layer[0] if isinstance(layer, nn.Sequential) else layer
-            if isinstance(conv, nn.Conv2d) and conv.uneven_pads is not None:
+            if isinstance(conv, nn.Conv2d) and conv.auto_pad:
+                x = F.pad(x, _same_pads(x, conv.kernel_size, conv.stride, conv.dilation,
+                                        conv.auto_pad))
+            elif isinstance(conv, nn.Conv2d) and conv.uneven_pads is not None:
                 x = F.pad(x, conv.uneven_pads)
             if isinstance(layer, nn.Linear) and op == "Gemm" and x.dim() > 2:
                 x = x.flatten(1)
@@ -246,11 +272,15 @@ class OnnxModule(nn.Module):
             return x.to(torch.from_numpy(np.zeros(0, to)).dtype)
         if op in ("MaxPool", "AveragePool"):
             k = tuple(a["kernel_shape"])
+            stride = tuple(a.get("strides", (1,) * len(k)))
             pads, uneven = _pads(a.get("pads"), len(k))
+            auto = _auto_pad(a)
+            if auto:
+                pads, uneven = _same_pads(x, k, stride, a.get("dilations", (1,) * len(k)),
+                                          auto), True
             if uneven:
                 x = F.pad(x, pads, value=float("-inf") if op == "MaxPool" else 0.0)
                 pads = [0] * len(k)
-            stride = tuple(a.get("strides", (1,) * len(k)))
             ceil = bool(a.get("ceil_mode", 0))
             if op == "MaxPool":
                 return F.max_pool2d(x, k, stride, tuple(pads), ceil_mode=ceil,
