@@ -32,6 +32,19 @@ from dlas_predict.measure.kernels.spec import (ACC_DTYPE, KernelSpec, ceil_div, 
 # ------------------------------------------------------------------------------------------
 # Offline weight packing (numpy): the layout each kernel reads.
 # ------------------------------------------------------------------------------------------
+def _packed_words(ks: KernelSpec, w: np.ndarray, per_word: int,
+                  dtype) -> tuple[np.ndarray, np.ndarray]:
+    """A dot-product GEMM's weights [filter blocks, words, tile_k, ``per_word``] of
+    ``dtype``, filters padded to whole blocks and each row to whole words with zeros; and
+    those padded rows [filters, words × ``per_word``]."""
+    spec, kb = ks.conv, ks.knobs["tile_k"]
+    crs = w[0].size
+    rows = np.zeros((ceil_div(spec.K, kb) * kb, ceil_div(crs, per_word) * per_word), dtype)
+    rows[:spec.K, :crs] = w.reshape(spec.K, -1)
+    packed = rows.reshape(-1, kb, rows.shape[1] // per_word, per_word).transpose(0, 2, 1, 3)
+    return np.ascontiguousarray(packed), rows
+
+
 def pack_weights(ks: KernelSpec, w: np.ndarray) -> list[np.ndarray]:
     """Weights [K, C/g, R, S] -> the kernel's weight arguments (packed once, not timed)."""
     spec = ks.conv
@@ -42,22 +55,13 @@ def pack_weights(ks: KernelSpec, w: np.ndarray) -> list[np.ndarray]:
         return [np.ascontiguousarray(w)]
     if ks.algorithm is Algorithm.GEMM and uses_pmaddwd(ks):
         # [filter blocks, ceil(CRS/2), tile_k, 2] int16, zero filters and reduction padding
-        kb = ks.knobs["tile_k"]
-        crs = w[0].size
-        rows = np.zeros((ceil_div(spec.K, kb) * kb, ceil_div(crs, 2) * 2), np.int16)
-        rows[:spec.K, :crs] = w.reshape(spec.K, -1)
-        packed = rows.reshape(-1, kb, rows.shape[1] // 2, 2).transpose(0, 2, 1, 3)
-        return [np.ascontiguousarray(packed)]
+        return [_packed_words(ks, w, 2, np.int16)[0]]
     if ks.algorithm is Algorithm.GEMM and uses_vnni(ks):
         # [filter blocks, ceil(CRS/4), tile_k, 4], zero filters and reduction padding; and
         # 128 times each filter's weight sum (the unsigned bytes' offset), per padded filter
-        kb = ks.knobs["tile_k"]
-        crs = w[0].size
-        rows = np.zeros((ceil_div(spec.K, kb) * kb, ceil_div(crs, 4) * 4), np.int8)
-        rows[:spec.K, :crs] = w.reshape(spec.K, -1)
-        packed = rows.reshape(-1, kb, rows.shape[1] // 4, 4).transpose(0, 2, 1, 3)
+        packed, rows = _packed_words(ks, w, 4, np.int8)
         wsum = 128 * rows.astype(np.int32).sum(axis=1, dtype=np.int32)
-        return [np.ascontiguousarray(packed), wsum]
+        return [packed, wsum]
     if ks.algorithm is Algorithm.GEMM:
         rows = np.ascontiguousarray(w.reshape(spec.K, -1))
         if uses_dp4a(ks):  # four int8 of a row in one int32 (byte i = element 4j+i)

@@ -117,47 +117,7 @@ def gemm_pmaddwd_compute(ks: KernelSpec) -> list:
     positions] whose every lane sums a word's two elements times a filter's int16 weights
     (packed [filter blocks, ceil(CRS/2), tile_k, 2]), and the output stage. Signed times
     signed, so no offset; padded positions and filters are zeros, cropped."""
-    spec = ks.conv
-    kb, lanes = ks.knobs["tile_k"], ks.knobs["tile_p"]
-    crs = spec.C * spec.R * spec.S
-    red, kt = ceil_div(crs, 2), ceil_div(spec.K, kb)
-    p = spec.OH * spec.OW
-    pp = padded_extent(p, lanes)
-    data = te.placeholder(spec.input_shape, "int8", name="data")
-    weight = te.placeholder((kt, red, kb, 2), "int16", name="weight")
-    pad = padded_input(data, spec, spec.H + spec.pad_t + spec.pad_b,
-                       spec.W + spec.pad_l + spec.pad_r)
-    rs_ = spec.R * spec.S
-    i32 = "int32"
-
-    def element(j, q):  # reduction element j at position q (0 past the extents)
-        jc, qc = tvm.tirx.min(j, crs - 1), tvm.tirx.min(q, p - 1)
-        v = im2col_element(pad, spec, jc // rs_, jc, qc).astype(i32)
-        if crs % 2 == 0 and pp == p:
-            return v
-        return tvm.tirx.if_then_else(tvm.tirx.all(j < crs, q < p), v, tvm.tirx.const(0, i32))
-
-    col = te.compute((pp // lanes, red, lanes), lambda qo, j, qi: tvm.tirx.bitwise_and(
-        element(j * 2, qo * lanes + qi), 0xFFFF) | (element(j * 2 + 1, qo * lanes + qi) << 16),
-        name="col")
-    rj, ri = te.reduce_axis((0, red), "rj"), te.reduce_axis((0, 2), "ri")
-    conv = te.compute(
-        (kt * kb, pp),
-        lambda k, q: te.sum(
-            tvm.tirx.shift_right(tvm.tirx.shift_left(col[q // lanes, rj, q % lanes],
-                                                     16 - ri * 16), 16)
-            * weight[k // kb, rj, k % kb, ri].astype(i32), axis=[rj, ri]),
-        name="conv")
-    extras = epilogue_inputs(ks)
-    ow = spec.OW
-
-    def finish(n, k, q):
-        if not ks.epilogue:
-            return epilogue(conv(k, q), ks.requant_scale, ks.dtype, vector_round=True)
-        return finish_output(conv(k, q), ks, extras, k, (n, k, q // ow, q % ow))
-
-    out = te.compute((1, spec.K, p), finish, name="out")
-    return [data, weight, *extras.values(), out]
+    return _word_gemm_compute(ks, per_word=2, weight_dtype="int16", offset=0)
 
 
 def gemm_vnni_compute(ks: KernelSpec) -> list:
@@ -168,58 +128,80 @@ def gemm_vnni_compute(ks: KernelSpec) -> list:
     each filter's weight sum (a third weight argument, packed offline) before the epilogue.
     Positions are padded to whole vectors of ``tile_p`` lanes and filters to whole blocks of
     ``tile_k`` (zero weights), both cropped."""
+    return _word_gemm_compute(ks, per_word=4, weight_dtype="int8", offset=128)
+
+
+def _word_gemm_compute(ks: KernelSpec, per_word: int, weight_dtype: str,
+                       offset: int) -> list:
+    """The GEMM of both dot-product kernels: ``per_word`` reduction elements of a position
+    packed into one int32 word (each ``32 / per_word`` bits: the int8 input plus
+    ``offset``, unsigned, where ``offset``; else signed, the lower ones masked), the words
+    of ``tile_p`` positions a vector, the GEMM summing each word's elements times a
+    filter's weights of ``weight_dtype``, and the output stage (less ``offset`` times each
+    filter's weight sum, a weight argument, where ``offset``). Padded reduction elements
+    and positions hold ``offset`` (a zero)."""
     spec = ks.conv
     kb, lanes = ks.knobs["tile_k"], ks.knobs["tile_p"]
+    bits = 32 // per_word
     crs = spec.C * spec.R * spec.S
-    red, kt = ceil_div(crs, 4), ceil_div(spec.K, kb)
+    red, kt = ceil_div(crs, per_word), ceil_div(spec.K, kb)
     p = spec.OH * spec.OW
     pp = padded_extent(p, lanes)
     data = te.placeholder(spec.input_shape, "int8", name="data")
-    weight = te.placeholder((kt, red, kb, 4), "int8", name="weight")
-    wsum = te.placeholder((kt * kb,), "int32", name="weight_sum")
+    weight = te.placeholder((kt, red, kb, per_word), weight_dtype, name="weight")
+    wsum = te.placeholder((kt * kb,), "int32", name="weight_sum") if offset else None
     hp = spec.H + spec.pad_t + spec.pad_b
     wp = spec.W + spec.pad_l + spec.pad_r
     pad = padded_input(data, spec, hp, wp)
     rs_ = spec.R * spec.S
     i32 = "int32"
 
-    def byte(j, q):  # reduction element j at position q, plus 128 (128: zero, or padding)
+    def element(j, q):  # reduction element j at position q plus the offset; past the
+        # extents, the offset alone (a zero)
         jc, qc = tvm.tirx.min(j, crs - 1), tvm.tirx.min(q, p - 1)
-        v = im2col_element(pad, spec, jc // rs_, jc, qc).astype(i32) + tvm.tirx.const(128, i32)
-        if crs % 4 == 0 and pp == p:
+        v = im2col_element(pad, spec, jc // rs_, jc, qc).astype(i32)
+        if offset:
+            v = v + tvm.tirx.const(offset, i32)
+        if crs % per_word == 0 and pp == p:
             return v
         return tvm.tirx.if_then_else(tvm.tirx.all(j < crs, q < p), v,
-                                     tvm.tirx.const(128, i32))
+                                     tvm.tirx.const(offset, i32))
 
     def word(j, q):
-        w = byte(j * 4, q)
-        for i in range(1, 4):
-            w = w | (byte(j * 4 + i, q) << tvm.tirx.const(8 * i, i32))
+        w = None
+        for i in range(per_word):
+            e = element(j * per_word + i, q)
+            if not offset and i < per_word - 1:  # a signed element's sign bits cleared
+                e = tvm.tirx.bitwise_and(e, (1 << bits) - 1)
+            w = e if i == 0 else w | (e << tvm.tirx.const(bits * i, i32))
         return w
+
+    def unpack(w, ri):  # element ``ri`` of word ``w``, unsigned (offset) or sign-extended
+        if offset:
+            return tvm.tirx.bitwise_and(tvm.tirx.shift_right(w, ri * bits), (1 << bits) - 1)
+        return tvm.tirx.shift_right(tvm.tirx.shift_left(w, 32 - bits - ri * bits), 32 - bits)
 
     # [vectors of positions, words, lanes]: a register tile reads its words contiguously
     col = te.compute((pp // lanes, red, lanes),
                      lambda qo, j, qi: word(j, qo * lanes + qi), name="col")
-    rj, ri = te.reduce_axis((0, red), "rj"), te.reduce_axis((0, 4), "ri")
+    rj, ri = te.reduce_axis((0, red), "rj"), te.reduce_axis((0, per_word), "ri")
     conv = te.compute(
         (kt * kb, pp),
-        lambda k, q: te.sum(
-            tvm.tirx.bitwise_and(tvm.tirx.shift_right(col[q // lanes, rj, q % lanes], ri * 8),
-                                 255)
-            * weight[k // kb, rj, k % kb, ri].astype(i32), axis=[rj, ri]),
+        lambda k, q: te.sum(unpack(col[q // lanes, rj, q % lanes], ri)
+                            * weight[k // kb, rj, k % kb, ri].astype(i32), axis=[rj, ri]),
         name="conv")
     extras = epilogue_inputs(ks)
     ow = spec.OW
     # [1, K, OH*OW]: the schedule writes each register tile's block of it, then (with an
     # epilogue) declares it NCHW, the same memory
     def finish(n, k, q):
-        acc = conv(k, q) - wsum(k)
+        acc = conv(k, q) - wsum(k) if offset else conv(k, q)
         if not ks.epilogue:  # requantised, rounding in vectors
             return epilogue(acc, ks.requant_scale, ks.dtype, vector_round=True)
         return finish_output(acc, ks, extras, k, (n, k, q // ow, q % ow))
 
     out = te.compute((1, spec.K, p), finish, name="out")
-    return [data, weight, wsum, *extras.values(), out]
+    return [data, weight, *([wsum] if offset else []), *extras.values(), out]
 
 
 def gemm_vnni_schedule(sch: Schedule, ks: KernelSpec) -> None:
