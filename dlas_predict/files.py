@@ -58,9 +58,10 @@ def file_digest(path: Path) -> str:
     return _DIGESTS[key]
 
 
-def read_rows(path: Path, keep=lambda row: True) -> dict[str, dict]:
+def read_rows(path: Path, keep=lambda row: True, by: str = "name") -> dict[str, dict]:
     """The JSON rows already in the JSON-lines file ``path`` (that ``keep`` accepts), by
-    their ``name``: the resumable output of a run that appends one row per finished item."""
+    their field ``by``: the resumable output of a run that appends one row per finished
+    item (a later row of the same item wins)."""
     import json
 
     done: dict[str, dict] = {}
@@ -71,7 +72,7 @@ def read_rows(path: Path, keep=lambda row: True) -> dict[str, dict]:
             except ValueError:  # blank, or a line cut by a kill: that item is simply redone
                 continue
             if keep(row):
-                done[row["name"]] = row
+                done[row[by]] = row
     return done
 
 

@@ -15,7 +15,6 @@ travel with a corpus. This module imports TVM and runs inside the isolated worke
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import tempfile
@@ -27,6 +26,7 @@ from typing import Any, Callable
 import numpy as np
 import tvm
 
+from dlas_predict.files import append_row, read_rows
 from dlas_predict.space.config import stable_hash
 from dlas_predict.measure.kernels.build import build_kernel, dense_prim_func
 from dlas_predict.measure.kernels.spec import KernelSpec
@@ -146,18 +146,9 @@ class TuningDB:
     def entries(self) -> dict[str, dict[str, Any]]:
         """The index, read once per instance (one worker task) and kept up to date by
         :meth:`record`."""
-        if self._entries is not None:
-            return self._entries
-        out: dict[str, dict[str, Any]] = {}
-        if self.index_path.is_file():
-            for line in self.index_path.read_text().splitlines():
-                try:
-                    entry = json.loads(line)
-                except ValueError:  # a line cut by a kill: that search is simply redone
-                    continue
-                out[entry["key"]] = entry
-        self._entries = out
-        return out
+        if self._entries is None:  # a line cut by a kill: that search is simply redone
+            self._entries = read_rows(self.index_path, by="key")
+        return self._entries
 
     def lookup(self, key: str) -> TuneOutcome | None:
         entry = self.entries().get(key)
@@ -169,9 +160,7 @@ class TuningDB:
 
     def record(self, key: str, outcome: TuneOutcome, **extra: Any) -> None:
         entry = {"key": key, **outcome.to_dict(), **extra, "recorded_at": time.time()}
-        with open(self.index_path, "a") as fh:
-            fh.write(json.dumps(entry) + "\n")
-            fh.flush()
+        append_row(self.index_path, entry)
         self.entries()[key] = entry
 
     def metaschedule(self):
@@ -275,7 +264,10 @@ def tune_dense(ks: KernelSpec, target: "tvm.target.Target", db: TuningDB, key: s
 
     func = dense_prim_func(ks)
     outcome = db.lookup(key)
-    if outcome is None:
+    if outcome is not None and outcome.kept == "hand":
+        return None, outcome
+    searched = outcome is None
+    if searched:
         counter = {"trials": 0, "best": float("inf"), "since": 0, "stopped": False,
                    "error": None}
         work = tempfile.mkdtemp(prefix="dlas-ms-")
@@ -302,15 +294,13 @@ def tune_dense(ks: KernelSpec, target: "tvm.target.Target", db: TuningDB, key: s
         if best is None:
             raise RuntimeError(f"MetaSchedule found no valid schedule in {outcome.trials} "
                                f"trials (first error: {counter['error']})")
-        sch = ms.tir_integration.compile_tir(db.metaschedule(), func, target)
+    sch = ms.tir_integration.compile_tir(db.metaschedule(), func, target)
+    if searched:
         if sch is not None and hand is not None and make_args is not None:
             outcome = _against_hand(outcome, sch.mod, ks, hand, target, make_args)
         db.record(key, outcome)
         if outcome.kept == "hand":
             return None, outcome
-    elif outcome.kept == "hand":
-        return None, outcome
-    sch = ms.tir_integration.compile_tir(db.metaschedule(), func, target)
     if sch is None:
         raise RuntimeError(f"the tuning database has no schedule for this kernel although "
                            f"its index lists a search ({outcome.trials} trials)")
