@@ -11,7 +11,6 @@ caches. Default: ``$XDG_DATA_HOME/dlas-predict``, else ``~/.local/share/dlas-pre
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -46,20 +45,12 @@ DEMO_NETWORK = DATASETS / "networks" / "demo-cnn.onnx"
 
 
 def machine_model_dir(name: str, fingerprint: str | None) -> Path:
-    """Where ``train`` saves the models of ``name`` measured on the machine ``fingerprint``
-    by default: that machine's folder (``models_store/machines/FINGERPRINT/NAME``) where
-    there is one, or where ``models_store/NAME`` holds another machine's models (a new CPU
-    never overwrites them), else ``models_store/NAME``."""
+    """The models of ``name`` measured on the machine ``fingerprint``: that machine's shipped
+    folder (``models_store/machines/FINGERPRINT/NAME``) where there is one, else
+    ``models_store/NAME``."""
     if fingerprint:
         mine = MODELS_STORE / MACHINES / fingerprint / name
         if mine.is_dir():
-            return mine
-        try:
-            trained_on = json.loads((MODELS_STORE / name / "layer.json").read_text()).get(
-                "device_fingerprint")
-        except (OSError, ValueError, AttributeError):
-            trained_on = None
-        if trained_on and trained_on != fingerprint:
             return mine
     return MODELS_STORE / name
 

@@ -436,17 +436,3 @@ def test_the_tests_that_read_this_machine_pass_on_an_avx2_only_cpu():
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
     assert " passed" in out.stdout and "failed" not in out.stdout
-
-
-def test_train_never_writes_a_new_cpus_models_over_another_machines():
-    """``train``'s default folder for a machine: its own under models_store/machines/ where
-    models_store/NAME holds another machine's models, models_store/NAME where it holds this
-    machine's."""
-    import json
-
-    from dlas_predict.paths import MACHINES, MODELS_STORE, machine_model_dir
-
-    shipped = json.loads((MODELS_STORE / "local" / "layer.json").read_text())[
-        "device_fingerprint"]
-    assert machine_model_dir("local", shipped) == MODELS_STORE / "local"
-    assert machine_model_dir("local", "f" * 16) == MODELS_STORE / MACHINES / ("f" * 16) / "local"

@@ -55,14 +55,33 @@ class TrainReport:
         return {k: v for k, v in d.items() if v is not None}
 
 
+def default_model_dir(name: str, fingerprint: str | None) -> Path:
+    """Where ``train`` saves the models of ``name`` measured on the machine ``fingerprint``
+    by default: that machine's folder (:func:`~dlas_predict.paths.machine_model_dir`), or,
+    where ``models_store/NAME`` holds another machine's models, a folder of its own under
+    ``models_store/machines/`` (a new CPU never overwrites them)."""
+    from dlas_predict.models.costmodel import ModelError, read_sidecar
+    from dlas_predict.paths import MACHINES, MODELS_STORE, machine_model_dir
+
+    directory = machine_model_dir(name, fingerprint)
+    if not fingerprint or directory != MODELS_STORE / name:
+        return directory
+    try:
+        trained_on = read_sidecar(directory, "layer", "cost model", "")[1].get(
+            "device_fingerprint")
+    except (ModelError, OSError, AttributeError):
+        trained_on = None
+    if trained_on and trained_on != fingerprint:
+        return MODELS_STORE / MACHINES / fingerprint / name
+    return directory
+
+
 def train(store: Path, device: str = "local", out: Path | None = None,
           seed: int = 0, only_onnxruntime: bool = False) -> TrainReport:
     """Fit and save the device's cost models from ``store`` into ``out`` (default: the shipped
     model directory of the device). A store of onnxruntime measurements alone, or
     ``only_onnxruntime``, trains the onnxruntime model alone."""
     import numpy as np
-
-    from dlas_predict.paths import machine_model_dir
 
     with CorpusStore(store, must_exist=True) as db:
         has_kernels = next(db.rows("device = ? AND error IS NULL", (device,)), None) is not None
@@ -73,7 +92,7 @@ def train(store: Path, device: str = "local", out: Path | None = None,
         prints = onnxruntime_fingerprints(store, device)
         dev = (corpus_device(device, prints[0]) if prints
                else get_device(device, with_target=False))
-        directory = out or machine_model_dir(dev.name, dev.fingerprint)
+        directory = out or default_model_dir(dev.name, dev.fingerprint)
         ort = train_onnxruntime(store, dev, directory, {"device": dev.name})
         if ort is None and only_onnxruntime:
             from dlas_predict.errors import DlasError
@@ -110,7 +129,7 @@ def train(store: Path, device: str = "local", out: Path | None = None,
         "mape": mape(pred, seconds), "within_10pct": within(pred, seconds),
         "interval_coverage": float(np.mean((seconds >= low) & (seconds <= high)))}
     model.meta_["train_seconds"] = round(time.time() - t0, 2)
-    directory = out or machine_model_dir(corpus.device.name, corpus.device.fingerprint)
+    directory = out or default_model_dir(corpus.device.name, corpus.device.fingerprint)
     sidecar = model.save(directory)
     report = TrainReport(device=corpus.device.name, model=str(sidecar),
                          kernels=len(corpus.keys), **model.meta_["train_metrics"],
