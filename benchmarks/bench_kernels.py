@@ -7,7 +7,10 @@ target: for 3x3 convolutions the best untuned dense float32 algorithm is within 
 of onnxruntime.
 
     .venv/bin/python benchmarks/bench_kernels.py [--compressions all|dense,...] [--quick]
-        [--json benchmarks/out/kernels.json]
+        [--winograd] [--json benchmarks/out/kernels.json]
+
+``--winograd`` adds Winograd F(m×m, 3×3) where it applies (dense and float16 3x3 stride-1
+layers, and the CIFAR zoo's) and prints its speedup over the best of the other three.
 
 Timing on a shared machine is noisy: compare ratios within one run, not times across runs.
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -24,7 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dlas_predict.space.config import Algorithm, Compression, ConvSpec, variant_grid  # noqa: E402
+from dlas_predict.space.config import (GRID_ALGORITHMS, Algorithm, Compression,  # noqa: E402
+                                       ConvSpec, Variant, variant_grid, winograd_skip)
 from dlas_predict.space.devices import get_device  # noqa: E402
 from dlas_predict.render import format_table  # noqa: E402
 from dlas_predict.measure.execution.runner import LocalRunner, MeasureTask  # noqa: E402
@@ -53,6 +58,11 @@ SHAPES = {
         "C=512,H=14,W=14,K=512,R=3,S=3,stride=1,pad=1",
     ],
 }
+#: With --winograd, also the 3x3 stride-1 layers of the CIFAR-sized zoo (resnet18-cifar's).
+CIFAR_3X3 = {"resnet18-cifar": ["C=64,H=32,W=32,K=64,R=3,S=3,stride=1,pad=1",
+                                "C=128,H=16,W=16,K=128,R=3,S=3,stride=1,pad=1",
+                                "C=256,H=8,W=8,K=256,R=3,S=3,stride=1,pad=1",
+                                "C=512,H=4,W=4,K=512,R=3,S=3,stride=1,pad=1"]}
 QUICK = {"resnet18": SHAPES["resnet18"][:1] + SHAPES["resnet18"][3:4],
          "mobilenetv2": SHAPES["mobilenetv2"][:1], "vgg16": SHAPES["vgg16"][3:]}
 
@@ -103,6 +113,10 @@ def main() -> int:
                         help="Also time the int8 GEMM with these knobs (e.g. pmaddwd=1), "
                              "and compare it with the best float32 and the best default "
                              "int8 kernel of each shape.")
+    parser.add_argument("--winograd", action="store_true",
+                        help="Also time Winograd (dense and float16, where it applies, and "
+                             "the CIFAR zoo's 3x3 layers) against the best of the grid's "
+                             "three algorithms of each shape and dtype.")
     parser.add_argument("--simd-bits", type=int, default=None,
                         help="Size the untuned register tiles for a CPU of this vector width "
                              "instead of this one's (e.g. 512 on an AVX2 machine: the tiles "
@@ -115,11 +129,9 @@ def main() -> int:
 
         device = replace(device, simd_bits=args.simd_bits)
     comps = Compression.parse_list(args.compressions)
-    variants = variant_grid(list(Algorithm), comps, 0.9)
+    variants = variant_grid(GRID_ALGORITHMS, comps, 0.9)
     asked = None
     if args.int8_knobs:
-        from dlas_predict.space.config import Variant
-
         try:
             knobs = tuple((k.strip(), int(v)) for k, v in
                           (kv.split("=") for kv in args.int8_knobs.split(",")))
@@ -131,20 +143,26 @@ def main() -> int:
 
         asked = Variant("gemm", "int8", knobs=knobs)  # ungrouped convs only
         variants = [*variants, asked]
+    wino = [Variant(Algorithm.WINOGRAD, c) for c in comps
+            if c in (Compression.DENSE, Compression.FLOAT16)] if args.winograd else []
+    variants = [*variants, *wino]
     proto = Protocol(max_repeats=150, min_repeats=10, time_budget_s=args.time_budget)
     shapes = QUICK if args.quick else SHAPES
+    if args.winograd:
+        shapes = {**shapes, **CIFAR_3X3}
     print(f"device: {device.description}; target {json.dumps(device.target)}; "
           f"{device.cores} threads for TVM and onnxruntime; register tiles for "
           f"{device.simd_bits}-bit vectors", flush=True)
-    rows, summary, extra = [], [], []
+    rows, summary, extra, wrows = [], [], [], []
     with LocalRunner(device, protocol=proto, timeout_s=600) as runner:
         for net, specs in shapes.items():
             for text in specs:
                 spec = ConvSpec.parse(text)
                 ort_ms = ort_median_ms(spec, device.cores, args.time_budget)
-                results = list(runner.run([MeasureTask.make(spec, v, device)
-                                           for v in variants
-                                           if v is not asked or vnni_capable(v, spec)]))
+                results = list(runner.run([
+                    MeasureTask.make(spec, v, device) for v in variants
+                    if (v is not asked or vnni_capable(v, spec))
+                    and (v not in wino or winograd_skip(spec, v.compression) is None)]))
                 for r in results:
                     med = r.median_s * 1e3 if r.ok else None
                     rows.append({
@@ -165,8 +183,20 @@ def main() -> int:
                         extra.append({"conv": text, "knobs ms": mine[0].median_s * 1e3,
                                       "best fp32 ms": min(fp32) * 1e3,
                                       "best int8 ms": min(int8) * 1e3})
+                for w in (r for r in results if r.ok and r.variant.algorithm
+                          is Algorithm.WINOGRAD):
+                    grid = [r.median_s for r in results if r.ok and r.variant.compression
+                            is w.variant.compression and r.variant.algorithm
+                            is not Algorithm.WINOGRAD]
+                    if grid:
+                        wrows.append({"conv": text, "dtype": w.variant.dtype.value,
+                                      "tile": w.knobs.get("tile"),
+                                      "winograd ms": w.median_s * 1e3,
+                                      "best of three ms": min(grid) * 1e3,
+                                      "speedup": min(grid) / w.median_s,
+                                      "onnxruntime ms": ort_ms})
                 dense = [r for r in results if r.ok and r.variant.compression
-                         is Compression.DENSE]
+                         is Compression.DENSE and r.variant.algorithm is not Algorithm.WINOGRAD]
                 if dense:
                     best = min(dense, key=lambda r: r.median_s)
                     summary.append({
@@ -184,8 +214,6 @@ def main() -> int:
     print("Best untuned dense float32 algorithm vs onnxruntime (same run):")
     print(format_table([{**s, "ratio": f"{s['ratio']:.3f}"} for s in summary]))
     if extra:
-        import math
-
         def geo(key: str) -> float:
             return math.exp(statistics.mean(math.log(e[key] / e["knobs ms"]) for e in extra))
 
@@ -194,6 +222,18 @@ def main() -> int:
               f"x{geo('best int8 ms'):.2f} (geometric means over {len(extra)} shapes)")
         print(format_table([{k: (round(v, 4) if isinstance(v, float) else v)
                              for k, v in e.items()} for e in extra]))
+    if wrows:
+        print("\nWinograd against the best of direct, gemm and spatial pack (same run):")
+        print(format_table([{k: (round(v, 4) if isinstance(v, float) else v)
+                             for k, v in w.items()} for w in wrows]))
+        for dt in sorted({w["dtype"] for w in wrows}):
+            wide = [w["speedup"] for w in wrows if w["dtype"] == dt
+                    and ConvSpec.parse(w["conv"]).C >= 64 and ConvSpec.parse(w["conv"]).K >= 64]
+            if wide:
+                geo = math.exp(statistics.mean(math.log(v) for v in wide))
+                print(f"{dt}: 3x3 stride-1 layers of >= 64 channels, Winograd x{geo:.2f} "
+                      f"faster than the best of three (geometric mean over {len(wide)}; "
+                      f"least x{min(wide):.2f})")
     three = [s for s in summary if s["kernel"].startswith("3x3")]
     worst = max(three, key=lambda s: s["ratio"], default=None)
     ok = worst is not None and worst["ratio"] <= 2.0  # unrounded: 2.003 is a miss
@@ -203,7 +243,8 @@ def main() -> int:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"device": device.to_dict(), "rows": rows,
-                                         "summary": summary, "int8_knobs": extra},
+                                         "summary": summary, "int8_knobs": extra,
+                                         "winograd": wrows},
                                         indent=1, default=str))
     return 0 if ok else 1
 

@@ -164,7 +164,7 @@ def test_measure_table_subset():
     (["--conv", "C=0,H=5,W=5,K=4,R=3,S=3"], "positive"),
     (["--conv", "C=4,H=2,W=2,K=4,R=5,S=5"], "larger than the padded input"),
     (["--conv", "C=4,H=8,W=8,K=4,R=3"], "missing S"),
-    (["--conv", TINY, "--algorithm", "winograd"], "allowed: direct, gemm, spatial_pack"),
+    (["--conv", TINY, "--algorithm", "fft"], "allowed: direct, gemm, spatial_pack, winograd"),
     (["--conv", TINY, "--compression", "int4"], "allowed: dense, weight_pruning"),
     (["--conv", TINY, "--device", "cray-1"], "known devices: local"),
     (["--conv", TINY, "--device", "xavier-cpu"], "through a TVM RPC tracker"),

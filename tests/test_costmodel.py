@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from dlas_predict.models import costmodel
-from dlas_predict.space.config import Algorithm, Compression, ConvSpec
+from dlas_predict.space.config import GRID_ALGORITHMS, Algorithm, Compression, ConvSpec
 from dlas_predict.models.costmodel import (LayerCostModel, MacsLinearBaseline, ModelError,
                                            StageCostModel, RooflineBaseline)
 from dlas_predict.space.devices import get_device
@@ -21,7 +21,7 @@ from dlas_predict.models.features import (FEATURE_NAMES, STAGE_TERMS, TREE_FEATU
 from dlas_predict.corpus.kernels import KernelConfig, config_from_row
 
 DEV = get_device("xavier-cpu", with_target=False)
-ALGS = list(Algorithm)
+ALGS = list(GRID_ALGORITHMS)
 COMPS = [Compression.DENSE, Compression.WEIGHT_PRUNING, Compression.INT8]
 LAW = {Algorithm.DIRECT: 3.0, Algorithm.GEMM: 2.0, Algorithm.SPATIAL_PACK: 1.5}
 

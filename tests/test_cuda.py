@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dlas_predict.space.config import Algorithm, Compression, ConvSpec, Variant
+from dlas_predict.space.config import GRID_ALGORITHMS, Algorithm, Compression, ConvSpec, Variant
 from dlas_predict.space.devices import get_device
 from dlas_predict.errors import ConfigError, DlasError
 from dlas_predict.measure.kernels.knobs import resolve_gpu_knobs
@@ -37,7 +37,7 @@ def _source(kernels: dict) -> str:
     return cuda.cuda_source(cuda.build(kernels, cuda.cuda_target("sm_90")))
 
 
-@pytest.mark.parametrize("alg", list(Algorithm))
+@pytest.mark.parametrize("alg", GRID_ALGORITHMS)
 @pytest.mark.parametrize("spec", [SPEC, DEPTHWISE], ids=["conv", "depthwise"])
 def test_dense_kernels_lower_to_cuda_with_shared_tiles(alg, spec):
     kernels = {f"k_{c.value}": _kernel(spec, alg, c)
@@ -100,7 +100,7 @@ def test_dp4a_is_a_knob_of_dense_int8_gemm_only():
                                         knobs={"dp4a": 2}))
 
 
-@pytest.mark.parametrize("alg", list(Algorithm))
+@pytest.mark.parametrize("alg", GRID_ALGORITHMS)
 def test_csr_kernels_are_row_parallel(alg):
     src = _source({"csr": _kernel(SPEC, alg, Compression.WEIGHT_PRUNING),
                    "chan": _kernel(SPEC, alg, Compression.CHANNEL_PRUNING)})
@@ -111,7 +111,7 @@ def test_thread_bindings_verify_within_gpu_limits():
     from dlas_predict.measure.kernels import cuda
 
     kernels = {f"k{i}": _kernel(SPEC, alg, Compression.DENSE)
-               for i, alg in enumerate(Algorithm)}
+               for i, alg in enumerate(GRID_ALGORITHMS)}
     mod = cuda.kernels_module(kernels)
     assert cuda.verify(mod) == []
 
@@ -149,7 +149,7 @@ def _small_bundle(tmp_path: Path) -> tuple[Path, list]:
     from dlas_predict.measure.gpu.bundle import GpuTask, write_bundle
 
     dev = get_device("h100")
-    tasks = [GpuTask.make(SPEC, Variant(a, Compression.DENSE), dev) for a in Algorithm]
+    tasks = [GpuTask.make(SPEC, Variant(a, Compression.DENSE), dev) for a in GRID_ALGORITHMS]
     out = tmp_path / "bundle"
     counts = write_bundle(tasks, dev, out, chunk_size=2)
     assert counts == {"planned": 3, "skipped": 0, "built": 3, "failed": 0}
@@ -205,7 +205,7 @@ WIDE_2 = ConvSpec.parse("C=512,H=2,W=2,K=512,R=3,S=3,stride=1,pad=1")
 
 
 @pytest.mark.parametrize("spec", [DEPTHWISE_16, WIDE_2, SPEC], ids=["dw", "wide", "conv"])
-@pytest.mark.parametrize("alg", list(Algorithm))
+@pytest.mark.parametrize("alg", GRID_ALGORITHMS)
 def test_default_tiles_fit_a_blocks_shared_memory_within_the_estimate(spec, alg):
     from dlas_predict.measure.kernels import cuda
     from dlas_predict.measure.kernels.knobs import gpu_shared_estimate
@@ -271,7 +271,7 @@ def test_a_kernel_tvm_cannot_compile_fails_alone_in_its_bundle(tmp_path, monkeyp
     from dlas_predict.measure.gpu.bundle import GpuTask, write_bundle
 
     dev = get_device("h100")
-    tasks = [GpuTask.make(SPEC, Variant(a, Compression.DENSE), dev) for a in Algorithm]
+    tasks = [GpuTask.make(SPEC, Variant(a, Compression.DENSE), dev) for a in GRID_ALGORITHMS]
     _fail_second_kernel(monkeypatch)
     counts = write_bundle(tasks, dev, tmp_path / "b", chunk_size=8)
     assert counts["built"] == 2 and counts["failed"] == 1
@@ -283,7 +283,7 @@ def test_a_kernel_tvm_cannot_compile_fails_alone_in_its_bundle(tmp_path, monkeyp
     assert (tmp_path / "b" / built[0]["chunk"]).is_file()
 
 
-@pytest.mark.parametrize("alg", list(Algorithm))
+@pytest.mark.parametrize("alg", GRID_ALGORITHMS)
 @pytest.mark.parametrize("comp", [Compression.DENSE, Compression.FLOAT16,
                                   Compression.WEIGHT_PRUNING])
 def test_knob_search_space_starts_untuned_and_stays_within_the_gpus_limits(alg, comp):
@@ -507,7 +507,7 @@ def test_a_whole_network_lowers_to_cuda_with_our_kernels_and_every_op_on_the_gpu
     model = build("cnn", {**FAMILIES["cnn"], "layers": 2, "kernels": 16, "input": 16,
                           "block": "residual", "downsample": 1})
     n = sum(1 for node in model.graph.node if node.op_type == "Conv")
-    algs = [list(Algorithm)[i % 3] for i in range(n)]  # a per-layer plan of every algorithm
+    algs = [GRID_ALGORITHMS[i % 3] for i in range(n)]  # a per-layer plan of every algorithm
     choices = [LayerChoice(a, sparse) for a in algs]
     dt = DType.parse(dtype)
     scales = [(0.05, 0.05)] * n if dt is DType.INT8 else None

@@ -5,7 +5,8 @@ from dataclasses import replace
 
 import pytest
 
-from dlas_predict.space.config import Algorithm, Compression, ConvSpec, Variant, variant_grid
+from dlas_predict.space.config import (GRID_ALGORITHMS, Algorithm, Compression, ConvSpec,
+                                       Variant, variant_grid)
 from dlas_predict.space.devices import get_device
 from dlas_predict.measure.kernels.knobs import default_knobs, resolve_knobs
 from dlas_predict.measure.execution.tasks import KernelTask, Protocol
@@ -35,7 +36,7 @@ def _task(spec, variant, target, knobs=None, seed=0):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("text", SHAPES)
-@pytest.mark.parametrize("variant", variant_grid(list(Algorithm), list(Compression), 0.7),
+@pytest.mark.parametrize("variant", variant_grid(GRID_ALGORITHMS, list(Compression), 0.7),
                          ids=lambda v: f"{v.algorithm.value}-{v.compression.value}")
 def test_kernel_matches_reference(text, variant, target):
     spec = ConvSpec.parse(text)
@@ -78,7 +79,7 @@ def test_verification_catches_a_wrong_kernel(target, monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("bits", [128, 256])
-@pytest.mark.parametrize("variant", variant_grid(list(Algorithm), [Compression.DENSE,
+@pytest.mark.parametrize("variant", variant_grid(GRID_ALGORITHMS, [Compression.DENSE,
                                                                     Compression.INT8,
                                                                     Compression.WEIGHT_PRUNING],
                                                  0.7),
@@ -247,7 +248,7 @@ def test_fused_epilogue_matches_reference():
 @pytest.mark.parametrize("conv", [FUSED_CONV, DEPTHWISE_CONV], ids=["dense", "depthwise"])
 @pytest.mark.parametrize("dtype", ["float32", "float16", "int8"])
 @pytest.mark.parametrize("sparse", [False, True], ids=["dense", "csr"])
-@pytest.mark.parametrize("algorithm", [a.value for a in Algorithm])
+@pytest.mark.parametrize("algorithm", [a.value for a in GRID_ALGORITHMS])
 def test_every_kernel_fuses_its_epilogue(algorithm, sparse, dtype, conv):
     import numpy as np
 

@@ -22,7 +22,9 @@ def measure(
                              "C=64,H=56,W=56,K=64,R=3,S=3,stride=1,pad=1[,groups=G]"),
     device: str = typer.Option("local", "--device", help="Device name (see `devices`)."),
     algorithm: str = typer.Option("all", "--algorithm",
-                                  help="all | comma list of direct,gemm,spatial_pack"),
+                                  help="all (direct,gemm,spatial_pack) | comma list of "
+                                  "those and winograd (dense and float16 3x3 stride-1 "
+                                  "convs, untuned)"),
     compression: str = typer.Option(
         "all", "--compression",
         help="all | comma list of dense,weight_pruning,channel_pruning,float16,int8"),
@@ -49,8 +51,8 @@ def measure(
                                   "emulated and never stored."),
 ):
     """Measure one conv workload across algorithms × compressions (× tuning) on a device."""
-    from dlas_predict.space.config import (Algorithm, Compression, ConvSpec, check_ratio,
-                                           variant_grid)
+    from dlas_predict.space.config import (Algorithm, Compression, ConvSpec, Tuning,
+                                           check_ratio, variant_grid, winograd_skip)
     from dlas_predict.render import format_table
     from dlas_predict.corpus.collect import collect_kernels as run_collect
     from dlas_predict.measure.execution.farm import kernel_runner
@@ -70,7 +72,23 @@ def measure(
     rpc = make_rpc(dev, tracker, rpc_key, allow_remote_tracker, boards, tries, timeout, emulated)
     if emulated and rpc is None:
         raise DlasError("--emulated is for boards reached through --tracker")
-    variants = [v for t in tunings for v in variant_grid(algorithms, compressions, ratio, t)]
+    variants, skipped = [], []
+    for v in (v for t in tunings for v in variant_grid(algorithms, compressions, ratio, t)):
+        why = winograd_skip(spec, v.compression, dev.kind) \
+            if v.algorithm is Algorithm.WINOGRAD else None
+        if why is None and v.algorithm is Algorithm.WINOGRAD and v.tuning is Tuning.TUNED:
+            why = "Winograd is measured untuned (its hand schedule; no tuner searches it)"
+        if why:
+            skipped.append({"algorithm": v.algorithm.value, "compression": v.compression.value,
+                            "tuning": v.tuning.value, "skipped": why})
+        else:
+            variants.append(v)
+    for s in skipped if not as_json else ():
+        typer.echo(f"skipped {s['algorithm']} {s['compression']} ({s['tuning']}): "
+                   f"{s['skipped']}", err=True)
+    if not variants:
+        raise DlasError(f"nothing to measure for {spec.to_spec()}: "
+                        + "; ".join(sorted({s['skipped'] for s in skipped})))
     tasks = [MeasureTask.make(spec, v, dev, tuning=opts) for v in variants]
     db = None
     if store is not None:
@@ -100,7 +118,7 @@ def measure(
             o["emulated_median_ms"] = o.pop("median_ms")
             o["gflops"] = None
     if as_json:
-        print_json(out)
+        print_json(out + skipped)
     else:
         where = (f" through {rpc.tracker} (key {rpc.key})" if rpc else "")
         typer.echo(f"{spec.to_spec()}  on {dev.name} ({dev.description}){where}; "
@@ -264,7 +282,7 @@ def bundle(networks: List[str] = typer.Argument(..., help="ONNX files or zoo:NAM
     """Build the CUDA kernels of NETWORKS for a GPU no tracker reaches: measure the bundle
     there with `python -m dlas_predict.measure.gpu.run OUT --out results.jsonl`, then bring the
     results back with `dlas-predict corpus import-results OUT results.jsonl --store S`."""
-    from dlas_predict.space.config import Algorithm, Compression, check_ratio
+    from dlas_predict.space.config import Compression, check_ratio, grid_algorithms
     from dlas_predict.space.devices import get_device
     from dlas_predict.measure.gpu.bundle import save_plans, write_bundle
     from dlas_predict.corpus.gpu import plan_networks
@@ -292,7 +310,7 @@ def bundle(networks: List[str] = typer.Argument(..., help="ONNX files or zoo:NAM
         from dlas_predict.measure.gpu.bundle import write_metaschedule_bundle
         from dlas_predict.corpus.gpu import dense_kernels
 
-        kernels = dense_kernels(networks, Algorithm.parse_list(algorithms),
+        kernels = dense_kernels(networks, grid_algorithms(algorithms),
                                 Compression.parse_list(compressions), check_ratio(ratio),
                                 sizes)
         if not kernels:
@@ -308,11 +326,11 @@ def bundle(networks: List[str] = typer.Argument(..., help="ONNX files or zoo:NAM
                    f"already in {out}")
         return
     if whole_network:
-        _bundle_networks(networks, dev, out, Algorithm.parse_list(algorithms),
+        _bundle_networks(networks, dev, out, grid_algorithms(algorithms),
                          Compression.parse_list(compressions), check_ratio(ratio), store,
                          timing_weights)
         return
-    tasks, plans = plan_networks(networks, Algorithm.parse_list(algorithms),
+    tasks, plans = plan_networks(networks, grid_algorithms(algorithms),
                                  Compression.parse_list(compressions), check_ratio(ratio), dev,
                                  trials=trials, kernel_sizes=sizes)
     out.mkdir(parents=True, exist_ok=True)
@@ -367,10 +385,10 @@ def collect_into(networks, store, device, algorithms, compressions, ratio, retry
     :func:`dlas_predict.corpus.collect.collect`; render."""
     from dlas_predict.corpus.collect import collect as run_collect
     from dlas_predict.measure.execution.farm import kernel_runner, network_runner
-    from dlas_predict.space.config import Algorithm, Compression, Tuning, check_ratio
+    from dlas_predict.space.config import Compression, Tuning, check_ratio, grid_algorithms
     from dlas_predict.space.devices import get_device
 
-    algs = Algorithm.parse_list(algorithms)
+    algs = grid_algorithms(algorithms)
     comps = Compression.parse_list(compressions)
     check_ratio(ratio)
     proto = make_protocol(max_repeats, time_budget, quiet_wait)

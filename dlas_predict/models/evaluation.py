@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dlas_predict.space.config import Algorithm, ConvSpec
+from dlas_predict.space.config import GRID_ALGORITHMS, ConvSpec
 from dlas_predict.models.costmodel import (LayerCostModel, MacsLinearBaseline, RooflineBaseline,
                                            kendall_tau, mape, regret, top1_hit, within)
 from dlas_predict.space.devices import Device, get_device
@@ -73,8 +73,11 @@ def load_corpus(store: Path, device: str = "local") -> Corpus:
     # the roofs of the machine that measured the corpus, whichever machine trains
     dev = store_device(store, device, fingerprint_here(device))
     with CorpusStore(store, must_exist=True) as db:
+        # the grid's algorithms: a Winograd record (`measure --algorithm winograd`) is
+        # data the features do not describe yet
+        grid = {a.value for a in GRID_ALGORITHMS}
         rows = [r for r in db.current_rows("error IS NULL AND device = ?", (dev.name,))
-                if r["verified"] in (1, True, None)]
+                if r["verified"] in (1, True, None) and r["algorithm"] in grid]
         configs = db.network_configs()
     dev = with_evidenced_isa(dev, rows)
     chosen = preferred_records(rows, dev)
@@ -122,7 +125,7 @@ class NetworkConfig:
 
 
 def network_configurations(corpus: Corpus, network: str,
-                           algorithms=tuple(a.value for a in Algorithm)) -> list[NetworkConfig]:
+                           algorithms=tuple(a.value for a in GRID_ALGORITHMS)) -> list[NetworkConfig]:
     """Every configuration of ``network`` whose conv kernels are all measured."""
     index = corpus.index()
     by_config: dict[str, list[dict]] = {}

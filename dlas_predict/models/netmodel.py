@@ -21,7 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dlas_predict.space.config import COMPRESSION_KERNEL, Algorithm, Compression, DType
+from dlas_predict.space.config import (COMPRESSION_KERNEL, GRID_ALGORITHMS, Algorithm,
+                                       Compression, DType)
 from dlas_predict.models.base import FITTED_COVERAGE, CostModel, at_coverage
 from dlas_predict.models.costmodel import ModelError, package_versions, read_sidecar, write_sidecar
 from dlas_predict.space.devices import Device
@@ -48,7 +49,7 @@ def net_features(summary: NetworkSummary, conv_s: float, compression: Compressio
     its layers on each algorithm and on CSR."""
     _, dtype, pattern = COMPRESSION_KERNEL[compression]
     n = max(len(layers), 1)
-    share = {a.value: sum(1 for alg, _ in layers if alg == a.value) / n for a in Algorithm}
+    share = {a.value: sum(1 for alg, _ in layers if alg == a.value) / n for a in GRID_ALGORITHMS}
     sparse = sum(1 for _, s in layers if s) / n
     mixed = float(len({alg for alg, _ in layers}) > 1 or 0 < sparse < 1)
     sp = [r for (_, s), r in zip(layers, layer_ratios) if s]
@@ -69,7 +70,8 @@ def net_features(summary: NetworkSummary, conv_s: float, compression: Compressio
 #: the factor of its family × algorithm (in-network effects differ: a CSR kernel's sparse
 #: weights stay cached between calls, float16 and int8 kernels sit between casts).
 CONV_FAMILIES = ("float32", "csr", "float16", "int8")
-CONV_TERMS = tuple(f"conv_s_{f}_{a.value}" for f in CONV_FAMILIES for a in Algorithm)
+CONV_TERMS = tuple(f"conv_s_{f}_{a.value}" for f in CONV_FAMILIES
+                   for a in GRID_ALGORITHMS)
 
 #: Terms of the network model: whole ≈ Σ coef·term, coefficients ≥ 0 (so it extrapolates in
 #: scale, unlike trees). The conv terms are the layers' kernel times summed per family ×

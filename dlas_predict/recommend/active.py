@@ -122,7 +122,7 @@ def pool_from_snapshot(path: Path, networks: list[str] | None) -> tuple[Pool, di
 
 def _pool(layers, measured: dict[str, float]) -> Pool:
     from dlas_predict.compression.netplan import layer_kernel
-    from dlas_predict.space.config import Algorithm, Compression
+    from dlas_predict.space.config import GRID_ALGORITHMS, Compression
 
     kernels: list[PoolKernel] = []
     index: dict[str, int] = {}
@@ -131,7 +131,7 @@ def _pool(layers, measured: dict[str, float]) -> Pool:
         # the kernel each layer runs: a channel-pruned layer with no zeroed filter left
         # after removal runs the dense one
         runs = [layer_kernel(Compression(p), float(r)) for p, r in zip(g.compression, g.ratio)]
-        for alg in (a.value for a in Algorithm):
+        for alg in (a.value for a in GRID_ALGORITHMS):
             ks = [PoolKernel(c, alg, p.value, r) for c, (p, r) in zip(g.conv, runs)]
             if measured and any(k.key not in measured for k in ks):
                 continue  # a plan the recordings cannot score

@@ -578,8 +578,8 @@ def _predict_conv(t: Target, device: str, cfg: ConfigChoice) -> Prediction:
     to the device): its fastest variant ``cfg`` allows (untuned unless ``tuned`` is named;
     pruning at the named ratio, else 0.9)."""
     from dlas_predict.crossdev.transfer import device_map, own_model, reference_predictions
-    from dlas_predict.space.config import (DEFAULT_RATIO, Algorithm, Compression, ConvSpec,
-                                           PlanAlgorithm)
+    from dlas_predict.space.config import (DEFAULT_RATIO, GRID_ALGORITHMS, Compression,
+                                           ConvSpec, PlanAlgorithm)
 
     spec = ConvSpec.parse(t.key)
     if cfg.algorithm == "onnxruntime":
@@ -590,7 +590,7 @@ def _predict_conv(t: Target, device: str, cfg: ConfigChoice) -> Prediction:
     chosen = None if cfg.algorithm == PlanAlgorithm.PER_LAYER.value else cfg.algorithm
     for comp in ([cfg.compression] if cfg.compression else [c.value for c in Compression]):
         r = (cfg.ratio or DEFAULT_RATIO) if comp.endswith("_pruning") else 0.0
-        for alg in ([chosen] if chosen else [a.value for a in Algorithm]):
+        for alg in ([chosen] if chosen else [a.value for a in GRID_ALGORITHMS]):
             rows.append((spec, alg, comp, r, cfg.tuning or "untuned"))
     if own_model(device):
         mid, low, high = reference_predictions(device, rows)

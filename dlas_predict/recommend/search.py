@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from dlas_predict.space.config import (COMPRESSION_KERNEL, DEFAULT_CURVE_RATIOS, ELBOW_DROP_PP,
-                                       Algorithm, Compression, Tuning)
+                                       GRID_ALGORITHMS, Algorithm, Compression, Tuning)
 from dlas_predict.errors import DlasError, param
 from dlas_predict.measure.networks.plans import ONNXRUNTIME, PER_LAYER
 
@@ -557,11 +557,11 @@ def _kernel_rows(convs, points, tunings: list[Tuning], feat_dev):
                 opts = layer_opts.get(same)
                 if opts is None:
                     opts = [LayerOption(a.value, sparse, row(spec, a, comp, lr, tn))
-                            for a in Algorithm]
+                            for a in GRID_ALGORITHMS]
                     if sparse:  # a pruned layer may also run the dense kernel on its zeros
                         opts += [LayerOption(a.value, False,
                                              row(spec, a, Compression.DENSE, 0.0, tn))
-                                 for a in Algorithm]
+                                 for a in GRID_ALGORITHMS]
                     layer_opts[same] = opts
                 per_layer.append(opts)
             options.append((tn, per_layer))
@@ -583,7 +583,7 @@ def _plans(points, tunings: list[Tuning], options, mid: np.ndarray,
             if id(opts) not in by_kind:
                 by_kind[id(opts)] = {(o.algorithm, o.sparse): o for o in reversed(opts)}
                 fastest[id(opts)] = min(opts, key=lambda o: mid[o.row])
-        for a in Algorithm:  # CSR on each layer that has a CSR option, as the study ran it
+        for a in GRID_ALGORITHMS:  # CSR on each layer that has a CSR option, as the study ran it
             chosen = tuple(by_kind[id(opts)].get((a.value, True))
                            or by_kind[id(opts)][a.value, False] for opts in per_layer)
             plans.append(Plan(comp, ratio, a.value, chosen, tn, p.summary))

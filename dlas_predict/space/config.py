@@ -11,16 +11,42 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
-from dlas_predict.errors import ConfigError, SpecError
+from dlas_predict.errors import ConfigError, SpecError, param
 from dlas_predict.space.choices import Choice
 
 
 class Algorithm(Choice):
-    """Convolution algorithms of the study."""
+    """Convolution algorithms: the study's three (:data:`GRID_ALGORITHMS`, what ``all``
+    names), and Winograd F(m×m, 3×3), measured where it is named and applies
+    (:func:`winograd_skip`)."""
 
     DIRECT = "direct"
     GEMM = "gemm"
     SPATIAL_PACK = "spatial_pack"
+    WINOGRAD = "winograd"
+
+    @classmethod
+    def parse_list(cls, text: str) -> list["Algorithm"]:
+        if text.strip().lower() == "all":
+            return list(GRID_ALGORITHMS)
+        return super().parse_list(text)
+
+
+#: The algorithms of the grid: those the corpus, the cost models and ``recommend`` cover.
+GRID_ALGORITHMS = (Algorithm.DIRECT, Algorithm.GEMM, Algorithm.SPATIAL_PACK)
+
+
+def grid_algorithms(text: str, name: str = "algorithms") -> list[Algorithm]:
+    """``all`` or a comma list of the grid's algorithms (:data:`GRID_ALGORITHMS`): what a
+    corpus collection takes. Winograd is measured by ``measure``; no corpus holds it yet."""
+    algs = Algorithm.parse_list(text)
+    outside = [a.value for a in algs if a not in GRID_ALGORITHMS]
+    if outside:
+        raise ConfigError(f"{', '.join(outside)} is measured one conv at a time (`measure "
+                          f"--algorithm {outside[0]}`); the corpus, its models and recommend "
+                          f"cover {', '.join(a.value for a in GRID_ALGORITHMS)} "
+                          f"({param(name)})")
+    return algs
 
 
 class PlanAlgorithm(Choice):
@@ -342,6 +368,29 @@ class Variant:
         return cls(algorithm=data["algorithm"], compression=data["compression"],
                    ratio=float(data.get("ratio") or 0.0), tuning=data.get("tuning", "untuned"),
                    knobs=tuple(sorted((data.get("knobs") or {}).items())))
+
+
+def winograd_skip(spec: "ConvSpec", compression: "Compression",
+                  device_kind: str = "cpu") -> str | None:
+    """Why a Winograd kernel is not built for ``spec`` under ``compression`` (None: it is).
+    It computes dense 3×3 windows at stride 1, ungrouped, in float32 or float16, on a CPU."""
+    compression = Compression.parse(compression)
+    if device_kind != "cpu":
+        return "Winograd runs on CPUs only (no CUDA Winograd kernel)"
+    if compression in (Compression.WEIGHT_PRUNING, Compression.CHANNEL_PRUNING) and \
+            COMPRESSION_KERNEL[compression][0]:
+        return "Winograd has no CSR form (the transformed weights of a pruned filter are dense)"
+    if compression is Compression.INT8:
+        return "Winograd is float32 and float16 only (its transforms leave int8's range)"
+    if (spec.R, spec.S) != (3, 3):
+        return f"Winograd here is F(m×m, 3×3); this window is {spec.R}×{spec.S}"
+    if (spec.stride_h, spec.stride_w) != (1, 1):
+        return f"Winograd needs stride 1; this conv has stride {spec.stride_h}"
+    if (spec.dilation_h, spec.dilation_w) != (1, 1):
+        return "Winograd needs dilation 1"
+    if spec.groups != 1:
+        return f"Winograd needs an ungrouped conv; this one has {spec.groups} groups"
+    return None
 
 
 def variant_grid(algorithms: Iterable[Algorithm], compressions: Iterable[Compression],

@@ -17,6 +17,8 @@ from dlas_predict.measure.kernels.cpu import DENSE_KERNELS, pack_weights, spatia
 from dlas_predict.measure.kernels.vnni import (gemm_pmaddwd_compute, gemm_vnni_compute,
                                                gemm_vnni_schedule)
 from dlas_predict.measure.kernels.csr import SPARSE_KERNELS
+from dlas_predict.measure.kernels.winograd import (pack_winograd_weights, winograd_compute,
+                                                   winograd_schedule)
 
 
 def _dense(ks: KernelSpec) -> tuple:
@@ -25,7 +27,18 @@ def _dense(ks: KernelSpec) -> tuple:
         return gemm_vnni_compute, gemm_vnni_schedule
     if uses_pmaddwd(ks):
         return gemm_pmaddwd_compute, gemm_vnni_schedule
+    if ks.algorithm is Algorithm.WINOGRAD:
+        return winograd_compute, winograd_schedule
     return DENSE_KERNELS[ks.algorithm]
+
+
+def kernel_weights(ks: KernelSpec, w: np.ndarray) -> list[np.ndarray]:
+    """Weights [K, C/g, R, S] -> the kernel's weight arguments, packed once (not timed):
+    Winograd's transformed filters, or :func:`~dlas_predict.measure.kernels.cpu.
+    pack_weights`' layouts."""
+    if ks.algorithm is Algorithm.WINOGRAD:
+        return pack_winograd_weights(ks, w)
+    return pack_weights(ks, w)
 
 
 def output_shape(ks: KernelSpec) -> tuple[int, ...]:
@@ -46,7 +59,7 @@ def device_args(ks: KernelSpec, x: np.ndarray, w: np.ndarray, dev,
     missing = [n for n, _, _ in ks.extra_inputs() if n not in extras]
     if missing:
         raise ValueError(f"the epilogue needs {', '.join(missing)}")
-    args = [x, *pack_weights(ks, w),
+    args = [x, *kernel_weights(ks, w),
             *(np.asarray(extras[n], dtype=dt).reshape(shape)
               for n, shape, dt in ks.extra_inputs())]
     return [tvm.runtime.tensor(a, dev) for a in args] + [
@@ -75,8 +88,9 @@ def kernel_module(ks: KernelSpec) -> tvm.IRModule:
     compute, schedule = _dense(ks)
     if ks.algorithm is Algorithm.SPATIAL_PACK:  # the output stage the hand schedule tiles
         compute = partial(spatial_pack_compute, tile_epilogue=True)
-    elif not (uses_vnni(ks) or uses_pmaddwd(ks)):  # extents the vector tiles do not divide,
-        compute = partial(compute, tiles=True)  # over whole tiles
+    elif not (uses_vnni(ks) or uses_pmaddwd(ks) or ks.algorithm is Algorithm.WINOGRAD):
+        # extents the vector tiles do not divide, over whole tiles
+        compute = partial(compute, tiles=True)
     sch = Schedule(te.create_prim_func(compute(ks)))
     schedule(sch, ks)
     return sch.mod

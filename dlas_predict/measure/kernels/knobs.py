@@ -15,10 +15,13 @@ KNOB_NAMES: dict[tuple[Algorithm, bool], tuple[str, ...]] = {
     (Algorithm.DIRECT, False): ("tile_k", "tile_w", "tile_h"),
     (Algorithm.GEMM, False): ("tile_k", "tile_p"),
     (Algorithm.SPATIAL_PACK, False): ("tile_k", "tile_h", "tile_w"),
+    (Algorithm.WINOGRAD, False): ("tile", "tile_k", "tile_p"),
     (Algorithm.DIRECT, True): ("tile_w",),
     (Algorithm.GEMM, True): ("tile_p",),
     (Algorithm.SPATIAL_PACK, True): ("tile_h", "tile_w"),
 }
+#: Winograd's output tiles: F(2×2, 3×3) and F(4×4, 3×3).
+WINOGRAD_TILES = (2, 4)
 
 def registers(simd_bits: int | None) -> tuple[int, int]:
     """(32-bit lanes of a vector register, accumulators a register tile may hold) for a CPU
@@ -172,6 +175,15 @@ def default_knobs(spec: ConvSpec, variant: Variant, simd_bits: int | None = None
         # depthwise / narrow groups: vectorise along output width instead.
         return {"tile_k": _divisor_at_most(kg, 4), "tile_h": 2 if spec.OH > 1 else 1,
                 "tile_w": min(lanes, _pow2_at_least(spec.OW))}
+    if key == (Algorithm.WINOGRAD, False):
+        # F(4×4, 3×3) multiplies 4x fewer times than a direct 3×3 conv, F(2×2) 2.25x: the
+        # larger tile unless the output holds fewer than two of its tiles a side (its
+        # transformed weights, 4x the filters', then outweigh the work saved); filters in
+        # vector blocks (the last padded with zeros), a register tile of all the output's
+        # tiles where they fit the accumulators (no padded tile is computed), else half
+        tile = 4 if min(spec.OH, spec.OW) >= 8 else 2
+        tiles = -(-spec.OH // tile) * -(-spec.OW // tile)
+        return {"tile": tile, "tile_k": lanes, "tile_p": tiles if tiles <= acc else acc // 2}
     if key == (Algorithm.DIRECT, True):
         return {"tile_w": min(lanes, _pow2_at_least(spec.OW))}
     if key == (Algorithm.GEMM, True):
@@ -262,6 +274,9 @@ def resolve_knobs(spec: ConvSpec, variant: Variant, simd_bits: int | None = None
     """Defaults (for a CPU of ``simd_bits``, with AVX-512 VNNI or not) overridden by the
     variant's own knobs; unknown knob names are an error. The ``vnni`` knob (1) asks for the
     VNNI GEMM where the CPU's defaults do not."""
+    if (variant.algorithm, variant.sparse) not in KNOB_NAMES:
+        raise ConfigError(f"no kernel for {variant.algorithm.value} under "
+                          f"{variant.compression.value}")
     names = KNOB_NAMES[(variant.algorithm, variant.sparse)]
     asked = pairs = False
     if vnni_capable(variant, spec):
@@ -289,6 +304,8 @@ def resolve_knobs(spec: ConvSpec, variant: Variant, simd_bits: int | None = None
             raise ConfigError(f"the VNNI GEMM's tile_p is its lanes, 8 or 16; got "
                               f"{knobs['tile_p']}")
         return knobs
+    if variant.algorithm is Algorithm.WINOGRAD and knobs["tile"] not in WINOGRAD_TILES:
+        raise ConfigError(f"the Winograd tile is one of {WINOGRAD_TILES}, got {knobs['tile']}")
     kg = spec.K // spec.groups
     if "tile_h" in knobs and variant.algorithm is Algorithm.DIRECT and not spec.depthwise:
         raise ConfigError("knob tile_h applies to depthwise direct kernels only")
@@ -296,7 +313,7 @@ def resolve_knobs(spec: ConvSpec, variant: Variant, simd_bits: int | None = None
                                   and not spec.depthwise):
         # (a dense kernel of an ungrouped conv pads its last block of filters)
         divides = kg if variant.algorithm is Algorithm.SPATIAL_PACK else spec.K
-        if divides % knobs["tile_k"]:
+        if divides % knobs["tile_k"] and variant.algorithm is not Algorithm.WINOGRAD:
             raise ConfigError(f"knob tile_k={knobs['tile_k']} must divide {divides}")
     return knobs
 
@@ -306,6 +323,7 @@ def resolve_knobs(spec: ConvSpec, variant: Variant, simd_bits: int | None = None
 LAYOUT_KNOBS: dict[Algorithm, tuple[str, ...]] = {
     Algorithm.DIRECT: (), Algorithm.GEMM: (),
     Algorithm.SPATIAL_PACK: ("tile_k", "tile_h", "tile_w"),
+    Algorithm.WINOGRAD: ("tile", "tile_k"),
 }
 
 

@@ -40,7 +40,7 @@ from tvm import relax, te
 
 from dlas_predict.space.config import Algorithm, Compression, ConvSpec, DType, Variant
 from dlas_predict.measure.kernels.cpu import pack_weights
-from dlas_predict.measure.kernels.build import kernel_module, output_shape
+from dlas_predict.measure.kernels.build import kernel_module, kernel_weights, output_shape
 from dlas_predict.measure.kernels.spec import KernelSpec
 from dlas_predict.measure.kernels.knobs import resolve_knobs
 from dlas_predict.measure.networks.epilogues import Epilogue, dataflow, op_name, plan_epilogues
@@ -288,7 +288,7 @@ class _ConvLowering:
         gv = bb.add_func(func, f"conv{i}_{choice.algorithm.value}"
                                f"{'_csr' if choice.sparse else ''}"
                                f"{'_fused' if steps else ''}")
-        packed = pack_weights(ks, w)
+        packed = kernel_weights(ks, w)
         if choice.sparse and packed[0].size == 0:  # all-zero layer: keep buffers non-empty
             packed = [np.zeros(1, packed[0].dtype), np.zeros(1, np.int32), packed[2]]
         args = [x, *(relax.const(a) for a in packed)]
