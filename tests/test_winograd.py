@@ -158,16 +158,32 @@ def test_measure_with_nothing_winograd_applies_to_is_one_clean_error():
     assert_clean_error(res, "Winograd needs stride 1")
 
 
-def test_a_corpus_collection_refuses_winograd_by_its_option(tmp_path):
-    res = run_cli("collect", "--network", "zoo:resnet18-cifar", "--store",
-                  tmp_path / "s.sqlite", "--algorithms", "winograd")
-    assert_clean_error(res, "--algorithms")
-    assert "measure --algorithm winograd" in " ".join(res.output.split())
+def test_a_collection_plans_winograd_kernels_where_it_applies_and_no_uniform_plan(tmp_path):
+    """Winograd's kernels: dense and float16 3x3 stride-1 layers, untuned; its whole-network
+    builds: per-layer plans only (a uniform plan cannot run it on every layer)."""
+    from dlas_predict.corpus.collect import kernel_tasks, plan_networks, whole_network_plans
+    from dlas_predict.corpus.store import CorpusStore
+    from dlas_predict.space.config import Tuning
+
+    dev = get_device("local")
+    nets = plan_networks(["zoo:resnet18-cifar"], [Compression.DENSE, Compression.FLOAT16,
+                                                  Compression.INT8], 0.9)
+    tasks = kernel_tasks(nets, [Algorithm.WINOGRAD], [Tuning.UNTUNED, Tuning.TUNED], dev)
+    convs = {c.spec for c in nets[0].net.convs()}
+    applies = {s for s in convs if winograd_skip(s, Compression.DENSE) is None}
+    assert 0 < len(applies) < len(convs)  # the 1x1 and strided convs are left out
+    assert {(t.spec, t.variant.compression) for t in tasks} == {
+        (s, c) for s in applies for c in (Compression.DENSE, Compression.FLOAT16)}
+    assert all(t.variant.tuning is Tuning.UNTUNED for t in tasks)
+    with CorpusStore(tmp_path / "s.sqlite") as db:
+        plans = whole_network_plans(nets, [Algorithm.DIRECT, Algorithm.WINOGRAD], 0.9, db, dev)
+    assert {p.algorithm for p in plans} == {"direct"}  # no kernel measured: no per-layer plan
 
 
-def test_a_stored_winograd_record_is_kept_but_not_learned_from(tmp_path):
+def test_a_stored_winograd_record_is_learned_with_its_own_features(tmp_path):
     from dlas_predict.corpus.store import CorpusStore
     from dlas_predict.models.evaluation import load_corpus
+    from dlas_predict.models.features import FEATURE_NAMES
 
     store = tmp_path / "s.sqlite"
     res = run_cli("measure", "--conv", "C=8,H=10,W=10,K=8,R=3,S=3,stride=1,pad=1",
@@ -177,4 +193,47 @@ def test_a_stored_winograd_record_is_kept_but_not_learned_from(tmp_path):
     assert res.exit_code == 0, res.output
     with CorpusStore(store) as db:
         assert sorted(r.variant.algorithm.value for r in db.results()) == ["direct", "winograd"]
-    assert {k.algorithm for k in load_corpus(store, "local").keys} == {"direct"}
+    corpus = load_corpus(store, "local")
+    rows = {k.algorithm: x for k, x in zip(corpus.keys, corpus.X)}
+    col = FEATURE_NAMES.index
+    assert rows["winograd"][col("algo_winograd")] == 1 and rows["direct"][col("algo_winograd")] == 0
+    # F(4×4) on an 8×8 output; its weights: 6×6 transformed elements of 8 channels by the
+    # filters padded to a vector, float32
+    w = rows["winograd"]
+    assert w[col("winograd_tile")] == 4 and w[col("tile_k")] >= 8
+    assert w[col("stage_weight_bytes")] == 36 * 8 * w[col("tile_k")] * 4
+
+
+def test_a_per_layer_plan_takes_winograd_only_from_a_model_that_learned_it():
+    from dlas_predict.models.costmodel import LayerCostModel
+
+    model = LayerCostModel()
+    assert not model.knows("winograd") and model.knows("spatial_pack")
+    model.meta_["algorithms"] = ["direct", "winograd"]
+    assert model.knows("winograd")
+
+
+def test_recommend_runs_winograd_layers_where_this_cpus_model_learned_them():
+    """A per-layer candidate may run Winograd on the layers it applies to, and only where
+    the layer model that prices this CPU (its own, or the one it is mapped from) learned it;
+    a uniform candidate never does."""
+    from dlas_predict.models.costmodel import LayerCostModel
+    from dlas_predict.networks import zoo
+    from dlas_predict.networks.graph import read_network
+    from dlas_predict.recommend.search import recommend
+
+    rec = recommend("zoo:resnet18-cifar", "local", top=0, tuning="untuned",
+                    compressions=(Compression.DENSE, Compression.FLOAT16),
+                    predict_accuracy=False)
+    per_layer = [c for c in rec.candidates if c.algorithm == "per_layer"]
+    uniform = [c for c in rec.candidates if c.algorithm in {a.value for a in GRID_ALGORITHMS}]
+    assert per_layer and uniform
+    assert not any(alg == "winograd" for c in uniform for alg, _ in c.layers)
+    convs = [c.spec for c in read_network(zoo.resolve("zoo:resnet18-cifar")).convs()]
+    for c in per_layer:
+        assert all(alg != "winograd" or (not sparse and winograd_skip(spec, c.compression)
+                                         is None)
+                   for spec, (alg, sparse) in zip(convs, c.layers))
+    learned = LayerCostModel.load(rec.model_info["directory"]).knows("winograd")
+    chose = any(alg == "winograd" for c in per_layer for alg, _ in c.layers)
+    assert chose == learned  # resnet18-cifar's 3x3 layers are Winograd's best case

@@ -73,8 +73,8 @@ METRICS: dict[str, tuple[str, str]] = {
     "latency_ms": ("median latency (measured)", "ms"),
     "log_latency": ("log10 of the median latency in ms", "log10 ms"),
     "gflops": ("achieved dense-equivalent GFLOP/s: 2 x dense MACs / latency", "GFLOP/s"),
-    "useful_gflops": ("achieved GFLOP/s on the work actually done (nonzero weights)",
-                      "GFLOP/s"),
+    "useful_gflops": ("achieved GFLOP/s on the work actually done (nonzero weights; "
+                      "Winograd's GEMMs)", "GFLOP/s"),
     "intensity": ("arithmetic intensity: useful FLOPs / compulsory bytes", "FLOP/byte"),
     "spread": ("run-to-run spread: inter-quartile range / median", "fraction"),
     "speedup": ("speedup over the dense float32 configuration with the same algorithm "
@@ -184,14 +184,35 @@ def _family(network: str) -> str:
 # ---- frames ---------------------------------------------------------------------------------
 def _bytes(row: dict, density: float, nbytes: int) -> float:
     """Compulsory traffic: input and output once, weights once (CSR: values + column indices
-    + row pointers)."""
+    + row pointers; Winograd: its transformed filters, float32)."""
     n_in = row["C"] * row["H"] * row["W"]
     n_out = row["K"] * row["OH"] * row["OW"]
     params = row["K"] * (row["C"] // row["groups"]) * row["R"] * row["S"]
     weights = params * nbytes
     if row["sparse"]:
         weights = params * density * (nbytes + 4) + (row["K"] + 1) * 4
+    elif row["algorithm"] == "winograd":
+        a, kb, _, _ = _winograd(row)
+        weights = a * a * -(-row["K"] // kb) * kb * row["C"] * 4
     return (n_in + n_out) * nbytes + weights
+
+
+def _winograd(row: dict) -> tuple[int, int, int, int]:
+    """A Winograd record's extents (:func:`~dlas_predict.models.features.winograd_extents`)
+    from the knobs it ran with."""
+    from dlas_predict.models.features import winograd_extents
+    from dlas_predict.space.config import ConvSpec
+
+    return winograd_extents(ConvSpec.parse(row["conv"]), json.loads(row["knobs"]))
+
+
+def _work_macs(row: dict, density: float) -> float:
+    """The multiply-adds a kernel does: the conv's (its nonzeros for CSR); Winograd's GEMMs
+    ((m+2)² per tile, channel and filter), which replace the conv's."""
+    if row["algorithm"] == "winograd":
+        a, _, tiles, _ = _winograd(row)
+        return a * a * row["K"] * row["C"] * tiles
+    return row["macs"] * density
 
 
 def memory_level(device: Device, nbytes: float | None) -> tuple[str, float | None]:
@@ -275,7 +296,7 @@ def kernel_frame(store: Path, device: Device | None = None, filters: Filters = F
         density = 1.0 - float(r["sparsity"] or 0.0) if sparse else 1.0
         nbytes = {"float32": 4, "float16": 2, "int8": 1}[dtype.value]
         sec = float(r["median_s"])
-        useful = 2.0 * r["macs"] * density
+        useful = 2.0 * _work_macs(r, density)
         moved = _bytes(r, density, nbytes)
         intensity = useful / moved
         dkey = (r["device"], r["fingerprint"])

@@ -282,7 +282,7 @@ def bundle(networks: List[str] = typer.Argument(..., help="ONNX files or zoo:NAM
     """Build the CUDA kernels of NETWORKS for a GPU no tracker reaches: measure the bundle
     there with `python -m dlas_predict.measure.gpu.run OUT --out results.jsonl`, then bring the
     results back with `dlas-predict corpus import-results OUT results.jsonl --store S`."""
-    from dlas_predict.space.config import Compression, check_ratio, grid_algorithms
+    from dlas_predict.space.config import Algorithm, Compression, check_ratio
     from dlas_predict.space.devices import get_device
     from dlas_predict.measure.gpu.bundle import save_plans, write_bundle
     from dlas_predict.corpus.gpu import plan_networks
@@ -310,7 +310,7 @@ def bundle(networks: List[str] = typer.Argument(..., help="ONNX files or zoo:NAM
         from dlas_predict.measure.gpu.bundle import write_metaschedule_bundle
         from dlas_predict.corpus.gpu import dense_kernels
 
-        kernels = dense_kernels(networks, grid_algorithms(algorithms),
+        kernels = dense_kernels(networks, Algorithm.parse_list(algorithms),
                                 Compression.parse_list(compressions), check_ratio(ratio),
                                 sizes)
         if not kernels:
@@ -326,11 +326,11 @@ def bundle(networks: List[str] = typer.Argument(..., help="ONNX files or zoo:NAM
                    f"already in {out}")
         return
     if whole_network:
-        _bundle_networks(networks, dev, out, grid_algorithms(algorithms),
+        _bundle_networks(networks, dev, out, Algorithm.parse_list(algorithms),
                          Compression.parse_list(compressions), check_ratio(ratio), store,
                          timing_weights)
         return
-    tasks, plans = plan_networks(networks, grid_algorithms(algorithms),
+    tasks, plans = plan_networks(networks, Algorithm.parse_list(algorithms),
                                  Compression.parse_list(compressions), check_ratio(ratio), dev,
                                  trials=trials, kernel_sizes=sizes)
     out.mkdir(parents=True, exist_ok=True)
@@ -385,10 +385,10 @@ def collect_into(networks, store, device, algorithms, compressions, ratio, retry
     :func:`dlas_predict.corpus.collect.collect`; render."""
     from dlas_predict.corpus.collect import collect as run_collect
     from dlas_predict.measure.execution.farm import kernel_runner, network_runner
-    from dlas_predict.space.config import Compression, Tuning, check_ratio, grid_algorithms
+    from dlas_predict.space.config import Algorithm, Compression, Tuning, check_ratio
     from dlas_predict.space.devices import get_device
 
-    algs = grid_algorithms(algorithms)
+    algs = Algorithm.parse_list(algorithms)
     comps = Compression.parse_list(compressions)
     check_ratio(ratio)
     proto = make_protocol(max_repeats, time_budget, quiet_wait)

@@ -234,9 +234,10 @@ def plan_networks(models: list[str], compressions: list[Compression], ratio: flo
 def kernel_tasks(networks: list[NetworkToCollect], algorithms: list[Algorithm],
                  tunings: list[Tuning], device: Device,
                  tuning: "TuningOptions | None" = None) -> list["MeasureTask"]:
-    """One task per unique (layer workload, variant) of the networks, in network order."""
+    """One task per unique (layer workload, variant) of the networks, in network order;
+    Winograd's where it applies (:func:`~dlas_predict.space.config.winograd_skip`), untuned."""
     from dlas_predict.measure.execution.runner import MeasureTask
-    from dlas_predict.space.config import Variant
+    from dlas_predict.space.config import Variant, winograd_skip
 
     from dlas_predict.compression.netplan import layer_kernel
 
@@ -247,6 +248,10 @@ def kernel_tasks(networks: list[NetworkToCollect], algorithms: list[Algorithm],
                 comp, r = layer_kernel(lc.compression, lc.ratio)
                 for tn in tunings:
                     for alg in algorithms:
+                        if alg is Algorithm.WINOGRAD and (
+                                tn is Tuning.TUNED
+                                or winograd_skip(lc.spec, comp, device.kind) is not None):
+                            continue
                         t = MeasureTask.make(lc.spec, Variant(alg, comp, r, tn),
                                              device, tuning=tuning)
                         tasks.setdefault(t.key, t)
@@ -301,9 +306,10 @@ def whole_network_plans(networks: list[NetworkToCollect], algorithms: list[Algor
             if "tvm" not in backends:
                 continue
             ratios = [lc.ratio for lc in layers]
-            for alg in algorithms:
-                todo.append(uniform_plan(n.model, n.name, comp, r, alg.value, len(layers),
-                                         ratios))
+            for alg in algorithms:  # (Winograd: in per-layer plans only, where it applies)
+                if alg is not Algorithm.WINOGRAD:
+                    todo.append(uniform_plan(n.model, n.name, comp, r, alg.value, len(layers),
+                                             ratios))
             plan = []
             for lc in layers:
                 sparse = layer_sparse(comp, lc.ratio)

@@ -95,8 +95,8 @@ _TREES = len(TREE_FEATURES)
 _STAGE = slice(_TREES, _TREES + len(STAGE_TERMS))
 #: Columns that name a kernel family: algorithm, dtype, CSR, pruning pattern, tuning (the
 #: baselines' groups: one per algorithm × compression).
-_FAMILY = ("algo_direct", "algo_gemm", "algo_spatial_pack", "dtype_bytes", "sparse",
-           "channel_pattern", "tuned")
+_FAMILY = ("algo_direct", "algo_gemm", "algo_spatial_pack", "algo_winograd", "dtype_bytes",
+           "sparse", "channel_pattern", "tuned")
 #: The stage-cost model's families: the same without the pruning pattern, since a CSR kernel
 #: runs the same loops whichever pattern its zeros follow (the stage terms count the
 #: nonzeros). Split by pattern, channel pruning's family held mostly filters pruned to one
@@ -112,7 +112,8 @@ MIN_STRUCTURE_ROWS = 15
 #: The columns of a loop structure's key across element types: the family's without the
 #: element type and VNNI (an int8 GEMM's 3×3 convs, too few in its own family, are priced
 #: like the other GEMMs' 3×3 convs, not like its depthwise and 1×1 ones).
-STRUCTURE_FAMILY = ("algo_direct", "algo_gemm", "algo_spatial_pack", "sparse", "tuned")
+STRUCTURE_FAMILY = ("algo_direct", "algo_gemm", "algo_spatial_pack", "algo_winograd", "sparse",
+                    "tuned")
 
 
 def _family_keys(X: np.ndarray, family: tuple[str, ...]
@@ -313,6 +314,14 @@ class LayerCostModel(KernelCostModel):
         X = np.asarray(X, dtype=np.float64)
         base, trees = np.log(self.stage_.predict(X)), X[:, self.tree_columns()]
         return [np.exp(self._raw(k, trees) + base) for k in keys]
+
+    def knows(self, algorithm: str) -> bool:
+        """Whether the model learned kernels of ``algorithm`` (one saved without the list
+        learned the grid's three)."""
+        from dlas_predict.space.config import GRID_ALGORITHMS
+
+        return algorithm in (self.meta_.get("algorithms")
+                             or [a.value for a in GRID_ALGORITHMS])
 
     def tree_columns(self) -> list[int]:
         """The columns of a :data:`FEATURE_NAMES` row the trees were trained on: every tree

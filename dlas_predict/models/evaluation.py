@@ -73,11 +73,8 @@ def load_corpus(store: Path, device: str = "local") -> Corpus:
     # the roofs of the machine that measured the corpus, whichever machine trains
     dev = store_device(store, device, fingerprint_here(device))
     with CorpusStore(store, must_exist=True) as db:
-        # the grid's algorithms: a Winograd record (`measure --algorithm winograd`) is
-        # data the features do not describe yet
-        grid = {a.value for a in GRID_ALGORITHMS}
         rows = [r for r in db.current_rows("error IS NULL AND device = ?", (dev.name,))
-                if r["verified"] in (1, True, None) and r["algorithm"] in grid]
+                if r["verified"] in (1, True, None)]
         configs = db.network_configs()
     dev = with_evidenced_isa(dev, rows)
     chosen = preferred_records(rows, dev)

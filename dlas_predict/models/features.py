@@ -29,12 +29,13 @@ TREE_FEATURES = (
     "cin_per_group", "log_macs", "log_bytes", "log_params", "intensity",
     # configuration
     "sparsity", "log_effective_macs", "dtype_bytes", "is_float16", "is_int8", "sparse",
-    "channel_pattern", "algo_direct", "algo_gemm", "algo_spatial_pack", "tuned",
+    "channel_pattern", "algo_direct", "algo_gemm", "algo_spatial_pack", "algo_winograd",
+    "tuned",
     # device
     "dev_peak_gflops", "dev_bandwidth_gbs", "dev_cores", "dev_simd_bits",
     "log_roofline_s",
     # schedule knobs (the untuned defaults, or a tuned record's own) and the work they waste
-    "tile_k", "tile_w", "tile_h", "tile_p", "tile_waste", "vnni",
+    "tile_k", "tile_w", "tile_h", "tile_p", "tile_waste", "vnni", "winograd_tile",
 )
 
 #: What the kernel's loops execute, in units that cost about the same on every shape: the
@@ -60,6 +61,13 @@ LANES = 16  # SIMD lanes the kernels' vector tiles are sized for (see measure/ke
 
 def _waste(spec: ConvSpec, knobs: dict[str, int]) -> float:
     """Padded over useful work of the vector/tile loops (1.0: the tiles divide the output)."""
+    if knobs.get("tile"):  # Winograd: output tiles, tiles in register blocks, filter vectors
+        m = knobs["tile"]
+        nh, nw = _cdiv(spec.OH, m), _cdiv(spec.OW, m)
+        tiles = nh * nw
+        return (nh * nw * m * m / (spec.OH * spec.OW)
+                * _cdiv(tiles, knobs["tile_p"]) * knobs["tile_p"] / tiles
+                * _cdiv(spec.K, knobs["tile_k"]) * knobs["tile_k"] / spec.K)
     w = 1.0
     if knobs.get("tile_k"):  # a dense kernel's last block of filters, padded
         w *= math.ceil(spec.K / knobs["tile_k"]) * knobs["tile_k"] / spec.K
@@ -77,6 +85,14 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def winograd_extents(spec: ConvSpec, knobs: dict[str, int]) -> tuple[int, int, int, int]:
+    """(transformed tile side m+2, filters per vector, output tiles, tiles padded to whole
+    register blocks) of a Winograd kernel (``dlas_predict/measure/kernels/winograd.py``)."""
+    m, kb, tp = knobs["tile"], knobs["tile_k"], knobs["tile_p"]
+    tiles = _cdiv(spec.OH, m) * _cdiv(spec.OW, m)
+    return m + 2, kb, tiles, _cdiv(tiles, tp) * tp
+
+
 def loop_counts(cfg: KernelConfig, knobs: dict[str, int]) -> tuple[int, float, float, int]:
     """(parallel tasks, vector ops, CSR decodes, layout-stage elements) of the kernel's
     schedule with ``knobs`` (counted as ``dlas_predict/measure/kernels/cpu.py`` builds it; a vector
@@ -87,6 +103,14 @@ def loop_counts(cfg: KernelConfig, knobs: dict[str, int]) -> tuple[int, float, f
     p = s.OH * s.OW
     padded = s.C * (s.H + s.pad_t + s.pad_b) * (s.W + s.pad_l + s.pad_r)
     alg = cfg.algorithm
+    if alg is Algorithm.WINOGRAD:
+        # the (m+2)² GEMMs, parallel over (element, filter block): one vector multiply-add
+        # per element, filter vector, padded tile and channel; the layout stages write the
+        # padded input, its transform and the GEMMs' output
+        a, kb, tiles, tiles_padded = winograd_extents(s, knobs)
+        gemms = a * a * _cdiv(s.K, kb)
+        return (gemms, gemms * tiles_padded * s.C * _cdiv(kb, LANES), 0.0,
+                padded + a * a * s.C * tiles_padded + gemms * tiles_padded * kb)
     if not sparse:
         if alg is Algorithm.DIRECT and s.depthwise:
             # tasks of tile_k channels, each a register tile of rows by vector columns over
@@ -157,10 +181,13 @@ def stage_terms(cfg: KernelConfig, knobs: dict[str, int], device: Device) -> lis
     nbytes = DTYPE_BYTES[dtype]
     density = 1.0 - cfg.sparsity if sparse else 1.0
     strided = s.stride_w > 1
+    weights = s.params * nbytes * density
+    if cfg.algorithm is Algorithm.WINOGRAD:  # the transformed filters, float32
+        a, kb, _, _ = winograd_extents(s, {**cfg.untuned_knobs(*codegen(device)), **knobs})
+        weights = a * a * _cdiv(s.K, kb) * kb * s.C * 4
     return [1.0, 0.0 if strided else ops * per_core, ops * per_core if strided else 0.0,
             decodes * per_core, layout / cores, s.K * s.OH * s.OW * nbytes, tasks / cores,
-            s.params * nbytes * density, s.C * s.H * s.W * nbytes,
-            s.macs * density * per_core]
+            weights, s.C * s.H * s.W * nbytes, s.macs * density * per_core]
 
 
 def weight_bytes(X):
@@ -194,11 +221,12 @@ def features(cfg: KernelConfig, device: Device) -> list[float]:
         float(dtype is DType.FLOAT16), float(dtype is DType.INT8), float(sparse),
         float(pattern.value == "channel"),
         float(cfg.algorithm is Algorithm.DIRECT), float(cfg.algorithm is Algorithm.GEMM),
-        float(cfg.algorithm is Algorithm.SPATIAL_PACK), float(cfg.tuning is Tuning.TUNED),
+        float(cfg.algorithm is Algorithm.SPATIAL_PACK),
+        float(cfg.algorithm is Algorithm.WINOGRAD), float(cfg.tuning is Tuning.TUNED),
         peak, bw, device.cores, device.simd_bits or 0, math.log(roofline),
         knobs.get("tile_k", 0), knobs.get("tile_w", 0), knobs.get("tile_h", 0),
         knobs.get("tile_p", 0), _waste(s, knobs), float(bool(knobs.get("vnni"))),
-        *stage_terms(cfg, knobs, device),
+        knobs.get("tile", 0), *stage_terms(cfg, knobs, device),
     ]
 
 

@@ -49,7 +49,8 @@ def net_features(summary: NetworkSummary, conv_s: float, compression: Compressio
     its layers on each algorithm and on CSR."""
     _, dtype, pattern = COMPRESSION_KERNEL[compression]
     n = max(len(layers), 1)
-    share = {a.value: sum(1 for alg, _ in layers if alg == a.value) / n for a in GRID_ALGORITHMS}
+    share = {a.value: sum(1 for alg, _ in layers if IN_NETWORK_AS.get(alg, alg) == a.value) / n
+             for a in GRID_ALGORITHMS}
     sparse = sum(1 for _, s in layers if s) / n
     mixed = float(len({alg for alg, _ in layers}) > 1 or 0 < sparse < 1)
     sp = [r for (_, s), r in zip(layers, layer_ratios) if s]
@@ -72,6 +73,10 @@ def net_features(summary: NetworkSummary, conv_s: float, compression: Compressio
 CONV_FAMILIES = ("float32", "csr", "float16", "int8")
 CONV_TERMS = tuple(f"conv_s_{f}_{a.value}" for f in CONV_FAMILIES
                    for a in GRID_ALGORITHMS)
+#: A per-layer plan's Winograd layers take spatial pack's in-network scale: both read and
+#: write NCHW through a packed layout of their own (no whole network timed with Winograd
+#: layers has given it one of its own yet).
+IN_NETWORK_AS = {Algorithm.WINOGRAD.value: Algorithm.SPATIAL_PACK.value}
 
 #: Terms of the network model: whole ≈ Σ coef·term, coefficients ≥ 0 (so it extrapolates in
 #: scale, unlike trees). The conv terms are the layers' kernel times summed per family ×
@@ -108,7 +113,7 @@ def net_terms(summary: NetworkSummary, layer_s, compression: Compression,
     conv = dict.fromkeys(CONV_TERMS, 0.0)
     for s, (alg, sparse) in zip(layer_s, layers):
         family = "csr" if sparse else dtype.value
-        conv[f"conv_s_{family}_{alg}"] += float(s)
+        conv[f"conv_s_{family}_{IN_NETWORK_AS.get(alg, alg)}"] += float(s)
     total = float(sum(layer_s))
     mixed = len({alg for alg, _ in layers}) > 1 or len({s for _, s in layers}) > 1
     f16, i8 = float(dtype is DType.FLOAT16), float(dtype is DType.INT8)

@@ -122,7 +122,9 @@ def train(store: Path, device: str = "local", out: Path | None = None,
     learned = corpus.learned()
     meta["other_schedule_kernels"] = int(len(corpus.keys) - len(learned))
     X, seconds = corpus.X[learned], corpus.seconds[learned]
-    model = LayerCostModel(seed=seed, about=meta).fit(X, seconds)
+    # what a per-layer plan may choose from the layer model: Winograd once it learned some
+    algorithms = sorted({corpus.keys[i].algorithm for i in learned})
+    model = LayerCostModel(seed=seed, about={**meta, "algorithms": algorithms}).fit(X, seconds)
     pred = model.predict(X)
     low, high = model.predict_interval(X)
     model.meta_["train_metrics"] = {

@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from dlas_predict.space.config import (COMPRESSION_KERNEL, DEFAULT_CURVE_RATIOS, ELBOW_DROP_PP,
-                                       GRID_ALGORITHMS, Algorithm, Compression, Tuning)
+                                       GRID_ALGORITHMS, Algorithm, Compression, Tuning,
+                                       winograd_skip)
 from dlas_predict.errors import DlasError, param
 from dlas_predict.measure.networks.plans import ONNXRUNTIME, PER_LAYER
 
@@ -194,7 +195,8 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
         su.tunings = [t for t in su.tunings if t is not Tuning.TUNED]
     if not su.tunings:
         raise DlasError("nothing to recommend: " + su.skipped[-1][1])
-    X, kernels, options = _kernel_rows(convs, points, su.tunings, su.feat_dev)
+    X, kernels, options = _kernel_rows(convs, points, su.tunings, su.feat_dev,
+                                       su.layer_model.knows(Algorithm.WINOGRAD.value))
     mid = own = su.layer_model.predict(X)
     low, high = su.layer_model.predict_interval(X)
     if su.mapping is not None:
@@ -517,8 +519,10 @@ _FEATURES: dict[tuple, list[float]] = {}
 _FEATURES_MAX = 200_000
 
 
-def _kernel_rows(convs, points, tunings: list[Tuning], feat_dev):
-    """Stage 2: one feature row per distinct (layer, algorithm, kernel) the grid needs.
+def _kernel_rows(convs, points, tunings: list[Tuning], feat_dev, winograd: bool = False):
+    """Stage 2: one feature row per distinct (layer, algorithm, kernel) the grid needs; with
+    ``winograd`` (a layer model that learned it), a layer's untuned dense kernels include
+    Winograd's where it applies.
 
     Returns the feature matrix, each row's (spec, algorithm, compression, ratio, tuning),
     and per (grid point, tuning) the options of every layer."""
@@ -562,6 +566,11 @@ def _kernel_rows(convs, points, tunings: list[Tuning], feat_dev):
                         opts += [LayerOption(a.value, False,
                                              row(spec, a, Compression.DENSE, 0.0, tn))
                                  for a in GRID_ALGORITHMS]
+                    dense = Compression.DENSE if sparse else comp
+                    if winograd and tn is Tuning.UNTUNED and \
+                            winograd_skip(spec, dense, feat_dev.kind) is None:
+                        opts.append(LayerOption(Algorithm.WINOGRAD.value, False,
+                                                row(spec, Algorithm.WINOGRAD, dense, 0.0, tn)))
                     layer_opts[same] = opts
                 per_layer.append(opts)
             options.append((tn, per_layer))

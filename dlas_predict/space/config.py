@@ -11,14 +11,14 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
-from dlas_predict.errors import ConfigError, SpecError, param
+from dlas_predict.errors import ConfigError, SpecError
 from dlas_predict.space.choices import Choice
 
 
 class Algorithm(Choice):
     """Convolution algorithms: the study's three (:data:`GRID_ALGORITHMS`, what ``all``
-    names), and Winograd F(m×m, 3×3), measured where it is named and applies
-    (:func:`winograd_skip`)."""
+    names), and Winograd F(m×m, 3×3), where it applies (:func:`winograd_skip`) and is named or
+    a per-layer plan chooses it."""
 
     DIRECT = "direct"
     GEMM = "gemm"
@@ -32,21 +32,11 @@ class Algorithm(Choice):
         return super().parse_list(text)
 
 
-#: The algorithms of the grid: those the corpus, the cost models and ``recommend`` cover.
+#: The algorithms of the grid's uniform plans (one algorithm on every layer), what ``all``
+#: names; per-layer plans also choose Winograd where it applies (:data:`LAYER_ALGORITHMS`).
 GRID_ALGORITHMS = (Algorithm.DIRECT, Algorithm.GEMM, Algorithm.SPATIAL_PACK)
-
-
-def grid_algorithms(text: str, name: str = "algorithms") -> list[Algorithm]:
-    """``all`` or a comma list of the grid's algorithms (:data:`GRID_ALGORITHMS`): what a
-    corpus collection takes. Winograd is measured by ``measure``; no corpus holds it yet."""
-    algs = Algorithm.parse_list(text)
-    outside = [a.value for a in algs if a not in GRID_ALGORITHMS]
-    if outside:
-        raise ConfigError(f"{', '.join(outside)} is measured one conv at a time (`measure "
-                          f"--algorithm {outside[0]}`); the corpus, its models and recommend "
-                          f"cover {', '.join(a.value for a in GRID_ALGORITHMS)} "
-                          f"({param(name)})")
-    return algs
+#: The algorithms a layer of a per-layer plan may run.
+LAYER_ALGORITHMS = GRID_ALGORITHMS + (Algorithm.WINOGRAD,)
 
 
 class PlanAlgorithm(Choice):
