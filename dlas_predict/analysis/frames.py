@@ -198,9 +198,9 @@ def _bytes(row: dict, density: float, nbytes: int) -> float:
 
 
 def _winograd(row: dict) -> tuple[int, int, int, int]:
-    """A Winograd record's extents (:func:`~dlas_predict.models.features.winograd_extents`)
-    from the knobs it ran with."""
-    from dlas_predict.models.features import winograd_extents
+    """A Winograd record's extents (:func:`~dlas_predict.measure.kernels.knobs.
+    winograd_extents`) from the knobs it ran with."""
+    from dlas_predict.measure.kernels.knobs import winograd_extents
     from dlas_predict.space.config import ConvSpec
 
     return winograd_extents(ConvSpec.parse(row["conv"]), json.loads(row["knobs"]))

@@ -118,8 +118,8 @@ def _kernel_target(conv: str, algorithm: str, compression: str, ratio: float,
 def kernel_features(convs: list, algorithms: list[str], compressions: list[str],
                      ratios: list[float]) -> np.ndarray:
     """Device-free kernel features: log sizes, shape, algorithm and compression one-hots."""
-    from dlas_predict.space.config import GRID_ALGORITHMS, Compression
-    ALGORITHMS = [a.value for a in GRID_ALGORITHMS]
+    from dlas_predict.space.config import LAYER_ALGORITHMS, Compression
+    ALGORITHMS = [a.value for a in LAYER_ALGORITHMS]
     COMPRESSIONS = [c.value for c in Compression]
 
     rows = []

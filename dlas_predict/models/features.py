@@ -19,6 +19,7 @@ import math
 from dlas_predict.space.config import COMPRESSION_KERNEL, Algorithm, ConvSpec, DType, Tuning
 from dlas_predict.space.devices import Device
 from dlas_predict.corpus.kernels import KernelConfig, codegen
+from dlas_predict.measure.kernels.knobs import winograd_extents
 
 DTYPE_BYTES = {DType.FLOAT32: 4, DType.FLOAT16: 2, DType.INT8: 1}
 
@@ -62,12 +63,10 @@ LANES = 16  # SIMD lanes the kernels' vector tiles are sized for (see measure/ke
 def _waste(spec: ConvSpec, knobs: dict[str, int]) -> float:
     """Padded over useful work of the vector/tile loops (1.0: the tiles divide the output)."""
     if knobs.get("tile"):  # Winograd: output tiles, tiles in register blocks, filter vectors
-        m = knobs["tile"]
-        nh, nw = _cdiv(spec.OH, m), _cdiv(spec.OW, m)
-        tiles = nh * nw
-        return (nh * nw * m * m / (spec.OH * spec.OW)
-                * _cdiv(tiles, knobs["tile_p"]) * knobs["tile_p"] / tiles
-                * _cdiv(spec.K, knobs["tile_k"]) * knobs["tile_k"] / spec.K)
+        a, kb, tiles, padded = winograd_extents(spec, knobs)
+        tp = knobs["tile_p"]
+        return (tiles * (a - 2) ** 2 / (spec.OH * spec.OW) * (padded // tp) * tp / tiles
+                * _cdiv(spec.K, kb) * kb / spec.K)
     w = 1.0
     if knobs.get("tile_k"):  # a dense kernel's last block of filters, padded
         w *= math.ceil(spec.K / knobs["tile_k"]) * knobs["tile_k"] / spec.K
@@ -83,14 +82,6 @@ def _waste(spec: ConvSpec, knobs: dict[str, int]) -> float:
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
-
-
-def winograd_extents(spec: ConvSpec, knobs: dict[str, int]) -> tuple[int, int, int, int]:
-    """(transformed tile side m+2, filters per vector, output tiles, tiles padded to whole
-    register blocks) of a Winograd kernel (``dlas_predict/measure/kernels/winograd.py``)."""
-    m, kb, tp = knobs["tile"], knobs["tile_k"], knobs["tile_p"]
-    tiles = _cdiv(spec.OH, m) * _cdiv(spec.OW, m)
-    return m + 2, kb, tiles, _cdiv(tiles, tp) * tp
 
 
 def loop_counts(cfg: KernelConfig, knobs: dict[str, int]) -> tuple[int, float, float, int]:

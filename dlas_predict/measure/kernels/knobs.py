@@ -23,6 +23,15 @@ KNOB_NAMES: dict[tuple[Algorithm, bool], tuple[str, ...]] = {
 #: Winograd's output tiles: F(2×2, 3×3) and F(4×4, 3×3).
 WINOGRAD_TILES = (2, 4)
 
+def winograd_extents(spec: ConvSpec, knobs: dict[str, int]) -> tuple[int, int, int, int]:
+    """(transformed tile side m+2, filters per vector, output tiles, tiles padded to whole
+    register blocks) of a Winograd kernel with ``knobs``
+    (:mod:`dlas_predict.measure.kernels.winograd`)."""
+    m, kb, tp = knobs["tile"], knobs["tile_k"], knobs["tile_p"]
+    tiles = -(-spec.OH // m) * -(-spec.OW // m)
+    return m + 2, kb, tiles, -(-tiles // tp) * tp
+
+
 def registers(simd_bits: int | None) -> tuple[int, int]:
     """(32-bit lanes of a vector register, accumulators a register tile may hold) for a CPU
     of ``simd_bits`` (None: 512). Every kernel accumulates in 32 bits (float32 for float16,

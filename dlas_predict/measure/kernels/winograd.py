@@ -35,6 +35,7 @@ from tvm import te
 from tvm.s_tir import Schedule
 
 from dlas_predict.measure.kernels.cpu import epilogue_inputs, finish_output, vectorize
+from dlas_predict.measure.kernels.knobs import winograd_extents
 from dlas_predict.measure.kernels.spec import KernelSpec, ceil_div
 
 #: (Bᵀ, G, Aᵀ) of F(m×m, 3×3) by m, on the interpolation points 0, ±1 (m = 2) and 0, ±1,
@@ -55,8 +56,8 @@ MATRICES = {
 def _tiles(ks: KernelSpec) -> tuple[int, int, int, int]:
     """(m, tiles down, tiles across, tiles padded to whole register blocks)."""
     spec, m = ks.conv, ks.knobs["tile"]
-    nh, nw = ceil_div(spec.OH, m), ceil_div(spec.OW, m)
-    return m, nh, nw, ceil_div(nh * nw, ks.knobs["tile_p"]) * ks.knobs["tile_p"]
+    *_, padded = winograd_extents(spec, ks.knobs)
+    return m, ceil_div(spec.OH, m), ceil_div(spec.OW, m), padded
 
 
 def pack_winograd_weights(ks: KernelSpec, w: np.ndarray) -> list[np.ndarray]:
