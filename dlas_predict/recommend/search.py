@@ -743,9 +743,8 @@ def _without_dominated_tuning(kept: list[Candidate], skipped: list) -> list[Cand
             dominated.append(c.label)
         else:
             out.append(c)
-    if dominated:
-        skipped.append((", ".join(dominated), "predicted no faster tuned than untuned: the "
-                        "search would cost time for no gain, the untuned build is listed"))
+    skipped.extend((label, "predicted no faster tuned than untuned: the search would cost "
+                    "time for no gain, the untuned build is listed") for label in dominated)
     return out
 
 
