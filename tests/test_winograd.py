@@ -161,7 +161,8 @@ def test_measure_with_nothing_winograd_applies_to_is_one_clean_error():
 def test_a_collection_plans_winograd_kernels_where_it_applies_and_no_uniform_plan(tmp_path):
     """Winograd's kernels: dense and float16 3x3 stride-1 layers, untuned; its whole-network
     builds: per-layer plans only (a uniform plan cannot run it on every layer)."""
-    from dlas_predict.corpus.collect import kernel_tasks, plan_networks, whole_network_plans
+    from dlas_predict.corpus.collect import (kernel_tasks, plan_networks, whole_network_plans,
+                                             winograd_skips)
     from dlas_predict.corpus.store import CorpusStore
     from dlas_predict.space.config import Tuning
 
@@ -178,6 +179,11 @@ def test_a_collection_plans_winograd_kernels_where_it_applies_and_no_uniform_pla
     with CorpusStore(tmp_path / "s.sqlite") as db:
         plans = whole_network_plans(nets, [Algorithm.DIRECT, Algorithm.WINOGRAD], 0.9, db, dev)
     assert {p.algorithm for p in plans} == {"direct"}  # no kernel measured: no per-layer plan
+    # the kernels left out, counted by reason: what collect prints
+    skips = winograd_skips(nets, dev)
+    assert sum(skips.values()) == 3 * len(convs) - len(tasks)
+    assert set(skips) == {winograd_skip(s, c) for s in convs for c in
+                          (Compression.DENSE, Compression.FLOAT16, Compression.INT8)} - {None}
 
 
 def test_a_stored_winograd_record_is_learned_with_its_own_features(tmp_path):

@@ -258,6 +258,23 @@ def kernel_tasks(networks: list[NetworkToCollect], algorithms: list[Algorithm],
     return list(tasks.values())
 
 
+def winograd_skips(networks: list[NetworkToCollect], device: Device) -> dict[str, int]:
+    """Why Winograd is not measured on the networks' other layer kernels: each reason
+    (:func:`~dlas_predict.space.config.winograd_skip`) and how many (layer workload,
+    compression) kernels it leaves out."""
+    from dlas_predict.compression.netplan import layer_kernel
+    from dlas_predict.space.config import winograd_skip
+
+    kernels = {(lc.spec, layer_kernel(lc.compression, lc.ratio)[0])
+               for n in networks for layers in n.configs.values() for lc in layers}
+    out: dict[str, int] = {}
+    for spec, comp in kernels:
+        why = winograd_skip(spec, comp, device.kind)
+        if why is not None:
+            out[why] = out.get(why, 0) + 1
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
 def unmeasured_kernels(tasks: list["MeasureTask"], store: CorpusStore,
                        device: Device) -> list["MeasureTask"]:
     """The tasks whose kernel configuration (:func:`~dlas_predict.corpus.store.kernel_config`)
@@ -371,6 +388,8 @@ class CollectReport:
     network_contended: int = 0
     network_retimed: int = 0
     network_kept: int = 0
+    #: why Winograd was not built on the other layer kernels, and how many each reason
+    winograd_skipped: dict = field(default_factory=dict)
 
     @property
     def failed(self) -> bool:
@@ -405,11 +424,15 @@ def collect(models: list[str], store_path: Path, device: Device, kernel_runner: 
     tasks = (kernel_tasks(networks, algorithms, tunings, device, tuning)
              if "tvm" in backends else [])
     n_specs = len({t.spec for t in tasks})
+    skips = (winograd_skips(networks, device)
+             if Algorithm.WINOGRAD in algorithms and "tvm" in backends else {})
     if log:
         log(f"{len(networks)} network(s), {n_specs} unique conv workloads, {len(tasks)} "
             f"kernels (algorithm × compression × layer sparsity) on {device.name}"
             + ("" if kernels else "; builds only: only kernels with no timing of any "
                "engine are measured"))
+        for why, count in skips.items():
+            log(f"winograd: not built on {count} layer kernels: {why}")
     with CorpusStore(store_path) as db:
         if not kernels:
             tasks = unmeasured_kernels(tasks, db, device)
@@ -433,4 +456,4 @@ def collect(models: list[str], store_path: Path, device: Device, kernel_runner: 
         unique_workloads=n_specs, records=stats.records,
         failures_in_store=stats.failures, network_measurements=stats.network_measurements,
         network_failures=whole.failed, network_contended=contended,
-        network_retimed=whole.retimed, network_kept=whole.kept)
+        network_retimed=whole.retimed, network_kept=whole.kept, winograd_skipped=skips)
