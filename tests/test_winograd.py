@@ -243,3 +243,20 @@ def test_recommend_runs_winograd_layers_where_this_cpus_model_learned_them():
     learned = LayerCostModel.load(rec.model_info["directory"]).knows("winograd")
     chose = any(alg == "winograd" for c in per_layer for alg, _ in c.layers)
     assert chose == learned  # resnet18-cifar's 3x3 layers are Winograd's best case
+
+
+def test_predict_a_convs_per_layer_choice_includes_winograd_where_its_model_learned_it():
+    import json
+
+    from dlas_predict.crossdev.transfer import device_map, model_meta, own_model
+
+    conv = "conv:C=128,H=28,W=28,K=128,R=3,S=3,stride=1,pad=1"
+    res = run_cli("predict", conv, "--device", "local", "--config", "dense/per_layer", "--json")
+    assert res.exit_code == 0, res.output
+    label = json.loads(res.output)[0]["config"]
+    reference = "local" if own_model("local") else device_map("local")[2].name
+    # a 128-channel 28×28 layer: F(4×4) runs it about 2.4x faster than the other three
+    assert ("winograd" in label) == ("winograd" in model_meta(reference).get("algorithms", ()))
+    res = run_cli("predict", conv.replace("stride=1", "stride=2"), "--device", "local",
+                  "--config", "dense/per_layer", "--json")
+    assert res.exit_code == 0 and "winograd" not in json.loads(res.output)[0]["config"]

@@ -237,7 +237,7 @@ def reference_dir(name: str) -> Path:
     return MODELS_STORE / name
 
 
-def _model_meta(name: str) -> dict:
+def model_meta(name: str) -> dict:
     return _layer_meta(reference_dir(name))
 
 
@@ -318,7 +318,7 @@ def data_spec(name: str):
     from dlas_predict.models.device import features_device
     from dlas_predict.space.devices import corpus_device, get_device
 
-    meta = _model_meta(name)
+    meta = model_meta(name)
     if of_this_machine(name):
         fp = meta.get("device_fingerprint") or _corpus_fingerprint(name)
         dev = corpus_device(name, fp) if fp else get_device(name, with_target=False)

@@ -577,22 +577,29 @@ def _predict_conv(t: Target, device: str, cfg: ConfigChoice) -> Prediction:
     """A conv priced by a trained layer model (the device's own, else a reference's mapped
     to the device): its fastest variant ``cfg`` allows (untuned unless ``tuned`` is named;
     pruning at the named ratio, else 0.9)."""
-    from dlas_predict.crossdev.transfer import device_map, own_model, reference_predictions
+    from dlas_predict.crossdev.transfer import (device_map, model_meta, own_model,
+                                                reference_predictions)
     from dlas_predict.space.config import (DEFAULT_RATIO, GRID_ALGORITHMS, Compression,
-                                           ConvSpec, PlanAlgorithm)
+                                           ConvSpec, PlanAlgorithm, winograd_skip)
 
     spec = ConvSpec.parse(t.key)
     if cfg.algorithm == "onnxruntime":
         raise ConfigError(f"{t.text}: onnxruntime is priced per whole network (its model "
                           "knows no single conv); give an ONNX file or zoo:NAME")
-    rows = []
-    # one conv's per-layer plan is its fastest algorithm
+    own = own_model(device)
+    # one conv's per-layer plan is its fastest algorithm: Winograd too, untuned, where it
+    # applies and the layer model that prices the device learned it
     chosen = None if cfg.algorithm == PlanAlgorithm.PER_LAYER.value else cfg.algorithm
+    winograd = chosen is None and (cfg.tuning or "untuned") == "untuned" and "winograd" in \
+        model_meta(device if own else device_map(device)[2].name).get("algorithms", ())
+    rows = []
     for comp in ([cfg.compression] if cfg.compression else [c.value for c in Compression]):
         r = (cfg.ratio or DEFAULT_RATIO) if comp.endswith("_pruning") else 0.0
-        for alg in ([chosen] if chosen else [a.value for a in GRID_ALGORITHMS]):
-            rows.append((spec, alg, comp, r, cfg.tuning or "untuned"))
-    if own_model(device):
+        algs = [chosen] if chosen else [a.value for a in GRID_ALGORITHMS]
+        if winograd and winograd_skip(spec, comp) is None:
+            algs.append("winograd")
+        rows.extend((spec, alg, comp, r, cfg.tuning or "untuned") for alg in algs)
+    if own:
         mid, low, high = reference_predictions(device, rows)
         source, model = "trained", device
     else:  # the map recommend uses: a trained reference scaled to the device
