@@ -113,6 +113,7 @@ def test_winograd_applies_to_dense_3x3_stride_1_convs_only():
         "CSR": (ok.to_spec(), Compression.WEIGHT_PRUNING, "cpu"),
         "CUDA": (ok.to_spec(), Compression.DENSE, "gpu"),
     }
+    assert "untuned" in winograd_skip(ok, Compression.DENSE, tuning="tuned")
     for needle, (text, comp, kind) in refused.items():
         why = winograd_skip(ConvSpec.parse(text), comp, kind)
         assert why is not None and needle in why, (needle, why)
@@ -180,7 +181,7 @@ def test_a_collection_plans_winograd_kernels_where_it_applies_and_no_uniform_pla
         plans = whole_network_plans(nets, [Algorithm.DIRECT, Algorithm.WINOGRAD], 0.9, db, dev)
     assert {p.algorithm for p in plans} == {"direct"}  # no kernel measured: no per-layer plan
     # the kernels left out, counted by reason: what collect prints
-    skips = winograd_skips(nets, dev)
+    skips = winograd_skips(nets, [Tuning.UNTUNED], dev)
     assert sum(skips.values()) == 3 * len(convs) - len(tasks)
     assert set(skips) == {winograd_skip(s, c) for s in convs for c in
                           (Compression.DENSE, Compression.FLOAT16, Compression.INT8)} - {None}

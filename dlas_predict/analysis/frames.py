@@ -192,25 +192,26 @@ def _bytes(row: dict, density: float, nbytes: int) -> float:
     if row["sparse"]:
         weights = params * density * (nbytes + 4) + (row["K"] + 1) * 4
     elif row["algorithm"] == "winograd":
-        a, kb, _, _ = _winograd(row)
-        weights = a * a * -(-row["K"] // kb) * kb * row["C"] * 4
+        from dlas_predict.measure.kernels.knobs import winograd_weight_bytes
+
+        weights = winograd_weight_bytes(*_winograd(row))
     return (n_in + n_out) * nbytes + weights
 
 
-def _winograd(row: dict) -> tuple[int, int, int, int]:
-    """A Winograd record's extents (:func:`~dlas_predict.measure.kernels.knobs.
-    winograd_extents`) from the knobs it ran with."""
-    from dlas_predict.measure.kernels.knobs import winograd_extents
+def _winograd(row: dict) -> tuple:
+    """A Winograd record's workload and the knobs it ran with."""
     from dlas_predict.space.config import ConvSpec
 
-    return winograd_extents(ConvSpec.parse(row["conv"]), json.loads(row["knobs"]))
+    return ConvSpec.parse(row["conv"]), json.loads(row["knobs"])
 
 
 def _work_macs(row: dict, density: float) -> float:
     """The multiply-adds a kernel does: the conv's (its nonzeros for CSR); Winograd's GEMMs
     ((m+2)² per tile, channel and filter), which replace the conv's."""
     if row["algorithm"] == "winograd":
-        a, _, tiles, _ = _winograd(row)
+        from dlas_predict.measure.kernels.knobs import winograd_extents
+
+        a, _, tiles, _ = winograd_extents(*_winograd(row))
         return a * a * row["K"] * row["C"] * tiles
     return row["macs"] * density
 

@@ -51,8 +51,8 @@ def measure(
                                   "emulated and never stored."),
 ):
     """Measure one conv workload across algorithms × compressions (× tuning) on a device."""
-    from dlas_predict.space.config import (Algorithm, Compression, ConvSpec, Tuning,
-                                           check_ratio, variant_grid, winograd_skip)
+    from dlas_predict.space.config import (Algorithm, Compression, ConvSpec, check_ratio,
+                                           variant_grid, winograd_skip)
     from dlas_predict.render import format_table
     from dlas_predict.corpus.collect import collect_kernels as run_collect
     from dlas_predict.measure.execution.farm import kernel_runner
@@ -74,10 +74,8 @@ def measure(
         raise DlasError("--emulated is for boards reached through --tracker")
     variants, skipped = [], []
     for v in (v for t in tunings for v in variant_grid(algorithms, compressions, ratio, t)):
-        why = winograd_skip(spec, v.compression, dev.kind) \
+        why = winograd_skip(spec, v.compression, dev.kind, v.tuning) \
             if v.algorithm is Algorithm.WINOGRAD else None
-        if why is None and v.algorithm is Algorithm.WINOGRAD and v.tuning is Tuning.TUNED:
-            why = "Winograd is measured untuned (its hand schedule; no tuner searches it)"
         if why:
             skipped.append({"algorithm": v.algorithm.value, "compression": v.compression.value,
                             "tuning": v.tuning.value, "skipped": why})

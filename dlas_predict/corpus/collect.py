@@ -248,9 +248,8 @@ def kernel_tasks(networks: list[NetworkToCollect], algorithms: list[Algorithm],
                 comp, r = layer_kernel(lc.compression, lc.ratio)
                 for tn in tunings:
                     for alg in algorithms:
-                        if alg is Algorithm.WINOGRAD and (
-                                tn is Tuning.TUNED
-                                or winograd_skip(lc.spec, comp, device.kind) is not None):
+                        if alg is Algorithm.WINOGRAD and \
+                                winograd_skip(lc.spec, comp, device.kind, tn) is not None:
                             continue
                         t = MeasureTask.make(lc.spec, Variant(alg, comp, r, tn),
                                              device, tuning=tuning)
@@ -258,18 +257,20 @@ def kernel_tasks(networks: list[NetworkToCollect], algorithms: list[Algorithm],
     return list(tasks.values())
 
 
-def winograd_skips(networks: list[NetworkToCollect], device: Device) -> dict[str, int]:
+def winograd_skips(networks: list[NetworkToCollect], tunings: list[Tuning],
+                   device: Device) -> dict[str, int]:
     """Why Winograd is not measured on the networks' other layer kernels: each reason
     (:func:`~dlas_predict.space.config.winograd_skip`) and how many (layer workload,
-    compression) kernels it leaves out."""
+    compression, tuning) kernels it leaves out."""
     from dlas_predict.compression.netplan import layer_kernel
     from dlas_predict.space.config import winograd_skip
 
-    kernels = {(lc.spec, layer_kernel(lc.compression, lc.ratio)[0])
-               for n in networks for layers in n.configs.values() for lc in layers}
+    kernels = {(lc.spec, layer_kernel(lc.compression, lc.ratio)[0], tn)
+               for n in networks for layers in n.configs.values() for lc in layers
+               for tn in tunings}
     out: dict[str, int] = {}
-    for spec, comp in kernels:
-        why = winograd_skip(spec, comp, device.kind)
+    for spec, comp, tn in kernels:
+        why = winograd_skip(spec, comp, device.kind, tn)
         if why is not None:
             out[why] = out.get(why, 0) + 1
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
@@ -424,7 +425,7 @@ def collect(models: list[str], store_path: Path, device: Device, kernel_runner: 
     tasks = (kernel_tasks(networks, algorithms, tunings, device, tuning)
              if "tvm" in backends else [])
     n_specs = len({t.spec for t in tasks})
-    skips = (winograd_skips(networks, device)
+    skips = (winograd_skips(networks, tunings, device)
              if Algorithm.WINOGRAD in algorithms and "tvm" in backends else {})
     if log:
         log(f"{len(networks)} network(s), {n_specs} unique conv workloads, {len(tasks)} "

@@ -27,6 +27,7 @@ import numpy as np
 from dlas_predict.errors import DlasError
 from dlas_predict.models.base import FITTED_COVERAGE, CostModel, at_coverage
 from dlas_predict.models.features import FEATURE_NAMES, STAGE_TERMS, TREE_FEATURES
+from dlas_predict.space.config import GRID_ALGORITHMS
 
 MODEL_FORMAT = "dlas-layer-cost-3"
 QUANTILES = (0.1, 0.9)
@@ -257,6 +258,12 @@ class StageCostModel(_JsonStateModel):
         return model
 
 
+def learned_algorithms(meta: dict) -> list[str]:
+    """The algorithms whose kernels a layer model learned, from its sidecar ``meta`` (one
+    saved without the list learned the grid's three)."""
+    return meta.get("algorithms") or [a.value for a in GRID_ALGORITHMS]
+
+
 @dataclass
 class LayerCostModel(KernelCostModel):
     """Predicts a kernel's median latency (seconds) with an 80 % interval: the stage-cost
@@ -316,12 +323,8 @@ class LayerCostModel(KernelCostModel):
         return [np.exp(self._raw(k, trees) + base) for k in keys]
 
     def knows(self, algorithm: str) -> bool:
-        """Whether the model learned kernels of ``algorithm`` (one saved without the list
-        learned the grid's three)."""
-        from dlas_predict.space.config import GRID_ALGORITHMS
-
-        return algorithm in (self.meta_.get("algorithms")
-                             or [a.value for a in GRID_ALGORITHMS])
+        """Whether the model learned kernels of ``algorithm`` (:func:`learned_algorithms`)."""
+        return algorithm in learned_algorithms(self.meta_)
 
     def tree_columns(self) -> list[int]:
         """The columns of a :data:`FEATURE_NAMES` row the trees were trained on: every tree

@@ -19,7 +19,7 @@ import math
 from dlas_predict.space.config import COMPRESSION_KERNEL, Algorithm, ConvSpec, DType, Tuning
 from dlas_predict.space.devices import Device
 from dlas_predict.corpus.kernels import KernelConfig, codegen
-from dlas_predict.measure.kernels.knobs import winograd_extents
+from dlas_predict.measure.kernels.knobs import winograd_extents, winograd_weight_bytes
 
 DTYPE_BYTES = {DType.FLOAT32: 4, DType.FLOAT16: 2, DType.INT8: 1}
 
@@ -64,8 +64,7 @@ def _waste(spec: ConvSpec, knobs: dict[str, int]) -> float:
     """Padded over useful work of the vector/tile loops (1.0: the tiles divide the output)."""
     if knobs.get("tile"):  # Winograd: output tiles, tiles in register blocks, filter vectors
         a, kb, tiles, padded = winograd_extents(spec, knobs)
-        tp = knobs["tile_p"]
-        return (tiles * (a - 2) ** 2 / (spec.OH * spec.OW) * (padded // tp) * tp / tiles
+        return (tiles * (a - 2) ** 2 / (spec.OH * spec.OW) * padded / tiles
                 * _cdiv(spec.K, kb) * kb / spec.K)
     w = 1.0
     if knobs.get("tile_k"):  # a dense kernel's last block of filters, padded
@@ -174,8 +173,7 @@ def stage_terms(cfg: KernelConfig, knobs: dict[str, int], device: Device) -> lis
     strided = s.stride_w > 1
     weights = s.params * nbytes * density
     if cfg.algorithm is Algorithm.WINOGRAD:  # the transformed filters, float32
-        a, kb, _, _ = winograd_extents(s, {**cfg.untuned_knobs(*codegen(device)), **knobs})
-        weights = a * a * _cdiv(s.K, kb) * kb * s.C * 4
+        weights = winograd_weight_bytes(s, {**cfg.untuned_knobs(*codegen(device)), **knobs})
     return [1.0, 0.0 if strided else ops * per_core, ops * per_core if strided else 0.0,
             decodes * per_core, layout / cores, s.K * s.OH * s.OW * nbytes, tasks / cores,
             weights, s.C * s.H * s.W * nbytes, s.macs * density * per_core]

@@ -579,6 +579,7 @@ def _predict_conv(t: Target, device: str, cfg: ConfigChoice) -> Prediction:
     pruning at the named ratio, else 0.9)."""
     from dlas_predict.crossdev.transfer import (device_map, model_meta, own_model,
                                                 reference_predictions)
+    from dlas_predict.models.costmodel import learned_algorithms
     from dlas_predict.space.config import (DEFAULT_RATIO, GRID_ALGORITHMS, Compression,
                                            ConvSpec, PlanAlgorithm, winograd_skip)
 
@@ -590,15 +591,16 @@ def _predict_conv(t: Target, device: str, cfg: ConfigChoice) -> Prediction:
     # one conv's per-layer plan is its fastest algorithm: Winograd too, untuned, where it
     # applies and the layer model that prices the device learned it
     chosen = None if cfg.algorithm == PlanAlgorithm.PER_LAYER.value else cfg.algorithm
-    winograd = chosen is None and (cfg.tuning or "untuned") == "untuned" and "winograd" in \
-        model_meta(device if own else device_map(device)[2].name).get("algorithms", ())
+    winograd = chosen is None and "winograd" in learned_algorithms(
+        model_meta(device if own else device_map(device)[2].name))
+    tuning = cfg.tuning or "untuned"
     rows = []
     for comp in ([cfg.compression] if cfg.compression else [c.value for c in Compression]):
         r = (cfg.ratio or DEFAULT_RATIO) if comp.endswith("_pruning") else 0.0
         algs = [chosen] if chosen else [a.value for a in GRID_ALGORITHMS]
-        if winograd and winograd_skip(spec, comp) is None:
+        if winograd and winograd_skip(spec, comp, tuning=tuning) is None:
             algs.append("winograd")
-        rows.extend((spec, alg, comp, r, cfg.tuning or "untuned") for alg in algs)
+        rows.extend((spec, alg, comp, r, tuning) for alg in algs)
     if own:
         mid, low, high = reference_predictions(device, rows)
         source, model = "trained", device

@@ -567,8 +567,7 @@ def _kernel_rows(convs, points, tunings: list[Tuning], feat_dev, winograd: bool 
                                              row(spec, a, Compression.DENSE, 0.0, tn))
                                  for a in GRID_ALGORITHMS]
                     dense = Compression.DENSE if sparse else comp
-                    if winograd and tn is Tuning.UNTUNED and \
-                            winograd_skip(spec, dense, feat_dev.kind) is None:
+                    if winograd and winograd_skip(spec, dense, feat_dev.kind, tn) is None:
                         opts.append(LayerOption(Algorithm.WINOGRAD.value, False,
                                                 row(spec, Algorithm.WINOGRAD, dense, 0.0, tn)))
                     layer_opts[same] = opts

@@ -360,15 +360,17 @@ class Variant:
                    knobs=tuple(sorted((data.get("knobs") or {}).items())))
 
 
-def winograd_skip(spec: "ConvSpec", compression: "Compression",
-                  device_kind: str = "cpu") -> str | None:
-    """Why a Winograd kernel is not built for ``spec`` under ``compression`` (None: it is).
-    It computes dense 3×3 windows at stride 1, ungrouped, in float32 or float16, on a CPU."""
+def winograd_skip(spec: "ConvSpec", compression: "Compression", device_kind: str = "cpu",
+                  tuning: "Tuning | str" = "untuned") -> str | None:
+    """Why a Winograd kernel is not built for ``spec`` under ``compression`` and ``tuning``
+    (None: it is). It computes dense 3×3 windows at stride 1, ungrouped, in float32 or
+    float16, on a CPU, with its hand schedule."""
     compression = Compression.parse(compression)
     if device_kind != "cpu":
         return "Winograd runs on CPUs only (no CUDA Winograd kernel)"
-    if compression in (Compression.WEIGHT_PRUNING, Compression.CHANNEL_PRUNING) and \
-            COMPRESSION_KERNEL[compression][0]:
+    if Tuning.parse(tuning) is Tuning.TUNED:
+        return "Winograd is measured untuned (its hand schedule; no tuner searches it)"
+    if COMPRESSION_KERNEL[compression][0]:
         return "Winograd has no CSR form (the transformed weights of a pruned filter are dense)"
     if compression is Compression.INT8:
         return "Winograd is float32 and float16 only (its transforms leave int8's range)"

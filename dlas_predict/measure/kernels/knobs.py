@@ -32,6 +32,13 @@ def winograd_extents(spec: ConvSpec, knobs: dict[str, int]) -> tuple[int, int, i
     return m + 2, kb, tiles, -(-tiles // tp) * tp
 
 
+def winograd_weight_bytes(spec: ConvSpec, knobs: dict[str, int]) -> int:
+    """The bytes of a Winograd kernel's transformed filters: (m+2)² float32 of each input
+    channel and filter, the filters padded to whole vectors."""
+    a, kb, _, _ = winograd_extents(spec, knobs)
+    return a * a * -(-spec.K // kb) * kb * spec.C * 4
+
+
 def registers(simd_bits: int | None) -> tuple[int, int]:
     """(32-bit lanes of a vector register, accumulators a register tile may hold) for a CPU
     of ``simd_bits`` (None: 512). Every kernel accumulates in 32 bits (float32 for float16,
