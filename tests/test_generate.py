@@ -389,7 +389,10 @@ def test_a_recurrent_network_embeds_steps_and_projects_and_counts_its_cells(cell
     assert net.macs == sum(layer.macs for layer in rec) + 3 * 2 * 6 * 11
 
 
-def test_the_grid_refuses_a_network_without_convolutions_in_one_line(tmp_path):
+def test_the_grid_refuses_a_network_without_convolutions_or_weights_in_one_line(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
     from conftest import assert_clean_error, run_cli
 
     [m] = generate("transformer", ["layers=1", "d_model=32", "seq=8"], tmp_path)
@@ -397,4 +400,10 @@ def test_the_grid_refuses_a_network_without_convolutions_in_one_line(tmp_path):
     assert res.exit_code == 0, res.output
     kinds = {layer["kind"] for layer in json.loads(res.output)["layers"]}
     assert {"matmul", "layernorm", "fc", "activation"} <= kinds
-    assert_clean_error(run_cli("recommend", str(m.path)), "has no convolution")
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "relu.onnx")
+    assert_clean_error(run_cli("recommend", tmp_path / "relu.onnx"), "has no convolution")

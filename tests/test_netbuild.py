@@ -635,3 +635,45 @@ def test_a_collection_after_an_engine_change_times_only_the_builds_it_altered(tm
     assert [(p.network, p.algorithm) for p in left] == [
         ("wide", "spatial_pack"), ("even", "direct"), ("gated", "direct"),
         ("gated", "spatial_pack")]
+
+
+@pytest.fixture(scope="module")
+def small_transformer(tmp_path_factory):
+    """One encoder block on 8 tokens: attention, LayerNorm, a GELU FFN."""
+    from dlas_predict.networks.generate import generate
+
+    [m] = generate("transformer", ["layers=1", "d_model=32", "heads=2", "seq=8"],
+                   tmp_path_factory.mktemp("tr"))
+    return m.path
+
+
+@pytest.mark.parametrize("comp,ratio,alg", [
+    ("dense", None, "gemm"), ("dense", None, "spatial_pack"), ("weight_pruning", 0.8, "gemm"),
+    ("int8", None, "gemm"), ("float16", None, "direct")])
+def test_a_transformer_builds_its_matrix_layers_on_our_kernels_and_verifies(
+        small_transformer, measurer, comp, ratio, alg):
+    from dlas_predict.networks import zoo
+
+    n = len(read_network(zoo.resolve(small_transformer)).convs())
+    rec = measurer.measure(uniform_plan(str(small_transformer), "tr", comp, ratio, alg, n))
+    assert rec.error is None, rec.error
+    assert rec.verified, (rec.max_error, rec.top1_agreement)
+    if comp in ("dense", "weight_pruning"):  # erf and softmax as polynomials: still tight
+        assert rec.max_error < 1e-3
+    fcs = sum(layer.kind == "fc" for layer in read_network(small_transformer).layers)
+    assert json.loads(rec.summary)["conv_layers"] == n == fcs
+
+
+def test_onnxruntime_runs_a_matrix_network_in_its_author_s_form(small_transformer, measurer):
+    from dlas_predict.measure.networks.plans import onnxruntime_plan
+
+    plan = onnxruntime_plan(str(small_transformer), "tr", "weight_pruning", 0.5)
+    rec = measurer.measure(plan)
+    assert rec.error is None and rec.verified and rec.max_error < 1e-4, rec.error
+    ran = onnx.load(str(measurer._ort_model(plan, measurer._prepare(plan))))
+    weights = {t.name: numpy_helper.to_array(t) for t in ran.graph.initializer}
+    assert not any(node.op_type == "Conv" for node in ran.graph.node)
+    fc = [weights[node.input[1]] for node in ran.graph.node
+          if node.op_type in ("MatMul", "Gemm") and node.input[1] in weights]
+    fcs = sum(layer.kind == "fc" for layer in read_network(small_transformer).layers)
+    assert len(fc) == fcs and np.mean(np.concatenate([w.ravel() for w in fc]) == 0) > 0.4

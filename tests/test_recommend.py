@@ -198,8 +198,13 @@ def test_bad_input(tmp_path):
     _clean_error(_run("recommend", bad), "bad.onnx")
     from dlas_predict.networks.generate import generate
 
-    fc = generate("fc", ["layers=1"], tmp_path / "fc")[0].path
-    _clean_error(_run("recommend", fc), "no convolution")
+    import onnx
+
+    tr = generate("transformer", ["layers=1", "d_model=32", "seq=8"], tmp_path / "tr")[0].path
+    model = onnx.load(str(tr))
+    model.graph.input[0].type.tensor_type.shape.dim[1].dim_param = "sequence"
+    onnx.save(model, tmp_path / "open.onnx")  # a sequence length left open
+    _clean_error(_run("recommend", tmp_path / "open.onnx"), "unknown operand shapes")
     _clean_error(_run("recommend", DEMO, "--validate", "some"), "--validate")
     _clean_error(_run("recommend", DEMO, "--top", "0"), "--top")
     _clean_error(_run("recommend", DEMO, "--max-accuracy-drop", "-1"), "max-accuracy-drop")

@@ -21,7 +21,7 @@ def layers(model: str = typer.Argument(..., help="ONNX file or zoo:NAME."),
     from dlas_predict.networks.graph import read_network
     from dlas_predict.render import format_table
 
-    path = zoo.resolve(model)
+    path = zoo.resolve(model, grid=False)
     net = read_network(path, name=model.removeprefix(zoo.ZOO_PREFIX))
     if as_json:
         print_json(net.to_dict())

@@ -389,9 +389,11 @@ class _ChannelRemover:
                 arrays[bias_name] = arrays[bias_name][~zero]
             removed += int(zero.sum())
         for i, init in enumerate(self.model.graph.initializer):
-            if init.name in arrays:
+            if init.name in arrays:  # weights as float32; shapes and indices keep theirs
+                a = arrays[init.name]
                 self.model.graph.initializer[i].CopyFrom(numpy_helper.from_array(
-                    np.ascontiguousarray(arrays[init.name], dtype=np.float32), init.name))
+                    np.ascontiguousarray(a, dtype=np.float32 if a.dtype.kind == "f" else a.dtype),
+                    init.name))
         del self.model.graph.value_info[:]  # shapes changed: let inference redo them
         return self.model, removed, kept_zero
 

@@ -235,6 +235,28 @@ def value_shapes(model) -> dict[str, tuple[int, ...] | None]:
     return out
 
 
+#: ONNX element types of integer tensors (token ids).
+_INTEGER_TYPES = {2, 3, 4, 5, 6, 7, 12, 13}
+
+
+def token_bound(model) -> int:
+    """For a network whose input is integer (token ids): one more than the largest id its
+    embedding tables take (the fewest rows of a table a Gather reads the input from, through
+    Casts); 0 for a float input."""
+    inits = {t.name: t for t in model.graph.initializer}
+    first = next((i for i in model.graph.input if i.name not in inits), None)
+    if first is None or first.type.tensor_type.elem_type not in _INTEGER_TYPES:
+        return 0
+    ids, rows = {first.name}, []
+    for node in model.graph.node:
+        if node.op_type == "Cast" and node.input[0] in ids:
+            ids.add(node.output[0])
+        elif node.op_type == "Gather" and len(node.input) > 1 and node.input[1] in ids \
+                and node.input[0] in inits:
+            rows.append(int(inits[node.input[0]].dims[0]))
+    return min(rows) if rows else 2
+
+
 def _constants(model) -> dict[str, int]:
     """Initializers and Constant outputs: name → element count (float tensors only)."""
     import onnx
@@ -290,13 +312,16 @@ def _fc_macs(node, name: str, ins: list, out: tuple | None) -> int:
     if node.op_type == "Gemm":
         a, b = ins[0], ins[1]
         if a is None or b is None or len(a) != 2 or len(b) != 2:
-            raise NetworkError(f"Gemm {name!r}: unknown operand shapes {a}, {b}")
+            raise NetworkError(f"Gemm {name!r}: unknown operand shapes {a}, {b}; export the "
+                               "network with a fixed input size")
         attrs = _attrs(node)
         m, k = (a[1], a[0]) if attrs.get("transA", 0) else a
         n = b[0] if attrs.get("transB", 0) else b[1]
         return int(m * n * k)
     if ins[0] is None or out is None:
-        raise NetworkError(f"MatMul {name!r}: unknown operand shapes")
+        raise NetworkError(f"MatMul {name!r}: unknown operand shapes (a dimension left "
+                           "open); export the network with a fixed input size and sequence "
+                           "length")
     return int(math.prod(out)) * int(ins[0][-1])
 
 

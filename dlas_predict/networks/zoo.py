@@ -240,8 +240,10 @@ def match(path: str | Path) -> ZooEntry | None:
     return next((ZOO[name] for name, f in known.items() if f == fp and name in ZOO), None)
 
 
-def resolve(model: str | Path) -> Path:
-    """A model argument (a path, or ``zoo:NAME``) → an ONNX file path."""
+def resolve(model: str | Path, grid: bool = True) -> Path:
+    """A model argument (a path, or ``zoo:NAME``) → an ONNX file path: with ``grid``, the
+    form the grid reads (a matrix network's fully connected layers as 1×1 convolutions,
+    :func:`dlas_predict.networks.matrix.grid_form`), else the file itself."""
     text = str(model)
     if text.startswith(ZOO_PREFIX):
         return export(text)
@@ -249,6 +251,10 @@ def resolve(model: str | Path) -> Path:
     if not path.is_file():
         hint = f"; zoo networks are named zoo:NAME ({', '.join(ZOO)})" if text in ZOO else ""
         raise NetworkError(f"model file not found: {path}{hint}")
+    if grid:
+        from dlas_predict.networks.matrix import grid_form
+
+        return grid_form(path)
     return path
 
 

@@ -134,6 +134,7 @@ class _Setup:
     ort_here: bool = False          # ... trained on this very machine
     ort_elsewhere: bool = False     # ... on another machine, its fingerprint recorded
     ort_machine: str = ""           # ... the machine it was trained on, as described
+    matrix: bool = False            # a matrix network, its fully connected layers as convs
 
 
 def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBOW_DROP_PP,
@@ -219,12 +220,24 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
         c for c in cands if c.compression is Compression.DENSE and c.algorithm != PER_LAYER]
     ort = _onnxruntime_candidates(points, su)
     _map_onnxruntime(ort, su, kernels, own, (mid, low, high))
+    recurrent = sorted({layer.op for layer in su.net.layers if layer.kind == "recurrent"})
+    if recurrent and ort:
+        su.skipped.append(("tvm (every configuration)", f"TVM's ONNX importer has no "
+                           f"{'/'.join(recurrent)} op: our kernels cannot build this network; "
+                           "onnxruntime runs it"))
+        cands = []
+        dense = [c for c in ort if c.compression is Compression.DENSE]
+    elif recurrent:
+        raise DlasError(f"{su.name} has {'/'.join(recurrent)} layers, which TVM's ONNX "
+                        "importer cannot build, and the device has no onnxruntime model")
     cands += ort
     dense_best = min(c.predicted_s for c in dense)
     dropped: list[tuple[str, str]] = []
     unpredictable = ("its weights are random (nothing to predict from)"
                      if su.entry is not None and not su.entry.trained
-                     else None if predict_accuracy else "no accuracy was asked for")
+                     else "the accuracy-cost model learned convolutional networks only"
+                     if su.matrix else None if predict_accuracy
+                     else "no accuracy was asked for")
     acc = Accuracies(model, su.entry.name if su.entry else su.name, data, log,
                      unpredictable=unpredictable, options=data_options,
                      finetune_epochs=finetune_epochs)
@@ -323,14 +336,20 @@ def _setup(model: str, device: str, validate: int, models_dir: Path | None,
     name = entry.name if entry else Path(path).stem
     net = read_network(path, name)
     notes = []
+    matrix = entry is None and path != zoo.resolve(model, grid=False)
+    if matrix:
+        notes.append(f"{name} is a matrix network: its {len(net.convs())} fully connected "
+                     "layers run as 1×1 convolutions between transposes, priced and built "
+                     "by the grid's conv kernels")
     matched = zoo.match(path) if entry is None else None
     if matched is not None:
         notes.append(f"{Path(path).name} holds the weights of zoo:{matched.name} (matched by "
                      "hash): its measured accuracy curve applies")
         entry = matched
     if not net.convs():
-        raise DlasError(f"{model} has no convolution: the grid (conv algorithms, pruning of "
-                        "conv weights) does not apply to it")
+        raise DlasError(f"{model} has no convolution and no fully connected layer with "
+                        "constant weights: the grid (conv and matrix kernels, pruning of "
+                        "their weights) does not apply to it")
     if net.batch != 1:
         raise DlasError(f"{model} has batch {net.batch}; the models predict batch 1")
     if getattr(net_model, "meta_", {}).get("scope") == "conv sum":
@@ -374,7 +393,7 @@ def _setup(model: str, device: str, validate: int, models_dir: Path | None,
                          "not used; `dlas-predict calibrate` measures this one")
     feat_dev = features_device(ref_dev or dev, info)
     su = _Setup(dev, feat_dev, layer_model, net_model, info, tuning_model, net, name, entry,
-                tunings, notes, mapping=mapping, ref_dev=ref_dev)
+                tunings, notes, mapping=mapping, ref_dev=ref_dev, matrix=matrix)
     _onnxruntime_setup(su, models_dir)
     return su
 

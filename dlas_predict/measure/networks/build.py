@@ -45,6 +45,7 @@ from dlas_predict.measure.kernels.spec import KernelSpec
 from dlas_predict.measure.kernels.knobs import resolve_knobs
 from dlas_predict.measure.networks.epilogues import Epilogue, dataflow, op_name, plan_epilogues
 from dlas_predict.measure.networks.importer import relax_module
+from dlas_predict.measure.networks.plans import as_input
 from dlas_predict.measure.networks.schedules import KERNEL_ATTR, schedule_rest
 
 if TYPE_CHECKING:
@@ -428,6 +429,38 @@ def _fast_sigmoid(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     return bb.call_te(sigmoid, call.args[0], primfunc_name_hint="sigmoid")
 
 
+def _in_float32(fn, t: te.Tensor) -> te.Tensor:
+    """``fn`` computed in float32 (a float16 tensor converted in and out)."""
+    if t.dtype == "float32":
+        return fn(t)
+    y = fn(te.compute(t.shape, lambda *i: t(*i).astype("float32"), name="to_float32"))
+    return te.compute(y.shape, lambda *i: y(*i).astype(t.dtype), name="from_float32")
+
+
+def _fast_erf(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """erf as TVM's rational approximation (``topi.fast_erf``, float32): it vectorises,
+    where libm's erf does not (a GELU's)."""
+    from tvm import topi
+
+    return bb.call_te(lambda t: _in_float32(topi.fast_erf, t), call.args[0],
+                      primfunc_name_hint="erf")
+
+
+def _fast_softmax(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """softmax with its exponential as TVM's polynomial (``topi.fast_exp``, float32),
+    which vectorises, where libm's exp does not (attention's)."""
+    from tvm import topi
+
+    axis = int(call.attrs.axis)
+
+    def softmax(t: te.Tensor) -> te.Tensor:
+        e = topi.fast_exp(topi.subtract(t, topi.max(t, axis=axis, keepdims=True)))
+        return topi.divide(e, topi.sum(e, axis=axis, keepdims=True))
+
+    return bb.call_te(lambda t: _in_float32(softmax, t), call.args[0],
+                      primfunc_name_hint="softmax")
+
+
 def scale_fold_pays(spec: ConvSpec) -> bool:
     """Whether scaling an ungrouped conv's weights per input channel costs no more
     multiplies than scaling its input: ``conv(x * s) = conv'(x)`` with filter ``k``'s
@@ -547,7 +580,8 @@ def lower(model, input_name: str, input_shape: tuple[int, ...], dtype: DType,
                              fold_scales=fold_scales, vnni=vnni)
     mod = _with_kernels(model, input_name, input_shape, lowering)
     mod = relax.transform.LegalizeOps(customize_legalize_map={
-        "relax.sigmoid": _fast_sigmoid})(mod)
+        "relax.sigmoid": _fast_sigmoid, "relax.erf": _fast_erf,
+        "relax.nn.softmax": _fast_softmax})(mod)
     if stats is not None:
         stats.update(epilogue_details(lowering))
     mod = tvm.transform.Sequential([
@@ -651,6 +685,7 @@ class _Runnable:
         return run
 
 
+
 def run_network_task(task: "NetworkTask") -> dict[str, Any]:
     """Worker entry: build the planned network, check it against the reference outputs,
     and time it with the study's protocol."""
@@ -685,7 +720,7 @@ def run_network_task(task: "NetworkTask") -> dict[str, Any]:
     xs, refs = check["x"], check["y"]
     outs = []
     for i in range(len(xs)):
-        out = vm(tvm.runtime.tensor(xs[i:i + 1].astype(np.float32), dev))
+        out = vm(tvm.runtime.tensor(as_input(xs[i:i + 1]), dev))
         outs.append(np.asarray(out.numpy(), dtype=np.float64).reshape(-1))
     outs_a, refs_a = np.stack(outs), refs.reshape(len(refs), -1).astype(np.float64)
     err = float(np.max(np.abs(outs_a - refs_a)))
@@ -697,7 +732,7 @@ def run_network_task(task: "NetworkTask") -> dict[str, Any]:
     if vm.remote and not result["verified"]:
         raise RuntimeError(f"wrong results on the board: max error {err:.3g}, top-1 "
                            f"agreement {agree:.0%} against onnxruntime (not timed)")
-    x = tvm.runtime.tensor(xs[:1].astype(np.float32), dev)
+    x = tvm.runtime.tensor(as_input(xs[:1]), dev)
     t0 = time.perf_counter()
     vm(x)
     single = time.perf_counter() - t0

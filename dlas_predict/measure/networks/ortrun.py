@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from dlas_predict.measure.execution.tasks import OrtTask
+from dlas_predict.measure.networks.plans import as_input
 
 #: onnxruntime configurations, by the compression whose model they run.
 MODES = ("fp32", "int8", "float16")
@@ -37,6 +38,7 @@ def mode_of(compression) -> str:
     from dlas_predict.measure.networks.plans import onnxruntime_mode
 
     return onnxruntime_mode(compression)
+
 
 
 def session_options(threads: int):
@@ -59,8 +61,7 @@ def quantize_int8(src: Path, dst: Path, input_name: str, calibration: np.ndarray
 
     class Reader(CalibrationDataReader):
         def __init__(self) -> None:
-            self.it = iter(calibration[i:i + 1].astype(np.float32)
-                           for i in range(len(calibration)))
+            self.it = iter(as_input(calibration[i:i + 1]) for i in range(len(calibration)))
 
         def get_next(self):
             x = next(self.it, None)
@@ -124,7 +125,7 @@ def run_ort_task(task: OrtTask) -> dict[str, Any]:
                                f"model on its CPU provider: {str(exc)[:400]}") from None
         prepare_s = time.perf_counter() - t0
     check = np.load(task.check)
-    xs, refs = check["x"].astype(np.float32), check["y"]
+    xs, refs = as_input(check["x"]), check["y"]
     outs = np.stack([np.asarray(sess.run(None, {task.input_name: xs[i:i + 1]})[0],
                                 np.float64).reshape(-1) for i in range(len(xs))])
     refs_a = refs.reshape(len(refs), -1).astype(np.float64)

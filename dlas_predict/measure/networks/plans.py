@@ -14,6 +14,8 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from dlas_predict.space.config import Algorithm, Compression, COMPRESSION_KERNEL, DType
 from dlas_predict.space.devices import Device
 from dlas_predict.measure.records import TimedRuns
@@ -27,25 +29,9 @@ PER_LAYER = "per_layer"
 #: our kernels: the systems-software dimension of the grid.
 ONNXRUNTIME = "onnxruntime"
 #: The engine's version, in every whole-network record and its key, so a changed engine
-#: measures again: "14" runs an int8 network's ungrouped GEMM layers on AVX-512 VNNI where
-#: the CPU has it (:func:`~dlas_predict.measure.kernels.spec.uses_vnni`), "13" computes a sigmoid (a
-#: fused SiLU's, and every Sigmoid op's) as a rational function instead of through a polynomial exp,
-#: and folds a sigmoid gate's channel scale (a squeeze-excitation's) into the next conv's weights
-#: where they are fewer than its input's elements, "12" blocks a spatial pack layer's filters in
-#: whole vectors where the largest divisor of its filter count up to two vectors is no whole vector,
-#: "11" computes a direct or GEMM layer whose filter count has no divisor of at least four over
-#: whole blocks of filters, the last one padded, "10" keeps a padded pool's padding as a stage of
-#: its own, runs the ops after a pool or other reduction in its parallel loop, and tiles a
-#: strided depthwise row with the vector or half vector that pads it least, "9" computes a
-#: direct or GEMM layer over whole vector tiles where no tile of at least half a vector
-#: divides its output width (positions), "8" fuses the epilogue of a tuned build's direct or
-#: GEMM layer the tuning database holds no search of (it runs its hand schedule), "7" runs
-#: spatial pack's epilogue on its packed register tile and unpacks each tile while it is in
-#: cache, "6" computes a fused SiLU's sigmoid with a polynomial exp that vectorises, "5"
-#: builds a channel-pruned network with its zeroed filters removed, "4" runs depthwise convs
-#: as register-tiled direct kernels, "3" runs the ops after each conv in its kernel's
-#: epilogue, "2" ran them as kernels of their own.
-NETWORK_VERSION = "14"
+#: measures again; which builds each version changed is :data:`ENGINE_CHANGES`' rules (for
+#: the versions today's engine carries).
+NETWORK_VERSION = "15"
 ONNXRUNTIME_VERSION = "2"
 #: Builds a newer engine left as they were keep their version, and their keys: onnxruntime's
 #: runs are as they were in "2".
@@ -53,10 +39,10 @@ UNCHANGED_SINCE = {ONNXRUNTIME: ONNXRUNTIME_VERSION}
 #: Engines whose builds today's engine carries where it builds them the same way
 #: (:func:`rebuilt_since`): their records count as today's, and a collection does not
 #: time them again. "10" changed the ops between the convs of every build of ours.
-CARRIED_VERSIONS = ("10", "11", "12", "13")
+CARRIED_VERSIONS = ("10", "11", "12", "13", "14")
 #: Engine versions whose records the network model still learns from, each until the same
 #: configuration is measured by the current engine.
-PREVIOUS_NETWORK_VERSIONS = ("13", "12", "11", "10", "9", "8", "7", "6", "5", "4", "3", "2")
+PREVIOUS_NETWORK_VERSIONS = ("14", "13", "12", "11", "10", "9", "8", "7", "6", "5", "4", "3", "2")
 #: The first engine version that removes the zeroed filters of a channel-pruned network;
 #: older channel-pruning records timed another network (CSR kernels over the zeroed filters).
 CHANNEL_REMOVAL_VERSION = "5"
@@ -64,6 +50,12 @@ CHANNEL_REMOVAL_VERSION = "5"
 #: series of its own beside the CPU engine's: our CUDA kernels per layer, every other op scheduled
 #: by dlight; channel-pruned networks with their zeroed filters removed.
 GPU_NETWORK_VERSION = "g1"
+
+
+def as_input(x: np.ndarray) -> np.ndarray:
+    """Check or calibration samples as a network's input: token ids keep their integers,
+    anything else is float32."""
+    return x if x.dtype.kind in "iu" else x.astype(np.float32)
 
 
 def removes_channels(version: str) -> bool:
@@ -130,11 +122,19 @@ def _runs_vnni(plan: list, convs: list, _simd_bits: int | None, _exp_elems: int 
                for (algorithm, sparse), spec in zip(plan, convs))
 
 
+def _fast_exp_ops(_plan: list, _convs: list, _simd_bits: int | None,
+                  exp_elems: int | None, _dtype: DType | None, _vnni: bool) -> bool:
+    """What engine "15" builds otherwise than "14": a network with exp-like ops, whose erf
+    (a GELU's) and softmax now run as vectorised polynomials (a network whose summary is
+    unknown is taken to have them)."""
+    return exp_elems is None or exp_elems > 0
+
+
 #: Each engine after the oldest of :data:`CARRIED_VERSIONS`, and which builds it makes
 #: otherwise than the engine before it:
 #: ``rule(plan, convs, simd_bits, exp_elems, dtype, vnni)``.
 ENGINE_CHANGES = {"11": _pads_register_filters, "12": _reblocks_pack_filters,
-                  "13": _computes_sigmoid, "14": _runs_vnni}
+                  "13": _computes_sigmoid, "14": _runs_vnni, "15": _fast_exp_ops}
 
 
 def rebuilt_since(version: str, plan: list, convs: list, simd_bits: int | None,

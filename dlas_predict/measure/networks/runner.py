@@ -31,16 +31,19 @@ CHECK_SAMPLES = 8
 
 
 # ---- preparing the inputs of a build --------------------------------------------------------
-def _samples(model: str, shape: tuple[int, ...], split: str) -> np.ndarray:
-    """Real digits images for the trained zoo networks, else seeded normal noise."""
+def _samples(model: str, shape: tuple[int, ...], split: str, tokens: int = 0) -> np.ndarray:
+    """Real digits images for the trained zoo networks, else seeded normal noise; for a
+    network of token ids (``tokens``: one more than the largest), seeded uniform ids."""
     from dlas_predict.networks import zoo
 
     if str(model).startswith(zoo.ZOO_PREFIX) and zoo.get(model).trained:
         from dlas_predict.compression.digits import digits
 
         return digits(split, tuple(shape[1:])).x[:CHECK_SAMPLES].astype(np.float32)
-    seed = 0 if split == "test" else 1
-    return np.random.default_rng(seed).normal(size=(CHECK_SAMPLES, *shape[1:])).astype(np.float32)
+    rng = np.random.default_rng(0 if split == "test" else 1)
+    if tokens:
+        return rng.integers(0, tokens, size=(CHECK_SAMPLES, *shape[1:]), dtype=np.int64)
+    return rng.normal(size=(CHECK_SAMPLES, *shape[1:])).astype(np.float32)
 
 
 def conv_scales(onnx_model, x: np.ndarray) -> list[tuple[float, float]]:
@@ -137,6 +140,7 @@ class _Prepared:
     summary: str
     model: str = ""
     calibration: Path | None = None   # int8 of onnxruntime: its calibration inputs
+    tokens: int = 0  # a network of token ids: one more than the largest (0: a float input)
     notes: list = field(default_factory=list)  # what the preparation did (channels removed)
 
 
@@ -182,7 +186,7 @@ def prepare_network(plan: NetworkPlan, tmp: Path, cache: dict,
     import onnx
 
     from dlas_predict.compression.accuracy import onnx_session, prepare
-    from dlas_predict.networks.graph import read_network
+    from dlas_predict.networks.graph import read_network, token_bound
 
     pruning = plan.compression in (Compression.WEIGHT_PRUNING, Compression.CHANNEL_PRUNING)
     # float16 and int8 are applied by the build: start from the dense float model
@@ -201,7 +205,8 @@ def prepare_network(plan: NetworkPlan, tmp: Path, cache: dict,
     onnx.save(model, str(path))
     net = read_network(path, plan.network)
     shape = tuple(net.input_shape)
-    x = _samples(plan.model, shape, "test")
+    tokens = token_bound(model)
+    x = _samples(plan.model, shape, "test", tokens)
     sess = onnx_session(model)
     y = np.concatenate([sess.run(None, {sess.get_inputs()[0].name: x[i:i + 1]})[0]
                         for i in range(len(x))])
@@ -209,7 +214,7 @@ def prepare_network(plan: NetworkPlan, tmp: Path, cache: dict,
     np.savez(check, x=x, y=y)
     scales = None
     if plan.compression is Compression.INT8:
-        scales = conv_scales(model, _samples(plan.model, shape, "train"))
+        scales = conv_scales(model, _samples(plan.model, shape, "train", tokens))
     from dataclasses import asdict
 
     from dlas_predict.networks.summary import NetworkSummary
@@ -217,7 +222,7 @@ def prepare_network(plan: NetworkPlan, tmp: Path, cache: dict,
     done = _Prepared(path, sess.get_inputs()[0].name, shape,
                      [c.spec for c in net.convs()], check, scales,
                      json.dumps(asdict(NetworkSummary.of(net))), plan.model,
-                     notes=notes)
+                     notes=notes, tokens=tokens)
     cache[key] = done
     return done
 
@@ -270,8 +275,35 @@ class NetworkRunner:
     def _calibration(self, prep: _Prepared) -> Path:
         if prep.calibration is None:
             prep.calibration = prep.path.with_suffix(".calib.npz")
-            np.savez(prep.calibration, x=_samples(prep.model, prep.input_shape, "train"))
+            np.savez(prep.calibration, x=_samples(prep.model, prep.input_shape, "train",
+                                                  prep.tokens))
         return prep.calibration
+
+    @staticmethod
+    def _ort_model(plan: NetworkPlan, prep: _Prepared) -> Path:
+        """The file onnxruntime runs: a matrix network in its own form (its fully connected
+        layers as its author wrote them, with the prepared model's weights); any other
+        network, the prepared model itself. A matrix network whose channels were removed
+        keeps the prepared (grid) form, and its record says so."""
+        import onnx
+
+        from dlas_predict.networks import zoo
+        from dlas_predict.networks.graph import read_proto
+        from dlas_predict.networks.matrix import weights_back
+
+        original = zoo.resolve(plan.model, grid=False)
+        if original == zoo.resolve(plan.model):
+            return prep.path
+        path = prep.path.with_suffix(".matrix.onnx")
+        if not path.is_file():
+            model = read_proto(original)
+            try:
+                weights_back(model, onnx.load(str(prep.path)))
+            except ValueError as exc:
+                prep.notes.append(f"onnxruntime ran the grid form ({exc})")
+                return prep.path
+            onnx.save(model, str(path))
+        return path
 
     def _ort_task(self, plan: NetworkPlan, prep: _Prepared):
         from dlas_predict.measure.networks.ortrun import mode_of
@@ -279,7 +311,8 @@ class NetworkRunner:
 
         mode = mode_of(plan.compression)
         calib = self._calibration(prep) if mode == "int8" else None
-        return OrtTask(onnx=str(prep.path), input_name=prep.input_name, mode=mode,
+        return OrtTask(onnx=str(self._ort_model(plan, prep)), input_name=prep.input_name,
+                       mode=mode,
                        check=str(prep.check), threads=self.device.cores,
                        target=self.device.target,
                        calibration=str(calib) if calib else None,

@@ -1,0 +1,384 @@
+"""Matrix layers in the grid: a fully connected layer as the 1×1 convolution it is.
+
+A fully connected layer ``Y = X·W + b`` over R rows (a sequence's tokens, a batch) is a 1×1
+convolution of ``K`` input channels into ``N`` filters over a 1 × R image, whose input is
+``Xᵀ`` and whose output is ``Yᵀ``. :func:`as_convs` rewrites a network's matrix layers
+(``MatMul`` or ``Gemm`` with a constant weight, and a constant bias ``Add`` that only it
+feeds) into that form::
+
+    X [..., R, K] -Reshape-> [1, 1, R, K] -Transpose-> [1, K, 1, R] -Conv 1×1 (W, b)->
+    [1, N, 1, R] -Transpose-> [1, 1, R, N] -Reshape-> Y [..., R, N]
+
+(one row: Reshapes only). The network computes the same function; the grid then prices,
+prunes, quantises and builds its matrix layers with the conv kernels (direct, GEMM, spatial
+pack; dense and CSR; float32, float16, int8), and the two transposes per layer are ops of
+the network, measured with it. Products of two activations (attention's QKᵀ and its product
+with V) stay matrix products, outside the grid.
+
+A *matrix network* is one whose matrix layers hold more of its multiply-accumulates than its
+convolutions (an MLP, a transformer; not a CNN's classifier): :func:`grid_form` gives such a
+network's rewritten file (kept under DLAS_HOME by the original's hash), and any other
+network's own path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+#: Bumped when the rewrite changes, so a kept grid form is rewritten again.
+REWRITE_VERSION = "1"
+#: The grid form's metadata key listing each conv weight and the matrix weight it came from.
+ORIGINS_KEY = "dlas.matrix_weights"
+
+
+def matrix_nodes(model, shapes: dict) -> list:
+    """The ``MatMul``/``Gemm`` nodes of ``model`` that :func:`as_convs` rewrites: a constant
+    2-D float weight, an activation of known shape of rank ≥ 2 whose last axis is the
+    weight's input size (``Gemm``: no transposed input, a bias of one value per output or
+    none)."""
+    from onnx import helper
+
+    inits = {t.name: t for t in model.graph.initializer}
+    found = []
+    for node in model.graph.node:
+        if node.op_type not in ("MatMul", "Gemm") or len(node.input) < 2:
+            continue
+        w, x = inits.get(node.input[1]), shapes.get(node.input[0])
+        if w is None or len(w.dims) != 2 or x is None or len(x) < 2 or node.input[0] in inits:
+            continue
+        if w.data_type not in (1, 10, 11):  # float, float16, double
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        k = w.dims[1] if attrs.get("transB", 0) else w.dims[0]
+        if x[-1] != k:
+            continue
+        if node.op_type == "Gemm":
+            n = w.dims[0] if attrs.get("transB", 0) else w.dims[1]
+            bias = inits.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+            if attrs.get("transA", 0) or len(x) != 2 or (
+                    len(node.input) > 2 and node.input[2]
+                    and (bias is None or int(math.prod(bias.dims)) != n)):
+                continue
+        found.append(node)
+    return found
+
+
+def matrix_macs(net) -> tuple[int, int]:
+    """(MACs of ``net``'s fully connected layers with constant weights, MACs of its
+    convolutions)."""
+    fc = sum(layer.macs for layer in net.layers if layer.kind == "fc" and layer.weight)
+    conv = sum(layer.macs for layer in net.layers if layer.conv is not None)
+    return fc, conv
+
+
+def is_matrix_network(net) -> bool:
+    """Whether ``net``'s matrix layers hold more of its MACs than its convolutions."""
+    fc, conv = matrix_macs(net)
+    return fc > conv
+
+
+def _bias_add(model, node, inits: dict, n: int):
+    """The ``Add`` of a constant with one value per output that alone reads ``node``'s
+    output, or None."""
+    from onnx import numpy_helper
+
+    out = node.output[0]
+    if out in {o.name for o in model.graph.output}:
+        return None, None
+    readers = [m for m in model.graph.node if out in m.input]
+    if len(readers) != 1 or readers[0].op_type != "Add":
+        return None, None
+    add = readers[0]
+    other = add.input[1] if add.input[0] == out else add.input[0]
+    if other not in inits:
+        return None, None
+    b = numpy_helper.to_array(inits[other])
+    if b.size != n or (b.ndim and b.shape[-1] != n):
+        return None, None
+    return add, b.reshape(n)
+
+
+#: Ops that compute each element from the same element of their inputs: with scalar
+#: operands they run as well on a layer's output in its image layout as in its rows.
+ELEMENTWISE = {"Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Erf", "Tanh", "Sigmoid", "Relu",
+               "Exp", "Neg", "Reciprocal", "Abs", "Clip", "HardSigmoid", "HardSwish",
+               "LeakyRelu", "Gelu", "Softplus", "Elu", "Selu"}
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """The tensors of one rewritten layer of several rows: its input (rows), the input as
+    rows of one image (Reshape) and transposed into the image (Transpose), the conv's output,
+    and that output transposed back (Transpose) and reshaped into rows (its output)."""
+
+    src: str
+    rows: str
+    image: str
+    conv: str
+    transposed: str
+    out: str
+    n_rows: int
+
+
+def _scalars(model) -> set[str]:
+    """Initializers and Constant outputs of one element."""
+    from onnx import helper
+
+    found = {t.name for t in model.graph.initializer if math.prod(t.dims) == 1}
+    for node in model.graph.node:
+        if node.op_type == "Constant":
+            value = helper.get_attribute_value(node.attribute[0])
+            if getattr(value, "dims", None) is not None and math.prod(value.dims) == 1:
+                found.add(node.output[0])
+    return found
+
+
+def _keep_image_layout(model, layouts: list[_Layout]) -> int:
+    """Where a rewritten layer's output reaches the next rewritten layer of as many rows
+    only through elementwise ops with scalar operands (an FFN's activation, or nothing),
+    run those ops on the image itself: the transposes out of one layer and into the next
+    cancel, and go. Returns how many pairs were joined."""
+    nodes = list(model.graph.node)
+    producer = {o: node for node in nodes for o in node.output}
+    readers: dict[str, list[str]] = {}
+    for node in nodes:
+        for i in node.input:
+            readers.setdefault(i, []).append(node.output[0])
+    outputs = {o.name for o in model.graph.output}
+    scalars = _scalars(model)
+    by_out = {lay.out: lay for lay in layouts}
+    rename: dict[tuple[str, str], str] = {}  # (node, input) -> the tensor it reads instead
+    gone: set[str] = set()
+    joined = 0
+    for lay in layouts:
+        stack, inside, source, ok = [lay.src], set(), None, True
+        while stack and ok:
+            t = stack.pop()
+            if t in by_out:
+                ok = source in (None, t)
+                source = t
+                continue
+            if t in scalars:
+                continue
+            node = producer.get(t)
+            if node is None or node.op_type not in ELEMENTWISE:
+                ok = False
+                continue
+            if node.output[0] not in inside:
+                inside.add(node.output[0])
+                stack.extend(i for i in node.input if i)
+        if not ok or source is None:
+            continue
+        first = by_out[source]
+        if first.transposed in gone or first.n_rows != lay.n_rows:
+            continue
+        allowed = inside | {lay.rows}
+        if any(t in outputs or any(r not in allowed for r in readers.get(t, ()))
+               for t in inside | {source}):
+            continue
+        for r in inside:
+            node = producer[r]
+            for i in node.input:
+                if i == source:
+                    rename[(r, i)] = first.conv
+        rename[(lay.conv, lay.image)] = lay.src
+        gone |= {first.transposed, first.out, lay.rows, lay.image}
+        joined += 1
+    if not joined:
+        return 0
+    kept = []
+    for node in nodes:
+        if node.output[0] in gone:
+            continue
+        for k, i in enumerate(node.input):
+            if (node.output[0], i) in rename:
+                node.input[k] = rename[(node.output[0], i)]
+        kept.append(node)
+    del model.graph.node[:]
+    model.graph.node.extend(kept)
+    return joined
+
+
+def as_convs(model) -> int:
+    """Rewrite ``model``'s matrix layers (:func:`matrix_nodes`) into 1×1 convolutions between
+    transposes, in place; returns how many were rewritten. ``model`` must carry its inferred
+    shapes (``graph.infer_shapes``)."""
+    from onnx import helper, numpy_helper
+
+    from dlas_predict.networks.graph import value_shapes
+
+    shapes = value_shapes(model)
+    inits = {t.name: t for t in model.graph.initializer}
+    # protobuf hands out a new wrapper per access: nodes are known by their position
+    nodes_ = list(model.graph.node)
+    matrix = {node.output[0] for node in matrix_nodes(model, shapes)}
+    targets = {i for i, node in enumerate(nodes_) if node.output[0] in matrix}
+    if not targets:
+        return 0
+    used = {n.name for n in model.graph.node} | set(inits) | {
+        o for n in model.graph.node for o in n.output}
+    dropped: set[int] = set()
+    replacement: dict[int, list] = {}
+    new_inits = []
+
+    def fresh(base: str) -> str:
+        name, i = base, 1
+        while name in used:
+            name, i = f"{base}_{i}", i + 1
+        used.add(name)
+        return name
+
+    def const(base: str, values: np.ndarray) -> str:
+        name = fresh(base)
+        new_inits.append(numpy_helper.from_array(values, name))
+        return name
+
+    out_index = {o: i for i, node in enumerate(nodes_) for o in node.output}
+    layouts = []
+    origins = []  # each rewritten layer's weights and where they came from
+    for index in sorted(targets):
+        node = nodes_[index]
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        w = numpy_helper.to_array(inits[node.input[1]]).astype(np.float32)
+        if not attrs.get("transB", 0):
+            w = w.T  # [N, K]
+        w = w * np.float32(attrs.get("alpha", 1.0))
+        n, k = w.shape
+        x = shapes[node.input[0]]
+        rows = int(math.prod(x[:-1]))
+        bias, out = None, node.output[0]
+        if node.op_type == "Gemm" and len(node.input) > 2 and node.input[2]:
+            bias = (numpy_helper.to_array(inits[node.input[2]]).astype(np.float32).reshape(n)
+                    * np.float32(attrs.get("beta", 1.0)))
+        else:
+            add, b = _bias_add(model, node, inits, n) if node.op_type == "MatMul" else (None,
+                                                                                      None)
+            if add is not None:
+                bias, out = b.astype(np.float32), add.output[0]
+                dropped.add(out_index[add.output[0]])
+        base = node.name or node.output[0]
+        weight = const(f"{base}/conv_weight", np.ascontiguousarray(w.reshape(n, k, 1, 1)))
+        conv_in = [weight] + ([const(f"{base}/conv_bias", bias)] if bias is not None else [])
+        origins.append({"conv_weight": weight, "weight": node.input[1],
+                        "transposed": bool(attrs.get("transB", 0)),
+                        "alpha": float(attrs.get("alpha", 1.0))})
+        nodes = []
+        if rows == 1:
+            x4 = fresh(f"{base}/as_image")
+            nodes.append(helper.make_node("Reshape", [node.input[0], const(
+                f"{base}/image_shape", np.array([1, -1, 1, 1], np.int64))], [x4], name=x4))
+        else:
+            rk, x4 = fresh(f"{base}/rows"), fresh(f"{base}/as_image")
+            nodes.append(helper.make_node("Reshape", [node.input[0], const(
+                f"{base}/rows_shape", np.array([1, 1, rows, -1], np.int64))], [rk], name=rk))
+            nodes.append(helper.make_node("Transpose", [rk], [x4], name=x4, perm=[0, 3, 1, 2]))
+        y4 = fresh(f"{base}/conv")
+        nodes.append(helper.make_node("Conv", [x4, *conv_in], [y4], name=y4,
+                                      kernel_shape=[1, 1], strides=[1, 1], pads=[0, 0, 0, 0]))
+        # -1: a channel-pruned network may have fewer outputs
+        out_shape = np.array([*x[:-1], -1], np.int64)
+        if rows == 1:
+            nodes.append(helper.make_node("Reshape", [y4, const(f"{base}/out_shape", out_shape)],
+                                          [out], name=fresh(f"{base}/as_rows")))
+        else:
+            yt = fresh(f"{base}/rows_out")
+            nodes.append(helper.make_node("Transpose", [y4], [yt], name=yt, perm=[0, 2, 3, 1]))
+            nodes.append(helper.make_node("Reshape", [yt, const(f"{base}/out_shape", out_shape)],
+                                          [out], name=fresh(f"{base}/as_rows")))
+        if rows > 1:
+            layouts.append(_Layout(node.input[0], nodes[0].output[0], x4, y4,
+                                   nodes[-2].output[0], out, rows))
+        replacement[index] = nodes
+    kept = []
+    for i, node in enumerate(nodes_):
+        if i not in dropped:
+            kept.extend(replacement.get(i, [node]))
+    del model.graph.node[:]
+    model.graph.node.extend(kept)
+    model.graph.initializer.extend(new_inits)
+    _keep_image_layout(model, layouts)
+    entry = model.metadata_props.add()
+    entry.key, entry.value = ORIGINS_KEY, json.dumps(origins)
+    readers = {i for node in model.graph.node for i in node.input}
+    outputs = {o.name for o in model.graph.output}
+    unread = [t for t in model.graph.initializer if t.name not in readers | outputs]
+    for t in unread:  # the matrix layers' weights and biases, now in their conv form
+        model.graph.initializer.remove(t)
+    del model.graph.value_info[:]  # the rewritten tensors' shapes are inferred again
+    return len(replacement)
+
+
+def grid_form(path: str | Path) -> Path:
+    """The file the grid reads for the network at ``path``: for a matrix network
+    (:func:`is_matrix_network`), its matrix layers as 1×1 convolutions (:func:`as_convs`),
+    written once under DLAS_HOME by the original's hash with the original's file name;
+    for any other network, ``path`` itself."""
+    import onnx
+
+    from dlas_predict.networks.graph import infer_shapes, load_onnx, read_network
+    from dlas_predict.paths import cache_dir
+
+    from dlas_predict.errors import NetworkError
+
+    path = Path(path)
+    try:
+        if not is_matrix_network(read_network(path)):
+            return path
+    except NetworkError:  # what cannot be read is said by whoever reads it next
+        return path
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    target = cache_dir("grid_form") / f"{digest}-v{REWRITE_VERSION}" / path.name
+    if target.is_file():
+        return target
+    model = load_onnx(path)
+    as_convs(model)
+    infer_shapes(model)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    onnx.save(model, str(tmp))
+    os.replace(tmp, target)
+    return target
+
+
+def weights_back(original, grid) -> int:
+    """Put the weights of ``grid`` (the grid form of ``original``, compressed: pruned, or
+    given timing values) back into ``original``, in place, in its own layout: each matrix
+    layer's weight from its conv weight (transposed back, the ``Gemm``'s alpha divided
+    out), and every other initializer that both hold with the same shape. The original
+    then computes what the compressed grid form computes, in the form its author wrote,
+    which is what onnxruntime is given. Returns how many weights were put back; raises
+    ValueError where a weight's shape changed (channels removed)."""
+    from onnx import numpy_helper
+
+    meta = {p.key: p.value for p in grid.metadata_props}
+    if ORIGINS_KEY not in meta:
+        raise ValueError("the model is no grid form of a matrix network")
+    arrays = {t.name: t for t in grid.graph.initializer}
+    mine = {t.name: i for i, t in enumerate(original.graph.initializer)}
+    new: dict[str, np.ndarray] = {}
+    for origin in json.loads(meta[ORIGINS_KEY]):
+        w = numpy_helper.to_array(arrays[origin["conv_weight"]])
+        w = (w.reshape(w.shape[0], -1) / np.float32(origin["alpha"])).astype(np.float32)
+        new[origin["weight"]] = w if origin["transposed"] else np.ascontiguousarray(w.T)
+    for name, t in arrays.items():
+        if name in mine and name not in new:
+            new[name] = numpy_helper.to_array(t)
+    done = 0
+    for name, values in new.items():
+        if name not in mine:
+            continue
+        old = original.graph.initializer[mine[name]]
+        if tuple(old.dims) != values.shape:
+            raise ValueError(f"{name}: shape {tuple(old.dims)} in the original, "
+                             f"{values.shape} compressed")
+        original.graph.initializer[mine[name]].CopyFrom(
+            numpy_helper.from_array(values.astype(numpy_helper.to_array(old).dtype), name))
+        done += 1
+    return done

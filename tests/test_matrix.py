@@ -1,0 +1,147 @@
+"""Matrix layers as 1×1 convolutions: the rewrite computes what the network computes, joins
+the transposes between layers, and puts compressed weights back into the author's form."""
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from dlas_predict.networks.generate import generate
+from dlas_predict.networks.graph import infer_shapes, load_onnx, read_network, token_bound
+from dlas_predict.networks.matrix import (ORIGINS_KEY, as_convs, grid_form, is_matrix_network,
+                                          weights_back)
+
+
+def _run(model, x: np.ndarray) -> np.ndarray:
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, {sess.get_inputs()[0].name: x})[0]
+
+
+def _rewritten(path):
+    model = load_onnx(path)
+    n = as_convs(model)
+    infer_shapes(model)
+    onnx.checker.check_model(model)
+    return model, n
+
+
+def test_a_transformer_s_layers_become_convs_and_compute_the_same(tmp_path):
+    [m] = generate("transformer", ["layers=1", "d_model=32", "heads=2", "seq=8"], tmp_path)
+    original = load_onnx(m.path)
+    fcs = [layer for layer in read_network(m.path).layers if layer.kind == "fc"]
+    model, n = _rewritten(m.path)
+    assert n == len(fcs) and sum(node.op_type == "Conv" for node in model.graph.node) == n
+    # the biases went into the convs; attention's products of two activations stay
+    assert not any(node.op_type == "MatMul" and node.input[1] in
+                   {t.name for t in model.graph.initializer} for node in model.graph.node)
+    assert sum(node.op_type == "MatMul" for node in model.graph.node) == 2
+    x = np.random.default_rng(0).normal(size=(1, 8, 32)).astype(np.float32)
+    np.testing.assert_allclose(_run(model, x), _run(original, x), rtol=1e-4, atol=1e-5)
+    # two transposes per layer of rows, but the FFN's pair: its GELU runs on the image
+    transposes = sum(node.op_type == "Transpose" for node in model.graph.node)
+    before = sum(node.op_type == "Transpose" for node in original.graph.node)
+    rows = sum(int(np.prod(layer.output_shape[:-1])) > 1 for layer in fcs)
+    assert transposes == before + 2 * rows - 2
+
+
+def _graph(nodes, inits, x_shape, y_shape):
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                     x_shape)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, y_shape)],
+                          [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    return m
+
+
+@pytest.mark.parametrize("trans_b,alpha,beta", [(0, 1.0, 1.0), (1, 0.5, 2.0)])
+def test_a_gemm_with_its_alpha_beta_and_transposed_weight_computes_the_same(tmp_path, trans_b,
+                                                                            alpha, beta):
+    rng = np.random.default_rng(1)
+    w = rng.normal(size=(6, 5) if trans_b else (5, 6)).astype(np.float32)
+    inits = {"w": w, "b": rng.normal(size=6).astype(np.float32)}
+    m = _graph([helper.make_node("Gemm", ["x", "w", "b"], ["h"], transB=trans_b, alpha=alpha,
+                                 beta=beta),
+                helper.make_node("Relu", ["h"], ["y"])], inits, [1, 5], [1, 6])
+    path = tmp_path / "gemm.onnx"
+    onnx.save(m, path)
+    model, n = _rewritten(path)
+    assert n == 1 and not any(node.op_type == "Transpose" for node in model.graph.node)
+    x = rng.normal(size=(1, 5)).astype(np.float32)
+    np.testing.assert_allclose(_run(model, x), _run(m, x), rtol=1e-5, atol=1e-6)
+
+
+def test_a_matmul_of_a_batch_of_rows_without_bias_and_a_product_of_activations_stay_right(
+        tmp_path):
+    rng = np.random.default_rng(2)
+    inits = {"w": rng.normal(size=(4, 3)).astype(np.float32)}
+    m = _graph([helper.make_node("MatMul", ["x", "w"], ["h"]),
+                helper.make_node("Transpose", ["h"], ["ht"], perm=[0, 1, 3, 2]),
+                helper.make_node("MatMul", ["h", "ht"], ["y"])],
+               inits, [1, 2, 5, 4], [1, 2, 5, 5])
+    path = tmp_path / "mm.onnx"
+    onnx.save(m, path)
+    model, n = _rewritten(path)
+    assert n == 1
+    x = rng.normal(size=(1, 2, 5, 4)).astype(np.float32)
+    np.testing.assert_allclose(_run(model, x), _run(m, x), rtol=1e-5, atol=1e-5)
+
+
+def test_grid_form_rewrites_matrix_networks_once_and_leaves_cnns(tmp_path):
+    from conftest import DEMO
+
+    [t] = generate("transformer", ["layers=1", "d_model=32", "seq=8"], tmp_path)
+    assert is_matrix_network(read_network(t.path))
+    assert not is_matrix_network(read_network(DEMO)) and grid_form(DEMO) == DEMO
+    g = grid_form(t.path)
+    assert g != t.path and g.name == t.path.name
+    mtime = g.stat().st_mtime_ns
+    assert grid_form(t.path) == g and g.stat().st_mtime_ns == mtime
+    net = read_network(g)
+    assert len(net.convs()) == sum(layer.kind == "fc" for layer in read_network(t.path).layers)
+    assert all(c.spec.R == c.spec.S == 1 and c.spec.H == 1 for c in net.convs())
+
+
+def test_pruned_weights_go_back_into_the_author_s_form(tmp_path):
+    from dlas_predict.compression.compress import compress_onnx
+
+    [t] = generate("transformer", ["layers=1", "d_model=32", "seq=8"], tmp_path)
+    pruned = compress_onnx(load_onnx(grid_form(t.path)), "weight_pruning", 0.7).model
+    assert ORIGINS_KEY in {p.key for p in pruned.metadata_props}
+    original = onnx.load(str(t.path))
+    assert weights_back(original, pruned) >= 6
+    weights = [numpy_helper.to_array(i) for i in original.graph.initializer
+               if len(i.dims) == 2]
+    assert np.mean(np.concatenate([w.ravel() for w in weights]) == 0) > 0.6
+    x = np.random.default_rng(3).normal(size=(1, 8, 32)).astype(np.float32)
+    np.testing.assert_allclose(_run(original, x), _run(pruned, x), rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="no grid form"):
+        weights_back(original, onnx.load(str(t.path)))
+
+
+def test_a_token_network_says_its_vocabulary_and_a_float_one_none(tmp_path):
+    [r] = generate("rnn", ["vocab=50", "seq=4", "hidden=8", "embedding=4"], tmp_path)
+    [t] = generate("transformer", ["layers=1", "d_model=32", "seq=8"], tmp_path)
+    assert token_bound(onnx.load(str(r.path))) == 50
+    assert token_bound(onnx.load(str(t.path))) == 0
+
+
+def test_recommend_answers_for_a_transformer_with_the_grid_and_for_an_lstm_with_onnxruntime(
+        tmp_path):
+    from conftest import run_cli
+
+    [t] = generate("transformer", ["layers=1", "d_model=64", "seq=16"], tmp_path)
+    res = run_cli("recommend", t.path, "--json", "--tuning", "untuned", "--top", "200")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    backends = {c["config"]["backend"] for c in out["candidates"]}
+    assert backends == {"tvm", "onnxruntime"}
+    assert any("matrix network" in note for note in out["notes"])
+    [r] = generate("rnn", ["seq=8", "hidden=32"], tmp_path)
+    res = run_cli("recommend", r.path, "--json", "--tuning", "untuned")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert {c["config"]["backend"] for c in out["candidates"]} == {"onnxruntime"}
+    assert any("no LSTM op" in reason for _, reason in out["skipped"])
