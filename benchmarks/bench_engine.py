@@ -23,12 +23,14 @@ Printed per network and as geometric means over the networks:
   included, over onnxruntime fp32 (what ``recommend --validate`` would deploy);
 - ``dense / ort``: our fastest dense float32 build over onnxruntime fp32.
 
-Networks: the 8 zoo networks and 20 generated CNNs of shapes no corpus holds (5 of each
+Networks: the 8 zoo networks, 20 generated CNNs of shapes no corpus holds (5 of each
 block style: plain, residual, depthwise-separable, inverted-residual), drawn with a fixed
-seed. Resumable: a network already in the output file is not measured again.
+seed, and matrix networks of well-known shapes (:data:`MATRIX`: transformer encoders shaped
+as BERT-tiny, BERT-mini and ViT-tiny's blocks, an MLP). Resumable: a network already in the
+output file is not measured again.
 
     .venv/bin/python benchmarks/bench_engine.py [--out benchmarks/out/engine.jsonl]
-        [--top 3] [--only NAME] [--skip-zoo] [--generated 20] [--markdown]
+        [--top 3] [--only NAME] [--skip-zoo] [--skip-matrix] [--generated 20] [--markdown]
 
 ``--markdown`` measures nothing: it prints the output file's tables for
 ``benchmarks/README.md``.
@@ -51,6 +53,13 @@ from dlas_predict.errors import DlasError  # noqa: E402
 from dlas_predict.files import append_row, read_rows  # noqa: E402
 
 STYLES = ("plain", "residual", "separable", "inverted")
+#: Matrix networks of well-known shapes: (what, family, parameters as ``generate``).
+MATRIX = [
+    ("BERT-tiny", "transformer", "layers=2,d_model=128,heads=2,ffn=4,seq=128"),
+    ("BERT-mini", "transformer", "layers=4,d_model=256,heads=4,ffn=4,seq=128"),
+    ("ViT-tiny, 4 blocks", "transformer", "layers=4,d_model=192,heads=3,ffn=4,seq=197"),
+    ("MLP 784-512-512-10", "fc", "layers=2,nodes=512"),
+]
 #: The pruning ratios of the grid here (recommend's default has ten of each).
 RATIOS = (0.5, 0.9)
 
@@ -103,6 +112,9 @@ def networks(args, out_dir: Path) -> list[tuple[str, str, str]]:
     for params in generated(args.generated):
         m = gen.generate("cnn", params.split(","), out_dir)[0]
         nets.append((f"cnn {m.params['block']}", m.path.stem, str(m.path)))
+    for _what, family, params in ([] if args.skip_matrix else MATRIX):
+        m = gen.generate(family, params.split(","), out_dir)[0]
+        nets.append(("matrix", m.path.stem, str(m.path)))
     return nets
 
 
@@ -181,13 +193,20 @@ def summary(rows: list[dict]) -> list[tuple[str, float, float, str, int, int]]:
 
 
 FAMILIES = {"zoo": "zoo", "cnn plain": "plain", "cnn residual": "residual",
-            "cnn separable": "depthwise-separable", "cnn inverted": "inverted-residual"}
+            "cnn separable": "depthwise-separable", "cnn inverted": "inverted-residual",
+            "matrix": "matrix (transformer, MLP)"}
 
 
 def label(row: dict) -> str:
     """A generated network's name as its shape: ``plain: 5 layers, 80 ch, 3×3, 36², ds 2``."""
     if row["family"] == "zoo":
         return row["name"]
+    if row["family"] == "matrix":
+        from dlas_predict.networks.generate import file_name, parse_grid
+
+        return next((what for what, family, params in MATRIX
+                     if file_name(family, parse_grid(family, params.split(","))[0])
+                     == row["name"] + ".onnx"), row["name"])
     from dlas_predict.networks.generate import name_value
 
     v = {k: name_value(row["name"], k) for k in
@@ -235,6 +254,7 @@ def main() -> int:
     ap.add_argument("--top", type=int, default=3, help="our fastest predicted builds timed")
     ap.add_argument("--generated", type=int, default=20)
     ap.add_argument("--skip-zoo", action="store_true")
+    ap.add_argument("--skip-matrix", action="store_true", help="leave the matrix networks out")
     ap.add_argument("--only", help="measure just this network (name)")
     ap.add_argument("--markdown", action="store_true",
                     help="print the output file's tables as markdown; measure nothing")

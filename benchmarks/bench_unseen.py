@@ -7,7 +7,9 @@ The networks, none of them in ``datasets/corpus/local*``:
   and zeroed edges, 15 cells in 3 stages), chosen at random from the search space with a
   fixed seed; ``local``'s corpus holds eight other cells, the profiles' corpora none;
 - generated CNNs of shapes the corpus lacks (depths, widths, input sizes and kernel sizes
-  none of its generated networks has), one of each block style.
+  none of its generated networks has), one of each block style;
+- generated matrix networks (transformer encoders and MLPs) of widths, head counts, FFN
+  ratios, depths and sequence lengths none of the corpus's has.
 
 For each network every untuned candidate of the grid (dense, float16, int8, and the two
 prunings at 0.5 and 0.9; each algorithm and the per-layer choice) is predicted by the
@@ -16,7 +18,7 @@ shipped model of the device (``--device``: this machine or one of its profiles; 
 here. Resumable: a network already in the output file is not measured again.
 
     .venv/bin/python benchmarks/bench_unseen.py [--out benchmarks/out/unseen.jsonl]
-        [--device local] [--nasbench 6] [--only NAME]
+        [--device local] [--nasbench 6] [--only NAME] [--family FAMILY]
 
 Two modes measure nothing and read a finished run's file instead (of the same device on
 the same machine):
@@ -55,6 +57,15 @@ CNNS = [
     "layers=5,kernels=56,input=36,kernel_size=5,block=separable,downsample=2",
     "layers=4,kernels=20,input=44,block=inverted,downsample=2",
 ]
+#: Generated matrix networks of unseen shapes (parameters as ``generate FAMILY``).
+MATRIX = [
+    ("transformer", "layers=1,d_model=96,heads=3,ffn=3,seq=32"),
+    ("transformer", "layers=3,d_model=96,heads=3,ffn=3,seq=32"),
+    ("transformer", "layers=1,d_model=192,heads=3,ffn=3,seq=96"),
+    ("transformer", "layers=3,d_model=192,heads=3,ffn=3,seq=32"),
+    ("fc", "layers=3,nodes=768"),
+    ("fc", "layers=3,nodes=1536"),
+]
 RATIOS = (0.5, 0.9)
 
 
@@ -84,6 +95,9 @@ def networks(n_nasbench: int, out_dir: Path) -> list[tuple[str, str, Path]]:
     for params in CNNS:
         model = gen.generate("cnn", params.split(","), out_dir)[0]
         nets.append((f"cnn {model.params['block']}", model.path.stem, model.path))
+    for family, params in MATRIX:
+        model = gen.generate(family, params.split(","), out_dir)[0]
+        nets.append((family, model.path.stem, model.path))
     archs = [nb.parse_arch(a) for a in _nasbench_archs(n_nasbench)]
     for arch, path in zip(archs, nb.generate(archs, out_dir)):
         nets.append(("nasbench201", arch.string, path))
@@ -129,11 +143,37 @@ def summarise(rows: list[dict], backend: str = "tvm") -> dict:
             "geo_ratio": math.exp(sum(math.log(p / m) for p, m in pairs) / len(pairs))}
 
 
+def macs_baseline(rows: list[dict], backend: str = "tvm") -> dict:
+    """The simplest baseline beside the models: each candidate priced by a fit of log latency
+    on log MACs over the same configuration's measurements of the group's other networks
+    (each network held out in turn); rows without their MACs (older runs) are left out."""
+    import numpy as np
+
+    rows = [r for r in rows if r.get("macs")]
+    errs = []
+    for r in rows:
+        for c in _ours(r, backend):
+            others = [(math.log(o["macs"]), math.log(oc["measured_ms"])) for o in rows
+                      if o is not r for oc in _ours(o, backend) if oc["config"] == c["config"]]
+            if len({x for x, _ in others}) < 2:
+                continue
+            x, y = np.array(others).T
+            b, a = np.polyfit(x, y, 1)
+            errs.append(math.exp(a + b * math.log(r["macs"])) / c["measured_ms"] - 1)
+    if not errs:
+        return {"n": 0}
+    return {"n": len(errs), "within_10": sum(abs(e) <= 0.10 for e in errs) / len(errs),
+            "mape": sum(abs(e) for e in errs) / len(errs)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "unseen.jsonl")
     ap.add_argument("--nasbench", type=int, default=6)
     ap.add_argument("--only", help="measure just this network (name)")
+    ap.add_argument("--family", action="append",
+                    help="measure just the networks of this family (cnn, nasbench201, "
+                         "transformer, fc; repeatable)")
     ap.add_argument("--device", default="local",
                     help="this machine or one of its profiles (default: local)")
     ap.add_argument("--rescore", action="store_true",
@@ -158,6 +198,7 @@ def main() -> int:
 
 
 def _run(args) -> int:
+    from dlas_predict.networks.graph import read_network
     from dlas_predict.space.devices import get_device
 
     dev = get_device(args.device, with_target=False)
@@ -168,12 +209,14 @@ def _run(args) -> int:
     done = read_rows(args.out, lambda r: r.get("device", "local") == args.device)
     with tempfile.TemporaryDirectory() as tmp:
         for family, name, path in networks(args.nasbench, Path(tmp)):
-            if name in done or (args.only and args.only != name):
+            if name in done or (args.only and args.only != name) or (
+                    args.family and family.split()[0] not in args.family):
                 continue
             t = time.time()
             source, cands = measure(path, args.device)
             row = {"family": family, "name": name, "device": args.device, "source": source,
-                   "seconds": round(time.time() - t, 1), "candidates": cands}
+                   "seconds": round(time.time() - t, 1), "candidates": cands,
+                   "macs": read_network(path).macs}
             append_row(args.out, row)
             done[name] = row
             s = summarise([row])
@@ -182,7 +225,8 @@ def _run(args) -> int:
                   f"{s.get('within_10', 0):.0%}, MAPE {s.get('mape', 0):.1%} "
                   f"({row['seconds']:.0f} s)", flush=True)
     rows = list(done.values())
-    print("\nfamily          candidates  within ±10 %  within ±25 %  MAPE   predicted/measured")
+    print("\nfamily          candidates  within ±10 %  within ±25 %  MAPE   predicted/measured"
+          "  MACs fit: within ±10 %, MAPE")
     groups = {fam: [r for r in rows if r["family"] == fam]
               for fam in sorted({r["family"] for r in rows})}
     groups["cnn (all)"] = [r for r in rows if r["family"].startswith("cnn ")]
@@ -191,10 +235,12 @@ def _run(args) -> int:
         if backend == "onnxruntime":
             print("\nonnxruntime's candidates, priced by the onnxruntime model")
         for fam, members in groups.items():
-            s = summarise(members, backend)
+            s, b = summarise(members, backend), macs_baseline(members, backend)
             if s["n"]:
                 print(f"{fam:15s} {s['n']:10d}  {s['within_10']:11.0%}  "
-                      f"{s['within_25']:11.0%}  {s['mape']:5.1%}  ×{s['geo_ratio']:.2f}")
+                      f"{s['within_25']:11.0%}  {s['mape']:5.1%}  ×{s['geo_ratio']:.2f}"
+                      + (f"  {b['within_10']:.0%} of {b['n']}, {b['mape']:.1%}"
+                         if b["n"] else ""))
     return 0
 
 

@@ -510,7 +510,8 @@ def test_once_enough_networks_are_timed_by_the_current_engine_older_builds_are_l
 def test_a_carried_engine_build_todays_engine_builds_the_same_way_counts_as_today(simd_bits):
     """Engine 11 changed only direct and GEMM layers whose filter count has no block of at
     least four, engine 12 only spatial pack layers whose block of filters was a divisor of no
-    whole vector, engine 13 only networks with a sigmoid: the carried engines' records of
+    whole vector, engine 13 only networks with a sigmoid, engine 15 only networks with an
+    erf or a softmax: the carried engines' records of
     other builds stay in, even once today's engine has timed enough networks to leave older
     builds out. The device is a CPU of each vector width, whatever this machine is: the
     spatial pack's 124 filters were reblocked on 16 lanes only."""
@@ -562,29 +563,37 @@ def test_a_carried_engine_build_todays_engine_builds_the_same_way_counts_as_toda
     # an engine older than the carried ones is never today's
     older = rec("even", "9")
     assert drop_older_engines([older, *fresh], unchanged) == fresh
-    # 59 filters pad on every vector width; 64 on none
+    # 59 filters pad on every vector width; 64 on none (a network of no exp-like op)
+    NONE = {"exp_elems": 0}
     for bits in (128, 256, 512):
-        assert rebuilt_since("10", [["gemm", False]], [ConvSpec.parse(odd)], bits, 0)
-        assert not rebuilt_since("11", [["gemm", False]], [ConvSpec.parse(odd)], bits, 0)
-        assert not rebuilt_since("10", [["gemm", False]], [ConvSpec.parse(even)], bits, 0)
-        assert rebuilt_since("12", [["gemm", False]], [ConvSpec.parse(even)], bits, 1)
+        assert rebuilt_since("10", [["gemm", False]], [ConvSpec.parse(odd)], bits, NONE)
+        assert not rebuilt_since("11", [["gemm", False]], [ConvSpec.parse(odd)], bits, NONE)
+        assert not rebuilt_since("10", [["gemm", False]], [ConvSpec.parse(even)], bits, NONE)
+        assert rebuilt_since("12", [["gemm", False]], [ConvSpec.parse(even)], bits,
+                             {"exp_elems": 1})
     # 124 filters: 31 a block on 16 lanes (reblocked), 2-vector blocks of 16 on 8 lanes (kept)
     plan = [["spatial_pack", False]]
-    assert rebuilt_since("11", plan, [ConvSpec.parse(reblocked)], 512, 0)
-    assert not rebuilt_since("11", plan, [ConvSpec.parse(reblocked)], 256, 0)
+    assert rebuilt_since("11", plan, [ConvSpec.parse(reblocked)], 512, NONE)
+    assert not rebuilt_since("11", plan, [ConvSpec.parse(reblocked)], 256, NONE)
     assert not rebuilt_since("11", [["spatial_pack", True]], [ConvSpec.parse(reblocked)], 512,
-                             0)
+                             NONE)
     # an int8 network's ungrouped GEMM layers run on VNNI where the CPU has it
     from dlas_predict.space.config import DType
 
     gemm, grouped = ConvSpec.parse(even), ConvSpec.parse("C=8,H=8,W=8,K=8,R=3,S=3,groups=8")
-    assert rebuilt_since("13", [["gemm", False]], [gemm], 512, 0, DType.INT8, True)
-    assert rebuilt_since("13", [["gemm", False]], [gemm], 512, 0, None, True)  # dtype unknown
+    assert rebuilt_since("13", [["gemm", False]], [gemm], 512, NONE, DType.INT8, True)
+    assert rebuilt_since("13", [["gemm", False]], [gemm], 512, NONE, None, True)  # dtype unknown
     for plan, convs, dtype, vnni in (([["gemm", False]], [gemm], DType.INT8, False),
                                      ([["gemm", False]], [gemm], DType.FLOAT32, True),
                                      ([["direct", False]], [gemm], DType.INT8, True),
                                      ([["gemm", False]], [grouped], DType.INT8, True)):
-        assert not rebuilt_since("13", plan, convs, 512, 0, dtype, vnni)
+        assert not rebuilt_since("13", plan, convs, 512, NONE, dtype, vnni)
+    # a network with an erf or a softmax (a transformer's): 15 builds it otherwise; a
+    # summary of the engine before the count, or of a sigmoid alone, not
+    for summary, rebuilt in (({"erf_softmax_elems": 64, "exp_elems": 64}, True),
+                             ({"erf_softmax_elems": 0, "exp_elems": 64}, False),
+                             ({"exp_elems": 64}, False), (None, True)):
+        assert rebuilt_since("14", [["gemm", False]], [gemm], 512, summary) is rebuilt
 
 
 def test_a_channel_pruning_record_pairs_only_with_the_layers_it_timed():

@@ -15,7 +15,7 @@ from dlas_predict.space.devices import get_device
 
 #: seconds per unit of each term: a law the fit should find again
 LAW = np.array([2e-5, 4e-3, 2e-2, 1e-5, 0.0, 2e-5, 1e-6, 3e-6, 0.0, 0.0, 3e-3, 1e-6, 2e-3,
-                1e-6, 5e-3, 2e-6, 1e-6, 0.0, 0.0, 0.0, 2e-3])
+                1e-6, 5e-3, 2e-6, 1e-6, 0.0, 0.0, 0.0, 2e-3, 0.0, 0.0, 0.0])
 
 
 def _net(rng, i):
@@ -374,3 +374,43 @@ def test_training_on_another_machines_onnxruntime_runs_saves_into_that_machines_
     assert report.onnxruntime_model == str(saved) and saved.is_file()
     assert not (tmp_path / "models" / "local").exists()
     assert OrtLatencyModel.load(saved.parent).meta_["onnxruntime_fingerprints"] == [other]
+
+
+def test_a_matrix_network_s_layers_are_terms_of_their_own():
+    """onnxruntime runs a matrix network's fully connected layers as matrix products: their
+    MACs and bytes leave the conv terms for terms of their own."""
+    fc = ConvSpec(C=128, H=1, W=64, K=512, R=1, S=1)
+    conv = ConvSpec(C=16, H=8, W=8, K=32, R=3, S=3, pad_t=1, pad_l=1, pad_b=1, pad_r=1)
+    summary = NetworkSummary(conv_layers=2, layers=9, nonconv_macs=5000, nonconv_bytes=100,
+                             activation_ops=1, elementwise_ops=2, input_elems=64)
+    t = ort_terms([conv, fc], [0.0, 0.0], summary, "fp32", False, 16, [False, True])
+    alone = ort_terms([conv], [0.0], summary, "fp32", False, 16)
+    i = TERMS.index
+    assert t[i("dense_macs")] == alone[i("dense_macs")] == conv.macs / 1e9
+    assert t[i("conv_io_bytes")] == alone[i("conv_io_bytes")]
+    assert t[i("matrix_macs")] == pytest.approx(fc.macs / 1e9)
+    assert t[i("matrix_bytes")] == pytest.approx(4 * (128 * 64 + 512 * 64 + 128 * 512) / 1e6)
+    assert t[i("other_macs")] == pytest.approx(5000 / 1e9)
+    assert alone[i("matrix_macs")] == 0.0
+
+
+def test_matrix_networks_are_fitted_apart_and_fall_back_to_their_mode_s_fit():
+    """A matrix network's runs get a fit of their own per mode; without one (too few
+    networks) they are priced by the mode's fit of the others."""
+    X, y, modes, nets = _data(networks=12)
+    col = TERMS.index("matrix_macs")
+    Xm = X[::3].copy()  # fp32 rows, with matrix layers
+    Xm[:, col] = 0.004
+    ym = y[::3] * 3.0  # a law of their own
+    both = OrtLatencyModel().fit(OrtInputs(np.vstack([X, Xm]), [*modes, *["fp32"] * len(Xm)]),
+                                 np.concatenate([y, ym]),
+                                 groups=[*nets, *[n + "-m" for n in nets[::3]]])
+    assert "matrix fp32" in both.coef_ and "matrix int8" not in both.coef_
+    cnn_only = OrtLatencyModel().fit(OrtInputs(X, modes), y, groups=nets)
+    assert both.coef_["fp32"] == cnn_only.coef_["fp32"]  # the CNNs' fit is untouched
+    pred = both.predict(OrtInputs(Xm, ["fp32"] * len(Xm)))
+    assert np.median(np.abs(pred / ym - 1)) < 0.1
+    # an int8 matrix row: no matrix int8 fit, the int8 fit of the others prices it
+    row = Xm[:1].copy()
+    assert both.predict(OrtInputs(row, ["int8"]))[0] == pytest.approx(
+        float(row[0] @ np.array(both.coef_["int8"])))

@@ -360,7 +360,7 @@ def uncarried(plans: list[NetworkPlan], networks: list[NetworkToCollect], store:
     held = {r["key"] for r in store.network_measurements("error IS NULL")}
     convs = {(n.name, label): [lc.spec for lc in layers]
              for n in networks for label, layers in n.configs.items()}
-    exp_elems = {n.name: NetworkSummary.of(n.net).exp_elems for n in networks}
+    summaries = {n.name: asdict(NetworkSummary.of(n.net)) for n in networks}
     simd = untuned_simd(device)
 
     def carried(p: NetworkPlan) -> bool:
@@ -368,7 +368,7 @@ def uncarried(plans: list[NetworkPlan], networks: list[NetworkToCollect], store:
             return False
         return any(p.key(device, v) in held
                    and not rebuilt_since(v, p.layers, convs[(p.network, p.config)], simd,
-                                         exp_elems[p.network], p.dtype, device.vnni)
+                                         summaries[p.network], p.dtype, device.vnni)
                    for v in CARRIED_VERSIONS)
 
     return [p for p in plans if not carried(p)]

@@ -306,6 +306,10 @@ SCALED_WITH_NONCONV_BYTES = frozenset({"pool_window_elems"})
 #: and so has a stored summary without them of a network not built again by name.
 INT8_ONLY = frozenset({"qdq_float_conv_macs", "qdq_float_conv_io_bytes",
                        "qdq_float_conv_params"})
+#: Summary fields that no model reads, only the engine's carry rules
+#: (:data:`~dlas_predict.measure.networks.plans.ENGINE_CHANGES`), which take a summary
+#: stored without them as one of an engine before them: zero.
+ENGINE_ONLY = frozenset({"erf_softmax_elems"})
 
 
 def stored_summary(network: str, text: str | None):
@@ -314,8 +318,8 @@ def stored_summary(network: str, text: str | None):
     its name describes (built again: its weights are seeded by its name), and kept only if
     it agrees with every field stored. A channel-pruned network's own summary, its zeroed
     filters removed, is not the named network's: where it lacks only fields of
-    :data:`SCALED_WITH_NONCONV_BYTES` and :data:`INT8_ONLY` they are the named network's
-    scaled (and zero), else it is None (unusable)."""
+    :data:`SCALED_WITH_NONCONV_BYTES`, :data:`INT8_ONLY` and :data:`ENGINE_ONLY` they are the
+    named network's scaled (and zero), else it is None (unusable)."""
     import json
     from dataclasses import asdict, fields
 
@@ -330,15 +334,16 @@ def stored_summary(network: str, text: str | None):
         # a network not built again by name, stored before the int8-only fields: they are
         # zero (only an int8 onnxruntime run reads them, and its model leaves such rows out)
         return NetworkSummary(**stored, **{k: 0 for k in missing}) \
-            if stored and missing <= INT8_ONLY else None
+            if stored and missing <= INT8_ONLY | ENGINE_ONLY else None
     named = asdict(fresh)
     if all(named.get(k, v) == v for k, v in stored.items()):
         return fresh
-    if stored and missing <= SCALED_WITH_NONCONV_BYTES | INT8_ONLY \
+    if stored and missing <= SCALED_WITH_NONCONV_BYTES | INT8_ONLY | ENGINE_ONLY \
             and named["nonconv_bytes"] > 0:
         scale = stored.get("nonconv_bytes", 0) / named["nonconv_bytes"]
-        return NetworkSummary(**stored, **{k: 0 if k in INT8_ONLY else round(named[k] * scale)
-                                           for k in missing})
+        return NetworkSummary(**stored, **{
+            k: 0 if k in INT8_ONLY | ENGINE_ONLY else round(named[k] * scale)
+            for k in missing})
     return None
 
 
@@ -457,9 +462,9 @@ def unchanged_builds(layers_of: dict[tuple, list[dict]], device: Device):
         plan = json.loads(m.plan) if m.plan else []
         if not layers or len(layers) != len(plan) or m.version not in CARRIED_VERSIONS:
             return False
-        exp_elems = json.loads(m.summary).get("exp_elems") if m.summary else None
+        summary = json.loads(m.summary) if m.summary else None
         return not rebuilt_since(m.version, plan, [parse(l["conv"]) for l in layers], simd,
-                                 exp_elems, config_dtype(m.config), device.vnni)
+                                 summary, config_dtype(m.config), device.vnni)
 
     return unchanged
 

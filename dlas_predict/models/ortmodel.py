@@ -52,9 +52,14 @@ TERMS = ("const", "dense_macs", "depthwise_macs", "conv_io_bytes", "weight_bytes
          "other_bytes", "layers", "elementwise_ops", "exp_elems", "broadcast_bytes",
          "narrow_macs", "unaligned_convs", "joined_macs", "joined_io_bytes",
          "unblocked_macs", "unblocked_convs", "unblocked_io_bytes", "qdq_float_macs",
-         "qdq_float_io_bytes", "qdq_float_weights", "padded_macs")
+         "qdq_float_io_bytes", "qdq_float_weights", "padded_macs", "matrix_macs",
+         "matrix_bytes", "other_macs")
 #: The modes fitted, each on its own rows (a mode with too few networks: the fp32 fit).
 MODES = ("fp32", "channel_pruning", "int8", "float16")
+#: A matrix network's runs (its fully connected layers onnxruntime's matrix products) are
+#: fitted apart, mode by mode, under the mode's name with this prefix (too few networks:
+#: the mode's fit of the others).
+MATRIX_PREFIX = "matrix "
 #: A conv with fewer input or output channels than this is narrow.
 NARROW = 16
 FILE = "onnxruntime.json"  # the model saved in a device's model folder
@@ -98,7 +103,7 @@ def blocked_layout(channels: int, filters: int, groups: int, block: int) -> bool
 
 
 def ort_terms(specs, ratios, summary, mode: str, channels_removed: bool,
-              block: int = 16) -> np.ndarray:
+              block: int = 16, matrix=None) -> np.ndarray:
     """The model's terms for a network whose convs are ``specs`` with layer sparsities
     ``ratios`` and whose other ops are ``summary``'s (a
     :class:`~dlas_predict.networks.summary.NetworkSummary`). Weight pruning leaves the work
@@ -107,12 +112,20 @@ def ort_terms(specs, ratios, summary, mode: str, channels_removed: bool,
     instead, each conv doing its density's share of the work (the zeroed filters removed).
     ``mode`` picks the element size of the weights, ``block`` is onnxruntime's NCHWc block
     (:func:`nchwc_block`); with ``channels_removed`` a conv's input channels are counted at
-    its own density, which its producer's need not be."""
+    its own density, which its producer's need not be. ``matrix`` flags the specs that are a
+    matrix network's fully connected layers (:func:`~dlas_predict.networks.matrix.
+    is_matrix_layer`): onnxruntime runs those as the matrix products they are, in plain
+    rows, so their MACs and bytes (activations and weights) are terms of their own."""
     elem = {"float16": 2, "int8": 1}.get(mode, 4)
     dense = dw = io = wbytes = narrow = unaligned = unblocked = unblocked_n = 0.0
-    unblocked_io = padded = 0.0
-    for s, r in zip(specs, ratios):
+    unblocked_io = padded = matrix_macs = matrix_bytes = 0.0
+    for s, r, fc in zip(specs, ratios, matrix or [False] * len(specs)):
         keep = (1.0 - float(r)) if channels_removed else 1.0
+        if fc:
+            matrix_macs += s.macs * keep
+            matrix_bytes += 4 * (s.C * s.H * s.W + keep * s.K * s.OH * s.OW) \
+                + elem * keep * s.K * s.C
+            continue
         k = max(1, round(s.K * keep))
         c = max(1, round(s.C * keep)) if channels_removed else s.C
         if s.depthwise:
@@ -142,7 +155,16 @@ def ort_terms(specs, ratios, summary, mode: str, channels_removed: bool,
                      summary.nonconv_bytes / 1e6, float(summary.layers),
                      float(summary.elementwise_ops), summary.exp_elems / 1e6,
                      summary.broadcast_bytes / 1e6, narrow / 1e9, unaligned, *joined,
-                     unblocked / 1e9, unblocked_n, unblocked_io / 1e6, *qdq, padded / 1e9])
+                     unblocked / 1e9, unblocked_n, unblocked_io / 1e6, *qdq, padded / 1e9,
+                     matrix_macs / 1e9, matrix_bytes / 1e6, summary.nonconv_macs / 1e9])
+
+
+def _fitted_modes(T: np.ndarray, modes: list[str]) -> list[str]:
+    """Each row's fitted mode: a matrix network's (matrix MACs in its terms) prefixed by
+    :data:`MATRIX_PREFIX`."""
+    col = TERMS.index("matrix_macs")
+    return [MATRIX_PREFIX + m if len(t) > col and t[col] > 0 else m
+            for t, m in zip(np.atleast_2d(T), modes)]
 
 
 @dataclass(frozen=True)
@@ -177,14 +199,14 @@ class OrtLatencyModel(CostModel):
         """Fit each mode on its rows; its interval and metrics from leaving one network
         (``groups``: each row's) out."""
         T, y = np.asarray(X.terms, float), np.asarray(y, float)
-        modes_a, nets = np.array(X.modes), np.array(groups)
+        modes_a, nets = np.array(_fitted_modes(T, X.modes)), np.array(groups)
         if len(set(groups)) < MIN_NETWORKS:
             raise ModelError(f"the onnxruntime model needs measurements of at least "
                              f"{MIN_NETWORKS} networks, the store has {len(set(groups))}")
         self.coef_, self.q10_, self.q90_ = {}, {}, {}
         self.meta_ = dict(self.about, terms=list(TERMS), n_train=int(len(y)),
                           networks=sorted(set(groups)), lono={})
-        for mode in MODES:
+        for mode in (*MODES, *(MATRIX_PREFIX + m for m in MODES)):
             rows = modes_a == mode
             if len(set(nets[rows])) < MIN_NETWORKS:
                 continue
@@ -213,8 +235,9 @@ class OrtLatencyModel(CostModel):
             raise ModelError("the onnxruntime model is not trained")
         T = np.atleast_2d(np.asarray(X.terms, float))
         mid, low, high = (np.empty(len(T)) for _ in range(3))
-        for i, (x, mode) in enumerate(zip(T, X.modes)):
-            mm = mode if mode in self.coef_ else "fp32"
+        for i, (x, mode) in enumerate(zip(T, _fitted_modes(T, X.modes))):
+            mm = next(m for m in (mode, mode.removeprefix(MATRIX_PREFIX), "fp32")
+                      if m in self.coef_)
             t = max(float(x @ np.array(self.coef_[mm])), 1e-9)
             # q = log(pred / measured): the measured value lies in pred·exp(-q)
             mid[i], low[i], high[i] = t, t * np.exp(-self.q90_[mm]), t * np.exp(-self.q10_[mm])
@@ -287,6 +310,7 @@ def training_rows(store: Path, device: str, block: int | None = None):
     from dlas_predict.measure.networks.plans import ONNXRUNTIME
     from dlas_predict.corpus.store import CorpusStore
     from dlas_predict.models.evaluation import stored_summary, channels_removed
+    from dlas_predict.networks.matrix import is_matrix_layer
     from dlas_predict.space.config import ConvSpec
     from dlas_predict.space.devices import get_device
 
@@ -321,7 +345,8 @@ def training_rows(store: Path, device: str, block: int | None = None):
         if mode == "int8" and not knows_qdq_floats(r.network, text):
             continue  # which of its convs ran in float is not known
         X.append(ort_terms([ConvSpec.parse(c["conv"]) for c in ls],
-                           [float(c["ratio"]) for c in ls], summary, mode, shares, block))
+                           [float(c["ratio"]) for c in ls], summary, mode, shares, block,
+                           [is_matrix_layer(c["layer_name"]) for c in ls]))
         y.append(r.best_s)
         modes.append(mode)
         nets.append(r.network)

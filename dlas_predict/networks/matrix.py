@@ -33,14 +33,17 @@ from pathlib import Path
 import numpy as np
 
 #: Bumped when the rewrite changes, so a kept grid form is rewritten again.
-REWRITE_VERSION = "1"
+REWRITE_VERSION = "2"
+#: The end of a rewritten layer's Conv node name: the grid's records name its layers so, and
+#: onnxruntime's model tells them from convolutions by it (:func:`is_matrix_layer`).
+MATRIX_CONV = "/matrix_conv"
 #: The grid form's metadata key listing each conv weight and the matrix weight it came from.
 ORIGINS_KEY = "dlas.matrix_weights"
 
 
 def matrix_nodes(model, shapes: dict) -> list:
     """The ``MatMul``/``Gemm`` nodes of ``model`` that :func:`as_convs` rewrites: a constant
-    2-D float weight, an activation of known shape of rank ≥ 2 whose last axis is the
+    2-D float32 weight, an activation of known shape of rank ≥ 2 whose last axis is the
     weight's input size (``Gemm``: no transposed input, a bias of one value per output or
     none)."""
     from onnx import helper
@@ -53,7 +56,7 @@ def matrix_nodes(model, shapes: dict) -> list:
         w, x = inits.get(node.input[1]), shapes.get(node.input[0])
         if w is None or len(w.dims) != 2 or x is None or len(x) < 2 or node.input[0] in inits:
             continue
-        if w.data_type not in (1, 10, 11):  # float, float16, double
+        if w.data_type != 1:  # float32 (the network's float16 or int8 forms are the grid's)
             continue
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         k = w.dims[1] if attrs.get("transB", 0) else w.dims[0]
@@ -76,6 +79,13 @@ def matrix_macs(net) -> tuple[int, int]:
     fc = sum(layer.macs for layer in net.layers if layer.kind == "fc" and layer.weight)
     conv = sum(layer.macs for layer in net.layers if layer.conv is not None)
     return fc, conv
+
+
+def is_matrix_layer(name: str) -> bool:
+    """Whether a conv layer of this name is a rewritten matrix layer."""
+    import re
+
+    return re.search(re.escape(MATRIX_CONV) + r"(_\d+)?$", name) is not None
 
 
 def is_matrix_network(net) -> bool:
@@ -158,6 +168,8 @@ def _keep_image_layout(model, layouts: list[_Layout]) -> int:
     gone: set[str] = set()
     joined = 0
     for lay in layouts:
+        if len(readers.get(lay.image, ())) != 1:  # an image several layers read stays
+            continue
         stack, inside, source, ok = [lay.src], set(), None, True
         while stack and ok:
             t = stack.pop()
@@ -242,6 +254,8 @@ def as_convs(model) -> int:
 
     out_index = {o: i for i, node in enumerate(nodes_) for o in node.output}
     layouts = []
+    images: dict[str, str] = {}  # rows -> their image, shared by the layers that read them
+    images_rows: dict[str, str] = {}  # image -> the reshape of rows it transposes
     origins = []  # each rewritten layer's weights and where they came from
     for index in sorted(targets):
         node = nodes_[index]
@@ -270,7 +284,10 @@ def as_convs(model) -> int:
                         "transposed": bool(attrs.get("transB", 0)),
                         "alpha": float(attrs.get("alpha", 1.0))})
         nodes = []
-        if rows == 1:
+        shared = images.get(node.input[0])  # another layer reads the same rows: one image
+        if shared is not None:
+            x4 = shared
+        elif rows == 1:
             x4 = fresh(f"{base}/as_image")
             nodes.append(helper.make_node("Reshape", [node.input[0], const(
                 f"{base}/image_shape", np.array([1, -1, 1, 1], np.int64))], [x4], name=x4))
@@ -279,7 +296,9 @@ def as_convs(model) -> int:
             nodes.append(helper.make_node("Reshape", [node.input[0], const(
                 f"{base}/rows_shape", np.array([1, 1, rows, -1], np.int64))], [rk], name=rk))
             nodes.append(helper.make_node("Transpose", [rk], [x4], name=x4, perm=[0, 3, 1, 2]))
-        y4 = fresh(f"{base}/conv")
+            images_rows[x4] = rk
+        images.setdefault(node.input[0], x4)
+        y4 = fresh(f"{base}{MATRIX_CONV}")
         nodes.append(helper.make_node("Conv", [x4, *conv_in], [y4], name=y4,
                                       kernel_shape=[1, 1], strides=[1, 1], pads=[0, 0, 0, 0]))
         # -1: a channel-pruned network may have fewer outputs
@@ -293,7 +312,7 @@ def as_convs(model) -> int:
             nodes.append(helper.make_node("Reshape", [yt, const(f"{base}/out_shape", out_shape)],
                                           [out], name=fresh(f"{base}/as_rows")))
         if rows > 1:
-            layouts.append(_Layout(node.input[0], nodes[0].output[0], x4, y4,
+            layouts.append(_Layout(node.input[0], images_rows[x4], x4, y4,
                                    nodes[-2].output[0], out, rows))
         replacement[index] = nodes
     kept = []
@@ -315,6 +334,29 @@ def as_convs(model) -> int:
     return len(replacement)
 
 
+def grid_proto(model, name: str):
+    """``model`` (a ModelProto, not modified) as the grid reads it: a matrix network's copy
+    with its matrix layers as 1×1 convolutions, any other network itself."""
+    import copy
+
+    from dlas_predict.networks.graph import infer_shapes, network_of_proto
+
+    if not is_matrix_network(network_of_proto(model, name)):
+        return model
+    model = copy.deepcopy(model)
+    infer_shapes(model)
+    _rewrite(model)
+    return model
+
+
+def _rewrite(model) -> None:
+    """:func:`as_convs` on ``model`` (its shapes inferred), and its shapes inferred again."""
+    from dlas_predict.networks.graph import infer_shapes
+
+    as_convs(model)
+    infer_shapes(model)
+
+
 def grid_form(path: str | Path) -> Path:
     """The file the grid reads for the network at ``path``: for a matrix network
     (:func:`is_matrix_network`), its matrix layers as 1×1 convolutions (:func:`as_convs`),
@@ -322,7 +364,7 @@ def grid_form(path: str | Path) -> Path:
     for any other network, ``path`` itself."""
     import onnx
 
-    from dlas_predict.networks.graph import infer_shapes, load_onnx, read_network
+    from dlas_predict.networks.graph import load_onnx, read_network
     from dlas_predict.paths import cache_dir
 
     from dlas_predict.errors import NetworkError
@@ -338,8 +380,7 @@ def grid_form(path: str | Path) -> Path:
     if target.is_file():
         return target
     model = load_onnx(path)
-    as_convs(model)
-    infer_shapes(model)
+    _rewrite(model)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     onnx.save(model, str(tmp))

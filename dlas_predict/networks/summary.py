@@ -13,6 +13,8 @@ from dlas_predict.networks.graph import OP_KINDS, Network
 #: dearer per element than a ReLU or an add, and dearer still in float16, which the CPU
 #: emulates through conversions.
 EXP_OPS = frozenset({"Sigmoid", "Tanh", "Softmax", "Elu", "Selu", "Softplus", "Gelu", "Erf"})
+#: The exp-like ops the engine computes as TVM's polynomials (a GELU's erf, softmax).
+ERF_SOFTMAX_OPS = frozenset({"Softmax", "Gelu", "Erf"})
 
 @dataclass(frozen=True)
 class NetworkSummary:
@@ -27,6 +29,7 @@ class NetworkSummary:
     input_elems: int
     conv_io_bytes: int = 0  # float32 bytes of every conv's input and output activations
     exp_elems: int = 0  # elements through the ops of EXP_OPS
+    erf_softmax_elems: int = 0  # elements through the ops of ERF_SOFTMAX_OPS
     broadcast_bytes: int = 0  # float32 bytes moved by elementwise ops that broadcast
     #: MACs and float32 activation bytes of the convs whose output joins an elementwise op
     #: or an activation other than ReLU (a residual add, SiLU's gate): an epilogue that
@@ -58,6 +61,8 @@ class NetworkSummary:
                                      if layer.conv is not None),
                    exp_elems=sum(int(math.prod(layer.output_shape)) for layer in other
                                  if layer.op in EXP_OPS),
+                   erf_softmax_elems=sum(int(math.prod(layer.output_shape))
+                                         for layer in other if layer.op in ERF_SOFTMAX_OPS),
                    broadcast_bytes=sum(layer.bytes_moved for layer in other
                                        if _broadcasts(layer)),
                    joined_conv_macs=sum(layer.macs for layer in joined),

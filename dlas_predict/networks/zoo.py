@@ -259,17 +259,19 @@ def resolve(model: str | Path, grid: bool = True) -> Path:
 
 
 def named_network(name: str):
-    """The network a corpus names: a zoo network, or the generated network or
-    NAS-Bench-201 cell its name describes (built again: its weights are seeded by its name);
-    None for any other name."""
+    """The network a corpus names, as the grid reads it: a zoo network, or the generated
+    network or NAS-Bench-201 cell its name describes (built again: its weights are seeded by
+    its name; a matrix network in its grid form); None for any other name."""
     from dlas_predict.errors import DlasError
     from dlas_predict.networks import generate, nasbench201
     from dlas_predict.networks.graph import network_of_proto, read_network
 
+    from dlas_predict.networks.matrix import grid_proto
+
     spec = generate.parse_name(name)
     try:
-        if spec is not None:
-            return network_of_proto(generate.build(*spec), name)
+        if spec is not None:  # a matrix network as the grid reads it
+            return network_of_proto(grid_proto(generate.build(*spec), name), name)
         if name.startswith("nasbench201-"):  # a cell's name is its architecture's code
             return network_of_proto(nasbench201.build(nasbench201.parse_arch(name)), name)
         return read_network(resolve(ZOO_PREFIX + name))

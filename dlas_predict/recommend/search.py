@@ -431,6 +431,7 @@ def _onnxruntime_candidates(points, su: _Setup) -> list[Candidate]:
         return []
     from dlas_predict.networks.summary import NetworkSummary
     from dlas_predict.models.ortmodel import OrtInputs, model_mode, nchwc_block, ort_terms
+    from dlas_predict.networks.matrix import is_matrix_layer
 
     weight_pruned = [p for p in points if p.compression is Compression.WEIGHT_PRUNING]
     su.skipped.extend((f"{p.compression.value}@{p.ratio:g} onnxruntime",
@@ -438,13 +439,15 @@ def _onnxruntime_candidates(points, su: _Setup) -> list[Candidate]:
                        "fast as the dense one there, less accurate") for p in weight_pruned)
     points = [p for p in points if p.compression is not Compression.WEIGHT_PRUNING]
     specs = [c.spec for c in su.net.convs()]
+    matrix = [is_matrix_layer(c.name) for c in su.net.convs()]
     summary = NetworkSummary.of(su.net)
     # a channel-pruned network none of whose zeroed filters could be removed is the dense one
     modes = [model_mode(p.compression, p.specs is not None and list(p.specs) != specs)
              for p in points]
     block = nchwc_block(su.dev)
     X = np.array([ort_terms(p.specs or specs, p.layer_ratios, p.summary or summary, mode,
-                            False, block) for p, mode in zip(points, modes)])
+                            False, block, matrix if len(p.specs or specs) == len(specs)
+                            else None) for p, mode in zip(points, modes)])
     mid, low, high = su.ort_model.predict_all(OrtInputs(X, modes))
     return [Candidate(p.compression, p.ratio, ONNXRUNTIME, (), float(m), float(lo), float(hi))
             for p, m, lo, hi in zip(points, mid, low, high)]

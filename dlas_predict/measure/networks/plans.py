@@ -67,7 +67,7 @@ def removes_channels(version: str) -> bool:
 
 
 def _pads_register_filters(plan: list, convs: list, simd_bits: int | None,
-                           _exp_elems: int | None, _dtype: DType | None, _vnni: bool) -> bool:
+                           _summary: dict | None, _dtype: DType | None, _vnni: bool) -> bool:
     """What engine "11" builds otherwise than "10": a dense direct or GEMM layer whose block
     of filters today's default pads (a filter count with no divisor of at least four that
     fits the accumulators)."""
@@ -84,7 +84,7 @@ def _pads_register_filters(plan: list, convs: list, simd_bits: int | None,
 
 
 def _reblocks_pack_filters(plan: list, convs: list, simd_bits: int | None,
-                           _exp_elems: int | None, _dtype: DType | None, _vnni: bool) -> bool:
+                           _summary: dict | None, _dtype: DType | None, _vnni: bool) -> bool:
     """What engine "12" builds otherwise than "11": a dense ungrouped spatial pack layer
     whose block of filters engine 11 took by fewest vector updates alone
     (:func:`~dlas_predict.measure.kernels.knobs.pack_block_by_updates`), where that block is no
@@ -104,14 +104,14 @@ def _reblocks_pack_filters(plan: list, convs: list, simd_bits: int | None,
 
 
 def _computes_sigmoid(_plan: list, _convs: list, _simd_bits: int | None,
-                      exp_elems: int | None, _dtype: DType | None, _vnni: bool) -> bool:
+                      summary: dict | None, _dtype: DType | None, _vnni: bool) -> bool:
     """What engine "13" builds otherwise than "12": a network with a sigmoid (its SiLUs and
     gates), known by the elements its exp-like ops compute (a network whose summary is
     unknown is taken to have one)."""
-    return exp_elems is None or exp_elems > 0
+    return summary is None or summary.get("exp_elems", 1) > 0
 
 
-def _runs_vnni(plan: list, convs: list, _simd_bits: int | None, _exp_elems: int | None,
+def _runs_vnni(plan: list, convs: list, _simd_bits: int | None, _summary: dict | None,
                dtype: DType | None, vnni: bool) -> bool:
     """What engine "14" builds otherwise than "13": an int8 network with a dense GEMM
     layer of an ungrouped conv, on a CPU with AVX-512 VNNI (a network whose dtype is
@@ -122,30 +122,33 @@ def _runs_vnni(plan: list, convs: list, _simd_bits: int | None, _exp_elems: int 
                for (algorithm, sparse), spec in zip(plan, convs))
 
 
-def _fast_exp_ops(_plan: list, _convs: list, _simd_bits: int | None,
-                  exp_elems: int | None, _dtype: DType | None, _vnni: bool) -> bool:
-    """What engine "15" builds otherwise than "14": a network with exp-like ops, whose erf
-    (a GELU's) and softmax now run as vectorised polynomials (a network whose summary is
-    unknown is taken to have them)."""
-    return exp_elems is None or exp_elems > 0
+def _fast_erf_softmax(_plan: list, _convs: list, _simd_bits: int | None,
+                      summary: dict | None, _dtype: DType | None, _vnni: bool) -> bool:
+    """What engine "15" builds otherwise than "14": a network with an erf (a GELU's) or a
+    softmax, which now run as vectorised polynomials, and with them attention's batched
+    products over a sequence no vector divides, now vectorised with a tail tile (a network
+    whose summary is unknown is taken to have one; a summary written before it counted
+    them, to have none: engine 14 built no network of matrix layers, where they weigh)."""
+    return summary is None or summary.get("erf_softmax_elems", 0) > 0
 
 
 #: Each engine after the oldest of :data:`CARRIED_VERSIONS`, and which builds it makes
 #: otherwise than the engine before it:
-#: ``rule(plan, convs, simd_bits, exp_elems, dtype, vnni)``.
+#: ``rule(plan, convs, simd_bits, summary, dtype, vnni)``.
 ENGINE_CHANGES = {"11": _pads_register_filters, "12": _reblocks_pack_filters,
-                  "13": _computes_sigmoid, "14": _runs_vnni, "15": _fast_exp_ops}
+                  "13": _computes_sigmoid, "14": _runs_vnni, "15": _fast_erf_softmax}
 
 
 def rebuilt_since(version: str, plan: list, convs: list, simd_bits: int | None,
-                  exp_elems: int | None, dtype: DType | None = None,
+                  summary: dict | None, dtype: DType | None = None,
                   vnni: bool = False) -> bool:
     """Whether today's engine builds a network of conv layers ``convs`` (ConvSpecs, in
     order) under ``plan`` ((algorithm, CSR or not) per layer) otherwise than engine
     ``version`` (one of :data:`CARRIED_VERSIONS`) did, on a CPU of ``simd_bits`` (with
-    AVX-512 VNNI or not); ``exp_elems``: the elements its exp-like ops compute (its
-    summary's, None if unknown); ``dtype``: the network's (None if unknown)."""
-    return any(rule(plan, convs, simd_bits, exp_elems, dtype, vnni)
+    AVX-512 VNNI or not); ``summary``: the network's
+    :class:`~dlas_predict.networks.summary.NetworkSummary` fields (None if unknown);
+    ``dtype``: the network's (None if unknown)."""
+    return any(rule(plan, convs, simd_bits, summary, dtype, vnni)
                for v, rule in ENGINE_CHANGES.items() if int(v) > int(version))
 
 

@@ -41,6 +41,13 @@ def _window_stage(sch, b) -> bool:
                for c in sch.get_consumers(b))
 
 
+def _batched_product(block, n_spatial: int) -> bool:
+    """Whether a reduction block is a product of batched matrices (attention's QKᵀ and its
+    product with V: three spatial axes or more), not a pool's window or a classifier's
+    matrix-vector product."""
+    return str(block.name_hint).startswith("matmul") and n_spatial >= 3
+
+
 def schedule_generic(func: tvm.tirx.PrimFunc, lanes: int = 16) -> tvm.tirx.PrimFunc:
     """The generic CPU schedule of an op that is not one of our convs: injective producers
     inlined (but the padding a stride-1 pool reads), reductions vectorised on their
@@ -80,6 +87,9 @@ def schedule_generic(func: tvm.tirx.PrimFunc, lanes: int = 16) -> tvm.tirx.PrimF
             continue
         last = int(sch.get(loops[n_spatial - 1]).extent)
         vec = next((v for v in (lanes, lanes // 2, lanes // 4) if last % v == 0 and last >= v), 0)
+        if not vec and n_spatial < len(kinds) and _batched_product(block, n_spatial) \
+                and last >= lanes:
+            vec = lanes  # attention's product over a sequence no vector divides: a tail tile
         if n_spatial < len(kinds) and vec:
             # reduction (matmul, pooling): vectorise the contiguous spatial axis inside the
             # reduction loops, parallel over the rest
