@@ -139,10 +139,29 @@ def test_recommend_answers_for_a_transformer_with_the_grid_and_for_an_lstm_with_
     out = json.loads(res.output)
     backends = {c["config"]["backend"] for c in out["candidates"]}
     assert backends == {"tvm", "onnxruntime"}
-    assert any("matrix network" in note for note in out["notes"])
+    # the shipped local models price a matrix network's other ops with their own model
+    assert any("matrix network" in note and "network model of matrix networks" in note
+               for note in out["notes"])
     [r] = generate("rnn", ["seq=8", "hidden=32"], tmp_path)
     res = run_cli("recommend", r.path, "--json", "--tuning", "untuned")
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
     assert {c["config"]["backend"] for c in out["candidates"]} == {"onnxruntime"}
     assert any("no LSTM op" in reason for _, reason in out["skipped"])
+
+
+def test_a_network_of_two_inputs_is_refused_naming_them(tmp_path):
+    from conftest import assert_clean_error, run_cli
+
+    w = np.random.default_rng(4).normal(size=(16, 16)).astype(np.float32)
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]),
+         helper.make_node("Mul", ["h", "mask"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16]),
+         helper.make_tensor_value_info("mask", TensorProto.FLOAT, [1, 8, 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16])],
+        [numpy_helper.from_array(w, "w")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    onnx.save(m, tmp_path / "masked.onnx")
+    assert_clean_error(run_cli("recommend", tmp_path / "masked.onnx"), "2 inputs (x, mask)")

@@ -221,6 +221,7 @@ def plan_networks(models: list[str], compressions: list[Compression], ratio: flo
         net = read_network(zoo.resolve(model))
         if not net.convs():
             raise DlasError(f"{model} has no Conv layer to measure")
+        net.one_input(str(model))
         if net.batch != 1:
             raise DlasError(f"{model} has batch {net.batch}; kernels are measured at batch 1 "
                             "(the study's protocol): generate the network with batch=1")

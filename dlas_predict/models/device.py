@@ -21,6 +21,8 @@ class DeviceModels:
     layer: Any
     network: Any
     info: dict[str, Any]
+    #: the network model of matrix networks (MLPs, transformers), where one was trained
+    matrix_network: Any = None
 
 
 def load_models(device_name: str, directory: Path | None = None) -> DeviceModels:
@@ -28,7 +30,7 @@ def load_models(device_name: str, directory: Path | None = None) -> DeviceModels
     :func:`~dlas_predict.space.devices.model_dir`, unless ``directory``); a clear error when
     there are none."""
     from dlas_predict.models.costmodel import LayerCostModel
-    from dlas_predict.models.netmodel import NetworkCostModel
+    from dlas_predict.models.netmodel import MATRIX_NETWORK, NetworkCostModel
 
     directory = Path(directory) if directory else model_dir(device_name)
     if not (directory / "layer.json").is_file():
@@ -52,7 +54,10 @@ def load_models(device_name: str, directory: Path | None = None) -> DeviceModels
             "device_roofs": layer.meta_.get("device_roofs"),
             "kernels": layer.meta_.get("n_train"), "whole_networks": network.meta_.get("n_train"),
             "tuned_kernels": layer.meta_.get("tuned_kernels", 0)}
-    return DeviceModels(layer, network, info)
+    matrix = None
+    if (directory / f"{MATRIX_NETWORK}.json").is_file():
+        matrix = NetworkCostModel.load(directory, MATRIX_NETWORK)
+    return DeviceModels(layer, network, info, matrix)
 
 
 def features_device(dev: Device, info: dict[str, Any]) -> Device:

@@ -295,6 +295,7 @@ class WholeRow:
     rows: tuple[int, ...]
     plan: tuple[tuple[str, bool], ...]   # (algorithm, sparse) per conv layer
     ratios: tuple[float, ...]            # each conv layer's kernel ratio
+    matrix: bool = False                 # a matrix network's (its layers fully connected)
 
 
 #: Summary fields that a network's own stored summary without them (a channel-pruned build,
@@ -479,6 +480,7 @@ def whole_rows(corpus: Corpus, store: Path) -> list[WholeRow]:
 
     from dlas_predict.measure.networks.plans import (GPU_NETWORK_VERSION, NETWORK_VERSION,
                                                      PREVIOUS_NETWORK_VERSIONS)
+    from dlas_predict.networks.matrix import is_matrix_layer
 
     versions = (NETWORK_VERSION, *PREVIOUS_NETWORK_VERSIONS, GPU_NETWORK_VERSION)
     with CorpusStore(store, must_exist=True) as db:
@@ -515,7 +517,8 @@ def whole_rows(corpus: Corpus, store: Path) -> list[WholeRow]:
         out.append(WholeRow(m.network, m.config, m.algorithm, layers[0]["compression"],
                             seconds, summaries[m.network], tuple(idx),
                             tuple((a, bool(s)) for a, s in plan),
-                            tuple(float(l["ratio"]) for l in layers)))
+                            tuple(float(l["ratio"]) for l in layers),
+                            any(is_matrix_layer(l["layer_name"]) for l in layers)))
     return out
 
 
@@ -615,7 +618,11 @@ def whole_network_lono(corpus: Corpus, rows: list[WholeRow], seed: int = 0,
     corrected = set()  # whether each held-out network's model had a correction
     for net in networks:
         test = [i for i, r in enumerate(rows) if r.network == net]
-        trainw = [i for i, r in enumerate(rows) if r.network != net]
+        # the network model that prices the held-out network: a CNN's learns from CNNs, a
+        # matrix network's from every network
+        matrix = bool(test) and rows[test[0]].matrix
+        trainw = [i for i, r in enumerate(rows)
+                  if r.network != net and (matrix or not r.matrix)]
         if len(test) < 2:
             continue
         used = sorted({k for i in test for k in rows[i].rows})
@@ -624,7 +631,7 @@ def whole_network_lono(corpus: Corpus, rows: list[WholeRow], seed: int = 0,
             continue
         # the shipped models' rule (their fit knows the networks): a correction only where
         # enough networks train it
-        enough = fits_correction(len(trainw), len(networks) - 1)
+        enough = fits_correction(len(trainw), len({rows[i].network for i in trainw}))
         residual = NetworkCostModel(cache_bytes=cache, seed=seed).fit(
             NetworkInputs.point(T_meas[trainw], measured_conv[trainw],
                                 X_meas[trainw] if enough else None), truth[trainw])

@@ -180,6 +180,12 @@ class NetworkInputs:
         return cls(np.asarray(terms, dtype=np.float64), conv, conv, conv, features)
 
 
+#: The name (file stem) of the network model that prices matrix networks (trained on every
+#: network), and the fewest matrix networks it needs.
+MATRIX_NETWORK = "network_matrix"
+MIN_MATRIX_NETWORKS = 3
+
+
 @dataclass
 class NetworkCostModel(CostModel):
     """Whole-network latency = non-negative linear model over :data:`NET_TERMS`, fitted on

@@ -108,7 +108,8 @@ def train(store: Path, device: str = "local", out: Path | None = None,
     from dlas_predict.models.costmodel import LayerCostModel, mape, within
     from dlas_predict.models.evaluation import (load_corpus, measured_layer_seconds,
                                                 whole_features, whole_rows, whole_terms)
-    from dlas_predict.models.netmodel import (NetworkCostModel, NetworkInputs,
+    from dlas_predict.models.netmodel import (MATRIX_NETWORK, MIN_MATRIX_NETWORKS,
+                                              NetworkCostModel, NetworkInputs,
                                               last_level_cache_bytes)
 
     corpus = load_corpus(store, device)
@@ -137,20 +138,33 @@ def train(store: Path, device: str = "local", out: Path | None = None,
                          kernels=len(corpus.keys), **model.meta_["train_metrics"],
                          train_seconds=model.meta_["train_seconds"])
     rows = whole_rows(corpus, store)
-    if rows:
-        truth = np.array([r.seconds for r in rows])
-        layer_s = measured_layer_seconds(corpus, rows)
-        T = whole_terms(corpus, rows, layer_s)
-        F = whole_features(rows, np.array([s.sum() for s in layer_s]), corpus.device)
+    # matrix networks (MLPs, transformers) have a network model of their own, learned from
+    # every network (the ops between their layers, attention, LayerNorm and transposes, are
+    # not a CNN's; what the rest shares with CNNs it learns from them too); the CNNs' model
+    # learns from CNNs alone
+    matrix_nets = {r.network for r in rows if r.matrix}
+    for name, family in (("network", [r for r in rows if not r.matrix]),
+                         (MATRIX_NETWORK, rows)):
+        if not family or name == MATRIX_NETWORK and len(matrix_nets) < MIN_MATRIX_NETWORKS:
+            if name == MATRIX_NETWORK:
+                for stale in Path(directory).glob(f"{MATRIX_NETWORK}.*"):
+                    stale.unlink()
+            continue
+        truth = np.array([r.seconds for r in family])
+        layer_s = measured_layer_seconds(corpus, family)
+        T = whole_terms(corpus, family, layer_s)
+        F = whole_features(family, np.array([s.sum() for s in layer_s]), corpus.device)
         conv = np.array([s.sum() for s in layer_s])
         net = NetworkCostModel(
-            cache_bytes=last_level_cache_bytes(corpus.device), seed=seed,
-            about={**meta, "networks": sorted({r.network for r in rows})}).fit(
-            NetworkInputs.point(T, conv, F), truth, groups=[r.network for r in rows])
+            name=name, cache_bytes=last_level_cache_bytes(corpus.device), seed=seed,
+            about={**meta, "networks": sorted({r.network for r in family})}).fit(
+            NetworkInputs.point(T, conv, F), truth, groups=[r.network for r in family])
         net.save(directory)
+        if name == "network":
+            report.network_model = str(directory / "network.json")
+    if rows:
         report.whole_networks = len(rows)
         report.networks = len({r.network for r in rows})
-        report.network_model = str(directory / "network.json")
     tuning = train_tuning_time(store, corpus.device, directory, meta)
     if tuning is not None:
         report.tuning_model = str(directory / "tuning.json")

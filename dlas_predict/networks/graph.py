@@ -107,6 +107,17 @@ class Network:
     name: str
     input_shape: tuple[int, ...]
     layers: list[Layer] = field(default_factory=list)
+    #: The names of the graph's inputs (an attention mask beside the tokens, say).
+    inputs: tuple[str, ...] = ()
+
+    def one_input(self, what: str) -> None:
+        """Raise a :class:`NetworkError` unless the network has a single input: the grid
+        builds, checks and times networks of one (``what``: the network as the user named
+        it)."""
+        if len(self.inputs) > 1:
+            raise NetworkError(f"{what} has {len(self.inputs)} inputs ({', '.join(self.inputs)})"
+                               "; the grid builds and times networks of one input: export it "
+                               "with the others (an attention mask, say) as constants")
 
     @property
     def batch(self) -> int:
@@ -437,7 +448,8 @@ def _network(model, name: str, path: str) -> Network:
     graph_inputs = [i for i in model.graph.input if i.name not in consts]
     if not graph_inputs:
         raise NetworkError(f"{path} has no graph input")
-    net = Network(name, shapes.get(graph_inputs[0].name) or ())
+    net = Network(name, shapes.get(graph_inputs[0].name) or (),
+                  inputs=tuple(i.name for i in graph_inputs))
     consumers = _consumers(model)
     feeds = _feeds(model, consumers)
     qdq_float = _qdq_float(consumers)

@@ -340,7 +340,11 @@ def _setup(model: str, device: str, validate: int, models_dir: Path | None,
     if matrix:
         notes.append(f"{name} is a matrix network: its {len(net.convs())} fully connected "
                      "layers run as 1×1 convolutions between transposes, priced and built "
-                     "by the grid's conv kernels")
+                     "by the grid's conv kernels"
+                     + ("; the network model of matrix networks prices the rest"
+                        if models.matrix_network is not None else ""))
+        if models.matrix_network is not None:
+            net_model = models.matrix_network
     matched = zoo.match(path) if entry is None else None
     if matched is not None:
         notes.append(f"{Path(path).name} holds the weights of zoo:{matched.name} (matched by "
@@ -350,6 +354,7 @@ def _setup(model: str, device: str, validate: int, models_dir: Path | None,
         raise DlasError(f"{model} has no convolution and no fully connected layer with "
                         "constant weights: the grid (conv and matrix kernels, pruning of "
                         "their weights) does not apply to it")
+    net.one_input(str(model))
     if net.batch != 1:
         raise DlasError(f"{model} has batch {net.batch}; the models predict batch 1")
     if getattr(net_model, "meta_", {}).get("scope") == "conv sum":
