@@ -27,6 +27,7 @@ import hashlib
 import json
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +38,7 @@ REWRITE_VERSION = "2"
 #: The end of a rewritten layer's Conv node name: the grid's records name its layers so, and
 #: onnxruntime's model tells them from convolutions by it (:func:`is_matrix_layer`).
 MATRIX_CONV = "/matrix_conv"
+_MATRIX_CONV_END = re.compile(re.escape(MATRIX_CONV) + r"(_\d+)?$")
 #: The grid form's metadata key listing each conv weight and the matrix weight it came from.
 ORIGINS_KEY = "dlas.matrix_weights"
 
@@ -83,9 +85,7 @@ def matrix_macs(net) -> tuple[int, int]:
 
 def is_matrix_layer(name: str) -> bool:
     """Whether a conv layer of this name is a rewritten matrix layer."""
-    import re
-
-    return re.search(re.escape(MATRIX_CONV) + r"(_\d+)?$", name) is not None
+    return _MATRIX_CONV_END.search(name) is not None
 
 
 def is_matrix_network(net) -> bool:
@@ -311,9 +311,7 @@ def as_convs(model) -> int:
             nodes.append(helper.make_node("Transpose", [y4], [yt], name=yt, perm=[0, 2, 3, 1]))
             nodes.append(helper.make_node("Reshape", [yt, const(f"{base}/out_shape", out_shape)],
                                           [out], name=fresh(f"{base}/as_rows")))
-        if rows > 1:
-            layouts.append(_Layout(node.input[0], images_rows[x4], x4, y4,
-                                   nodes[-2].output[0], out, rows))
+            layouts.append(_Layout(node.input[0], images_rows[x4], x4, y4, yt, out, rows))
         replacement[index] = nodes
     kept = []
     for i, node in enumerate(nodes_):
@@ -364,10 +362,9 @@ def grid_form(path: str | Path) -> Path:
     for any other network, ``path`` itself."""
     import onnx
 
+    from dlas_predict.errors import NetworkError
     from dlas_predict.networks.graph import load_onnx, read_network
     from dlas_predict.paths import cache_dir
-
-    from dlas_predict.errors import NetworkError
 
     path = Path(path)
     try:
