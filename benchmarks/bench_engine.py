@@ -59,6 +59,11 @@ MATRIX = [
     ("BERT-mini", "transformer", "layers=4,d_model=256,heads=4,ffn=4,seq=128"),
     ("ViT-tiny, 4 blocks", "transformer", "layers=4,d_model=192,heads=3,ffn=4,seq=197"),
     ("MLP 784-512-512-10", "fc", "layers=2,nodes=512"),
+    ("LSTM LM, PTB-small shape", "rnn",
+     "layers=2,hidden=200,embedding=200,vocab=10000,seq=20,cell=lstm"),
+    ("GRU LM, PTB-small shape", "rnn",
+     "layers=2,hidden=200,embedding=200,vocab=10000,seq=20,cell=gru"),
+    ("LSTM 2x256", "rnn", "layers=2,hidden=256,embedding=128,vocab=1000,seq=32,cell=lstm"),
 ]
 #: The pruning ratios of the grid here (recommend's default has ten of each).
 RATIOS = (0.5, 0.9)

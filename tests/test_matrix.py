@@ -129,8 +129,7 @@ def test_a_token_network_says_its_vocabulary_and_a_float_one_none(tmp_path):
     assert token_bound(onnx.load(str(t.path))) == 0
 
 
-def test_recommend_answers_for_a_transformer_with_the_grid_and_for_an_lstm_with_onnxruntime(
-        tmp_path):
+def test_recommend_answers_for_a_transformer_and_an_lstm_with_the_grid(tmp_path):
     from conftest import run_cli
 
     [t] = generate("transformer", ["layers=1", "d_model=64", "seq=16"], tmp_path)
@@ -143,11 +142,23 @@ def test_recommend_answers_for_a_transformer_with_the_grid_and_for_an_lstm_with_
     assert any("matrix network" in note and "network model of matrix networks" in note
                for note in out["notes"])
     [r] = generate("rnn", ["seq=8", "hidden=32"], tmp_path)
-    res = run_cli("recommend", r.path, "--json", "--tuning", "untuned")
+    res = run_cli("recommend", r.path, "--json", "--tuning", "untuned", "--top", "200")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert {c["config"]["backend"] for c in out["candidates"]} == {"tvm", "onnxruntime"}
+    assert any("recurrent products" in note for note in out["notes"])
+    # an LSTM the unrolling cannot express (a clip): onnxruntime's rows, and the reason
+    model = onnx.load(str(r.path))
+    for node in model.graph.node:
+        if node.op_type == "LSTM":
+            node.attribute.append(helper.make_attribute("clip", 3.0))
+    onnx.save(model, tmp_path / "clipped.onnx")
+    res = run_cli("recommend", tmp_path / "clipped.onnx", "--json", "--tuning", "untuned")
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
     assert {c["config"]["backend"] for c in out["candidates"]} == {"onnxruntime"}
-    assert any("no LSTM op" in reason for _, reason in out["skipped"])
+    assert any("not unrolled" in reason and ": clip" in reason
+               for _, reason in out["skipped"])
 
 
 def test_a_network_of_two_inputs_is_refused_naming_them(tmp_path):

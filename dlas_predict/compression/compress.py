@@ -392,7 +392,9 @@ class _ChannelRemover:
             if init.name in arrays:  # weights as float32; shapes and indices keep theirs
                 a = arrays[init.name]
                 self.model.graph.initializer[i].CopyFrom(numpy_helper.from_array(
-                    np.ascontiguousarray(a, dtype=np.float32 if a.dtype.kind == "f" else a.dtype),
+                    # (ascontiguousarray would make a scalar, e.g. a Gather's index, 1-d)
+                    np.asarray(a, dtype=np.float32 if a.dtype.kind == "f" else a.dtype
+                               ).copy(order="C"),
                     init.name))
         del self.model.graph.value_info[:]  # shapes changed: let inference redo them
         return self.model, removed, kept_zero

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 #: Bumped when the rewrite changes, so a kept grid form is rewritten again.
-REWRITE_VERSION = "2"
+REWRITE_VERSION = "3"
 #: The end of a rewritten layer's Conv node name: the grid's records name its layers so, and
 #: onnxruntime's model tells them from convolutions by it (:func:`is_matrix_layer`).
 MATRIX_CONV = "/matrix_conv"
@@ -76,9 +76,10 @@ def matrix_nodes(model, shapes: dict) -> list:
 
 
 def matrix_macs(net) -> tuple[int, int]:
-    """(MACs of ``net``'s fully connected layers with constant weights, MACs of its
-    convolutions)."""
-    fc = sum(layer.macs for layer in net.layers if layer.kind == "fc" and layer.weight)
+    """(MACs of ``net``'s fully connected layers with constant weights and of its recurrent
+    layers' products, MACs of its convolutions)."""
+    fc = sum(layer.macs for layer in net.layers
+             if (layer.kind == "fc" and layer.weight) or layer.kind == "recurrent")
     conv = sum(layer.macs for layer in net.layers if layer.conv is not None)
     return fc, conv
 
@@ -94,18 +95,17 @@ def is_matrix_network(net) -> bool:
     return fc > conv
 
 
-def _bias_add(model, node, inits: dict, n: int):
+def _bias_add(model, node, inits: dict, n: int, readers: dict[str, list]):
     """The ``Add`` of a constant with one value per output that alone reads ``node``'s
-    output, or None."""
+    output (``readers``: tensor → the nodes reading it), or None."""
     from onnx import numpy_helper
 
     out = node.output[0]
     if out in {o.name for o in model.graph.output}:
         return None, None
-    readers = [m for m in model.graph.node if out in m.input]
-    if len(readers) != 1 or readers[0].op_type != "Add":
+    if len(readers.get(out, ())) != 1 or readers[out][0].op_type != "Add":
         return None, None
-    add = readers[0]
+    add = readers[out][0]
     other = add.input[1] if add.input[0] == out else add.input[0]
     if other not in inits:
         return None, None
@@ -113,6 +113,22 @@ def _bias_add(model, node, inits: dict, n: int):
     if b.size != n or (b.ndim and b.shape[-1] != n):
         return None, None
     return add, b.reshape(n)
+
+
+def _joined_add(out: str, reading: dict[str, list], inits: dict, shapes: dict):
+    """The ``Add`` that alone reads ``out`` and adds a computed tensor of the same shape, and
+    that tensor; else None."""
+    readers = reading.get(out, ())
+    if len(readers) != 1 or readers[0].op_type != "Add" or len(readers[0].input) != 2:
+        return None
+    add = readers[0]
+    other = add.input[1] if add.input[0] == out else add.input[0]
+    if other == out or other in inits:
+        return None
+    shape = shapes.get(other)
+    if shape is None or shape != shapes.get(add.output[0]):
+        return None
+    return add, other
 
 
 #: Ops that compute each element from the same element of their inputs: with scalar
@@ -253,6 +269,11 @@ def as_convs(model) -> int:
         return name
 
     out_index = {o: i for i, node in enumerate(nodes_) for o in node.output}
+    reading: dict[str, list] = {}
+    for node in nodes_:
+        for i in node.input:
+            reading.setdefault(i, []).append(node)
+    shared_weights: dict = {}
     layouts = []
     images: dict[str, str] = {}  # rows -> their image, shared by the layers that read them
     images_rows: dict[str, str] = {}  # image -> the reshape of rows it transposes
@@ -267,22 +288,36 @@ def as_convs(model) -> int:
         n, k = w.shape
         x = shapes[node.input[0]]
         rows = int(math.prod(x[:-1]))
-        bias, out = None, node.output[0]
+        bias, out, bias_source = None, node.output[0], None
         if node.op_type == "Gemm" and len(node.input) > 2 and node.input[2]:
             bias = (numpy_helper.to_array(inits[node.input[2]]).astype(np.float32).reshape(n)
                     * np.float32(attrs.get("beta", 1.0)))
+            bias_source = (node.input[2], float(attrs.get("beta", 1.0)))
         else:
-            add, b = _bias_add(model, node, inits, n) if node.op_type == "MatMul" else (None,
-                                                                                      None)
+            add, b = _bias_add(model, node, inits, n, reading) \
+                if node.op_type == "MatMul" else (None, None)
             if add is not None:
                 bias, out = b.astype(np.float32), add.output[0]
+                bias_source = (add.input[1] if add.input[0] == node.output[0]
+                               else add.input[0], 1.0)
                 dropped.add(out_index[add.output[0]])
         base = node.name or node.output[0]
-        weight = const(f"{base}/conv_weight", np.ascontiguousarray(w.reshape(n, k, 1, 1)))
-        conv_in = [weight] + ([const(f"{base}/conv_bias", bias)] if bias is not None else [])
-        origins.append({"conv_weight": weight, "weight": node.input[1],
-                        "transposed": bool(attrs.get("transB", 0)),
-                        "alpha": float(attrs.get("alpha", 1.0))})
+        # a weight several layers read (a recurrent product, every step) stays one weight
+        key = (node.input[1], bool(attrs.get("transB", 0)), float(attrs.get("alpha", 1.0)))
+        weight = shared_weights.get(key)
+        if weight is None:
+            weight = const(f"{base}/conv_weight", np.ascontiguousarray(w.reshape(n, k, 1, 1)))
+            shared_weights[key] = weight
+            origins.append({"conv_weight": weight, "weight": node.input[1],
+                            "transposed": key[1], "alpha": key[2]})
+        conv_in = [weight]
+        if bias is not None:
+            bkey = (bias_source, key) if bias_source else None
+            if bkey is None or bkey not in shared_weights:
+                name = const(f"{base}/conv_bias", bias)
+                if bkey is not None:
+                    shared_weights[bkey] = name
+            conv_in.append(shared_weights[bkey] if bkey is not None else name)
         nodes = []
         shared = images.get(node.input[0])  # another layer reads the same rows: one image
         if shared is not None:
@@ -303,7 +338,20 @@ def as_convs(model) -> int:
                                       kernel_shape=[1, 1], strides=[1, 1], pads=[0, 0, 0, 0]))
         # -1: a channel-pruned network may have fewer outputs
         out_shape = np.array([*x[:-1], -1], np.int64)
-        if rows == 1:
+        joined = _joined_add(out, reading, inits, shapes) if rows == 1 else None
+        if joined is not None:
+            # one row plus another tensor of its shape (a recurrent step's input): the add
+            # on the image, where the conv's epilogue takes it
+            add, other = joined
+            o4, s4 = fresh(f"{base}/other_image"), fresh(f"{base}/joined")
+            nodes.append(helper.make_node("Reshape", [other, const(
+                f"{base}/image_shape", np.array([1, -1, 1, 1], np.int64))], [o4], name=o4))
+            nodes.append(helper.make_node("Add", [y4, o4], [s4], name=s4))
+            nodes.append(helper.make_node("Reshape", [s4, const(f"{base}/out_shape",
+                                                                out_shape)],
+                                          [add.output[0]], name=fresh(f"{base}/as_rows")))
+            dropped.add(out_index[add.output[0]])
+        elif rows == 1:
             nodes.append(helper.make_node("Reshape", [y4, const(f"{base}/out_shape", out_shape)],
                                           [out], name=fresh(f"{base}/as_rows")))
         else:
@@ -348,9 +396,13 @@ def grid_proto(model, name: str):
 
 
 def _rewrite(model) -> None:
-    """:func:`as_convs` on ``model`` (its shapes inferred), and its shapes inferred again."""
+    """:func:`as_convs` on ``model`` (its shapes inferred), its recurrent layers unrolled
+    first (:func:`dlas_predict.networks.recurrent.unroll`), and its shapes inferred again."""
     from dlas_predict.networks.graph import infer_shapes
+    from dlas_predict.networks.recurrent import unroll
 
+    if unroll(model, MATRIX_CONV):
+        infer_shapes(model)
     as_convs(model)
     infer_shapes(model)
 
@@ -395,16 +447,23 @@ def weights_back(original, grid) -> int:
     ValueError where a weight's shape changed (channels removed)."""
     from onnx import numpy_helper
 
+    from dlas_predict.networks import recurrent
+
     meta = {p.key: p.value for p in grid.metadata_props}
-    if ORIGINS_KEY not in meta:
+    if ORIGINS_KEY not in meta and recurrent.ORIGINS_KEY not in meta:
         raise ValueError("the model is no grid form of a matrix network")
     arrays = {t.name: t for t in grid.graph.initializer}
     mine = {t.name: i for i, t in enumerate(original.graph.initializer)}
     new: dict[str, np.ndarray] = {}
-    for origin in json.loads(meta[ORIGINS_KEY]):
+    for origin in json.loads(meta.get(ORIGINS_KEY, "[]")):
         w = numpy_helper.to_array(arrays[origin["conv_weight"]])
         w = (w.reshape(w.shape[0], -1) / np.float32(origin["alpha"])).astype(np.float32)
         new[origin["weight"]] = w if origin["transposed"] else np.ascontiguousarray(w.T)
+    if recurrent.ORIGINS_KEY in meta:  # unrolled products back into their LSTM/GRU/RNN
+        origins = json.loads(meta[recurrent.ORIGINS_KEY])
+        new.update(recurrent.put_back(original, {
+            o["conv_weight"]: numpy_helper.to_array(arrays[o["conv_weight"]])
+            for o in origins if o["conv_weight"] in arrays}, origins))
     for name, t in arrays.items():
         if name in mine and name not in new:
             new[name] = numpy_helper.to_array(t)

@@ -135,6 +135,7 @@ class _Setup:
     ort_elsewhere: bool = False     # ... on another machine, its fingerprint recorded
     ort_machine: str = ""           # ... the machine it was trained on, as described
     matrix: bool = False            # a matrix network, its fully connected layers as convs
+    recurrent_kept: list[str] = field(default_factory=list)  # recurrent ops left as they are
 
 
 def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBOW_DROP_PP,
@@ -220,16 +221,16 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
         c for c in cands if c.compression is Compression.DENSE and c.algorithm != PER_LAYER]
     ort = _onnxruntime_candidates(points, su)
     _map_onnxruntime(ort, su, kernels, own, (mid, low, high))
-    recurrent = sorted({layer.op for layer in su.net.layers if layer.kind == "recurrent"})
-    if recurrent and ort:
-        su.skipped.append(("tvm (every configuration)", f"TVM's ONNX importer has no "
-                           f"{'/'.join(recurrent)} op: our kernels cannot build this network; "
-                           "onnxruntime runs it"))
+    if su.recurrent_kept and ort:
+        su.skipped.append(("tvm (every configuration)", "recurrent layers our kernels cannot "
+                           f"build (not unrolled: {'; '.join(su.recurrent_kept)}); "
+                           "onnxruntime runs them"))
         cands = []
         dense = [c for c in ort if c.compression is Compression.DENSE]
-    elif recurrent:
-        raise DlasError(f"{su.name} has {'/'.join(recurrent)} layers, which TVM's ONNX "
-                        "importer cannot build, and the device has no onnxruntime model")
+    elif su.recurrent_kept:
+        raise DlasError(f"{su.name} has recurrent layers our kernels cannot build "
+                        f"({'; '.join(su.recurrent_kept)}), and the device has no "
+                        "onnxruntime model")
     cands += ort
     dense_best = min(c.predicted_s for c in dense)
     dropped: list[tuple[str, str]] = []
@@ -337,10 +338,20 @@ def _setup(model: str, device: str, validate: int, models_dir: Path | None,
     net = read_network(path, name)
     notes = []
     matrix = entry is None and path != zoo.resolve(model, grid=False)
+    recurrent_kept = []
+    if any(layer.kind == "recurrent" for layer in net.layers):
+        from dlas_predict.networks.graph import read_proto
+        from dlas_predict.networks.recurrent import kept
+
+        recurrent_kept = kept(read_proto(path))
     if matrix:
+        steps = any(layer.kind == "recurrent" for layer in
+                    read_network(zoo.resolve(model, grid=False), name).layers)
         notes.append(f"{name} is a matrix network: its {len(net.convs())} fully connected "
-                     "layers run as 1×1 convolutions between transposes, priced and built "
-                     "by the grid's conv kernels"
+                     + ("layers and recurrent products (every step's, its recurrent layers "
+                        "unrolled) " if steps and not recurrent_kept else "layers ")
+                     + "run as 1×1 convolutions, priced and built by the grid's conv "
+                     "kernels"
                      + ("; the network model of matrix networks prices the rest"
                         if models.matrix_network is not None else ""))
         if models.matrix_network is not None:
@@ -398,7 +409,8 @@ def _setup(model: str, device: str, validate: int, models_dir: Path | None,
                          "not used; `dlas-predict calibrate` measures this one")
     feat_dev = features_device(ref_dev or dev, info)
     su = _Setup(dev, feat_dev, layer_model, net_model, info, tuning_model, net, name, entry,
-                tunings, notes, mapping=mapping, ref_dev=ref_dev, matrix=matrix)
+                tunings, notes, mapping=mapping, ref_dev=ref_dev, matrix=matrix,
+                recurrent_kept=recurrent_kept)
     _onnxruntime_setup(su, models_dir)
     return su
 

@@ -46,7 +46,8 @@ from dlas_predict.measure.kernels.knobs import resolve_knobs
 from dlas_predict.measure.networks.epilogues import Epilogue, dataflow, op_name, plan_epilogues
 from dlas_predict.measure.networks.importer import relax_module
 from dlas_predict.measure.networks.plans import as_input
-from dlas_predict.measure.networks.schedules import KERNEL_ATTR, schedule_rest
+from dlas_predict.measure.networks.schedules import KERNEL_ATTR, STEP_ELEMENTS, schedule_rest
+from dlas_predict.networks.recurrent import ORIGINS_KEY as RECURRENT_KEY
 
 if TYPE_CHECKING:
     from dlas_predict.measure.execution.tasks import NetworkTask
@@ -461,6 +462,41 @@ def _fast_softmax(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
                       primfunc_name_hint="softmax")
 
 
+def _tree_concat(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """A concatenation whose every element picks its input by a balanced tree of
+    comparisons (TVM's legalisation tests the inputs one after another: a recurrent
+    network's sequence of steps, one input each, costs as many tests per element)."""
+    t = call.args[0]
+    while isinstance(t, relax.Var):
+        binding = bb.lookup_binding(t)
+        if not isinstance(binding, (relax.Tuple, relax.Var)):
+            break
+        t = binding
+    fields = (list(t.fields) if isinstance(t, relax.Tuple) else
+              [bb.emit(relax.TupleGetItem(t, i)) for i in range(len(t.ty.fields))])
+    axis = 0 if call.attrs.axis is None else int(call.attrs.axis)
+
+    def concat(*tensors: te.Tensor) -> te.Tensor:
+        ax = axis % len(tensors[0].shape)
+        sizes = [int(x.shape[ax]) for x in tensors]
+        starts = np.concatenate([[0], np.cumsum(sizes)]).astype(int).tolist()
+        shape = list(tensors[0].shape)
+        shape[ax] = starts[-1]
+
+        def pick(idx, lo: int, hi: int):
+            if hi - lo == 1:
+                at = list(idx)
+                at[ax] = idx[ax] - starts[lo]
+                return tensors[lo](*at)
+            mid = (lo + hi) // 2
+            return tvm.tirx.if_then_else(idx[ax] < starts[mid], pick(idx, lo, mid),
+                                         pick(idx, mid, hi))
+
+        return te.compute(shape, lambda *idx: pick(idx, 0, len(tensors)), name="concat")
+
+    return bb.call_te(concat, *fields, primfunc_name_hint="concatenate")
+
+
 def scale_fold_pays(spec: ConvSpec) -> bool:
     """Whether scaling an ungrouped conv's weights per input channel costs no more
     multiplies than scaling its input: ``conv(x * s) = conv'(x)`` with filter ``k``'s
@@ -579,16 +615,20 @@ def lower(model, input_name: str, input_shape: tuple[int, ...], dtype: DType,
     lowering = _ConvLowering(choices, dtype, specs, scales, tuned, simd_bits, fuse=fuse,
                              fold_scales=fold_scales, vnni=vnni)
     mod = _with_kernels(model, input_name, input_shape, lowering)
+    # an unrolled recurrent network: its steps' small elementwise kernels run serially, and
+    # the concatenation of its steps selects each input by a tree of comparisons
+    steps = any(p.key == RECURRENT_KEY for p in getattr(model, "metadata_props", ()))
     mod = relax.transform.LegalizeOps(customize_legalize_map={
         "relax.sigmoid": _fast_sigmoid, "relax.erf": _fast_erf,
-        "relax.nn.softmax": _fast_softmax})(mod)
+        "relax.nn.softmax": _fast_softmax,
+        **({"relax.concat": _tree_concat} if steps else {})})(mod)
     if stats is not None:
         stats.update(epilogue_details(lowering))
     mod = tvm.transform.Sequential([
         relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant(),
         relax.transform.FuseOps(), relax.transform.FuseTIR(),
         relax.transform.DeadCodeElimination()])(mod)
-    return schedule_rest(mod)
+    return schedule_rest(mod, serial_below=STEP_ELEMENTS if steps else 0)
 
 
 def _static_dim(expr: relax.Expr, axis: int) -> int | None:

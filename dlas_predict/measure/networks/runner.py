@@ -208,8 +208,9 @@ def prepare_network(plan: NetworkPlan, tmp: Path, cache: dict,
     tokens = token_bound(model)
     x = _samples(plan.model, shape, "test", tokens)
     sess = onnx_session(model)
-    y = np.concatenate([sess.run(None, {sess.get_inputs()[0].name: x[i:i + 1]})[0]
-                        for i in range(len(x))])
+    # one output per sample, whatever axis the batch is on (a time-major sequence's)
+    y = np.stack([sess.run(None, {sess.get_inputs()[0].name: x[i:i + 1]})[0]
+                  for i in range(len(x))])
     check = tmp / f"net{n}.check.npz"
     np.savez(check, x=x, y=y)
     scales = None

@@ -48,11 +48,14 @@ def _batched_product(block, n_spatial: int) -> bool:
     return str(block.name_hint).startswith("matmul") and n_spatial >= 3
 
 
-def schedule_generic(func: tvm.tirx.PrimFunc, lanes: int = 16) -> tvm.tirx.PrimFunc:
+def schedule_generic(func: tvm.tirx.PrimFunc, lanes: int = 16,
+                     serial_below: int = 0) -> tvm.tirx.PrimFunc:
     """The generic CPU schedule of an op that is not one of our convs: injective producers
     inlined (but the padding a stride-1 pool reads), reductions vectorised on their
     contiguous spatial axis with the ops after them computed on each tile, elementwise
-    stages vectorised, or parallel over rows where no whole vector divides them."""
+    stages vectorised, or parallel over rows where no whole vector divides them.
+    ``serial_below``: an elementwise op whose every stage writes fewer elements runs on
+    one thread (a recurrent step's gates: waking the thread pool costs more than them)."""
     from tvm.s_tir import Schedule
 
     sch = Schedule(func)
@@ -71,6 +74,8 @@ def schedule_generic(func: tvm.tirx.PrimFunc, lanes: int = 16) -> tvm.tirx.PrimF
             sch.compute_inline(b)
         except Exception:  # noqa: BLE001 - a reduction or an opaque block stays
             pass
+    if serial_below and _serial(sch, root, lanes, serial_below):
+        return sch.mod["main"].with_attr("tirx.is_scheduled", True)
     reductions = []
     for b in sch.get_child_blocks(root):
         block = sch.get(b)
@@ -132,13 +137,41 @@ def schedule_generic(func: tvm.tirx.PrimFunc, lanes: int = 16) -> tvm.tirx.PrimF
     return sch.mod["main"].with_attr("tirx.is_scheduled", True)
 
 
-def schedule_rest(mod: tvm.IRModule) -> tvm.IRModule:
-    """Give every PrimFunc that is not one of our conv kernels the generic schedule."""
+def _serial(sch, root, lanes: int, limit: int) -> bool:
+    """Schedule a function of elementwise stages that each write fewer than ``limit``
+    elements on one thread, its contiguous axis vectorised where whole vectors divide it;
+    False (nothing done) for any other function."""
+    blocks = sch.get_child_blocks(root)
+    for b in blocks:
+        block = sch.get(b)
+        if (_elements(block) >= limit or any(iv.iter_type != 0 for iv in block.iter_vars)
+                or len(sch.get_loops(b)) != len(block.iter_vars)):
+            return False
+    for b in blocks:
+        loops = sch.get_loops(b)
+        if not loops:
+            continue
+        last = int(sch.get(loops[-1]).extent)
+        vec = next((v for v in (lanes, lanes // 2, lanes // 4) if last % v == 0 and last >= v),
+                   0)
+        if vec:
+            sch.vectorize(sch.split(loops[-1], [None, vec])[1])
+    return True
+
+
+#: A recurrent network's step kernels (:func:`schedule_rest`'s ``serial_below``): elementwise
+#: ops of fewer elements than this run on one thread.
+STEP_ELEMENTS = 16384
+
+
+def schedule_rest(mod: tvm.IRModule, serial_below: int = 0) -> tvm.IRModule:
+    """Give every PrimFunc that is not one of our conv kernels the generic schedule
+    (``serial_below``: :func:`schedule_generic`'s)."""
     out = {}
     for gv, func in mod.functions_items():
         if isinstance(func, tvm.tirx.PrimFunc) and KERNEL_ATTR not in (func.attrs or {}):
             try:
-                out[gv] = schedule_generic(func)
+                out[gv] = schedule_generic(func, serial_below=serial_below)
             except Exception:  # noqa: BLE001 - left as legalised, still correct
                 continue
     for gv, func in out.items():
