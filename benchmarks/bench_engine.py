@@ -199,7 +199,7 @@ def summary(rows: list[dict]) -> list[tuple[str, float, float, str, int, int]]:
 
 FAMILIES = {"zoo": "zoo", "cnn plain": "plain", "cnn residual": "residual",
             "cnn separable": "depthwise-separable", "cnn inverted": "inverted-residual",
-            "matrix": "matrix (transformer, MLP)"}
+            "matrix": "matrix (transformer, MLP, recurrent)"}
 
 
 def label(row: dict) -> str:

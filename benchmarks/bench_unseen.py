@@ -9,7 +9,9 @@ The networks, none of them in ``datasets/corpus/local*``:
 - generated CNNs of shapes the corpus lacks (depths, widths, input sizes and kernel sizes
   none of its generated networks has), one of each block style;
 - generated matrix networks (transformer encoders and MLPs) of widths, head counts, FFN
-  ratios, depths and sequence lengths none of the corpus's has.
+  ratios, depths and sequence lengths none of the corpus's has;
+- generated recurrent networks (LSTM, GRU, RNN language models) of hidden sizes,
+  embeddings, vocabularies and sequence lengths none of the corpus's has.
 
 For each network every untuned candidate of the grid (dense, float16, int8, and the two
 prunings at 0.5 and 0.9; each algorithm and the per-layer choice) is predicted by the
@@ -65,6 +67,11 @@ MATRIX = [
     ("transformer", "layers=3,d_model=192,heads=3,ffn=3,seq=32"),
     ("fc", "layers=3,nodes=768"),
     ("fc", "layers=3,nodes=1536"),
+    ("rnn", "layers=1,hidden=192,embedding=96,vocab=1000,seq=24,cell=lstm"),
+    ("rnn", "layers=2,hidden=96,embedding=96,vocab=1000,seq=12,cell=lstm"),
+    ("rnn", "layers=2,hidden=384,embedding=96,vocab=1000,seq=12,cell=gru"),
+    ("rnn", "layers=1,hidden=192,embedding=96,vocab=1000,seq=24,cell=gru"),
+    ("rnn", "layers=2,hidden=192,embedding=96,vocab=1000,seq=12,cell=rnn"),
 ]
 RATIOS = (0.5, 0.9)
 
@@ -173,7 +180,7 @@ def main() -> int:
     ap.add_argument("--only", help="measure just this network (name)")
     ap.add_argument("--family", action="append",
                     help="measure just the networks of this family (cnn, nasbench201, "
-                         "transformer, fc; repeatable)")
+                         "transformer, fc, rnn; repeatable)")
     ap.add_argument("--device", default="local",
                     help="this machine or one of its profiles (default: local)")
     ap.add_argument("--rescore", action="store_true",

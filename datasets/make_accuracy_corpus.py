@@ -138,7 +138,7 @@ def generate(n: int, zoo_too: bool, skip: set[str] = frozenset()) -> None:
     done = json.loads(OUT.read_text()) if OUT.exists() else {}
     jobs = [f"gen{i:03d}" for i in range(n) if f"gen{i:03d}" not in skip]
     if zoo_too:
-        jobs += [e.name for e in zoo.ZOO.values() if e.trained]
+        jobs += [e.name for e in zoo.ZOO.values() if e.trained and e.family == "cnn"]
     for name in jobs:
         if name in done:
             continue

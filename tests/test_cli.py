@@ -340,7 +340,10 @@ def test_layers_zoo_export_generate(tmp_path):
     assert table.exit_code == 0 and "M MACs" in table.output
     z = json.loads(_run("zoo", "--json").output)
     assert [e["name"] for e in z][:4] == ["resnet18-cifar", "mobilenetv1-cifar",
-                                          "mobilenetv2-cifar", "vgg16-cifar"] and len(z) == 8
+                                          "mobilenetv2-cifar", "vgg16-cifar"] and len(z) == 13
+    assert [e["family"] for e in z].count("cnn") == 8
+    assert all(e["paper_macs"] is None for e in z if e["family"] != "cnn")
+    assert "—" in _run("zoo").output
     out = tmp_path / "m.onnx"
     res = _run("export", "mobilenetv1-cifar", "-o", out, "--compression", "channel_pruning",
                "--ratio", "0.3", "--remove-channels")

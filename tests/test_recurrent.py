@@ -142,6 +142,7 @@ def test_channel_pruning_keeps_an_unrolled_network_whole(tmp_path):
     assert summary["conv_layers"] == len(layers)
 
 
+@pytest.mark.slow  # a TVM build
 def test_an_unrolled_lstm_builds_verifies_and_times_on_our_kernels(tmp_path):
     from dlas_predict.measure.execution.tasks import Protocol
     from dlas_predict.measure.networks.plans import uniform_plan
@@ -159,3 +160,23 @@ def test_an_unrolled_lstm_builds_verifies_and_times_on_our_kernels(tmp_path):
     assert rec.error is None, rec.error
     assert rec.verified and rec.max_error < 1e-4, (rec.max_error, rec.top1_agreement)
     assert rec.median_s > 0
+
+
+def test_a_constant_initial_state_is_zeros_or_kept_with_the_reason():
+    """An exporter's zero initial state (torch writes one) starts from zeros: no product at
+    the first step, which a build would fold away; a constant other state stays a node."""
+    for value, unrolled in ((0.0, True), (0.5, False)):
+        model = _node_model("LSTM", seq=4, batch=1)
+        h0 = numpy_helper.from_array(np.full((1, 1, 4), value, np.float32), "h0")
+        model.graph.initializer.append(h0)
+        model.graph.node[0].input.extend(["h0"])
+        feeds = _feeds(model)
+        want = _run(model, feeds)
+        infer_shapes(model)
+        assert unroll(model, MATRIX_CONV) == int(unrolled)
+        if unrolled:
+            convs = [n for n in model.graph.node if n.op_type == "Conv"]
+            assert len(convs) == 1 + 3  # the input product and steps 2-4's recurrent ones
+            np.testing.assert_allclose(_run(model, feeds)[0], want[0], rtol=1e-5, atol=1e-5)
+        else:
+            assert "constant initial state" in kept(model)[0]

@@ -100,6 +100,39 @@ def test_verdicts_follow_their_rules():
         == R.FAILS
 
 
+def test_each_family_is_judged_on_its_own_networks():
+    """int8 pays on the CNNs and slows the transformers: the corpus-wide verdict is one,
+    each family's another, with its own numbers."""
+    cnn = ("cnn_layers=2_kernels=32_input=32", "resnet18-cifar")
+    tr = ("transformer_layers=1_d_model=64_heads=2_ffn=4_seq=16_batch=1",
+          "transformer_layers=2_d_model=64_heads=2_ffn=4_seq=16_batch=1")
+    comp = {"dense": 1.0, "float16": 2.0, "int8": 0.4, "weight_pruning@0.9": 0.8,
+            "channel_pruning@0.9": 0.2}
+    lat = {}
+    for net in cnn + tr:
+        for config, factor in comp.items():
+            if net in tr and config == "int8":
+                factor = 1.3
+            for alg in ("direct", "gemm", "spatial_pack"):
+                lat[(net, config, alg)] = factor
+    frame = _net(lat)
+    assert R.network_family(tr[0]) == "transformers" and R.network_family(cnn[1]) == "CNNs"
+    assert R.network_family("lstm-cifar") == "recurrent networks"
+    assert R.network_family("vit-tiny-cifar") == "transformers"
+    assert R.network_family("rnn_layers=1_hidden=64_embedding=64_vocab=500_seq=8_batch=1"
+                            "_cell=gru") == "recurrent networks"
+    fam = R.family_observations(frame, None, CPU)
+    assert list(fam) == ["CNNs", "transformers"]
+    iii = {f: _by_number(obs)["III"] for f, obs in fam.items()}
+    assert iii["CNNs"].verdict == R.FAILS and iii["CNNs"].numbers["networks"] == 2
+    assert iii["transformers"].verdict == R.HOLDS
+    assert iii["transformers"].numbers["slower_on"] == 2
+    assert [o.number for o in fam["CNNs"]] == [r.__name__.strip("_").upper()
+                                               for r in R.FAMILY_RULES]
+    # one family: nothing to split
+    assert R.family_observations(frame[frame["network"].isin(cnn)], None, CPU) == {}
+
+
 def test_channel_pruning_evidence_says_how_its_builds_were_made():
     comp = {"dense": 1.0, "float16": 2.0, "int8": 0.5, "weight_pruning@0.9": 0.8,
             "channel_pruning@0.9": 0.2}
@@ -178,8 +211,9 @@ def test_report_on_the_shipped_corpus(shipped_report):
     for n in ("I", "II", "III", "IV", "V", "VI", "VII", "VIII", "IX", "X", "XI", "XII",
               "XIII"):
         assert f"id='obs-{n}'" in page and f"{n})" in text
-    for section in ("table3", "table4", "table6", "ideal", "backends"):
+    for section in ("table3", "table4", "table6", "ideal", "backends", "families"):
         assert f"id='{section}'" in page
+    assert "family by family" in text
     data = json.loads((out / "report.json").read_text())
     assert data["device"] == "local" and len(data["observations"]) == 13
     assert data["counts"]["whole_network_latencies"] > 400

@@ -41,9 +41,9 @@ def test_unknown_name_lists_the_zoo():
         zoo.resolve("resnet50")  # a bare zoo name that is not a file: hint at zoo:
 
 
-#: The two largest CIFAR-10 networks take seconds each to classify 360 images: the full
+#: The three largest CIFAR-10 networks take seconds each to classify 360 images: the full
 #: suite checks them.
-_BIG_CIFAR = {"resnet18-cifar", "vgg16-cifar"}
+_BIG_CIFAR = {"resnet18-cifar", "vgg16-cifar", "vit-tiny-cifar"}
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in _BIG_CIFAR
@@ -133,3 +133,29 @@ def test_an_exported_zoo_network_is_known_by_its_weights_under_any_name(tmp_path
     copy = zoo.export("mobilenetv2-cifar", tmp_path / "my-model.onnx")
     assert zoo.match(copy).name == "mobilenetv2-cifar"
     assert zoo.match(DEMO_NETWORK) is None
+
+
+@pytest.mark.parametrize("name", [n for n, e in zoo.ZOO.items() if e.family != "cnn"])
+def test_the_members_beyond_cnns_reach_the_grid_as_matrix_networks(name):
+    """Their fully connected layers and recurrent products are 1×1 convs of the grid form,
+    which computes what the export computes; the study published no size for them."""
+    import onnxruntime as ort
+
+    from dlas_predict.networks.matrix import is_matrix_layer
+
+    entry = zoo.get(name)
+    assert entry.paper_params is None and entry.paper_macs is None
+    assert not entry.pruned_in_torch
+    original, grid = zoo.resolve(f"zoo:{name}", grid=False), zoo.resolve(f"zoo:{name}")
+    assert grid != original
+    net = read_network(grid)
+    matrix = [c for c in net.convs() if is_matrix_layer(c.name)]
+    assert len(matrix) >= len(net.convs()) - 1  # a ViT's patch embedding stays a conv
+    assert not any(layer.kind == "recurrent" for layer in net.layers)
+    x = accuracy.load_data("digits", entry.input_shape).x[:2]
+    outs = []
+    for path in (original, grid):
+        sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        outs.append(np.concatenate([sess.run(None, {"input": x[i:i + 1]})[0]
+                                    for i in range(len(x))]))
+    np.testing.assert_allclose(outs[1], outs[0], rtol=1e-3, atol=1e-4)

@@ -85,6 +85,25 @@ def render_html(report: Report) -> str:
                      f"</td><td class='{cls}'>{o.verdict}</td><td>{html.escape(o.evidence)}"
                      f"</td><td class='note'>{html.escape(o.rule)}</td></tr>")
     parts.append("</tbody></table>")
+    if report.families:
+        parts += ["<h2 id='families'>The observations family by family</h2>",
+                  "<p class='note'>Those of the observations that a family's own networks "
+                  "can test (their whole networks and their layers' kernels), each decided "
+                  "by the same rule on that family alone: "
+                  + html.escape(", ".join(
+                      f"{f} ({report.counts.get('networks_by_family', {}).get(f, '?')} "
+                      "networks)" for f in report.families))
+                  + ".</p>",
+                  "<table id='families-table'><thead><tr><th>#</th><th>family</th>"
+                  "<th>verdict</th><th>numbers behind it</th></tr></thead><tbody>"]
+        for number in [o.number for o in next(iter(report.families.values()))]:
+            for family, obs in report.families.items():
+                o = next(x for x in obs if x.number == number)
+                cls = o.verdict.replace(" ", "-")
+                parts.append(f"<tr><td>{o.number})</td><td>{html.escape(family)}</td>"
+                             f"<td class='{cls}'>{o.verdict}</td>"
+                             f"<td>{html.escape(o.evidence)}</td></tr>")
+        parts.append("</tbody></table>")
     parts += ["<h2 id='table3'>Table 3: fastest algorithm per compression</h2>",
               "<p class='note'>Per network and tuning; each cell is the fastest algorithm "
               "for that configuration and its latency (ms).</p>",

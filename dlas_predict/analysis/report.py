@@ -57,6 +57,9 @@ class Report:
     whose: str = ""
     #: ``local`` and its profiles: whether the corpus is this machine's (None: another device)
     this_machine: bool | None = None
+    #: the observations that a family's networks can test, rechecked on each family of the
+    #: corpus (:func:`family_observations`); empty for a corpus of one family
+    families: dict[str, list[Observation]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"device": self.device.name, "store": str(self.store), "whose": self.whose,
@@ -65,6 +68,7 @@ class Report:
                 "ideal_speedup": self.ideal,
                 "observations": [o.to_dict() for o in self.observations],
                 "backends": self.backends,
+                "families": {f: [o.to_dict() for o in obs] for f, obs in self.families.items()},
                 "plots": [{"title": t, "caption": c, "file": str(p)} for t, c, p in self.plots]}
 
 
@@ -199,16 +203,19 @@ def _best_by(net, network: str, config: str, tuning: str = "untuned"):
 def _config_speedups(net, config_prefix: str) -> dict[str, float]:
     """Per network: fastest dense over fastest configuration starting with ``config_prefix``
     (the highest ratio measured, for pruning), untuned, best algorithm each."""
+    mine = net[(net["tuning"] == "untuned") & net["algorithm"].isin(ALGORITHMS)]
+    best = mine.groupby(["network", "config"], observed=True)["latency_ms"].min().to_dict()
+    configs_of = {n: set(g) for n, g in net.groupby("network", observed=True)["config"]}
     out = {}
-    for network in sorted(set(net["network"])):
-        dense = _best_by(net, network, "dense")
-        configs = sorted({c for c in net[net["network"] == network]["config"]
-                          if c == config_prefix or c.startswith(config_prefix + "@")})
+    for network in sorted(configs_of):
+        configs = sorted(c for c in configs_of[network]
+                         if c == config_prefix or c.startswith(config_prefix + "@"))
+        dense = best.get((network, "dense"))
         if dense is None or not configs:
             continue
-        comp = _best_by(net, network, configs[-1])
+        comp = best.get((network, configs[-1]))
         if comp is not None:
-            out[network] = dense["latency_ms"] / comp["latency_ms"]
+            out[network] = dense / comp
     return out
 
 
@@ -564,6 +571,51 @@ def observations(net, kernels, curves: dict | None, device: Device) -> list[Obse
     return [rule(ev) for rule in OBSERVATION_RULES]
 
 
+#: The observations whose data each family's networks hold (whole networks of every
+#: compression, their layers' kernels), rechecked family by family.
+FAMILY_RULES = (_i, _iii, _iv, _v, _vi, _ix, _x)
+#: The families, in the order the report gives them.
+FAMILIES = ("CNNs", "MLPs", "transformers", "recurrent networks")
+
+
+def network_family(name: str) -> str:
+    """The family of a corpus network: a zoo network's, a generated MLP (``fc``),
+    transformer or recurrent network (``rnn``) by its name; every other network
+    (NAS-Bench-201 cells, generated CNNs) a CNN."""
+    from dlas_predict.networks.generate import parse_name
+    from dlas_predict.networks.zoo import ZOO
+
+    spec = parse_name(name)
+    family = ZOO[name].family if name in ZOO else spec[0] if spec is not None else "cnn"
+    return {"fc": "MLPs", "mlp": "MLPs", "transformer": "transformers",
+            "rnn": "recurrent networks", "recurrent": "recurrent networks"}.get(family, "CNNs")
+
+
+def family_observations(net, kernels, device: Device) -> dict[str, list[Observation]]:
+    """:data:`FAMILY_RULES` on each family's networks alone (their builds and kernels), for
+    a corpus of more than one family; accuracy curves are the CNN zoo's, so left out."""
+    if net is None or net.empty:
+        return {}
+    of = {name: network_family(name) for name in set(net["network"])}
+    present = [f for f in FAMILIES if f in set(of.values())]
+    if len(present) < 2:
+        return {}
+    out = {}
+    for family in present:
+        names = {n for n, f in of.items() if f == family}
+        k = kernels[kernels["network"].isin(names)] if kernels is not None else None
+        ev = Evidence(net[net["network"].isin(names)], k, None, device)
+        out[family] = [rule(ev) for rule in FAMILY_RULES]
+    return out
+
+
+def _family_sizes(net) -> dict[str, int]:
+    if net is None or net.empty:
+        return {}
+    families = [network_family(n) for n in set(net["network"])]
+    return {f: families.count(f) for f in FAMILIES if f in families}
+
+
 def _no_data(o: Observation, why: str) -> None:
     if o.verdict == NO_DATA and not o.evidence:
         o.evidence = why
@@ -726,10 +778,12 @@ def build_report(device: str, store: Path | None, out_dir: Path) -> Report:
               "network_configurations": int(len(net)) if net is not None else 0,
               "whole_network_latencies": int((net["latency_source"] == "whole network").sum())
               if net is not None else 0,
+              "networks_by_family": _family_sizes(net),
               "sources": unique["source"].value_counts().to_dict(),
               "tunings": unique["tuning"].value_counts().to_dict()}
     return Report(dev, path, counts, t3, t4, t6, ideal_shares(net),
                   observations(net, kernels, curves, dev), plots,
-                  backend_table(net, path, dev), corpus.describe(), corpus.this_machine)
+                  backend_table(net, path, dev), corpus.describe(), corpus.this_machine,
+                  family_observations(net, kernels, dev))
 
 

@@ -349,4 +349,11 @@ def report(device: str = typer.Option("local", "--device", help="Whose corpus to
     verdicts = [o.verdict for o in rep.observations]
     typer.echo(f"\n{verdicts.count('holds')} hold, {verdicts.count('does not hold')} do not, "
                f"{verdicts.count('no data')} have no data on {rep.device.name}")
+    if rep.families:
+        names = list(rep.families)
+        typer.echo("\nfamily by family: " + ", ".join(
+            f"{f} ({rep.counts['networks_by_family'].get(f, 0)})" for f in names))
+        for i, o in enumerate(rep.families[names[0]]):
+            typer.echo(f"{o.number + ')':6s} " + "  ".join(
+                f"{rep.families[f][i].verdict:14s}" for f in names))
     typer.echo(f"wrote {page} ({len(rep.plots)} plots embedded) and {out / 'report.json'}")

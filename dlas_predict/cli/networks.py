@@ -40,7 +40,8 @@ def layers(model: str = typer.Argument(..., help="ONNX file or zoo:NAME."),
 @app.command("zoo")
 @handle_errors
 def zoo_cmd(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")):
-    """The study's eight networks, their published size and their weights."""
+    """The zoo: the study's eight networks, their published size and their weights, and
+    five networks of other families."""
     from dlas_predict.networks import zoo
     from dlas_predict.render import format_table
 
@@ -51,8 +52,10 @@ def zoo_cmd(as_json: bool = typer.Option(False, "--json", help="Machine-readable
     typer.echo(format_table([{
         "name": e["name"], "dataset": e["dataset"],
         "input": "×".join(map(str, e["input_shape"])), "classes": e["num_classes"],
-        "paper params": f"{e['paper_params'] / 1e6:.1f} M",
-        "paper MACs": f"{e['paper_macs'] / 1e6:.0f} M", "weights": e["weights"],
+        "family": e["family"],
+        "paper params": "—" if e["paper_params"] is None else f"{e['paper_params'] / 1e6:.1f} M",
+        "paper MACs": "—" if e["paper_macs"] is None else f"{e['paper_macs'] / 1e6:.0f} M",
+        "weights": e["weights"],
     } for e in entries]))
     typer.echo("\nUse zoo:NAME wherever a model is expected; `dlas-predict layers zoo:NAME` "
                "prints the measured size.")

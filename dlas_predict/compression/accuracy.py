@@ -202,13 +202,16 @@ def prepare(model: str, compression: str = "dense", ratio: float | None = None,
     matched = None
     if entry is None and pruning:  # an exported zoo network is pruned as the zoo's is
         entry = matched = zoo.match(path)
-    if pruning and (entry is not None or finetune_epochs):
+    # a CNN of the zoo is pruned on its torch definition; another family's network as any
+    # ONNX file, in the form the grid reads
+    torch_entry = entry if entry is not None and entry.pruned_in_torch else None
+    if pruning and (torch_entry is not None or finetune_epochs):
         import tempfile
 
         from dlas_predict.compression import training
 
-        if entry is not None:
-            net, shape = zoo.torch_model(entry.name), entry.input_shape
+        if torch_entry is not None:
+            net, shape = zoo.torch_model(torch_entry.name), torch_entry.input_shape
         else:
             from dlas_predict.networks.torchimport import import_onnx, input_shape
 
@@ -217,13 +220,13 @@ def prepare(model: str, compression: str = "dense", ratio: float | None = None,
             from dlas_predict.compression import digits
 
             finetune_data = digits.digits("train", shape)
-        if entry is None:
+        if torch_entry is None:
             import torch
 
             net.insert_norms(torch.from_numpy(finetune_data.x[:NORM_IMAGES]))
         reapply = compress.torch_masks(net, comp, ratio)
         if finetune_epochs:
-            trainable = net if entry is not None else _Logits(net)
+            trainable = net if torch_entry is not None else _Logits(net)
             training.train(trainable, finetune_data.x, finetune_data.y, finetune_epochs,
                            lr=0.01, max_shift=2 if len(shape) == 3 else 0,
                            after_step=reapply, log=log)
@@ -239,14 +242,14 @@ def prepare(model: str, compression: str = "dense", ratio: float | None = None,
         done = compress.compress_onnx(base, "dense", None)
         done.compression, done.ratio = comp, ratio
         done.notes.extend(notes)
-        if matched is not None:
+        if matched is not None and torch_entry is not None:
             done.notes.append(f"the file holds zoo:{matched.name}'s weights: pruned on its "
                               "torch definition")
         if finetune_epochs:
             done.notes.append(f"fine-tuned {finetune_epochs} epochs on {finetune_data.name} "
                               f"({len(finetune_data)} images) with the masks held, batch "
                               "norms recalibrated on them"
-                              + ("" if entry is not None else
+                              + ("" if torch_entry is not None else
                                  " (the ONNX file imported into torch)"))
     else:
         done = compress.compress_onnx(onnx.load(str(path)), comp, ratio, calibration,

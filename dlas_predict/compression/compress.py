@@ -516,7 +516,7 @@ def _ranked_weights(model: str):
     norm's scale folded in for channel pruning; ONNX files from their initializers)."""
     from dlas_predict.networks import zoo
 
-    if str(model).startswith(zoo.ZOO_PREFIX):
+    if str(model).startswith(zoo.ZOO_PREFIX) and zoo.get(model).pruned_in_torch:
         import torch
 
         from dlas_predict.networks.torchmodels import conv_bn_pairs

@@ -30,12 +30,14 @@ def _shift(x: torch.Tensor, max_shift: int, gen: torch.Generator) -> torch.Tenso
 def train(model: nn.Module, x: np.ndarray, y: np.ndarray, epochs: int, *, lr: float = 0.05,
           batch_size: int = 64, weight_decay: float = 5e-4, max_shift: int = 0,
           seed: int = 0, after_step: Callable[[], None] | None = None,
-          log: Callable[[str], None] | None = None) -> nn.Module:
-    """SGD with momentum and a cosine schedule; ``after_step`` re-applies pruning masks."""
+          log: Callable[[str], None] | None = None, adam: bool = False) -> nn.Module:
+    """SGD with momentum (``adam``: AdamW, as transformers and recurrent networks are
+    trained) and a cosine schedule; ``after_step`` re-applies pruning masks."""
     gen = torch.Generator().manual_seed(seed)
     xt, yt = torch.from_numpy(x), torch.from_numpy(y)
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, nesterov=True,
-                          weight_decay=weight_decay)
+    opt = (torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay) if adam
+           else torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, nesterov=True,
+                                weight_decay=weight_decay))
     steps = epochs * math.ceil(len(yt) / batch_size)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, steps) / max(steps, 1))))

@@ -232,6 +232,72 @@ def infer_shapes(model) -> None:
     model.graph.value_info.extend(inferred.graph.value_info)
 
 
+#: Ops of shape arithmetic that :func:`fold_shape_arithmetic` evaluates once their inputs
+#: are known.
+_SHAPE_OPS = frozenset({"Shape", "Slice", "Concat", "Gather", "Unsqueeze", "Squeeze", "Cast",
+                        "Add", "Sub", "Mul", "Div", "Equal", "Where", "ConstantOfShape",
+                        "Expand", "Reshape", "Range", "Identity"})
+#: A folded tensor holds at most this many elements (shapes, a class token), never weights.
+_FOLD_LIMIT = 4096
+
+
+def fold_shape_arithmetic(model) -> int:
+    """Replace, in place, the shape arithmetic of a network whose shapes are all static (what
+    an exporter writes for ``x.flatten(2)`` or ``t.expand(x.shape[0], -1, -1)``: ``Shape``,
+    then ``Gather``, ``Concat``, ``Where`` … into a ``Reshape`` or ``Expand``) by the
+    constants it computes, so that shape inference knows every tensor after it. ``model``
+    must carry its inferred shapes; returns how many nodes were folded (shapes are then to
+    be inferred again)."""
+    from onnx import helper, numpy_helper
+    from onnx.reference import ReferenceEvaluator
+
+    shapes = value_shapes(model)
+    known: dict[str, np.ndarray] = {
+        t.name: numpy_helper.to_array(t) for t in model.graph.initializer
+        if math.prod(t.dims) <= _FOLD_LIMIT}
+    nodes, folded = [], 0
+    for node in model.graph.node:
+        if node.op_type == "Constant" and node.attribute:
+            value = helper.get_attribute_value(node.attribute[0])
+            if hasattr(value, "dims") and math.prod(value.dims) <= _FOLD_LIMIT:
+                known[node.output[0]] = numpy_helper.to_array(value)
+            nodes.append(node)
+            continue
+        value = None
+        if node.op_type == "Shape" and shapes.get(node.input[0]) is not None:
+            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            dims = list(shapes[node.input[0]])
+            value = np.array(dims[attrs.get("start", 0):attrs.get("end", len(dims))],
+                             np.int64)
+        elif (node.op_type in _SHAPE_OPS and len(node.output) == 1
+              and all(i in known for i in node.input if i)):
+            try:
+                value = np.asarray(ReferenceEvaluator(node).run(
+                    None, {i: known[i] for i in node.input if i})[0])
+            except Exception:  # noqa: BLE001 - an op the evaluator refuses stays as it is
+                value = None
+            if value is not None and value.size > _FOLD_LIMIT:
+                value = None
+        if value is None:
+            nodes.append(node)
+            continue
+        known[node.output[0]] = value
+        nodes.append(helper.make_node("Constant", [], [node.output[0]], name=node.name,
+                                      value=numpy_helper.from_array(value)))
+        folded += 1
+    if folded:
+        outputs = {o.name for o in model.graph.output}
+        while True:  # the constants nothing reads any more (the folded arithmetic's inputs)
+            read = {i for node in nodes for i in node.input} | outputs
+            kept = [n for n in nodes if n.op_type != "Constant" or n.output[0] in read]
+            if len(kept) == len(nodes):
+                break
+            nodes = kept
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
+    return folded
+
+
 def value_shapes(model) -> dict[str, tuple[int, ...] | None]:
     out: dict[str, tuple[int, ...] | None] = {}
     for vi in [*model.graph.input, *model.graph.value_info, *model.graph.output]:

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 #: Bumped when the rewrite changes, so a kept grid form is rewritten again.
-REWRITE_VERSION = "3"
+REWRITE_VERSION = "4"
 #: The end of a rewritten layer's Conv node name: the grid's records name its layers so, and
 #: onnxruntime's model tells them from convolutions by it (:func:`is_matrix_layer`).
 MATRIX_CONV = "/matrix_conv"
@@ -396,11 +396,15 @@ def grid_proto(model, name: str):
 
 
 def _rewrite(model) -> None:
-    """:func:`as_convs` on ``model`` (its shapes inferred), its recurrent layers unrolled
-    first (:func:`dlas_predict.networks.recurrent.unroll`), and its shapes inferred again."""
-    from dlas_predict.networks.graph import infer_shapes
+    """:func:`as_convs` on ``model`` (its shapes inferred), its shape arithmetic folded
+    (:func:`~dlas_predict.networks.graph.fold_shape_arithmetic`) and its recurrent layers
+    unrolled (:func:`dlas_predict.networks.recurrent.unroll`) first, and its shapes inferred
+    again."""
+    from dlas_predict.networks.graph import fold_shape_arithmetic, infer_shapes
     from dlas_predict.networks.recurrent import unroll
 
+    if fold_shape_arithmetic(model):  # an exporter's shape arithmetic, as constants
+        infer_shapes(model)
     if unroll(model, MATRIX_CONV):
         infer_shapes(model)
     as_convs(model)

@@ -5,14 +5,13 @@ of every step at once (``X·Wᵀ``: seq × batch rows) and one recurrent product
 (``Hₜ₋₁·Rᵀ``: batch rows), joined by the cell's gates. :func:`unroll` writes each such node
 out in those terms, so the grid prices, prunes, quantises and builds the products as the
 matrix layers they are (1×1 convolutions, as :mod:`dlas_predict.networks.matrix` writes
-fully connected layers) and the cell as ordinary
-elementwise ops. The unrolled network computes what the node computes (ONNX's equations,
-its default activations); a node the unrolling cannot express exactly stays as it is, and
-:func:`unsupported` says why.
+fully connected layers) and the cell as ordinary elementwise ops. The unrolled network
+computes what the node computes (ONNX's equations, its default activations); a node the
+unrolling cannot express exactly stays as it is, and :func:`unsupported` says why.
 
-Every step's recurrent product reads the same weight initializer; the unrolled weights'
-origins in the node are recorded in the model's metadata (``dlas.recurrent_weights``) so
-that compressed weights go back into the node for onnxruntime
+Every step's recurrent product reads the same weight initializer; where each product's
+weight came from in the node is recorded in the model's metadata (``dlas.recurrent_weights``)
+so that compressed weights go back into the node for onnxruntime
 (:func:`dlas_predict.networks.matrix.weights_back`).
 """
 
@@ -22,7 +21,8 @@ import json
 
 import numpy as np
 
-#: The metadata key listing each unrolled weight: the node's W or R, direction, transposed.
+#: The metadata key listing each product's conv weight and where it came from: the node's W
+#: or R, the direction and the rows (gates) of it.
 ORIGINS_KEY = "dlas.recurrent_weights"
 OPS = ("LSTM", "GRU", "RNN")
 _DEFAULT_ACTIVATIONS = {"LSTM": ["sigmoid", "tanh", "tanh"], "GRU": ["sigmoid", "tanh"],
@@ -36,8 +36,9 @@ def _attrs(node) -> dict:
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 
-def unsupported(node, inits: dict) -> str | None:
-    """Why ``node`` (an LSTM, GRU or RNN) cannot be unrolled exactly, or None."""
+def unsupported(node, inits: dict, constants: dict | None = None) -> str | None:
+    """Why ``node`` (an LSTM, GRU or RNN) cannot be unrolled exactly, or None;
+    ``constants``: the model's constant tensors (:func:`_constants`)."""
     from onnx import numpy_helper
 
     a = _attrs(node)
@@ -68,7 +69,26 @@ def unsupported(node, inits: dict) -> str | None:
             return f"input {i} ({ins[i]}) is not a constant"
     if numpy_helper.to_array(inits[ins[1]]).dtype != np.float32:
         return "weights not float32"
+    for i in (5, 6):
+        value = (constants or {}).get(ins[i]) if ins[i] else None
+        if value is not None and np.any(value):
+            # its first recurrent product would be a constant, which a build folds away
+            return "a constant initial state that is not zero"
     return None
+
+
+def _constants(model) -> dict[str, np.ndarray]:
+    """The values of ``model``'s initializers and Constant nodes of a state's size."""
+    from onnx import helper, numpy_helper
+
+    out = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer
+           if len(t.dims) == 3 and int(np.prod(t.dims)) <= 1 << 16}
+    for node in model.graph.node:
+        if node.op_type == "Constant" and node.attribute:
+            value = helper.get_attribute_value(node.attribute[0])
+            if hasattr(value, "dims") and len(value.dims) == 3:
+                out[node.output[0]] = numpy_helper.to_array(value)
+    return out
 
 
 class _Writer:
@@ -83,11 +103,14 @@ class _Writer:
         self.base = base
         self.nodes: list = []
         self.inits: list = []
+        self.counts: dict[str, int] = {}
 
     def fresh(self, hint: str) -> str:
-        name, i = f"{self.base}/{hint}", 1
+        name, i = f"{self.base}/{hint}", self.counts.get(hint, 0)
         while name in self.used:
-            name, i = f"{self.base}/{hint}_{i}", i + 1
+            i += 1
+            name = f"{self.base}/{hint}_{i}"
+        self.counts[hint] = i
         self.used.add(name)
         return name
 
@@ -185,7 +208,7 @@ def _product(wr: _Writer, x: str, weight: np.ndarray, bias: np.ndarray | None, h
 
 
 def _unroll_node(model, node, shapes: dict, inits: dict, origins: list,
-                 suffix: str) -> "_Writer":
+                 suffix: str, constants: dict) -> "_Writer":
     """``node`` written out in the image layout of the grid's matrix layers: every tensor of
     a step is 1 × channels × 1 × batch, so each recurrent product is a 1×1 convolution that
     reads the previous step's hidden state as it is, and adds the step's input product in
@@ -235,7 +258,8 @@ def _unroll_node(model, node, shapes: dict, inits: dict, origins: list,
         h = c = None
         index = wr.const("dir", np.array(d, np.int64))
         for k, i in (("h", 5), ("c", 6)):
-            if ins[i] and (k == "h" or op == "LSTM"):  # dirs × batch × hidden
+            # dirs × batch × hidden; a constant initial state is zero (unsupported): none
+            if ins[i] and ins[i] not in constants and (k == "h" or op == "LSTM"):
                 t = wr.op("Transpose", [wr.op("Gather", [ins[i], index], f"{k}0", axis=0)],
                           f"{k}0_t", perm=[1, 0])
                 t = wr.op("Reshape", [t, step_image], f"{k}0_image")
@@ -293,6 +317,7 @@ def unroll(model, suffix: str) -> int:
     from dlas_predict.networks.graph import value_shapes
 
     inits = {t.name: t for t in model.graph.initializer}
+    constants = _constants(model)
     shapes = value_shapes(model)
     nodes = list(model.graph.node)
     origins: list = []
@@ -301,11 +326,12 @@ def unroll(model, suffix: str) -> int:
     new_inits = []
     for node in nodes:
         x = shapes.get(node.input[0]) if node.input else None
-        if (node.op_type not in OPS or unsupported(node, inits) is not None or x is None
-                or len(x) != 3 or any(not isinstance(v, int) or v <= 0 for v in x)):
+        if (node.op_type not in OPS or unsupported(node, inits, constants) is not None
+                or x is None or len(x) != 3
+                or any(not isinstance(v, int) or v <= 0 for v in x)):
             kept.append(node)
             continue
-        wr = _unroll_node(model, node, shapes, inits, origins, suffix)
+        wr = _unroll_node(model, node, shapes, inits, origins, suffix, constants)
         kept.extend(wr.nodes)
         new_inits.extend(wr.inits)
         done += 1
@@ -327,9 +353,9 @@ def unroll(model, suffix: str) -> int:
 def kept(model) -> list[str]:
     """The LSTM, GRU and RNN nodes of ``model`` that :func:`unroll` leaves as they are, each
     with the reason: ``"LSTM 'name': clip"``."""
-    inits = {t.name: t for t in model.graph.initializer}
+    inits, constants = {t.name: t for t in model.graph.initializer}, _constants(model)
     return [f"{node.op_type} {node.name or node.output[0]!r}: "
-            f"{unsupported(node, inits) or 'a sequence of unknown length'}"
+            f"{unsupported(node, inits, constants) or 'a sequence of unknown length'}"
             for node in model.graph.node if node.op_type in OPS]
 
 

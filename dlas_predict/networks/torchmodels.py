@@ -9,6 +9,8 @@ schemas of ``nms``/``qnms`` first makes the model definitions usable).
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -145,11 +147,121 @@ class VGG16Cifar(nn.Module):
         return self.classifier(torch.flatten(self.features(x), 1))
 
 
+# ---- beyond CNNs: an MLP, encoders and recurrent networks of well-known shapes ---------
+class _Attention(nn.Module):
+    """Multi-head self-attention with separate Q, K and V projections (exported as three
+    matrix layers and the products of two activations)."""
+
+    def __init__(self, d: int, heads: int):
+        super().__init__()
+        self.heads, self.dh = heads, d // heads
+        self.q, self.k, self.v, self.out = (nn.Linear(d, d) for _ in range(4))
+
+    def forward(self, x):
+        n, t, d = x.shape
+
+        def split(y):
+            return y.reshape(n, t, self.heads, self.dh).transpose(1, 2)
+
+        q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
+        att = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(self.dh), dim=-1)
+        return self.out((att @ v).transpose(1, 2).reshape(n, t, d))
+
+
+class _Block(nn.Module):
+    """A transformer layer: attention and a GELU feed-forward of ``ffn`` × d units, each
+    with its residual; layer norms before each (``pre``: ViT) or after (BERT)."""
+
+    def __init__(self, d: int, heads: int, ffn: int, pre: bool):
+        super().__init__()
+        self.pre = pre
+        self.att, self.norm1, self.norm2 = _Attention(d, heads), nn.LayerNorm(d), nn.LayerNorm(d)
+        self.ff = nn.Sequential(nn.Linear(d, ffn * d), nn.GELU(), nn.Linear(ffn * d, d))
+
+    def forward(self, x):
+        if self.pre:
+            x = x + self.att(self.norm1(x))
+            return x + self.ff(self.norm2(x))
+        x = self.norm1(x + self.att(x))
+        return self.norm2(x + self.ff(x))
+
+
+def _rows(x):
+    """An image batch as sequences of its rows: N × 3 × 32 × 32 → N × 32 × 96."""
+    return x.permute(0, 2, 1, 3).reshape(x.shape[0], x.shape[2], -1)
+
+
+class ViTTinyCifar(nn.Module):
+    """DeiT-tiny's shape (width 192, 3 heads, 12 layers, FFN 4×) on 4×4 patches of a 32×32
+    image: 64 patch tokens and a class token."""
+
+    def __init__(self, num_classes: int = 10, d: int = 192, depth: int = 12, heads: int = 3):
+        super().__init__()
+        self.patch = nn.Conv2d(3, d, 4, stride=4)
+        self.cls = nn.Parameter(torch.zeros(1, 1, d))
+        self.pos = nn.Parameter(torch.randn(1, 65, d) * 0.02)
+        self.blocks = nn.Sequential(*[_Block(d, heads, 4, pre=True) for _ in range(depth)])
+        self.norm, self.head = nn.LayerNorm(d), nn.Linear(d, num_classes)
+
+    def forward(self, x):
+        x = self.patch(x).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1) + self.pos
+        return self.head(self.norm(self.blocks(x))[:, 0])
+
+
+class BertTinyCifar(nn.Module):
+    """BERT-tiny's encoder (width 128, 2 heads, 2 layers, FFN 4×, layer norms after) over an
+    image's 32 rows as tokens (a linear embedding of each row and a learned position)."""
+
+    def __init__(self, num_classes: int = 10, d: int = 128, depth: int = 2, heads: int = 2):
+        super().__init__()
+        self.embed = nn.Linear(96, d)
+        self.pos = nn.Parameter(torch.randn(1, 32, d) * 0.02)
+        self.norm = nn.LayerNorm(d)
+        self.blocks = nn.Sequential(*[_Block(d, heads, 4, pre=False) for _ in range(depth)])
+        self.head = nn.Linear(d, num_classes)
+
+    def forward(self, x):
+        x = self.blocks(self.norm(self.embed(_rows(x)) + self.pos))
+        return self.head(x.mean(dim=1))
+
+
+class RecurrentCifar(nn.Module):
+    """An LSTM or GRU over an image's 32 rows as steps (96 values each), classified from the
+    last step's hidden state."""
+
+    def __init__(self, cell: str, num_classes: int = 10, hidden: int = 256):
+        super().__init__()
+        self.rnn = (nn.LSTM if cell == "lstm" else nn.GRU)(96, hidden)
+        self.head = nn.Linear(hidden, num_classes)
+
+    def forward(self, x):
+        y, _ = self.rnn(_rows(x).transpose(0, 1))  # time-major
+        return self.head(y[-1])
+
+
+class MLPCifar(nn.Module):
+    """ParaDnn's fully connected family: 3072 inputs, two hidden layers of 512, ReLU."""
+
+    def __init__(self, num_classes: int = 10):
+        super().__init__()
+        self.layers = nn.Sequential(nn.Flatten(), nn.Linear(3072, 512), nn.ReLU(),
+                                    nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, num_classes))
+
+    def forward(self, x):
+        return self.layers(x)
+
+
 CIFAR = {
     "resnet18-cifar": ResNet18Cifar,
     "mobilenetv1-cifar": MobileNetV1Cifar,
     "mobilenetv2-cifar": MobileNetV2Cifar,
     "vgg16-cifar": VGG16Cifar,
+    "vit-tiny-cifar": ViTTinyCifar,
+    "bert-tiny-cifar": BertTinyCifar,
+    "lstm-cifar": lambda: RecurrentCifar("lstm"),
+    "gru-cifar": lambda: RecurrentCifar("gru"),
+    "mlp-cifar": MLPCifar,
 }
 
 TORCHVISION = {

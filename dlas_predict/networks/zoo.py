@@ -1,7 +1,10 @@
-"""The study's eight networks: the model zoo.
+"""The model zoo: the study's eight networks, and five of other families.
 
-CIFAR-10 (3×32×32, 10 classes): the four networks are trained here on scikit-learn's digits
-(``datasets/train_digits.py``) and their weights ship in ``datasets/weights``. ImageNet
+CIFAR-10 (3×32×32, 10 classes): the study's four networks are trained here on scikit-learn's
+digits (``datasets/train_digits.py``) and their weights ship in ``datasets/weights``; so are
+five networks beyond CNNs of well-known shapes (a ViT of DeiT-tiny's shape, a BERT-tiny
+encoder over the image's rows as tokens, an LSTM and a GRU over its rows as steps, an MLP),
+which the study has no published size for. ImageNet
 (3×224×224, 1000 classes): torchvision 0.28 definitions with seeded random weights — nothing
 can be downloaded here, so their accuracy is meaningless and says so.
 
@@ -37,9 +40,10 @@ class ZooEntry:
     dataset: str  # "cifar10" | "imagenet"
     input_shape: tuple[int, int, int]
     num_classes: int
-    paper_params: float
-    paper_macs: float
+    paper_params: float | None  # None: a network the study did not measure
+    paper_macs: float | None
     source: str
+    family: str = "cnn"  # cnn | transformer | recurrent | mlp
 
     @property
     def weights_path(self) -> Path:
@@ -49,9 +53,17 @@ class ZooEntry:
     def trained(self) -> bool:
         return self.weights_path.is_file()
 
+    @property
+    def pruned_in_torch(self) -> bool:
+        """Whether pruning ranks this network's layers on its torch definition (a CNN's
+        convs with their batch norms); another family's layers are pruned as any ONNX
+        file's, in the form the grid reads."""
+        return self.family == "cnn"
+
     def to_dict(self) -> dict:
         return {"name": self.name, "dataset": self.dataset,
                 "input_shape": list(self.input_shape), "num_classes": self.num_classes,
+                "family": self.family,
                 "paper_params": self.paper_params, "paper_macs": self.paper_macs,
                 "weights": "trained on digits (shipped)" if self.trained else "random (seeded)",
                 "source": self.source}
@@ -71,6 +83,17 @@ ZOO: dict[str, ZooEntry] = {e.name: e for e in (
              "torchvision 0.28 densenet161"),
     ZooEntry("efficientnet-b0", "imagenet", (3, 224, 224), 1000, 5.3e6, 415e6,
              "torchvision 0.28 efficientnet_b0"),
+    ZooEntry("vit-tiny-cifar", "cifar10", (3, 32, 32), 10, None, None,
+             "DeiT-tiny's shape (192 wide, 3 heads, 12 layers) on 4×4 patches", "transformer"),
+    ZooEntry("bert-tiny-cifar", "cifar10", (3, 32, 32), 10, None, None,
+             "BERT-tiny's encoder (128 wide, 2 heads, 2 layers) over the 32 rows as tokens",
+             "transformer"),
+    ZooEntry("lstm-cifar", "cifar10", (3, 32, 32), 10, None, None,
+             "an LSTM of 256 units over the 32 rows as steps", "recurrent"),
+    ZooEntry("gru-cifar", "cifar10", (3, 32, 32), 10, None, None,
+             "a GRU of 256 units over the 32 rows as steps", "recurrent"),
+    ZooEntry("mlp-cifar", "cifar10", (3, 32, 32), 10, None, None,
+             "ParaDnn's fully connected family: 3072-512-512-10", "mlp"),
 )}
 
 
@@ -84,8 +107,9 @@ def get(name: str) -> ZooEntry:
 
 # ---- shipped weights ---------------------------------------------------------------------
 def save_weights(model, path: Path) -> None:
-    """Store a torch model's state compactly: conv and linear weights as int8 per output
-    channel (symmetric, one fp32 scale per channel), everything else fp32; xz-compressed.
+    """Store a torch model's state compactly: conv, linear and recurrent weights as int8 per
+    output channel (symmetric, one fp32 scale per channel), everything else fp32;
+    xz-compressed.
 
     The network the tool uses is the one loaded back from this file: every accuracy figure
     is measured on the dequantised weights, never on the unrounded training result.
@@ -93,7 +117,8 @@ def save_weights(model, path: Path) -> None:
     arrays: dict[str, np.ndarray] = {}
     for key, tensor in model.state_dict().items():
         a = tensor.detach().cpu().numpy()
-        if key.endswith("weight") and a.ndim in (2, 4):
+        weight = key.endswith("weight") or ".weight_ih_l" in key or ".weight_hh_l" in key
+        if weight and a.ndim in (2, 4):
             flat = a.reshape(a.shape[0], -1)
             scale = np.abs(flat).max(axis=1) / 127.0
             scale[scale == 0] = 1.0
@@ -245,9 +270,7 @@ def resolve(model: str | Path, grid: bool = True) -> Path:
     form the grid reads (a matrix network's fully connected layers as 1×1 convolutions,
     :func:`dlas_predict.networks.matrix.grid_form`), else the file itself."""
     text = str(model)
-    if text.startswith(ZOO_PREFIX):
-        return export(text)
-    path = Path(text)
+    path = export(text) if text.startswith(ZOO_PREFIX) else Path(text)
     if not path.is_file():
         hint = f"; zoo networks are named zoo:NAME ({', '.join(ZOO)})" if text in ZOO else ""
         raise NetworkError(f"model file not found: {path}{hint}")

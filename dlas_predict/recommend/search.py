@@ -337,7 +337,7 @@ def _setup(model: str, device: str, validate: int, models_dir: Path | None,
     name = entry.name if entry else Path(path).stem
     net = read_network(path, name)
     notes = []
-    matrix = entry is None and path != zoo.resolve(model, grid=False)
+    matrix = path != zoo.resolve(model, grid=False)
     recurrent_kept = []
     if any(layer.kind == "recurrent" for layer in net.layers):
         from dlas_predict.networks.graph import read_proto
