@@ -89,6 +89,19 @@ def test_an_unrolled_recurrent_node_computes_what_onnx_s_op_computes(op, directi
     assert len(convs) == dirs * (1 + (products - 1) * (5 if initial else 4))
 
 
+def test_a_gru_whose_candidate_has_no_recurrent_bias_starts_from_zeros_right():
+    model = _node_model("GRU", lbr=0, seq=3)
+    b = numpy_helper.to_array(model.graph.initializer[2]).copy()
+    b[:, 5 * 4:] = 0.0  # Rbₕ, the last of the six bias blocks (Wb z r h, Rb z r h), is zero
+    model.graph.initializer[2].CopyFrom(numpy_helper.from_array(b, "B"))
+    feeds = _feeds(model)
+    want = _run(model, feeds)
+    infer_shapes(model)
+    assert unroll(model, MATRIX_CONV) == 1
+    for w, g in zip(want, _run(model, feeds)):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("attrs,reason", [
     ({"clip": 3.0}, "clip"),
     ({"activations": ["Relu", "Tanh", "Tanh"]}, "activations relu, tanh, tanh"),

@@ -135,7 +135,7 @@ def _cell(wr: _Writer, op: str, pre: str, hr: str | None, h: str | None, c: str 
     the recurrent product ``hr`` of Hₜ₋₁ with its biases (None: zero), Hₜ₋₁ and Cₜ₋₁ (None:
     zeros), each 1 × channels × 1 × batch. A GRU whose candidate multiplies r ⊙ Hₜ₋₁ (``hr``
     then holds the z and r gates only) has ``cand``: ("product", weight, bias) with Hₜ₋₁,
-    ("bias", tensor) from zeros; ``product(x, weight, bias)`` makes that product."""
+    ("bias", tensor or None) from zeros; ``product(x, weight, bias)`` makes that product."""
     axis = wr.const("axis", np.array([1], np.int64))
 
     def gate(t: str, k: int) -> str:
@@ -162,8 +162,10 @@ def _cell(wr: _Writer, op: str, pre: str, hr: str | None, h: str | None, c: str 
     elif cand[0] == "product":  # (r ⊙ Hₜ₋₁)·Rₕᵀ + Rbₕ, the step's input added in its epilogue
         rec = product(wr.op("Mul", [r, h], "reset_hidden"), cand[1], cand[2])
         cand_in = wr.op("Add", [rec, gate(pre, 2)], "cand_in")
-    else:  # Hₜ₋₁ = 0: Rbₕ
+    elif cand[1] is not None:  # Hₜ₋₁ = 0: Rbₕ
         cand_in = wr.op("Add", [gate(pre, 2), cand[1]], "cand_in")
+    else:
+        cand_in = gate(pre, 2)
     new = wr.op("Tanh", [cand_in], "candidate")
     if h is None:
         one = wr.const("one", np.array(1.0, np.float32))
@@ -275,11 +277,12 @@ def _unroll_node(model, node, shapes: dict, inits: dict, origins: list,
                 hr = wr.const("rec_bias_image", rec_bias.reshape(1, -1, 1, 1).copy())
             else:
                 hr = None
-            cand = None
+            cand = None  # linear_before_reset: the candidate's term is in hr
             if cand_bias is not None and h is not None:
                 cand = ("product", r[d][2 * hidden:], cand_bias)
-            elif cand_bias is not None and cand_bias.any():
-                cand = ("bias", wr.const("rb_candidate", cand_bias.reshape(1, -1, 1, 1).copy()))
+            elif cand_bias is not None:  # Hₜ₋₁ = 0: Rbₕ alone (or nothing)
+                cand = ("bias", wr.const("rb_candidate", cand_bias.reshape(1, -1, 1, 1).copy())
+                        if cand_bias.any() else None)
             h, c = _cell(wr, op, pre, hr, h, c, hidden, cand,
                          lambda x, wt, bias: _product(
                              wr, x, wt, bias, "candidate_product", origins,
