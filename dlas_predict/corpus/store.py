@@ -471,15 +471,19 @@ class CorpusStore:
         if missing:
             raise StoreError(f"{path} is not a corpus snapshot: no {', '.join(sorted(missing))}")
         have = self.keys()
-        added = 0
+        rows = []
+        for row in frame.to_dict("records"):
+            row = {k: (None if isinstance(v, float) and v != v else v) for k, v in row.items()}
+            if row["key"] in have:
+                continue
+            result = MeasureResult.from_row(row)
+            _refuse_emulated(result.board)
+            rows.append(_row(result))
         with self._db:  # one transaction: the snapshot's records are all added or none
-            for row in frame.to_dict("records"):
-                row = {k: (None if isinstance(v, float) and v != v else v)
-                       for k, v in row.items()}
-                if row["key"] in have:
-                    continue
-                self._insert(MeasureResult.from_row(row), False, False)  # a new key
-                added += 1
+            before = self._db.total_changes
+            self._db.executemany(f"INSERT OR IGNORE INTO measurements ({','.join(COLUMNS)}) "
+                                 f"VALUES ({','.join('?' * len(COLUMNS))})", rows)
+            added = self._db.total_changes - before
         nets = networks_path(path)
         if nets.is_file():
             configs = read(nets)
