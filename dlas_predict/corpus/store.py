@@ -196,6 +196,9 @@ def drop_older_kernels(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 _CONFIG_SQL = "INSERT OR REPLACE INTO network_configs VALUES (?, ?, ?, ?, ?, ?, ?)"
+#: A kernel record (:func:`_row`), kept if its key is new.
+_INSERT_SQL = (f"INSERT OR IGNORE INTO measurements ({','.join(COLUMNS)}) "
+               f"VALUES ({','.join('?' * len(COLUMNS))})")
 
 
 def _refuse_emulated(board: str | None) -> None:
@@ -271,9 +274,7 @@ class CorpusStore:
         if replace or replace_failure:
             self._db.execute("DELETE FROM measurements WHERE key = ?"
                              + ("" if replace else " AND error IS NOT NULL"), (result.key,))
-        cur = self._db.execute(
-            f"INSERT OR IGNORE INTO measurements ({','.join(COLUMNS)}) "
-            f"VALUES ({','.join('?' * len(COLUMNS))})", _row(result))
+        cur = self._db.execute(_INSERT_SQL, _row(result))
         return cur.rowcount == 1
 
     def add_network_layers(self, network: str, layers: Iterable[tuple[int, str, str]]) -> None:
@@ -481,8 +482,7 @@ class CorpusStore:
             rows.append(_row(result))
         with self._db:  # one transaction: the snapshot's records are all added or none
             before = self._db.total_changes
-            self._db.executemany(f"INSERT OR IGNORE INTO measurements ({','.join(COLUMNS)}) "
-                                 f"VALUES ({','.join('?' * len(COLUMNS))})", rows)
+            self._db.executemany(_INSERT_SQL, rows)
             added = self._db.total_changes - before
         nets = networks_path(path)
         if nets.is_file():

@@ -302,7 +302,7 @@ def as_convs(model) -> int:
                                else add.input[0], 1.0)
                 dropped.add(out_index[add.output[0]])
         base = node.name or node.output[0]
-        # a weight several layers read (a recurrent product, every step) stays one weight
+        # a weight several layers read (tied weights) stays one weight
         key = (node.input[1], bool(attrs.get("transB", 0)), float(attrs.get("alpha", 1.0)))
         weight = shared_weights.get(key)
         if weight is None:
@@ -311,13 +311,10 @@ def as_convs(model) -> int:
             origins.append({"conv_weight": weight, "weight": node.input[1],
                             "transposed": key[1], "alpha": key[2]})
         conv_in = [weight]
-        if bias is not None:
-            bkey = (bias_source, key) if bias_source else None
-            if bkey is None or bkey not in shared_weights:
-                name = const(f"{base}/conv_bias", bias)
-                if bkey is not None:
-                    shared_weights[bkey] = name
-            conv_in.append(shared_weights[bkey] if bkey is not None else name)
+        if bias is not None:  # (a bias has its source: the Gemm's input or the Add's)
+            if (bias_source, key) not in shared_weights:
+                shared_weights[(bias_source, key)] = const(f"{base}/conv_bias", bias)
+            conv_in.append(shared_weights[(bias_source, key)])
         nodes = []
         shared = images.get(node.input[0])  # another layer reads the same rows: one image
         if shared is not None:
@@ -340,8 +337,8 @@ def as_convs(model) -> int:
         out_shape = np.array([*x[:-1], -1], np.int64)
         joined = _joined_add(out, reading, inits, shapes) if rows == 1 else None
         if joined is not None:
-            # one row plus another tensor of its shape (a recurrent step's input): the add
-            # on the image, where the conv's epilogue takes it
+            # one row plus another tensor of its shape (a residual at batch 1): the add on
+            # the image, where the conv's epilogue takes it
             add, other = joined
             o4, s4 = fresh(f"{base}/other_image"), fresh(f"{base}/joined")
             nodes.append(helper.make_node("Reshape", [other, const(

@@ -337,7 +337,8 @@ def _setup(model: str, device: str, validate: int, models_dir: Path | None,
     name = entry.name if entry else Path(path).stem
     net = read_network(path, name)
     notes = []
-    matrix = path != zoo.resolve(model, grid=False)
+    original = zoo.resolve(model, grid=False)
+    matrix = path != original
     recurrent_kept = []
     if any(layer.kind == "recurrent" for layer in net.layers):
         from dlas_predict.networks.graph import read_proto
@@ -345,8 +346,7 @@ def _setup(model: str, device: str, validate: int, models_dir: Path | None,
 
         recurrent_kept = kept(read_proto(path))
     if matrix:
-        steps = any(layer.kind == "recurrent" for layer in
-                    read_network(zoo.resolve(model, grid=False), name).layers)
+        steps = any(layer.kind == "recurrent" for layer in read_network(original, name).layers)
         notes.append(f"{name} is a matrix network: its {len(net.convs())} fully connected "
                      + ("layers and recurrent products (every step's, its recurrent layers "
                         "unrolled) " if steps and not recurrent_kept else "layers ")

@@ -41,6 +41,12 @@ def _window_stage(sch, b) -> bool:
                for c in sch.get_consumers(b))
 
 
+def _whole_vector(extent: int, lanes: int) -> int:
+    """The widest of a vector, half and a quarter of one that divides ``extent``, else 0."""
+    return next((v for v in (lanes, lanes // 2, lanes // 4) if extent % v == 0 and extent >= v),
+                0)
+
+
 def _batched_product(block, n_spatial: int) -> bool:
     """Whether a reduction block is a product of batched matrices (attention's QKᵀ and its
     product with V: three spatial axes or more), not a pool's window or a classifier's
@@ -91,7 +97,7 @@ def schedule_generic(func: tvm.tirx.PrimFunc, lanes: int = 16,
         if n_spatial == 0:
             continue
         last = int(sch.get(loops[n_spatial - 1]).extent)
-        vec = next((v for v in (lanes, lanes // 2, lanes // 4) if last % v == 0 and last >= v), 0)
+        vec = _whole_vector(last, lanes)
         if not vec and n_spatial < len(kinds) and _batched_product(block, n_spatial) \
                 and last >= lanes:
             vec = lanes  # attention's product over a sequence no vector divides: a tail tile
@@ -152,8 +158,7 @@ def _serial(sch, root, lanes: int, limit: int) -> bool:
         if not loops:
             continue
         last = int(sch.get(loops[-1]).extent)
-        vec = next((v for v in (lanes, lanes // 2, lanes // 4) if last % v == 0 and last >= v),
-                   0)
+        vec = _whole_vector(last, lanes)
         if vec:
             sch.vectorize(sch.split(loops[-1], [None, vec])[1])
     return True
