@@ -231,7 +231,8 @@ def test_the_probe_of_a_real_worker_is_reported_with_each_kernel():
         # the canary's reference is kept for the machine under DLAS_HOME/probe
         from dlas_predict.paths import dlas_home
         from dlas_predict.measure.execution.contention import _read_best
-        (ref,) = (dlas_home() / "probe").glob(f"canary-{dev.fingerprint}-*t.json")
+        (ref,) = (dlas_home() / "probe").glob(
+            f"canary-{dev.fingerprint}-*t-{dev.simd_bits or 512}b.json")
         assert _read_best(ref) > 0
     else:
         assert result.contention is None and result.slowdown is None
@@ -385,3 +386,18 @@ def test_retime_unprobed_times_records_without_probes_and_replaces_only_by_a_qui
         (rec,) = out.records
         assert out.retimed == 1 and rec.slowdown == 1.02
         assert [json.loads(r["run_secs"]) for r in db.network_measurements()] == [[7e-3]]
+
+
+def test_the_canary_takes_the_tiles_of_the_device_s_vector_width(tmp_path):
+    """A wider CPU's register tiles spill on a narrower one and vary by the run: the canary
+    of an AVX2 device is built with AVX2's tiles, and its fastest time kept apart."""
+    from dlas_predict.measure.kernels.knobs import resolve_knobs
+    from dlas_predict.space.config import ConvSpec, Variant
+
+    avx2 = {"kind": "llvm", "mcpu": "x86-64-v3", "num-cores": 2}
+    spec, v = ConvSpec.parse(contention.CANARY_CONV), Variant("spatial_pack", "dense")
+    canary = contention.Canary(avx2, None, repeats=1, simd_bits=256)
+    assert canary.knobs == resolve_knobs(spec, v, 256) != resolve_knobs(spec, v, 512)
+    assert canary.seconds() > 0
+    assert contention.Canary({"kind": "llvm"}, None, repeats=1).knobs == resolve_knobs(spec, v, 512)
+    assert len({contention.canary_reference("fp", 2, b) for b in (None, 256, 512)}) == 2

@@ -131,7 +131,9 @@ def test_training_rows_read_the_stores_onnxruntime_records(tmp_path, old_summari
                     verified=True, summary=json.dumps(stored),
                     details={"backend": "onnxruntime"})
                 db.add_network(rec)
-    X, y, modes, nets = training_rows(tmp_path / "s.sqlite", "local")
+    inputs, y, nets = training_rows(tmp_path / "s.sqlite", "local")
+    X, modes = inputs.terms, inputs.modes
+    assert inputs.recurrent == (False,) * len(y)
     n = 3 if old_summaries else 6
     assert len(y) == n and sorted(set(modes)) == (["fp32"] if old_summaries
                                                   else ["fp32", "int8"])
@@ -309,7 +311,8 @@ def test_a_pruned_model_with_nothing_removed_trains_and_prices_as_the_dense_fp32
                 summary=json.dumps(summary.__dict__),
                 details={"backend": "onnxruntime", **details})
             db.add_network(rec)
-    X, y, modes, nets = training_rows(tmp_path / "s.sqlite", "local")
+    inputs, y, nets = training_rows(tmp_path / "s.sqlite", "local")
+    X, modes = inputs.terms, inputs.modes
     assert modes == ["fp32", "fp32"]
     assert X[0].tolist() == X[1].tolist()
 
@@ -414,3 +417,32 @@ def test_matrix_networks_are_fitted_apart_and_fall_back_to_their_mode_s_fit():
     row = Xm[:1].copy()
     assert both.predict(OrtInputs(row, ["int8"]))[0] == pytest.approx(
         float(row[0] @ np.array(both.coef_["int8"])))
+
+
+def test_recurrent_networks_are_fitted_apart_and_fall_back_to_the_matrix_fit():
+    """A recurrent network's runs (onnxruntime loops over the steps in one op) get a fit of
+    their own per mode; without one they are priced by the matrix networks' fit of the
+    mode."""
+    X, y, modes, nets = _data(networks=12)
+    col = TERMS.index("matrix_macs")
+    Xm = X[::3].copy()
+    Xm[:, col] = 0.004
+    ym = y[::3] * 3.0  # the matrix networks' law
+    Xr, yr = Xm.copy(), y[::3] * 0.5  # the recurrent networks': another
+    n = len(Xm)
+    fp32 = ["fp32"] * n
+    fit = OrtLatencyModel().fit(
+        OrtInputs(np.vstack([X, Xm, Xr]), [*modes, *fp32, *fp32],
+                  (False,) * (len(X) + n) + (True,) * n),
+        np.concatenate([y, ym, yr]),
+        groups=[*nets, *[k + "-m" for k in nets[::3]], *[k + "-r" for k in nets[::3]]])
+    assert {"matrix fp32", "recurrent fp32"} <= set(fit.coef_)
+    rec = fit.predict(OrtInputs(Xr, fp32, (True,) * n))
+    mat = fit.predict(OrtInputs(Xm, fp32))
+    assert np.median(np.abs(rec / yr - 1)) < 0.1 and np.median(np.abs(mat / ym - 1)) < 0.1
+    # fitted without them: the same rows are priced by the matrix fit
+    without = OrtLatencyModel().fit(
+        OrtInputs(np.vstack([X, Xm]), [*modes, *fp32]), np.concatenate([y, ym]),
+        groups=[*nets, *[k + "-m" for k in nets[::3]]])
+    assert np.allclose(without.predict(OrtInputs(Xr, fp32, (True,) * n)),
+                       without.predict(OrtInputs(Xm, fp32)))

@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from dlas_predict.networks.generate import generate
 from dlas_predict.networks.graph import infer_shapes, load_onnx, read_network
 from dlas_predict.networks.matrix import MATRIX_CONV, grid_form, is_matrix_layer, weights_back
-from dlas_predict.networks.recurrent import kept, unroll
+from dlas_predict.networks.recurrent import is_step_product, kept, unroll
 
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 
@@ -129,6 +129,9 @@ def test_a_generated_recurrent_network_s_grid_form_and_weights_back(tmp_path, ce
     assert not any(n.op_type in GATES for n in grid.graph.node)
     assert not read_network(g).layers or all(layer.kind != "recurrent"
                                             for layer in read_network(g).layers)
+    # one recurrent product a step but the first (it reads no state), named as such
+    steps = [c.name for c in read_network(g).convs() if is_step_product(c.name)]
+    assert len(steps) == 2 * 5  # two layers of six steps
     x = {"input": np.random.default_rng(2).integers(0, 40, size=(1, 6)).astype(np.int64)}
     original = onnx.load(str(m.path))
     np.testing.assert_allclose(_run(grid, x)[0], _run(original, x)[0], rtol=1e-4, atol=1e-5)

@@ -31,6 +31,8 @@ network out, fp32 and channel pruning within ±10 % 66 % with them apart, 70 % s
 channel-pruned conv counts its density's share of the work where the store holds only the
 dense shapes (onnxruntime runs the model with the zeroed filters removed); a weight-pruned
 one all of it (onnxruntime multiplies the zeros); the other ops are the dense network's.
+Matrix networks (transformers, MLPs) are fitted apart, mode by mode, and recurrent ones
+apart again (:data:`MATRIX_PREFIX`, :data:`RECURRENT_PREFIX`).
 
 The interval is the 10–90 % range of the leave-one-network-out relative errors of the fit,
 which :meth:`OrtLatencyModel.fit` also reports (``meta["lono"]``).
@@ -60,6 +62,11 @@ MODES = ("fp32", "channel_pruning", "int8", "float16")
 #: fitted apart, mode by mode, under the mode's name with this prefix (too few networks:
 #: the mode's fit of the others).
 MATRIX_PREFIX = "matrix "
+#: A recurrent network's runs are fitted apart again, under this prefix (too few networks:
+#: the matrix networks' fit of the mode): onnxruntime runs each LSTM, GRU or RNN node as one
+#: op looping over its steps, where the terms count the unrolled steps' products and cell
+#: ops, each of which costs a matrix network's layer a launch of its own.
+RECURRENT_PREFIX = "recurrent "
 #: A conv with fewer input or output channels than this is narrow.
 NARROW = 16
 FILE = "onnxruntime.json"  # the model saved in a device's model folder
@@ -159,21 +166,32 @@ def ort_terms(specs, ratios, summary, mode: str, channels_removed: bool,
                      matrix_macs / 1e9, matrix_bytes / 1e6, summary.nonconv_macs / 1e9])
 
 
-def _fitted_modes(T: np.ndarray, modes: list[str]) -> list[str]:
-    """Each row's fitted mode: a matrix network's (matrix MACs in its terms) prefixed by
-    :data:`MATRIX_PREFIX`."""
+def _fitted_modes(T: np.ndarray, modes: list[str], recurrent=()) -> list[str]:
+    """Each row's fitted mode: a recurrent network's prefixed by :data:`RECURRENT_PREFIX`,
+    another matrix network's (matrix MACs in its terms) by :data:`MATRIX_PREFIX`."""
     col = TERMS.index("matrix_macs")
-    return [MATRIX_PREFIX + m if len(t) > col and t[col] > 0 else m
-            for t, m in zip(np.atleast_2d(T), modes)]
+    recurrent = list(recurrent) or [False] * len(modes)
+    return [RECURRENT_PREFIX + m if r else MATRIX_PREFIX + m if len(t) > col and t[col] > 0
+            else m for t, m, r in zip(np.atleast_2d(T), modes, recurrent)]
+
+
+def _fallbacks(mode: str) -> tuple[str, ...]:
+    """The fits that price a row of ``mode``, the first one fitted first: its own, the
+    matrix networks' of its mode, the mode's, fp32's."""
+    base = mode.removeprefix(RECURRENT_PREFIX).removeprefix(MATRIX_PREFIX)
+    return tuple(dict.fromkeys((mode, MATRIX_PREFIX + base if mode != base else base, base,
+                                "fp32")))
 
 
 @dataclass(frozen=True)
 class OrtInputs:
-    """What the onnxruntime model reads per run: its :func:`ort_terms` row and its mode
-    (:data:`MODES`)."""
+    """What the onnxruntime model reads per run: its :func:`ort_terms` row, its mode
+    (:data:`MODES`) and whether it is a recurrent network's (empty: none is; its layers
+    :func:`~dlas_predict.networks.recurrent.is_step_product`)."""
 
     terms: np.ndarray
     modes: list[str]
+    recurrent: tuple[bool, ...] = ()
 
 
 @dataclass
@@ -199,14 +217,15 @@ class OrtLatencyModel(CostModel):
         """Fit each mode on its rows; its interval and metrics from leaving one network
         (``groups``: each row's) out."""
         T, y = np.asarray(X.terms, float), np.asarray(y, float)
-        modes_a, nets = np.array(_fitted_modes(T, X.modes)), np.array(groups)
+        modes_a, nets = np.array(_fitted_modes(T, X.modes, X.recurrent)), np.array(groups)
         if len(set(groups)) < MIN_NETWORKS:
             raise ModelError(f"the onnxruntime model needs measurements of at least "
                              f"{MIN_NETWORKS} networks, the store has {len(set(groups))}")
         self.coef_, self.q10_, self.q90_ = {}, {}, {}
         self.meta_ = dict(self.about, terms=list(TERMS), n_train=int(len(y)),
                           networks=sorted(set(groups)), lono={})
-        for mode in (*MODES, *(MATRIX_PREFIX + m for m in MODES)):
+        for mode in (*MODES, *(p + m for p in (MATRIX_PREFIX, RECURRENT_PREFIX)
+                                for m in MODES)):
             rows = modes_a == mode
             if len(set(nets[rows])) < MIN_NETWORKS:
                 continue
@@ -235,9 +254,8 @@ class OrtLatencyModel(CostModel):
             raise ModelError("the onnxruntime model is not trained")
         T = np.atleast_2d(np.asarray(X.terms, float))
         mid, low, high = (np.empty(len(T)) for _ in range(3))
-        for i, (x, mode) in enumerate(zip(T, _fitted_modes(T, X.modes))):
-            mm = next(m for m in (mode, mode.removeprefix(MATRIX_PREFIX), "fp32")
-                      if m in self.coef_)
+        for i, (x, mode) in enumerate(zip(T, _fitted_modes(T, X.modes, X.recurrent))):
+            mm = next(m for m in _fallbacks(mode) if m in self.coef_)
             t = max(float(x @ np.array(self.coef_[mm])), 1e-9)
             # q = log(pred / measured): the measured value lies in pred·exp(-q)
             mid[i], low[i], high[i] = t, t * np.exp(-self.q90_[mm]), t * np.exp(-self.q10_[mm])
@@ -303,7 +321,7 @@ def knows_qdq_floats(network: str, summary_text: str | None) -> bool:
 
 
 def training_rows(store: Path, device: str, block: int | None = None):
-    """(X, seconds, modes, networks) of the verified onnxruntime records of ``device`` in
+    """(inputs, seconds, networks) of the verified onnxruntime records of ``device`` in
     ``store`` (fp32 only when its output check passed; reduced precision by its time);
     ``block``: the NCHWc block of the machine that ran them (default: the registry's
     ``device``)."""
@@ -311,6 +329,7 @@ def training_rows(store: Path, device: str, block: int | None = None):
     from dlas_predict.corpus.store import CorpusStore
     from dlas_predict.models.evaluation import stored_summary, channels_removed
     from dlas_predict.networks.matrix import is_matrix_layer
+    from dlas_predict.networks.recurrent import is_step_product
     from dlas_predict.space.config import ConvSpec
     from dlas_predict.space.devices import get_device
 
@@ -323,7 +342,7 @@ def training_rows(store: Path, device: str, block: int | None = None):
     for c in configs:
         layers.setdefault((c["network"], c["config"]), []).append(c)
     dense_summary = {r.network: r.summary for r in recs if r.config == "dense"}
-    X, y, modes, nets = [], [], [], []
+    X, y, modes, nets, recurrent = [], [], [], [], []
     for r in recs:
         mode = model_mode(r.config)
         if r.verified is False and mode in ("fp32", "channel_pruning"):
@@ -350,4 +369,5 @@ def training_rows(store: Path, device: str, block: int | None = None):
         y.append(r.best_s)
         modes.append(mode)
         nets.append(r.network)
-    return np.array(X), np.array(y), modes, nets
+        recurrent.append(any(is_step_product(c["layer_name"]) for c in ls))
+    return OrtInputs(np.array(X), modes, tuple(recurrent)), np.array(y), nets

@@ -28,6 +28,15 @@ OPS = ("LSTM", "GRU", "RNN")
 _DEFAULT_ACTIVATIONS = {"LSTM": ["sigmoid", "tanh", "tanh"], "GRU": ["sigmoid", "tanh"],
                         "RNN": ["tanh"]}
 _GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
+#: The name of a step's recurrent product (one per step and direction) in the unrolled
+#: network's layer names.
+STEP_PRODUCT = "recurrent_product"
+
+
+def is_step_product(name: str) -> bool:
+    """Whether a conv layer of this name is a step's recurrent product of an unrolled
+    recurrent layer."""
+    return f"/{STEP_PRODUCT}/" in name
 
 
 def _attrs(node) -> dict:
@@ -270,7 +279,7 @@ def _unroll_node(model, node, shapes: dict, inits: dict, origins: list,
         for t in (range(seq - 1, -1, -1) if reverse else range(seq)):
             pre = steps[t]
             if h is not None:
-                hr = _product(wr, h, r_main, rec_bias, "recurrent_product", origins,
+                hr = _product(wr, h, r_main, rec_bias, STEP_PRODUCT, origins,
                               {"node_input": ins[2], "direction": d, "rows": main_rows},
                               shared)
             elif rec_bias.any():  # Hₜ₋₁ = 0: the recurrent product is its bias

@@ -449,6 +449,7 @@ def _onnxruntime_candidates(points, su: _Setup) -> list[Candidate]:
     from dlas_predict.networks.summary import NetworkSummary
     from dlas_predict.models.ortmodel import OrtInputs, model_mode, nchwc_block, ort_terms
     from dlas_predict.networks.matrix import is_matrix_layer
+    from dlas_predict.networks.recurrent import is_step_product
 
     weight_pruned = [p for p in points if p.compression is Compression.WEIGHT_PRUNING]
     su.skipped.extend((f"{p.compression.value}@{p.ratio:g} onnxruntime",
@@ -465,7 +466,8 @@ def _onnxruntime_candidates(points, su: _Setup) -> list[Candidate]:
     X = np.array([ort_terms(p.specs or specs, p.layer_ratios, p.summary or summary, mode,
                             False, block, matrix if len(p.specs or specs) == len(specs)
                             else None) for p, mode in zip(points, modes)])
-    mid, low, high = su.ort_model.predict_all(OrtInputs(X, modes))
+    recurrent = any(is_step_product(c.name) for c in su.net.convs())
+    mid, low, high = su.ort_model.predict_all(OrtInputs(X, modes, (recurrent,) * len(X)))
     return [Candidate(p.compression, p.ratio, ONNXRUNTIME, (), float(m), float(lo), float(hi))
             for p, m, lo, hi in zip(points, mid, low, high)]
 

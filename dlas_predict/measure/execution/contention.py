@@ -118,9 +118,14 @@ class Canary:
 
     ``reference`` is the file keeping that fastest time (None: this process only). It is
     shared by every worker of the machine; a faster time replaces it (atomically), a slower
-    one never does. A reference that cannot be written is kept in memory."""
+    one never does. A reference that cannot be written is kept in memory.
 
-    def __init__(self, target_json: dict, reference: Path | None, repeats: int = 5) -> None:
+    Its register tiles are those of the CPU's vector width (``simd_bits``; None: 512): the
+    tiles of a wider CPU spill on a narrower one, and a kernel that spills varies by the run
+    (on an AVX2 target, AVX-512's tiles timed 0.67-2.1 ms where AVX2's take 0.44 ms)."""
+
+    def __init__(self, target_json: dict, reference: Path | None, repeats: int = 5,
+                 simd_bits: int | None = None) -> None:
         import tvm
 
         from dlas_predict.measure.execution.remote import execution
@@ -133,7 +138,8 @@ class Canary:
         spec = ConvSpec.parse(CANARY_CONV)
         variant = Variant("spatial_pack", "dense")
         ks = KernelSpec(conv=spec, algorithm=variant.algorithm, sparse=False,
-                        dtype=DType.FLOAT32, knobs=resolve_knobs(spec, variant))
+                        dtype=DType.FLOAT32, knobs=resolve_knobs(spec, variant, simd_bits))
+        self.knobs = dict(ks.knobs)
         x, w = make_inputs(spec, DType.FLOAT32, seed=0)
         run = execution()
         dev = run.dev
@@ -208,12 +214,13 @@ def _write_best(path: Path | None, best: float, recent: list[float] | None = Non
         pass  # the reference stays in memory for this worker
 
 
-def canary_reference(fingerprint: str, threads: int) -> Path:
-    """Where the canary's fastest time is kept for a machine and a thread count."""
+def canary_reference(fingerprint: str, threads: int, simd_bits: int | None = None) -> Path:
+    """Where the canary's fastest time is kept for a machine, a thread count and the vector
+    width its tiles are for (None: 512)."""
     from dlas_predict.paths import dlas_home
 
     safe = "".join(c for c in fingerprint if c.isalnum() or c in "-_") or "unknown"
-    return dlas_home() / "probe" / f"canary-{safe}-{threads}t.json"
+    return dlas_home() / "probe" / f"canary-{safe}-{threads}t-{simd_bits or 512}b.json"
 
 
 class ContentionProbe:
@@ -289,18 +296,20 @@ class ContentionProbe:
 _PROBES: dict[tuple, ContentionProbe] = {}
 
 
-def probe_for(target: dict, threads: int, fingerprint: str = "") -> ContentionProbe | None:
-    """The worker's probe (built on first use), its canary's reference kept for
-    ``fingerprint``; None with one thread (nothing to contend)."""
+def probe_for(target: dict, threads: int, fingerprint: str = "",
+              simd_bits: int | None = None) -> ContentionProbe | None:
+    """The worker's probe (built on first use), its canary's tiles for ``simd_bits`` and
+    its reference kept for ``fingerprint``; None with one thread (nothing to contend)."""
     if threads < 2:
         return None
-    key = (json.dumps(target, sort_keys=True), threads, fingerprint)
+    key = (json.dumps(target, sort_keys=True), threads, fingerprint, simd_bits)
     if key not in _PROBES:
         from dlas_predict.measure.execution.remote import RELEASE_HOOKS
 
         if drop_probes not in RELEASE_HOOKS:
             RELEASE_HOOKS.append(drop_probes)  # a board given back takes its probes with it
-        canary = Canary(target, canary_reference(fingerprint, threads))
+        canary = Canary(target, canary_reference(fingerprint, threads, simd_bits),
+                        simd_bits=simd_bits)
         _PROBES[key] = ContentionProbe(target, threads, canary=canary)
     return _PROBES[key]
 
@@ -332,15 +341,15 @@ def timed(run: Callable[[], list[float]], probe: ContentionProbe | None,
     return Timed(runs, round(worst.ratio, 3), slowdown, round(waited, 3), attempts)
 
 
-def timed_fields(run, target_json: dict, proto: Any,
-                 fingerprint: str = "") -> dict[str, Any]:
-    """Time ``run`` on a quiet machine where possible
-    (:func:`timed`); the reply's timing fields."""
+def timed_fields(run, target_json: dict, proto: Any, fingerprint: str = "",
+                 simd_bits: int | None = None) -> dict[str, Any]:
+    """Time ``run`` on a quiet machine where possible (:func:`timed`; the canary's tiles
+    for ``simd_bits``); the reply's timing fields."""
     from dlas_predict.measure.execution.remote import execution
 
     ex = execution()
     if ex.board is not None:  # the probes run on the board, their canary kept per board
         fingerprint = ex.board.fingerprint
-    t = timed(run, probe_for(target_json, ex.threads(), fingerprint), proto)
+    t = timed(run, probe_for(target_json, ex.threads(), fingerprint, simd_bits), proto)
     return {"run_secs": t.runs, "contention": t.contention, "slowdown": t.slowdown,
             "quiet_wait_s": t.waited_s, "timing_attempts": t.attempts}

@@ -127,6 +127,7 @@ class OrtTask:
     protocol: Protocol = field(default_factory=Protocol)
     fingerprint: str = ""
     fault: str | None = None
+    simd_bits: int | None = None  # the CPU's vector width: the contention canary's tiles
 
     kind = "onnxruntime"
 

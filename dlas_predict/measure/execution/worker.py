@@ -103,7 +103,7 @@ def _run_kernel(task: KernelTask) -> dict[str, Any]:
     timer = module.time_evaluator("main", dev, number=number, repeat=repeats)
     result.update(number=number, repeats=repeats,
                   **timed_fields(lambda: timer(*args, out).results, task.target, proto,
-                                 task.fingerprint))
+                                 task.fingerprint, task.simd_bits))
     return result
 
 

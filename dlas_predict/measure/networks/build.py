@@ -780,5 +780,6 @@ def run_network_task(task: "NetworkTask") -> dict[str, Any]:
     number, repeats = plan_timing(single, proto)
     timer = vm.timer(number, repeats)
     result.update(number=number, repeats=repeats,
-                  **timed_fields(lambda: timer(x), task.target, proto, task.fingerprint))
+                  **timed_fields(lambda: timer(x), task.target, proto, task.fingerprint,
+                                 task.simd_bits))
     return result

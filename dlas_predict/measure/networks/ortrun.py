@@ -159,5 +159,6 @@ def run_ort_task(task: OrtTask) -> dict[str, Any]:
         return secs
 
     result.update(number=number, repeats=repeats,
-                  **timed_fields(run, task.target, task.protocol, task.fingerprint))
+                  **timed_fields(run, task.target, task.protocol, task.fingerprint,
+                                 task.simd_bits))
     return result

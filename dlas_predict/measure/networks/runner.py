@@ -318,7 +318,8 @@ class NetworkRunner:
                        target=self.device.target,
                        calibration=str(calib) if calib else None,
                        calibration_source=_calibration_source(plan.model) if calib else "",
-                       protocol=self.runner.protocol, fingerprint=self.device.fingerprint)
+                       protocol=self.runner.protocol, fingerprint=self.device.fingerprint,
+                       simd_bits=self.device.simd_bits)
 
     def measure(self, plan: NetworkPlan) -> NetworkMeasurement:
         """Build, check and time one configuration; a failure is a record with ``error``."""
