@@ -90,6 +90,30 @@ def test_a_matmul_of_a_batch_of_rows_without_bias_and_a_product_of_activations_s
     np.testing.assert_allclose(_run(model, x), _run(m, x), rtol=1e-5, atol=1e-5)
 
 
+def test_a_residual_of_one_row_joins_the_layer_s_output_on_the_image(tmp_path):
+    """One row plus a computed tensor of its shape (a residual MLP at batch 1): the add runs
+    on the conv's output in the image layout, where the epilogue takes it, and the network
+    computes the same."""
+    rng = np.random.default_rng(3)
+    inits = {"w1": rng.normal(size=(6, 6)).astype(np.float32),
+             "b1": rng.normal(size=6).astype(np.float32),
+             "w2": rng.normal(size=(6, 6)).astype(np.float32)}
+    m = _graph([helper.make_node("MatMul", ["x", "w1"], ["p"]),
+                helper.make_node("Add", ["p", "b1"], ["q"]),
+                helper.make_node("Relu", ["q"], ["h"]),
+                helper.make_node("MatMul", ["h", "w2"], ["r"]),
+                helper.make_node("Add", ["h", "r"], ["y"])], inits, [1, 6], [1, 6])
+    path = tmp_path / "residual.onnx"
+    onnx.save(m, path)
+    model, n = _rewritten(path)
+    assert n == 2
+    conv_out = {node.output[0] for node in model.graph.node if node.op_type == "Conv"}
+    adds = [node for node in model.graph.node if node.op_type == "Add"]
+    assert len(adds) == 1 and set(adds[0].input) & conv_out  # joined on the image
+    x = rng.normal(size=(1, 6)).astype(np.float32)
+    np.testing.assert_allclose(_run(model, x), _run(m, x), rtol=1e-5, atol=1e-5)
+
+
 def test_grid_form_rewrites_matrix_networks_once_and_leaves_cnns(tmp_path):
     from conftest import DEMO
 

@@ -64,8 +64,8 @@ MODES = ("fp32", "channel_pruning", "int8", "float16")
 MATRIX_PREFIX = "matrix "
 #: A recurrent network's runs are fitted apart again, under this prefix (too few networks:
 #: the matrix networks' fit of the mode): onnxruntime runs each LSTM, GRU or RNN node as one
-#: op looping over its steps, where the terms count the unrolled steps' products and cell
-#: ops, each of which costs a matrix network's layer a launch of its own.
+#: op looping over its steps, where the terms count every unrolled step's products and cell
+#: ops as layers, each priced in a matrix network as an op of its own.
 RECURRENT_PREFIX = "recurrent "
 #: A conv with fewer input or output channels than this is narrow.
 NARROW = 16
@@ -176,8 +176,8 @@ def _fitted_modes(T: np.ndarray, modes: list[str], recurrent=()) -> list[str]:
 
 
 def _fallbacks(mode: str) -> tuple[str, ...]:
-    """The fits that price a row of ``mode``, the first one fitted first: its own, the
-    matrix networks' of its mode, the mode's, fp32's."""
+    """The fits that may price a row of ``mode``, in order (the first fitted one does): its
+    own, the matrix networks' of its mode, the mode's, fp32's."""
     base = mode.removeprefix(RECURRENT_PREFIX).removeprefix(MATRIX_PREFIX)
     return tuple(dict.fromkeys((mode, MATRIX_PREFIX + base if mode != base else base, base,
                                 "fp32")))
