@@ -252,20 +252,15 @@ def fold_shape_arithmetic(model) -> int:
     from onnx.reference import ReferenceEvaluator
 
     shapes = value_shapes(model)
-    known: dict[str, np.ndarray] = {
-        t.name: numpy_helper.to_array(t) for t in model.graph.initializer
-        if math.prod(t.dims) <= _FOLD_LIMIT}
+    known = constant_values(model, lambda dims: math.prod(dims) <= _FOLD_LIMIT)
     nodes, folded = [], 0
     for node in model.graph.node:
-        if node.op_type == "Constant" and node.attribute:
-            value = helper.get_attribute_value(node.attribute[0])
-            if hasattr(value, "dims") and math.prod(value.dims) <= _FOLD_LIMIT:
-                known[node.output[0]] = numpy_helper.to_array(value)
+        if node.op_type == "Constant":
             nodes.append(node)
             continue
         value = None
         if node.op_type == "Shape" and shapes.get(node.input[0]) is not None:
-            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            attrs = node_attributes(node)
             dims = list(shapes[node.input[0]])
             value = np.array(dims[attrs.get("start", 0):attrs.get("end", len(dims))],
                              np.int64)
@@ -353,10 +348,25 @@ def _constants(model) -> dict[str, int]:
     return out
 
 
-def _attrs(node) -> dict:
+def node_attributes(node) -> dict:
+    """An ONNX node's attributes by name, as values."""
     import onnx.helper
 
     return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+
+
+def constant_values(model, keep) -> dict[str, np.ndarray]:
+    """The values of ``model``'s initializers and Constant nodes (a tensor ``value``) whose
+    dims ``keep(dims)`` accepts, by name; the others are not decoded."""
+    from onnx import helper, numpy_helper
+
+    out = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer if keep(t.dims)}
+    for node in model.graph.node:
+        if node.op_type == "Constant" and node.attribute:
+            value = helper.get_attribute_value(node.attribute[0])
+            if getattr(value, "dims", None) is not None and keep(value.dims):
+                out[node.output[0]] = numpy_helper.to_array(value)
+    return out
 
 
 def conv_spec_of(node, name: str, x: tuple | None, w: tuple | None) -> ConvSpec:
@@ -364,7 +374,7 @@ def conv_spec_of(node, name: str, x: tuple | None, w: tuple | None) -> ConvSpec:
         raise NetworkError(f"Conv {name!r}: only 2-D convolutions with known input and "
                            f"weight shapes are supported (got {x}, {w}); export the network "
                            "with a fixed input size")
-    attrs = _attrs(node)
+    attrs = node_attributes(node)
     if attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
         raise NetworkError(f"Conv {name!r}: auto_pad={attrs['auto_pad']!r} is not "
                            "supported; export with explicit pads")
@@ -391,7 +401,7 @@ def _fc_macs(node, name: str, ins: list, out: tuple | None) -> int:
         if a is None or b is None or len(a) != 2 or len(b) != 2:
             raise NetworkError(f"Gemm {name!r}: unknown operand shapes {a}, {b}; export the "
                                "network with a fixed input size")
-        attrs = _attrs(node)
+        attrs = node_attributes(node)
         m, k = (a[1], a[0]) if attrs.get("transA", 0) else a
         n = b[0] if attrs.get("transB", 0) else b[1]
         return int(m * n * k)
@@ -409,7 +419,7 @@ def _recurrent_macs(node, name: str, shapes: dict) -> int:
     if x is None or w is None or len(x) != 3 or len(w) != 3:
         raise NetworkError(f"{node.op_type} {name!r}: unknown input or weight shapes "
                            f"({x}, {w}); export with a fixed sequence length")
-    attrs = _attrs(node)
+    attrs = node_attributes(node)
     seq, batch = (x[1], x[0]) if attrs.get("layout", 0) else (x[0], x[1])
     dirs, gates_hidden, inputs = w
     hidden = gates_hidden // RECURRENT_GATES[node.op_type]
@@ -553,7 +563,7 @@ def _network(model, name: str, path: str) -> Network:
             weight = node.input[1] if node.input[1] in consts else None
         window = 0
         if kind == "pool":
-            window = int(math.prod(_attrs(node).get("kernel_shape") or [1]))
+            window = int(math.prod(node_attributes(node).get("kernel_shape") or [1]))
         act_elems = sum(int(math.prod(shapes[i])) for i in act_in if shapes.get(i) is not None)
         out_elems = int(math.prod(out)) if out is not None else 0
         all_weights = sum(consts[i] for i in node.input if i and i in consts)

@@ -48,7 +48,7 @@ def matrix_nodes(model, shapes: dict) -> list:
     2-D float32 weight, an activation of known shape of rank ≥ 2 whose last axis is the
     weight's input size (``Gemm``: no transposed input, a bias of one value per output or
     none)."""
-    from onnx import helper
+    from dlas_predict.networks.graph import node_attributes
 
     inits = {t.name: t for t in model.graph.initializer}
     found = []
@@ -60,7 +60,7 @@ def matrix_nodes(model, shapes: dict) -> list:
             continue
         if w.data_type != 1:  # float32 (the network's float16 or int8 forms are the grid's)
             continue
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        attrs = node_attributes(node)
         k = w.dims[1] if attrs.get("transB", 0) else w.dims[0]
         if x[-1] != k:
             continue
@@ -155,15 +155,9 @@ class _Layout:
 
 def _scalars(model) -> set[str]:
     """Initializers and Constant outputs of one element."""
-    from onnx import helper
+    from dlas_predict.networks.graph import constant_values
 
-    found = {t.name for t in model.graph.initializer if math.prod(t.dims) == 1}
-    for node in model.graph.node:
-        if node.op_type == "Constant":
-            value = helper.get_attribute_value(node.attribute[0])
-            if getattr(value, "dims", None) is not None and math.prod(value.dims) == 1:
-                found.add(node.output[0])
-    return found
+    return set(constant_values(model, lambda dims: math.prod(dims) == 1))
 
 
 def _keep_image_layout(model, layouts: list[_Layout]) -> int:
@@ -240,7 +234,7 @@ def as_convs(model) -> int:
     shapes (``graph.infer_shapes``)."""
     from onnx import helper, numpy_helper
 
-    from dlas_predict.networks.graph import value_shapes
+    from dlas_predict.networks.graph import node_attributes, value_shapes
 
     shapes = value_shapes(model)
     inits = {t.name: t for t in model.graph.initializer}
@@ -280,7 +274,7 @@ def as_convs(model) -> int:
     origins = []  # each rewritten layer's weights and where they came from
     for index in sorted(targets):
         node = nodes_[index]
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        attrs = node_attributes(node)
         w = numpy_helper.to_array(inits[node.input[1]]).astype(np.float32)
         if not attrs.get("transB", 0):
             w = w.T  # [N, K]

@@ -21,6 +21,8 @@ import json
 
 import numpy as np
 
+from dlas_predict.networks.graph import node_attributes
+
 #: The metadata key listing each product's conv weight and where it came from: the node's W
 #: or R, the direction and the rows (gates) of it.
 ORIGINS_KEY = "dlas.recurrent_weights"
@@ -39,18 +41,12 @@ def is_step_product(name: str) -> bool:
     return f"/{STEP_PRODUCT}/" in name
 
 
-def _attrs(node) -> dict:
-    from onnx import helper
-
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
-
-
 def unsupported(node, inits: dict, constants: dict | None = None) -> str | None:
     """Why ``node`` (an LSTM, GRU or RNN) cannot be unrolled exactly, or None;
     ``constants``: the model's constant tensors (:func:`_constants`)."""
     from onnx import numpy_helper
 
-    a = _attrs(node)
+    a = node_attributes(node)
     dirs = {"forward": 1, "reverse": 1, "bidirectional": 2}
     direction = a.get("direction", b"forward")
     direction = direction.decode() if isinstance(direction, bytes) else direction
@@ -88,16 +84,10 @@ def unsupported(node, inits: dict, constants: dict | None = None) -> str | None:
 
 def _constants(model) -> dict[str, np.ndarray]:
     """The values of ``model``'s initializers and Constant nodes of a state's size."""
-    from onnx import helper, numpy_helper
+    from dlas_predict.networks.graph import constant_values
 
-    out = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer
-           if len(t.dims) == 3 and int(np.prod(t.dims)) <= 1 << 16}
-    for node in model.graph.node:
-        if node.op_type == "Constant" and node.attribute:
-            value = helper.get_attribute_value(node.attribute[0])
-            if hasattr(value, "dims") and len(value.dims) == 3:
-                out[node.output[0]] = numpy_helper.to_array(value)
-    return out
+    return constant_values(model, lambda dims: len(dims) == 3
+                           and int(np.prod(dims)) <= 1 << 16)
 
 
 class _Writer:
@@ -227,7 +217,7 @@ def _unroll_node(model, node, shapes: dict, inits: dict, origins: list,
     from onnx import numpy_helper
 
     op = node.op_type
-    a = _attrs(node)
+    a = node_attributes(node)
     ins = list(node.input) + [""] * 8
     outs = list(node.output) + [""] * 3
     seq, batch, n_in = (int(v) for v in shapes[ins[0]])

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from onnx import numpy_helper
 
 from dlas_predict.errors import NetworkError
+from dlas_predict.networks.graph import node_attributes
 
 #: The operators the importer runs.
 SUPPORTED = (
@@ -38,10 +39,6 @@ _PROBABILITIES = ("Softmax", "LogSoftmax")
 
 class ImportError_(NetworkError):
     """The ONNX graph uses something the importer cannot run in torch."""
-
-
-def _attrs(node: onnx.NodeProto) -> dict:
-    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
 
 
 def _pads(pads: list[int] | None, dims: int = 2) -> tuple[list[int], bool]:
@@ -116,7 +113,7 @@ class OnnxModule(nn.Module):
     # ---- layers with weights ------------------------------------------------------------
     @staticmethod
     def _layer(node: onnx.NodeProto, inits: dict[str, np.ndarray]) -> nn.Module | None:
-        a = _attrs(node)
+        a = node_attributes(node)
         if node.op_type == "Conv":
             w = inits.get(node.input[1])
             if w is None or w.ndim != 4:
@@ -230,7 +227,7 @@ class OnnxModule(nn.Module):
 
     @staticmethod
     def _op(node: onnx.NodeProto, ins: list, layer: nn.Module | None):
-        op, a = node.op_type, _attrs(node)
+        op, a = node.op_type, node_attributes(node)
         x = ins[0] if ins else None
         if layer is not None:
             conv = layer[0] if isinstance(layer, nn.Sequential) else layer

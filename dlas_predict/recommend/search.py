@@ -456,8 +456,9 @@ def _onnxruntime_candidates(points, su: _Setup) -> list[Candidate]:
                        "onnxruntime has no sparse kernel: a weight-pruned model runs as "
                        "fast as the dense one there, less accurate") for p in weight_pruned)
     points = [p for p in points if p.compression is not Compression.WEIGHT_PRUNING]
-    specs = [c.spec for c in su.net.convs()]
-    matrix = [is_matrix_layer(c.name) for c in su.net.convs()]
+    convs = su.net.convs()
+    specs = [c.spec for c in convs]
+    matrix = [is_matrix_layer(c.name) for c in convs]
     summary = NetworkSummary.of(su.net)
     # a channel-pruned network none of whose zeroed filters could be removed is the dense one
     modes = [model_mode(p.compression, p.specs is not None and list(p.specs) != specs)
@@ -466,7 +467,7 @@ def _onnxruntime_candidates(points, su: _Setup) -> list[Candidate]:
     X = np.array([ort_terms(p.specs or specs, p.layer_ratios, p.summary or summary, mode,
                             False, block, matrix if len(p.specs or specs) == len(specs)
                             else None) for p, mode in zip(points, modes)])
-    recurrent = any(is_step_product(c.name) for c in su.net.convs())
+    recurrent = any(is_step_product(c.name) for c in convs)
     mid, low, high = su.ort_model.predict_all(OrtInputs(X, modes, (recurrent,) * len(X)))
     return [Candidate(p.compression, p.ratio, ONNXRUNTIME, (), float(m), float(lo), float(hi))
             for p, m, lo, hi in zip(points, mid, low, high)]
