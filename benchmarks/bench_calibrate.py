@@ -2,15 +2,17 @@
 
 For each network (generated CNNs of shapes the corpus lacks, one per block style, as
 ``bench_unseen.py``), ``recommend NET --tuning untuned --validate K`` runs with the
-calibrated ``local`` (``--calibrated-home``: a DLAS_HOME where ``dlas-predict calibrate``
-ran): its top K candidates of both backends are built and timed here. The same candidates
-are priced zero-shot (a DLAS_HOME without the calibration) and by a MACs fit (log latency on
-log MACs, per backend, fitted on the calibration's own whole-network runs: the same shots).
-Printed: within ±10 %, MAPE and Spearman of each (and by backend), the share of measured
-times inside each 80 % interval, and the pick after validating 3 against the best measured.
+calibrated ``local`` of the last ``--calibrated-home`` (a DLAS_HOME where ``dlas-predict
+calibrate`` ran): its top K candidates of both backends are built and timed here. The same
+candidates are priced zero-shot (a DLAS_HOME without the calibration), by every calibrated
+home given (e.g. calibrations of 1, 3 and 5 minutes) and by a MACs fit (log latency on log
+MACs, per backend, fitted on the last calibration's own whole-network runs: the same
+shots). Printed: within ±10 %, MAPE and Spearman of each (and by backend), the share of
+measured times inside each 80 % interval, and the pick after validating 3 against the best
+measured.
 
-    DLAS_HOME=H dlas-predict calibrate
-    .venv/bin/python benchmarks/bench_calibrate.py --calibrated-home H [--validate 12]
+    DLAS_HOME=H1 dlas-predict calibrate --minutes 1; DLAS_HOME=H5 dlas-predict calibrate
+    .venv/bin/python benchmarks/bench_calibrate.py --calibrated-home H1 --calibrated-home H5
 """
 
 from __future__ import annotations
@@ -48,17 +50,24 @@ def _score(pred: np.ndarray, meas: np.ndarray) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--calibrated-home", type=Path, required=True)
+    ap.add_argument("--calibrated-home", type=Path, action="append", required=True,
+                    help="repeatable; the last one's top candidates are validated")
     ap.add_argument("--validate", type=int, default=12)
     ap.add_argument("--device", default="local")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    home = args.calibrated_home.resolve()
-    saved = home / "adapted" / f"{args.device}.json"
-    if not saved.is_file():
-        print(f"Error: {saved} not found: run `DLAS_HOME={home} dlas-predict calibrate` first")
-        return 1
-    cal = json.loads(saved.read_text())
+    homes = [h.resolve() for h in args.calibrated_home]
+    cals = []
+    for home in homes:
+        saved = home / "adapted" / f"{args.device}.json"
+        if not saved.is_file():
+            print(f"Error: {saved} not found: run `DLAS_HOME={home} dlas-predict calibrate` "
+                  "first")
+            return 1
+        cals.append(json.loads(saved.read_text()))
+    home, cal = homes[-1], cals[-1]
+    names = [f"calibrated_{len(c.get('active_learning', {}).get('measured', []))}k_"
+             f"{len(c.get('networks', []))}n" for c in cals[:-1]] + ["calibrated"]
     from dlas_predict.recommend.search import recommend
     from dlas_predict.space.devices import get_device
 
@@ -90,33 +99,35 @@ def main() -> int:
             rec = recommend(str(path), args.device, max_accuracy_drop=float("inf"),
                             top=args.validate, validate=args.validate, tuning="untuned",
                             ratios=(0.5, 0.9))
-            os.environ["DLAS_HOME"] = str(zero_home)
-            zero = recommend(str(path), args.device, max_accuracy_drop=float("inf"), top=0,
-                             tuning="untuned", ratios=(0.5, 0.9))
-            zmap = {(c.label, c.backend): c for c in zero.candidates}
+            others = {}
+            for name, h in [*zip(names[:-1], homes[:-1]), ("zero_shot", zero_home)]:
+                os.environ["DLAS_HOME"] = str(h)
+                o = recommend(str(path), args.device, max_accuracy_drop=float("inf"), top=0,
+                              tuning="untuned", ratios=(0.5, 0.9))
+                others[name] = {(c.label, c.backend): c for c in o.candidates}
+            zmap = others["zero_shot"]
             macs = _macs(path)
             for c in rec.validated:
                 if c.measured_s is None or (c.label, c.backend) not in zmap:
                     continue
                 f = fit.get(c.backend)
-                z = zmap[(c.label, c.backend)]
-                rows.append({"network": path.stem, "label": c.label, "backend": c.backend,
-                             "measured_ms": c.measured_s * 1e3,
-                             "calibrated_ms": c.predicted_s * 1e3,
-                             "calibrated_low_ms": c.low_s * 1e3,
-                             "calibrated_high_ms": c.high_s * 1e3,
-                             "zero_shot_ms": z.predicted_s * 1e3,
-                             "zero_shot_low_ms": z.low_s * 1e3,
-                             "zero_shot_high_ms": z.high_s * 1e3,
-                             "macs_fit_ms": float(np.exp(np.polyval(f, np.log(macs))))
-                             if f is not None else None})
+                row = {"network": path.stem, "label": c.label, "backend": c.backend,
+                       "measured_ms": c.measured_s * 1e3}
+                for name, o in [("calibrated", c), *((n, m.get((c.label, c.backend)))
+                                                     for n, m in others.items())]:
+                    row[f"{name}_ms"] = o.predicted_s * 1e3 if o is not None else None
+                    row[f"{name}_low_ms"] = o.low_s * 1e3 if o is not None else None
+                    row[f"{name}_high_ms"] = o.high_s * 1e3 if o is not None else None
+                row["macs_fit_ms"] = float(np.exp(np.polyval(f, np.log(macs)))) \
+                    if f is not None else None
+                rows.append(row)
             print(f"{path.stem}: {len(rec.validated)} validated", flush=True)
     meas = np.array([r["measured_ms"] for r in rows])
     out = {"device": args.device, "cpu": dev.description, "fingerprint": dev.fingerprint,
            "calibration": {"kernels": len(cal.get("active_learning", {}).get("measured", [])),
                            "network_runs": len(shots)},
            "candidates": len(rows)}
-    for k in ("zero_shot_ms", "calibrated_ms", "macs_fit_ms"):
+    for k in ("zero_shot_ms", *(f"{n}_ms" for n in names), "macs_fit_ms"):
         ok = [i for i, r in enumerate(rows) if r[k] is not None]
         name = k.removesuffix("_ms")
         out[name] = _score(np.array([rows[i][k] for i in ok]), meas[ok])
@@ -125,7 +136,8 @@ def main() -> int:
             out[name][backend] = _score(np.array([rows[i][k] for i in b]), meas[b])
         if f"{name}_low_ms" in rows[0]:  # the 80 % interval's share of measured times
             out[name]["interval_holds"] = float(np.mean(
-                [r[f"{name}_low_ms"] <= r["measured_ms"] <= r[f"{name}_high_ms"] for r in rows]))
+                [rows[i][f"{name}_low_ms"] <= rows[i]["measured_ms"]
+                 <= rows[i][f"{name}_high_ms"] for i in ok]))
     picks = []
     for net in sorted({r["network"] for r in rows}):
         r = [x for x in rows if x["network"] == net]
