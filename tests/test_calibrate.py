@@ -249,6 +249,12 @@ def test_shrunk_offsets_pull_a_lone_group_to_the_common_offset():
     assert 0 < off["*"] < np.log(2.0)
     assert off["a"] < off["b"] < np.log(2.0)
     assert len(loo) == 4 and abs(loo[-1]) > abs(loo[0])
+    # one network the reference misprices moves neither its group's offset nor the common
+    base = np.log([0.50, 0.55, 0.52, 0.50, 0.55, 0.52])
+    groups = ["fp32", "int8", "fp32", "int8", "fp32", "int8"]
+    off, _ = shrunk_offsets(base, groups)
+    out, _ = shrunk_offsets(np.r_[base, np.log(0.78)], groups + ["fp32"])
+    assert abs(out["fp32"] - off["fp32"]) < 0.03 and abs(out["*"] - off["*"]) < 0.03
 
 
 def test_calibrate_refuses_what_it_cannot_measure(monkeypatch):

@@ -403,6 +403,12 @@ def test_a_forced_isa_level_is_this_cpu_at_that_level_or_a_clean_error(monkeypat
         assert set(forced.isa_flags) <= {"sse4_2", "avx", "avx2", "fma", "f16c"}
         assert (forced.fingerprint == native.fingerprint) == (native.simd_bits == 256
                                                               and not native.vnni)
+        # cut below its own level, the key holds the CPU's family and model: two
+        # generations alike in name, forced alike, are two machines
+        cut = {f for f in D._native_cpuinfo()[1] if f in D._FINGERPRINT_FLAGS} - {
+            "sse4_2", "avx", "avx2", "fma", "f16c"}
+        monkeypatch.setattr(D, "_cpu_id", lambda: "0/0")
+        assert (D.local_fingerprint() != forced.fingerprint) == bool(cut)
         monkeypatch.setenv(D.FORCE_ISA_ENV, "avx9")
         D._cpuinfo.cache_clear()
         with pytest.raises(DeviceError, match="allowed: sse42, avx2, native"):

@@ -334,7 +334,9 @@ def calibrate(device: str = typer.Option("local", "--device", help="This machine
               network: List[str] = typer.Option([], "--network", help="Networks whose "
                                                 "kernels and builds to measure (ONNX or "
                                                 "zoo:NAME; repeatable; default: the demo "
-                                                "CNN, resnet18-cifar, mobilenetv2-cifar)."),
+                                                "CNN, resnet18-cifar, mobilenetv2-cifar, "
+                                                "and, while time remains, the builds of "
+                                                "mobilenetv1-cifar and vgg16-cifar)."),
               as_json: bool = typer.Option(False, "--json")):
     """This CPU calibrated in minutes: kernels by active learning, then whole networks of
     both backends; recommend and predict then answer for it as adapted. Resumable."""

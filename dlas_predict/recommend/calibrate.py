@@ -3,11 +3,15 @@
 A CPU whose ``local`` model was trained elsewhere is answered from a reference device's
 models, mapped by its spec (zero-shot). Calibration measures it:
 
+0. **Roofs**: where this machine's roofs are not measured yet, they are first (as
+   ``devices --measure-peaks``, about 15 s): the map scales the reference's latencies by
+   them, and ``/proc/cpuinfo``'s base clock can be far below the clock the cores sustain.
 1. **Kernels**: active learning (:func:`dlas_predict.recommend.active.run`) over the conv
    kernels of the calibration networks, until the kernel share of the time budget is
    spent; the adapted kernel map (offset, slope, group and shape offsets) is fitted.
-2. **Whole networks**: with that map in place, the networks are priced, and a few of
-   their candidates are built and timed here, onnxruntime's (fp32, float16, int8,
+2. **Whole networks**: with that map in place, the networks are priced (by default the
+   calibration networks, then, while time remains, the rest of the calibration set), and a
+   few of their candidates are built and timed here, onnxruntime's (fp32, float16, int8,
    channel-pruned) and our builds (one algorithm's, and a per-layer plan of mixed kernels)
    in turn: each backend's residuals give log offsets by compression (ours, mixed plans
    apart) and by run mode (onnxruntime's), shrunk to a common one, with their
@@ -32,7 +36,7 @@ from typing import Callable
 import numpy as np
 
 from dlas_predict.errors import DlasError, param
-from dlas_predict.corpus.collect import calibration_networks
+from dlas_predict.corpus.collect import CALIBRATION_SET, calibration_networks
 
 #: The share of the time budget the kernels get; whole networks take the rest.
 KERNEL_SHARE = 0.55
@@ -161,8 +165,13 @@ def run(device: str, minutes: float, networks: list[str] | None,
     if transfer.own_model(device) and fingerprint is None:
         raise DlasError(f"{device}'s model was trained on this very CPU (fingerprint {fp}): "
                         "there is nothing to calibrate; `collect` and `train` refresh it")
+    if live and dev.source != "measured":
+        dev = _measure_roofs(dev, say)
     nets = calibration_networks(networks)
     pool = active.pool_from_networks(nets)
+    # whole networks: the kernels' networks, then (by default) the calibration set's others
+    timed = nets + [n for n in calibration_networks(CALIBRATION_SET) if n not in nets] \
+        if networks is None else nets
     memo = Memo(memo_path or dlas_home() / "calibrate" / f"{fp}.sqlite")
     kernel_oracle = kernel_oracle or LiveKernels(dev)
     network_oracle = network_oracle or LiveNetworks(dev)
@@ -199,7 +208,7 @@ def run(device: str, minutes: float, networks: list[str] | None,
         say(f"kernels {_elapsed(clock, t0)}: {n_kernels} measured, reference "
             f"{kmap.reference}; now whole networks")
 
-        rows = _networks_phase(device, nets, memo, network_oracle, t0 + minutes * 60.0,
+        rows = _networks_phase(device, timed, memo, network_oracle, t0 + minutes * 60.0,
                                clock, lambda s: say(f"networks {_elapsed(clock, t0)}: " + s))
         notes = []
         tvm = [r for r in rows if r.backend == "tvm"]
@@ -231,6 +240,25 @@ def run(device: str, minutes: float, networks: list[str] | None,
         for o in (kernel_oracle, network_oracle):
             if hasattr(o, "close"):
                 o.close()
+
+
+def _measure_roofs(dev, say):
+    """This machine's roofs measured and stored with its entry; the entry again, with
+    them (a measurement that fails keeps the estimate, and says so)."""
+    from dlas_predict.measure.execution.runner import LocalRunner
+    from dlas_predict.measure.peaks import measure_device_peaks
+    from dlas_predict.space.devices import get_device
+
+    say(f"measuring the roofs of {dev.name} first (about 15 s): its spec is an estimate "
+        f"({dev.peak_gflops.get('float32', 0):.0f} GFLOP/s float32 at /proc/cpuinfo's clock)")
+    try:
+        peaks, _ = measure_device_peaks(dev, lambda: LocalRunner(dev, timeout_s=600))
+    except DlasError as exc:
+        say(f"the roofs could not be measured ({exc}); the estimate is kept")
+        return dev
+    say(f"roofs: {peaks.peak_gflops.get('float32', 0):.1f} GFLOP/s float32, "
+        f"{peaks.mem_bandwidth_gbs:.1f} GB/s (measured)")
+    return get_device(dev.name, with_target=True)
 
 
 def needed(device: str) -> bool:

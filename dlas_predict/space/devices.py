@@ -147,7 +147,24 @@ def _estimated_peaks(cores: int, ghz: float | None, simd: int | None,
 # ---- local detection ---------------------------------------------------------------------
 @functools.cache
 def _cpuinfo() -> tuple[str, frozenset[str], float | None]:
-    """The CPU's model name, flags and clock from /proc/cpuinfo, read once a process."""
+    """The CPU's model name, flags and clock from /proc/cpuinfo, read once a process; the
+    flags those of the level ``DLAS_FORCE_ISA`` forces."""
+    model, flags, mhz = _native_cpuinfo()
+    flags = set(flags)
+    level = forced_isa()
+    if level is not None:
+        if platform.machine() not in ("x86_64", "AMD64") or not all(
+                f in flags for f in level.needs):
+            raise DeviceError(f"{FORCE_ISA_ENV}={level.name}: this CPU cannot run "
+                              f"{level.label} code")
+        flags = {f for f in flags if f in (level.uses or ())
+                 or (f not in _FINGERPRINT_FLAGS and not f.startswith("avx"))}
+    return model, frozenset(flags), mhz
+
+
+@functools.cache
+def _native_cpuinfo() -> tuple[str, frozenset[str], float | None]:
+    """The CPU's own model name, flags and clock from /proc/cpuinfo."""
     model, flags, mhz = platform.processor() or platform.machine(), set(), None
     try:
         with open("/proc/cpuinfo") as fh:
@@ -163,14 +180,6 @@ def _cpuinfo() -> tuple[str, frozenset[str], float | None]:
                     mhz = float(value)
     except OSError:
         pass
-    level = forced_isa()
-    if level is not None:
-        if platform.machine() not in ("x86_64", "AMD64") or not all(
-                f in flags for f in level.needs):
-            raise DeviceError(f"{FORCE_ISA_ENV}={level.name}: this CPU cannot run "
-                              f"{level.label} code")
-        flags = {f for f in flags if f in (level.uses or ())
-                 or (f not in _FINGERPRINT_FLAGS and not f.startswith("avx"))}
     return model, frozenset(flags), mhz
 
 
@@ -241,10 +250,36 @@ def local_cores() -> int:
 
 
 def local_fingerprint() -> str:
+    """This machine's key: its CPU's model name, cores, architecture and ISA flags. Forced
+    to a lower ISA level than its own, the key also holds the CPU's family and model
+    numbers: a virtual machine names many generations alike ("AMD EPYC"), and with their
+    flags cut to one level, two generations (or a CPU of that level itself) would share one
+    key."""
     model, flags, _ = _cpuinfo()
     key = {"model": model, "cores": local_cores(), "machine": platform.machine(),
            "flags": sorted(f for f in flags if f in _FINGERPRINT_FLAGS)}
+    if set(key["flags"]) != {f for f in _native_cpuinfo()[1] if f in _FINGERPRINT_FLAGS}:
+        key["cpu_id"] = _cpu_id()
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@functools.cache
+def _cpu_id() -> str:
+    """The x86 CPU's family and model numbers (``25/17``), or "" where /proc/cpuinfo has
+    none."""
+    got: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key in ("cpu family", "model") and key not in got:
+                    got[key] = value.strip()
+                if len(got) == 2 or not line.strip():
+                    break
+    except OSError:
+        pass
+    return f"{got.get('cpu family', '')}/{got.get('model', '')}" if got else ""
 
 
 def _host_target(fingerprint: str) -> dict[str, Any]:
