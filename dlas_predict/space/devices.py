@@ -149,7 +149,7 @@ def _estimated_peaks(cores: int, ghz: float | None, simd: int | None,
 def _cpuinfo() -> tuple[str, frozenset[str], float | None]:
     """The CPU's model name, flags and clock from /proc/cpuinfo, read once a process; the
     flags those of the level ``DLAS_FORCE_ISA`` forces."""
-    model, flags, mhz = _native_cpuinfo()
+    model, flags, mhz, _ = _native_cpuinfo()
     flags = set(flags)
     level = forced_isa()
     if level is not None:
@@ -163,9 +163,11 @@ def _cpuinfo() -> tuple[str, frozenset[str], float | None]:
 
 
 @functools.cache
-def _native_cpuinfo() -> tuple[str, frozenset[str], float | None]:
-    """The CPU's own model name, flags and clock from /proc/cpuinfo."""
+def _native_cpuinfo() -> tuple[str, frozenset[str], float | None, str]:
+    """The CPU's own model name, flags and clock from /proc/cpuinfo, and its x86 family
+    and model numbers (``25/17``; "" where it has none)."""
     model, flags, mhz = platform.processor() or platform.machine(), set(), None
+    ids: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as fh:
             for line in fh:
@@ -178,9 +180,12 @@ def _native_cpuinfo() -> tuple[str, frozenset[str], float | None]:
                     flags = set(value.split())
                 elif key == "cpu MHz" and mhz is None:
                     mhz = float(value)
+                elif key in ("cpu family", "model") and key not in ids:
+                    ids[key] = value
     except OSError:
         pass
-    return model, frozenset(flags), mhz
+    cpu_id = f"{ids.get('cpu family', '')}/{ids.get('model', '')}" if ids else ""
+    return model, frozenset(flags), mhz, cpu_id
 
 
 #: The environment variable that makes this machine answer as a CPU of a lower x86-64 level
@@ -263,23 +268,9 @@ def local_fingerprint() -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
-@functools.cache
 def _cpu_id() -> str:
-    """The x86 CPU's family and model numbers (``25/17``), or "" where /proc/cpuinfo has
-    none."""
-    got: dict[str, str] = {}
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                key, _, value = line.partition(":")
-                key = key.strip()
-                if key in ("cpu family", "model") and key not in got:
-                    got[key] = value.strip()
-                if len(got) == 2 or not line.strip():
-                    break
-    except OSError:
-        pass
-    return f"{got.get('cpu family', '')}/{got.get('model', '')}" if got else ""
+    """The x86 CPU's family and model numbers (``25/17``), or ""."""
+    return _native_cpuinfo()[3]
 
 
 def _host_target(fingerprint: str) -> dict[str, Any]:
