@@ -113,8 +113,7 @@ def generate(family: str = typer.Argument(..., help="fc | cnn | rnn | transforme
                                                        "benchmark indices)."),
              out: Path = typer.Option(..., "-o", "--out", help="Output directory.")):
     """ParaDnn-style sweep (fc, cnn, rnn, transformer): one ONNX file per grid point, named
-    by its parameters;
-    or NAS-Bench-201 networks from their architecture strings."""
+    by its parameters; or NAS-Bench-201 networks from their architecture strings."""
     if family == "nasbench201":
         from dlas_predict.networks import nasbench201 as nb
 

@@ -21,7 +21,7 @@ import json
 
 import numpy as np
 
-from dlas_predict.networks.graph import node_attributes
+from dlas_predict.networks.graph import constant_values, node_attributes
 
 #: The metadata key listing each product's conv weight and where it came from: the node's W
 #: or R, the direction and the rows (gates) of it.
@@ -84,8 +84,6 @@ def unsupported(node, inits: dict, constants: dict | None = None) -> str | None:
 
 def _constants(model) -> dict[str, np.ndarray]:
     """The values of ``model``'s initializers and Constant nodes of a state's size."""
-    from dlas_predict.networks.graph import constant_values
-
     return constant_values(model, lambda dims: len(dims) == 3
                            and int(np.prod(dims)) <= 1 << 16)
 
