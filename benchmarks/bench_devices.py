@@ -26,7 +26,7 @@
    a MACs fit on the same shots. HELP's devices one at a time (the basis: the other HELP
    devices on 800 cells, the shipped corpora; targets: 300 other cells, written as ONNX
    files and read back), and each machine's onnxruntime timings (another runtime; the
-   basis: HELP and the other machines' corpora). Within ±10 %/±25 %, Spearman, and how
+   basis: HELP, the other machines' corpora and their onnxruntime models). Within ±10 %/±25 %, Spearman, and how
    often the 80 % interval holds the truth.
 
 The public data is read from ``$DLAS_SHARED_DATA`` (default: the public data folder beside the checkout).
@@ -307,7 +307,7 @@ def layerwise_lodo(eval_archs: int = 300) -> dict:
     X_test = np.array([by_name[nb.parse_arch(mat.targets[i]).file_name.removesuffix(".onnx")]
                        for i in test_idx])
     helpb = lw.help_basis(indices=train_idx)
-    corpus = lw.corpus_basis()
+    corpus = lw.corpus_basis() + lw.onnxruntime_basis()
     out: dict = {"help": {}, "onnxruntime": {}}
     for j, d in enumerate(mat.devices):
         basis = helpb.without(lambda name: name == f"help:{d}") + corpus
@@ -325,7 +325,7 @@ def layerwise_lodo(eval_archs: int = 300) -> dict:
             continue
         same = (lambda k, m=machine: k.startswith(f"{m}:local")) if machine == "shipped" else \
             (lambda k, m=machine: k.startswith(f"{m}:"))
-        basis = helpb + lw.corpus_basis(drop=same)
+        basis = helpb + lw.corpus_basis(drop=same) + lw.onnxruntime_basis(drop=same)
         X = np.array([terms[names[i]] for i in keep])
         out["onnxruntime"][key] = _few_shot_draws(basis, X, ms[keep])
     for part in ("help", "onnxruntime"):

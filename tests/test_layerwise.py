@@ -44,6 +44,7 @@ def _synthetic(devices: int = 4, networks: int = 40, seed: int = 0):
     X[:, -1] = 1.0
     costs = rng.uniform(0.1, 2.0, (devices, len(lw.TERMS)))
     costs[:, 3:7] = 0.0  # kinds some devices price at nothing
+    costs[:, len(lw.LAYER_TERMS):] = 0.0  # a device fitted on latencies prices layer kinds
     return X, costs
 
 
@@ -73,6 +74,40 @@ def test_a_few_shot_device_is_priced_through_the_basis_device_it_scales():
     assert fit.extrapolation(far)[0] == pytest.approx(5.0, rel=0.2)
     assert hi_far[0] / lo_far[0] > high[0] / low[0]
     assert lw.FewShotFit.from_dict(json.loads(json.dumps(fit.to_dict()))) == fit
+
+
+def test_a_shipped_onnxruntime_model_is_a_basis_device_that_prices_as_the_model_does():
+    """Each shipped onnxruntime model prices a network's terms as the model prices the dense
+    float32 network; a device whose latencies it explains once scaled is fitted through it."""
+    from dlas_predict.models.ortmodel import OrtInputs, OrtLatencyModel, ort_terms
+    from dlas_predict.networks import zoo
+    from dlas_predict.networks.graph import read_network
+    from dlas_predict.networks.summary import NetworkSummary
+    from dlas_predict.paths import MODELS_STORE
+
+    basis = lw.onnxruntime_basis()
+    name = "shipped:local:onnxruntime model"
+    assert name in basis.devices and set(basis.sources) == {lw.ORT_SOURCE}
+    model = OrtLatencyModel.load(MODELS_STORE / "local")
+    nets = ["zoo:resnet18-cifar", "zoo:mobilenetv2-cifar", "zoo:vgg16-cifar",
+            "zoo:mobilenetv1-cifar", "zoo:efficientnet-b0"]
+    X, want = [], []
+    for n in nets:
+        net = read_network(zoo.resolve(n))
+        specs = [c.spec for c in net.convs()]
+        x = ort_terms(specs, [0.0] * len(specs), NetworkSummary.of(net), "fp32", False,
+                      lw.ORT_BLOCK)
+        want.append(1e3 * model.predict(OrtInputs(x[None], ["fp32"]))[0])
+        X.append(lw.layer_terms(net))
+    X = np.array(X)
+    got = basis.predict_ms(X)[:, basis.devices.index(name)]
+    assert got == pytest.approx(want, rel=1e-9)
+    # the layer-kind terms play no part in its price, nor its terms in a fitted device's
+    assert np.all(basis.costs[:, :len(lw.LAYER_TERMS)] == 0)
+    assert np.all(lw.fit_costs(X, np.array(want))[len(lw.LAYER_TERMS):] == 0)
+    fit = lw.fit_few_shot(basis, X, 0.5 * np.array(want))
+    assert fit.basis_device == name and fit.scales == pytest.approx([0.5, 0.5])
+    assert fit.basis_source == lw.ORT_SOURCE and "costs scaled by 0.5" in fit.describe()
 
 
 def test_the_leave_one_out_error_is_the_fit_made_without_that_row():

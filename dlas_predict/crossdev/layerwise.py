@@ -2,11 +2,14 @@
 
 A network is described by what its layers do, by kind (:data:`TERMS`): the multiply-adds of
 its k×k, pointwise, depthwise and fully connected layers, the bytes its convs, pools,
-elementwise ops and other layers move, how many layers of each kind it runs, and a constant.
-A device prices those terms: its latency is ``terms · costs``, the costs non-negative
-(:func:`fit_costs`, relative error), fitted wherever a device timed enough networks: HELP's
-21 devices on NAS-Bench-201 cells, and the whole networks of the shipped corpora (each CPU
-profile and GPU, each backend its own basis).
+elementwise ops and other layers move, how many layers of each kind it runs, and a constant;
+and by the terms of the onnxruntime model (:mod:`~dlas_predict.models.ortmodel`) for the
+network run dense in float32. A device prices those terms: its latency is ``terms · costs``,
+the costs non-negative. The layer-kind costs are fitted (:func:`fit_costs`, relative error)
+wherever a device timed enough networks: HELP's 21 devices on NAS-Bench-201 cells, and the
+whole networks of the shipped corpora (each CPU profile and GPU, each backend its own
+basis). Each shipped onnxruntime model is a basis device of its own, its costs the model's
+(:func:`onnxruntime_basis`).
 
 A new device known by a few latencies (``adapt``: a network and its time, in whatever runtime
 timed it) is priced through the basis device whose costs explain those latencies best once
@@ -31,19 +34,34 @@ import numpy as np
 
 from dlas_predict.errors import DlasError
 from dlas_predict.models.base import FITTED_COVERAGE, at_coverage
+from dlas_predict.models.ortmodel import MATRIX_PREFIX, RECURRENT_PREFIX
+from dlas_predict.models.ortmodel import TERMS as ORT_TERMS
 
-#: The terms a network is priced on, and their units (multiply-adds in G, bytes in MB,
-#: layers in hundreds). A k×k conv is one of at most 3×3; a larger window is apart, as
+#: The layer-kind terms, fitted per device, and their units (multiply-adds in G, bytes in
+#: MB, layers in hundreds). A k×k conv is one of at most 3×3; a larger window is apart, as
 #: runtimes run the two with other algorithms.
-TERMS = ("kxk_gmacs", "pointwise_gmacs", "depthwise_gmacs", "fc_gmacs", "large_kernel_gmacs",
-         "conv_mb", "pool_mb", "elementwise_mb", "other_mb",
-         "kxk_layers", "pointwise_layers", "depthwise_layers", "pool_layers",
-         "elementwise_layers", "other_layers", "constant")
+LAYER_TERMS = ("kxk_gmacs", "pointwise_gmacs", "depthwise_gmacs", "fc_gmacs",
+               "large_kernel_gmacs", "conv_mb", "pool_mb", "elementwise_mb", "other_mb",
+               "kxk_layers", "pointwise_layers", "depthwise_layers", "pool_layers",
+               "elementwise_layers", "other_layers", "constant")
 _UNITS = np.array([1e-9] * 5 + [1e-6] * 4 + [1e-2] * 6 + [1.0])
+#: The network's families as the onnxruntime model fits them apart (CNNs, matrix networks,
+#: recurrent networks): the prefixes of their blocks of :data:`ORT_TERMS`.
+ORT_FAMILIES = ("", MATRIX_PREFIX, RECURRENT_PREFIX)
+#: Every term a network is described by: the layer kinds, then the onnxruntime model's
+#: terms of the network run dense in float32 (its units; NCHWc block :data:`ORT_BLOCK`),
+#: in its family's block and zero in the others. A device fitted on latencies prices the
+#: layer kinds; a shipped onnxruntime model (:func:`onnxruntime_basis`) prices its blocks.
+TERMS = LAYER_TERMS + tuple(f"onnxruntime {fam}{t}" for fam in ORT_FAMILIES
+                            for t in ORT_TERMS)
+#: The NCHWc block the onnxruntime terms are counted with: the shipped onnxruntime models'
+#: (their machines have AVX-512).
+ORT_BLOCK = 16
+_LAYER = np.arange(len(TERMS)) < len(LAYER_TERMS)
 #: Layer kinds of the graph reader counted as elementwise work (per element, no reduction).
 _ELEMENTWISE = ("elementwise", "activation", "batchnorm")
 #: The version of :data:`TERMS`' definition, in every cache and saved fit.
-TERMS_VERSION = "2"
+TERMS_VERSION = "3"
 #: NAS-Bench-201 cells sampled for HELP's basis (seeded), and the seed.
 HELP_SAMPLE = 800
 _HELP_SEED = 0
@@ -55,7 +73,31 @@ MIN_BASIS_NETWORKS = 8
 
 def layer_terms(net) -> np.ndarray:
     """The :data:`TERMS` of a :class:`~dlas_predict.networks.graph.Network`."""
-    f = np.zeros(len(TERMS))
+    return np.r_[_layer_kind_terms(net), _onnxruntime_terms(net)]
+
+
+def _onnxruntime_terms(net) -> np.ndarray:
+    """The onnxruntime model's terms of ``net`` run dense in float32, in its family's block."""
+    from dlas_predict.models.ortmodel import fitted_modes, ort_terms
+    from dlas_predict.networks.matrix import is_matrix_layer
+    from dlas_predict.networks.recurrent import is_step_product
+    from dlas_predict.networks.summary import NetworkSummary
+
+    convs = net.convs()
+    specs = [c.spec for c in convs]
+    x = ort_terms(specs, [0.0] * len(specs), NetworkSummary.of(net), "fp32", False, ORT_BLOCK,
+                  [is_matrix_layer(c.name) for c in convs])
+    mode = fitted_modes(x[None], ["fp32"], (any(is_step_product(c.name) for c in convs),))[0]
+    family = next(f for f in reversed(ORT_FAMILIES) if mode.startswith(f))
+    out = np.zeros(len(ORT_FAMILIES) * len(ORT_TERMS))
+    at = ORT_FAMILIES.index(family) * len(ORT_TERMS)
+    out[at:at + len(ORT_TERMS)] = x
+    return out
+
+
+def _layer_kind_terms(net) -> np.ndarray:
+    """The :data:`LAYER_TERMS` of ``net``."""
+    f = np.zeros(len(LAYER_TERMS))
     for layer in net.layers:
         spec = layer.conv
         if spec is not None:
@@ -92,14 +134,17 @@ def macs_of(terms: np.ndarray) -> np.ndarray:
 
 
 def fit_costs(X: np.ndarray, ms: np.ndarray) -> np.ndarray:
-    """A device's non-negative costs per term, fitted on networks' terms ``X`` and their
-    latencies ``ms`` by relative error (a latency below a fifth of the median weighs as that
-    fifth: tables that round to whole milliseconds hold near-zero times)."""
+    """A device's non-negative costs per layer-kind term (the others zero), fitted on
+    networks' terms ``X`` and their latencies ``ms`` by relative error (a latency below a
+    fifth of the median weighs as that fifth: tables that round to whole milliseconds hold
+    near-zero times)."""
     from scipy.optimize import nnls
 
-    X, ms = np.asarray(X, float), np.asarray(ms, float)
+    X, ms = np.atleast_2d(np.asarray(X, float)), np.asarray(ms, float)
     w = 1.0 / np.maximum(ms, 0.2 * np.median(ms))
-    return nnls(X * w[:, None], ms * w)[0]
+    costs = np.zeros(X.shape[1])
+    costs[_LAYER[:X.shape[1]]] = nnls(X[:, _LAYER[:X.shape[1]]] * w[:, None], ms * w)[0]
+    return costs
 
 
 @dataclass
@@ -162,7 +207,8 @@ def basis_of(columns: dict[str, tuple[np.ndarray, np.ndarray]], source: str) -> 
 # ---- few shots -----------------------------------------------------------------------------
 #: The terms of multiply-adds: a basis device's price of a network splits into its compute
 #: (these) and the rest (bytes, layers, the constant).
-_COMPUTE = np.array([1.0] * 5 + [0.0] * (len(TERMS) - 5))
+_COMPUTE = np.array([1.0 if i < 5 or (not _LAYER[i] and t.endswith("macs")) else 0.0
+                     for i, t in enumerate(TERMS)])
 #: Basis devices whose one-offset fit is best are the candidates of the two fits.
 _CANDIDATES = 8
 #: The two-scale fit's pull towards one scale for both parts, as many rows as it weighs.
@@ -252,7 +298,10 @@ class FewShotFit:
             return np.ones(len(X))
         sup = np.asarray(self.support)
         ratio = np.where(sup > 0, X / np.where(sup > 0, sup, 1.0), np.where(X > 0, 10.0, 0.0))
-        ratio[:, -1] = 1.0  # the constant
+        # the block of terms the costs price: the layer kinds, or an onnxruntime model's
+        block = _LAYER if np.any(np.asarray(self.costs)[_LAYER] > 0) else ~_LAYER
+        ratio[:, ~block] = 1.0
+        ratio[:, TERMS.index("constant")] = 1.0
         return np.maximum(ratio.max(axis=1), 1.0)
 
     def predict_interval(self, X: np.ndarray, q: float = FITTED_COVERAGE
@@ -266,10 +315,11 @@ class FewShotFit:
 
     def describe(self) -> str:
         a, b = self.scales
+        what = "costs" if self.basis_source == ORT_SOURCE else "layer-kind costs"
         if a == b:
-            return f"{self.basis_device}'s layer-kind costs scaled by {a:.3g}"
-        return (f"{self.basis_device}'s layer-kind costs, its compute scaled by {a:.3g} and "
-                f"the rest by {b:.3g}")
+            return f"{self.basis_device}'s {what} scaled by {a:.3g}"
+        return (f"{self.basis_device}'s {what}, its compute scaled by {a:.3g} and the rest by "
+                f"{b:.3g}")
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -443,11 +493,57 @@ def corpus_basis(drop=lambda name: False) -> Basis:
     return basis_of(fitted, "corpus")
 
 
+#: The source of a basis device that is a shipped onnxruntime model.
+ORT_SOURCE = "onnxruntime model"
+
+
+def onnxruntime_basis(drop=lambda name: False) -> Basis:
+    """The shipped onnxruntime models (each CPU's, each profile's), each a basis device that
+    prices the onnxruntime terms of a network run dense in float32 (its family's fit), named
+    as :func:`corpus_columns` names the corpus it was fitted on, with ``model``;
+    ``drop(name)`` leaves some out. Its support: that corpus's onnxruntime networks."""
+    from dlas_predict.models.costmodel import ModelError
+    from dlas_predict.models.ortmodel import FILE, OrtLatencyModel
+    from dlas_predict.paths import MACHINES, MODELS_STORE
+
+    files = sorted(MODELS_STORE.glob(f"*/{FILE}")) + sorted(
+        MODELS_STORE.glob(f"{MACHINES}/*/*/{FILE}"))
+    columns = None
+    names, rows, spreads, supports = [], [], [], []
+    for f in files:
+        machine = f.parent.parent.name if f.parent.parent.parent.name == MACHINES else "shipped"
+        name = f"{machine}:{f.parent.name}:onnxruntime model"
+        if drop(name):
+            continue
+        try:
+            model = OrtLatencyModel.load(f.parent)
+        except ModelError:
+            continue
+        costs = np.zeros(len(TERMS))
+        for k, family in enumerate(ORT_FAMILIES):
+            at = len(LAYER_TERMS) + k * len(ORT_TERMS)
+            costs[at:at + len(ORT_TERMS)] = 1e3 * np.asarray(
+                model.coef_[model.priced_by(family + "fp32")])  # s to ms
+        if columns is None:
+            columns = corpus_columns()
+        run = columns.get(f"{machine}:{f.parent.name}:onnxruntime", ([], None))[0]
+        terms = network_terms_by_name(list(run))
+        support = np.array(list(terms.values())).max(axis=0) if terms else np.full(
+            len(TERMS), np.inf)
+        names.append(name)
+        rows.append(costs)
+        spreads.append(float(model.q90_["fp32"] - model.q10_["fp32"]) / (2 * _Z80))
+        supports.append(support)
+    shape = (len(rows), len(TERMS))
+    return Basis(names, np.array(rows).reshape(shape), [ORT_SOURCE] * len(names), spreads,
+                 np.array(supports).reshape(shape))
+
+
 def default_basis(data: Path | None = None) -> tuple[Basis, list[str]]:
-    """Every basis device there is: the shipped corpora's, and HELP's where the public data
-    is found; with a note per source left out."""
+    """Every basis device there is: the shipped corpora's, the shipped onnxruntime models,
+    and HELP's where the public data is found; with a note per source left out."""
     notes = []
-    basis = corpus_basis()
+    basis = corpus_basis() + onnxruntime_basis()
     try:
         basis = basis + help_basis(data)
     except DlasError as exc:

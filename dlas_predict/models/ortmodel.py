@@ -166,7 +166,7 @@ def ort_terms(specs, ratios, summary, mode: str, channels_removed: bool,
                      matrix_macs / 1e9, matrix_bytes / 1e6, summary.nonconv_macs / 1e9])
 
 
-def _fitted_modes(T: np.ndarray, modes: list[str], recurrent=()) -> list[str]:
+def fitted_modes(T: np.ndarray, modes: list[str], recurrent=()) -> list[str]:
     """Each row's fitted mode: a recurrent network's prefixed by :data:`RECURRENT_PREFIX`,
     another matrix network's (matrix MACs in its terms) by :data:`MATRIX_PREFIX`."""
     col = TERMS.index("matrix_macs")
@@ -217,7 +217,7 @@ class OrtLatencyModel(CostModel):
         """Fit each mode on its rows; its interval and metrics from leaving one network
         (``groups``: each row's) out."""
         T, y = np.asarray(X.terms, float), np.asarray(y, float)
-        modes_a, nets = np.array(_fitted_modes(T, X.modes, X.recurrent)), np.array(groups)
+        modes_a, nets = np.array(fitted_modes(T, X.modes, X.recurrent)), np.array(groups)
         if len(set(groups)) < MIN_NETWORKS:
             raise ModelError(f"the onnxruntime model needs measurements of at least "
                              f"{MIN_NETWORKS} networks, the store has {len(set(groups))}")
@@ -254,12 +254,17 @@ class OrtLatencyModel(CostModel):
             raise ModelError("the onnxruntime model is not trained")
         T = np.atleast_2d(np.asarray(X.terms, float))
         mid, low, high = (np.empty(len(T)) for _ in range(3))
-        for i, (x, mode) in enumerate(zip(T, _fitted_modes(T, X.modes, X.recurrent))):
-            mm = next(m for m in _fallbacks(mode) if m in self.coef_)
+        for i, (x, mode) in enumerate(zip(T, fitted_modes(T, X.modes, X.recurrent))):
+            mm = self.priced_by(mode)
             t = max(float(x @ np.array(self.coef_[mm])), 1e-9)
             # q = log(pred / measured): the measured value lies in pred·exp(-q)
             mid[i], low[i], high[i] = t, t * np.exp(-self.q90_[mm]), t * np.exp(-self.q10_[mm])
         return mid, low, high
+
+    def priced_by(self, mode: str) -> str:
+        """The fit that prices rows of ``mode`` (a :func:`fitted_modes` value): its own where
+        fitted, else its fallback's."""
+        return next(m for m in _fallbacks(mode) if m in self.coef_)
 
     def predict(self, X: OrtInputs) -> np.ndarray:
         return self.predict_all(X)[0]
