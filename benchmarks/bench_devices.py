@@ -271,7 +271,12 @@ def _score(pred, low, high, truth) -> dict:
     return out
 
 
-def _few_shot_draws(basis, X, ms, draws: int = 3, shots: int = 10, seed: int = 0) -> dict:
+#: The numbers of shots section 7 compares the parametrisations at.
+SHOTS = (3, 5, 10, 30)
+
+
+def _few_shot_draws(basis, X, ms, draws: int = 3, shots: int = 10, seed: int = 0,
+                    parametrisation: str | None = None) -> dict:
     from dlas_predict.crossdev import layerwise as lw
 
     rng = np.random.default_rng(seed)
@@ -279,7 +284,7 @@ def _few_shot_draws(basis, X, ms, draws: int = 3, shots: int = 10, seed: int = 0
     for _ in range(draws):
         pick = rng.choice(len(ms), size=shots, replace=False)
         rest = np.setdiff1d(np.arange(len(ms)), pick)
-        fit = lw.fit_few_shot(basis, X[pick], ms[pick])
+        fit = lw.fit_few_shot(basis, X[pick], ms[pick], parametrisation)
         low, high = fit.predict_interval(X[rest])
         model.append(_score(fit.predict(X[rest]), low, high, ms[rest]))
         macs.append(_score(lw.macs_fit(X[pick], ms[pick])(X[rest]), None, None, ms[rest]))
@@ -309,11 +314,13 @@ def layerwise_lodo(eval_archs: int = 300) -> dict:
     helpb = lw.help_basis(indices=train_idx)
     corpus = lw.corpus_basis() + lw.onnxruntime_basis()
     out: dict = {"help": {}, "onnxruntime": {}}
+    cases: dict = {"help": [], "onnxruntime": []}  # (basis, terms, ms) of each device left out
     for j, d in enumerate(mat.devices):
         basis = helpb.without(lambda name: name == f"help:{d}") + corpus
         y = mat.log_ms[test_idx, j]
         ok = np.isfinite(y)
         out["help"][d] = _few_shot_draws(basis, X_test[ok], np.exp(y[ok]))
+        cases["help"].append((basis, X_test[ok], np.exp(y[ok])))
     cols = lw.corpus_columns()
     terms = lw.network_terms_by_name(sorted({n for names, _ in cols.values() for n in names}))
     for key, (names, ms) in cols.items():
@@ -328,9 +335,26 @@ def layerwise_lodo(eval_archs: int = 300) -> dict:
         basis = helpb + lw.corpus_basis(drop=same) + lw.onnxruntime_basis(drop=same)
         X = np.array([terms[names[i]] for i in keep])
         out["onnxruntime"][key] = _few_shot_draws(basis, X, ms[keep])
+        cases["onnxruntime"].append((basis, X, ms[keep]))
     for part in ("help", "onnxruntime"):
         rows = list(out[part].values())
         out[part]["mean"] = {k: float(np.mean([r[k] for r in rows])) for k in rows[0]}
+    # how many free parameters win with 3, 5, 10 and 30 shots: each parametrisation forced,
+    # and chosen by leave-one-out (devices with at least 5 networks beyond the shots)
+    out["shots"] = {part: {} for part in cases}
+    for part, devs in cases.items():
+        for shots in SHOTS:
+            fit = [c for c in devs if len(c[2]) >= shots + 5]
+            if not fit:
+                continue
+            row = {"devices": len(fit)}
+            for name, p in (("chosen", None), *((q, q) for q in lw.PARAMETRISATIONS)):
+                r = [_few_shot_draws(b, X, ms, shots=shots, parametrisation=p)
+                     for b, X, ms in fit]
+                row[name] = {k: float(np.mean([x[k] for x in r]))
+                             for k in ("within_10", "within_25", "macs_within_10",
+                                       "macs_within_25")}
+            out["shots"][part][shots] = row
     return out
 
 
@@ -432,6 +456,13 @@ def main() -> int:
                 print(line.format(d, int(r["targets"]), r["within_10"], r["within_25"],
                                   r["spearman"], r["coverage"], r["macs_within_10"],
                                   r["macs_within_25"], r["macs_spearman"]))
+        print("7. shots against free parameters (mean ±10% / ±25%; MACs fit on the same shots)")
+        for part, by in lw["shots"].items():
+            for shots, row in by.items():
+                print(f"   {part:12s} {shots:2d} shots, {row['devices']:2d} devices: " + ", ".join(
+                    f"{k} {v['within_10']:.0%} / {v['within_25']:.0%}" for k, v in row.items()
+                    if k != "devices") + f" | MACs fit {row['chosen']['macs_within_10']:.0%} / "
+                    f"{row['chosen']['macs_within_25']:.0%}")
     print(f"total {time.perf_counter() - t0:.0f} s")
     if args.json:
         args.json.write_text(json.dumps(res, indent=1, default=float))

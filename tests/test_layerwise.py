@@ -110,6 +110,27 @@ def test_a_shipped_onnxruntime_model_is_a_basis_device_that_prices_as_the_model_
     assert fit.basis_source == lw.ORT_SOURCE and "costs scaled by 0.5" in fit.describe()
 
 
+def test_the_number_of_scales_is_chosen_by_leave_one_out_or_fixed():
+    """A device whose compute costs 3× a basis device's and the rest 1×: two scales are
+    chosen (shrunk towards one) and predict better than one scale, which, when asked, is
+    one factor for the whole price."""
+    X, costs = _synthetic(seed=5)
+    basis = lw.Basis([f"d{i}" for i in range(len(costs))], costs, ["test"] * len(costs),
+                     [0.0] * len(costs))
+    comp = np.array([t.endswith("gmacs") for t in lw.TERMS[:len(lw.LAYER_TERMS)]]
+                    + [False] * (len(lw.TERMS) - len(lw.LAYER_TERMS)))
+    X[:, comp] *= np.linspace(0.2, 5.0, len(X))[:, None]  # networks from light to heavy
+    truth = 3.0 * (X * comp) @ costs[1] + (X * ~comp) @ costs[1]
+    chosen = lw.fit_few_shot(basis, X[:12], truth[:12])
+    assert chosen.basis_device == "d1" and chosen.scales[0] > 1.2 * chosen.scales[1]
+    one = lw.fit_few_shot(basis, X[:12], truth[:12], parametrisation="one scale")
+    assert one.scales[0] == one.scales[1]
+    assert np.mean(np.abs(np.log(chosen.predict(X[12:]) / truth[12:]))) < np.mean(
+        np.abs(np.log(one.predict(X[12:]) / truth[12:])))
+    two = lw.fit_few_shot(basis, X[:2], truth[:2], parametrisation="two scales")
+    assert two.scales[0] == two.scales[1]  # two rows fit one scale only
+
+
 def test_the_leave_one_out_error_is_the_fit_made_without_that_row():
     """What adapt reports (leave-one-out, the basis device chosen again each time) is what
     a fit on the other rows predicts for the row left out."""

@@ -217,34 +217,43 @@ _SPLIT_PRIOR = 1.0
 
 def _split_fit(c: np.ndarray, o: np.ndarray, ms: np.ndarray) -> tuple[float, float]:
     """Scales (compute, rest) of a basis device's two parts fitted to ``ms`` by relative
-    error, shrunk towards the one scale that fits both."""
+    error, shrunk towards the one scale that fits both (each scale's ratio to it: the pull
+    is the same whatever the basis device's speed)."""
     from scipy.optimize import nnls
 
     one = math.exp(float(np.mean(np.log(ms) - np.log(np.maximum(c + o, 1e-12)))))
-    w = 1.0 / ms
+    w = one / ms
     A = np.r_[np.c_[c, o] * w[:, None], math.sqrt(_SPLIT_PRIOR) * np.eye(2)]
-    t = np.r_[np.ones(len(ms)), math.sqrt(_SPLIT_PRIOR) * np.array([one, one])]
+    t = np.r_[np.ones(len(ms)), math.sqrt(_SPLIT_PRIOR) * np.ones(2)]
     a, b = nnls(A, t)[0]
-    return float(a), float(b)
+    return float(one * a), float(one * b)
 
 
 def _apply(c, o, scales: tuple[float, float]):
     return np.maximum(scales[0] * c + scales[1] * o, 1e-9)
 
 
-def _select(C: np.ndarray, O: np.ndarray, ms: np.ndarray) -> tuple[int, tuple[float, float]]:
+#: The parametrisations of the few-shot fit (:func:`fit_few_shot`): one scale for a basis
+#: device's whole price, or one for its compute and one for the rest.
+PARAMETRISATIONS = ("one scale", "two scales")
+
+
+def _select(C: np.ndarray, O: np.ndarray, ms: np.ndarray, variants=(0, 1)
+            ) -> tuple[int, tuple[float, float]]:
     """The basis device (column of compute ``C`` and rest ``O``, shots × devices) and the
     scales of its parts that predict ``ms`` with the lowest leave-one-out error: one scale
-    for both, or a scale each (chosen by the same error)."""
+    for both, or a scale each (chosen by the same error, among ``variants``: indices of
+    :data:`PARAMETRISATIONS`)."""
     n, y = len(ms), np.log(ms)
     L = np.log(np.maximum(C + O, 1e-12))
     r = y[:, None] - L
     loo0 = (r - (r.sum(axis=0) - r) / (n - 1)) if n >= 2 else np.zeros_like(r)
     score0 = np.sqrt(np.mean(loo0 ** 2, axis=0))
+    variants = variants if n >= 3 else (0,)  # two scales need three rows
     best = None
     for j in np.argsort(score0, kind="stable")[:_CANDIDATES]:
-        fits = [(float(score0[j]), 0)]
-        if n >= 3:
+        fits = [(float(score0[j]), 0)] if 0 in variants else []
+        if n >= 3 and 1 in variants:
             errs = []
             for k in range(n):
                 keep = np.arange(n) != k
@@ -332,9 +341,14 @@ class FewShotFit:
         return cls(**d)
 
 
-def fit_few_shot(basis: Basis, X: np.ndarray, ms: np.ndarray) -> FewShotFit:
-    """Fit a device on ``X`` (terms of its timed networks) and ``ms`` (their latencies)."""
+def fit_few_shot(basis: Basis, X: np.ndarray, ms: np.ndarray,
+                 parametrisation: str | None = None) -> FewShotFit:
+    """Fit a device on ``X`` (terms of its timed networks) and ``ms`` (their latencies);
+    ``parametrisation`` (one of :data:`PARAMETRISATIONS`) fixes the number of scales,
+    chosen by leave-one-out error otherwise."""
     X, ms = np.atleast_2d(np.asarray(X, float)), np.asarray(ms, float)
+    variants = (0, 1) if parametrisation is None else (PARAMETRISATIONS.index(
+        parametrisation),)
     if not len(basis.devices):
         raise DlasError("no basis device to price networks from (no public data and no "
                         "shipped whole-network corpus)")
@@ -342,12 +356,12 @@ def fit_few_shot(basis: Basis, X: np.ndarray, ms: np.ndarray) -> FewShotFit:
         raise DlasError(f"{len(ms)} latency given; a device needs at least 2")
     C = (X * _COMPUTE) @ basis.costs.T
     O = (X * (1 - _COMPUTE)) @ basis.costs.T
-    j, scales = _select(C, O, ms)
+    j, scales = _select(C, O, ms, variants)
     n = len(ms)
     loo = np.empty(n)
     for i in range(n):
         keep = np.arange(n) != i
-        ji, si = _select(C[keep], O[keep], ms[keep])
+        ji, si = _select(C[keep], O[keep], ms[keep], variants)
         loo[i] = math.log(_apply(C[i, ji], O[i, ji], si) / ms[i])
     spread = float(np.sqrt(np.mean(loo ** 2)))
     half = _Z80 * spread * math.sqrt(1 + 1 / n)
