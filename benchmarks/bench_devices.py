@@ -26,8 +26,9 @@
    a MACs fit on the same shots. HELP's devices one at a time (the basis: the other HELP
    devices on 800 cells, the shipped corpora; targets: 300 other cells, written as ONNX
    files and read back), and each machine's onnxruntime timings (another runtime; the
-   basis: HELP, the other machines' corpora and their onnxruntime models). Within ±10 %/±25 %, Spearman, and how
-   often the 80 % interval holds the truth.
+   basis: HELP, the other machines' corpora and their onnxruntime models). Within
+   ±10 %/±25 %, Spearman, and how often the 80 % interval holds the truth. Then the same
+   at 3, 5, 10 and 30 shots, one scale, two scales and the number chosen by leave-one-out.
 
 The public data is read from ``$DLAS_SHARED_DATA`` (default: the public data folder beside the checkout).
 

@@ -515,7 +515,8 @@ def onnxruntime_basis(drop=lambda name: False) -> Basis:
     """The shipped onnxruntime models (each CPU's, each profile's), each a basis device that
     prices the onnxruntime terms of a network run dense in float32 (its family's fit), named
     as :func:`corpus_columns` names the corpus it was fitted on, with ``model``;
-    ``drop(name)`` leaves some out. Its support: that corpus's onnxruntime networks."""
+    ``drop(name)`` leaves some out. Its support: that corpus's onnxruntime networks (none
+    where the corpus is not shipped)."""
     from dlas_predict.models.costmodel import ModelError
     from dlas_predict.models.ortmodel import FILE, OrtLatencyModel
     from dlas_predict.paths import MACHINES, MODELS_STORE
@@ -542,8 +543,8 @@ def onnxruntime_basis(drop=lambda name: False) -> Basis:
             columns = corpus_columns()
         run = columns.get(f"{machine}:{f.parent.name}:onnxruntime", ([], None))[0]
         terms = network_terms_by_name(list(run))
-        support = np.array(list(terms.values())).max(axis=0) if terms else np.full(
-            len(TERMS), np.inf)
+        # no corpus of its networks here: nothing is within its support (a wider interval)
+        support = np.array(list(terms.values())).max(axis=0) if terms else np.zeros(len(TERMS))
         names.append(name)
         rows.append(costs)
         spreads.append(float(model.q90_["fp32"] - model.q10_["fp32"]) / (2 * _Z80))
