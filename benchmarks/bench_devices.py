@@ -313,7 +313,8 @@ def layerwise_lodo(eval_archs: int = 300) -> dict:
     X_test = np.array([by_name[nb.parse_arch(mat.targets[i]).file_name.removesuffix(".onnx")]
                        for i in test_idx])
     helpb = lw.help_basis(indices=train_idx)
-    corpus = lw.corpus_basis() + lw.onnxruntime_basis()
+    cols = lw.corpus_columns()
+    corpus = lw.corpus_basis(columns=cols) + lw.onnxruntime_basis(columns=cols)
     out: dict = {"help": {}, "onnxruntime": {}}
     cases: dict = {"help": [], "onnxruntime": []}  # (basis, terms, ms) of each device left out
     for j, d in enumerate(mat.devices):
@@ -322,7 +323,6 @@ def layerwise_lodo(eval_archs: int = 300) -> dict:
         ok = np.isfinite(y)
         out["help"][d] = _few_shot_draws(basis, X_test[ok], np.exp(y[ok]))
         cases["help"].append((basis, X_test[ok], np.exp(y[ok])))
-    cols = lw.corpus_columns()
     terms = lw.network_terms_by_name(sorted({n for names, _ in cols.values() for n in names}))
     for key, (names, ms) in cols.items():
         machine, _, backend = key.split(":")
@@ -333,7 +333,7 @@ def layerwise_lodo(eval_archs: int = 300) -> dict:
             continue
         same = (lambda k, m=machine: k.startswith(f"{m}:local")) if machine == "shipped" else \
             (lambda k, m=machine: k.startswith(f"{m}:"))
-        basis = helpb + lw.corpus_basis(drop=same) + lw.onnxruntime_basis(drop=same)
+        basis = helpb + lw.corpus_basis(same, cols) + lw.onnxruntime_basis(same, cols)
         X = np.array([terms[names[i]] for i in keep])
         out["onnxruntime"][key] = _few_shot_draws(basis, X, ms[keep])
         cases["onnxruntime"].append((basis, X, ms[keep]))

@@ -142,8 +142,8 @@ def fit_costs(X: np.ndarray, ms: np.ndarray) -> np.ndarray:
 
     X, ms = np.atleast_2d(np.asarray(X, float)), np.asarray(ms, float)
     w = 1.0 / np.maximum(ms, 0.2 * np.median(ms))
-    costs = np.zeros(X.shape[1])
-    costs[_LAYER[:X.shape[1]]] = nnls(X[:, _LAYER[:X.shape[1]]] * w[:, None], ms * w)[0]
+    costs = np.zeros(len(TERMS))
+    costs[_LAYER] = nnls(X[:, _LAYER] * w[:, None], ms * w)[0]
     return costs
 
 
@@ -253,7 +253,7 @@ def _select(C: np.ndarray, O: np.ndarray, ms: np.ndarray, variants=(0, 1)
     best = None
     for j in np.argsort(score0, kind="stable")[:_CANDIDATES]:
         fits = [(float(score0[j]), 0)] if 0 in variants else []
-        if n >= 3 and 1 in variants:
+        if 1 in variants:
             errs = []
             for k in range(n):
                 keep = np.arange(n) != k
@@ -494,10 +494,11 @@ def network_terms_by_name(names: list[str]) -> dict[str, np.ndarray]:
     return {n: np.array(cached[n]) for n in names if cached.get(n) is not None}
 
 
-def corpus_basis(drop=lambda name: False) -> Basis:
+def corpus_basis(drop=lambda name: False, columns=None) -> Basis:
     """The shipped corpora's devices and backends (dense whole networks), each its own basis
-    device; ``drop(name)`` leaves some out."""
-    cols = {k: v for k, v in corpus_columns().items() if not drop(k)}
+    device; ``drop(name)`` leaves some out; ``columns``: :func:`corpus_columns`, where the
+    caller has read them."""
+    cols = {k: v for k, v in (columns or corpus_columns()).items() if not drop(k)}
     terms = network_terms_by_name(sorted({n for names, _ in cols.values() for n in names}))
     fitted = {}
     for key, (names, ms) in cols.items():
@@ -511,19 +512,21 @@ def corpus_basis(drop=lambda name: False) -> Basis:
 ORT_SOURCE = "onnxruntime model"
 
 
-def onnxruntime_basis(drop=lambda name: False) -> Basis:
+def onnxruntime_basis(drop=lambda name: False, columns=None) -> Basis:
     """The shipped onnxruntime models (each CPU's, each profile's), each a basis device that
     prices the onnxruntime terms of a network run dense in float32 (its family's fit), named
     as :func:`corpus_columns` names the corpus it was fitted on, with ``model``;
-    ``drop(name)`` leaves some out. Its support: that corpus's onnxruntime networks (none
-    where the corpus is not shipped)."""
+    ``drop(name)`` leaves some out; ``columns`` as :func:`corpus_basis`. Its support: that
+    corpus's onnxruntime networks (none where the corpus is not shipped)."""
     from dlas_predict.models.costmodel import ModelError
     from dlas_predict.models.ortmodel import FILE, OrtLatencyModel
     from dlas_predict.paths import MACHINES, MODELS_STORE
 
     files = sorted(MODELS_STORE.glob(f"*/{FILE}")) + sorted(
         MODELS_STORE.glob(f"{MACHINES}/*/*/{FILE}"))
-    columns = None
+    columns = columns or corpus_columns()
+    terms = network_terms_by_name(sorted({n for k, (ns, _) in columns.items()
+                                          if k.endswith(":onnxruntime") for n in ns}))
     names, rows, spreads, supports = [], [], [], []
     for f in files:
         machine = f.parent.parent.name if f.parent.parent.parent.name == MACHINES else "shipped"
@@ -539,12 +542,10 @@ def onnxruntime_basis(drop=lambda name: False) -> Basis:
             at = len(LAYER_TERMS) + k * len(ORT_TERMS)
             costs[at:at + len(ORT_TERMS)] = 1e3 * np.asarray(
                 model.coef_[model.priced_by(family + "fp32")])  # s to ms
-        if columns is None:
-            columns = corpus_columns()
-        run = columns.get(f"{machine}:{f.parent.name}:onnxruntime", ([], None))[0]
-        terms = network_terms_by_name(list(run))
+        run = [terms[n] for n in columns.get(f"{machine}:{f.parent.name}:onnxruntime",
+                                             ([], None))[0] if n in terms]
         # no corpus of its networks here: nothing is within its support (a wider interval)
-        support = np.array(list(terms.values())).max(axis=0) if terms else np.zeros(len(TERMS))
+        support = np.max(run, axis=0) if run else np.zeros(len(TERMS))
         names.append(name)
         rows.append(costs)
         spreads.append(float(model.q90_["fp32"] - model.q10_["fp32"]) / (2 * _Z80))
@@ -558,7 +559,8 @@ def default_basis(data: Path | None = None) -> tuple[Basis, list[str]]:
     """Every basis device there is: the shipped corpora's, the shipped onnxruntime models,
     and HELP's where the public data is found; with a note per source left out."""
     notes = []
-    basis = corpus_basis() + onnxruntime_basis()
+    columns = corpus_columns()
+    basis = corpus_basis(columns=columns) + onnxruntime_basis(columns=columns)
     try:
         basis = basis + help_basis(data)
     except DlasError as exc:
