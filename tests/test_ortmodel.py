@@ -446,3 +446,43 @@ def test_recurrent_networks_are_fitted_apart_and_fall_back_to_the_matrix_fit():
         groups=[*nets, *[k + "-m" for k in nets[::3]]])
     assert np.allclose(without.predict(OrtInputs(Xr, fp32, (True,) * n)),
                        without.predict(OrtInputs(Xm, fp32)))
+
+
+def _stepped(seed=0, networks=40):
+    """``_data`` where int8 runs of the deeper networks take 1.6× the law's time: a step no
+    non-negative sum of the terms can follow."""
+    X, y, modes, nets = _data(seed=seed, networks=networks)
+    deep = X[:, TERMS.index("layers")] >= 13
+    y = np.where((np.array(modes) == "int8") & deep, 1.6 * y, y)
+    return X, y, modes, nets
+
+
+def test_a_correction_is_kept_only_where_it_is_better_held_out(tmp_path):
+    X, y, modes, nets = _stepped()
+    m = OrtLatencyModel().fit(OrtInputs(X, modes), y, groups=nets)
+    assert m.meta_["corrected"] == ["int8"] and set(m.correction_) == {"int8"}
+    lono = m.meta_["lono"]["int8"]
+    assert lono["corrected"] and lono["within_10pct"] >= lono["uncorrected_within_10pct"] + 0.05
+    assert "corrected" not in m.meta_["lono"]["fp32"]
+    i8 = np.array(modes) == "int8"
+    plain = OrtInputs(X[i8], [modes[i] for i in np.flatnonzero(i8)])
+    assert np.median(np.abs(m.predict(plain) / y[i8] - 1)) < 0.05
+    m.save(tmp_path)
+    assert (tmp_path / "onnxruntime.correction.int8.txt.xz").is_file()
+    back = OrtLatencyModel.load(tmp_path)
+    for a, b in zip(m.predict_all(OrtInputs(X, modes)), back.predict_all(OrtInputs(X, modes))):
+        assert np.allclose(a, b, rtol=1e-12)
+    # too few networks for a correction: none, and the earlier fit's is not left behind
+    X, y, modes, nets = _stepped(networks=12)
+    small = OrtLatencyModel().fit(OrtInputs(X, modes), y, groups=nets)
+    assert small.meta_["corrected"] == [] and not small.correction_
+    small.save(tmp_path)
+    assert not list(tmp_path.glob("onnxruntime.correction.*"))
+
+
+def test_a_model_whose_correction_file_is_missing_asks_to_be_fitted_again(tmp_path):
+    X, y, modes, nets = _stepped(seed=3)
+    OrtLatencyModel().fit(OrtInputs(X, modes), y, groups=nets).save(tmp_path)
+    (tmp_path / "onnxruntime.correction.int8.txt.xz").unlink()
+    with pytest.raises(DlasError, match="names a correction of int8.*fit it again"):
+        OrtLatencyModel.load(tmp_path)
