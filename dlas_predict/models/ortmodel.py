@@ -39,8 +39,8 @@ correction: LightGBM trees on the log of the fit's error, from the terms and eac
 share of the fit's latency (:func:`correction_features`), learned from out-of-fold errors.
 It is kept only where it is clearly better held out (:data:`CORRECTION_GAIN`): leaving one
 network out, the shipped Zen 4's and Zen 5's corpora (112-140 CNNs, 42 matrix networks per
-mode) gained 6-17 points within ±10 % on channel-pruned, int8 and matrix int8 runs with it,
-and lost 1-7 on fp32 and float16.
+mode) gained 6-31 points within ±10 % on channel-pruned, int8 and matrix int8 runs with it,
+and lost 1-9 on fp32 and float16 (24 on the Zen 4's matrix networks' float16).
 
 The interval is the 10–90 % range of the leave-one-network-out relative errors of the fit
 (with its correction, where kept), which :meth:`OrtLatencyModel.fit` also reports
