@@ -31,6 +31,14 @@ def check_coverage(q: float) -> float:
     return q
 
 
+def group_folds(groups, k: int, seed: int) -> np.ndarray:
+    """Each row's fold (0 to ``k`` - 1), whole groups (networks) at a time: the sorted group
+    names dealt by a seeded permutation."""
+    names = np.array(sorted(set(groups)))
+    fold_of = dict(zip(names, np.random.default_rng(seed).permutation(len(names)) % k))
+    return np.array([fold_of[g] for g in groups])
+
+
 def _z(q: float) -> float:
     return NormalDist().inv_cdf(0.5 + q / 2)
 

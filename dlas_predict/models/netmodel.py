@@ -23,7 +23,8 @@ import numpy as np
 
 from dlas_predict.space.config import (COMPRESSION_KERNEL, GRID_ALGORITHMS, Algorithm,
                                        Compression, DType)
-from dlas_predict.models.base import FITTED_COVERAGE, CostModel, at_coverage
+from dlas_predict.models.base import (FITTED_COVERAGE, CostModel, at_coverage,
+                                      group_folds)
 from dlas_predict.models.costmodel import ModelError, package_versions, read_sidecar, write_sidecar
 from dlas_predict.space.devices import Device
 from dlas_predict.networks.summary import NetworkSummary
@@ -250,9 +251,7 @@ class NetworkCostModel(CostModel):
     def _out_of_fold(self, T, whole_s, features, groups: np.ndarray, seed: int) -> np.ndarray:
         """Measured over predicted latency of every row, each predicted by a model (linear
         part and correction) fitted without its network's fold."""
-        names = np.array(sorted(set(groups)))
-        fold_of = dict(zip(names, np.random.default_rng(seed).permutation(len(names)) % _FOLDS))
-        fold = np.array([fold_of[g] for g in groups])
+        fold = group_folds(groups, _FOLDS, seed)
         ratio = np.empty(len(T))
         for f in range(_FOLDS):
             te, tr = fold == f, fold != f

@@ -55,7 +55,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dlas_predict.models.base import FITTED_COVERAGE, CostModel, at_coverage
+from dlas_predict.models.base import (FITTED_COVERAGE, CostModel, at_coverage,
+                                      group_folds)
 from dlas_predict.models.costmodel import ModelError
 
 #: The terms of the model, in order.
@@ -252,9 +253,7 @@ class OrtLatencyModel(CostModel):
         out-of-fold errors of ``X``'s networks (``coef``: the fit on all of them)."""
         import lightgbm as lgb
 
-        names = np.array(sorted(set(nets)))
-        fold_of = dict(zip(names, np.random.default_rng(seed).permutation(len(names)) % _FOLDS))
-        err = cls._errors(X, y, np.array([fold_of[n] for n in nets]))
+        err = cls._errors(X, y, group_folds(nets, _FOLDS, seed))
         return lgb.LGBMRegressor(random_state=seed, **_CORRECTION_PARAMS).fit(
             correction_features(X, coef), err).booster_
 
@@ -344,7 +343,6 @@ class OrtLatencyModel(CostModel):
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / f"{self.name}.json"
         from dlas_predict.files import write_if_changed
-
         from dlas_predict.models.trees import MODEL_SUFFIX, save_trees
 
         write_if_changed(path, json.dumps({"coef": self.coef_, "q10": self.q10_,
