@@ -233,6 +233,29 @@ def test_the_summary_counts_the_window_reads_of_windowed_pools_only(tmp_path):
     shortcuts = (16 * 16 * 16 + 32 * 8 * 8) * 4
     assert NetworkSummary.of(p_net).pool_window_elems == cells + shortcuts
     assert NetworkSummary.of(n_net).pool_window_elems == shortcuts
+    # every one of them an average pool: what onnxruntime's QDQ int8 quantizes
+    assert NetworkSummary.of(p_net).avgpool_window_elems == cells + shortcuts
+
+
+def test_the_summary_counts_the_average_pools_reads_apart_from_max_pools(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    from dlas_predict.networks.summary import NetworkSummary
+
+    def pool(op, x, y, k):
+        return helper.make_node(op, [x], [y], kernel_shape=[k, k], strides=[1, 1],
+                                pads=[k // 2] * 4)
+
+    g = helper.make_graph(
+        [pool("MaxPool", "x", "m", 3), pool("AveragePool", "m", "a", 5)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 6, 6])],
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, [1, 8, 6, 6])])
+    path = tmp_path / "pools.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    s = NetworkSummary.of(read_network(path))
+    assert s.pool_window_elems == 8 * 6 * 6 * (9 + 25)
+    assert s.avgpool_window_elems == 8 * 6 * 6 * 25
 
 
 def test_generate_nasbench201_cli(tmp_path):

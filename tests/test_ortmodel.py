@@ -1,5 +1,6 @@
 """The onnxruntime latency model: fitted on whole networks run by onnxruntime, per mode."""
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from dlas_predict.space.devices import get_device
 
 #: seconds per unit of each term: a law the fit should find again
 LAW = np.array([2e-5, 4e-3, 2e-2, 1e-5, 0.0, 2e-5, 1e-6, 3e-6, 0.0, 0.0, 3e-3, 1e-6, 2e-3,
-                1e-6, 5e-3, 2e-6, 1e-6, 0.0, 0.0, 0.0, 2e-3, 0.0, 0.0, 0.0])
+                1e-6, 5e-3, 2e-6, 1e-6, 0.0, 0.0, 0.0, 2e-3, 0.0, 0.0, 0.0, 0.0])
 
 
 def _net(rng, i):
@@ -105,6 +106,16 @@ def test_channel_pruning_counts_the_density_weight_pruning_all_of_it():
     assert removed[12:14].tolist() == full[12:14].tolist()  # the summary's, not scaled
     assert len(full) == len(TERMS)
     assert ort_terms(specs, ratios, summary, "int8", False)[4] == pytest.approx(full[4] / 4)
+
+
+def test_the_average_pools_reads_are_an_int8_term_only():
+    rng = np.random.default_rng(3)
+    _, specs, summary = _net(rng, 0)
+    summary = replace(summary, avgpool_window_elems=9_000_000)
+    col = TERMS.index("qdq_avgpool_reads")
+    assert ort_terms(specs, [0.0] * len(specs), summary, "int8", False)[col] == 9.0
+    for mode in ("fp32", "float16"):
+        assert ort_terms(specs, [0.0] * len(specs), summary, mode, False)[col] == 0.0
 
 
 @pytest.mark.parametrize("old_summaries", [False, True])

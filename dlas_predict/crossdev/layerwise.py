@@ -61,7 +61,7 @@ _LAYER = np.arange(len(TERMS)) < len(LAYER_TERMS)
 #: Layer kinds of the graph reader counted as elementwise work (per element, no reduction).
 _ELEMENTWISE = ("elementwise", "activation", "batchnorm")
 #: The version of :data:`TERMS`' definition, in every cache and saved fit.
-TERMS_VERSION = "3"
+TERMS_VERSION = "4"
 #: NAS-Bench-201 cells sampled for HELP's basis (seeded), and the seed.
 HELP_SAMPLE = 800
 _HELP_SEED = 0

@@ -300,17 +300,15 @@ class WholeRow:
 
 #: Summary fields that a network's own stored summary without them (a channel-pruned build,
 #: its zeroed filters removed) gets from the named network's, scaled by the two's non-conv
-#: bytes: the pools' window reads scale with their channels as their bytes do.
-SCALED_WITH_NONCONV_BYTES = frozenset({"pool_window_elems"})
-#: Summary fields that only an int8 run uses (onnxruntime's QDQ float convs): a
-#: channel-pruned build's own summary without them has them zero (it is never quantized),
-#: and so has a stored summary without them of a network not built again by name.
+#: bytes: the pools' window reads scale with their channels, and the elements through
+#: softmax and erf with their heads and FFN neurons, as their bytes do.
+SCALED_WITH_NONCONV_BYTES = frozenset({"pool_window_elems", "erf_softmax_elems"})
+#: Summary fields that only an int8 run uses (onnxruntime's QDQ float convs, its quantized
+#: average pools): a channel-pruned build's own summary without them has them zero (it is
+#: never quantized), and so has a stored summary without them of a network not built again
+#: by name.
 INT8_ONLY = frozenset({"qdq_float_conv_macs", "qdq_float_conv_io_bytes",
-                       "qdq_float_conv_params"})
-#: Summary fields that no model reads, only the engine's carry rules
-#: (:data:`~dlas_predict.measure.networks.plans.ENGINE_CHANGES`), which take a summary
-#: stored without them as one of an engine before them: zero.
-ENGINE_ONLY = frozenset({"erf_softmax_elems"})
+                       "qdq_float_conv_params", "avgpool_window_elems"})
 
 
 def stored_summary(network: str, text: str | None):
@@ -319,8 +317,8 @@ def stored_summary(network: str, text: str | None):
     its name describes (built again: its weights are seeded by its name), and kept only if
     it agrees with every field stored. A channel-pruned network's own summary, its zeroed
     filters removed, is not the named network's: where it lacks only fields of
-    :data:`SCALED_WITH_NONCONV_BYTES`, :data:`INT8_ONLY` and :data:`ENGINE_ONLY` they are the
-    named network's scaled (and zero), else it is None (unusable)."""
+    :data:`SCALED_WITH_NONCONV_BYTES` and :data:`INT8_ONLY` they are the named network's
+    scaled (and zero), else it is None (unusable)."""
     import json
     from dataclasses import asdict, fields
 
@@ -335,15 +333,15 @@ def stored_summary(network: str, text: str | None):
         # a network not built again by name, stored before the int8-only fields: they are
         # zero (only an int8 onnxruntime run reads them, and its model leaves such rows out)
         return NetworkSummary(**stored, **{k: 0 for k in missing}) \
-            if stored and missing <= INT8_ONLY | ENGINE_ONLY else None
+            if stored and missing <= INT8_ONLY else None
     named = asdict(fresh)
     if all(named.get(k, v) == v for k, v in stored.items()):
         return fresh
-    if stored and missing <= SCALED_WITH_NONCONV_BYTES | INT8_ONLY | ENGINE_ONLY \
+    if stored and missing <= SCALED_WITH_NONCONV_BYTES | INT8_ONLY \
             and named["nonconv_bytes"] > 0:
         scale = stored.get("nonconv_bytes", 0) / named["nonconv_bytes"]
         return NetworkSummary(**stored, **{
-            k: 0 if k in INT8_ONLY | ENGINE_ONLY else round(named[k] * scale)
+            k: 0 if k in INT8_ONLY else round(named[k] * scale)
             for k in missing})
     return None
 

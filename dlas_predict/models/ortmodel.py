@@ -20,6 +20,9 @@ modelled from what the network does, as a non-negative sum of costs:
             each dequantizes its input and its weights and quantizes its output at every
             run. These three replace c12 and c13 in int8 mode and are zero in the others.
           + c20·MACs of the filters and channels the blocked layout pads up to its block
+          + c24·window reads of the average pools, in int8 mode only: the QDQ run
+            quantizes each into a QLinearAveragePool, several times slower per read than
+            the float pool (a NAS-Bench-201 cell's int8 run takes 1-4.5× its fp32 time)
 
 one coefficient vector per mode (``fp32``, ``channel_pruning``, ``int8``, ``float16``),
 fitted by non-negative least squares on relative error, so it extrapolates linearly to
@@ -65,7 +68,7 @@ TERMS = ("const", "dense_macs", "depthwise_macs", "conv_io_bytes", "weight_bytes
          "narrow_macs", "unaligned_convs", "joined_macs", "joined_io_bytes",
          "unblocked_macs", "unblocked_convs", "unblocked_io_bytes", "qdq_float_macs",
          "qdq_float_io_bytes", "qdq_float_weights", "padded_macs", "matrix_macs",
-         "matrix_bytes", "other_macs")
+         "matrix_bytes", "other_macs", "qdq_avgpool_reads")
 #: The modes fitted, each on its own rows (a mode with too few networks: the fp32 fit).
 MODES = ("fp32", "channel_pruning", "int8", "float16")
 #: A matrix network's runs (its fully connected layers onnxruntime's matrix products) are
@@ -183,7 +186,8 @@ def ort_terms(specs, ratios, summary, mode: str, channels_removed: bool,
                      float(summary.elementwise_ops), summary.exp_elems / 1e6,
                      summary.broadcast_bytes / 1e6, narrow / 1e9, unaligned, *joined,
                      unblocked / 1e9, unblocked_n, unblocked_io / 1e6, *qdq, padded / 1e9,
-                     matrix_macs / 1e9, matrix_bytes / 1e6, summary.nonconv_macs / 1e9])
+                     matrix_macs / 1e9, matrix_bytes / 1e6, summary.nonconv_macs / 1e9,
+                     summary.avgpool_window_elems / 1e6 if mode == "int8" else 0.0])
 
 
 def fitted_modes(T: np.ndarray, modes: list[str], recurrent=()) -> list[str]:

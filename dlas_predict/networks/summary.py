@@ -45,6 +45,9 @@ class NetworkSummary:
     #: Window reads of the windowed pools: output elements × window area (a 3×3 average
     #: pool at stride 1 reads nine inputs per output, which its bytes moved do not count).
     pool_window_elems: int = 0
+    #: The average pools' window reads alone: onnxruntime's QDQ int8 runs each as
+    #: QLinearAveragePool, several times slower per read than its float pool.
+    avgpool_window_elems: int = 0
 
     @classmethod
     def of(cls, net: Network) -> "NetworkSummary":
@@ -71,7 +74,9 @@ class NetworkSummary:
                    qdq_float_conv_io_bytes=sum(io_bytes(layer) for layer in qdq_float),
                    qdq_float_conv_params=sum(layer.params for layer in qdq_float),
                    pool_window_elems=sum(int(math.prod(layer.output_shape)) * layer.window
-                                         for layer in other))
+                                         for layer in other),
+                   avgpool_window_elems=sum(int(math.prod(layer.output_shape)) * layer.window
+                                            for layer in other if layer.op == "AveragePool"))
 
 
 def io_bytes(layer) -> int:
