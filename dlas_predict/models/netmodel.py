@@ -90,18 +90,20 @@ IN_NETWORK_AS = {Algorithm.WINOGRAD.value: Algorithm.SPATIAL_PACK.value}
 #: measured at about 5× an ordinary non-conv byte's cost), and the conv weights that do not
 #: fit in the last-level cache, which a kernel timed alone finds cached but a whole network
 #: streams from memory at every inference; the window reads of windowed pools; and two of
-#: a transformer's attention: the elements through softmax and GELU's erf (the engine's
-#: polynomials, dearer per element than a sigmoid) and the multiply-adds of the products of
-#: two activations (QKᵀ and its product with V; a CNN's classifier) that no kernel of the
-#: grid times. Leaving one network out on the Zen 4's and the Zen 5's corpora, these two
-#: put a transformer's configurations 55 → 67 % and 56 → 64 % within ±10 % (measured
-#: kernels), a recurrent network's 81 → 78 % and 86 → 88 %, the CNNs' unchanged.
+#: a transformer's attention (float16 apart): the elements through softmax and GELU's erf
+#: (the engine's polynomials, dearer per element than a sigmoid) and the multiply-adds of
+#: the products of two activations (QKᵀ and its product with V; a CNN's classifier) that no
+#: kernel of the grid times. Leaving one network out on the Zen 4's and the Zen 5's
+#: corpora (measured kernels), these put a transformer's configurations 55 → 69 % and
+#: 56 → 67 % within ±10 %, a recurrent network's 81 → 80 % and 86 → 86 %, an MLP's
+#: 68 → 66 % and 81 → 81 %, the CNNs' unchanged.
 NET_TERMS = (
     *CONV_TERMS, "conv_s_mixed",
     "nonconv_gb", "nonconv_gb_float16", "nonconv_gb_int8", "broadcast_gb",
     "conv_io_gb_float16", "conv_io_gb_int8", "layers_k", "layers_k_float16",
     "exp_gelems", "exp_gelems_float16", "weight_gb_beyond_cache", "pool_window_gelems",
-    "erf_softmax_gelems", "nonconv_gmacs",
+    "erf_softmax_gelems", "erf_softmax_gelems_float16", "nonconv_gmacs",
+    "nonconv_gmacs_float16",
 )
 
 
@@ -128,10 +130,10 @@ def net_terms(summary: NetworkSummary, layer_s, compression: Compression,
     gb, io, lk = summary.nonconv_bytes / 1e9, summary.conv_io_bytes / 1e9, summary.layers / 1e3
     exp, bc = summary.exp_elems / 1e9, summary.broadcast_bytes / 1e9
     beyond = max(float(sum(weight_bytes)) - cache_bytes, 0.0) / 1e9
+    sm, mm = summary.erf_softmax_elems / 1e9, summary.nonconv_macs / 1e9
     return [*conv.values(), total * mixed,
             gb, gb * f16, gb * i8, bc, io * f16, io * i8, lk, lk * f16, exp, exp * f16, beyond,
-            summary.pool_window_elems / 1e9, summary.erf_softmax_elems / 1e9,
-            summary.nonconv_macs / 1e9]
+            summary.pool_window_elems / 1e9, sm, sm * f16, mm, mm * f16]
 
 
 #: The correction's columns: the network features of :data:`NET_FEATURE_NAMES` but the
