@@ -91,7 +91,7 @@ IN_NETWORK_AS = {Algorithm.WINOGRAD.value: Algorithm.SPATIAL_PACK.value}
 #: fit in the last-level cache, which a kernel timed alone finds cached but a whole network
 #: streams from memory at every inference; the window reads of windowed pools; and two of
 #: a transformer's attention (float16 apart): the elements through softmax and GELU's erf
-#: (the engine's polynomials, dearer per element than a sigmoid) and the multiply-adds of
+#: (the engine's polynomials, apart from the other exponentials) and the multiply-adds of
 #: the products of two activations (QKᵀ and its product with V; a CNN's classifier) that no
 #: kernel of the grid times. Leaving one network out on the Zen 4's and the Zen 5's
 #: corpora (measured kernels), these put a transformer's configurations 55 → 69 % and

@@ -22,7 +22,7 @@ modelled from what the network does, as a non-negative sum of costs:
           + c20·MACs of the filters and channels the blocked layout pads up to its block
           + c24·window reads of the average pools, in int8 mode only: the QDQ run
             quantizes each into a QLinearAveragePool, several times slower per read than
-            the float pool (a NAS-Bench-201 cell's int8 run takes 1-4.5× its fp32 time)
+            the float pool (a NAS-Bench-201 cell's int8 run takes 0.9-4.5× its fp32 time)
 
 one coefficient vector per mode (``fp32``, ``channel_pruning``, ``int8``, ``float16``),
 fitted by non-negative least squares on relative error, so it extrapolates linearly to
