@@ -258,16 +258,16 @@ def test_tuning_time_model_learns_per_trial_cost_and_round_trips(tmp_path):
 
 def test_tuning_verdict_weighs_gain_against_search_time():
     from dlas_predict.space.config import Compression
-    from dlas_predict.recommend.search import _tuning_verdict
+    from dlas_predict.recommend.tuning import tuning_verdict
     from dlas_predict.recommend.candidates import Candidate
 
     def cand(tn, s, search=None):
         return Candidate(Compression.DENSE, None, "gemm", (("gemm", False),), s, s, s,
                          tuning=Tuning.parse(tn), tuning_s=search)
 
-    worth = _tuning_verdict([cand("tuned", 0.004, 600.0), cand("untuned", 0.005)], 64)
+    worth = tuning_verdict([cand("tuned", 0.004, 600.0), cand("untuned", 0.005)], 64)
     assert "save 1.00 ms" in worth and "10.0 min" in worth and "600,000 inferences" in worth
-    not_worth = _tuning_verdict([cand("untuned", 0.004), cand("tuned", 0.005, 60.0)], 64)
+    not_worth = tuning_verdict([cand("untuned", 0.004), cand("tuned", 0.005, 60.0)], 64)
     assert "not to pay off" in not_worth
 
 

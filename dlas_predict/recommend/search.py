@@ -33,6 +33,8 @@ from dlas_predict.space.devices import model_dir
 from dlas_predict.models.device import features_device, load_models
 from dlas_predict.recommend.accuracy import Accuracies
 from dlas_predict.recommend.candidates import Candidate, Recommendation
+from dlas_predict.recommend.tuning import (searched_trials, tuning_model, tuning_seconds,
+                                          tuning_verdict, without_dominated_tuning)
 from dlas_predict.recommend.validate import validate_top
 
 
@@ -203,7 +205,7 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
     low, high = su.layer_model.predict_interval(X)
     if su.mapping is not None:
         mid, low, high = _mapped(su, kernels, mid, low, high)
-    searched, ms_trials = _searched_trials(su.tuning_model, su.dev.kind == "gpu")
+    searched, ms_trials = searched_trials(su.tuning_model, su.dev.kind == "gpu")
     if searched and searched != trials and Tuning.TUNED in su.tunings:
         also = (f"; where MetaSchedule searches of {ms_trials} trials ran too, the faster "
                 "kernel is priced" if ms_trials else "")
@@ -211,7 +213,7 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
                         f"trials, not {trials}: tuned latencies and search times are for "
                         f"{searched} trials a kernel{also}")
         trials = searched
-    tune_s = _tuning_seconds(su.tuning_model, X, kernels, trials) \
+    tune_s = tuning_seconds(su.tuning_model, X, kernels, trials) \
         if su.mapping is None else None
     plans = _plans(points, su.tunings, options, mid, su.skipped)
     cands = _price(plans, su, X, (mid, low, high), tune_s, own)
@@ -246,8 +248,8 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
     reference = next((c for c in ort if c.compression is Compression.DENSE), None)
     _rank(kept, reference)
     if len(su.tunings) == 2:
-        su.notes.append(_tuning_verdict(kept, trials))
-        kept = _without_dominated_tuning(kept, su.skipped)
+        su.notes.append(tuning_verdict(kept, trials))
+        kept = without_dominated_tuning(kept, su.skipped)
     rec = Recommendation(su.name, su.dev.name, kept, dropped, su.skipped, dense_best, su.info,
                          su.notes)
     rec.reference = reference
@@ -331,7 +333,7 @@ def _setup(model: str, device: str, validate: int, models_dir: Path | None,
     models = (load_models(dev.name, models_dir) if ref_dev is None else
               load_models(ref_dev.name, models_dir or reference_dir(ref_dev.name)))
     layer_model, net_model, info = models.layer, models.network, models.info
-    tuning_model = _tuning_model(info, models_dir, dev.name)
+    tuner = tuning_model(info, models_dir, dev.name)
     path = zoo.resolve(model)
     entry = zoo.get(model) if str(model).startswith(zoo.ZOO_PREFIX) else None
     name = entry.name if entry else Path(path).stem
@@ -408,7 +410,7 @@ def _setup(model: str, device: str, validate: int, models_dir: Path | None,
                          f"machine (fingerprint {foreign}; this one is {dev.fingerprint}): "
                          "not used; `dlas-predict calibrate` measures this one")
     feat_dev = features_device(ref_dev or dev, info)
-    su = _Setup(dev, feat_dev, layer_model, net_model, info, tuning_model, net, name, entry,
+    su = _Setup(dev, feat_dev, layer_model, net_model, info, tuner, net, name, entry,
                 tunings, notes, mapping=mapping, ref_dev=ref_dev, matrix=matrix,
                 recurrent_kept=recurrent_kept)
     _onnxruntime_setup(su, models_dir)
@@ -724,90 +726,3 @@ def _within_budget(cands: list[Candidate], acc: Accuracies, max_accuracy_drop: f
         su.notes.append("this zoo network has random weights (nothing can be downloaded): "
                         "accuracy figures for it are chance level")
     return kept
-
-
-def _tuning_model(info: dict, models_dir: Path | None, device: str):
-    """The device's tuning-time model, or None when its corpus had no tuned record."""
-    from dlas_predict.models.costmodel import TuningTimeModel
-
-    directory = Path(models_dir) if models_dir else model_dir(device)
-    if not (directory / "tuning.json").is_file():
-        return None
-    model = TuningTimeModel.load(directory)
-    info["tuning_model"] = {"tuned_kernels": model.meta_.get("n_train"),
-                            "trial_share": model.trial_share_}
-    return model
-
-
-def _searched_trials(model, gpu: bool) -> tuple[int | None, int | None]:
-    """The trials of the fixed-size searches a device's tuned kernels came from (GPU bundles
-    tune by searches of a set size, not by a budget): the knob searches', or None; and a
-    GPU's MetaSchedule rounds', or None. A CPU's MetaSchedule searches run to a budget
-    (``--trials``): (None, None)."""
-    from dlas_predict.measure.records import KNOB_SEARCH, METASCHEDULE
-
-    if model is None or (METASCHEDULE in model.trial_share_ and not gpu):
-        return None, None
-    medians = model.meta_.get("median_trials", {})
-    trials, ms = medians.get(KNOB_SEARCH), medians.get(METASCHEDULE)
-    return (int(trials) if trials else None), (int(ms) if ms else None)
-
-
-def _tuning_seconds(model, X: np.ndarray, kernels: list[tuple], trials: int):
-    """Predicted search seconds of each tuned kernel row (None without a tuning model)."""
-    if model is None or not len(X):
-        return None
-    from dlas_predict.measure.kernels.knobs import search_space
-
-    from dlas_predict.space.config import Variant
-
-    sizes = []
-    for spec, alg, comp, ratio, _tn in kernels:
-        sparse = COMPRESSION_KERNEL[comp][0]
-        sizes.append(len(search_space(spec, Variant(alg, comp, ratio or 0.5))) if sparse
-                     else 0)
-    from dlas_predict.models.costmodel import TuningInputs
-
-    return model.predict(TuningInputs(X, np.full(len(X), trials), np.array(sizes)))
-
-
-def _without_dominated_tuning(kept: list[Candidate], skipped: list) -> list[Candidate]:
-    """``kept`` without the tuned candidates predicted no faster than the same build
-    untuned: a search that costs time for no predicted gain is never the answer (each is
-    listed in ``skipped``)."""
-    untuned = {(c.backend, c.compression, c.ratio, c.algorithm, c.layers): c.predicted_s
-                for c in kept if c.tuning is Tuning.UNTUNED}
-    out, dominated = [], []
-    for c in kept:
-        twin = untuned.get((c.backend, c.compression, c.ratio, c.algorithm, c.layers))
-        if c.tuning is Tuning.TUNED and twin is not None and c.predicted_s >= twin:
-            dominated.append(c.label)
-        else:
-            out.append(c)
-    skipped.extend((label, "predicted no faster tuned than untuned: the search would cost "
-                    "time for no gain, the untuned build is listed") for label in dominated)
-    return out
-
-
-def _tuning_verdict(kept: list[Candidate], trials: int) -> str:
-    """Whether tuning is worth it here: the best tuned against the best untuned candidate."""
-    tuned = [c for c in kept if c.tuning is Tuning.TUNED]
-    untuned = [c for c in kept if c.tuning is Tuning.UNTUNED]
-    if not tuned or not untuned:
-        return "tuning: no candidate of one half survives the accuracy budget"
-    bt, bu = tuned[0], untuned[0]
-    gain = bu.predicted_s - bt.predicted_s
-    cost = (f"{bt.tuning_s / 60:.1f} min of search ({trials} trials per kernel)"
-            if bt.tuning_s is not None else "an unknown search time (no tuning-time model)")
-    if gain <= 0:
-        return (f"tuning is predicted not to pay off here: the best tuned candidate "
-                f"({bt.label}, {bt.predicted_s * 1e3:.2f} ms) is no faster than the best "
-                f"untuned ({bu.label}, {bu.predicted_s * 1e3:.2f} ms); it would cost {cost}")
-    text = (f"tuning is predicted to save {gain * 1e3:.2f} ms per inference "
-            f"({gain / bu.predicted_s:.0%}: {bu.label} {bu.predicted_s * 1e3:.2f} ms → "
-            f"{bt.label} {bt.predicted_s * 1e3:.2f} ms) for {cost}")
-    if bt.tuning_s is not None:
-        text += f"; it pays for itself after {bt.tuning_s / gain:,.0f} inferences"
-    return text + " (all figures predicted by models trained on measurements)"
-
-
