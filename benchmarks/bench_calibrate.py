@@ -1,7 +1,8 @@
 """``calibrate`` proved on networks of families no corpus holds: zero-shot against calibrated.
 
-For each network (generated CNNs of shapes the corpus lacks, one per block style, as
-``bench_unseen.py``), ``recommend NET --tuning untuned --validate K`` runs with the
+For each network (generated CNNs of shapes the corpus lacks, one per block style, and
+a transformer, a recurrent network and an MLP of unseen shapes, as ``bench_unseen.py``;
+``--no-matrix``: the CNNs only), ``recommend NET --tuning untuned --validate K`` runs with the
 calibrated ``local`` of the last ``--calibrated-home`` (a DLAS_HOME where ``dlas-predict
 calibrate`` ran): its top K candidates of both backends are built and timed here. The same
 candidates are priced zero-shot (a DLAS_HOME without the calibration), by every calibrated
@@ -30,7 +31,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_unseen import CNNS  # noqa: E402
+from bench_unseen import CNNS, MATRIX  # noqa: E402
+
+#: The matrix networks validated: the first of each family in ``bench_unseen.MATRIX``.
+MATRIX_FIRST = list({f: (f, p) for f, p in reversed(MATRIX)}.values())[::-1]
 
 
 def _macs(path: Path) -> float:
@@ -55,6 +59,8 @@ def main() -> int:
     ap.add_argument("--validate", type=int, default=12)
     ap.add_argument("--device", default="local")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--no-matrix", action="store_true",
+                    help="validate the generated CNNs only")
     args = ap.parse_args()
     homes = [h.resolve() for h in args.calibrated_home]
     cals = []
@@ -77,15 +83,18 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         from dlas_predict.networks import generate as gen
 
-        paths = [gen.generate("cnn", spec.split(","), Path(tmp))[0].path for spec in CNNS]
+        specs = [("cnn", spec) for spec in CNNS] + ([] if args.no_matrix else MATRIX_FIRST)
+        paths = [gen.generate(f, spec.split(","), Path(tmp))[0].path for f, spec in specs]
         # the MACs fit, per backend, on the calibration's own whole-network runs
         fit = {}
         shots = cal.get("networks", [])
-        from dlas_predict.corpus.collect import calibration_networks
+        from dlas_predict.corpus.collect import CALIBRATION_SET, calibration_networks
         from dlas_predict.networks import zoo
+        from dlas_predict.recommend.calibrate import generated_networks
 
         macs_of = {}
-        for n in calibration_networks():
+        for n in calibration_networks(CALIBRATION_SET) + generated_networks(
+                home / "calibrate" / "networks"):
             p = Path(zoo.resolve(n))
             macs_of[p.stem if not n.startswith("zoo:") else n[4:]] = _macs(p)
         for backend in ("tvm", "onnxruntime"):
@@ -111,7 +120,8 @@ def main() -> int:
                 if c.measured_s is None or (c.label, c.backend) not in zmap:
                     continue
                 f = fit.get(c.backend)
-                row = {"network": path.stem, "label": c.label, "backend": c.backend,
+                row = {"network": path.stem, "family": path.stem.split("_")[0],
+                       "label": c.label, "backend": c.backend,
                        "measured_ms": c.measured_s * 1e3}
                 for name, o in [("calibrated", c), *((n, m.get((c.label, c.backend)))
                                                      for n, m in others.items())]:
@@ -134,6 +144,9 @@ def main() -> int:
         for backend in ("tvm", "onnxruntime"):
             b = [i for i in ok if rows[i]["backend"] == backend]
             out[name][backend] = _score(np.array([rows[i][k] for i in b]), meas[b])
+        for family in sorted({r["family"] for r in rows}):
+            b = [i for i in ok if rows[i]["family"] == family]
+            out[name][family] = _score(np.array([rows[i][k] for i in b]), meas[b])
         if f"{name}_low_ms" in rows[0]:  # the 80 % interval's share of measured times
             out[name]["interval_holds"] = float(np.mean(
                 [rows[i][f"{name}_low_ms"] <= rows[i]["measured_ms"]

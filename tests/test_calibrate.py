@@ -314,3 +314,66 @@ def test_live_kernels_are_timed_here_and_kept_in_this_machines_corpus(tmp_path, 
     assert row["median_s"] * 1e3 == pytest.approx(ms)
     corpus = A.open_corpus("local", None)
     assert (corpus.origin, corpus.this_machine) == ("measured here", True)
+
+
+def test_shrunk_offsets_give_each_network_family_its_own_level():
+    from dlas_predict.crossdev.transfer import offset_of, shrunk_offsets
+
+    r = np.log([0.5, 0.5, 0.5, 0.5, 0.8, 0.8, 0.8])
+    groups = ["fp32", "fp32", "int8", "int8", "fp32", "int8", "float16"]
+    families = ["", "", "", "", "transformer", "transformer", "transformer"]
+    off, loo = shrunk_offsets(r, groups, families=families)
+    assert len(loo) == len(r)
+    assert np.log(0.5) < off["*"] < off["transformer *"] < np.log(0.8) + 1e-9
+    # a transformer's mode is moved toward the transformer's runs, not the conv ones
+    assert off["transformer fp32"] > off["fp32"] + 0.1
+    # lookups: the family's own mode, its common offset, then the conv networks'
+    assert offset_of(off, ["fp32"], "transformer") == off["transformer fp32"]
+    assert offset_of(off, ["channel_pruning"], "transformer") == off["transformer *"]
+    assert offset_of(off, ["int8"], "recurrent") == off["int8"]
+    assert offset_of(off, ["channel_pruning"], "") == off["*"]
+    # no family given: as before, one level under the common offset
+    plain, _ = shrunk_offsets(r, groups)
+    assert set(plain) == {"*", "fp32", "int8", "float16"}
+
+
+def test_calibration_goes_round_by_round_and_offsets_each_family(uncalibrated, tmp_path):
+    """Every network's dense runs before any network's pruned ones; an MLP's runs give its
+    family offsets of its own, which recommend applies to MLPs only."""
+    from dlas_predict.networks import generate as gen
+    from dlas_predict.recommend.search import recommend
+
+    fc = gen.generate("fc", ["layers=2", "nodes=256"], tmp_path)[0].path
+
+    class ByFamily(Networks):
+        def __call__(self, model, network, cands):
+            out = super().__call__(model, network, cands)
+            return [(ms * (2.5 if network.startswith("fc") else 1.0), note)
+                    for ms, note in out]
+
+    nets = ByFamily()
+    rep = cal.run("local", 5.0, [str(DEMO_NETWORK), str(fc)], Kernels(), nets,
+                  clock=Clock())
+    first = [a.split("|")[0] for a in nets.asked[:4]]
+    assert first == ["demo-cnn", "demo-cnn", fc.stem, fc.stem], nets.asked[:4]
+    assert all("dense" in a for a in nets.asked[:4])
+    assert {r.family for r in rep.network_rows} == {"", "mlp"}
+    assert math.exp(rep.network_offsets["mlp *"] - rep.network_offsets["*"]) > 1.1
+    assert math.exp(rep.onnxruntime_offsets["mlp *"] - rep.onnxruntime_offsets["*"]) > 1.1
+
+    for path, family in ((DEMO_NETWORK, ""), (fc, "mlp")):
+        rec = recommend(str(path), "local", top=0, tuning="untuned")
+        assert rec.family == family
+        from dlas_predict.crossdev.transfer import device_map
+
+        m = device_map("local")[0]
+        for c in rec.candidates:
+            off = (m.onnxruntime_offset(_mode(c), family) if c.backend == "onnxruntime"
+                   else m.network_offset(c.compression.value, c.mixed, family))
+            assert c.predicted_s == pytest.approx(c.basis_s * math.exp(off), rel=1e-9)
+
+
+def _mode(c) -> str:
+    from dlas_predict.models.ortmodel import model_mode
+
+    return model_mode(c.compression)

@@ -168,21 +168,22 @@ class DeviceMap:
             out = out + np.array([self.conv_offsets.get(c, 0.0) for c in convs])
         return out
 
-    def network_offset(self, compression: str, mixed: bool = False) -> float | None:
+    def network_offset(self, compression: str, mixed: bool = False,
+                       family: str = "") -> float | None:
         """The whole-network offset of a compression, or of a mixed plan where one was
-        calibrated (None: not calibrated on networks)."""
+        calibrated, for a network of ``family`` (:func:`offset_of`; None: not calibrated
+        on networks)."""
         if not self.network_offsets:
             return None
-        if mixed and MIXED in self.network_offsets:
-            return self.network_offsets[MIXED]
-        return self.network_offsets.get(str(compression).partition("@")[0],
-                                        self.network_offsets.get("*", 0.0))
+        comp = str(compression).partition("@")[0]
+        return offset_of(self.network_offsets, ([MIXED] if mixed else []) + [comp], family)
 
-    def onnxruntime_offset(self, mode: str) -> float | None:
-        """The onnxruntime offset of a run mode (None: not calibrated on onnxruntime)."""
+    def onnxruntime_offset(self, mode: str, family: str = "") -> float | None:
+        """The onnxruntime offset of a run mode for a network of ``family`` (None: not
+        calibrated on onnxruntime)."""
         if not self.onnxruntime_offsets:
             return None
-        return self.onnxruntime_offsets.get(mode, self.onnxruntime_offsets.get("*", 0.0))
+        return offset_of(self.onnxruntime_offsets, [mode], family)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -198,16 +199,37 @@ class DeviceMap:
         return cls(**d)
 
 
+def offset_key(group: str, family: str = "") -> str:
+    """The key of a group's offset: a conv network's group by its name, another family's
+    prefixed by it (``matrix fp32``, ``recurrent *``)."""
+    return f"{family} {group}" if family else group
+
+
+def offset_of(table: dict[str, float], groups: list[str], family: str = "") -> float:
+    """The first of ``groups`` calibrated for ``family``, then the family's own common
+    offset, then the first of ``groups`` calibrated on any network, then the common one."""
+    keys = [offset_key(g, family) for g in groups] + [offset_key("*", family)] \
+        if family else []
+    keys += [*groups, "*"]
+    return next((table[k] for k in keys if k in table), 0.0)
+
+
 def shrunk_offsets(residuals: np.ndarray, groups: list[str], prior_common: float = 0.5,
-                   prior_group: float = 2.0) -> tuple[dict[str, float], np.ndarray]:
-    """Log offsets of measured over predicted, a common one (``"*"``, shrunk to 0 by
-    ``prior_common`` rows) and one per group (shrunk to the common one by ``prior_group``
-    rows), and each row's leave-one-out residual (measured minus the offsets fitted
-    without it). Each offset is a median, not a mean: the reference model misprices a
-    network now and then (on a Zen 5, onnxruntime's vgg16-cifar measured ×0.75 of its
-    prediction where four other networks measured ×0.48-0.57), and one such network should
-    not move the rows of every other."""
+                   prior_group: float = 2.0, families: list[str] | None = None,
+                   networks: list[str] | None = None) -> tuple[dict[str, float], np.ndarray]:
+    """Log offsets of measured over predicted: a common one (``"*"``, shrunk to 0 by
+    ``prior_common`` rows); one per network family other than the conv networks' (``""``;
+    e.g. ``"transformer *"``), shrunk to the common one by one network's weight (a
+    network's rows are not independent: its own error is in every one of them; by
+    ``prior_group`` rows without ``networks``); and one per group within a family (shrunk
+    to the family's by ``prior_group`` rows); with each row's leave-one-out residual
+    (measured minus the offsets fitted without it). Each offset is a median, not a mean:
+    the reference model misprices a network now and then (on a Zen 5, onnxruntime's
+    vgg16-cifar measured ×0.75 of its prediction where four other networks measured
+    ×0.48-0.57), and one such network should not move the rows of every other."""
     r = np.asarray(residuals, float)
+    fams = list(families) if families is not None else [""] * len(r)
+    nets = list(networks) if networks is not None else None
 
     def shrunk(values: np.ndarray, prior: float) -> float:
         return float(np.median(values) * len(values) / (len(values) + prior)) \
@@ -216,13 +238,22 @@ def shrunk_offsets(residuals: np.ndarray, groups: list[str], prior_common: float
     def fit(idx) -> dict[str, float]:
         common = shrunk(r[idx], prior_common)
         out = {"*": common}
-        for g in sorted(set(groups)):
-            gi = [i for i in idx if groups[i] == g]
-            out[g] = common + shrunk(r[gi] - common, prior_group)
+        for f in sorted({fams[i] for i in idx} - {""}):
+            fi = [i for i in idx if fams[i] == f]
+            d = r[fi] - common
+            if nets is None:
+                out[offset_key("*", f)] = common + shrunk(d, prior_group)
+            else:
+                k = len({nets[i] for i in fi})
+                out[offset_key("*", f)] = common + float(np.median(d)) * k / (k + 1.0)
+        for f, g in sorted({(fams[i], groups[i]) for i in idx}):
+            gi = [i for i in idx if (fams[i], groups[i]) == (f, g)]
+            base = out[offset_key("*", f)] if f else common
+            out[offset_key(g, f)] = base + shrunk(r[gi] - base, prior_group)
         return out
 
     every = list(range(len(r)))
-    loo = np.array([r[i] - (lambda o: o.get(groups[i], o["*"]))(fit(every[:i] + every[i + 1:]))
+    loo = np.array([r[i] - offset_of(fit(every[:i] + every[i + 1:]), [groups[i]], fams[i])
                     for i in every])
     return fit(every), loo
 

@@ -9,13 +9,16 @@ models, mapped by its spec (zero-shot). Calibration measures it:
 1. **Kernels**: active learning (:func:`dlas_predict.recommend.active.run`) over the conv
    kernels of the calibration networks, until the kernel share of the time budget is
    spent; the adapted kernel map (offset, slope, group and shape offsets) is fitted.
-2. **Whole networks**: with that map in place, the networks are priced (by default the
-   calibration networks, then, while time remains, the rest of the calibration set), and a
-   few of their candidates are built and timed here, onnxruntime's (fp32, float16, int8,
-   channel-pruned) and our builds (one algorithm's, and a per-layer plan of mixed kernels)
-   in turn: each backend's residuals give log offsets by compression (ours, mixed plans
-   apart) and by run mode (onnxruntime's), shrunk to a common one, with their
-   leave-one-out error as the interval.
+2. **Whole networks**: with that map in place, networks are priced (by default the
+   calibration networks, the rest of the calibration set, then :data:`GENERATED`: CNNs of
+   each block style, a transformer, a recurrent network and an MLP) and a few of their
+   candidates are built and timed here, onnxruntime's (fp32, float16, int8,
+   channel-pruned) and our builds (one algorithm's, and a per-layer plan of mixed
+   kernels), round by round (:data:`ROUNDS`: each network's dense runs, then each one's
+   channel-pruned runs, ...) until the time is up. Each backend's residuals give log
+   offsets by network family (conv, transformer, MLP, recurrent) and by compression
+   (ours, mixed plans apart) or run mode (onnxruntime's), each shrunk to the level above
+   it, with their leave-one-out error as the interval.
 
 The map is saved under ``DLAS_HOME/adapted/DEVICE.json`` with this machine's fingerprint
 (a map of another machine is not used). Every measurement is committed to
@@ -40,14 +43,32 @@ from dlas_predict.corpus.collect import CALIBRATION_SET, calibration_networks
 
 #: The share of the time budget the kernels get; whole networks take the rest.
 KERNEL_SHARE = 0.55
-#: The runs timed per network, in this order: (backend, compression, ratio, mixed), the two
-#: backends in turn, then onnxruntime's other modes. ``mixed``: our per-layer plan whose
-#: layers run more than one kernel (its own offset group), else one algorithm's fastest.
-RUNS = (("onnxruntime", "dense", None, False), ("tvm", "dense", None, False),
-        ("onnxruntime", "channel_pruning", 0.9, False), ("tvm", "channel_pruning", 0.9, False),
-        ("tvm", "channel_pruning", 0.9, True), ("onnxruntime", "int8", None, False),
-        ("tvm", "int8", None, False), ("tvm", "dense", None, True),
-        ("onnxruntime", "float16", None, False), ("onnxruntime", "channel_pruning", 0.5, False))
+#: The runs timed per network, round by round: every network's first round, then every
+#: network's second, and so on, so that a short calibration measures many networks in a
+#: few runs each rather than a few networks in every run (a new network's error is mostly
+#: its own: the offsets learn more from another network than from another mode of the
+#: same one). Each run is (backend, compression, ratio, mixed). ``mixed``: our per-layer
+#: plan whose layers run more than one kernel (its own offset group), else one algorithm's
+#: fastest.
+ROUNDS = ((("onnxruntime", "dense", None, False), ("tvm", "dense", None, False)),
+          (("onnxruntime", "channel_pruning", 0.9, False),
+           ("tvm", "channel_pruning", 0.9, False), ("tvm", "channel_pruning", 0.9, True)),
+          (("onnxruntime", "int8", None, False), ("tvm", "int8", None, False)),
+          (("tvm", "dense", None, True), ("onnxruntime", "float16", None, False),
+           ("onnxruntime", "channel_pruning", 0.5, False)))
+#: Generated networks timed after the calibration set (``generate`` families and
+#: parameters): a CNN of each block style the zoo's do not show alone, and a transformer,
+#: a recurrent network and an MLP, so that a network of each family the grid answers for
+#: has offsets measured on this machine.
+GENERATED = (
+    ("cnn", "layers=4,kernels=32,input=32,block=plain,downsample=2"),
+    ("transformer", "layers=2,d_model=128,heads=4,ffn=4,seq=48"),
+    ("cnn", "layers=3,kernels=64,input=24,block=residual,downsample=1"),
+    ("rnn", "layers=1,hidden=128,embedding=64,vocab=1000,seq=16,cell=gru"),
+    ("cnn", "layers=4,kernels=48,input=32,kernel_size=5,block=separable,downsample=2"),
+    ("fc", "layers=3,nodes=1024"),
+    ("cnn", "layers=4,kernels=24,input=40,block=inverted,downsample=2,activation=silu,se=1"),
+)
 #: Kernel measurements at most: whole networks say more per minute once the kernel map
 #: has settled (on a 2-core Zen 4, 150 kernels took about a minute).
 MAX_KERNELS = 150
@@ -102,6 +123,7 @@ class NetworkRow:
     group: str                 # ours: the compression, or mixed; onnxruntime: its run mode
     predicted_ms: float
     measured_ms: float
+    family: str = ""           # transformer, mlp, recurrent or "" (a conv network)
 
 
 @dataclass
@@ -170,9 +192,10 @@ def run(device: str, minutes: float, networks: list[str] | None,
     nets = calibration_networks(networks)
     pool = active.pool_from_networks(nets)
     # whole networks: the kernels' networks, then (by default) the calibration set's others
+    home = memo_path.parent if memo_path else dlas_home() / "calibrate"
     timed = nets + [n for n in calibration_networks(CALIBRATION_SET) if n not in nets] \
-        if networks is None else nets
-    memo = Memo(memo_path or dlas_home() / "calibrate" / f"{fp}.sqlite")
+        + generated_networks(home / "networks") if networks is None else nets
+    memo = Memo(memo_path or home / f"{fp}.sqlite")
     kernel_oracle = kernel_oracle or LiveKernels(dev)
     network_oracle = network_oracle or LiveNetworks(dev)
     path = adapted_path(device)
@@ -216,7 +239,9 @@ def run(device: str, minutes: float, networks: list[str] | None,
         net_loo = ort_loo = np.array([])
         if tvm:
             res = np.log([r.measured_ms / r.predicted_ms for r in tvm])
-            kmap.network_offsets, net_loo = transfer.shrunk_offsets(res, [r.group for r in tvm])
+            kmap.network_offsets, net_loo = transfer.shrunk_offsets(
+                res, [r.group for r in tvm], families=[r.family for r in tvm],
+                networks=[r.network for r in tvm])
             # a new network's error: its offset's and its unseen kernels' map error
             kmap.network_q = _combined(_quantiles(net_loo, res), (kmap.q10, kmap.q90))
         else:
@@ -225,7 +250,8 @@ def run(device: str, minutes: float, networks: list[str] | None,
         if ort:
             res = np.log([r.measured_ms / r.predicted_ms for r in ort])
             kmap.onnxruntime_offsets, ort_loo = transfer.shrunk_offsets(
-                res, [r.group for r in ort])
+                res, [r.group for r in ort], families=[r.family for r in ort],
+                networks=[r.network for r in ort])
             kmap.onnxruntime_q = _quantiles(ort_loo, res)
         else:
             notes.append("no onnxruntime run was timed: its rows keep the kernel map's ratio")
@@ -298,52 +324,77 @@ def _save(path: Path, device: str, kmap, curve, fp: str, rows: list[NetworkRow] 
     write_if_changed(path, json.dumps(saved, indent=1).encode())
 
 
+def generated_networks(directory: Path) -> list[str]:
+    """The :data:`GENERATED` networks' files in ``directory``, written where missing."""
+    from dlas_predict.networks.generate import file_name, generate, parse_grid
+
+    out = []
+    for family, params in GENERATED:
+        items = params.split(",")
+        path = directory / file_name(family, parse_grid(family, items)[0])
+        if not path.is_file():
+            generate(family, items, directory)
+        out.append(str(path))
+    return out
+
+
 def _networks_phase(device: str, nets: list[str], memo: Memo, oracle: Callable,
                     deadline: float, clock, say) -> list[NetworkRow]:
-    """Network by network, price it with the kernel map, then time its calibration
-    candidates (:data:`RUNS`) until the deadline."""
+    """Round by round (:data:`ROUNDS`), network by network, time each network's
+    calibration candidates of the round until the deadline; each network is priced with
+    the kernel map when first reached."""
     from dlas_predict.crossdev.transfer import MIXED
     from dlas_predict.models.ortmodel import model_mode
     from dlas_predict.recommend.search import recommend
 
     rows: list[NetworkRow] = []
-    for j, net in enumerate(nets):
-        if clock() >= deadline:
-            say(f"time is up: {len(nets) - j} network(s) left out")
-            break
-        rec = recommend(net, device, max_accuracy_drop=float("inf"), top=0,
-                        ratios=(0.5, 0.9), tuning="untuned")
-        best = {}
-        for c in rec.candidates:
-            if c.algorithm == "per_layer" and not c.mixed:
-                continue  # one algorithm's plan: that algorithm's candidate
-            k = (c.backend, c.compression.value, c.ratio, c.mixed)
-            if k not in best or c.predicted_s < best[k].predicted_s:
-                best[k] = c
-        for w in RUNS:
-            c = best.get(w)
-            if c is None:
-                continue
-            key = f"{rec.network}|{c.label}|{c.backend}"
-            got = memo.get(key)
-            if got is None:
-                if clock() >= deadline:
-                    say(f"time is up: {rec.network}'s other runs and {len(nets) - j - 1} "
-                        "network(s) left out")
-                    return rows
-                ms, note = oracle(net, rec.network, [c])[0]
-                got = Measured(key, "network", ms, note)
-                memo.put(got)
-            basis = c.basis_s if c.basis_s is not None else c.predicted_s
-            if got.ms is None or got.note:
-                say(f"{rec.network} {c.label}: {got.note or 'failed'}; left out")
-                continue
-            group = model_mode(c.compression) if c.backend == "onnxruntime" else \
-                MIXED if c.mixed else c.compression.value
-            rows.append(NetworkRow(rec.network, c.label, c.backend, group, basis * 1e3,
-                                   got.ms))
-            say(f"{rec.network} {c.label} ({c.backend}): {got.ms:.3f} ms measured, "
-                f"{basis * 1e3:.3f} ms predicted before calibration")
+    priced: dict[str, tuple] = {}
+
+    def price(net: str) -> tuple:
+        if net not in priced:
+            rec = recommend(net, device, max_accuracy_drop=float("inf"), top=0,
+                            ratios=(0.5, 0.9), tuning="untuned")
+            best = {}
+            for c in rec.candidates:
+                if c.algorithm == "per_layer" and not c.mixed:
+                    continue  # one algorithm's plan: that algorithm's candidate
+                k = (c.backend, c.compression.value, c.ratio, c.mixed)
+                if k not in best or c.predicted_s < best[k].predicted_s:
+                    best[k] = c
+            priced[net] = (rec, best)
+        return priced[net]
+
+    for r, runs in enumerate(ROUNDS, 1):
+        for j, net in enumerate(nets):
+            if clock() >= deadline:
+                say(f"time is up in round {r} of {len(ROUNDS)}: {len(nets) - j} network(s) "
+                    "left for it")
+                return rows
+            rec, best = price(net)
+            for w in runs:
+                c = best.get(w)
+                if c is None:
+                    continue
+                key = f"{rec.network}|{c.label}|{c.backend}"
+                got = memo.get(key)
+                if got is None:
+                    if clock() >= deadline:
+                        say(f"time is up in round {r} of {len(ROUNDS)}: {rec.network}'s "
+                            f"other runs and {len(nets) - j - 1} network(s) left for it")
+                        return rows
+                    ms, note = oracle(net, rec.network, [c])[0]
+                    got = Measured(key, "network", ms, note)
+                    memo.put(got)
+                basis = c.basis_s if c.basis_s is not None else c.predicted_s
+                if got.ms is None or got.note:
+                    say(f"{rec.network} {c.label}: {got.note or 'failed'}; left out")
+                    continue
+                group = model_mode(c.compression) if c.backend == "onnxruntime" else \
+                    MIXED if c.mixed else c.compression.value
+                rows.append(NetworkRow(rec.network, c.label, c.backend, group, basis * 1e3,
+                                       got.ms, rec.family))
+                say(f"{rec.network} {c.label} ({c.backend}): {got.ms:.3f} ms measured, "
+                    f"{basis * 1e3:.3f} ms predicted before calibration")
     return rows
 
 

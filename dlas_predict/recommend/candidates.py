@@ -112,6 +112,9 @@ class Recommendation:
     #: onnxruntime fp32 on the dense model: the incumbent every speedup is relative to
     #: (predicted by the onnxruntime model, measured by --validate); None where neither is
     reference: Candidate | None = None
+    #: the network's family as calibration offsets group it: "transformer", "mlp",
+    #: "recurrent" or "" (a conv network)
+    family: str = ""
 
     @property
     def reference_s(self) -> float | None:

@@ -139,6 +139,21 @@ class _Setup:
     matrix: bool = False            # a matrix network, its fully connected layers as convs
     recurrent_kept: list[str] = field(default_factory=list)  # recurrent ops left as they are
 
+    @property
+    def family(self) -> str:
+        """The network's family as calibration offsets group it: ``recurrent`` (recurrent
+        layers, unrolled or kept), ``transformer`` (fully connected layers and products of
+        two activations: attention), ``mlp`` (fully connected layers, no such product),
+        or ``""`` (a conv network)."""
+        from dlas_predict.networks.recurrent import is_step_product
+        from dlas_predict.networks.summary import NetworkSummary
+
+        if self.recurrent_kept or any(is_step_product(c.name) for c in self.net.convs()):
+            return "recurrent"
+        if not self.matrix:
+            return ""
+        return "transformer" if NetworkSummary.of(self.net).nonconv_macs > 0 else "mlp"
+
 
 def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBOW_DROP_PP,
               data: str | None = None, top: int = 10, validate: int = 0,
@@ -252,7 +267,7 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
         kept = without_dominated_tuning(kept, su.skipped)
     rec = Recommendation(su.name, su.dev.name, kept, dropped, su.skipped, dense_best, su.info,
                          su.notes)
-    rec.reference = reference
+    rec.reference, rec.family = reference, su.family
     if su.mapping is not None:
         rec.source, rec.mapping = su.mapping.source, su.mapping.to_dict()
         for c in cands:
@@ -530,11 +545,12 @@ def _calibrate_networks(cands: list[Candidate], su: _Setup) -> None:
     m = su.mapping
     if m is None or not m.network_offsets:
         return
-    _offset_rows(cands, [m.network_offset(c.compression.value, c.mixed) for c in cands],
+    _offset_rows(cands, [m.network_offset(c.compression.value, c.mixed, su.family)
+                         for c in cands],
                  tuple(m.network_q), m.source)
     su.notes.append(f"{su.dev.name} is calibrated on this machine: our builds' latencies "
                     "are moved by the offsets its whole networks were measured at, by "
-                    "compression and for mixed per-layer plans")
+                    "network family and compression, mixed per-layer plans apart")
 
 
 def _calibrate_onnxruntime(ort: list[Candidate], su: _Setup) -> None:
@@ -544,11 +560,12 @@ def _calibrate_onnxruntime(ort: list[Candidate], su: _Setup) -> None:
     from dlas_predict.models.ortmodel import model_mode
 
     m = su.mapping
-    _offset_rows(ort, [m.onnxruntime_offset(model_mode(c.compression)) for c in ort],
+    _offset_rows(ort, [m.onnxruntime_offset(model_mode(c.compression), su.family)
+                       for c in ort],
                  tuple(m.onnxruntime_q), m.source)
     su.notes.append(f"onnxruntime rows: its model of {su.ort_machine or 'another machine'}, "
-                    "moved by the offsets of onnxruntime's runs on this machine, by mode "
-                    "(calibrated)")
+                    "moved by the offsets of onnxruntime's runs on this machine, by network "
+                    "family and mode (calibrated)")
 
 
 def _mapped(su: _Setup, kernels: list[tuple], mid, low, high):
