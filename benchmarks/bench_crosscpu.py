@@ -15,6 +15,15 @@ no measurement of it, by:
 
 Printed per CPU left out: within ±10 % and ±25 %, MAPE and Spearman of each.
 
+Then **onnxruntime calibrated on a CPU left out**: each CPU's onnxruntime runs priced by
+another CPU's shipped onnxruntime model, calibrated as ``calibrate`` does on a calibration
+set of that CPU's own runs (the four zoo networks of the calibration set, four generated
+CNNs, a transformer, a recurrent network and an MLP drawn at random; 30 draws), and scored
+on its other networks' runs: offsets by run mode alone, by network family and mode
+(:func:`~dlas_predict.crossdev.transfer.shrunk_offsets`), and by family and mode after
+the two scales of per-op costs and the rest
+(:func:`~dlas_predict.recommend.calibrate.onnxruntime_scales`).
+
     .venv/bin/python benchmarks/bench_crosscpu.py [--json out.json]
 """
 
@@ -50,15 +59,21 @@ def machines() -> dict[str, list[tuple[Path, str]]]:
     return out
 
 
-def corpus(snapshot: Path, device: str, tmp: Path):
+def corpus_store(snapshot: Path, tmp: Path) -> Path:
+    """A SQLite store of ``snapshot`` under ``tmp`` (imported once)."""
     from dlas_predict.corpus.store import CorpusStore
-    from dlas_predict.models.evaluation import load_corpus
 
     store = tmp / f"{snapshot.parent.name}-{snapshot.stem}.sqlite"
     if not store.is_file():
         with CorpusStore(store) as db:
             db.import_snapshot(snapshot)
-    return load_corpus(store, device)
+    return store
+
+
+def corpus(snapshot: Path, device: str, tmp: Path):
+    from dlas_predict.models.evaluation import load_corpus
+
+    return load_corpus(corpus_store(snapshot, tmp), device)
 
 
 def score(pred: np.ndarray, meas: np.ndarray) -> dict:
@@ -123,9 +138,104 @@ def main() -> int:
             s = r[name]
             print(f"{name:18s} {s['within_10pct']:6.1%} {s['within_25pct']:6.1%} "
                   f"{s['mape']:7.1%} {s['spearman']:9.3f}")
+    results["onnxruntime_calibrated"] = onnxruntime_calibrated(cpus, tmp)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     return 0
+
+
+#: The zoo networks of ``calibrate``'s calibration set that every shipped corpus holds.
+CALIBRATION_ZOO = ("resnet18-cifar", "mobilenetv2-cifar", "mobilenetv1-cifar", "vgg16-cifar")
+#: Generated networks drawn into a calibration set, by family prefix.
+DRAWN = (("cnn", 4), ("transformer", 1), ("rnn", 1), ("fc", 1))
+
+
+def onnxruntime_calibrated(cpus: dict, tmp: Path, draws: int = 30) -> dict:
+    """Each CPU's onnxruntime runs, another CPU's model calibrated on some of them (module
+    doc); within ±10 % of the rest, mean over the draws, per method."""
+    from dlas_predict.crossdev.transfer import offset_of, shrunk_offsets
+    from dlas_predict.models.ortmodel import (TERMS, OrtLatencyModel, fitted_modes,
+                                              nchwc_block, training_rows)
+    from dlas_predict.paths import MODELS_STORE
+    from dlas_predict.recommend.calibrate import NetworkRow, onnxruntime_scales
+
+    ref_fp = next(iter(cpus))
+    models = {fp: MODELS_STORE / "local" if fp == ref_fp else
+              MODELS_STORE / "machines" / fp / "local" for fp in cpus}
+    models = {fp: OrtLatencyModel.load(d) for fp, d in models.items()
+              if (d / "onnxruntime.json").is_file()}
+    out = {}
+    print("\nonnxruntime calibrated on a CPU left out: within ±10 % of its other networks' "
+          f"runs (mean of {draws} calibration sets)")
+    print(f"{'left out':18s} {'model of':18s} {'runs':>5s} {'mode':>6s} {'family':>7s} "
+          f"{'+scales':>8s}  (CNNs: mode, family, +scales)")
+    for held, parts in cpus.items():
+        snapshot, device = parts[0]
+        dev = corpus(snapshot, device, tmp).device
+        # a machine's onnxruntime runs: in its snapshot, or in one of their own beside it
+        apart = snapshot.with_name(f"{snapshot.stem}.onnxruntime.parquet")
+        if apart.is_file():
+            snapshot = apart
+            corpus_store(snapshot, tmp)
+        store = tmp / f"{snapshot.parent.name}-{snapshot.stem}.sqlite"
+        X, y, nets = training_rows(store, device, nchwc_block(dev))
+        if not len(y):
+            continue
+        nets = np.array(nets)
+        T = np.asarray(X.terms, float)
+        fm = fitted_modes(T, X.modes, X.recurrent)
+        other = T[:, TERMS.index("other_macs")] > 0
+        family = np.array(["recurrent" if f.startswith("recurrent") else
+                           ("transformer" if o else "mlp") if f.startswith("matrix") else ""
+                           for f, o in zip(fm, other)])
+        cnn = np.char.startswith(nets.astype(str), "cnn_")
+        for ref, model in models.items():
+            if ref == held:
+                continue
+            pred = model.predict(X)
+            fixed = pred * model.fixed_share(X)
+            rows = [NetworkRow(n, "", "onnxruntime", md, p * 1e3, t * 1e3, f, fx * 1e3)
+                    for n, md, p, t, f, fx in zip(nets, X.modes, pred, y, family, fixed)]
+            scores: dict[str, list] = {k: [] for k in ("mode", "family", "scales",
+                                                       "mode_cnn", "family_cnn",
+                                                       "scales_cnn")}
+            for seed in range(draws):
+                rng = np.random.default_rng(seed)
+                pick = [n for n in CALIBRATION_ZOO if n in set(nets)]
+                for prefix, k in DRAWN:
+                    pool = sorted({n for n in nets if n.startswith(prefix + "_")})
+                    pick += list(rng.choice(pool, min(k, len(pool)), replace=False)) \
+                        if pool else []
+                cal = np.isin(nets, pick)
+                rs = [r for r, c in zip(rows, cal) if c]
+                res = np.log([r.measured_ms / r.predicted_ms for r in rs])
+                groups, fams = [r.group for r in rs], [r.family for r in rs]
+                by_mode, _ = shrunk_offsets(res, groups, with_loo=False)
+                by_family, _ = shrunk_offsets(res, groups, families=fams,
+                                              networks=[r.network for r in rs],
+                                              with_loo=False)
+                a, b = onnxruntime_scales(rs)
+                res2 = np.log([r.measured_ms / (a * r.fixed_ms + b * (r.predicted_ms -
+                                                                      r.fixed_ms))
+                               for r in rs])
+                scaled, _ = shrunk_offsets(res2, groups, families=fams,
+                                           networks=[r.network for r in rs], with_loo=False)
+                for name, table, use_family, sc in (("mode", by_mode, False, (1, 1)),
+                                                    ("family", by_family, True, (1, 1)),
+                                                    ("scales", scaled, True, (a, b))):
+                    p = np.array([(sc[0] * r.fixed_ms + sc[1] * (r.predicted_ms - r.fixed_ms))
+                                  * np.exp(offset_of(table, [r.group],
+                                                     r.family if use_family else ""))
+                                  for r in rows])
+                    ok = np.abs(p / (y * 1e3) - 1) <= 0.10
+                    scores[name].append(float(ok[~cal].mean()))
+                    scores[name + "_cnn"].append(float(ok[~cal & cnn].mean()))
+            mean = {k: float(np.mean(v)) for k, v in scores.items()}
+            out[f"{held}<-{ref}"] = {"runs": int(len(y)), **mean}
+            print(f"{held:18s} {ref:18s} {len(y):5d} {mean['mode']:6.0%} {mean['family']:7.0%} "
+                  f"{mean['scales']:8.0%}  ({mean['mode_cnn']:.0%}, {mean['family_cnn']:.0%}, "
+                  f"{mean['scales_cnn']:.0%})")
+    return out
 
 
 def _features_as(keys, device) -> np.ndarray:

@@ -377,3 +377,21 @@ def _mode(c) -> str:
     from dlas_predict.models.ortmodel import model_mode
 
     return model_mode(c.compression)
+
+
+def test_onnxruntime_per_op_costs_and_the_rest_are_scaled_apart():
+    """Runs whose per-op part is 0.7× the reference's and the rest 0.5× give those scales
+    back; too few runs or networks leave both at 1 (the offsets alone)."""
+    rows = []
+    for i in range(12):
+        pred, share = 1.0 + i, [0.05, 0.3, 0.6][i % 3]
+        fixed = pred * share
+        rows.append(cal.NetworkRow(f"net{i % 4}", "dense onnxruntime", "onnxruntime", "fp32",
+                                   pred, 0.7 * fixed + 0.5 * (pred - fixed), "", fixed))
+    a, b = cal.onnxruntime_scales(rows)
+    assert a == pytest.approx(0.7, abs=0.02) and b == pytest.approx(0.5, abs=0.02)
+    scales, off, loo = cal.onnxruntime_calibration(rows)
+    assert scales == (a, b) and abs(off["*"]) < 0.02
+    assert np.all(np.abs(loo) < 0.03)
+    assert cal.onnxruntime_scales(rows[:4]) == (1.0, 1.0)              # too few runs
+    assert cal.onnxruntime_scales([r for r in rows if r.network == "net0"] * 3) == (1.0, 1.0)

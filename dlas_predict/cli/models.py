@@ -356,7 +356,10 @@ def calibrate(device: str = typer.Option("local", "--device", help="This machine
                              ("onnxruntime", rep.onnxruntime_loo, rep.onnxruntime_offsets)):
         if offs:
             err = np.abs(np.expm1(np.asarray(loo))) if loo else np.array([])
-            typer.echo(f"  {label}: offsets " + ", ".join(
+            scales = (f"per-op costs ×{rep.onnxruntime_scales[0]:.2f}, the rest "
+                      f"×{rep.onnxruntime_scales[1]:.2f}; " if label == "onnxruntime" and
+                      tuple(rep.onnxruntime_scales) != (1.0, 1.0) else "")
+            typer.echo(f"  {label}: {scales}offsets " + ", ".join(
                 f"{k} ×{np.exp(v):.2f}" for k, v in offs.items())
                 + (f"; leave-one-out within ±10 %: {np.mean(err <= 0.1):.0%} of {len(err)}"
                    if len(err) else ""))

@@ -129,6 +129,9 @@ class DeviceMap:
     #: by run mode (fp32, float16, int8, channel_pruning; "*": any other)
     onnxruntime_offsets: dict[str, float] = field(default_factory=dict)
     onnxruntime_q: tuple[float, float] = (0.0, 0.0)
+    #: calibrated on onnxruntime runs: the scales of the reference model's per-op costs and
+    #: of the rest (:data:`~dlas_predict.models.ortmodel.FIXED_TERMS`), before the offsets
+    onnxruntime_scales: tuple[float, float] = (1.0, 1.0)
 
     def log_scale(self, ref, dev, compression: str, conv=None) -> float:
         """The spec term of a kernel of ``compression`` (of ``conv``: its bandwidth term
@@ -193,7 +196,7 @@ class DeviceMap:
         """A saved map; a field this version does not know is an error (the caller says
         which file)."""
         d = dict(d)
-        for k in ("network_q", "onnxruntime_q"):
+        for k in ("network_q", "onnxruntime_q", "onnxruntime_scales"):
             if k in d:
                 d[k] = tuple(d[k])
         return cls(**d)
@@ -216,14 +219,16 @@ def offset_of(table: dict[str, float], groups: list[str], family: str = "") -> f
 
 def shrunk_offsets(residuals: np.ndarray, groups: list[str], prior_common: float = 0.5,
                    prior_group: float = 2.0, families: list[str] | None = None,
-                   networks: list[str] | None = None) -> tuple[dict[str, float], np.ndarray]:
+                   networks: list[str] | None = None, with_loo: bool = True
+                   ) -> tuple[dict[str, float], np.ndarray]:
     """Log offsets of measured over predicted: a common one (``"*"``, shrunk to 0 by
     ``prior_common`` rows); one per network family other than the conv networks' (``""``;
     e.g. ``"transformer *"``), shrunk to the common one by one network's weight (a
     network's rows are not independent: its own error is in every one of them; by
     ``prior_group`` rows without ``networks``); and one per group within a family (shrunk
     to the family's by ``prior_group`` rows); with each row's leave-one-out residual
-    (measured minus the offsets fitted without it). Each offset is a median, not a mean:
+    (measured minus the offsets fitted without it; none without ``with_loo``). Each
+    offset is a median, not a mean:
     the reference model misprices a network now and then (on a Zen 5, onnxruntime's
     vgg16-cifar measured ×0.75 of its prediction where four other networks measured
     ×0.48-0.57), and one such network should not move the rows of every other."""
@@ -254,7 +259,7 @@ def shrunk_offsets(residuals: np.ndarray, groups: list[str], prior_common: float
 
     every = list(range(len(r)))
     loo = np.array([r[i] - offset_of(fit(every[:i] + every[i + 1:]), [groups[i]], fams[i])
-                    for i in every])
+                    for i in every] if with_loo else [])
     return fit(every), loo
 
 

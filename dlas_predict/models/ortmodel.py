@@ -69,6 +69,10 @@ TERMS = ("const", "dense_macs", "depthwise_macs", "conv_io_bytes", "weight_bytes
          "unblocked_macs", "unblocked_convs", "unblocked_io_bytes", "qdq_float_macs",
          "qdq_float_io_bytes", "qdq_float_weights", "padded_macs", "matrix_macs",
          "matrix_bytes", "other_macs", "qdq_avgpool_reads")
+#: The terms that are per-operator costs (a constant, a count of ops, layers or convs),
+#: not work: on another CPU they scale with its per-op overhead, not with its throughput
+#: (:meth:`OrtLatencyModel.fixed_share`).
+FIXED_TERMS = ("const", "layers", "unaligned_convs", "unblocked_convs", "elementwise_ops")
 #: The modes fitted, each on its own rows (a mode with too few networks: the fp32 fit).
 MODES = ("fp32", "channel_pruning", "int8", "float16")
 #: A matrix network's runs (its fully connected layers onnxruntime's matrix products) are
@@ -336,6 +340,18 @@ class OrtLatencyModel(CostModel):
 
     def predict(self, X: OrtInputs) -> np.ndarray:
         return self.predict_all(X)[0]
+
+    def fixed_share(self, X: OrtInputs) -> np.ndarray:
+        """Each row's share of its fit's latency in :data:`FIXED_TERMS` (a correction
+        scales the whole row, not the share)."""
+        T = np.atleast_2d(np.asarray(X.terms, float))
+        by = [self.priced_by(m) for m in fitted_modes(T, X.modes, X.recurrent)]
+        idx = [TERMS.index(t) for t in FIXED_TERMS]
+        out = np.empty(len(T))
+        for i, mm in enumerate(by):
+            coef = np.asarray(self.coef_[mm])
+            out[i] = float(T[i, idx] @ coef[idx]) / max(float(T[i] @ coef), 1e-12)
+        return np.clip(out, 0.0, 1.0)
 
     def predict_interval(self, X: OrtInputs, q: float = FITTED_COVERAGE
                          ) -> tuple[np.ndarray, np.ndarray]:

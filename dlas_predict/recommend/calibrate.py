@@ -69,6 +69,12 @@ GENERATED = (
     ("fc", "layers=3,nodes=1024"),
     ("cnn", "layers=4,kernels=24,input=40,block=inverted,downsample=2,activation=silu,se=1"),
 )
+#: Fewest onnxruntime runs, of at least this many networks, that its two scales are
+#: fitted on (fewer: the offsets alone).
+MIN_SCALE_ROWS, MIN_SCALE_NETWORKS = 6, 3
+#: The weight of the prior that the two onnxruntime scales are equal, in relative-error
+#: rows.
+SCALE_PRIOR = 0.5
 #: Kernel measurements at most: whole networks say more per minute once the kernel map
 #: has settled (on a 2-core Zen 4, 150 kernels took about a minute).
 MAX_KERNELS = 150
@@ -124,6 +130,7 @@ class NetworkRow:
     predicted_ms: float
     measured_ms: float
     family: str = ""           # transformer, mlp, recurrent or "" (a conv network)
+    fixed_ms: float = 0.0      # onnxruntime: the per-op costs' part of predicted_ms
 
 
 @dataclass
@@ -145,6 +152,7 @@ class CalibrationReport:
     network_loo: list[float] = field(default_factory=list)
     onnxruntime_loo: list[float] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    onnxruntime_scales: tuple[float, float] = (1.0, 1.0)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -248,10 +256,9 @@ def run(device: str, minutes: float, networks: list[str] | None,
             notes.append("no whole network of ours was timed: our builds keep the kernel map "
                          "alone (give more --minutes)")
         if ort:
+            kmap.onnxruntime_scales, kmap.onnxruntime_offsets, ort_loo = \
+                onnxruntime_calibration(ort)
             res = np.log([r.measured_ms / r.predicted_ms for r in ort])
-            kmap.onnxruntime_offsets, ort_loo = transfer.shrunk_offsets(
-                res, [r.group for r in ort], families=[r.family for r in ort],
-                networks=[r.network for r in ort])
             kmap.onnxruntime_q = _quantiles(ort_loo, res)
         else:
             notes.append("no onnxruntime run was timed: its rows keep the kernel map's ratio")
@@ -260,7 +267,7 @@ def run(device: str, minutes: float, networks: list[str] | None,
             device, fp, dev.description, kmap.reference, nets, n_kernels, failed, rows,
             clock() - t0, str(path), str(memo.path), {"q10": kmap.q10, "q90": kmap.q90},
             kmap.network_offsets, kmap.onnxruntime_offsets, net_loo.tolist(),
-            ort_loo.tolist(), notes)
+            ort_loo.tolist(), notes, kmap.onnxruntime_scales)
     finally:
         memo.close()
         for o in (kernel_oracle, network_oracle):
@@ -292,6 +299,52 @@ def needed(device: str) -> bool:
     from dlas_predict.crossdev.transfer import device_map, own_model
 
     return not own_model(device) and device_map(device)[0].source == "zero-shot"
+
+
+def onnxruntime_scales(rows: list[NetworkRow]) -> tuple[float, float]:
+    """The scales of the reference onnxruntime model's per-op costs and of the rest that
+    fit ``rows`` best in relative error (non-negative least squares): another CPU's
+    per-op overhead is not its throughput (a Zen 4's model on a Zen 5's runs: ×0.66 and
+    ×0.50). (1, 1), the offsets alone, with fewer than :data:`MIN_SCALE_ROWS` rows of
+    :data:`MIN_SCALE_NETWORKS` networks, or where either scale would vanish."""
+    from scipy.optimize import nnls
+
+    if len(rows) < MIN_SCALE_ROWS or len({r.network for r in rows}) < MIN_SCALE_NETWORKS:
+        return 1.0, 1.0
+    A = np.array([[r.fixed_ms, r.predicted_ms - r.fixed_ms] for r in rows])
+    y = np.array([r.measured_ms for r in rows])
+    # a prior row pulls the two together: few runs, or runs with little per-op cost, leave
+    # the per-op scale loose, and it then stays near the other
+    prior = SCALE_PRIOR * np.array([[1.0, -1.0]])
+    a, b = nnls(np.r_[A / y[:, None], prior], np.r_[np.ones(len(y)), 0.0])[0]
+    return (float(a), float(b)) if a > 0 and b > 0 else (1.0, 1.0)
+
+
+def onnxruntime_calibration(rows: list[NetworkRow]
+                            ) -> tuple[tuple[float, float], dict[str, float], np.ndarray]:
+    """onnxruntime's calibration from its runs here: the two scales
+    (:func:`onnxruntime_scales`), the offsets by family and mode of what they leave
+    (:func:`~dlas_predict.crossdev.transfer.shrunk_offsets`), and each run's
+    leave-one-out log residual (both fitted without it)."""
+    from dlas_predict.crossdev.transfer import offset_of, shrunk_offsets
+
+    def fit(rs: list[NetworkRow]):
+        a, b = onnxruntime_scales(rs)
+        res = np.log([r.measured_ms / (a * r.fixed_ms + b * (r.predicted_ms - r.fixed_ms))
+                      for r in rs])
+        off, _ = shrunk_offsets(res, [r.group for r in rs], families=[r.family for r in rs],
+                                networks=[r.network for r in rs], with_loo=False)
+        return (a, b), off
+
+    def predicted(r: NetworkRow, scales, off) -> float:
+        a, b = scales
+        return (a * r.fixed_ms + b * (r.predicted_ms - r.fixed_ms)) * float(
+            np.exp(offset_of(off, [r.group], r.family)))
+
+    scales, off = fit(rows)
+    loo = np.array([np.log(r.measured_ms / predicted(r, *fit(rows[:i] + rows[i + 1:])))
+                    for i, r in enumerate(rows)])
+    return scales, off, loo
 
 
 def _quantiles(loo: np.ndarray, res: np.ndarray) -> tuple[float, float]:
@@ -392,7 +445,7 @@ def _networks_phase(device: str, nets: list[str], memo: Memo, oracle: Callable,
                 group = model_mode(c.compression) if c.backend == "onnxruntime" else \
                     MIXED if c.mixed else c.compression.value
                 rows.append(NetworkRow(rec.network, c.label, c.backend, group, basis * 1e3,
-                                       got.ms, rec.family))
+                                       got.ms, rec.family, basis * 1e3 * (c.fixed_share or 0.0)))
                 say(f"{rec.network} {c.label} ({c.backend}): {got.ms:.3f} ms measured, "
                     f"{basis * 1e3:.3f} ms predicted before calibration")
     return rows

@@ -34,6 +34,9 @@ class Candidate:
     source: str = "trained"                # the prediction's: trained | adapted | zero-shot
     #: the prediction before a calibration's whole-network or onnxruntime offset (seconds)
     basis_s: float | None = None
+    #: onnxruntime rows: the share of the prediction in per-op costs (its model's
+    #: :data:`~dlas_predict.models.ortmodel.FIXED_TERMS`), which a calibration scales apart
+    fixed_share: float | None = None
     #: a per-layer candidate that chose one algorithm for every layer: that candidate's
     #: label (the same network, built and timed once for both)
     same_build_as: str | None = None

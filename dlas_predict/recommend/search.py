@@ -485,9 +485,12 @@ def _onnxruntime_candidates(points, su: _Setup) -> list[Candidate]:
                             False, block, matrix if len(p.specs or specs) == len(specs)
                             else None) for p, mode in zip(points, modes)])
     recurrent = any(is_step_product(c.name) for c in convs)
-    mid, low, high = su.ort_model.predict_all(OrtInputs(X, modes, (recurrent,) * len(X)))
-    return [Candidate(p.compression, p.ratio, ONNXRUNTIME, (), float(m), float(lo), float(hi))
-            for p, m, lo, hi in zip(points, mid, low, high)]
+    inputs = OrtInputs(X, modes, (recurrent,) * len(X))
+    mid, low, high = su.ort_model.predict_all(inputs)
+    fixed = su.ort_model.fixed_share(inputs)
+    return [Candidate(p.compression, p.ratio, ONNXRUNTIME, (), float(m), float(lo), float(hi),
+                      fixed_share=float(f))
+            for p, m, lo, hi, f in zip(points, mid, low, high, fixed)]
 
 
 def _map_onnxruntime(ort: list[Candidate], su: _Setup, kernels: list[tuple], own,
@@ -554,18 +557,23 @@ def _calibrate_networks(cands: list[Candidate], su: _Setup) -> None:
 
 
 def _calibrate_onnxruntime(ort: list[Candidate], su: _Setup) -> None:
-    """onnxruntime rows priced by the reference's onnxruntime model and the offsets of its
-    runs here, by mode (fp32, float16, int8, channel-pruned): its kernels are not ours, so
-    our kernels' map does not move them."""
+    """onnxruntime rows priced by the reference's onnxruntime model, its per-op costs and
+    the rest each scaled by its calibrated scale, and moved by the offsets of its runs
+    here, by network family and mode (fp32, float16, int8, channel-pruned): its kernels
+    are not ours, so our kernels' map does not move them."""
     from dlas_predict.models.ortmodel import model_mode
 
     m = su.mapping
-    _offset_rows(ort, [m.onnxruntime_offset(model_mode(c.compression), su.family)
+    a, b = m.onnxruntime_scales
+    _offset_rows(ort, [float(np.log(a * (c.fixed_share or 0.0)
+                                    + b * (1.0 - (c.fixed_share or 0.0))))
+                       + m.onnxruntime_offset(model_mode(c.compression), su.family)
                        for c in ort],
                  tuple(m.onnxruntime_q), m.source)
     su.notes.append(f"onnxruntime rows: its model of {su.ort_machine or 'another machine'}, "
-                    "moved by the offsets of onnxruntime's runs on this machine, by network "
-                    "family and mode (calibrated)")
+                    "its per-op costs and the rest scaled apart, then moved by the offsets "
+                    "of onnxruntime's runs on this machine, by network family and mode "
+                    "(calibrated)")
 
 
 def _mapped(su: _Setup, kernels: list[tuple], mid, low, high):
