@@ -84,3 +84,13 @@ def _dlas_home(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("DLAS_HOME", str(home))
     monkeypatch.setenv("TVM_NUM_THREADS", str(len(os.sched_getaffinity(0))))
     yield home
+
+
+def trained_here(monkeypatch, here: bool) -> None:
+    """Make the shipped models of this machine and its profiles this machine's (or another
+    machine's), whichever machine runs the test."""
+    from dlas_predict.crossdev import transfer
+    from dlas_predict.space.devices import get_device
+
+    monkeypatch.setattr(transfer, "model_machine", lambda name: (
+        get_device(name, with_target=False).fingerprint if here else "0123456789abcdef"))
