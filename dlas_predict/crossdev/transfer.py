@@ -204,7 +204,7 @@ class DeviceMap:
 
 def offset_key(group: str, family: str = "") -> str:
     """The key of a group's offset: a conv network's group by its name, another family's
-    prefixed by it (``matrix fp32``, ``recurrent *``)."""
+    prefixed by it (``transformer fp32``, ``recurrent *``)."""
     return f"{family} {group}" if family else group
 
 
@@ -228,10 +228,10 @@ def shrunk_offsets(residuals: np.ndarray, groups: list[str], prior_common: float
     ``prior_group`` rows without ``networks``); and one per group within a family (shrunk
     to the family's by ``prior_group`` rows); with each row's leave-one-out residual
     (measured minus the offsets fitted without it; none without ``with_loo``). Each
-    offset is a median, not a mean:
-    the reference model misprices a network now and then (on a Zen 5, onnxruntime's
-    vgg16-cifar measured ×0.75 of its prediction where four other networks measured
-    ×0.48-0.57), and one such network should not move the rows of every other."""
+    offset is a median, not a mean: the reference model misprices a network now and then
+    (on a Zen 5, onnxruntime's vgg16-cifar measured ×0.75 of its prediction where four
+    other networks measured ×0.48-0.57), and one such network should not move the rows of
+    every other."""
     r = np.asarray(residuals, float)
     fams = list(families) if families is not None else [""] * len(r)
     nets = list(networks) if networks is not None else None

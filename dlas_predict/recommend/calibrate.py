@@ -57,9 +57,9 @@ ROUNDS = ((("onnxruntime", "dense", None, False), ("tvm", "dense", None, False))
           (("tvm", "dense", None, True), ("onnxruntime", "float16", None, False),
            ("onnxruntime", "channel_pruning", 0.5, False)))
 #: Generated networks timed after the calibration set (``generate`` families and
-#: parameters): a CNN of each block style the zoo's do not show alone, and a transformer,
-#: a recurrent network and an MLP, so that a network of each family the grid answers for
-#: has offsets measured on this machine.
+#: parameters): a CNN of each block style (plain, residual, separable, inverted with SiLU
+#: and squeeze-excitation), a transformer, a recurrent network and an MLP, so that each
+#: family the grid answers for has offsets measured on this machine.
 GENERATED = (
     ("cnn", "layers=4,kernels=32,input=32,block=plain,downsample=2"),
     ("transformer", "layers=2,d_model=128,heads=4,ffn=4,seq=48"),
@@ -199,7 +199,8 @@ def run(device: str, minutes: float, networks: list[str] | None,
         dev = _measure_roofs(dev, say)
     nets = calibration_networks(networks)
     pool = active.pool_from_networks(nets)
-    # whole networks: the kernels' networks, then (by default) the calibration set's others
+    # whole networks: the kernels' networks, then (by default) the calibration set's
+    # others and the generated networks of every family
     home = memo_path.parent if memo_path else dlas_home() / "calibrate"
     timed = nets + [n for n in calibration_networks(CALIBRATION_SET) if n not in nets] \
         + generated_networks(home / "networks") if networks is None else nets
@@ -304,8 +305,8 @@ def needed(device: str) -> bool:
 def onnxruntime_scales(rows: list[NetworkRow]) -> tuple[float, float]:
     """The scales of the reference onnxruntime model's per-op costs and of the rest that
     fit ``rows`` best in relative error (non-negative least squares): another CPU's
-    per-op overhead is not its throughput (a Zen 4's model on a Zen 5's runs: ×0.66 and
-    ×0.50). (1, 1), the offsets alone, with fewer than :data:`MIN_SCALE_ROWS` rows of
+    per-op overhead is not its throughput (a Zen 4's model on a Zen 5's runs, ``calibrate
+    --minutes 5``: ×0.82 and ×0.48). (1, 1), the offsets alone, with fewer than :data:`MIN_SCALE_ROWS` rows of
     :data:`MIN_SCALE_NETWORKS` networks, or where either scale would vanish."""
     from scipy.optimize import nnls
 

@@ -15,6 +15,7 @@ accuracy says where it comes from.
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -139,7 +140,7 @@ class _Setup:
     matrix: bool = False            # a matrix network, its fully connected layers as convs
     recurrent_kept: list[str] = field(default_factory=list)  # recurrent ops left as they are
 
-    @property
+    @functools.cached_property
     def family(self) -> str:
         """The network's family as calibration offsets group it: ``recurrent`` (recurrent
         layers, unrolled or kept), ``transformer`` (fully connected layers and products of
