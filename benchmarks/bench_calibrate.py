@@ -113,17 +113,17 @@ def main() -> int:
                 os.environ["DLAS_HOME"] = str(h)
                 o = recommend(str(path), args.device, max_accuracy_drop=float("inf"), top=0,
                               tuning="untuned", ratios=(0.5, 0.9))
-                others[name] = {(c.label, c.backend): c for c in o.candidates}
-            zmap = others["zero_shot"]
+                # a per-layer plan is the same candidate only with the same layers' kernels
+                others[name] = {(c.label, c.backend, c.layers): c for c in o.candidates}
             macs = _macs(path)
             for c in rec.validated:
-                if c.measured_s is None or (c.label, c.backend) not in zmap:
+                if c.measured_s is None:
                     continue
                 f = fit.get(c.backend)
                 row = {"network": path.stem, "family": path.stem.split("_")[0],
                        "label": c.label, "backend": c.backend,
                        "measured_ms": c.measured_s * 1e3}
-                for name, o in [("calibrated", c), *((n, m.get((c.label, c.backend)))
+                for name, o in [("calibrated", c), *((n, m.get((c.label, c.backend, c.layers)))
                                                      for n, m in others.items())]:
                     row[f"{name}_ms"] = o.predicted_s * 1e3 if o is not None else None
                     row[f"{name}_low_ms"] = o.low_s * 1e3 if o is not None else None
@@ -140,13 +140,13 @@ def main() -> int:
     for k in ("zero_shot_ms", *(f"{n}_ms" for n in names), "macs_fit_ms"):
         ok = [i for i, r in enumerate(rows) if r[k] is not None]
         name = k.removesuffix("_ms")
-        out[name] = _score(np.array([rows[i][k] for i in ok]), meas[ok])
-        for backend in ("tvm", "onnxruntime"):
-            b = [i for i in ok if rows[i]["backend"] == backend]
-            out[name][backend] = _score(np.array([rows[i][k] for i in b]), meas[b])
-        for family in sorted({r["family"] for r in rows}):
-            b = [i for i in ok if rows[i]["family"] == family]
-            out[name][family] = _score(np.array([rows[i][k] for i in b]), meas[b])
+        # a method that priced another per-layer plan than the one timed is not scored on it
+        out[name] = {**_score(np.array([rows[i][k] for i in ok]), meas[ok]),
+                     "candidates": len(ok)}
+        for part in ("tvm", "onnxruntime", *sorted({r["family"] for r in rows})):
+            b = [i for i in ok if part in (rows[i]["backend"], rows[i]["family"])]
+            if b:
+                out[name][part] = _score(np.array([rows[i][k] for i in b]), meas[b])
         if f"{name}_low_ms" in rows[0]:  # the 80 % interval's share of measured times
             out[name]["interval_holds"] = float(np.mean(
                 [rows[i][f"{name}_low_ms"] <= rows[i]["measured_ms"]
