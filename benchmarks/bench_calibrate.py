@@ -5,8 +5,8 @@ a transformer, a recurrent network and an MLP of unseen shapes, as ``bench_unsee
 ``--no-matrix``: the CNNs only), ``recommend NET --tuning untuned --validate K`` runs with the
 calibrated ``local`` of the last ``--calibrated-home`` (a DLAS_HOME where ``dlas-predict
 calibrate`` ran): its top K candidates of both backends are built and timed here. The same
-candidates are priced zero-shot (a DLAS_HOME without the calibration), by every calibrated
-home given (e.g. calibrations of 1, 3 and 5 minutes) and by a MACs fit (log latency on log
+candidates are priced zero-shot (a DLAS_HOME without the calibration; and one with only
+this machine's roofs, as the calibration measured them), by every calibrated home given (e.g. calibrations of 1, 3 and 5 minutes) and by a MACs fit (log latency on log
 MACs, per backend, fitted on the last calibration's own whole-network runs: the same
 shots). Printed: within ±10 %, MAPE and Spearman of each (and by backend), the share of
 measured times inside each 80 % interval, and the pick after validating 3 against the best
@@ -80,6 +80,12 @@ def main() -> int:
     dev = get_device(args.device, with_target=False)
     rows = []
     zero_home = Path(tempfile.mkdtemp(prefix="dlas-zero-"))
+    # zero-shot with this machine's roofs measured (as the last calibration measured them,
+    # `devices --measure-peaks`), no latency measured
+    roofs_home = Path(tempfile.mkdtemp(prefix="dlas-roofs-"))
+    for f in (home / "cache" / "devices").glob("local-peaks-*.json"):
+        (roofs_home / "cache" / "devices").mkdir(parents=True, exist_ok=True)
+        (roofs_home / "cache" / "devices" / f.name).write_text(f.read_text())
     with tempfile.TemporaryDirectory() as tmp:
         from dlas_predict.networks import generate as gen
 
@@ -109,7 +115,8 @@ def main() -> int:
                             top=args.validate, validate=args.validate, tuning="untuned",
                             ratios=(0.5, 0.9))
             others = {}
-            for name, h in [*zip(names[:-1], homes[:-1]), ("zero_shot", zero_home)]:
+            for name, h in [*zip(names[:-1], homes[:-1]), ("zero_shot", zero_home),
+                            ("zero_shot_roofs", roofs_home)]:
                 os.environ["DLAS_HOME"] = str(h)
                 o = recommend(str(path), args.device, max_accuracy_drop=float("inf"), top=0,
                               tuning="untuned", ratios=(0.5, 0.9))
@@ -137,7 +144,8 @@ def main() -> int:
            "calibration": {"kernels": len(cal.get("active_learning", {}).get("measured", [])),
                            "network_runs": len(shots)},
            "candidates": len(rows)}
-    for k in ("zero_shot_ms", *(f"{n}_ms" for n in names), "macs_fit_ms"):
+    for k in ("zero_shot_ms", "zero_shot_roofs_ms", *(f"{n}_ms" for n in names),
+              "macs_fit_ms"):
         ok = [i for i, r in enumerate(rows) if r[k] is not None]
         name = k.removesuffix("_ms")
         # a method that priced another per-layer plan than the one timed is not scored on it
