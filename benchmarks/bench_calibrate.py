@@ -8,7 +8,8 @@ calibrate`` ran): its top K candidates of both backends are built and timed here
 candidates are priced zero-shot (a DLAS_HOME without the calibration; and one with only
 this machine's roofs, as the calibration measured them), by every calibrated home given (e.g. calibrations of 1, 3 and 5 minutes) and by a MACs fit (log latency on log
 MACs, per backend, fitted on the last calibration's own whole-network runs: the same
-shots). Printed: within ±10 %, MAPE and Spearman of each (and by backend), the share of
+shots). A candidate the canary found timed on a busy machine is left out (and listed).
+Printed: within ±10 %, MAPE and Spearman of each (and by backend), the share of
 measured times inside each 80 % interval, and the pick after validating 3 against the best
 measured.
 
@@ -78,7 +79,7 @@ def main() -> int:
     from dlas_predict.space.devices import get_device
 
     dev = get_device(args.device, with_target=False)
-    rows = []
+    rows, noisy = [], []
     zero_home = Path(tempfile.mkdtemp(prefix="dlas-zero-"))
     # zero-shot with this machine's roofs measured (as the last calibration measured them,
     # `devices --measure-peaks`), no latency measured
@@ -126,6 +127,9 @@ def main() -> int:
             for c in rec.validated:
                 if c.measured_s is None:
                     continue
+                if (c.measured_note or "").startswith("noisy"):
+                    noisy.append(f"{path.stem} {c.label}")
+                    continue  # timed on a busy machine: not a figure to score against
                 f = fit.get(c.backend)
                 row = {"network": path.stem, "family": path.stem.split("_")[0],
                        "label": c.label, "backend": c.backend,
@@ -143,7 +147,7 @@ def main() -> int:
     out = {"device": args.device, "cpu": dev.description, "fingerprint": dev.fingerprint,
            "calibration": {"kernels": len(cal.get("active_learning", {}).get("measured", [])),
                            "network_runs": len(shots)},
-           "candidates": len(rows)}
+           "candidates": len(rows), "noisy_left_out": noisy}
     for k in ("zero_shot_ms", "zero_shot_roofs_ms", *(f"{n}_ms" for n in names),
               "macs_fit_ms"):
         ok = [i for i, r in enumerate(rows) if r[k] is not None]

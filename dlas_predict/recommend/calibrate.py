@@ -11,7 +11,7 @@ models, mapped by its spec (zero-shot). Calibration measures it:
    spent; the adapted kernel map (offset, slope, group and shape offsets) is fitted.
 2. **Whole networks**: with that map in place, networks are priced (by default the
    calibration networks, the rest of the calibration set, then :data:`GENERATED`: CNNs of
-   each block style, a transformer, a recurrent network and an MLP) and a few of their
+   each block style, a transformer, recurrent networks and an MLP) and a few of their
    candidates are built and timed here, onnxruntime's (fp32, float16, int8,
    channel-pruned) and our builds (one algorithm's, and a per-layer plan of mixed
    kernels), round by round (:data:`ROUNDS`: each network's dense runs, then each one's
@@ -58,8 +58,9 @@ ROUNDS = ((("onnxruntime", "dense", None, False), ("tvm", "dense", None, False))
            ("onnxruntime", "channel_pruning", 0.5, False)))
 #: Generated networks timed after the calibration set (``generate`` families and
 #: parameters): a CNN of each block style (plain, residual, separable, inverted with SiLU
-#: and squeeze-excitation), a transformer, a recurrent network and an MLP, so that each
-#: family the grid answers for has offsets measured on this machine.
+#: and squeeze-excitation), a transformer, a GRU and an LSTM network (onnxruntime runs each
+#: cell as an op of its own) and an MLP, so that each family the grid answers for has
+#: offsets measured on this machine.
 GENERATED = (
     ("cnn", "layers=4,kernels=32,input=32,block=plain,downsample=2"),
     ("transformer", "layers=2,d_model=128,heads=4,ffn=4,seq=48"),
@@ -68,6 +69,7 @@ GENERATED = (
     ("cnn", "layers=4,kernels=48,input=32,kernel_size=5,block=separable,downsample=2"),
     ("fc", "layers=3,nodes=1024"),
     ("cnn", "layers=4,kernels=24,input=40,block=inverted,downsample=2,activation=silu,se=1"),
+    ("rnn", "layers=1,hidden=128,embedding=64,vocab=1000,seq=20,cell=lstm"),
 )
 #: Fewest onnxruntime runs, of at least this many networks, that its two scales are
 #: fitted on (fewer: the offsets alone).
