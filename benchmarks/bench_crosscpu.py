@@ -153,11 +153,11 @@ DRAWN = (("cnn", 4), ("transformer", 1), ("rnn", 1), ("fc", 1))
 def onnxruntime_calibrated(cpus: dict, tmp: Path, draws: int = 30) -> dict:
     """Each CPU's onnxruntime runs, another CPU's model calibrated on some of them (module
     doc); within ±10 % of the rest, mean over the draws, per method."""
-    from dlas_predict.crossdev.transfer import offset_of, shrunk_offsets
+    from dlas_predict.crossdev.transfer import shrunk_offsets
     from dlas_predict.models.ortmodel import (TERMS, OrtLatencyModel, fitted_modes,
                                               nchwc_block, training_rows)
     from dlas_predict.paths import MODELS_STORE
-    from dlas_predict.recommend.calibrate import NetworkRow, onnxruntime_scales
+    from dlas_predict.recommend.calibrate import NetworkRow, fit_onnxruntime
 
     ref_fp = next(iter(cpus))
     models = {fp: MODELS_STORE / "local" if fp == ref_fp else
@@ -209,24 +209,16 @@ def onnxruntime_calibrated(cpus: dict, tmp: Path, draws: int = 30) -> dict:
                 cal = np.isin(nets, pick)
                 rs = [r for r, c in zip(rows, cal) if c]
                 res = np.log([r.measured_ms / r.predicted_ms for r in rs])
-                groups, fams = [r.group for r in rs], [r.family for r in rs]
+                groups = [r.group for r in rs]
                 by_mode, _ = shrunk_offsets(res, groups, with_loo=False)
-                by_family, _ = shrunk_offsets(res, groups, families=fams,
+                by_family, _ = shrunk_offsets(res, groups, families=[r.family for r in rs],
                                               networks=[r.network for r in rs],
                                               with_loo=False)
-                a, b = onnxruntime_scales(rs)
-                res2 = np.log([r.measured_ms / (a * r.fixed_ms + b * (r.predicted_ms -
-                                                                      r.fixed_ms))
-                               for r in rs])
-                scaled, _ = shrunk_offsets(res2, groups, families=fams,
-                                           networks=[r.network for r in rs], with_loo=False)
-                for name, table, use_family, sc in (("mode", by_mode, False, (1, 1)),
-                                                    ("family", by_family, True, (1, 1)),
-                                                    ("scales", scaled, True, (a, b))):
-                    p = np.array([(sc[0] * r.fixed_ms + sc[1] * (r.predicted_ms - r.fixed_ms))
-                                  * np.exp(offset_of(table, [r.group],
-                                                     r.family if use_family else ""))
-                                  for r in rows])
+                scales, scaled = fit_onnxruntime(rs)
+                for name, table, fam, sc in (("mode", by_mode, "", (1.0, 1.0)),
+                                             ("family", by_family, None, (1.0, 1.0)),
+                                             ("scales", scaled, None, scales)):
+                    p = np.array([r.calibrated_ms(sc, table, fam) for r in rows])
                     ok = np.abs(p / (y * 1e3) - 1) <= 0.10
                     scores[name].append(float(ok[~cal].mean()))
                     scores[name + "_cnn"].append(float(ok[~cal & cnn].mean()))

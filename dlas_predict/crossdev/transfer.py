@@ -202,6 +202,13 @@ class DeviceMap:
         return cls(**d)
 
 
+def scaled_by_parts(total: float, fixed: float, scales: tuple[float, float]) -> float:
+    """``total`` with its ``fixed`` part (per-op costs) scaled by ``scales[0]`` and the
+    rest by ``scales[1]`` (:attr:`DeviceMap.onnxruntime_scales`)."""
+    a, b = scales
+    return a * fixed + b * (total - fixed)
+
+
 def offset_key(group: str, family: str = "") -> str:
     """The key of a group's offset: a conv network's group by its name, another family's
     prefixed by it (``transformer fp32``, ``recurrent *``)."""

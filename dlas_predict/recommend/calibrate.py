@@ -134,6 +134,15 @@ class NetworkRow:
     family: str = ""           # transformer, mlp, recurrent or "" (a conv network)
     fixed_ms: float = 0.0      # onnxruntime: the per-op costs' part of predicted_ms
 
+    def calibrated_ms(self, scales: tuple[float, float], offsets: dict[str, float],
+                      family: str | None = None) -> float:
+        """The prediction with its two parts scaled and its group's offset (of ``family``,
+        by default its own) applied."""
+        from dlas_predict.crossdev.transfer import offset_of, scaled_by_parts
+
+        return scaled_by_parts(self.predicted_ms, self.fixed_ms, scales) * float(np.exp(
+            offset_of(offsets, [self.group], self.family if family is None else family)))
+
 
 @dataclass
 class CalibrationReport:
@@ -306,10 +315,11 @@ def needed(device: str) -> bool:
 
 def onnxruntime_scales(rows: list[NetworkRow]) -> tuple[float, float]:
     """The scales of the reference onnxruntime model's per-op costs and of the rest that
-    fit ``rows`` best in relative error (non-negative least squares): another CPU's
-    per-op overhead is not its throughput (a Zen 4's model on a Zen 5's runs, ``calibrate
-    --minutes 5``: ×0.82 and ×0.48). (1, 1), the offsets alone, with fewer than :data:`MIN_SCALE_ROWS` rows of
-    :data:`MIN_SCALE_NETWORKS` networks, or where either scale would vanish."""
+    fit ``rows`` best in relative error (non-negative least squares): another CPU's per-op
+    overhead is not its throughput (a Zen 4's model on a Zen 5's runs, ``calibrate
+    --minutes 5``: ×0.82 and ×0.48). (1, 1), the offsets alone, with fewer than
+    :data:`MIN_SCALE_ROWS` rows of :data:`MIN_SCALE_NETWORKS` networks, or where either
+    scale would vanish."""
     from scipy.optimize import nnls
 
     if len(rows) < MIN_SCALE_ROWS or len({r.network for r in rows}) < MIN_SCALE_NETWORKS:
@@ -323,30 +333,26 @@ def onnxruntime_scales(rows: list[NetworkRow]) -> tuple[float, float]:
     return (float(a), float(b)) if a > 0 and b > 0 else (1.0, 1.0)
 
 
+def fit_onnxruntime(rows: list[NetworkRow]) -> tuple[tuple[float, float], dict[str, float]]:
+    """onnxruntime's two scales (:func:`onnxruntime_scales`) and the offsets by family and
+    mode of what they leave (:func:`~dlas_predict.crossdev.transfer.shrunk_offsets`)."""
+    from dlas_predict.crossdev.transfer import scaled_by_parts, shrunk_offsets
+
+    scales = onnxruntime_scales(rows)
+    res = np.log([r.measured_ms / scaled_by_parts(r.predicted_ms, r.fixed_ms, scales)
+                  for r in rows])
+    off, _ = shrunk_offsets(res, [r.group for r in rows], families=[r.family for r in rows],
+                            networks=[r.network for r in rows], with_loo=False)
+    return scales, off
+
+
 def onnxruntime_calibration(rows: list[NetworkRow]
                             ) -> tuple[tuple[float, float], dict[str, float], np.ndarray]:
-    """onnxruntime's calibration from its runs here: the two scales
-    (:func:`onnxruntime_scales`), the offsets by family and mode of what they leave
-    (:func:`~dlas_predict.crossdev.transfer.shrunk_offsets`), and each run's
-    leave-one-out log residual (both fitted without it)."""
-    from dlas_predict.crossdev.transfer import offset_of, shrunk_offsets
-
-    def fit(rs: list[NetworkRow]):
-        a, b = onnxruntime_scales(rs)
-        res = np.log([r.measured_ms / (a * r.fixed_ms + b * (r.predicted_ms - r.fixed_ms))
-                      for r in rs])
-        off, _ = shrunk_offsets(res, [r.group for r in rs], families=[r.family for r in rs],
-                                networks=[r.network for r in rs], with_loo=False)
-        return (a, b), off
-
-    def predicted(r: NetworkRow, scales, off) -> float:
-        a, b = scales
-        return (a * r.fixed_ms + b * (r.predicted_ms - r.fixed_ms)) * float(
-            np.exp(offset_of(off, [r.group], r.family)))
-
-    scales, off = fit(rows)
-    loo = np.array([np.log(r.measured_ms / predicted(r, *fit(rows[:i] + rows[i + 1:])))
-                    for i, r in enumerate(rows)])
+    """onnxruntime's calibration from its runs here (:func:`fit_onnxruntime`), and each
+    run's leave-one-out log residual (scales and offsets fitted without it)."""
+    scales, off = fit_onnxruntime(rows)
+    loo = np.array([np.log(r.measured_ms / r.calibrated_ms(*fit_onnxruntime(
+        rows[:i] + rows[i + 1:]))) for i, r in enumerate(rows)])
     return scales, off, loo
 
 

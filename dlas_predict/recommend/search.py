@@ -562,12 +562,12 @@ def _calibrate_onnxruntime(ort: list[Candidate], su: _Setup) -> None:
     the rest each scaled by its calibrated scale, and moved by the offsets of its runs
     here, by network family and mode (fp32, float16, int8, channel-pruned): its kernels
     are not ours, so our kernels' map does not move them."""
+    from dlas_predict.crossdev.transfer import scaled_by_parts
     from dlas_predict.models.ortmodel import model_mode
 
     m = su.mapping
-    a, b = m.onnxruntime_scales
-    _offset_rows(ort, [float(np.log(a * (c.fixed_share or 0.0)
-                                    + b * (1.0 - (c.fixed_share or 0.0))))
+    _offset_rows(ort, [float(np.log(scaled_by_parts(1.0, c.fixed_share or 0.0,
+                                                    m.onnxruntime_scales)))
                        + m.onnxruntime_offset(model_mode(c.compression), su.family)
                        for c in ort],
                  tuple(m.onnxruntime_q), m.source)
