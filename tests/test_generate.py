@@ -258,6 +258,18 @@ def test_the_summary_counts_the_average_pools_reads_apart_from_max_pools(tmp_pat
     assert s.avgpool_window_elems == 8 * 6 * 6 * 25
 
 
+def test_the_summary_counts_what_attention_s_products_write_and_a_cnn_has_none(tmp_path):
+    """QKᵀ writes heads × seq × seq elements and its product with V heads × seq × the
+    head's width, in every block; a CNN's layers all have weights."""
+    from dlas_predict.networks.summary import NetworkSummary
+
+    [t] = generate("transformer", ["layers=2", "d_model=48", "heads=3", "seq=10"], tmp_path)
+    [c] = generate("cnn", ["layers=2", "kernels=8", "input=16"], tmp_path)
+    assert NetworkSummary.of(read_network(t.path)).product_out_elems == \
+        2 * (3 * 10 * 10 + 3 * 10 * 16)
+    assert NetworkSummary.of(read_network(c.path)).product_out_elems == 0
+
+
 def test_generate_nasbench201_cli(tmp_path):
     from conftest import assert_clean_error, run_cli
 

@@ -48,6 +48,10 @@ class NetworkSummary:
     #: The average pools' window reads alone: onnxruntime's QDQ int8 runs each as
     #: QLinearAveragePool, several times slower per read than its float pool.
     avgpool_window_elems: int = 0
+    #: Output elements of the products of two activations (attention's QKᵀ and its product
+    #: with V): with a short inner dimension (a head's width), their cost follows the
+    #: elements they write more than their multiply-adds.
+    product_out_elems: int = 0
 
     @classmethod
     def of(cls, net: Network) -> "NetworkSummary":
@@ -76,7 +80,9 @@ class NetworkSummary:
                    pool_window_elems=sum(int(math.prod(layer.output_shape)) * layer.window
                                          for layer in other),
                    avgpool_window_elems=sum(int(math.prod(layer.output_shape)) * layer.window
-                                            for layer in other if layer.op == "AveragePool"))
+                                            for layer in other if layer.op == "AveragePool"),
+                   product_out_elems=sum(int(math.prod(layer.output_shape)) for layer in other
+                                         if layer.kind == "matmul"))
 
 
 def io_bytes(layer) -> int:
