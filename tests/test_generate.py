@@ -270,6 +270,18 @@ def test_the_summary_counts_what_attention_s_products_write_and_a_cnn_has_none(t
     assert NetworkSummary.of(read_network(c.path)).product_out_elems == 0
 
 
+def test_the_summary_counts_the_multiply_adds_products_run_on_narrow_vectors(tmp_path):
+    """A head 36 wide: its product with V writes rows of 36, which the generic schedule runs
+    on quarter vectors (3 MACs more per MAC); QKᵀ's rows of 16 tokens fill whole vectors."""
+    from dlas_predict.networks.summary import NetworkSummary, product_vector
+
+    assert [product_vector(n) for n in (32, 40, 36, 20, 17, 6)] == [16, 8, 4, 4, 16, 1]
+    [t] = generate("transformer", ["layers=1", "d_model=72", "heads=2", "seq=16"], tmp_path)
+    assert NetworkSummary.of(read_network(t.path)).product_narrow_macs == 2 * 16 * 16 * 36 * 3
+    [w] = generate("transformer", ["layers=1", "d_model=64", "heads=2", "seq=16"], tmp_path)
+    assert NetworkSummary.of(read_network(w.path)).product_narrow_macs == 0
+
+
 def test_generate_nasbench201_cli(tmp_path):
     from conftest import assert_clean_error, run_cli
 

@@ -313,7 +313,7 @@ def test_network_terms_scale_each_kernel_family():
     summary = NetworkSummary(conv_layers=3, layers=7, nonconv_macs=0, nonconv_bytes=2_000_000,
                              activation_ops=3, elementwise_ops=1, input_elems=3072,
                              exp_elems=5_000, broadcast_bytes=1_000_000,
-                             product_out_elems=6_000)
+                             product_out_elems=6_000, product_narrow_macs=9_000)
     terms = dict(zip(NET_TERMS, net_terms(summary, [1e-3, 2e-3, 4e-3],
                                           Compression.parse("weight_pruning"),
                                           [("gemm", True), ("gemm", True), ("direct", False)],
@@ -329,6 +329,7 @@ def test_network_terms_scale_each_kernel_family():
     assert terms["weight_gb_beyond_cache"] == pytest.approx(1.5e-3)
     assert terms["exp_gelems"] == pytest.approx(5e-6) and terms["exp_gelems_float16"] == 0
     assert terms["product_gelems"] == pytest.approx(6e-6)  # what attention's products write
+    assert terms["product_gmacs_narrow"] == pytest.approx(9e-6)
     one = dict(zip(NET_TERMS, net_terms(summary, [1e-3, 1e-3, 1e-3], Compression.parse("int8"),
                                         [("spatial_pack", False)] * 3, [1e6] * 3, 4_500_000)))
     assert one["conv_s_int8_spatial_pack"] == pytest.approx(3e-3) and one["conv_s_mixed"] == 0

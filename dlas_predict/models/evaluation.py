@@ -301,10 +301,10 @@ class WholeRow:
 #: Summary fields that a network's own stored summary without them (a channel-pruned build,
 #: its zeroed filters removed) gets from the named network's, scaled by the two's non-conv
 #: bytes: the pools' window reads scale with their channels, and the elements through
-#: softmax and erf, and those the attention products write, with their heads and FFN
-#: neurons, as their bytes do.
+#: softmax and erf, and what attention's products write and compute, with their heads and
+#: FFN neurons, as their bytes do.
 SCALED_WITH_NONCONV_BYTES = frozenset({"pool_window_elems", "erf_softmax_elems",
-                                       "product_out_elems"})
+                                       "product_out_elems", "product_narrow_macs"})
 #: Summary fields that only an int8 run uses (onnxruntime's QDQ float convs, its quantized
 #: average pools): a channel-pruned build's own summary without them has them zero (it is
 #: never quantized), and so has a stored summary without them of a network not built again

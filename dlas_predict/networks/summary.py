@@ -15,6 +15,24 @@ from dlas_predict.networks.graph import OP_KINDS, Network
 EXP_OPS = frozenset({"Sigmoid", "Tanh", "Softmax", "Elu", "Selu", "Softplus", "Gelu", "Erf"})
 #: The exp-like ops the engine computes as TVM's polynomials (a GELU's erf, softmax).
 ERF_SOFTMAX_OPS = frozenset({"Softmax", "Gelu", "Erf"})
+#: float32 lanes of the engine's generic schedule of the ops that are not our kernels
+#: (``dlas_predict.measure.networks.schedules``), whatever the CPU's vector width.
+GENERIC_LANES = 16
+
+
+def whole_vector(extent: int, lanes: int = GENERIC_LANES) -> int:
+    """The widest of a vector, half and a quarter of one that divides ``extent``, else 0:
+    the width the generic schedule vectorises a contiguous axis by."""
+    return next((v for v in (lanes, lanes // 2, lanes // 4) if extent % v == 0 and extent >= v),
+                0)
+
+
+def product_vector(columns: int) -> int:
+    """The lanes a product of two activations computes at once, by the columns of its
+    output: a whole vector, half or a quarter of one that divides them, else a whole vector
+    with a tail tile (one lane at a time for fewer columns than a vector)."""
+    return whole_vector(columns) or (GENERIC_LANES if columns >= GENERIC_LANES else 1)
+
 
 @dataclass(frozen=True)
 class NetworkSummary:
@@ -52,6 +70,10 @@ class NetworkSummary:
     #: with V): with a short inner dimension (a head's width), their cost follows the
     #: elements they write more than their multiply-adds.
     product_out_elems: int = 0
+    #: The products' multiply-adds beyond those of full vectors: each product's MACs times
+    #: (lanes / the lanes it computes at once − 1) (:func:`product_vector`). A head's width
+    #: of 36 runs on quarter vectors: 3× its MACs more than a width of 32 pays.
+    product_narrow_macs: int = 0
 
     @classmethod
     def of(cls, net: Network) -> "NetworkSummary":
@@ -82,7 +104,10 @@ class NetworkSummary:
                    avgpool_window_elems=sum(int(math.prod(layer.output_shape)) * layer.window
                                             for layer in other if layer.op == "AveragePool"),
                    product_out_elems=sum(int(math.prod(layer.output_shape)) for layer in other
-                                         if layer.kind == "matmul"))
+                                         if layer.kind == "matmul"),
+                   product_narrow_macs=sum(
+                       layer.macs * (GENERIC_LANES // product_vector(layer.output_shape[-1]) - 1)
+                       for layer in other if layer.kind == "matmul"))
 
 
 def io_bytes(layer) -> int:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import numpy as np
 import tvm
 
+from dlas_predict.networks.summary import GENERIC_LANES, whole_vector
+
 #: Marks our conv kernels, so the generic scheduler leaves them alone and FuseOps treats them
 #: as opaque (fusing an epilogue into a hand-scheduled kernel would unschedule it).
 KERNEL_ATTR = "dlas.kernel"
@@ -41,12 +43,6 @@ def _window_stage(sch, b) -> bool:
                for c in sch.get_consumers(b))
 
 
-def _whole_vector(extent: int, lanes: int) -> int:
-    """The widest of a vector, half and a quarter of one that divides ``extent``, else 0."""
-    return next((v for v in (lanes, lanes // 2, lanes // 4) if extent % v == 0 and extent >= v),
-                0)
-
-
 def _batched_product(block, n_spatial: int) -> bool:
     """Whether a reduction block is a product of batched matrices (attention's QKᵀ and its
     product with V: three spatial axes or more), not a pool's window or a classifier's
@@ -54,7 +50,7 @@ def _batched_product(block, n_spatial: int) -> bool:
     return str(block.name_hint).startswith("matmul") and n_spatial >= 3
 
 
-def schedule_generic(func: tvm.tirx.PrimFunc, lanes: int = 16,
+def schedule_generic(func: tvm.tirx.PrimFunc, lanes: int = GENERIC_LANES,
                      serial_below: int = 0) -> tvm.tirx.PrimFunc:
     """The generic CPU schedule of an op that is not one of our convs: injective producers
     inlined (but the padding a stride-1 pool reads), reductions vectorised on their
@@ -97,7 +93,7 @@ def schedule_generic(func: tvm.tirx.PrimFunc, lanes: int = 16,
         if n_spatial == 0:
             continue
         last = int(sch.get(loops[n_spatial - 1]).extent)
-        vec = _whole_vector(last, lanes)
+        vec = whole_vector(last, lanes)
         if not vec and n_spatial < len(kinds) and _batched_product(block, n_spatial) \
                 and last >= lanes:
             vec = lanes  # attention's product over a sequence no vector divides: a tail tile
@@ -158,7 +154,7 @@ def _serial(sch, root, lanes: int, limit: int) -> bool:
         if not loops:
             continue
         last = int(sch.get(loops[-1]).extent)
-        vec = _whole_vector(last, lanes)
+        vec = whole_vector(last, lanes)
         if vec:
             sch.vectorize(sch.split(loops[-1], [None, vec])[1])
     return True
