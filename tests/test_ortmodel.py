@@ -16,7 +16,7 @@ from dlas_predict.space.devices import get_device
 
 #: seconds per unit of each term: a law the fit should find again
 LAW = np.array([2e-5, 4e-3, 2e-2, 1e-5, 0.0, 2e-5, 1e-6, 3e-6, 0.0, 0.0, 3e-3, 1e-6, 2e-3,
-                1e-6, 5e-3, 2e-6, 1e-6, 0.0, 0.0, 0.0, 2e-3, 0.0, 0.0, 0.0, 0.0])
+                1e-6, 5e-3, 2e-6, 1e-6, 0.0, 0.0, 0.0, 2e-3, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
 
 
 def _net(rng, i):
@@ -497,3 +497,29 @@ def test_a_model_whose_correction_file_is_missing_asks_to_be_fitted_again(tmp_pa
     (tmp_path / "onnxruntime.correction.int8.txt.xz").unlink()
     with pytest.raises(DlasError, match="names a correction of int8.*fit it again"):
         OrtLatencyModel.load(tmp_path)
+
+
+def test_a_recurrent_layer_s_step_products_are_terms_of_their_own(tmp_path):
+    """onnxruntime's LSTM op runs the recurrent products one step after another: their MACs
+    and their number are counted apart from the matrix products (one per step and layer,
+    but the first step's, whose state is zero)."""
+    from dlas_predict.networks.generate import generate
+    from dlas_predict.networks.graph import read_network
+    from dlas_predict.networks.matrix import grid_form, is_matrix_layer
+    from dlas_predict.networks.recurrent import is_step_product
+
+    [m] = generate("rnn", ["layers=2", "seq=5", "hidden=16", "embedding=8", "vocab=40"],
+                   tmp_path)
+    net = read_network(grid_form(m.path))
+    convs = net.convs()
+    specs, summary = [c.spec for c in convs], NetworkSummary.of(net)
+    matrix = [is_matrix_layer(c.name) for c in convs]
+    steps = [is_step_product(c.name) for c in convs]
+    t = ort_terms(specs, [0.0] * len(specs), summary, "fp32", False, 16, matrix, steps)
+    assert t[TERMS.index("steps")] == sum(steps) == 2 * (5 - 1)
+    assert t[TERMS.index("step_macs")] == pytest.approx(
+        sum(c.spec.macs for c, s in zip(convs, steps) if s) / 1e9)
+    unsplit = ort_terms(specs, [0.0] * len(specs), summary, "fp32", False, 16, matrix)
+    assert unsplit[TERMS.index("steps")] == unsplit[TERMS.index("step_macs")] == 0
+    assert unsplit[TERMS.index("matrix_macs")] == pytest.approx(
+        t[TERMS.index("matrix_macs")] + t[TERMS.index("step_macs")])

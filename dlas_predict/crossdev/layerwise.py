@@ -85,9 +85,10 @@ def _onnxruntime_terms(net) -> np.ndarray:
 
     convs = net.convs()
     specs = [c.spec for c in convs]
+    steps = [is_step_product(c.name) for c in convs]
     x = ort_terms(specs, [0.0] * len(specs), NetworkSummary.of(net), "fp32", False, ORT_BLOCK,
-                  [is_matrix_layer(c.name) for c in convs])
-    mode = fitted_modes(x[None], ["fp32"], (any(is_step_product(c.name) for c in convs),))[0]
+                  [is_matrix_layer(c.name) for c in convs], steps)
+    mode = fitted_modes(x[None], ["fp32"], (any(steps),))[0]
     family = next(f for f in reversed(ORT_FAMILIES) if mode.startswith(f))
     out = np.zeros(len(ORT_FAMILIES) * len(ORT_TERMS))
     at = ORT_FAMILIES.index(family) * len(ORT_TERMS)

@@ -482,10 +482,12 @@ def _onnxruntime_candidates(points, su: _Setup) -> list[Candidate]:
     modes = [model_mode(p.compression, p.specs is not None and list(p.specs) != specs)
              for p in points]
     block = nchwc_block(su.dev)
+    steps = [is_step_product(c.name) for c in convs]
     X = np.array([ort_terms(p.specs or specs, p.layer_ratios, p.summary or summary, mode,
-                            False, block, matrix if len(p.specs or specs) == len(specs)
-                            else None) for p, mode in zip(points, modes)])
-    recurrent = any(is_step_product(c.name) for c in convs)
+                            False, block, *((matrix, steps) if len(p.specs or specs) ==
+                                            len(specs) else (None, None)))
+                  for p, mode in zip(points, modes)])
+    recurrent = any(steps)
     inputs = OrtInputs(X, modes, (recurrent,) * len(X))
     mid, low, high = su.ort_model.predict_all(inputs)
     fixed = su.ort_model.fixed_share(inputs)
