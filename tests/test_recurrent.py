@@ -117,6 +117,26 @@ def test_a_node_the_unrolling_cannot_express_stays_and_says_why(attrs, reason):
     assert line.startswith("LSTM 'rec': ") and reason in line
 
 
+def test_an_open_sequence_length_or_a_node_kept_whole_is_one_clear_error(tmp_path):
+    """A symbolic first dimension is read as a batch of 1, but an LSTM's sequence axis (the
+    first, in ONNX's default layout) has no length to price; a network of recurrent nodes
+    the unrolling cannot express has nothing of the grid, and recommend says why."""
+    from conftest import assert_clean_error, run_cli
+
+    from dlas_predict.networks.graph import NetworkError
+
+    model = _node_model("LSTM", batch=1)
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "seq"
+    onnx.save(model, tmp_path / "open.onnx")
+    with pytest.raises(NetworkError, match="LSTM 'rec': the sequence length of its input 'x'"):
+        read_network(tmp_path / "open.onnx")
+    assert_clean_error(run_cli("recommend", tmp_path / "open.onnx"), "fixed sequence length")
+    onnx.save(_node_model("LSTM", batch=1, activations=["Relu", "Tanh", "Tanh"]),
+              tmp_path / "relu.onnx")
+    assert_clean_error(run_cli("recommend", tmp_path / "relu.onnx"),
+                       "LSTM 'rec': activations relu, tanh, tanh")
+
+
 @pytest.mark.parametrize("cell", ["lstm", "gru", "rnn"])
 def test_a_generated_recurrent_network_s_grid_form_and_weights_back(tmp_path, cell):
     from dlas_predict.compression.compress import compress_onnx

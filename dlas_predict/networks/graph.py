@@ -412,14 +412,29 @@ def _fc_macs(node, name: str, ins: list, out: tuple | None) -> int:
     return int(math.prod(out)) * int(ins[0][-1])
 
 
-def _recurrent_macs(node, name: str, shapes: dict) -> int:
+def open_first_dims(model) -> set[str]:
+    """The tensors whose first dimension is symbolic, which :func:`value_shapes` reads as a
+    batch of 1."""
+    return {vi.name for vi in [*model.graph.input, *model.graph.value_info,
+                               *model.graph.output]
+            if vi.type.tensor_type.HasField("shape") and vi.type.tensor_type.shape.dim
+            and not vi.type.tensor_type.shape.dim[0].HasField("dim_value")}
+
+
+def _recurrent_macs(node, name: str, shapes: dict, open_first: set[str] = frozenset()) -> int:
     """An LSTM, GRU or RNN's multiply-adds: every step, each direction, each gate's input
-    product (input size × hidden) and recurrent product (hidden × hidden)."""
+    product (input size × hidden) and recurrent product (hidden × hidden). ``open_first``:
+    the tensors whose first dimension is symbolic (:func:`open_first_dims`): an input whose
+    sequence axis (the first, in the default layout) is one has no length to price."""
     x, w = shapes.get(node.input[0]), shapes.get(node.input[1])
     if x is None or w is None or len(x) != 3 or len(w) != 3:
         raise NetworkError(f"{node.op_type} {name!r}: unknown input or weight shapes "
                            f"({x}, {w}); export with a fixed sequence length")
     attrs = node_attributes(node)
+    if not attrs.get("layout", 0) and node.input[0] in open_first:
+        raise NetworkError(f"{node.op_type} {name!r}: the sequence length of its input "
+                           f"{node.input[0]!r} is left open (a symbolic first dimension); "
+                           "export the network with a fixed sequence length")
     seq, batch = (x[1], x[0]) if attrs.get("layout", 0) else (x[0], x[1])
     dirs, gates_hidden, inputs = w
     hidden = gates_hidden // RECURRENT_GATES[node.op_type]
@@ -512,6 +527,7 @@ def network_of_proto(model, name: str) -> Network:
 
 def _network(model, name: str, path: str) -> Network:
     shapes = value_shapes(model)
+    open_first = open_first_dims(model)
     consts = _constants(model)
     unknown = sorted({n.op_type for n in model.graph.node
                       if n.op_type not in OP_KINDS and n.op_type not in SILENT_OPS})
@@ -559,7 +575,7 @@ def _network(model, name: str, path: str) -> Network:
             if weight is None and node.op_type == "MatMul":
                 kind = "matmul"  # two activations: attention's QKᵀ and its product with V
         elif kind == "recurrent":
-            macs = _recurrent_macs(node, name_, shapes)
+            macs = _recurrent_macs(node, name_, shapes, open_first)
             weight = node.input[1] if node.input[1] in consts else None
         window = 0
         if kind == "pool":

@@ -382,7 +382,9 @@ def _setup(model: str, device: str, validate: int, models_dir: Path | None,
     if not net.convs():
         raise DlasError(f"{model} has no convolution and no fully connected layer with "
                         "constant weights: the grid (conv and matrix kernels, pruning of "
-                        "their weights) does not apply to it")
+                        "their weights) does not apply to it"
+                        + (f" (its recurrent layers cannot be unrolled into products: "
+                           f"{'; '.join(recurrent_kept)})" if recurrent_kept else ""))
     net.one_input(str(model))
     if net.batch != 1:
         raise DlasError(f"{model} has batch {net.batch}; the models predict batch 1")
