@@ -137,6 +137,25 @@ def test_an_open_sequence_length_or_a_node_kept_whole_is_one_clear_error(tmp_pat
                        "LSTM 'rec': activations relu, tanh, tanh")
 
 
+def test_an_lstm_s_input_in_onnx_s_layout_has_its_batch_second(tmp_path):
+    """Steps first, then the batch: 5 steps of one sequence is batch 1, in the network and
+    in its grid form (the steps unrolled); in layout 1 the batch comes first."""
+    onnx.save(_node_model("LSTM", batch=1, seq=5), tmp_path / "steps.onnx")
+    assert read_network(tmp_path / "steps.onnx").batch == 1
+    assert read_network(grid_form(tmp_path / "steps.onnx")).batch == 1
+    onnx.save(_node_model("LSTM", batch=3, seq=5), tmp_path / "three.onnx")
+    assert read_network(grid_form(tmp_path / "three.onnx")).batch == 3
+    from conftest import assert_clean_error, run_cli
+
+    r = run_cli("recommend", tmp_path / "steps.onnx", "--top", "2", "--validate", "1")
+    assert_clean_error(r, "steps first")  # priced, but not timed
+    assert "validation feeds batch-first inputs only" in r.output
+    batch_first = _node_model("LSTM", batch=1, seq=5, layout=1)
+    batch_first.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 2
+    onnx.save(batch_first, tmp_path / "first.onnx")
+    assert read_network(tmp_path / "first.onnx").batch == 2
+
+
 @pytest.mark.parametrize("cell", ["lstm", "gru", "rnn"])
 def test_a_generated_recurrent_network_s_grid_form_and_weights_back(tmp_path, cell):
     from dlas_predict.compression.compress import compress_onnx

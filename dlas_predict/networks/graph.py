@@ -109,6 +109,9 @@ class Network:
     layers: list[Layer] = field(default_factory=list)
     #: The names of the graph's inputs (an attention mask beside the tokens, say).
     inputs: tuple[str, ...] = ()
+    #: The input's batch axis: the first, but the second where the input is an LSTM's,
+    #: GRU's or RNN's sequence in ONNX's default layout (steps first) (:func:`batch_axis`).
+    batch_axis: int = 0
 
     def one_input(self, what: str) -> None:
         """Raise a :class:`NetworkError` unless the network has a single input: the grid
@@ -121,7 +124,8 @@ class Network:
 
     @property
     def batch(self) -> int:
-        return self.input_shape[0] if self.input_shape else 1
+        return self.input_shape[self.batch_axis] if len(self.input_shape) > self.batch_axis \
+            else 1
 
     @property
     def params(self) -> int:
@@ -412,6 +416,23 @@ def _fc_macs(node, name: str, ins: list, out: tuple | None) -> int:
     return int(math.prod(out)) * int(ins[0][-1])
 
 
+#: The metadata key of a rewritten network (its recurrent layers unrolled) that keeps its
+#: original input's batch axis (:func:`batch_axis`).
+BATCH_AXIS_KEY = "dlas.batch_axis"
+
+
+def batch_axis(model, name: str) -> int:
+    """The batch axis of the graph input ``name``: the second where an LSTM, GRU or RNN node
+    in ONNX's default layout reads it as its sequence (steps first), or where the model
+    says so (:data:`BATCH_AXIS_KEY`); else the first."""
+    meta = {p.key: p.value for p in model.metadata_props}
+    if BATCH_AXIS_KEY in meta:
+        return int(meta[BATCH_AXIS_KEY])
+    return int(any(node.op_type in RECURRENT_GATES and node.input and node.input[0] == name
+                   and not node_attributes(node).get("layout", 0)
+                   for node in model.graph.node))
+
+
 def open_first_dims(model) -> set[str]:
     """The tensors whose first dimension is symbolic, which :func:`value_shapes` reads as a
     batch of 1."""
@@ -541,7 +562,8 @@ def _network(model, name: str, path: str) -> Network:
     if not graph_inputs:
         raise NetworkError(f"{path} has no graph input")
     net = Network(name, shapes.get(graph_inputs[0].name) or (),
-                  inputs=tuple(i.name for i in graph_inputs))
+                  inputs=tuple(i.name for i in graph_inputs),
+                  batch_axis=batch_axis(model, graph_inputs[0].name))
     consumers = _consumers(model)
     feeds = _feeds(model, consumers)
     qdq_float = _qdq_float(consumers)

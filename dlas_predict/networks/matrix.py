@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 #: Bumped when the rewrite changes, so a kept grid form is rewritten again.
-REWRITE_VERSION = "4"
+REWRITE_VERSION = "5"
 #: The end of a rewritten layer's Conv node name: the grid's records name its layers so, and
 #: onnxruntime's model tells them from convolutions by it (:func:`is_matrix_layer`).
 MATRIX_CONV = "/matrix_conv"
@@ -410,7 +410,7 @@ def grid_form(path: str | Path) -> Path:
     import onnx
 
     from dlas_predict.errors import NetworkError
-    from dlas_predict.networks.graph import load_onnx, read_network
+    from dlas_predict.networks.graph import BATCH_AXIS_KEY, load_onnx, read_network
     from dlas_predict.paths import cache_dir
 
     path = Path(path)
@@ -424,7 +424,11 @@ def grid_form(path: str | Path) -> Path:
     if target.is_file():
         return target
     model = load_onnx(path)
+    axis = read_network(path).batch_axis
     _rewrite(model)
+    if axis:  # the unrolled steps no longer say which axis of the input is the batch
+        entry = model.metadata_props.add()
+        entry.key, entry.value = BATCH_AXIS_KEY, str(axis)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     onnx.save(model, str(tmp))
