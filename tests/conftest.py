@@ -78,10 +78,13 @@ def snapshot_subset(directory: Path, networks):
 
 @pytest.fixture(autouse=True)
 def _dlas_home(tmp_path_factory, monkeypatch):
-    """Every test gets its own DLAS_HOME, sharing the cached local-target detection."""
+    """Every test gets its own DLAS_HOME, sharing the cached local-target detection; on a
+    CPU without a model of its own, recommend keeps its estimated roofs (the tests that
+    measure them say so)."""
     home = tmp_path_factory.getbasetemp() / "dlas_home"
     home.mkdir(exist_ok=True)
     monkeypatch.setenv("DLAS_HOME", str(home))
+    monkeypatch.setenv("DLAS_MEASURE_ROOFS", "0")
     monkeypatch.setenv("TVM_NUM_THREADS", str(len(os.sched_getaffinity(0))))
     yield home
 

@@ -395,3 +395,38 @@ def test_onnxruntime_per_op_costs_and_the_rest_are_scaled_apart():
     assert np.all(np.abs(loo) < 0.03)
     assert cal.onnxruntime_scales(rows[:4]) == (1.0, 1.0)              # too few runs
     assert cal.onnxruntime_scales([r for r in rows if r.network == "net0"] * 3) == (1.0, 1.0)
+
+
+def test_roofs_are_measured_first_only_for_this_uncalibrated_cpu(uncalibrated, tmp_path,
+                                                                 monkeypatch):
+    """Not when switched off, not for a device of elsewhere or of public data only, and a
+    file that cannot be read fails before anything is measured."""
+    from conftest import assert_clean_error, run_cli
+
+    def never(line):
+        pytest.fail(f"measured: {line}")
+
+    assert not cal.roofs_first("local", never)  # DLAS_MEASURE_ROOFS=0 (the tests' default)
+    monkeypatch.setenv(cal.MEASURE_ROOFS_ENV, "1")
+    assert not cal.roofs_first("xavier", never)  # a board: `devices --measure-peaks` there
+    assert not cal.roofs_first("titanx_1", never)  # HELP's: no registry entry to measure
+    r = run_cli("recommend", tmp_path / "nothere.onnx")
+    assert_clean_error(r, "not found")
+    assert "measuring the roofs" not in r.output
+
+
+@pytest.mark.slow  # the roofs measured for real: about 15 s
+def test_an_uncalibrated_cpu_s_roofs_are_measured_once_before_its_first_answer(uncalibrated,
+                                                                              monkeypatch):
+    from dlas_predict.space import devices as D
+
+    # as on a CPU whose roofs were never measured (none shipped for its fingerprint)
+    monkeypatch.setattr(D, "SHIPPED_PEAKS", "data/no_such_peaks.json")
+    monkeypatch.setenv(cal.MEASURE_ROOFS_ENV, "1")
+    assert D.get_device("local", with_target=False).source == "estimate"
+    said: list[str] = []
+    assert cal.roofs_first("local", said.append)
+    assert said[0].startswith("measuring the roofs of local") and "(measured)" in said[-1]
+    dev = D.get_device("local", with_target=False)
+    assert dev.source == "measured" and dev.peak_gflops["float32"] > 0
+    assert not cal.roofs_first("local", said.append)  # kept: once per CPU

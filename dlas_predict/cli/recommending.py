@@ -204,6 +204,13 @@ def recommend(
         rpc = make_rpc(get_device(device), tracker, rpc_key, allow_remote_tracker, boards, tries,
                    timeout)
     options = data_options(data_limit, mean, std, input_size)
+    if models_dir is None and rpc is None:
+        from dlas_predict.networks import zoo
+        from dlas_predict.networks.graph import read_network
+        from dlas_predict.recommend.calibrate import roofs_first
+
+        read_network(zoo.resolve(model))  # a bad file fails before anything is measured
+        roofs_first(device, lambda line: typer.echo(line, err=True))
     rec = run(model, device, max_accuracy_drop, data, top, k, models_dir=models_dir, log=log,
               data_options=options, finetune_epochs=fine_tune,
               tuning=tuning.value, trials=trials, tuning_db=str(tuning_db) if tuning_db else None,
