@@ -204,8 +204,8 @@ def test_a_max_with_a_bound_of_many_values_keeps_its_meaning(tmp_path):
 
 def test_int8_scales_come_from_the_float_model(small_cnn):
     model = onnx.load(str(small_cnn))
-    x = np.random.default_rng(0).normal(size=(4, 3, 16, 16)).astype(np.float32)
-    scales = conv_scales(model, x)
+    x = np.random.default_rng(0).normal(size=(4, 1, 3, 16, 16)).astype(np.float32)
+    scales = conv_scales(model, x)  # four inputs of one image each
     assert len(scales) == _n(small_cnn)
     # the first conv's input scale is the input's own max / 127
     assert scales[0][0] == pytest.approx(float(np.abs(x).max()) / 127, rel=1e-5)

@@ -421,16 +421,29 @@ def _fc_macs(node, name: str, ins: list, out: tuple | None) -> int:
 BATCH_AXIS_KEY = "dlas.batch_axis"
 
 
+#: Ops whose output keeps the leading axes of the input they are given (an embedding's
+#: Gather of token ids: the ids' axes, then the table's row).
+_AXES_KEPT = frozenset({"Cast", "Identity", "Dropout", "Relu", "Tanh", "Sigmoid", "Add",
+                        "Sub", "Mul", "Div", "Gather"})
+
+
 def batch_axis(model, name: str) -> int:
     """The batch axis of the graph input ``name``: the second where an LSTM, GRU or RNN node
-    in ONNX's default layout reads it as its sequence (steps first), or where the model
+    in ONNX's default layout reads it as its sequence (steps first), directly or through
+    ops that keep its leading axes (token ids through an embedding), or where the model
     says so (:data:`BATCH_AXIS_KEY`); else the first."""
     meta = {p.key: p.value for p in model.metadata_props}
     if BATCH_AXIS_KEY in meta:
         return int(meta[BATCH_AXIS_KEY])
-    return int(any(node.op_type in RECURRENT_GATES and node.input and node.input[0] == name
-                   and not node_attributes(node).get("layout", 0)
-                   for node in model.graph.node))
+    same = {name}
+    for node in model.graph.node:
+        read = node.input[1:2] if node.op_type == "Gather" else node.input
+        if node.op_type in _AXES_KEPT and any(i in same for i in read):
+            same.update(node.output)
+        elif node.op_type in RECURRENT_GATES and node.input and node.input[0] in same \
+                and not node_attributes(node).get("layout", 0):
+            return 1
+    return 0
 
 
 def open_first_dims(model) -> set[str]:

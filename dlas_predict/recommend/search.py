@@ -274,14 +274,7 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
         for c in cands:
             if c.backend == "tvm":
                 c.source = su.mapping.source
-    if validate and su.net.batch_axis:
-        # the harness feeds one sample at a time along the first axis
-        rec.validated = rec.candidates[:validate]
-        for c in rec.validated:
-            c.measured_note = ("the input is a sequence in ONNX's default layout (steps "
-                               "first), and validation feeds batch-first inputs only: export "
-                               "the recurrent layers with layout=1 to time them")
-    elif validate:
+    if validate:
         rec.validated = validate_top(rec, model, su.dev, validate, log, tuned_opts,
                                   network_runner)
     rec.seconds = time.time() - t0

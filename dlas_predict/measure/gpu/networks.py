@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from dlas_predict.measure.networks.plans import GPU_NETWORK_VERSION
+from dlas_predict.measure.networks.plans import GPU_NETWORK_VERSION, first_output
 from dlas_predict.errors import DlasError
 from dlas_predict.space.devices import Device
 
@@ -161,7 +161,7 @@ def measure_network(mod, line: dict[str, Any], bundle: Path, dev, proto: dict) -
     xs, refs = check["x"], check["y"]
     outs = []
     for i in range(len(xs)):
-        out = vm["main"](tvm.runtime.tensor(xs[i:i + 1].astype(np.float32), dev))
+        out = first_output(vm["main"](tvm.runtime.tensor(xs[i].astype(np.float32), dev)))
         outs.append(np.asarray(out.numpy(), dtype=np.float64).reshape(-1))
     outs_a, refs_a = np.stack(outs), refs.reshape(len(refs), -1).astype(np.float64)
     err = float(np.max(np.abs(outs_a - refs_a)))
@@ -169,7 +169,7 @@ def measure_network(mod, line: dict[str, Any], bundle: Path, dev, proto: dict) -
     agree = float(np.mean(outs_a.argmax(1) == refs_a.argmax(1)))
     tol = {DType.FLOAT32: 1e-3}.get(DType.parse(line["dtype"]))
     verified = bool(err <= tol * scale) if tol else bool(agree >= 0.9)
-    x = tvm.runtime.tensor(xs[:1].astype(np.float32), dev)
+    x = tvm.runtime.tensor(xs[0].astype(np.float32), dev)
     vm["main"](x)
     dev.sync()
     t0 = time.perf_counter()

@@ -45,7 +45,7 @@ from dlas_predict.measure.kernels.spec import KernelSpec
 from dlas_predict.measure.kernels.knobs import resolve_knobs
 from dlas_predict.measure.networks.epilogues import Epilogue, dataflow, op_name, plan_epilogues
 from dlas_predict.measure.networks.importer import relax_module
-from dlas_predict.measure.networks.plans import as_input
+from dlas_predict.measure.networks.plans import as_input, first_output
 from dlas_predict.measure.networks.schedules import KERNEL_ATTR, STEP_ELEMENTS, schedule_rest
 from dlas_predict.networks.recurrent import ORIGINS_KEY as RECURRENT_KEY
 
@@ -760,7 +760,7 @@ def run_network_task(task: "NetworkTask") -> dict[str, Any]:
     xs, refs = check["x"], check["y"]
     outs = []
     for i in range(len(xs)):
-        out = vm(tvm.runtime.tensor(as_input(xs[i:i + 1]), dev))
+        out = first_output(vm(tvm.runtime.tensor(as_input(xs[i]), dev)))
         outs.append(np.asarray(out.numpy(), dtype=np.float64).reshape(-1))
     outs_a, refs_a = np.stack(outs), refs.reshape(len(refs), -1).astype(np.float64)
     err = float(np.max(np.abs(outs_a - refs_a)))
@@ -772,7 +772,7 @@ def run_network_task(task: "NetworkTask") -> dict[str, Any]:
     if vm.remote and not result["verified"]:
         raise RuntimeError(f"wrong results on the board: max error {err:.3g}, top-1 "
                            f"agreement {agree:.0%} against onnxruntime (not timed)")
-    x = tvm.runtime.tensor(as_input(xs[:1]), dev)
+    x = tvm.runtime.tensor(as_input(xs[0]), dev)
     t0 = time.perf_counter()
     vm(x)
     single = time.perf_counter() - t0

@@ -58,6 +58,13 @@ def as_input(x: np.ndarray) -> np.ndarray:
     return x if x.dtype.kind in "iu" else x.astype(np.float32)
 
 
+def first_output(out):
+    """A built network's first output, which the check compares with onnxruntime's first:
+    the tensor itself, or the first of several (an LSTM's sequence, then its last
+    states)."""
+    return out if hasattr(out, "numpy") else out[0]
+
+
 def removes_channels(version: str) -> bool:
     """Whether engine ``version`` builds a channel-pruned network with its zeroed filters
     removed (a GPU engine always does)."""

@@ -32,23 +32,27 @@ CHECK_SAMPLES = 8
 
 # ---- preparing the inputs of a build --------------------------------------------------------
 def _samples(model: str, shape: tuple[int, ...], split: str, tokens: int = 0) -> np.ndarray:
-    """Real digits images for the trained zoo networks, else seeded normal noise; for a
-    network of token ids (``tokens``: one more than the largest), seeded uniform ids."""
+    """:data:`CHECK_SAMPLES` inputs of ``shape`` (a batch of one, wherever its batch axis
+    is: a sequence's steps may come first), stacked on a new first axis: real digits
+    images for the trained zoo networks, else seeded normal noise; for a network of token
+    ids (``tokens``: one more than the largest), seeded uniform ids."""
     from dlas_predict.networks import zoo
 
     if str(model).startswith(zoo.ZOO_PREFIX) and zoo.get(model).trained:
         from dlas_predict.compression.digits import digits
 
-        return digits(split, tuple(shape[1:])).x[:CHECK_SAMPLES].astype(np.float32)
+        images = digits(split, tuple(shape[1:])).x[:CHECK_SAMPLES].astype(np.float32)
+        return images[:, None]
     rng = np.random.default_rng(0 if split == "test" else 1)
     if tokens:
-        return rng.integers(0, tokens, size=(CHECK_SAMPLES, *shape[1:]), dtype=np.int64)
-    return rng.normal(size=(CHECK_SAMPLES, *shape[1:])).astype(np.float32)
+        return rng.integers(0, tokens, size=(CHECK_SAMPLES, *shape), dtype=np.int64)
+    return rng.normal(size=(CHECK_SAMPLES, *shape)).astype(np.float32)
 
 
 def conv_scales(onnx_model, x: np.ndarray) -> list[tuple[float, float]]:
     """Per conv (graph order): the int8 scale of its input and of its output before the bias,
-    from the float model run by onnxruntime on ``x`` (per-tensor MinMax, symmetric)."""
+    from the float model run by onnxruntime on each input of ``x`` (inputs stacked on its
+    first axis; per-tensor MinMax, symmetric)."""
     import copy
 
     import onnx
@@ -71,7 +75,7 @@ def conv_scales(onnx_model, x: np.ndarray) -> list[tuple[float, float]]:
     input_name = sess.get_inputs()[0].name
     maxima: dict[str, float] = {}
     for i in range(len(x)):
-        outs = sess.run(None, {input_name: x[i:i + 1]})
+        outs = sess.run(None, {input_name: x[i]})
         by_name = dict(zip([o.name for o in sess.get_outputs()], outs))
         for node in convs:
             xin = by_name[node.input[0]]
@@ -209,7 +213,7 @@ def prepare_network(plan: NetworkPlan, tmp: Path, cache: dict,
     x = _samples(plan.model, shape, "test", tokens)
     sess = onnx_session(model)
     # one output per sample, whatever axis the batch is on (a time-major sequence's)
-    y = np.stack([sess.run(None, {sess.get_inputs()[0].name: x[i:i + 1]})[0]
+    y = np.stack([sess.run(None, {sess.get_inputs()[0].name: x[i]})[0]
                   for i in range(len(x))])
     check = tmp / f"net{n}.check.npz"
     np.savez(check, x=x, y=y)
