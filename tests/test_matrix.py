@@ -189,6 +189,34 @@ def test_recommend_answers_for_a_transformer_and_an_lstm_with_the_grid(tmp_path)
                for _, reason in out["skipped"])
 
 
+def test_a_sequence_length_left_open_is_given_by_shape(tmp_path):
+    """A transformer exported with its tokens' count open: one error that asks for the
+    shape; with ``--shape`` it is read, and a shape that cannot be its input is refused."""
+    from conftest import assert_clean_error, run_cli
+
+    [m] = generate("transformer", ["layers=1", "d_model=32", "heads=2", "seq=8"], tmp_path)
+    model = onnx.load(str(m.path))
+    seq = model.graph.input[0].type.tensor_type.shape.dim[1]
+    seq.ClearField("dim_value")
+    seq.dim_param = "tokens"
+    del model.graph.value_info[:]
+    onnx.save(model, tmp_path / "open.onnx")
+    assert_clean_error(run_cli("layers", tmp_path / "open.onnx"), "--shape")
+    r = run_cli("layers", tmp_path / "open.onnx", "--shape", "1x8x32", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["input_shape"] == [1, 8, 32]
+    r = run_cli("recommend", tmp_path / "open.onnx", "--shape", "1x8x32", "--top", "1")
+    assert r.exit_code == 0 and "open on local" in r.output, r.output
+    assert_clean_error(run_cli("layers", tmp_path / "open.onnx", "--shape", "1x8"),
+                       "the shape must give 3 sizes")
+    assert_clean_error(run_cli("layers", tmp_path / "open.onnx", "--shape", "2x8x32"),
+                       "dimension 0 is fixed at 1")
+    assert_clean_error(run_cli("layers", tmp_path / "open.onnx", "--shape", "1xNx32"),
+                       "sizes like")
+    assert_clean_error(run_cli("layers", "zoo:resnet18-cifar", "--shape", "1x3x32x32"),
+                       "has its own")
+
+
 def test_a_network_of_two_inputs_is_refused_naming_them(tmp_path):
     from conftest import assert_clean_error, run_cli
 

@@ -121,6 +121,27 @@ INPUT_SIZE_OPT = typer.Option(None, "--input-size", help="HxW (or N) of a model 
                               "leaves them open.")
 
 
+SHAPE_OPT = typer.Option(None, "--shape", help="The input's shape (e.g. 1x128x256) where "
+                         "the model leaves sizes open (a sequence length, say).")
+
+
+def shaped(model: str, shape: str | None) -> str:
+    """``model``, or with ``--shape`` given, its copy whose input has that shape."""
+    if shape is None:
+        return model
+    from dlas_predict.networks import zoo
+    from dlas_predict.networks.graph import with_input_shape
+
+    if str(model).startswith(zoo.ZOO_PREFIX):
+        raise DlasError(f"--shape is for an ONNX file whose input leaves sizes open; {model} "
+                        "has its own")
+    try:
+        dims = tuple(int(x) for x in shape.replace("×", "x").replace(",", "x").split("x"))
+    except ValueError:
+        raise DlasError(f"--shape takes sizes like 1x128x256, got {shape!r}") from None
+    return str(with_input_shape(model, dims))
+
+
 def data_options(limit, mean, std, input_size):
     """The data options of the flags above."""
     from dlas_predict.compression.data import DataOptions, parse_floats, parse_size

@@ -8,20 +8,22 @@ from typing import List, Optional
 import typer
 
 from dlas_predict.space.config import DEFAULT_CURVE_RATIOS, ELBOW_DROP_PP
-from dlas_predict.cli.common import (DATA_LIMIT_OPT, INPUT_SIZE_OPT, MEAN_OPT, STD_OPT, app,
-                                     data_options, fail, handle_errors, print_json)
+from dlas_predict.cli.common import (DATA_LIMIT_OPT, INPUT_SIZE_OPT, MEAN_OPT, SHAPE_OPT,
+                                     STD_OPT, app, data_options, fail, handle_errors,
+                                     print_json, shaped)
 
 # ---- networks ---------------------------------------------------------------------------
 @app.command()
 @handle_errors
 def layers(model: str = typer.Argument(..., help="ONNX file or zoo:NAME."),
+           shape: Optional[str] = SHAPE_OPT,
            as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")):
     """Every layer of a network: op, shapes, MACs, parameters, bytes moved; and totals."""
     from dlas_predict.networks import zoo
     from dlas_predict.networks.graph import read_network
     from dlas_predict.render import format_table
 
-    path = zoo.resolve(model, grid=False)
+    path = zoo.resolve(shaped(model, shape), grid=False)
     net = read_network(path, name=model.removeprefix(zoo.ZOO_PREFIX))
     if as_json:
         print_json(net.to_dict())

@@ -12,9 +12,9 @@ from dlas_predict.space.config import ELBOW_DROP_PP
 from dlas_predict.errors import DlasError
 from dlas_predict.cli.common import (ALLOW_REMOTE_OPT, BOARDS_OPT, DATA_LIMIT_OPT,
                                      INPUT_SIZE_OPT, MEAN_OPT, QUIET_WAIT_OPT, RPC_KEY_OPT,
-                                     STD_OPT, TRACKER_OPT, TRIES_OPT, TUNING_DB_OPT, app,
-                                     check_quiet_wait, data_options, fail, handle_errors,
-                                     make_rpc, open_network_runner, print_json)
+                                     SHAPE_OPT, STD_OPT, TRACKER_OPT, TRIES_OPT, TUNING_DB_OPT,
+                                     app, check_quiet_wait, data_options, fail, handle_errors,
+                                     make_rpc, open_network_runner, print_json, shaped)
 
 def _accuracy_cell(c) -> str:
     if c.accuracy is not None:
@@ -146,6 +146,7 @@ def show_recommendation(rec, top: int, max_accuracy_drop: float) -> None:
 def recommend(
     model: str = typer.Argument(..., help="ONNX file or zoo:NAME."),
     device: str = typer.Option("local", "--device", help="Device name (see `devices`)."),
+    shape: Optional[str] = SHAPE_OPT,
     max_accuracy_drop: float = typer.Option(
         ELBOW_DROP_PP, "--max-accuracy-drop",
         help="Drop candidates more than this many top-1 points below dense."),
@@ -204,6 +205,7 @@ def recommend(
         rpc = make_rpc(get_device(device), tracker, rpc_key, allow_remote_tracker, boards, tries,
                    timeout)
     options = data_options(data_limit, mean, std, input_size)
+    model = shaped(model, shape)
     if models_dir is None and rpc is None:
         from dlas_predict.networks import zoo
         from dlas_predict.networks.graph import read_network

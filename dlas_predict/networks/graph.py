@@ -212,6 +212,57 @@ def load_onnx(path: str | Path, infer: bool = True):
     return model
 
 
+def with_input_shape(path: str | Path, dims: tuple[int, ...]) -> Path:
+    """A copy of the ONNX network at ``path`` whose input has the shape ``dims`` (a
+    dimension left open given its size, a fixed one kept), its shapes inferred again:
+    written once under DLAS_HOME by the file's hash and ``dims``, with the file's name. A
+    rank or a fixed size that disagrees is a :class:`NetworkError` naming the input."""
+    import hashlib
+    import os
+
+    import onnx
+
+    from dlas_predict.paths import cache_dir
+
+    path = Path(path)
+    model = load_onnx(path, infer=False)
+    consts = {t.name for t in model.graph.initializer}
+    inputs = [i for i in model.graph.input if i.name not in consts]
+    if len(inputs) != 1:
+        raise NetworkError(f"a shape is given for one input; {path.name} has {len(inputs)}"
+                           + (f" ({', '.join(i.name for i in inputs)})" if inputs else ""))
+    name, dim = inputs[0].name, inputs[0].type.tensor_type.shape.dim
+    have = "×".join(str(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?")
+                    for d in dim)
+    if len(dim) != len(dims) or any(n < 1 for n in dims):
+        raise NetworkError(f"input {name!r} of {path.name} is {have}: the shape must give "
+                           f"{len(dim)} sizes of at least 1, got "
+                           f"{'×'.join(map(str, dims))}")
+    for i, (d, n) in enumerate(zip(dim, dims)):
+        if d.HasField("dim_value") and d.dim_value != n:
+            raise NetworkError(f"input {name!r} of {path.name} is {have}: its dimension {i} "
+                               f"is fixed at {d.dim_value}, the shape gives {n}")
+        d.Clear()
+        d.dim_value = n
+    del model.graph.value_info[:]
+    for out in model.graph.output:  # sizes left open there follow from the input's now
+        if any(not d.HasField("dim_value") for d in out.type.tensor_type.shape.dim):
+            out.type.tensor_type.ClearField("shape")
+    try:
+        model = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    except Exception as exc:  # noqa: BLE001 - onnx raises several types
+        raise NetworkError(f"shape inference failed on {path.name} with input {name!r} "
+                           f"{'×'.join(map(str, dims))}: {str(exc)[:300]}") from None
+    digest = hashlib.sha256(path.read_bytes() + repr(tuple(dims)).encode()).hexdigest()[:16]
+    target = cache_dir("shaped") / digest / path.name
+    if not target.is_file():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        onnx.save(model, str(tmp))
+        os.replace(tmp, target)
+    return target
+
+
 #: Initializers larger than this (elements) are left out of shape inference: weights, whose
 #: shapes are in their dims; shape-like tensors (Reshape targets, Slice bounds) are small.
 _INFER_KEEP = 1024
@@ -411,8 +462,8 @@ def _fc_macs(node, name: str, ins: list, out: tuple | None) -> int:
         return int(m * n * k)
     if ins[0] is None or out is None:
         raise NetworkError(f"MatMul {name!r}: unknown operand shapes (a dimension left "
-                           "open); export the network with a fixed input size and sequence "
-                           "length")
+                           "open); give the input's shape (`--shape`, e.g. 1x128x256) or "
+                           "export the network with a fixed input size and sequence length")
     return int(math.prod(out)) * int(ins[0][-1])
 
 
@@ -463,12 +514,14 @@ def _recurrent_macs(node, name: str, shapes: dict, open_first: set[str] = frozen
     x, w = shapes.get(node.input[0]), shapes.get(node.input[1])
     if x is None or w is None or len(x) != 3 or len(w) != 3:
         raise NetworkError(f"{node.op_type} {name!r}: unknown input or weight shapes "
-                           f"({x}, {w}); export with a fixed sequence length")
+                           f"({x}, {w}); give the input's shape (`--shape`) or export "
+                           "with a fixed sequence length")
     attrs = node_attributes(node)
     if not attrs.get("layout", 0) and node.input[0] in open_first:
         raise NetworkError(f"{node.op_type} {name!r}: the sequence length of its input "
                            f"{node.input[0]!r} is left open (a symbolic first dimension); "
-                           "export the network with a fixed sequence length")
+                           "give the input's shape (`--shape`, steps first) or export the "
+                           "network with a fixed sequence length")
     seq, batch = (x[1], x[0]) if attrs.get("layout", 0) else (x[0], x[1])
     dirs, gates_hidden, inputs = w
     hidden = gates_hidden // RECURRENT_GATES[node.op_type]
