@@ -226,6 +226,10 @@ def with_input_shape(path: str | Path, dims: tuple[int, ...]) -> Path:
 
     path = Path(path)
     model = load_onnx(path, infer=False)
+    digest = hashlib.sha256(path.read_bytes() + repr(tuple(dims)).encode()).hexdigest()[:16]
+    target = cache_dir("shaped") / digest / path.name
+    if target.is_file():  # written by an earlier call, once its shape was checked
+        return target
     consts = {t.name for t in model.graph.initializer}
     inputs = [i for i in model.graph.input if i.name not in consts]
     if len(inputs) != 1:
@@ -253,13 +257,10 @@ def with_input_shape(path: str | Path, dims: tuple[int, ...]) -> Path:
     except Exception as exc:  # noqa: BLE001 - onnx raises several types
         raise NetworkError(f"shape inference failed on {path.name} with input {name!r} "
                            f"{'×'.join(map(str, dims))}: {str(exc)[:300]}") from None
-    digest = hashlib.sha256(path.read_bytes() + repr(tuple(dims)).encode()).hexdigest()[:16]
-    target = cache_dir("shaped") / digest / path.name
-    if not target.is_file():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        onnx.save(model, str(tmp))
-        os.replace(tmp, target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    onnx.save(model, str(tmp))
+    os.replace(tmp, target)
     return target
 
 
@@ -348,12 +349,19 @@ def fold_shape_arithmetic(model) -> int:
     return folded
 
 
+def _declared_dims(vi) -> list[int | None] | None:
+    """A value's declared sizes (None for one left open), or None where it has no shape."""
+    t = vi.type.tensor_type
+    if not t.HasField("shape"):
+        return None
+    return [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
+
+
 def value_shapes(model) -> dict[str, tuple[int, ...] | None]:
     out: dict[str, tuple[int, ...] | None] = {}
     for vi in [*model.graph.input, *model.graph.value_info, *model.graph.output]:
-        t = vi.type.tensor_type
-        if t.HasField("shape"):
-            dims = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
+        dims = _declared_dims(vi)
+        if dims is not None:
             if dims and dims[0] is None:
                 dims[0] = 1  # a symbolic batch is read as batch 1
             out[vi.name] = None if any(d is None for d in dims) else tuple(dims)
@@ -502,8 +510,7 @@ def open_first_dims(model) -> set[str]:
     batch of 1."""
     return {vi.name for vi in [*model.graph.input, *model.graph.value_info,
                                *model.graph.output]
-            if vi.type.tensor_type.HasField("shape") and vi.type.tensor_type.shape.dim
-            and not vi.type.tensor_type.shape.dim[0].HasField("dim_value")}
+            if (dims := _declared_dims(vi)) and dims[0] is None}
 
 
 def _recurrent_macs(node, name: str, shapes: dict, open_first: set[str] = frozenset()) -> int:

@@ -306,8 +306,8 @@ def _measure_roofs(dev, say):
     return get_device(dev.name, with_target=True)
 
 
-#: Set to ``0``, ``recommend`` and ``predict`` keep an uncalibrated CPU's estimated roofs
-#: instead of measuring them first (:func:`roofs_first`).
+#: Set to ``0``, ``recommend`` keeps an uncalibrated CPU's estimated roofs instead of
+#: measuring them first (:func:`roofs_first`).
 MEASURE_ROOFS_ENV = "DLAS_MEASURE_ROOFS"
 
 
