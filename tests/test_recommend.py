@@ -521,14 +521,16 @@ def test_no_gain_ranks_after_the_reference_and_a_doubtful_lead_is_flagged():
     assert kept == [sure, doubt, blind, slow]
 
 
-def test_an_exported_zoo_network_keeps_its_measured_accuracy_curve(tmp_path):
+@pytest.mark.parametrize("name", ["mobilenetv2-cifar", "bert-tiny-cifar"])
+def test_an_exported_zoo_network_keeps_its_measured_accuracy_curve(tmp_path, name):
+    """A CNN, and a matrix network (whose grid form holds its weights reshaped)."""
     from dlas_predict.networks import zoo
 
-    path = zoo.export("mobilenetv2-cifar", tmp_path / "mbv2.onnx")
+    path = zoo.export(name, tmp_path / "copy.onnx")
     rec = recommend(str(path), max_accuracy_drop=100.0)
-    assert rec.network == "mbv2"
+    assert rec.network == "copy"
     assert all(c.accuracy_source.startswith("shipped curve") for c in rec.candidates)
-    assert any("holds the weights of zoo:mobilenetv2-cifar" in n for n in rec.notes)
+    assert any(f"copy.onnx holds the weights of zoo:{name}" in n for n in rec.notes)
 
 
 def test_without_data_a_network_s_accuracy_is_predicted_and_the_budget_checks_the_upper_end():

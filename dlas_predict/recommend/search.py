@@ -374,9 +374,10 @@ def _setup(model: str, device: str, validate: int, models_dir: Path | None,
                         if models.matrix_network is not None else ""))
         if models.matrix_network is not None:
             net_model = models.matrix_network
-    matched = zoo.match(path) if entry is None else None
+    # the user's own file: the grid form of a matrix network holds its weights reshaped
+    matched = zoo.match(original) if entry is None else None
     if matched is not None:
-        notes.append(f"{Path(path).name} holds the weights of zoo:{matched.name} (matched by "
+        notes.append(f"{Path(original).name} holds the weights of zoo:{matched.name} (matched by "
                      "hash): its measured accuracy curve applies")
         entry = matched
     if not net.convs():
