@@ -3,7 +3,9 @@
     .venv/bin/python benchmarks/bench_accuracy.py [--table datasets/accuracy/features.parquet]
 
 Each network's points are predicted by a model (trees and interval) fitted on the other
-networks only. Printed per compression and overall: the share of predicted drops within
+networks only. Printed per compression (CNNs), overall, and for the matrix networks (MLPs,
+encoders, ViTs, LSTMs, GRUs: most of their weights in matrix layers) per compression and
+family: the share of predicted drops within
 ±2 points where the measured drop is at most 10 points, the mean absolute error in points,
 and how often the measured drop lies in the 80 % interval; beside them the simplest
 baseline, the other networks' mean normalised drop at the same compression and ratio (the
@@ -66,16 +68,25 @@ def main() -> int:
     from dlas_predict.networks import zoo
 
     is_zoo = np.isin(groups, list(zoo.ZOO))
-    for name in [*sorted(set(comp)), "all", "all, zoo networks only"]:
-        sel = (np.ones(len(y), bool) if name == "all" else is_zoo if name.endswith("only")
-               else comp == name)
+    matrix = table["matrix_share"].to_numpy() > 0.5
+    cnn = ~matrix
+    subsets = {"all": np.ones(len(y), bool), "all, zoo networks only": is_zoo,
+               "CNNs": cnn, "matrix networks": matrix}
+    for kind in sorted(set(comp)):
+        subsets[f"matrix networks, {kind}"] = matrix & (comp == kind)
+    family = table["family"].to_numpy()
+    for fam in sorted(set(family[matrix])):
+        subsets[f"matrix networks, {fam}"] = matrix & (family == fam)
+    for name in [*sorted(set(comp)), *subsets]:
+        sel = subsets[name] if name in subsets else (comp == name) & cnn
         if not sel.any():
             continue
         small = sel & (true_pp <= 10)
         within = np.abs(pred_pp - true_pp)[small] <= 2
         bwithin = np.abs(base_pp - true_pp)[small] <= 2
         cover = ((true_pp >= low_pp - 1e-9) & (true_pp <= high_pp + 1e-9))[sel]
-        print(f"| {name} | {small.sum()} | **{within.mean():.0%}** | {bwithin.mean():.0%} | "
+        label = name if name in subsets else f"CNNs, {name}"
+        print(f"| {label} | {small.sum()} | **{within.mean():.0%}** | {bwithin.mean():.0%} | "
               f"{np.abs(pred_pp - true_pp)[sel].mean():.1f} | "
               f"{np.abs(base_pp - true_pp)[sel].mean():.1f} | {cover.mean():.0%} |")
     kept = high_pp <= args.budget

@@ -5,6 +5,7 @@ import os
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -97,3 +98,27 @@ def trained_here(monkeypatch, here: bool) -> None:
 
     monkeypatch.setattr(transfer, "model_machine", lambda name: (
         get_device(name, with_target=False).fingerprint if here else "0123456789abcdef"))
+
+
+def token_lstm(steps: int, hidden: int = 8):
+    """Token ids, steps first (PyTorch's default ``batch_first=False``), through an
+    embedding into an LSTM in ONNX's default layout, its last state classified."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = {"table": rng.normal(size=(40, 6)), "W": rng.normal(size=(1, 4 * hidden, 6)),
+             "R": rng.normal(size=(1, 4 * hidden, hidden)), "fc": rng.normal(size=(hidden, 10))}
+    inits = {k: v.astype(np.float32) for k, v in inits.items()}
+    inits["shape"] = np.array([1, hidden], dtype=np.int64)
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["emb"]),
+             helper.make_node("LSTM", ["emb", "W", "R"], ["y", "yh"], hidden_size=hidden,
+                              name="lstm"),
+             helper.make_node("Reshape", ["yh", "shape"], ["h"]),
+             helper.make_node("MatMul", ["h", "fc"], ["logits"])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, [steps, 1])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 10])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model

@@ -103,6 +103,24 @@ def test_the_shipped_model_prices_a_real_network_in_points():
     assert half.drop_pp == pytest.approx(drops[1].drop_pp * (0.5 - p.chance) / (1 - p.chance))
 
 
+def test_the_shipped_model_prices_a_matrix_network_s_file():
+    """A trained transformer's export: read in the form the grid prunes, priced as a CNN
+    is; its curve is measured (the zoo's), and the prediction follows it."""
+    from dlas_predict.compression.accuracy import load_curves
+    from dlas_predict.networks import zoo
+
+    p = AccuracyPredictor(zoo.export("zoo:bert-tiny-cifar"))
+    drops = p.drops([(Compression.WEIGHT_PRUNING, 0.1), (Compression.WEIGHT_PRUNING, 0.9),
+                     (Compression.CHANNEL_PRUNING, 0.5), (Compression.INT8, None)])
+    for d in drops:
+        assert d.low_pp <= d.drop_pp <= d.high_pp <= 100 + 1e-9
+    weak, strong, channels, int8 = drops
+    assert strong.drop_pp > 20 > weak.drop_pp and channels.drop_pp > 20 > int8.drop_pp
+    curve = load_curves()["bert-tiny-cifar"]
+    measured = (curve.dense - curve.accuracy("weight_pruning", 0.9)) / (curve.dense - 0.1)
+    assert strong.low_pp <= measured * 100 <= strong.high_pp
+
+
 def test_curve_points_read_every_measured_compression():
     from dlas_predict.compression.accuracy import load_curves
 

@@ -552,6 +552,25 @@ def test_without_data_a_network_s_accuracy_is_predicted_and_the_budget_checks_th
     assert row.to_dict()["accuracy_drop_high_pp"] == row.accuracy_drop_high_pp
 
 
+def test_without_data_a_transformer_s_accuracy_is_predicted_too(tmp_path):
+    """A matrix network of the user's (no curve, no data): its compressions priced by the
+    accuracy-cost model, the budget checked against the interval's upper end."""
+    import onnx
+
+    from dlas_predict.networks.generate import build
+    from dlas_predict.space.config import Compression
+
+    path = tmp_path / "enc.onnx"
+    onnx.save(build("transformer", {"layers": 1, "d_model": 32, "heads": 2, "ffn": 2,
+                                    "seq": 8, "batch": 1}), str(path))
+    rec = recommend(str(path), max_accuracy_drop=100.0)
+    compressed = [c for c in rec.candidates if c.compression is not Compression.DENSE]
+    assert compressed and all(c.accuracy_source.startswith("predicted") for c in compressed)
+    strict = recommend(str(path), max_accuracy_drop=1.0)
+    assert all(c.accuracy_drop_high_pp <= 1.0 for c in strict.candidates
+               if c.compression is not Compression.DENSE)
+
+
 def test_random_weights_are_not_priced_and_stay_unchecked():
     from dlas_predict.recommend.accuracy import Accuracies
     from dlas_predict.space.config import Compression

@@ -11,6 +11,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from conftest import token_lstm
 from dlas_predict.networks.generate import generate
 from dlas_predict.networks.graph import infer_shapes, load_onnx, read_network
 from dlas_predict.networks.matrix import MATRIX_CONV, grid_form, is_matrix_layer, weights_back
@@ -139,28 +140,6 @@ def test_an_open_sequence_length_or_a_node_kept_whole_is_one_clear_error(tmp_pat
                        "LSTM 'rec': activations relu, tanh, tanh")
 
 
-def _token_lstm(steps: int, hidden: int = 8):
-    """Token ids, steps first (PyTorch's default ``batch_first=False``), through an
-    embedding into an LSTM in ONNX's default layout, its last state classified."""
-    rng = np.random.default_rng(0)
-    inits = {"table": rng.normal(size=(40, 6)), "W": rng.normal(size=(1, 4 * hidden, 6)),
-             "R": rng.normal(size=(1, 4 * hidden, hidden)), "fc": rng.normal(size=(hidden, 10))}
-    inits = {k: v.astype(np.float32) for k, v in inits.items()}
-    inits["shape"] = np.array([1, hidden], dtype=np.int64)
-    nodes = [helper.make_node("Gather", ["table", "ids"], ["emb"]),
-             helper.make_node("LSTM", ["emb", "W", "R"], ["y", "yh"], hidden_size=hidden,
-                              name="lstm"),
-             helper.make_node("Reshape", ["yh", "shape"], ["h"]),
-             helper.make_node("MatMul", ["h", "fc"], ["logits"])]
-    graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, [steps, 1])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 10])],
-        [numpy_helper.from_array(v, k) for k, v in inits.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    return model
-
-
 def test_an_lstm_s_input_in_onnx_s_layout_has_its_batch_second(tmp_path):
     """Steps first, then the batch: 5 steps of one sequence is batch 1, read directly or
     through an embedding, in the network and in its grid form (the steps unrolled); in
@@ -170,7 +149,7 @@ def test_an_lstm_s_input_in_onnx_s_layout_has_its_batch_second(tmp_path):
     assert read_network(grid_form(tmp_path / "steps.onnx")).batch == 1
     onnx.save(_node_model("LSTM", batch=3, seq=5), tmp_path / "three.onnx")
     assert read_network(grid_form(tmp_path / "three.onnx")).batch == 3
-    onnx.save(_token_lstm(7), tmp_path / "tokens.onnx")
+    onnx.save(token_lstm(7), tmp_path / "tokens.onnx")
     assert read_network(tmp_path / "tokens.onnx").batch == 1
     assert read_network(grid_form(tmp_path / "tokens.onnx")).batch == 1
     batch_first = _node_model("LSTM", batch=1, seq=5, layout=1)
@@ -187,7 +166,7 @@ def test_a_network_of_steps_first_is_validated_on_both_backends(tmp_path):
     from dlas_predict.recommend.validate import measure_candidates
     from dlas_predict.space.devices import get_device
 
-    onnx.save(_token_lstm(6), tmp_path / "tokens.onnx")
+    onnx.save(token_lstm(6), tmp_path / "tokens.onnx")
     path = str(tmp_path / "tokens.onnx")
     rec = recommend(path, top=0, tuning="untuned", max_accuracy_drop=float("inf"))
     ours = next(c for c in rec.candidates if c.backend == "tvm" and c.label == "dense gemm")

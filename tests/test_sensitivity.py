@@ -59,7 +59,8 @@ def test_float16_injects_far_less_error_than_int8_and_neither_removes_weights():
 
 
 def test_what_cannot_be_priced_is_refused():
-    with pytest.raises(NetworkError, match="no convolution"):
+    # a matrix network's own graph (not a file, whose grid form would be read)
+    with pytest.raises(NetworkError, match="no convolution and no matrix layer"):
         ConvWeights.of(build("fc", {"layers": 2, "nodes": 32, "input": 16, "output": 10,
                                     "batch": 1}))
     with pytest.raises(NetworkError, match="not dense"):
@@ -100,3 +101,41 @@ def test_the_probe_runs_the_pruned_network_as_onnxruntime_runs_its_compressed_fi
     again = ConvWeights.of(path)
     again.__dict__["probe"] = None  # running anything now would fail
     assert _f(again, Compression.CHANNEL_PRUNING, 0.3)["probe_cosine"] == row["probe_cosine"]
+
+
+_MATRIX = {
+    "fc": {"layers": 2, "nodes": 32, "input": 16, "output": 10, "batch": 1},
+    "transformer": {"layers": 1, "d_model": 16, "heads": 2, "ffn": 2, "seq": 6, "batch": 1},
+    "rnn": {"layers": 1, "hidden": 8, "embedding": 6, "vocab": 20, "seq": 5, "batch": 1,
+            "cell": "gru"},
+}
+
+
+@pytest.mark.parametrize("family", ["fc", "transformer", "rnn", "steps-first lstm"])
+def test_a_matrix_network_s_file_is_read_as_the_grid_prunes_it(tmp_path, family):
+    """An MLP, a transformer (attention's products), a GRU over token ids (its steps
+    unrolled: each step's products share one weight) and an LSTM fed steps first (its
+    batch on the second axis): read in the form the grid prunes, their matrix features
+    say what they are, and the probe runs each on inputs of its own kind."""
+    import onnx
+
+    from conftest import token_lstm
+
+    path = tmp_path / "net.onnx"
+    onnx.save(token_lstm(5) if family.startswith("steps")
+              else build(family, _MATRIX[family]), str(path))
+    cw = ConvWeights.of(path)
+    weight, channel = (_f(cw, Compression.WEIGHT_PRUNING, 0.5),
+                       _f(cw, Compression.CHANNEL_PRUNING, 0.5))
+    assert weight["matrix_share"] == 1 and channel["matrix_share"] == 1
+    recurrent = family in ("rnn", "steps-first lstm")
+    assert (weight["shared_layers_share"] > 0) == recurrent
+    assert (weight["products_per_layer"] > 0) == (family == "transformer")
+    for row in (weight, channel):
+        assert np.isfinite(list(row.values())).all()
+        assert 0 <= row["probe_agreement"] <= 1 and row["probe_logit_change"] > 0
+    # unpruned: the same function
+    same = _f(cw, Compression.WEIGHT_PRUNING, 0.0)
+    assert same["probe_agreement"] == 1 and same["probe_logit_change"] == 0
+    cnn = _f(ConvWeights.of(_net()), Compression.WEIGHT_PRUNING, 0.5)
+    assert cnn["matrix_share"] == cnn["shared_layers_share"] == cnn["products_per_layer"] == 0

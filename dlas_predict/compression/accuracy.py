@@ -20,9 +20,10 @@ from dlas_predict.compression.digits import Dataset
 from dlas_predict.errors import ConfigError, param
 
 
-def onnx_session(model):
+def onnx_session(model, log_level: int = 3):
     """An onnxruntime session on a path, bytes or ModelProto (a session is returned as it
-    is); optimisations off (so the float16 emulation casts stay in place), 2 threads."""
+    is); optimisations off (so the float16 emulation casts stay in place), 2 threads;
+    onnxruntime's log at ``log_level`` and above (3: errors, 4: fatal ones only)."""
     import os
 
     import onnxruntime as ort
@@ -32,7 +33,7 @@ def onnx_session(model):
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     opts.intra_op_num_threads = len(os.sched_getaffinity(0))
-    opts.log_severity_level = 3
+    opts.log_severity_level = log_level
     if hasattr(model, "SerializeToString"):
         model = model.SerializeToString()
     elif isinstance(model, Path):

@@ -7,7 +7,10 @@ int8, float16 rounding), and described by dimensionless figures that carry from 
 network to another: the share of each layer's weights (or output channels) removed, the
 share of each layer's L2 energy removed (the error it injects, relative to its signal),
 their worst layer, first layer and sum over depth, the channels left in the thinnest layer;
-and the network's own shape: depth, depthwise share, residual adds, size.
+and the network's own shape: depth, depthwise share, residual adds, size, and the share of
+its weights in matrix layers, in recurrent steps, and attention's products. A matrix network
+is read in the form the grid prunes: its matrix layers as 1×1 convolutions, a recurrent
+layer's steps unrolled.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ FEATURE_NAMES = (
     # the network
     "conv_layers_log2", "depthwise_share", "residual_adds_per_conv", "conv_params_log10",
     "first_params_share", "weight_spread",
+    # a matrix network (in the form the grid reads: its matrix layers as 1×1 convolutions)
+    "matrix_share", "shared_layers_share", "products_per_layer",
     # the pruned network run on synthetic inputs (compression.probe; missing when quantised)
     *PROBE_FEATURES,
 )
@@ -49,23 +54,31 @@ class ConvWeights:
     prunable: tuple[bool, ...]       # a channel pruning candidate (not depthwise or grouped)
     residual_adds: int
     classes: int | None              # the output width, where the graph says it
+    layer_names: tuple[str, ...] = ()   # each layer's node name
+    weight_names: tuple[str, ...] = ()  # its weight's name: an unrolled recurrent layer's
+    #                                     steps share one
+    products: int = 0                # products of two activations (attention's)
     model: object = field(default=None, compare=False, repr=False)  # the ModelProto
     digest: str | None = field(default=None, compare=False, repr=False)  # its file's sha256
 
     @classmethod
     def of(cls, model) -> "ConvWeights":
-        """Read from an ONNX ModelProto, or a path to one."""
+        """Read from an ONNX ModelProto, or a path to one: a matrix network's file in the
+        form the grid reads and prunes (its matrix layers as 1×1 convolutions)."""
         from dlas_predict.files import file_digest
         from dlas_predict.networks.graph import read_proto
+        from dlas_predict.networks.matrix import grid_form
 
         digest = None
         if not hasattr(model, "graph"):
+            model = grid_form(model)
             digest = file_digest(model)
             model = read_proto(model)
         convs = conv_nodes(model)
         if not convs:
-            raise NetworkError("the model has no convolution with constant weights: the "
-                               "accuracy-cost model prices conv networks")
+            raise NetworkError("the model has no convolution and no matrix layer with "
+                               "constant weights: the accuracy-cost model prices their "
+                               "compressions")
         arrays = initializer_arrays(model)
         weights = tuple(arrays[n.input[1]].astype(np.float32) for n in convs)
         adds = sum(1 for n in model.graph.node if n.op_type in ("Add", "Sum")
@@ -75,7 +88,11 @@ class ConvWeights:
         if len(out) >= 2 and out[-1].dim_value > 1:
             classes = int(out[-1].dim_value)
         groups = [next((a.i for a in n.attribute if a.name == "group"), 1) for n in convs]
-        return cls(weights, tuple(g == 1 for g in groups), adds, classes, model, digest)
+        products = sum(1 for n in model.graph.node if n.op_type == "MatMul"
+                       and not any(i in arrays for i in n.input))
+        return cls(weights, tuple(g == 1 for g in groups), adds, classes,
+                   tuple(n.name or n.output[0] for n in convs), tuple(n.input[1] for n in convs),
+                   products, model, digest)
 
     @cached_property
     def probe(self):
@@ -170,7 +187,28 @@ def _network(cw: ConvWeights) -> list[float]:
     spread = [float(np.std(np.abs(w)) / (np.mean(np.abs(w)) + 1e-12)) for w in cw.weights]
     return [np.log2(len(cw.weights)), float(sizes[depthwise].sum() / sizes.sum()),
             cw.residual_adds / len(cw.weights), float(np.log10(sizes.sum())),
-            float(sizes[0] / sizes.sum()), float(np.average(spread, weights=sizes))]
+            float(sizes[0] / sizes.sum()), float(np.average(spread, weights=sizes)),
+            *_matrix(cw)]
+
+
+def _matrix(cw: ConvWeights) -> list[float]:
+    """The share of (distinct) weights in matrix layers, the share of layers whose weight
+    another layer shares (a recurrent layer's steps), attention's products per layer: all
+    0 for a CNN."""
+    from dlas_predict.networks.matrix import is_matrix_layer
+
+    if not cw.layer_names:
+        return [0.0, 0.0, 0.0]
+    first = {}
+    for i, n in enumerate(cw.weight_names):
+        first.setdefault(n, i)
+    distinct = list(first.values())
+    size = np.array([cw.weights[i].size for i in distinct], float)
+    matrix = np.array([is_matrix_layer(cw.layer_names[i]) for i in distinct])
+    counts = {n: cw.weight_names.count(n) for n in first}
+    shared = np.mean([counts[n] > 1 for n in cw.weight_names])
+    return [float(size[matrix].sum() / size.sum()), float(shared),
+            cw.products / len(cw.weights)]
 
 
 def _summary(removed: np.ndarray, energy: np.ndarray, sizes: np.ndarray,

@@ -1,8 +1,8 @@
 """The accuracy-cost model: a compression's top-1 drop predicted from the network's weights.
 
 Trained on measured curves (``datasets/accuracy/generated.json``: small CNNs of four
-families trained here on digits, and the trained zoo networks, each measured as a user's
-ONNX file), it predicts the *share of the network's above-chance accuracy* that a
+families and matrix networks of five (MLP, encoder, ViT, LSTM, GRU) trained here on digits,
+and the trained zoo networks, each measured as a user's ONNX file), it predicts the *share of the network's above-chance accuracy* that a
 compression loses, ``(dense - compressed) / (dense - chance)``, from what the compression
 does to the weights (:mod:`dlas_predict.compression.sensitivity`). The share carries across
 tasks of other accuracies; in points it is ``share × (dense - chance) × 100``, and where the
@@ -11,8 +11,8 @@ share can mean.
 
 The 80 % interval is conformal: the trees' errors on networks held out of the fit (grouped
 folds), split by the size of the prediction (a flat region's errors are small, a cliff's
-large) and for the quantised rows by kind (float16's, int8's), give each bin its 10th and
-90th percentile of error.
+large) and for the quantised rows by kind (float16's, int8's) and by network (a CNN's, a
+matrix network's), give each bin its 10th and 90th percentile of error.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from dlas_predict.models.base import FITTED_COVERAGE, CostModel, at_coverage
 from dlas_predict.models.costmodel import ModelError, package_versions, read_sidecar, write_sidecar
 from dlas_predict.space.config import Compression
 
-MODEL_FORMAT = "accuracy-cost-3"
+MODEL_FORMAT = "accuracy-cost-4"
 NAME = "accuracy"
 #: Upper edges of the prediction bins the interval's errors are taken from.
 BIN_EDGES = (0.01, 0.05, 0.2, 0.5)
@@ -74,14 +74,51 @@ def curve_points(name: str, entry: dict, classes: int = 10) -> list[CurvePoint]:
     return out
 
 
+#: The features that are 0 on every network without matrix layers (a CNN's grid form).
+MATRIX_FEATURES = ("matrix_share", "shared_layers_share", "products_per_layer")
+
+
+#: The generated convolutional families of ``datasets/make_accuracy_corpus.py``.
+CNN_FAMILIES = ("plain", "residual", "separable", "inverted")
+
+
+def _convolutional(name: str, entry: dict) -> bool:
+    from dlas_predict.networks import zoo
+
+    family = (entry.get("network") or {}).get("family")
+    return family in CNN_FAMILIES or (name in zoo.ZOO and zoo.ZOO[name].family == "cnn")
+
+
 def write_training_table(curves: dict, onnx_dir: Path, out: Path) -> Path:
     """The model's training table: one row per measured point, its features read from the
-    network's ONNX file in ``onnx_dir`` (``NAME.onnx``)."""
+    network's ONNX file in ``onnx_dir`` (``NAME.onnx``), in the form the grid reads (a
+    matrix network's matrix layers as 1×1 convolutions, as :mod:`compress` prunes it).
+
+    A network whose file is gone keeps its rows of the table already at ``out``; a
+    convolutional network's rows there that lack the matrix features get them as 0, their
+    value on any network without matrix layers. Any other missing file is an error."""
     import pandas as pd
 
-    rows = []
+    from dlas_predict.networks import zoo
+
+    kept = pd.read_parquet(out) if Path(out).is_file() else None
+    rows, old = [], []
     for name, entry in sorted(curves.items()):
-        cw = ConvWeights.of(Path(onnx_dir) / f"{name}.onnx")
+        path = Path(onnx_dir) / f"{name}.onnx"
+        if not path.is_file():
+            mine = None if kept is None else kept[kept["network"] == name]
+            if mine is None or mine.empty:
+                raise ModelError(f"{path} is gone and {out} has no rows of {name}")
+            mine = mine.copy()
+            for col in MATRIX_FEATURES:
+                if col not in mine.columns:
+                    if not _convolutional(name, entry):
+                        raise ModelError(f"{path} is gone: the matrix features of {name} "
+                                         "cannot be read")
+                    mine[col] = 0.0
+            old.append(mine)
+            continue
+        cw = ConvWeights.of(zoo.resolve(path))
         for p in curve_points(name, entry, cw.classes or 10):
             f = features(cw, p.compression, p.ratio)
             rows.append({"network": p.network, "family": p.family,
@@ -89,6 +126,10 @@ def write_training_table(curves: dict, onnx_dir: Path, out: Path) -> Path:
                          "dense": p.dense, "value": p.value, "chance": p.chance,
                          **dict(zip(FEATURE_NAMES, f))})
     table = pd.DataFrame(rows)
+    if old:
+        cols = list(table.columns) if rows else list(old[0].columns)
+        table = pd.concat([table, *[o[cols] for o in old]], ignore_index=True)
+        table = table.sort_values(["network"], kind="stable").reset_index(drop=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     table.to_parquet(out, index=False)
     return out
@@ -125,7 +166,8 @@ _PRUNING = {"n_estimators": 200, "learning_rate": 0.03, "num_leaves": 7,
                                      for n in FEATURE_NAMES]}
 _QUANTISED = {"n_estimators": 50, "learning_rate": 0.05, "num_leaves": 3,
               "min_child_samples": 8, "verbose": -1, "n_jobs": 1}
-#: Error bins per part: the pruning parts' by predicted drop, the quantised part's by kind.
+#: Error bins per part: the pruning parts' by predicted drop, the quantised part's by kind and
+#: network (4 of them).
 N_BINS = len(BIN_EDGES) + 1
 
 
@@ -135,8 +177,9 @@ def _part_rows(X: np.ndarray) -> dict[str, np.ndarray]:
 
 
 def _bin(part: str, pred: np.ndarray, X: np.ndarray) -> np.ndarray:
-    if part == "quantised":  # float16's errors apart from int8's
-        return (X[:, FEATURE_NAMES.index("is_int8")] > 0).astype(int)
+    if part == "quantised":  # float16's errors apart from int8's, a CNN's from a matrix's
+        return ((X[:, FEATURE_NAMES.index("is_int8")] > 0).astype(int)
+                + 2 * (X[:, FEATURE_NAMES.index("matrix_share")] > 0.5))
     return np.searchsorted(np.array(BIN_EDGES), pred)
 
 

@@ -148,14 +148,19 @@ class VGG16Cifar(nn.Module):
 
 
 # ---- beyond CNNs: an MLP, encoders and recurrent networks of well-known shapes ---------
-class _Attention(nn.Module):
+class Attention(nn.Module):
     """Multi-head self-attention with separate Q, K and V projections (exported as three
-    matrix layers and the products of two activations)."""
+    matrix layers and the products of two activations); ``packed``: one projection of
+    3 × d outputs split in three, as PyTorch's own attention exports."""
 
-    def __init__(self, d: int, heads: int):
+    def __init__(self, d: int, heads: int, packed: bool = False):
         super().__init__()
         self.heads, self.dh = heads, d // heads
-        self.q, self.k, self.v, self.out = (nn.Linear(d, d) for _ in range(4))
+        if packed:
+            self.qkv, self.out = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        else:
+            self.q, self.k, self.v, self.out = (nn.Linear(d, d) for _ in range(4))
+        self.packed = packed
 
     def forward(self, x):
         n, t, d = x.shape
@@ -163,20 +168,26 @@ class _Attention(nn.Module):
         def split(y):
             return y.reshape(n, t, self.heads, self.dh).transpose(1, 2)
 
-        q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
+        if self.packed:
+            q, k, v = (split(y) for y in self.qkv(x).chunk(3, dim=-1))
+        else:
+            q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
         att = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(self.dh), dim=-1)
         return self.out((att @ v).transpose(1, 2).reshape(n, t, d))
 
 
-class _Block(nn.Module):
-    """A transformer layer: attention and a GELU feed-forward of ``ffn`` × d units, each
-    with its residual; layer norms before each (``pre``: ViT) or after (BERT)."""
+class TransformerBlock(nn.Module):
+    """A transformer layer: attention and a feed-forward of ``ffn`` × d units (GELU, or
+    ``activation``), each with its residual; layer norms before each (``pre``: ViT) or
+    after (BERT)."""
 
-    def __init__(self, d: int, heads: int, ffn: int, pre: bool):
+    def __init__(self, d: int, heads: int, ffn: int, pre: bool, activation=nn.GELU,
+                 packed: bool = False):
         super().__init__()
         self.pre = pre
-        self.att, self.norm1, self.norm2 = _Attention(d, heads), nn.LayerNorm(d), nn.LayerNorm(d)
-        self.ff = nn.Sequential(nn.Linear(d, ffn * d), nn.GELU(), nn.Linear(ffn * d, d))
+        self.att, self.norm1, self.norm2 = (Attention(d, heads, packed), nn.LayerNorm(d),
+                                            nn.LayerNorm(d))
+        self.ff = nn.Sequential(nn.Linear(d, ffn * d), activation(), nn.Linear(ffn * d, d))
 
     def forward(self, x):
         if self.pre:
@@ -200,7 +211,7 @@ class ViTTinyCifar(nn.Module):
         self.patch = nn.Conv2d(3, d, 4, stride=4)
         self.cls = nn.Parameter(torch.zeros(1, 1, d))
         self.pos = nn.Parameter(torch.randn(1, 65, d) * 0.02)
-        self.blocks = nn.Sequential(*[_Block(d, heads, 4, pre=True) for _ in range(depth)])
+        self.blocks = nn.Sequential(*[TransformerBlock(d, heads, 4, pre=True) for _ in range(depth)])
         self.norm, self.head = nn.LayerNorm(d), nn.Linear(d, num_classes)
 
     def forward(self, x):
@@ -218,7 +229,7 @@ class BertTinyCifar(nn.Module):
         self.embed = nn.Linear(96, d)
         self.pos = nn.Parameter(torch.randn(1, 32, d) * 0.02)
         self.norm = nn.LayerNorm(d)
-        self.blocks = nn.Sequential(*[_Block(d, heads, 4, pre=False) for _ in range(depth)])
+        self.blocks = nn.Sequential(*[TransformerBlock(d, heads, 4, pre=False) for _ in range(depth)])
         self.head = nn.Linear(d, num_classes)
 
     def forward(self, x):

@@ -146,7 +146,13 @@ class Accuracies:
         if predictor is None:
             return AccuracyFigure(None, f"unknown: {why}, and {self._why_not}; pass --data "
                                   "to measure", None)
-        p = predictor.drops([(comp, ratio)])[0]
+        try:
+            p = predictor.drops([(comp, ratio)])[0]
+        except DlasError as exc:  # the probe cannot run this network
+            self._why_not = f"the accuracy-cost model cannot price it ({exc})"
+            self._predictor = None
+            return AccuracyFigure(None, f"unknown: {why}, and {self._why_not}; pass --data "
+                                  "to measure", None)
         return AccuracyFigure(None, PREDICTED, p.drop_pp, p.high_pp)
 
     def _load_predictor(self):

@@ -254,9 +254,7 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
     dropped: list[tuple[str, str]] = []
     unpredictable = ("its weights are random (nothing to predict from)"
                      if su.entry is not None and not su.entry.trained
-                     else "the accuracy-cost model learned convolutional networks only"
-                     if su.matrix else None if predict_accuracy
-                     else "no accuracy was asked for")
+                     else None if predict_accuracy else "no accuracy was asked for")
     acc = Accuracies(model, su.entry.name if su.entry else su.name, data, log,
                      unpredictable=unpredictable, options=data_options,
                      finetune_epochs=finetune_epochs)
