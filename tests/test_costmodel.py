@@ -491,6 +491,31 @@ def test_a_model_saved_again_unchanged_rewrites_no_file(tmp_path):
     assert trees.write_model_text(tmp_path / "n.txt.xz", text + "\n")
 
 
+def test_a_saved_model_keeps_only_what_prediction_reads_and_predicts_the_same(tmp_path):
+    """Split gains, internal values, weights and counts and the header's tree sizes are
+    dropped on saving: LightGBM and the numpy walk predict from the file what the booster
+    predicts, to the bit; a booster's full text saved again rewrites nothing."""
+    import lightgbm as lgb
+
+    from dlas_predict.models import trees
+
+    corpus = _corpus()
+    X, y = corpus.X[:200], np.log(corpus.seconds[:200])
+    booster = lgb.LGBMRegressor(n_estimators=30, num_leaves=15, verbose=-1).fit(X, y).booster_
+    full = booster.model_to_string()
+    assert "split_gain=" in full and "tree_sizes=" in full
+    path = tmp_path / "m.txt.xz"
+    assert trees.save_trees(booster, path)
+    text = trees.read_model_text(path)
+    assert len(text) < 0.8 * len(full)
+    assert not any(f"{k}=" in text for k in ("split_gain", "internal_value", "internal_count",
+                                              "leaf_count", "tree_sizes"))
+    expect = booster.predict(X)
+    assert np.array_equal(lgb.Booster(model_str=text).predict(X), expect)
+    assert np.array_equal(trees.TreeModel.parse(text).predict(X), expect)
+    assert not trees.save_trees(booster, path)
+
+
 def test_a_loop_structure_its_family_lacks_takes_that_structures_costs_across_dtypes():
     """A family (here float16) measured on 1×1 layers only prices its 3×3 layers with the
     3×3 layers' costs of the other element types (fitted across them), not with its own
