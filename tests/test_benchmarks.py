@@ -50,3 +50,20 @@ def test_a_rescore_scores_a_per_layer_build_only_against_a_prediction_of_its_lay
     assert s["n"] == 1 and s["within_10"] == 0.0  # 1.5 / 1.0
 
 
+
+
+def test_the_unseen_kinds_of_the_accuracy_check_are_matrix_networks_of_ten_classes(tmp_path):
+    """Each network bench_accuracy --unseen trains takes its input and gives ten logits,
+    and is read as a matrix network (its weights mostly in matrix layers)."""
+    import torch
+
+    import bench_accuracy as ba
+    from dlas_predict.networks import zoo
+    from dlas_predict.networks.graph import read_network
+    from dlas_predict.networks.matrix import is_matrix_network
+
+    for name, (factory, shape, epochs) in ba.unseen_networks().items():
+        net = factory(shape[0], shape[1]).eval()
+        assert net(torch.zeros(2, *shape)).shape == (2, 10), name
+        assert epochs > 0
+    assert is_matrix_network(read_network(zoo.export_model(net, shape, tmp_path / "n.onnx")))
