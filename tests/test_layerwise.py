@@ -8,6 +8,7 @@ import pytest
 
 from conftest import SHARED_DATA, assert_clean_error, run_cli
 from dlas_predict.crossdev import layerwise as lw
+from dlas_predict.errors import DlasError
 
 HELP = SHARED_DATA / "help_nb201" / "latency.csv.gz"
 
@@ -78,6 +79,30 @@ def test_a_few_shot_device_is_priced_through_the_basis_device_it_scales():
     assert fit.extrapolation(far)[0] == pytest.approx(5.0, rel=0.2)
     assert hi_far[0] / lo_far[0] > high[0] / low[0]
     assert lw.FewShotFit.from_dict(json.loads(json.dumps(fit.to_dict()))) == fit
+
+
+def test_the_terms_version_follows_the_terms_so_no_cache_of_another_length_is_read(tmp_path,
+                                                                                  monkeypatch):
+    """The version names a digest of the terms: a term added (the onnxruntime model's) is a
+    new version, whose caches and saved fits are apart from the old ones."""
+    import hashlib
+
+    monkeypatch.setenv("DLAS_HOME", str(tmp_path))
+    assert lw.TERMS_VERSION.endswith(hashlib.sha1(" ".join(lw.TERMS).encode()).hexdigest()[:8])
+    calls = []
+    first = lw._cached_terms("t", ["a"], lambda k: calls.append(k) or [1.0] * len(lw.TERMS))
+    monkeypatch.setattr(lw, "TERMS_VERSION", lw.TERMS_VERSION + "x")
+    again = lw._cached_terms("t", ["a"], lambda k: calls.append(k) or [2.0] * len(lw.TERMS))
+    assert calls == ["a", "a"] and first["a"] != again["a"]
+    old = {**_saved_fit(), "terms_version": "4"}
+    with pytest.raises(DlasError, match="run `adapt` again"):
+        lw.FewShotFit.from_dict(old)
+
+
+def _saved_fit() -> dict:
+    X, costs = _synthetic()
+    basis = lw.Basis(["d0"], costs[:1], ["test"], [0.0], X.max(axis=0)[None])
+    return lw.fit_few_shot(basis, X[:5], X[:5] @ costs[0]).to_dict()
 
 
 def test_a_shipped_onnxruntime_model_is_a_basis_device_that_prices_as_the_model_does():

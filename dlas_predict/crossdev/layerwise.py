@@ -25,6 +25,7 @@ NAS-Bench-201 cells are built here and their terms cached under DLAS_HOME.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,8 +61,10 @@ ORT_BLOCK = 16
 _LAYER = np.arange(len(TERMS)) < len(LAYER_TERMS)
 #: Layer kinds of the graph reader counted as elementwise work (per element, no reduction).
 _ELEMENTWISE = ("elementwise", "activation", "batchnorm")
-#: The version of :data:`TERMS`' definition, in every cache and saved fit.
-TERMS_VERSION = "4"
+#: The version of :data:`TERMS`' definition, in every cache and saved fit: a number bumped
+#: when a term's meaning changes, and a digest of the terms' names, so that a term added or
+#: removed (the onnxruntime model's) cannot leave a cache or a saved fit of another length.
+TERMS_VERSION = "5-" + hashlib.sha1(" ".join(TERMS).encode()).hexdigest()[:8]
 #: NAS-Bench-201 cells sampled for HELP's basis (seeded), and the seed.
 HELP_SAMPLE = 800
 _HELP_SEED = 0
