@@ -130,3 +130,39 @@ def test_curve_points_read_every_measured_compression():
     assert kinds.count(Compression.WEIGHT_PRUNING) == len(entry["weight_pruning"]["points"])
     assert Compression.INT8 in kinds and Compression.FLOAT16 in kinds
     assert all(p.chance == 0.1 and p.dense == entry["dense"] for p in pts)
+
+
+def test_the_training_table_keeps_the_rows_of_a_network_whose_file_is_gone(tmp_path):
+    """A rebuild reads each network's file in the form the grid prunes; a CNN whose file is
+    gone keeps its rows (the matrix features, where the old table lacks them, 0 as on any
+    CNN); a matrix network's cannot be kept without them."""
+    import onnx
+    import pandas as pd
+
+    from dlas_predict.models.accuracy import MATRIX_FEATURES, write_training_table
+
+    def entry(family):
+        return {"dense": 0.9, "float16": 0.9, "int8": 0.88, "network": {"family": family},
+                "weight_pruning": {"points": [[0.5, 0.8]]},
+                "channel_pruning": {"points": [[0.5, 0.4]]}}
+
+    cnn = build("cnn", {"layers": 2, "kernels": 8, "kernel_size": 3, "input": 16, "batch": 1,
+                        "block": "plain", "downsample": 1, "activation": "relu", "se": 0})
+    mlp = build("fc", {"layers": 2, "nodes": 32, "input": 16, "output": 10, "batch": 1})
+    onnx.save(cnn, str(tmp_path / "c.onnx"))
+    onnx.save(mlp, str(tmp_path / "m.onnx"))
+    curves = {"c": entry("plain"), "m": entry("mlp")}
+    out = tmp_path / "t.parquet"
+    first = pd.read_parquet(write_training_table(curves, tmp_path, out))
+    assert len(first) == 8 and (first[first.network == "m"].matrix_share == 1).all()
+    assert (first[first.network == "c"][list(MATRIX_FEATURES)] == 0).all().all()
+    (tmp_path / "c.onnx").unlink()
+    first.drop(columns=list(MATRIX_FEATURES)).to_parquet(out)  # a table of before them
+    again = pd.read_parquet(write_training_table(curves, tmp_path, out))
+    kept = again[again.network == "c"].reset_index(drop=True)
+    assert len(kept) == 4 and (kept[list(MATRIX_FEATURES)] == 0).all().all()
+    assert np.allclose(kept["energy_mean"], first[first.network == "c"]["energy_mean"])
+    (tmp_path / "m.onnx").unlink()
+    first.drop(columns=list(MATRIX_FEATURES)).to_parquet(out)
+    with pytest.raises(ModelError, match="matrix features of m cannot be read"):
+        write_training_table(curves, tmp_path, out)
