@@ -117,7 +117,8 @@ class FunctionProbe:
 
     def run(self, weights) -> np.ndarray:
         """The outputs (INPUTS × classes) with these conv weights."""
-        feed = {n: np.ascontiguousarray(w, dtype=np.float32) for n, w in zip(self.names, weights)}
+        feed = {n: np.ascontiguousarray(w, dtype=np.float32)
+                for n, w in zip(self.names, weights)}
         out = []
         for i in range(0, len(self.x), self.batch):
             feed[self.input_name] = np.moveaxis(self.x[i:i + self.batch], 0, self.axis)

@@ -15,6 +15,7 @@ layer's steps unrolled.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -91,8 +92,8 @@ class ConvWeights:
         products = sum(1 for n in model.graph.node if n.op_type == "MatMul"
                        and not any(i in arrays for i in n.input))
         return cls(weights, tuple(g == 1 for g in groups), adds, classes,
-                   tuple(n.name or n.output[0] for n in convs), tuple(n.input[1] for n in convs),
-                   products, model, digest)
+                   tuple(n.name or n.output[0] for n in convs),
+                   tuple(n.input[1] for n in convs), products, model, digest)
 
     @cached_property
     def probe(self):
@@ -205,7 +206,7 @@ def _matrix(cw: ConvWeights) -> list[float]:
     distinct = list(first.values())
     size = np.array([cw.weights[i].size for i in distinct], float)
     matrix = np.array([is_matrix_layer(cw.layer_names[i]) for i in distinct])
-    counts = {n: cw.weight_names.count(n) for n in first}
+    counts = Counter(cw.weight_names)
     shared = np.mean([counts[n] > 1 for n in cw.weight_names])
     return [float(size[matrix].sum() / size.sum()), float(shared),
             cw.products / len(cw.weights)]

@@ -2,8 +2,8 @@
 
 Trained on measured curves (``datasets/accuracy/generated.json``: small CNNs of four
 families and matrix networks of five (MLP, encoder, ViT, LSTM, GRU) trained here on digits,
-and the trained zoo networks, each measured as a user's ONNX file), it predicts the *share of the network's above-chance accuracy* that a
-compression loses, ``(dense - compressed) / (dense - chance)``, from what the compression
+and the trained zoo networks, each measured as a user's ONNX file), it predicts the *share
+of the network's above-chance accuracy* that a compression loses, ``(dense - compressed) / (dense - chance)``, from what the compression
 does to the weights (:mod:`dlas_predict.compression.sensitivity`). The share carries across
 tasks of other accuracies; in points it is ``share × (dense - chance) × 100``, and where the
 uncompressed accuracy is unknown (no data) the tool takes it as 100 %: the largest drop the

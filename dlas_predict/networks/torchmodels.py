@@ -211,7 +211,8 @@ class ViTTinyCifar(nn.Module):
         self.patch = nn.Conv2d(3, d, 4, stride=4)
         self.cls = nn.Parameter(torch.zeros(1, 1, d))
         self.pos = nn.Parameter(torch.randn(1, 65, d) * 0.02)
-        self.blocks = nn.Sequential(*[TransformerBlock(d, heads, 4, pre=True) for _ in range(depth)])
+        self.blocks = nn.Sequential(*[TransformerBlock(d, heads, 4, pre=True)
+                                      for _ in range(depth)])
         self.norm, self.head = nn.LayerNorm(d), nn.Linear(d, num_classes)
 
     def forward(self, x):
@@ -229,7 +230,8 @@ class BertTinyCifar(nn.Module):
         self.embed = nn.Linear(96, d)
         self.pos = nn.Parameter(torch.randn(1, 32, d) * 0.02)
         self.norm = nn.LayerNorm(d)
-        self.blocks = nn.Sequential(*[TransformerBlock(d, heads, 4, pre=False) for _ in range(depth)])
+        self.blocks = nn.Sequential(*[TransformerBlock(d, heads, 4, pre=False)
+                                      for _ in range(depth)])
         self.head = nn.Linear(d, num_classes)
 
     def forward(self, x):

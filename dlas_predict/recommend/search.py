@@ -375,8 +375,8 @@ def _setup(model: str, device: str, validate: int, models_dir: Path | None,
     # the user's own file: the grid form of a matrix network holds its weights reshaped
     matched = zoo.match(original) if entry is None else None
     if matched is not None:
-        notes.append(f"{Path(original).name} holds the weights of zoo:{matched.name} (matched by "
-                     "hash): its measured accuracy curve applies")
+        notes.append(f"{Path(original).name} holds the weights of zoo:{matched.name} (matched "
+                     "by hash): its measured accuracy curve applies")
         entry = matched
     if not net.convs():
         raise DlasError(f"{model} has no convolution and no fully connected layer with "
