@@ -126,20 +126,27 @@ def build(spec: dict):
 MATRIX_FAMILIES = ("mlp", "encoder", "vit", "lstm", "gru")
 
 
+#: Matrix draws from this index on reach deeper: 1-4 layers (recurrent: 1-3) and 8 heads.
+DEEPER_FROM = 60
+
+
 def draw_matrix(i: int) -> dict:
     """Matrix network ``i`` (``mat{i:03d}``): an MLP, a transformer encoder over the image's
     rows (BERT-like) or over 4×4 patches (ViT-like, a class token), or an LSTM or GRU over
-    the rows, its sizes and training (AdamW) drawn from a generator seeded by ``i``."""
+    the rows, its sizes and training (AdamW) drawn from a generator seeded by ``i`` (deeper
+    from :data:`DEEPER_FROM` on)."""
     rng = np.random.default_rng(5000 + i)
     pick = lambda xs: xs[int(rng.integers(len(xs)))]  # noqa: E731
     family = MATRIX_FAMILIES[i % len(MATRIX_FAMILIES)]
     d = int(pick([32, 48, 64, 96, 128]))
+    deep = i >= DEEPER_FROM
+    recurrent = family in ("lstm", "gru")
     return {
         "family": family,
         "width": int(pick([64, 128, 256, 512])) if family == "mlp" else d,
-        "layers": int(pick([1, 2, 3])) if family != "lstm" and family != "gru"
-        else int(pick([1, 1, 2])),
-        "heads": int(pick([h for h in (1, 2, 4) if d % h == 0])),
+        "layers": int(pick(([1, 2, 3] if recurrent else [1, 2, 3, 4]) if deep
+                           else [1, 1, 2] if recurrent else [1, 2, 3])),
+        "heads": int(pick([h for h in ((1, 2, 4, 8) if deep else (1, 2, 4)) if d % h == 0])),
         "ffn": int(pick([2, 4])),
         "norm_first": bool(pick([True, False])),
         "packed": bool(pick([True, False])),
