@@ -60,6 +60,27 @@ def test_ten_shots_rank_a_held_out_device_and_beat_its_zero_shot_prior():
     assert np.median(np.abs(model.predict(full, rest)[0] - y[rest])) < 0.03
 
 
+def test_an_adapted_device_s_80_percent_intervals_hold_about_80_percent_of_held_out_truths():
+    """The scale of the adapted intervals is learned by leaving each training device out
+    (never the held-out one): on devices whose noise the fitted one underrates, the
+    intervals widen until about 80 % of the truths lie in them."""
+    mat = synthetic(noise=0.1)
+    rep = leave_one_device_out(mat, shots=(10,), draws=3)
+    cover = np.mean([h.by_shots[10].coverage for h in rep.devices])
+    assert 0.7 <= cover <= 0.9
+    model = LatentModel().fit(mat)
+    assert model.interval_scale_ > 1.0
+    post, rows, scale = model.adapt(np.arange(10), mat.column("d0")[:10]), np.arange(10, 20), \
+        model.interval_scale_
+    sd = model.predict(post, rows)[1]
+    model.interval_scale_ = 1.0
+    assert np.allclose(sd, scale * model.predict(post, rows)[1])
+    # a zero-shot answer keeps its own spread
+    zero = model.predict(model.zero_shot(), np.arange(5))[1]
+    model.interval_scale_ = 3.0
+    assert np.array_equal(model.predict(model.zero_shot(), np.arange(5))[1], zero)
+
+
 def test_leave_one_device_out_reports_every_device_and_refuses_too_many_shots():
     mat = synthetic(n_devices=7)
     rep = leave_one_device_out(mat, shots=(0, 10), draws=2)

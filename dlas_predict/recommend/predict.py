@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dlas_predict.crossdev.latent import DevicePosterior, LatentModel, select
+from dlas_predict.crossdev.latent import DevicePosterior, LatentModel, interval_scale, select
 from dlas_predict.crossdev.sources import LatencyMatrix, load
 from dlas_predict.errors import ConfigError, DeviceError, DlasError, param
 from dlas_predict.paths import cache_dir
@@ -258,19 +258,23 @@ def is_x86(device: str) -> bool:
 @functools.lru_cache(maxsize=8)
 def basis(source: str, level: str, data: str | None = None) -> tuple[LatencyMatrix, LatentModel]:
     """The source's matrix and its model fitted on every device; the inner choice of (k,
-    noise) is cached under DLAS_HOME by the data's shape."""
+    noise) and the intervals' scale are cached under DLAS_HOME by the data's shape."""
     mat = load(source, level, Path(data) if data else None)
-    key = f"{source}-{level}-{len(mat.targets)}x{len(mat.devices)}-{int(np.isfinite(mat.log_ms).sum())}"
+    key = (f"{source}-{level}-{len(mat.targets)}x{len(mat.devices)}-"
+           f"{int(np.isfinite(mat.log_ms).sum())}-scaled")
     path = cache_dir("crossdev") / "selection.json"
     try:
         chosen = json.loads(path.read_text())
     except (OSError, ValueError):
         chosen = {}
     if key not in chosen:
-        chosen[key] = list(select(mat))
+        k, noise = select(mat)
+        chosen[key] = [k, noise, interval_scale(mat, k, noise)]
         path.write_text(json.dumps(chosen, indent=1))
-    k, noise = chosen[key]
-    return mat, LatentModel().fit_at(mat, int(k), float(noise))
+    k, noise, scale = chosen[key]
+    model = LatentModel().fit_at(mat, int(k), float(noise))
+    model.interval_scale_ = float(scale)
+    return mat, model
 
 
 def posterior_of(device: str, source: str, level: str, mat: LatencyMatrix,
