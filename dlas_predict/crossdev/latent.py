@@ -224,17 +224,24 @@ class LatentModel:
         return mean, np.sqrt(var) * scale
 
 
+def _sampled(mat: LatencyMatrix, rng) -> LatencyMatrix:
+    """At most :data:`SELECT_ROWS` targets of ``mat`` (a seeded sample): what the inner
+    leave-one-device-out loops score on."""
+    if len(mat.targets) <= SELECT_ROWS:
+        return mat
+    keep = np.sort(rng.choice(len(mat.targets), SELECT_ROWS, replace=False))
+    return LatencyMatrix(mat.source, mat.level, [mat.targets[i] for i in keep],
+                         mat.devices, mat.log_ms[keep], mat.macs[keep],
+                         mat.features[keep] if mat.features.size else mat.features,
+                         [mat.groups[i] for i in keep] if mat.groups else [])
+
+
 def select(mat: LatencyMatrix, shots: int = 10, draws: int = 3, seed: int = 0
            ) -> tuple[int, float]:
     """(k, noise multiplier) with the best mean Spearman when each training device in turn
     is left out and adapted from ``shots`` random measured targets."""
     rng = np.random.default_rng(seed)
-    if len(mat.targets) > SELECT_ROWS:  # the choice needs the shape, not every target
-        keep = np.sort(rng.choice(len(mat.targets), SELECT_ROWS, replace=False))
-        mat = LatencyMatrix(mat.source, mat.level, [mat.targets[i] for i in keep],
-                            mat.devices, mat.log_ms[keep], mat.macs[keep],
-                            mat.features[keep] if mat.features.size else mat.features,
-                            [mat.groups[i] for i in keep] if mat.groups else [])
+    mat = _sampled(mat, rng)  # the choice needs the shape, not every target
     best, best_score = (1, 4.0), -np.inf
     ks = [k for k in K_CHOICES if k <= len(mat.devices) - 3] or [0]
     for k in ks:
@@ -275,12 +282,7 @@ def interval_scale(mat: LatencyMatrix, k: int, noise: float, shots: int = 10,
     one). The observation noise that ``select`` picks for ranking alone left intervals
     holding 93-100 % (TopHub's devices)."""
     rng = np.random.default_rng(seed)
-    if len(mat.targets) > SELECT_ROWS:
-        keep = np.sort(rng.choice(len(mat.targets), SELECT_ROWS, replace=False))
-        mat = LatencyMatrix(mat.source, mat.level, [mat.targets[i] for i in keep],
-                            mat.devices, mat.log_ms[keep], mat.macs[keep],
-                            mat.features[keep] if mat.features.size else mat.features,
-                            [mat.groups[i] for i in keep] if mat.groups else [])
+    mat = _sampled(mat, rng)
     adapted = []
     if len(mat.devices) >= 3:
         for d in mat.devices:
