@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from dlas_predict.crossdev.latent import DevicePosterior, LatentModel, spearman
+from dlas_predict.models.base import Z80
 from dlas_predict.models.costmodel import kendall_tau
 from dlas_predict.crossdev.sources import LatencyMatrix
 from dlas_predict.errors import DlasError, param
@@ -80,7 +81,7 @@ def score(pred_log: np.ndarray, true_log: np.ndarray, absolute: bool = True,
         return Scores(spearman(pred_log, true_log), kendall_tau(pred_log, true_log), None, None,
                       None)
     err = np.abs(np.exp(pred_log - true_log) - 1)
-    cover = None if sd is None else float(np.mean(np.abs(pred_log - true_log) <= 1.2816 * sd))
+    cover = None if sd is None else float(np.mean(np.abs(pred_log - true_log) <= Z80 * sd))
     return Scores(spearman(pred_log, true_log), kendall_tau(pred_log, true_log),
                   float(np.mean(err)), float(np.mean(err <= 0.10)), float(np.mean(err <= 0.25)),
                   cover)

@@ -27,6 +27,7 @@ import numpy as np
 
 from dlas_predict.crossdev.sources import LatencyMatrix
 from dlas_predict.errors import DlasError
+from dlas_predict.models.base import Z80
 
 #: Candidate latent dimensions and observation-noise multipliers for the inner selection.
 K_CHOICES = (1, 2, 3, 4, 5, 6)
@@ -236,6 +237,17 @@ def _sampled(mat: LatencyMatrix, rng) -> LatencyMatrix:
                          [mat.groups[i] for i in keep] if mat.groups else [])
 
 
+def _left_out(mat: LatencyMatrix, min_rows: int):
+    """Each training device in turn: (the matrix without it, its column, its targets some
+    other device measured), where it has at least ``min_rows`` of them."""
+    for d in mat.devices:
+        rest = mat.without(d)
+        y = mat.column(d)
+        rows = np.flatnonzero(np.isfinite(y) & np.isfinite(rest.log_ms).any(axis=1))
+        if len(rows) >= min_rows:
+            yield rest, y, rows
+
+
 def select(mat: LatencyMatrix, shots: int = 10, draws: int = 3, seed: int = 0
            ) -> tuple[int, float]:
     """(k, noise multiplier) with the best mean Spearman when each training device in turn
@@ -246,12 +258,7 @@ def select(mat: LatencyMatrix, shots: int = 10, draws: int = 3, seed: int = 0
     ks = [k for k in K_CHOICES if k <= len(mat.devices) - 3] or [0]
     for k in ks:
         scores: dict[float, list[float]] = {n: [] for n in NOISE_CHOICES}
-        for d in mat.devices:
-            rest = mat.without(d)
-            y = mat.column(d)
-            rows = np.flatnonzero(np.isfinite(y) & np.isfinite(rest.log_ms).any(axis=1))
-            if len(rows) < shots + 5:
-                continue
+        for rest, y, rows in _left_out(mat, shots + 5):
             base = LatentModel().fit_at(rest, k, 1.0)
             base_noise = base.noise_var_
             picks = [rng.choice(rows, shots, replace=False) for _ in range(draws)]
@@ -267,8 +274,6 @@ def select(mat: LatencyMatrix, shots: int = 10, draws: int = 3, seed: int = 0
     return best
 
 
-#: The normal quantile of an 80 % interval's ends.
-_Z80 = 1.2816
 #: The scales' bounds: a handful of training devices cannot say more than this.
 _SCALE_RANGE = (0.25, 4.0)
 
@@ -285,12 +290,7 @@ def interval_scale(mat: LatencyMatrix, k: int, noise: float, shots: int = 10,
     mat = _sampled(mat, rng)
     adapted = []
     if len(mat.devices) >= 3:
-        for d in mat.devices:
-            rest = mat.without(d)
-            y = mat.column(d)
-            rows = np.flatnonzero(np.isfinite(y) & np.isfinite(rest.log_ms).any(axis=1))
-            if len(rows) < shots + 5:
-                continue
+        for rest, y, rows in _left_out(mat, shots + 5):
             base = LatentModel().fit_at(rest, k, noise)
             for _ in range(draws):
                 p = rng.choice(rows, shots, replace=False)
@@ -299,4 +299,4 @@ def interval_scale(mat: LatencyMatrix, k: int, noise: float, shots: int = 10,
                 adapted.append(np.abs(mean - y[q]) / sd)
     if not adapted:
         return 1.0
-    return float(np.clip(np.quantile(np.concatenate(adapted), 0.8) / _Z80, *_SCALE_RANGE))
+    return float(np.clip(np.quantile(np.concatenate(adapted), 0.8) / Z80, *_SCALE_RANGE))

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from dlas_predict.errors import DlasError
-from dlas_predict.models.base import FITTED_COVERAGE, at_coverage
+from dlas_predict.models.base import FITTED_COVERAGE, Z80, at_coverage
 from dlas_predict.models.ortmodel import MATRIX_PREFIX, RECURRENT_PREFIX
 from dlas_predict.models.ortmodel import TERMS as ORT_TERMS
 
@@ -68,8 +68,6 @@ TERMS_VERSION = "5-" + hashlib.sha1(" ".join(TERMS).encode()).hexdigest()[:8]
 #: NAS-Bench-201 cells sampled for HELP's basis (seeded), and the seed.
 HELP_SAMPLE = 800
 _HELP_SEED = 0
-#: The normal quantile of an 80 % interval's ends.
-_Z80 = 1.2816
 #: Networks a basis device needs before its costs are fitted.
 MIN_BASIS_NETWORKS = 8
 
@@ -190,7 +188,7 @@ class Basis:
         j = self.devices.index(device)
         support = self.supports[j].tolist() if self.supports is not None else []
         return FewShotFit(device, self.sources[j], self.costs[j].tolist(), [1.0, 1.0],
-                          _Z80 * self.spreads[j], 0, [], support=support)
+                          Z80 * self.spreads[j], 0, [], support=support)
 
 
 def basis_of(columns: dict[str, tuple[np.ndarray, np.ndarray]], source: str) -> Basis:
@@ -368,7 +366,7 @@ def fit_few_shot(basis: Basis, X: np.ndarray, ms: np.ndarray,
         ji, si = _select(C[keep], O[keep], ms[keep], variants)
         loo[i] = math.log(_apply(C[i, ji], O[i, ji], si) / ms[i])
     spread = float(np.sqrt(np.mean(loo ** 2)))
-    half = _Z80 * spread * math.sqrt(1 + 1 / n)
+    half = Z80 * spread * math.sqrt(1 + 1 / n)
     support = np.maximum(basis.supports[j], X.max(axis=0)) if basis.supports is not None \
         else X.max(axis=0)
     return FewShotFit(basis.devices[j], basis.sources[j], basis.costs[j].tolist(),
@@ -552,7 +550,7 @@ def onnxruntime_basis(drop=lambda name: False, columns=None) -> Basis:
         support = np.max(run, axis=0) if run else np.zeros(len(TERMS))
         names.append(name)
         rows.append(costs)
-        spreads.append(float(model.q90_["fp32"] - model.q10_["fp32"]) / (2 * _Z80))
+        spreads.append(float(model.q90_["fp32"] - model.q10_["fp32"]) / (2 * Z80))
         supports.append(support)
     shape = (len(rows), len(TERMS))
     return Basis(names, np.array(rows).reshape(shape), [ORT_SOURCE] * len(names), spreads,

@@ -22,6 +22,9 @@ import numpy as np
 
 #: The coverage the models' own intervals are fitted at (their 10 % and 90 % quantiles).
 FITTED_COVERAGE = 0.8
+#: The normal quantile of such an interval's ends: a Gaussian's 80 % interval in log space
+#: is the mean ± Z80 standard deviations.
+Z80 = 1.2816
 
 
 def check_coverage(q: float) -> float:

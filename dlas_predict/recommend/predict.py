@@ -26,14 +26,13 @@ from pathlib import Path
 import numpy as np
 
 from dlas_predict.crossdev.latent import DevicePosterior, LatentModel, interval_scale, select
+from dlas_predict.models.base import Z80
 from dlas_predict.crossdev.sources import LatencyMatrix, load
 from dlas_predict.errors import ConfigError, DeviceError, DlasError, param
 from dlas_predict.paths import cache_dir
 from dlas_predict.space.config import ELBOW_DROP_PP
 from dlas_predict.crossdev.adapted import read_adapted
 
-#: Two-sided 80 % interval of a Gaussian in log space.
-Z80 = 1.2816
 #: The answer of a device adapted on whole networks of another runtime, or one HELP
 #: measured, for any network: its layers priced by kind (:mod:`~dlas_predict.crossdev.layerwise`).
 LAYERWISE = "layerwise"
