@@ -175,6 +175,12 @@ def zero_shot_prior(model: LatentModel, device: str, sibling_of=_LOOK_UP):
     return model.zero_shot(S[-1], S[:-1]), "spec"
 
 
+def placed_zero_shot(model: LatentModel, device: str) -> DevicePosterior:
+    """:func:`zero_shot_prior`'s loading alone: how ``predict`` places a device it has no
+    measurement of (what :func:`~dlas_predict.crossdev.latent.zero_shot_scale` replays)."""
+    return zero_shot_prior(model, device)[0]
+
+
 def _roofline(mat: LatencyMatrix, rows: np.ndarray, device: str) -> np.ndarray | None:
     """Roofline time (log ms) of kernel targets on the device's spec, uncalibrated."""
     from dlas_predict.crossdev.transfer import data_spec
@@ -234,7 +240,7 @@ def leave_one_device_out(mat: LatencyMatrix, shots: tuple[int, ...] = DEFAULT_SH
         if len(rest.devices) < 2:
             raise DlasError(f"leave-one-device-out needs at least three devices in "
                             f"{mat.source} ({len(mat.devices)} have data)")
-        model = LatentModel(seed=seed).fit(rest)
+        model = LatentModel(seed=seed, zero_shot_of=placed_zero_shot).fit(rest)
         rows = mat.measured(d)
         if not mat.features.size:
             rows = rows[np.isfinite(model.Z_[rows]).all(axis=1)]

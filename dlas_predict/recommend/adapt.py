@@ -17,10 +17,11 @@ from pathlib import Path
 import numpy as np
 
 from dlas_predict.crossdev.adapted import adapted_path, checked_name
+from dlas_predict.crossdev.evaluate import placed_zero_shot
 from dlas_predict.errors import DlasError
 from dlas_predict.recommend.predict import (DISAGREE, LAYERWISE, MIN_ROWS, ConfigChoice, Target,
                                             basis, is_x86, parse_config, parse_target,
-                                            predict_network, prior_of, rows_of)
+                                            predict_network, rows_of)
 
 
 @dataclass
@@ -157,7 +158,7 @@ def adapt(device: str, measurements: Path, data: Path | None = None) -> AdaptRep
         uniq.setdefault(k, []).append(i)
     Zu = np.vstack([Z[v[0]] for v in uniq.values()])
     yu = np.array([y[v].mean() for v in uniq.values()])
-    prior = prior_of(device, model) if device in device_names() else model.zero_shot()
+    prior = placed_zero_shot(model, device) if device in device_names() else model.zero_shot()
     post = model.adapt(Zu, yu, prior)
     loo = np.array([Zu[i] @ model.adapt(np.delete(Zu, i, 0), np.delete(yu, i), prior).mean
                     for i in range(len(yu))])

@@ -11,9 +11,10 @@ A device is answered from the cross-device model of the data source its targets 
 The latency's source says how the device is known: ``trained`` (the device is one of the
 source's devices: its loading was fitted on its own data), ``adapted`` (``adapt`` fitted it
 from the user's measurements; saved under ``DLAS_HOME/adapted``) or ``zero-shot`` (its
-spec, or the mean device). Whole networks other than NAS-Bench-201 are answered by
-``recommend`` on devices with a trained model; cross-device prediction of arbitrary
-networks is not built yet, and asking for it is an error that says so.
+spec, or the mean device). Any other whole network (an ONNX file, ``zoo:NAME``) is priced
+by ``recommend``'s engine (the device's models, or a reference's mapped to it:
+:func:`predict_network`), or, on a device adapted on another runtime's whole networks and
+on HELP's devices, from its layers by kind (:mod:`~dlas_predict.crossdev.layerwise`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
-from dlas_predict.crossdev.latent import DevicePosterior, LatentModel, interval_scale, select
+from dlas_predict.crossdev.evaluate import placed_zero_shot
+from dlas_predict.crossdev.latent import (DevicePosterior, LatentModel, interval_scale, select,
+                                          zero_shot_scale)
 from dlas_predict.models.base import Z80
 from dlas_predict.crossdev.sources import LatencyMatrix, load
 from dlas_predict.errors import ConfigError, DeviceError, DlasError, param
@@ -260,7 +263,7 @@ def basis(source: str, level: str, data: str | None = None) -> tuple[LatencyMatr
     noise) and the intervals' scale are cached under DLAS_HOME by the data's shape."""
     mat = load(source, level, Path(data) if data else None)
     key = (f"{source}-{level}-{len(mat.targets)}x{len(mat.devices)}-"
-           f"{int(np.isfinite(mat.log_ms).sum())}-scaled")
+           f"{int(np.isfinite(mat.log_ms).sum())}-scaled-zero-shot")
     path = cache_dir("crossdev") / "selection.json"
     try:
         chosen = json.loads(path.read_text())
@@ -268,11 +271,12 @@ def basis(source: str, level: str, data: str | None = None) -> tuple[LatencyMatr
         chosen = {}
     if key not in chosen:
         k, noise = select(mat)
-        chosen[key] = [k, noise, interval_scale(mat, k, noise)]
+        chosen[key] = [k, noise, interval_scale(mat, k, noise),
+                       zero_shot_scale(mat, k, noise, placed_zero_shot)]
         path.write_text(json.dumps(chosen, indent=1))
-    k, noise, scale = chosen[key]
-    model = LatentModel().fit_at(mat, int(k), float(noise))
-    model.interval_scale_ = float(scale)
+    k, noise, scale, zero_scale = chosen[key]
+    model = LatentModel(zero_shot_of=placed_zero_shot).fit_at(mat, int(k), float(noise))
+    model.interval_scale_, model.zero_shot_scale_ = float(scale), float(zero_scale)
     return mat, model
 
 
@@ -281,7 +285,7 @@ def posterior_of(device: str, source: str, level: str, mat: LatencyMatrix,
     adapted = read_adapted(device)
     if adapted is not None and adapted["source"] == source and adapted.get("targets"):
         rows, y = rows_of(mat, model, adapted["targets"]), np.array(adapted["log_ms"])
-        return model.adapt(rows, y, prior_of(device, model))
+        return model.adapt(rows, y, placed_zero_shot(model, device))
     if device in model.devices_:
         j = model.devices_.index(device)
         return DevicePosterior(model.loadings_[j], np.zeros_like(model.prior_cov_), "trained",
@@ -297,13 +301,7 @@ def posterior_of(device: str, source: str, level: str, mat: LatencyMatrix,
         raise DeviceError(f"unknown device {device!r}: it has neither a spec (`devices add`) "
                           f"nor measurements (`adapt --device {device} --measurements "
                           "FILE.csv`)")
-    return prior_of(device, model)
-
-
-def prior_of(device: str, model: LatentModel) -> DevicePosterior:
-    from dlas_predict.crossdev.evaluate import zero_shot_prior
-
-    return zero_shot_prior(model, device)[0]
+    return placed_zero_shot(model, device)
 
 
 def rows_of(mat: LatencyMatrix, model: LatentModel, keys: list[str]) -> np.ndarray:
