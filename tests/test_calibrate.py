@@ -53,7 +53,7 @@ class Kernels:
         if self.stop_after is not None and len(self.asked) >= self.stop_after:
             raise KeyboardInterrupt  # the process killed mid-calibration
         self.asked.append(k.key)
-        factor = {"dense": 1.0, "float16": 1.6, "int8": 0.7}[k.compression]
+        factor = {"float16": 1.6, "int8": 0.7}.get(k.compression, 1.0)
         return 0.002 * ConvSpec.parse(k.conv).macs / 1e6 * factor + 0.01, ""
 
 
@@ -289,6 +289,35 @@ def test_the_demo_calibrates_a_cpu_only_until_it_is_calibrated(uncalibrated):
     assert cal.needed("local")
     cal.run("local", 5.0, [str(DEMO_NETWORK)], Kernels(), Networks(), clock=Clock())
     assert not cal.needed("local")
+
+
+def test_the_kernel_pool_holds_the_narrow_layers_of_channel_pruned_plans(tmp_path,
+                                                                         monkeypatch):
+    """Calibration's kernel pool holds each network's layers at the shapes its channel-
+    pruned plans run (its zeroed filters removed), beside the dense ones; a network whose
+    weights cannot be pruned keeps its dense layers alone."""
+    from dlas_predict.compression.compress import cached_channel_removed
+    from dlas_predict.recommend import active
+    from dlas_predict.space.config import ConvSpec
+
+    monkeypatch.setenv("DLAS_HOME", str(tmp_path))
+    dense = active.pool_from_networks([str(DEMO_NETWORK)])
+    pool = active.pool_from_networks([str(DEMO_NETWORK)], cal.CHANNEL_RATIOS)
+    assert {k.key for k in dense.kernels} < {k.key for k in pool.kernels}
+    removed = cached_channel_removed(str(DEMO_NETWORK), cal.CHANNEL_RATIOS)
+    narrow = {spec.to_spec() for layers, _ in removed.values() for spec, _ in layers}
+    wide = {k.conv for k in dense.kernels}
+    assert narrow - wide and narrow - wide <= {k.conv for k in pool.kernels}
+    smallest = min((ConvSpec.parse(k.conv) for k in pool.kernels), key=lambda c: c.macs)
+    assert smallest.macs < min(ConvSpec.parse(c).macs for c in wide)
+    assert {p[1] for p in pool.plans} >= {"dense", "channel_pruning@0.5",
+                                          "channel_pruning@0.9"}
+    # a network of no constant weights (a graph input) has nothing to prune: dense alone
+    monkeypatch.setattr("dlas_predict.compression.compress.cached_channel_removed",
+                        lambda *a: (_ for _ in ()).throw(DlasError("no weights")))
+    assert {k.key for k in active.pool_from_networks([str(DEMO_NETWORK)],
+                                                      cal.CHANNEL_RATIOS).kernels} == \
+        {k.key for k in dense.kernels}
 
 
 @pytest.mark.slow

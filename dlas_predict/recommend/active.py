@@ -378,13 +378,19 @@ def save_adapted(device: str, curve: Curve, pool: Pool, measured: list[str]) -> 
     return path
 
 
-def pool_from_networks(networks: list[str]) -> Pool:
+def pool_from_networks(networks: list[str], channel_ratios: tuple[float, ...] = ()) -> Pool:
     """The pool of networks measured live: each conv layer × algorithm, dense, float16 and
-    int8 (pruned kernels need recorded sparsities: replay them from a snapshot)."""
+    int8; with ``channel_ratios``, each network channel-pruned at those ratios too, its
+    layers at the shapes that removing its zeroed filters leaves (the kernels its
+    channel-pruned plans run; a network whose weights cannot be pruned has none). Weight
+    pruning's kernels need recorded sparsities: replay them from a snapshot."""
     import pandas as pd
 
+    from dlas_predict.compression.compress import cached_channel_removed
+    from dlas_predict.compression.netplan import config_label, kernel_ratio
     from dlas_predict.networks import zoo
     from dlas_predict.networks.graph import read_network
+    from dlas_predict.space.config import Compression
 
     rows = []
     for net in networks:
@@ -393,6 +399,15 @@ def pool_from_networks(networks: list[str]) -> Pool:
             for comp in ("dense", "float16", "int8"):
                 rows.append({"network": n.name, "config": comp, "layer_index": i,
                              "conv": c.spec.to_spec(), "compression": comp, "ratio": 0.0})
+        try:
+            removed = cached_channel_removed(net, channel_ratios) if channel_ratios else {}
+        except DlasError:
+            removed = {}
+        for r, (layers, _) in sorted(removed.items()):
+            cfg = config_label(Compression.CHANNEL_PRUNING, r)
+            rows.extend({"network": n.name, "config": cfg, "layer_index": i,
+                         "conv": spec.to_spec(), "compression": "channel_pruning",
+                         "ratio": kernel_ratio(sp)} for i, (spec, sp) in enumerate(layers))
     if not rows:
         raise DlasError("these networks have no conv layer")
     return _pool(pd.DataFrame(rows), {})

@@ -7,8 +7,9 @@ models, mapped by its spec (zero-shot). Calibration measures it:
    ``devices --measure-peaks``, about 15 s): the map scales the reference's latencies by
    them, and ``/proc/cpuinfo``'s base clock can be far below the clock the cores sustain.
 1. **Kernels**: active learning (:func:`dlas_predict.recommend.active.run`) over the conv
-   kernels of the calibration networks, until the kernel share of the time budget is
-   spent; the adapted kernel map (offset, slope, group and shape offsets) is fitted.
+   kernels of the calibration networks and the narrower layers of their channel-pruned
+   plans (:data:`CHANNEL_RATIOS`), until the kernel share of the time budget is spent; the
+   adapted kernel map (offset, slope, group and shape offsets) is fitted.
 2. **Whole networks**: with that map in place, networks are priced (by default the
    calibration networks, the rest of the calibration set, then :data:`GENERATED`: CNNs of
    each block style, a transformer, recurrent networks and an MLP) and a few of their
@@ -77,6 +78,9 @@ MIN_SCALE_ROWS, MIN_SCALE_NETWORKS = 6, 3
 #: The weight of the prior that the two onnxruntime scales are equal, in relative-error
 #: rows.
 SCALE_PRIOR = 0.5
+#: The channel-pruning ratios whose smaller layers join the kernels' pool: the narrow
+#: shapes a channel-pruned plan runs, which the reference's map prices worst.
+CHANNEL_RATIOS = (0.5, 0.9)
 #: Kernel measurements at most: whole networks say more per minute once the kernel map
 #: has settled (on a 2-core Zen 4, 150 kernels took about a minute).
 MAX_KERNELS = 150
@@ -209,7 +213,7 @@ def run(device: str, minutes: float, networks: list[str] | None,
     if live and dev.source != "measured":
         dev = _measure_roofs(dev, say)
     nets = calibration_networks(networks)
-    pool = active.pool_from_networks(nets)
+    pool = active.pool_from_networks(nets, CHANNEL_RATIOS)
     # whole networks: the kernels' networks, then (by default) the calibration set's
     # others and the generated networks of every family
     home = memo_path.parent if memo_path else dlas_home() / "calibrate"
