@@ -185,6 +185,10 @@ class Scores:
     layer_mape: float | None = None
     top3_gap: float | None = None
     top3_within_5pct: float | None = None
+    #: the share of measured times inside the predicted 80 % interval (whole networks priced
+    #: as ``recommend`` prices them: the layers' intervals summed, widened by the network
+    #: model's own error)
+    coverage: float | None = None
 
     def to_dict(self) -> dict:
         out = {} if self.layer_mape is None else {"layer_mape": self.layer_mape}
@@ -194,6 +198,8 @@ class Scores:
             out["top3_gap"] = self.top3_gap
         if self.top3_within_5pct is not None:
             out["top3_within_5pct"] = self.top3_within_5pct
+        if self.coverage is not None:
+            out["coverage"] = self.coverage
         return out
 
 
@@ -615,6 +621,10 @@ def whole_network_lono(corpus: Corpus, rows: list[WholeRow], seed: int = 0,
     T_meas = whole_terms(corpus, rows, layer_meas)
     per_net: dict[str, HeldOutNetwork] = {}
     pooled = {m: ([], []) for m in WHOLE_MODELS}
+    # by model: whether each held-out row's truth lies in its 80 % interval (one network's
+    # rows while it is held out; then every network's)
+    inside: dict[str, np.ndarray] = {}
+    pooled_inside: dict[str, list[bool]] = {}
     corrected = set()  # whether each held-out network's model had a correction
     for net in networks:
         test = [i for i, r in enumerate(rows) if r.network == net]
@@ -649,11 +659,17 @@ def whole_network_lono(corpus: Corpus, rows: list[WholeRow], seed: int = 0,
             label = {"lightgbm": "lightgbm+residual", "stage": "stage+residual",
                      "roofline": "roofline+residual",
                      "macs_linear": "macs_linear+residual"}[name]
-            preds[label] = residual.predict(NetworkInputs.point(
-                whole_terms(corpus, held, layer_s), conv, X))
+            terms = whole_terms(corpus, held, layer_s)
+            preds[label] = residual.predict(NetworkInputs.point(terms, conv, X))
             if name == "lightgbm":
                 preds["lightgbm_conv_sum"] = conv
                 preds["ranker"] = -ranker.predict(X)  # lower is better, like a latency
+                lo, hi = model.predict_interval(corpus.X[used])
+                lo, hi = dict(zip(used, lo)), dict(zip(used, hi))
+                low, high = residual.predict_interval(NetworkInputs(
+                    terms, conv, np.array([sum(lo[k] for k in r.rows) for r in held]),
+                    np.array([sum(hi[k] for k in r.rows) for r in held]), X))
+                inside[label] = (truth[test] >= low) & (truth[test] <= high)
         t = truth[test]
         per_net[net] = HeldOutNetwork(len(test), {})
         for name, p in preds.items():
@@ -662,10 +678,13 @@ def whole_network_lono(corpus: Corpus, rows: list[WholeRow], seed: int = 0,
                 mape=None if ranking_only else mape(p, t),
                 within_10pct=None if ranking_only else within(p, t),
                 kendall_tau=kendall_tau(p, t), top1_hit=top1_hit(p, t), regret=regret(p, t),
-                top3_gap=_top3_gap(p, t))
+                top3_gap=_top3_gap(p, t),
+                coverage=float(np.mean(inside[name])) if name in inside else None)
             if not ranking_only:
                 pooled[name][0].extend(p)
                 pooled[name][1].extend(t)
+            if name in inside:
+                pooled_inside.setdefault(name, []).extend(inside.pop(name))
     if not per_net:
         raise DlasError("no network has two measured whole-network configurations")
     overall = {}
@@ -679,7 +698,8 @@ def whole_network_lono(corpus: Corpus, rows: list[WholeRow], seed: int = 0,
             top1_hit=float(np.mean([n.top1_hit for n in nets])),
             regret=float(np.mean([n.regret for n in nets])),
             top3_gap=float(np.mean([n.top3_gap for n in nets])),
-            top3_within_5pct=float(np.mean([n.top3_gap <= 1.05 for n in nets])))
+            top3_within_5pct=float(np.mean([n.top3_gap <= 1.05 for n in nets])),
+            coverage=float(np.mean(pooled_inside[name])) if name in pooled_inside else None)
     if corrected == {True}:
         network_model = "the linear terms times the correction"
     elif corrected == {False}:
