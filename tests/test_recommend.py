@@ -441,12 +441,15 @@ def test_channel_pruning_is_priced_as_the_network_with_its_zeroed_filters_remove
     assert gemm[Compression.CHANNEL_PRUNING].predicted_s < gemm[Compression.DENSE].predicted_s
 
 
-def test_onnxruntime_rows_move_with_the_map_where_its_model_is_another_machines():
+def test_onnxruntime_rows_move_with_the_map_where_its_model_is_another_machines(monkeypatch):
     """With the layer model mapped from a reference machine, onnxruntime's rows (its model
     that reference's) are scaled by the network's ratio of mapped to reference dense float32
-    kernel time and take the map's source; on the machine the model was trained on, they
-    stay as predicted."""
+    kernel time and take the map's source; where our kernels' code is not the CPU's own
+    instruction set, which onnxruntime runs, also by the map's compute term between the two;
+    on the machine the model was trained on, they stay as predicted."""
     from types import SimpleNamespace
+
+    from dlas_predict.crossdev import transfer
 
     from dlas_predict.recommend.search import _map_onnxruntime
     from dlas_predict.recommend.candidates import Candidate
@@ -464,10 +467,14 @@ def test_onnxruntime_rows_move_with_the_map_where_its_model_is_another_machines(
     mid = np.array([0.5, 1.5, 50.0, 70.0])  # dense untuned: ×0.5 (int8 and tuned: not read)
     low, high = mid * 0.5, mid * 3.0
     model = SimpleNamespace(meta={"onnxruntime_fingerprints": ["aaaa"], "cpu_model": "Zen"})
-    su = SimpleNamespace(mapping=SimpleNamespace(source="zero-shot", onnxruntime_offsets={}),
+    cpu = dict(kind="cpu", simd_bits=256)
+    su = SimpleNamespace(mapping=SimpleNamespace(source="zero-shot", onnxruntime_offsets={},
+                                                 alpha=0.8),
                          ort_model=model,
-                         dev=SimpleNamespace(name="local", fingerprint="bbbb"),
+                         dev=SimpleNamespace(name="local", fingerprint="bbbb", **cpu),
+                         ref_dev=SimpleNamespace(name="local", fingerprint="aaaa", **cpu),
                          ort_here=False, ort_elsewhere=True, ort_machine="Zen", notes=[])
+    monkeypatch.setattr(transfer, "onnxruntime_roof_ratio", lambda dev: 1.0)
     ort = rows()
     _map_onnxruntime(ort, su, kernels, own, (mid, low, high))
     assert [c.predicted_s for c in ort] == pytest.approx([1e-3, 0.5e-3])
@@ -475,6 +482,16 @@ def test_onnxruntime_rows_move_with_the_map_where_its_model_is_another_machines(
     assert ort[0].low_s == pytest.approx(1.8e-3 * 0.5 * 0.5)
     assert ort[0].high_s == pytest.approx(2.2e-3 * 0.5 * 3.0)
     assert len(su.notes) == 1 and "scaled by ×0.50" in su.notes[0]
+    assert "instruction sets" not in su.notes[0]
+    # this device's kernels run code of half the width its CPU's own (which onnxruntime
+    # runs): its rows take the map's compute term between the two, 2 ** -alpha
+    monkeypatch.setattr(transfer, "onnxruntime_roof_ratio",
+                        lambda dev: 2.0 if dev.fingerprint == "bbbb" else 1.0)
+    ort, su.notes = rows(), []
+    _map_onnxruntime(ort, su, kernels, own, (mid, low, high))
+    assert [c.predicted_s for c in ort] == pytest.approx([1e-3 * 2 ** -0.8,
+                                                          0.5e-3 * 2 ** -0.8])
+    assert "instruction sets" in su.notes[0]
     # trained here (or no map): untouched
     here = SimpleNamespace(name="local", fingerprint="aaaa")
     same = rows()

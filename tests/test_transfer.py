@@ -351,3 +351,41 @@ def test_an_offset_every_measurement_shares_reaches_the_kernels_not_measured():
     assert np.exp(unseen[0]) == pytest.approx(0.6, rel=0.1)
     assert max(abs(v) for v in m.conv_offsets.values()) < 0.1
     assert transfer.PRIOR_ROWS["offset"] < min(transfer.PRIOR_ROWS[k] for k in ("group", "conv"))
+
+
+@pytest.mark.machine
+def test_onnxruntime_is_mapped_between_each_cpu_s_own_instruction_sets(monkeypatch):
+    """onnxruntime runs a CPU's own instruction set whatever our kernels are built for: the
+    roof it runs at over a device's own is 1 for code of the CPU's own level, above 1 for a
+    profile of a lower level (measured where both roofs are, here or in the shipped data)
+    and for this CPU under DLAS_FORCE_ISA; a GPU has none."""
+    import platform
+
+    from dlas_predict.crossdev.transfer import data_spec, onnxruntime_roof_ratio
+    from dlas_predict.space import devices as D
+
+    assert onnxruntime_roof_ratio(data_spec("local")) == 1.0
+    assert onnxruntime_roof_ratio(data_spec("local-native-1t")) == 1.0
+    assert onnxruntime_roof_ratio(data_spec("h100")) == 1.0
+    sse = data_spec("local-sse42-1t")  # the shipped data's machine, both roofs measured
+    native_1t = D.measured_peaks(data_spec("local-native-1t").fingerprint)
+    assert onnxruntime_roof_ratio(sse) == pytest.approx(
+        native_1t["peak_gflops"]["float32"] / sse.peak_gflops["float32"])
+    here = D.get_device("local", with_target=False)
+    assert (onnxruntime_roof_ratio(here) > 1.0) == (D.forced_isa() is not None)
+    lower = [n for n in D.profile_names() if "native" not in n]
+    if platform.machine() not in ("x86_64", "AMD64") or not lower:
+        pytest.skip("no profile of a lower x86-64 level on this CPU")
+    for name in lower:
+        assert onnxruntime_roof_ratio(D.get_device(name, with_target=False)) > 1.0
+    if D.native_simd_bits() == 128:
+        return
+    monkeypatch.setenv(D.FORCE_ISA_ENV, "sse42")
+    D._cpuinfo.cache_clear()
+    try:
+        forced = D.get_device("local", with_target=False)
+        assert forced.simd_bits == 128
+        assert onnxruntime_roof_ratio(forced) > 1.0
+    finally:
+        monkeypatch.undo()
+        D._cpuinfo.cache_clear()

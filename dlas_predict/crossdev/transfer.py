@@ -377,6 +377,44 @@ def data_spec(name: str):
     return features_device(dev, meta)
 
 
+def onnxruntime_roof_ratio(dev) -> float:
+    """The float32 roof onnxruntime's kernels run at on ``dev``'s CPU over ``dev``'s own.
+    onnxruntime picks the CPU's own instruction set whatever code our kernels are built for:
+    on a profile of a lower x86-64 level, or on this CPU under ``DLAS_FORCE_ISA``, it runs
+    wider vectors than ours. Both roofs measured where they are (the CPU's own at ``dev``'s
+    threads: its ``local``, or its native one-thread profile), else the ratio of the two
+    vector widths; 1 where ``dev``'s code is its CPU's own, or its CPU is not known."""
+    from dlas_predict.space import devices as D
+
+    if dev.kind != "cpu" or not dev.simd_bits or not of_this_machine(dev.name):
+        return 1.0
+    parts = dev.name.split("-")
+    if dev.name == D.LOCAL:
+        level, threads = None, dev.cores
+    else:
+        level = next(lv for lv in D.ISA_LEVELS if lv.name == parts[1])
+        threads = int(parts[2][:-1])
+    here = dev.fingerprint in (D.local_fingerprint(), *(
+        D.profile_fingerprint(D.local_fingerprint(), lv, threads) for lv in D.ISA_LEVELS))
+    if here:  # this CPU (forced to a level, or a profile of it)
+        level = level or D.forced_isa()
+        machine, cores, simd = D.native_fingerprint(), D.local_cores(), D.native_simd_bits()
+    else:  # a device of the shipped data: a profile of the machine its `local` is of
+        own = data_spec(D.LOCAL)
+        machine, cores, simd = own.fingerprint, own.cores, own.simd_bits
+        if level is None or dev.fingerprint != D.profile_fingerprint(machine, level, threads):
+            return 1.0
+    if level is None or level.mcpu is None or not simd:
+        return 1.0
+    native = machine if threads == cores else D.profile_fingerprint(
+        machine, next(lv for lv in D.ISA_LEVELS if lv.mcpu is None), threads)
+    measured = D.measured_peaks(native) or {}
+    peak = (measured.get("peak_gflops") or {}).get("float32")
+    if peak and dev.source == "measured" and dev.peak_gflops.get("float32"):
+        return float(peak / dev.peak_gflops["float32"])
+    return simd / dev.simd_bits
+
+
 def same_code(ref, device) -> bool:
     """``ref`` is ``device``'s processor with the same code: a CPU of the same model and
     vector width (another thread count or clock)."""

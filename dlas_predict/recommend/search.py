@@ -504,8 +504,13 @@ def _map_onnxruntime(ort: list[Candidate], su: _Setup, kernels: list[tuple], own
     network's own ratio of mapped to reference time of its dense float32 untuned kernels
     (every algorithm, summed), so that both backends move together, and its interval widens
     by the map's. One ratio for every mode: onnxruntime's CPU kernels are not ours, and its
-    float16 runs in float32 between casts. Rows so priced are the map's (zero-shot or
-    adapted)."""
+    float16 runs in float32 between casts. onnxruntime runs each CPU's own instruction set,
+    so where ours are built for another on either machine (a profile of a lower x86-64
+    level, or ``DLAS_FORCE_ISA``), the ratio also moves by the map's compute term between
+    the two (:func:`~dlas_predict.crossdev.transfer.onnxruntime_roof_ratio`). Rows so
+    priced are the map's (zero-shot or adapted)."""
+    from dlas_predict.crossdev.transfer import onnxruntime_roof_ratio
+
     if su.mapping is None or su.ort_model is None or su.ort_here:
         return
     if ort and su.mapping.onnxruntime_offsets:  # calibrated here: not our kernels' ratio
@@ -519,16 +524,22 @@ def _map_onnxruntime(ort: list[Candidate], su: _Setup, kernels: list[tuple], own
         if su.ort_elsewhere:  # not scaled: as without a map
             su.notes.append(_ORT_ELSEWHERE.format(su.ort_machine))
         return
-    r = mid.sum() / own.sum()
+    # onnxruntime runs each CPU's own instruction set, whatever code our kernels are built
+    # for: the map's compute term between the two instruction sets, on each side
+    isa = (onnxruntime_roof_ratio(su.ref_dev) / onnxruntime_roof_ratio(su.dev)) \
+        ** su.mapping.alpha
+    r = mid.sum() / own.sum() * isa
     lo, hi = min(low.sum() / mid.sum(), 1.0), max(high.sum() / mid.sum(), 1.0)
     for c in ort:
         c.basis_s = c.predicted_s
         c.predicted_s, c.low_s, c.high_s = c.predicted_s * r, c.low_s * r * lo, c.high_s * r * hi
         c.source = su.mapping.source
+    own_isa = (f", and by ×{isa:.2f} for the instruction sets onnxruntime runs there and "
+               "here (each CPU's own, not our kernels' code)" if abs(isa - 1) > 0.02 else "")
     su.notes.append(f"the onnxruntime model was trained on another machine "
                     f"({su.ort_machine}): its latencies are scaled by ×{r:.2f}, this "
                     f"network's ratio of its dense float32 kernels' times mapped to "
-                    f"{su.dev.name} to that machine's ({su.mapping.source})")
+                    f"{su.dev.name} to that machine's ({su.mapping.source}){own_isa}")
 
 
 def _offset_rows(cands: list[Candidate], offsets: list[float], q: tuple[float, float],

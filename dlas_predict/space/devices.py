@@ -268,6 +268,32 @@ def local_fingerprint() -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def native_fingerprint() -> str:
+    """This machine's fingerprint at its own instruction set: :func:`local_fingerprint` as
+    it is without ``DLAS_FORCE_ISA``."""
+    model, flags, _, _ = _native_cpuinfo()
+    key = {"model": model, "cores": local_cores(), "machine": platform.machine(),
+           "flags": sorted(f for f in flags if f in _FINGERPRINT_FLAGS)}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _simd_bits(flags) -> int | None:
+    """The vector width of the widest SIMD extension among ``flags`` (None: none known)."""
+    if "avx512f" in flags:
+        return 512
+    if "avx2" in flags or "avx" in flags:
+        return 256
+    if set(flags) & {"asimd", "neon", "sse2"}:
+        return 128
+    return None
+
+
+def native_simd_bits() -> int | None:
+    """The vector width of this CPU's own instruction set, whatever ``DLAS_FORCE_ISA``
+    forces."""
+    return _simd_bits(_native_cpuinfo()[1])
+
+
 def _cpu_id() -> str:
     """The x86 CPU's family and model numbers (``25/17``), or ""."""
     return _native_cpuinfo()[3]
@@ -386,14 +412,7 @@ def detect_local(with_target: bool = True) -> Device:
     model, flags, mhz = _cpuinfo()
     cores = local_cores()
     fp = local_fingerprint()
-    if "avx512f" in flags:
-        simd = 512
-    elif "avx2" in flags or "avx" in flags:
-        simd = 256
-    elif flags & {"asimd", "neon", "sse2"}:
-        simd = 128
-    else:
-        simd = None
+    simd = _simd_bits(flags)
     ghz = mhz / 1000 if mhz else None
     target: dict[str, Any] = {"kind": "llvm"}
     if with_target:
