@@ -372,7 +372,7 @@ def calibrate(device: str = typer.Option("local", "--device", help="This machine
 def _score_rows(report, models) -> list[dict]:
     """One table row per (held-out network or OVERALL, model) of an evaluation report."""
     pct = (lambda v, f: "—" if v is None else format(v, f))
-    held = any(s.coverage is not None for s in report.overall.values())
+    intervals = any(s.coverage is not None for s in report.overall.values())
     rows = []
     for net, scores, n in [*((k, h.scores, h.configurations) for k, h in report.networks.items()),
                            ("OVERALL", report.overall, "")]:
@@ -386,7 +386,7 @@ def _score_rows(report, models) -> list[dict]:
                         "regret": f"{r.regret:.3f}"})
             if r.top3_gap is not None:
                 row["top-3 gap"] = f"{r.top3_gap:.3f}"
-            if held:
+            if intervals:
                 row["80% holds"] = pct(r.coverage, ".0%")
             rows.append(row)
     return rows

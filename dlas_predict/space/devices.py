@@ -261,19 +261,23 @@ def local_fingerprint() -> str:
     flags cut to one level, two generations (or a CPU of that level itself) would share one
     key."""
     model, flags, _ = _cpuinfo()
-    key = {"model": model, "cores": local_cores(), "machine": platform.machine(),
-           "flags": sorted(f for f in flags if f in _FINGERPRINT_FLAGS)}
-    if set(key["flags"]) != {f for f in _native_cpuinfo()[1] if f in _FINGERPRINT_FLAGS}:
-        key["cpu_id"] = _cpu_id()
-    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    forced = {f for f in flags if f in _FINGERPRINT_FLAGS} != \
+        {f for f in _native_cpuinfo()[1] if f in _FINGERPRINT_FLAGS}
+    return _fingerprint(model, flags, _cpu_id() if forced else None)
 
 
 def native_fingerprint() -> str:
     """This machine's fingerprint at its own instruction set: :func:`local_fingerprint` as
     it is without ``DLAS_FORCE_ISA``."""
     model, flags, _, _ = _native_cpuinfo()
+    return _fingerprint(model, flags)
+
+
+def _fingerprint(model: str, flags, cpu_id: str | None = None) -> str:
     key = {"model": model, "cores": local_cores(), "machine": platform.machine(),
            "flags": sorted(f for f in flags if f in _FINGERPRINT_FLAGS)}
+    if cpu_id is not None:
+        key["cpu_id"] = cpu_id
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
