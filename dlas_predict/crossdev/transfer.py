@@ -388,15 +388,8 @@ def onnxruntime_roof_ratio(dev) -> float:
 
     if dev.kind != "cpu" or not dev.simd_bits or not of_this_machine(dev.name):
         return 1.0
-    parts = dev.name.split("-")
-    if dev.name == D.LOCAL:
-        level, threads = None, dev.cores
-    else:
-        level = next(lv for lv in D.ISA_LEVELS if lv.name == parts[1])
-        threads = int(parts[2][:-1])
-    here = dev.fingerprint in (D.local_fingerprint(), *(
-        D.profile_fingerprint(D.local_fingerprint(), lv, threads) for lv in D.ISA_LEVELS))
-    if here:  # this CPU (forced to a level, or a profile of it)
+    level, threads = D.profile_code(dev.name) or (None, dev.cores)
+    if dev.fingerprint == D.fingerprint_here(dev.name):  # this CPU, forced or a profile
         level = level or D.forced_isa()
         machine, cores, simd = D.native_fingerprint(), D.local_cores(), D.native_simd_bits()
     else:  # a device of the shipped data: a profile of the machine its `local` is of
@@ -406,9 +399,7 @@ def onnxruntime_roof_ratio(dev) -> float:
             return 1.0
     if level is None or level.mcpu is None or not simd:
         return 1.0
-    native = machine if threads == cores else D.profile_fingerprint(
-        machine, next(lv for lv in D.ISA_LEVELS if lv.mcpu is None), threads)
-    measured = D.measured_peaks(native) or {}
+    measured = D.measured_peaks(D.native_fingerprint_at(machine, threads, cores)) or {}
     peak = (measured.get("peak_gflops") or {}).get("float32")
     if peak and dev.source == "measured" and dev.peak_gflops.get("float32"):
         return float(peak / dev.peak_gflops["float32"])

@@ -621,12 +621,11 @@ def whole_network_lono(corpus: Corpus, rows: list[WholeRow], seed: int = 0,
     T_meas = whole_terms(corpus, rows, layer_meas)
     per_net: dict[str, HeldOutNetwork] = {}
     pooled = {m: ([], []) for m in WHOLE_MODELS}
-    # by model: whether each held-out row's truth lies in its 80 % interval (one network's
-    # rows while it is held out; then every network's)
-    inside: dict[str, np.ndarray] = {}
+    # by model: whether each held-out row's truth lies in its 80 % interval
     pooled_inside: dict[str, list[bool]] = {}
     corrected = set()  # whether each held-out network's model had a correction
     for net in networks:
+        inside: dict[str, np.ndarray] = {}  # the same, this network's rows
         test = [i for i, r in enumerate(rows) if r.network == net]
         # the network model that prices the held-out network: a CNN's learns from CNNs, a
         # matrix network's from every network
@@ -684,7 +683,7 @@ def whole_network_lono(corpus: Corpus, rows: list[WholeRow], seed: int = 0,
                 pooled[name][0].extend(p)
                 pooled[name][1].extend(t)
             if name in inside:
-                pooled_inside.setdefault(name, []).extend(inside.pop(name))
+                pooled_inside.setdefault(name, []).extend(inside[name])
     if not per_net:
         raise DlasError("no network has two measured whole-network configurations")
     overall = {}

@@ -275,7 +275,7 @@ def basis(source: str, level: str, data: str | None = None) -> tuple[LatencyMatr
                        zero_shot_scale(mat, k, noise, placed_zero_shot)]
         path.write_text(json.dumps(chosen, indent=1))
     k, noise, scale, zero_scale = chosen[key]
-    model = LatentModel(zero_shot_of=placed_zero_shot).fit_at(mat, int(k), float(noise))
+    model = LatentModel().fit_at(mat, int(k), float(noise))
     model.interval_scale_, model.zero_shot_scale_ = float(scale), float(zero_scale)
     return mat, model
 

@@ -542,10 +542,28 @@ def corpus_device(name: str, fingerprint: str) -> Device:
 
 def is_profile_name(name: str) -> bool:
     """A name of the form ``local-LEVEL-Nt`` (a profile here or on another machine)."""
+    return profile_code(name) is not None
+
+
+def profile_code(name: str) -> "tuple[IsaLevel, int] | None":
+    """The ISA level and threads a profile's name ``local-LEVEL-Nt`` names (None: not such
+    a name)."""
     parts = name.split("-")
-    return (len(parts) == 3 and parts[0] == LOCAL
-            and parts[1] in {lv.name for lv in ISA_LEVELS}
-            and parts[2].endswith("t") and parts[2][:-1].isdigit())
+    if not (len(parts) == 3 and parts[0] == LOCAL and parts[2].endswith("t")
+            and parts[2][:-1].isdigit()):
+        return None
+    level = next((lv for lv in ISA_LEVELS if lv.name == parts[1]), None)
+    return None if level is None else (level, int(parts[2][:-1]))
+
+
+def native_fingerprint_at(machine: str, threads: int, cores: int) -> str:
+    """The fingerprint of the code of its own ISA at ``threads`` on the machine whose
+    ``local`` fingerprint is ``machine`` (of ``cores`` cores): ``local`` itself at every
+    core (as :func:`_profile_specs` names it), else its native profile."""
+    if threads == cores:
+        return machine
+    return profile_fingerprint(machine, next(lv for lv in ISA_LEVELS if lv.mcpu is None),
+                               threads)
 
 
 # ---- devices the user adds ---------------------------------------------------------------
