@@ -11,6 +11,9 @@ of onnxruntime.
 
 ``--winograd`` adds Winograd F(m×m, 3×3) where it applies (dense and float16 3x3 stride-1
 layers, and the CIFAR zoo's) and prints its speedup over the best of the other three.
+``--pointwise`` times only the float32 1×1 layers of MobileNetV2, ResNet-50 and DenseNet-161
+(7×7 to 56×56 maps): the pointwise GEMM (the default) against the TE GEMM (``pointwise=0``)
+and onnxruntime, same run.
 
 Timing on a shared machine is noisy: compare ratios within one run, not times across runs.
 """
@@ -63,6 +66,21 @@ CIFAR_3X3 = {"resnet18-cifar": ["C=64,H=32,W=32,K=64,R=3,S=3,stride=1,pad=1",
                                 "C=128,H=16,W=16,K=128,R=3,S=3,stride=1,pad=1",
                                 "C=256,H=8,W=8,K=256,R=3,S=3,stride=1,pad=1",
                                 "C=512,H=4,W=4,K=512,R=3,S=3,stride=1,pad=1"]}
+#: Pointwise layers of ImageNet networks, on maps the GEMM's vector tiles divide (28×28,
+#: 56×56) and do not (7×7, 14×14), with filter counts no register tile divides (1056).
+POINTWISE = {
+    "mobilenetv2": ["C=160,H=7,W=7,K=960,R=1,S=1,stride=1,pad=0",
+                    "C=96,H=14,W=14,K=576,R=1,S=1,stride=1,pad=0",
+                    "C=576,H=14,W=14,K=96,R=1,S=1,stride=1,pad=0",
+                    "C=32,H=28,W=28,K=192,R=1,S=1,stride=1,pad=0",
+                    "C=24,H=56,W=56,K=144,R=1,S=1,stride=1,pad=0",
+                    "C=144,H=56,W=56,K=24,R=1,S=1,stride=1,pad=0"],
+    "resnet50": ["C=2048,H=7,W=7,K=512,R=1,S=1,stride=1,pad=0",
+                 "C=1024,H=14,W=14,K=256,R=1,S=1,stride=1,pad=0",
+                 "C=128,H=28,W=28,K=512,R=1,S=1,stride=1,pad=0"],
+    "densenet161": ["C=2112,H=14,W=14,K=1056,R=1,S=1,stride=1,pad=0",
+                    "C=1200,H=7,W=7,K=192,R=1,S=1,stride=1,pad=0"],
+}
 QUICK = {"resnet18": SHAPES["resnet18"][:1] + SHAPES["resnet18"][3:4],
          "mobilenetv2": SHAPES["mobilenetv2"][:1], "vgg16": SHAPES["vgg16"][3:]}
 
@@ -117,6 +135,9 @@ def main() -> int:
                         help="Also time Winograd (dense and float16, where it applies, and "
                              "the CIFAR zoo's 3x3 layers) against the best of the grid's "
                              "three algorithms of each shape and dtype.")
+    parser.add_argument("--pointwise", action="store_true",
+                        help="Time only the pointwise GEMM against the TE GEMM and "
+                             "onnxruntime on the 1x1 layers of three ImageNet networks.")
     parser.add_argument("--simd-bits", type=int, default=None,
                         help="Size the untuned register tiles for a CPU of this vector width "
                              "instead of this one's (e.g. 512 on an AVX2 machine: the tiles "
@@ -128,6 +149,8 @@ def main() -> int:
         from dataclasses import replace
 
         device = replace(device, simd_bits=args.simd_bits)
+    if args.pointwise:
+        return pointwise_main(device, args)
     comps = Compression.parse_list(args.compressions)
     variants = variant_grid(GRID_ALGORITHMS, comps, 0.9)
     asked = None
@@ -247,6 +270,51 @@ def main() -> int:
                                          "winograd": wrows},
                                         indent=1, default=str))
     return 0 if ok else 1
+
+
+def pointwise_main(device, args) -> int:
+    """The float32 pointwise GEMM against the TE GEMM and onnxruntime, same run: a row per
+    layer and their geometric means."""
+    proto = Protocol(max_repeats=150, min_repeats=10, time_budget_s=args.time_budget)
+    variants = (Variant("gemm", "dense"), Variant("gemm", "dense", knobs=(("pointwise", 0),)))
+    print(f"device: {device.description}; {device.cores} threads; register tiles for "
+          f"{device.simd_bits}-bit vectors", flush=True)
+    rows = []
+    with LocalRunner(device, protocol=proto, timeout_s=600) as runner:
+        for net, specs in POINTWISE.items():
+            for text in specs:
+                spec = ConvSpec.parse(text)
+                ort_ms = ort_median_ms(spec, device.cores, args.time_budget)
+                new, te = runner.run([MeasureTask.make(spec, v, device) for v in variants])
+                if not (new.ok and te.ok):
+                    print(f"Error: {text}: {new.error or te.error}", file=sys.stderr)
+                    return 1
+                flops = 2 * spec.C * spec.K * spec.OH * spec.OW
+                rows.append({"network": net, "conv (C→K, H×W)":
+                             f"{spec.C}→{spec.K}, {spec.H}×{spec.W}",
+                             "tile": f"{new.knobs['tile_k']}x{new.knobs['tile_p']}",
+                             "pointwise ms": new.median_s * 1e3, "TE GEMM ms": te.median_s * 1e3,
+                             "onnxruntime ms": ort_ms,
+                             "GFLOP/s": flops / new.median_s / 1e9,
+                             "TE / pointwise": te.median_s / new.median_s,
+                             "pointwise / ort": new.median_s * 1e3 / ort_ms})
+                print(format_table([{k: (round(v, 4) if isinstance(v, float) else v)
+                                     for k, v in rows[-1].items()}]), flush=True)
+
+    def geo(key: str) -> float:
+        return math.exp(statistics.mean(math.log(r[key]) for r in rows))
+
+    print("\nFloat32 pointwise layers (same run):")
+    print(format_table([{k: (round(v, 3) if isinstance(v, float) else v)
+                         for k, v in r.items()} for r in rows]))
+    print(f"\npointwise GEMM x{geo('TE / pointwise'):.2f} faster than the TE GEMM, "
+          f"x{geo('pointwise / ort'):.2f} onnxruntime's time (geometric means over "
+          f"{len(rows)} layers)")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"device": device.to_dict(), "pointwise": rows},
+                                        indent=1, default=str))
+    return 0
 
 
 if __name__ == "__main__":

@@ -202,7 +202,8 @@ def test_a_carried_engine_build_todays_engine_builds_the_same_way_counts_as_toda
     whole vector, engine 13 only networks with a sigmoid, engine 15 only networks with an
     erf or a softmax: the carried engines' records of
     other builds stay in, even once today's engine has timed enough networks to leave older
-    builds out. The device is a CPU of each vector width, whatever this machine is: the
+    builds out; engine 16 changed only float32 pointwise GEMM layers and the tiles of
+    depthwise direct layers of small maps. The device is a CPU of each vector width, whatever this machine is: the
     spatial pack's 124 filters were reblocked on 16 lanes only."""
     from dlas_predict.measure.networks.plans import (CARRIED_VERSIONS, NETWORK_VERSION,
                                                      NetworkMeasurement, rebuilt_since)
@@ -283,6 +284,25 @@ def test_a_carried_engine_build_todays_engine_builds_the_same_way_counts_as_toda
                              ({"erf_softmax_elems": 0, "exp_elems": 64}, False),
                              ({"exp_elems": 64}, False), (None, True)):
         assert rebuilt_since("14", [["gemm", False]], [gemm], 512, summary) is rebuilt
+    # a float32 network's pointwise GEMM layers: 16 runs them on overlapping register tiles,
+    # on every vector width; a 3x3 GEMM, a direct layer, an int8 network not
+    pointwise = ConvSpec.parse("C=16,H=7,W=7,K=24,R=1,S=1,stride=1,pad=0")
+    for bits in (128, 256, 512):
+        assert rebuilt_since("15", [["gemm", False]], [pointwise], bits, NONE, DType.FLOAT32)
+        assert rebuilt_since("15", [["gemm", False]], [pointwise], bits, NONE)  # dtype unknown
+        for plan, convs, dtype in (([["gemm", False]], [gemm], DType.FLOAT32),
+                                   ([["direct", False]], [pointwise], DType.FLOAT32),
+                                   ([["gemm", True]], [pointwise], DType.FLOAT32),
+                                   ([["gemm", False]], [pointwise], DType.INT8)):
+            assert not rebuilt_since("15", plan, convs, bits, NONE, dtype)
+    # a depthwise direct layer of a small map: its tiles changed in 16, at any dtype; one of
+    # a large map kept them
+    small = ConvSpec.parse("C=96,H=4,W=4,K=96,R=3,S=3,stride=1,pad=1,groups=96")
+    large = ConvSpec.parse("C=96,H=32,W=32,K=96,R=3,S=3,stride=1,pad=1,groups=96")
+    for dtype in (DType.FLOAT32, DType.INT8):
+        assert rebuilt_since("15", [["direct", False]], [small], 512, NONE, dtype)
+        assert not rebuilt_since("15", [["direct", False]], [large], 512, NONE, dtype)
+    assert not rebuilt_since("15", [["spatial_pack", False]], [small], 512, NONE)
 
 
 def test_a_channel_pruning_record_pairs_only_with_the_layers_it_timed():

@@ -6,9 +6,9 @@ from dataclasses import replace
 import pytest
 
 from dlas_predict.space.config import (GRID_ALGORITHMS, Algorithm, Compression, ConvSpec,
-                                       Variant, variant_grid)
+                                       DType, Variant, variant_grid)
 from dlas_predict.space.devices import get_device
-from dlas_predict.measure.kernels.knobs import default_knobs, resolve_knobs
+from dlas_predict.measure.kernels.knobs import default_knobs, pointwise_tile, resolve_knobs
 from dlas_predict.measure.execution.tasks import KernelTask, Protocol
 from dlas_predict.measure.execution.worker import run_task
 
@@ -17,6 +17,7 @@ SHAPES = [
     "C=32,H=15,W=15,K=32,R=3,S=3,stride=2,pad=1,groups=32",
     "C=24,H=9,W=10,K=36,R=1,S=1,stride=1,pad=0,groups=3",
     "C=3,H=20,W=19,K=8,R=5,S=3,stride=2x1,pad=2:1:0:1,dilation=2x1",
+    "C=20,H=7,W=7,K=36,R=1,S=1,stride=1,pad=0",
 ]
 # correctness, not timing: no waiting for a quiet machine
 FAST = Protocol(max_repeats=3, min_repeats=1, time_budget_s=0.01, quiet_wait_s=0)
@@ -118,12 +119,15 @@ CROPPED_CONVS = ["C=16,H=11,W=11,K=24,R=3,S=3,stride=1,pad=1",
 def test_a_width_no_vector_divides_is_computed_over_whole_tiles(conv, algorithm, target):
     """11 or 13 output columns (121, 169 positions) on eight lanes: the tile is a whole
     vector, the output padded to whole tiles and cropped, not a scalar loop of one lane;
-    every dtype matches the reference."""
+    every dtype matches the reference (the TE GEMM asked for where the float32 pointwise
+    GEMM would run)."""
     spec = ConvSpec.parse(conv)
     name = "tile_w" if algorithm == "direct" else "tile_p"
     extent = spec.OW if algorithm == "direct" else spec.OH * spec.OW
     for compression in (Compression.DENSE, Compression.FLOAT16, Compression.INT8):
-        variant = Variant(algorithm, compression)
+        te = algorithm == "gemm" and compression is Compression.DENSE and pointwise_tile(
+            spec, DType.FLOAT32, 256)
+        variant = Variant(algorithm, compression, knobs=(("pointwise", 0),) if te else ())
         knobs = resolve_knobs(spec, variant, 256)
         assert knobs[name] == 8 and extent % 8, knobs
         result = run_task(_task(spec, variant, target, knobs=knobs))
@@ -188,9 +192,10 @@ DEPTHWISE_CONV = "C=12,H=9,W=11,K=24,R=3,S=3,stride=2,pad=1,groups=12"
 
 
 def _fused_case(algorithm, sparse, dtype, steps=ALL_STEPS, conv=FUSED_CONV, vnni=False,
-                asked=()):
+                asked=(), bits=256):
     """(kernel output, numpy reference) of a strided conv with the epilogue ``steps``
-    (int8 GEMM: on AVX-512 VNNI where ``vnni``; ``asked``: the variant's own knobs)."""
+    (int8 GEMM: on AVX-512 VNNI where ``vnni``; ``asked``: the variant's own knobs; knobs
+    for vectors of ``bits``)."""
     import numpy as np
     import tvm
 
@@ -204,7 +209,7 @@ def _fused_case(algorithm, sparse, dtype, steps=ALL_STEPS, conv=FUSED_CONV, vnni
         DType.FLOAT32: Compression.DENSE, DType.FLOAT16: Compression.FLOAT16,
         DType.INT8: Compression.INT8}[dtype]
     knobs = resolve_knobs(spec, Variant(algorithm, comp, 0.5 if sparse else 0.0, knobs=asked),
-                          256, vnni)
+                          bits, vnni)
     rng = np.random.default_rng(3)
     x, w = make_inputs(spec, dtype, 1)
     if sparse:
@@ -260,6 +265,66 @@ def test_every_kernel_fuses_its_epilogue(algorithm, sparse, dtype, conv):
     assert str(out.dtype) == ("float16" if dt is DType.FLOAT16 else "float32") == ks.out_dtype
     tol = (5e-3 if dt is DType.FLOAT16 else 1e-4) * max(1.0, np.abs(ref).max())
     assert np.abs(out.astype(np.float64) - ref).max() < tol
+
+
+#: pointwise layers whose positions (49, 169) and filters (38, 22) no register tile divides
+POINTWISE_CONVS = ["C=20,H=7,W=7,K=38,R=1,S=1,stride=1,pad=0",
+                   "C=12,H=13,W=13,K=22,R=1,S=1,stride=1,pad=0"]
+
+
+@pytest.mark.parametrize("bits", [512, 256])
+@pytest.mark.parametrize("conv", POINTWISE_CONVS)
+def test_the_pointwise_gemm_overlaps_its_last_tiles_and_fuses_its_epilogue(conv, bits):
+    """A float32 pointwise GEMM's last tile of positions and last block of filters start
+    one tile before the end, computing a few outputs twice: every output matches the
+    reference, through every epilogue step, on the tiles of either vector width."""
+    import numpy as np
+
+    from dlas_predict.space.config import DType
+
+    spec = ConvSpec.parse(conv)
+    out, ref, ks = _fused_case("gemm", False, DType.FLOAT32, conv=conv, bits=bits)
+    tile_k, tile_p = ks.knobs["tile_k"], ks.knobs["tile_p"]
+    assert ks.knobs["pointwise"] == 1
+    assert (spec.OH * spec.OW) % tile_p and spec.K % tile_k
+    assert out.shape == ref.shape
+    assert np.abs(out - ref).max() < 1e-4 * max(1.0, np.abs(ref).max())
+
+
+def test_only_float32_pointwise_layers_that_fill_a_tile_run_the_pointwise_gemm():
+    """Two vectors of positions by the filters the accumulators hold (one vector where the
+    map holds fewer than two); the TE GEMM for another dtype, a strided, padded or grouped
+    1x1, a 3x3, or a map or filters smaller than a tile. ``pointwise`` 0 asks for the TE
+    GEMM; 1 where there is no pointwise GEMM is refused."""
+    from dlas_predict.errors import ConfigError
+    from dlas_predict.measure import kernels_version
+
+    pw = ConvSpec.parse(POINTWISE_CONVS[0])
+    dense = Variant("gemm", "dense")
+    assert resolve_knobs(pw, dense, 512) == {"tile_k": 8, "tile_p": 32, "pointwise": 1}
+    assert resolve_knobs(pw, dense, 256) == {"tile_k": 6, "tile_p": 16, "pointwise": 1}
+    small = ConvSpec.parse("C=8,H=4,W=5,K=16,R=1,S=1,stride=1,pad=0")  # 20 positions
+    assert pointwise_tile(small, DType.FLOAT32, 512) == (16, 16)
+    for comp in ("float16", "int8"):
+        assert "pointwise" not in resolve_knobs(pw, Variant("gemm", comp), 512)
+    for text in ("C=20,H=7,W=7,K=36,R=1,S=1,stride=2,pad=0",
+                 "C=20,H=7,W=7,K=36,R=1,S=1,stride=1,pad=1",
+                 "C=20,H=7,W=7,K=36,R=1,S=1,stride=1,pad=0,groups=4",
+                 "C=20,H=7,W=7,K=36,R=3,S=3,stride=1,pad=1",
+                 "C=20,H=3,W=3,K=36,R=1,S=1,stride=1,pad=0",
+                 "C=20,H=7,W=7,K=6,R=1,S=1,stride=1,pad=0"):
+        spec = ConvSpec.parse(text)
+        assert pointwise_tile(spec, DType.FLOAT32, 512) is None, text
+        assert "pointwise" not in resolve_knobs(spec, dense, 512), text
+        with pytest.raises(ConfigError, match="the pointwise GEMM runs"):
+            resolve_knobs(spec, Variant("gemm", "dense", knobs=(("pointwise", 1),)), 512)
+    te = resolve_knobs(pw, Variant("gemm", "dense", knobs=(("pointwise", 0),)), 512)
+    assert "pointwise" not in te and te["tile_p"] == 16  # one vector, padded and cropped
+    with pytest.raises(ConfigError, match="pointwise must be 1"):
+        resolve_knobs(pw, Variant("gemm", "dense", knobs=(("pointwise", 2),)), 512)
+    # its records are of other code than the TE GEMM's
+    assert kernels_version("gemm", False, False, resolve_knobs(pw, dense, 512)) != \
+        kernels_version("gemm", False, False, te)
 
 
 def test_fast_exp_and_sigmoid_match_numpy_over_the_float32_range():
@@ -337,6 +402,31 @@ def test_a_strided_depthwise_row_takes_the_vector_or_half_vector_that_pads_it_le
     assert [tile_w(ow, 2, 256) for ow in (18, 56, 7, 26, 4)] == [4, 8, 8, 4, 4]
     assert [tile_w(ow, 2, 128) for ow in (18, 26, 5)] == [4, 4, 4]
     assert [tile_w(ow, 1, 512) for ow in (18, 40, 32)] == [32, 16, 32]
+
+
+def test_a_small_depthwise_map_takes_a_tile_of_its_width_and_more_channels_a_task(target):
+    """A row narrower than half a vector takes a tile of its width where a whole vector
+    would compute mostly padding (4 columns: 4 lanes; 7 or 8: 8), at either stride; a map
+    of fewer than 32 positions takes enough channels a task for 64 outputs, as many as the
+    accumulators hold; larger maps keep their tiles. Each matches the reference."""
+    def knobs(hw, stride, bits, c=96):
+        w = (hw - 1) * stride + 1
+        spec = ConvSpec.parse(f"C={c},H={w},W={w},K={c},R=3,S=3,stride={stride},pad=1,"
+                              f"groups={c}")
+        return spec, default_knobs(spec, Variant("direct", "dense"), bits)
+
+    assert knobs(4, 1, 512)[1] == {"tile_k": 4, "tile_h": 2, "tile_w": 4}
+    assert knobs(4, 2, 512)[1] == {"tile_k": 4, "tile_h": 2, "tile_w": 4}
+    assert knobs(2, 1, 512)[1] == {"tile_k": 8, "tile_h": 2, "tile_w": 4}  # 16 accumulators
+    assert knobs(7, 1, 512)[1]["tile_w"] == knobs(8, 1, 512)[1]["tile_w"] == 8
+    assert knobs(8, 1, 512)[1]["tile_k"] == 2
+    assert knobs(8, 1, 256)[1]["tile_w"] == 8 and knobs(4, 1, 256)[1]["tile_w"] == 4
+    assert knobs(16, 1, 512)[1] == {"tile_k": 2, "tile_h": 2, "tile_w": 16}
+    assert knobs(28, 1, 512)[1]["tile_w"] == 32 and knobs(56, 2, 512)[1]["tile_w"] == 8
+    for hw, stride in ((4, 1), (4, 2), (7, 1)):
+        spec, k = knobs(hw, stride, 512, c=12)
+        result = run_task(_task(spec, Variant("direct", "dense"), target, knobs=k))
+        assert result.error is None and result.verified, (result.error, k)
 
 
 @pytest.mark.parametrize("knobs", [{"tile_k": 4, "tile_h": 3, "tile_w": 4},

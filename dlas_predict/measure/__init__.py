@@ -23,6 +23,9 @@ KERNEL_VERSIONS = {("spatial_pack", False, False): "k5"}
 #: The int8 GEMM on AVX-512 VNNI (its ``vnni`` knob): other code than the int8 GEMM the same
 #: configuration ran before, whose records it supersedes on a machine that measured both.
 VNNI_KERNELS_VERSION = "k6"
+#: The float32 GEMM of pointwise layers as overlapping register tiles (its ``pointwise``
+#: knob): other code than the TE GEMM the same layer ran before.
+POINTWISE_KERNELS_VERSION = "k7"
 
 
 def kernels_version(algorithm: str, sparse: bool, tuned: bool = False,
@@ -31,6 +34,8 @@ def kernels_version(algorithm: str, sparse: bool, tuned: bool = False,
     not, tuned or not, with ``knobs``: what its records and keys carry."""
     if knobs and knobs.get("vnni"):
         return VNNI_KERNELS_VERSION
+    if knobs and knobs.get("pointwise"):
+        return POINTWISE_KERNELS_VERSION
     return KERNEL_VERSIONS.get((str(algorithm), bool(sparse), bool(tuned)), KERNELS_VERSION)
 
 

@@ -127,6 +127,12 @@ def loop_counts(cfg: KernelConfig, knobs: dict[str, int]) -> tuple[int, float, f
             words, vectors = _cdiv(crs, 4), _cdiv(p, tp)
             return (_cdiv(s.K, tk) * vectors, _cdiv(s.K, tk) * tk * vectors * words, 0.0,
                     words * vectors * tp)
+        if alg is Algorithm.GEMM and knobs.get("pointwise"):
+            # tiles of tile_k filters by tile_p positions, the last of each overlapping the
+            # one before; the input read where it lies (no layout stage)
+            tk, tp = knobs["tile_k"], knobs["tile_p"]
+            blocks, tiles = _cdiv(s.K, tk), _cdiv(p, tp)
+            return (blocks * tiles, blocks * tk * tiles * crs * _cdiv(tp, LANES), 0.0, 0)
         if alg is Algorithm.GEMM:  # the im2col matrix padded to whole tiles of positions
             tk, tp = knobs["tile_k"], knobs["tile_p"]
             return (_cdiv(s.K, tk) * _cdiv(p, tp), _cdiv(s.K, tk) * tk * _cdiv(p, tp) * crs,

@@ -17,6 +17,7 @@ from dlas_predict.measure.kernels.cpu import DENSE_KERNELS, pack_weights, spatia
 from dlas_predict.measure.kernels.vnni import (gemm_pmaddwd_compute, gemm_vnni_compute,
                                                gemm_vnni_schedule)
 from dlas_predict.measure.kernels.csr import SPARSE_KERNELS
+from dlas_predict.measure.kernels.pointwise import pointwise_script
 from dlas_predict.measure.kernels.winograd import (pack_winograd_weights, winograd_compute,
                                                    winograd_schedule)
 
@@ -80,11 +81,11 @@ def dense_prim_func(ks: KernelSpec) -> "tvm.tirx.PrimFunc":
 
 def kernel_module(ks: KernelSpec) -> tvm.IRModule:
     """The hand-scheduled TensorIR module of a kernel (not yet compiled)."""
-    if ks.sparse:
+    if ks.sparse or ks.knobs.get("pointwise"):
         from tvm.script import from_source
 
-        func = from_source(SPARSE_KERNELS[ks.algorithm](ks))
-        return tvm.IRModule({"main": func})
+        script = SPARSE_KERNELS[ks.algorithm] if ks.sparse else pointwise_script
+        return tvm.IRModule({"main": from_source(script(ks))})
     compute, schedule = _dense(ks)
     if ks.algorithm is Algorithm.SPATIAL_PACK:  # the output stage the hand schedule tiles
         compute = partial(spatial_pack_compute, tile_epilogue=True)

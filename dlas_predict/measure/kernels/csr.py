@@ -5,7 +5,7 @@ kernels' fused epilogue (:func:`SPARSE_KERNELS` by algorithm)."""
 from __future__ import annotations
 
 from dlas_predict.space.config import Algorithm, DType
-from dlas_predict.measure.kernels.spec import ACC_DTYPE, KernelSpec, ceil_div, fast_sigmoid_script
+from dlas_predict.measure.kernels.spec import ACC_DTYPE, KernelSpec, ceil_div, script_epilogue
 
 
 SPARSE_HEADER = '''
@@ -21,35 +21,6 @@ def main(data: T.Buffer(({C_}, {C}, {H}, {W}), "{dt}"), w_data_h: T.handle,
 '''
 
 
-def _sparse_epilogue(ks: KernelSpec, scale: float) -> str:
-    """The output expression of a CSR kernel, a template of ``{x}`` (the accumulator) and
-    ``{k}``, ``{h}``, ``{w}`` (the output element): as the dense kernels' epilogue, in TVMScript."""
-    dt = ks.dtype
-    if not ks.epilogue:
-        if dt is DType.INT8:
-            return ('T.Cast("int8", T.max(T.min(T.nearbyint(T.Cast("float32", {x}) * '
-                    f'T.float32({scale!r})), T.float32(127.0)), T.float32(-128.0)))')
-        return 'T.Cast("float16", {x})' if dt is DType.FLOAT16 else "{x}"
-    y = "{x}" if dt is DType.FLOAT32 else 'T.Cast("float32", {x})'
-    if dt is DType.INT8:
-        y = f"({y} * T.float32({scale!r}))"
-    for step in ks.epilogue:
-        op = step[0]
-        if op == "bias":
-            y = f"({y} + bias[{{k}}])"
-        elif op == "residual":
-            y = f'({y} + T.Cast("float32", residual[0, {{k}}, {{h}}, {{w}}]))'
-        elif op == "relu":
-            y = f"T.max({y}, T.float32(0.0))"
-        elif op in ("max", "min"):
-            y = f"T.{op}({y}, T.float32({float(step[1])!r}))"
-        elif op == "silu":
-            y = f"({y} * {fast_sigmoid_script(y)})"
-        else:
-            raise ValueError(f"unknown epilogue step {step!r}")
-    return f'T.Cast("float16", {y})' if ks.out_dtype == "float16" else y
-
-
 def _sparse_terms(ks: KernelSpec) -> dict:
     spec, dt = ks.conv, ks.dtype
     acc = ACC_DTYPE[dt]
@@ -63,7 +34,7 @@ def _sparse_terms(ks: KernelSpec) -> dict:
         "RS": spec.R * spec.S, "S": spec.S, "R": spec.R, "sh": spec.stride_h,
         "sw": spec.stride_w, "dh": spec.dilation_h, "dw": spec.dilation_w,
         "pt": spec.pad_t, "pl": spec.pad_l, "Cg": spec.C // spec.groups,
-        "Kg": spec.K // spec.groups, "epi": _sparse_epilogue(ks, ks.requant_scale),
+        "Kg": spec.K // spec.groups, "epi": script_epilogue(ks, ks.requant_scale),
         "load": load, "odt": ks.out_dtype, "extra": extra,
     }
 

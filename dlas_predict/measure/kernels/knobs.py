@@ -13,7 +13,7 @@ from dlas_predict.errors import ConfigError
 #: The knobs each (algorithm, sparse) kernel takes.
 KNOB_NAMES: dict[tuple[Algorithm, bool], tuple[str, ...]] = {
     (Algorithm.DIRECT, False): ("tile_k", "tile_w", "tile_h"),
-    (Algorithm.GEMM, False): ("tile_k", "tile_p"),
+    (Algorithm.GEMM, False): ("tile_k", "tile_p", "pointwise"),
     (Algorithm.SPATIAL_PACK, False): ("tile_k", "tile_h", "tile_w"),
     (Algorithm.WINOGRAD, False): ("tile", "tile_k", "tile_p"),
     (Algorithm.DIRECT, True): ("tile_w",),
@@ -107,6 +107,42 @@ def vnni_capable(kernel, spec: ConvSpec | None = None) -> bool:
             and not kernel.sparse and spec.groups == 1)
 
 
+def pointwise_shape(spec: ConvSpec) -> bool:
+    """A 1×1, stride-1, unpadded, ungrouped convolution: a plain GEMM over the input as
+    it lies."""
+    return (spec.R == spec.S == 1 and spec.stride_h == spec.stride_w == 1
+            and spec.groups == 1
+            and not (spec.pad_t or spec.pad_l or spec.pad_b or spec.pad_r))
+
+
+#: Accumulators of the pointwise GEMM's register tile, by whether the CPU has AVX-512's 32
+#: vector registers: each step of its reduction holds only the tile's input vectors and
+#: one broadcast weight beside them, so it takes 12 of AVX2's (or SSE's) 16 registers (6 ×
+#: 16 ran ×1.1-1.2 faster than 4 × 16 on a Zen 5 forced to AVX2) and half of AVX-512's
+#: (8 × 32 ran as fast as 12 × 32 and faster than 14 × 32).
+POINTWISE_ACCUMULATORS = {False: 12, True: 16}
+
+
+def pointwise_tile(spec: ConvSpec, dtype: DType,
+                   simd_bits: int | None = None) -> tuple[int, int] | None:
+    """The register tile (filters, positions) of the overlapping-tile GEMM
+    (:mod:`dlas_predict.measure.kernels.pointwise`, the ``pointwise`` knob) for a float32
+    layer of shape ``spec`` on a CPU of ``simd_bits``: two vectors of positions by as many
+    filters as :data:`POINTWISE_ACCUMULATORS` hold, or one vector where the map holds
+    fewer than two; None where the layer is no pointwise GEMM, or its map or filters are
+    fewer than one tile (the TE GEMM runs those)."""
+    if dtype is not DType.FLOAT32 or not pointwise_shape(spec):
+        return None
+    lanes = registers(simd_bits)[0]
+    acc = POINTWISE_ACCUMULATORS[lanes >= 16]
+    p = spec.OH * spec.OW
+    vectors = 2 if p >= 2 * lanes else 1
+    tile_k = acc // vectors
+    if p < lanes or spec.K < tile_k:
+        return None
+    return tile_k, vectors * lanes
+
+
 #: The int32 lanes (output positions, ``tile_p``) of a VNNI GEMM's accumulators: an AVX-512
 #: register, or half of one.
 VNNI_LANES = (8, 16)
@@ -157,22 +193,16 @@ def default_knobs(spec: ConvSpec, variant: Variant, simd_bits: int | None = None
     p = spec.OH * spec.OW
     key = (variant.algorithm, variant.sparse)
     if key == (Algorithm.DIRECT, False) and spec.depthwise:
-        # one input plane per output channel: a tile of rows by vector columns, padded to
-        # whole tiles; at stride 1 the wider of two vectors or one that pads the row least
-        # and two channels a task, at larger strides (strided loads) the wider of one vector
-        # or half of one (of at least four lanes) that pads it least, and one channel a task
-        unit = spec.stride_w == 1
-        widths = (2 * lanes, lanes) if unit else (lanes, max(lanes // 2, 4))
-        tile_w = min(widths, key=lambda v: _ceil_to(spec.OW, v))
-        return {"tile_k": _divisor_at_most(spec.K, 2 if unit else 1),
-                "tile_h": 2 if spec.OH > 1 else 1, "tile_w": tile_w}
+        return _depthwise_knobs(spec, lanes, acc)
     if key == (Algorithm.DIRECT, False):
         tile_w = _vector_tile(spec.OW, lanes)
         return {"tile_k": _filter_tile(spec, acc, (8, 16, 4) if tile_w >= 8 else (16, 8, 4)),
                 "tile_w": tile_w}
     if key == (Algorithm.GEMM, False):
-        tile_p = _vector_tile(p, lanes)
-        return {"tile_k": _filter_tile(spec, acc, (8, 4, 16)), "tile_p": tile_p}
+        tile = pointwise_tile(spec, variant.dtype, simd_bits)
+        if tile is not None:
+            return {"tile_k": tile[0], "tile_p": tile[1], "pointwise": 1}
+        return _te_gemm_knobs(spec, lanes, acc)
     if key == (Algorithm.SPATIAL_PACK, False):
         if kg >= 8:
             tile_k = _divisor_at_most(kg, 2 * lanes, prefer=(2 * lanes, lanes, 8))
@@ -207,6 +237,40 @@ def default_knobs(spec: ConvSpec, variant: Variant, simd_bits: int | None = None
     if key == (Algorithm.SPATIAL_PACK, True):
         return {"tile_h": 2 if spec.OH > 1 else 1, "tile_w": min(lanes, _pow2_at_least(spec.OW))}
     raise ConfigError(f"no kernel for {variant.algorithm.value} (sparse={variant.sparse})")
+
+
+#: Output positions a depthwise direct task computes at least, in channels of small maps.
+DEPTHWISE_TASK_POSITIONS = 64
+
+
+def _depthwise_knobs(spec: ConvSpec, lanes: int, acc: int) -> dict[str, int]:
+    """A depthwise direct kernel's defaults: one input plane per output channel, a tile of
+    two rows by vector columns, padded to whole tiles. At stride 1 the row's tile takes
+    the fewest vector operations over the row, then pads it least, of two vectors, one, a
+    half or a quarter (of at least four lanes): a row of 4 or 8 columns takes a tile of its
+    width, where a whole vector would compute mostly padding. At larger strides (strided
+    loads) the wider of one vector or half of one that pads the row least, or four lanes
+    for a row of four or fewer. Two channels a task at stride 1, one at larger strides, or
+    enough channels for :data:`DEPTHWISE_TASK_POSITIONS` outputs where the map is smaller
+    (a 4×4 map: four channels)."""
+    unit = spec.stride_w == 1
+    if unit:
+        widths = [v for v in (2 * lanes, lanes, lanes // 2, lanes // 4) if v >= 4]
+        tile_w = min(widths, key=lambda v: (-(-spec.OW // v) * -(-v // lanes),
+                                            _ceil_to(spec.OW, v), -v))
+    else:
+        widths = [lanes, max(lanes // 2, 4)] + ([4] if spec.OW <= 4 else [])
+        tile_w = min(widths, key=lambda v: (_ceil_to(spec.OW, v), -v))
+    tile_h = 2 if spec.OH > 1 else 1
+    per_task = max(2 if unit else 1, min(DEPTHWISE_TASK_POSITIONS // (spec.OH * spec.OW),
+                                         acc // (tile_h * -(-tile_w // lanes))))
+    return {"tile_k": _divisor_at_most(spec.K, per_task), "tile_h": tile_h, "tile_w": tile_w}
+
+
+def _te_gemm_knobs(spec: ConvSpec, lanes: int, acc: int) -> dict[str, int]:
+    """The TE GEMM's defaults: a block of filters by one vector tile of positions."""
+    return {"tile_k": _filter_tile(spec, acc, (8, 4, 16)),
+            "tile_p": _vector_tile(spec.OH * spec.OW, lanes)}
 
 
 def pack_block_by_updates(k: int, lanes: int) -> int:
@@ -285,6 +349,27 @@ def _override(knobs: dict[str, int], variant: Variant, names, kernel: str) -> di
     return knobs
 
 
+def _pointwise_asked(spec: ConvSpec, variant: Variant, asked: int,
+                     simd_bits: int | None) -> tuple[dict[str, int], Variant]:
+    """The defaults of a dense GEMM whose ``pointwise`` knob is set, and the variant with
+    that knob resolved: 1 asks for the overlapping-tile GEMM (an error where the layer has
+    none), 0 for the TE GEMM (its own defaults, the knob dropped)."""
+    from dataclasses import replace
+
+    tile = pointwise_tile(spec, variant.dtype, simd_bits)
+    if asked == 0:
+        lanes, acc = registers(simd_bits)
+        return _te_gemm_knobs(spec, lanes, acc), replace(
+            variant, knobs=tuple((n, v) for n, v in variant.knobs if n != "pointwise"))
+    if asked != 1:
+        raise ConfigError(f"pointwise must be 1 (on) or 0 (off), got {asked}")
+    if tile is None:
+        raise ConfigError("the pointwise GEMM runs float32 1x1 stride-1 unpadded ungrouped "
+                          "convolutions whose map and filters fill one register tile; "
+                          f"not {spec}")
+    return {"tile_k": tile[0], "tile_p": tile[1], "pointwise": 1}, variant
+
+
 def resolve_knobs(spec: ConvSpec, variant: Variant, simd_bits: int | None = None,
                   vnni: bool = False) -> dict[str, int]:
     """Defaults (for a CPU of ``simd_bits``, with AVX-512 VNNI or not) overridden by the
@@ -304,6 +389,9 @@ def resolve_knobs(spec: ConvSpec, variant: Variant, simd_bits: int | None = None
     defaults = _vnni_knobs(spec, simd_bits) if asked else \
         _pmaddwd_knobs(spec, simd_bits) if pairs else default_knobs(spec, variant, simd_bits,
                                                                     vnni)
+    pointwise = dict(variant.knobs).get("pointwise")
+    if pointwise is not None and "pointwise" in names:
+        defaults, variant = _pointwise_asked(spec, variant, int(pointwise), simd_bits)
     knobs = _override(defaults, variant, names,
                       f"{variant.algorithm.value}{' (sparse)' if variant.sparse else ''}")
     if knobs.get("pmaddwd"):

@@ -171,3 +171,33 @@ def fast_sigmoid_script(x: str) -> str:
     """:func:`fast_sigmoid` as a TVMScript expression of the float32 expression ``x``."""
     return _sigmoid(_Script(f"({x})"), lambda v: _Script(f"T.float32({v!r})"),
                     lambda v, lo, hi: _Script(f"T.max(T.min({v}, {hi}), {lo})"))
+
+
+def script_epilogue(ks: KernelSpec, scale: float) -> str:
+    """The output expression of a TVMScript kernel (CSR, pointwise), a template of ``{x}``
+    (the accumulator) and ``{k}``, ``{h}``, ``{w}`` (the output element): as the TE kernels'
+    epilogue, in TVMScript."""
+    dt = ks.dtype
+    if not ks.epilogue:
+        if dt is DType.INT8:
+            return ('T.Cast("int8", T.max(T.min(T.nearbyint(T.Cast("float32", {x}) * '
+                    f'T.float32({scale!r})), T.float32(127.0)), T.float32(-128.0)))')
+        return 'T.Cast("float16", {x})' if dt is DType.FLOAT16 else "{x}"
+    y = "{x}" if dt is DType.FLOAT32 else 'T.Cast("float32", {x})'
+    if dt is DType.INT8:
+        y = f"({y} * T.float32({scale!r}))"
+    for step in ks.epilogue:
+        op = step[0]
+        if op == "bias":
+            y = f"({y} + bias[{{k}}])"
+        elif op == "residual":
+            y = f'({y} + T.Cast("float32", residual[0, {{k}}, {{h}}, {{w}}]))'
+        elif op == "relu":
+            y = f"T.max({y}, T.float32(0.0))"
+        elif op in ("max", "min"):
+            y = f"T.{op}({y}, T.float32({float(step[1])!r}))"
+        elif op == "silu":
+            y = f"({y} * {fast_sigmoid_script(y)})"
+        else:
+            raise ValueError(f"unknown epilogue step {step!r}")
+    return f'T.Cast("float16", {y})' if ks.out_dtype == "float16" else y

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from dlas_predict.space.config import Algorithm, Compression, COMPRESSION_KERNEL, DType
+from dlas_predict.space.config import Algorithm, Compression, COMPRESSION_KERNEL, ConvSpec, DType
 from dlas_predict.space.devices import Device
 from dlas_predict.measure.records import TimedRuns
 
@@ -31,7 +31,7 @@ ONNXRUNTIME = "onnxruntime"
 #: The engine's version, in every whole-network record and its key, so a changed engine
 #: measures again; which builds each version changed is :data:`ENGINE_CHANGES`' rules (for
 #: the versions today's engine carries).
-NETWORK_VERSION = "15"
+NETWORK_VERSION = "16"
 ONNXRUNTIME_VERSION = "2"
 #: Builds a newer engine left as they were keep their version, and their keys: onnxruntime's
 #: runs are as they were in "2".
@@ -39,10 +39,11 @@ UNCHANGED_SINCE = {ONNXRUNTIME: ONNXRUNTIME_VERSION}
 #: Engines whose builds today's engine carries where it builds them the same way
 #: (:func:`rebuilt_since`): their records count as today's, and a collection does not
 #: time them again. "10" changed the ops between the convs of every build of ours.
-CARRIED_VERSIONS = ("10", "11", "12", "13", "14")
+CARRIED_VERSIONS = ("10", "11", "12", "13", "14", "15")
 #: Engine versions whose records the network model still learns from, each until the same
 #: configuration is measured by the current engine.
-PREVIOUS_NETWORK_VERSIONS = ("14", "13", "12", "11", "10", "9", "8", "7", "6", "5", "4", "3", "2")
+PREVIOUS_NETWORK_VERSIONS = ("15", "14", "13", "12", "11", "10", "9", "8", "7", "6", "5", "4",
+                             "3", "2")
 #: The first engine version that removes the zeroed filters of a channel-pruned network;
 #: older channel-pruning records timed another network (CSR kernels over the zeroed filters).
 CHANNEL_REMOVAL_VERSION = "5"
@@ -139,11 +140,48 @@ def _fast_erf_softmax(_plan: list, _convs: list, _simd_bits: int | None,
     return summary is None or summary.get("erf_softmax_elems", 0) > 0
 
 
+def _depthwise_tiles_of_15(spec: ConvSpec, lanes: int) -> dict[str, int]:
+    """The depthwise direct kernel's defaults under engine "15": at stride 1 the wider of
+    two vectors or one that pads the row least and two channels a task, at larger strides
+    the wider of one vector or half of one and one channel a task."""
+    unit = spec.stride_w == 1
+    widths = (2 * lanes, lanes) if unit else (lanes, max(lanes // 2, 4))
+    return {"tile_k": 2 if unit and spec.K % 2 == 0 else 1,
+            "tile_h": 2 if spec.OH > 1 else 1,
+            "tile_w": min(widths, key=lambda v: -(-spec.OW // v) * v)}
+
+
+def _tiles_small_maps(plan: list, convs: list, simd_bits: int | None, _summary: dict | None,
+                      dtype: DType | None, _vnni: bool) -> bool:
+    """What engine "16" builds otherwise than "15": a float32 network with a dense GEMM
+    layer that today's defaults run on the overlapping-tile pointwise GEMM (a network whose
+    dtype is unknown is taken to be float32); or any network with a dense depthwise direct
+    layer whose default tiles changed (rows narrower than half a vector, maps of fewer
+    than 32 positions)."""
+    from dlas_predict.measure.kernels.knobs import default_knobs, pointwise_tile, registers
+    from dlas_predict.space.config import Variant
+
+    lanes = registers(simd_bits)[0]
+    float32 = dtype in (None, DType.FLOAT32)
+    for (algorithm, sparse), spec in zip(plan, convs):
+        if sparse:
+            continue
+        if (algorithm == Algorithm.GEMM.value and float32
+                and pointwise_tile(spec, DType.FLOAT32, simd_bits) is not None):
+            return True
+        if algorithm == Algorithm.DIRECT.value and spec.depthwise:
+            today = default_knobs(spec, Variant(algorithm, "dense"), simd_bits)
+            if today != _depthwise_tiles_of_15(spec, lanes):
+                return True
+    return False
+
+
 #: Each engine after the oldest of :data:`CARRIED_VERSIONS`, and which builds it makes
 #: otherwise than the engine before it:
 #: ``rule(plan, convs, simd_bits, summary, dtype, vnni)``.
 ENGINE_CHANGES = {"11": _pads_register_filters, "12": _reblocks_pack_filters,
-                  "13": _computes_sigmoid, "14": _runs_vnni, "15": _fast_erf_softmax}
+                  "13": _computes_sigmoid, "14": _runs_vnni, "15": _fast_erf_softmax,
+                  "16": _tiles_small_maps}
 
 
 def rebuilt_since(version: str, plan: list, convs: list, simd_bits: int | None,
