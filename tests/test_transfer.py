@@ -50,6 +50,31 @@ def test_a_reference_is_priced_by_its_shipped_model_whichever_model_answers_here
 
 
 @pytest.mark.machine
+def test_a_conv_on_a_device_with_a_model_of_its_own_here_is_priced_by_that_model(monkeypatch):
+    """Where this machine answers ``local`` with a model of its own (``models_store/
+    machines/FINGERPRINT``), ``predict conv:`` prices it with that model, as ``recommend``
+    prices its layers: not with the shipped one of the same name, which is a reference of
+    another machine."""
+    from dlas_predict.crossdev import transfer
+    from dlas_predict.recommend.predict import predict
+    from dlas_predict.recommend import search
+    from dlas_predict.space import devices
+    from dlas_predict.space.config import ConvSpec
+
+    conv = "C=64,H=32,W=32,K=64,R=3,S=3,pad=1"
+    rows = [(ConvSpec.parse(conv), "direct", "dense", 0.0, "untuned")]
+    shipped = transfer.reference_predictions("local", rows)[0][0]
+    own = next((search.MODELS_STORE / "machines").glob("*/local"))
+    trained_here(monkeypatch, True)
+    monkeypatch.setattr(devices, "model_dir", lambda name: own)
+    (p,) = predict([f"conv:{conv}"], "local", config="dense/direct")
+    assert p.source == "trained"
+    assert p.predicted_ms == pytest.approx(
+        transfer.reference_predictions("local", rows, own)[0][0] * 1e3, rel=1e-9)
+    assert p.predicted_ms != pytest.approx(shipped * 1e3, rel=1e-3)
+
+
+@pytest.mark.machine
 def test_a_model_of_another_machine_is_not_this_machines(monkeypatch):
     """The local CPU's and its profiles' models are this machine's only when trained on it;
     otherwise they are references described as the machine they were trained on."""

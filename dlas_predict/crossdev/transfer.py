@@ -640,19 +640,19 @@ def adapted_map(device, reference: str, log_ref: np.ndarray, log_scale: np.ndarr
                      {c: float(v) for c, v in zip(shapes, rest[len(extra):])})
 
 
-def reference_predictions(reference: str, kernels: list[tuple]
+def reference_predictions(reference: str, kernels: list[tuple], directory: Path | None = None
                           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Seconds (median, 10 % and 90 %) of (spec, algorithm, compression, ratio, tuning)
     rows as ``reference``'s trained layer model predicts them (its features see the roofs it
     was trained with): its model as a reference (:func:`reference_dir`), as ``recommend``
-    maps it."""
+    maps it, or the model in ``directory`` (a device's own, where it has one)."""
     from dlas_predict.models.features import features
     from dlas_predict.corpus.kernels import KernelConfig
     from dlas_predict.models.device import features_device, load_models
     from dlas_predict.space.config import Algorithm, Compression, Tuning
     from dlas_predict.space.devices import get_device
 
-    models = load_models(reference, reference_dir(reference))
+    models = load_models(reference, directory or reference_dir(reference))
     layer, info = models.layer, models.info
     dev = features_device(get_device(reference, with_target=False), info)
     X = np.array([features(KernelConfig(spec, Algorithm.parse(a), Compression.parse(c),

@@ -602,8 +602,10 @@ def _predict_conv(t: Target, device: str, cfg: ConfigChoice) -> Prediction:
         if winograd and winograd_skip(spec, comp, tuning=tuning) is None:
             algs.append("winograd")
         rows.extend((spec, alg, comp, r, tuning) for alg in algs)
-    if own:
-        mid, low, high = reference_predictions(device, rows)
+    if own:  # the device's own model (on this machine, this machine's), as recommend's
+        from dlas_predict.space.devices import model_dir
+
+        mid, low, high = reference_predictions(device, rows, model_dir(device))
         source, model = "trained", device
     else:  # the map recommend uses: a trained reference scaled to the device
         m, dev, ref = device_map(device)
