@@ -200,11 +200,11 @@ def test_a_carried_engine_build_todays_engine_builds_the_same_way_counts_as_toda
     """Engine 11 changed only direct and GEMM layers whose filter count has no block of at
     least four, engine 12 only spatial pack layers whose block of filters was a divisor of no
     whole vector, engine 13 only networks with a sigmoid, engine 15 only networks with an
-    erf or a softmax: the carried engines' records of
-    other builds stay in, even once today's engine has timed enough networks to leave older
-    builds out; engine 16 changed only float32 pointwise GEMM layers and the tiles of
-    depthwise direct layers of small maps. The device is a CPU of each vector width, whatever this machine is: the
-    spatial pack's 124 filters were reblocked on 16 lanes only."""
+    erf or a softmax, engine 16 only float32 pointwise GEMM layers and the tiles of
+    depthwise direct layers of small maps: the carried engines' records of other builds stay
+    in, even once today's engine has timed enough networks to leave older builds out. The
+    device is a CPU of each vector width, whatever this machine is: the spatial pack's 124
+    filters were reblocked on 16 lanes only."""
     from dlas_predict.measure.networks.plans import (CARRIED_VERSIONS, NETWORK_VERSION,
                                                      NetworkMeasurement, rebuilt_since)
     from dlas_predict.models.evaluation import (MIN_CURRENT_ENGINE_NETWORKS, drop_older_engines,

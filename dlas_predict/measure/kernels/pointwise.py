@@ -43,9 +43,10 @@ def pointwise_script(ks: KernelSpec) -> str:
     out_shape = (1, k, p) if not ks.epilogue else spec.output_shape
     extra_args = "".join(f'\n         {name}_in: T.Buffer({shape!r}, "{dtype}"),'
                          for name, shape, dtype in ks.extra_inputs())
-    views = "".join(f'\n    {name} = T.decl_buffer({(1, k, 1, p) if name == "residual" else shape!r},'
-                    f' "{dtype}", data={name}_in.data)'
-                    for name, shape, dtype in ks.extra_inputs())
+    # the residual viewed as [1, K, 1, P], so the epilogue reads it at (k, 0, q)
+    views = "".join(f'\n    {name} = T.decl_buffer('
+                    f'{(1, k, 1, p) if name == "residual" else shape!r}, "{dtype}", '
+                    f'data={name}_in.data)' for name, shape, dtype in ks.extra_inputs())
     epi = script_epilogue(ks, ks.requant_scale).format(
         x="acc[ki, i]", k="k0 + ki", h="0", w="q0 + i")
     return f'''
