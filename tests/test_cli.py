@@ -433,7 +433,10 @@ def test_train_and_evaluate_on_a_subset_of_the_shipped_snapshot(tmp_path):
     assert report["kernels"] == len(configs) and 0 < report["mape"] < 0.5
     assert 0 < report["whole_networks"] <= len(whole)
     meta = json.loads((tmp_path / "m" / "layer.json").read_text())
-    assert meta["device"] == "local" and meta["n_train"] == report["kernels"]
+    # a configuration timed only under another untuned schedule than today's (a change of
+    # the defaults) is not learned: it is not the kernel a build runs today
+    assert meta["device"] == "local"
+    assert meta["n_train"] == report["kernels"] - meta["other_schedule_kernels"]
     net = json.loads((tmp_path / "m" / "network.json").read_text())
     assert net["n_train"] == report["whole_networks"] and min(net["coef"]) >= 0
     res = _run("evaluate", "--store", store, "--json")
