@@ -49,6 +49,27 @@ def test_a_reference_is_priced_by_its_shipped_model_whichever_model_answers_here
     assert np.allclose(transfer.reference_predictions("local", rows), shipped)
 
 
+def test_a_pointwise_gemm_and_a_depthwise_direct_layer_are_kernel_groups_of_their_own():
+    """The map's group of a kernel: compression/algorithm, and its own group for a float32
+    layer the pointwise GEMM runs on the device's vectors and for a depthwise direct layer
+    (other code than the algorithm's other layers); a CSR kernel, another dtype or a layer
+    without its shape keeps the plain group."""
+    from dlas_predict.crossdev.transfer import group_of
+
+    pw = "C=32,H=7,W=7,K=64,R=1,S=1"
+    dw = "C=32,H=8,W=8,K=32,R=3,S=3,pad=1,groups=32"
+    assert group_of("dense", "gemm", pw, 512) == "dense/gemm/pointwise"
+    assert group_of("dense", "gemm", pw, 256) == "dense/gemm/pointwise"
+    assert group_of("dense", "gemm", "C=32,H=2,W=2,K=64,R=1,S=1", 512) == "dense/gemm"
+    assert group_of("int8", "gemm", pw, 512) == "int8/gemm"
+    assert group_of("weight_pruning", "gemm", pw, 512) == "weight_pruning/gemm"
+    assert group_of("dense", "direct", pw, 512) == "dense/direct"
+    assert group_of("dense", "direct", dw, 512) == "dense/direct/depthwise"
+    assert group_of("float16", "direct", dw) == "float16/direct/depthwise"
+    assert group_of("dense", "spatial_pack", dw, 512) == "dense/spatial_pack"
+    assert group_of("dense", "gemm") == "dense/gemm"
+
+
 @pytest.mark.machine
 def test_a_conv_on_a_device_with_a_model_of_its_own_here_is_priced_by_that_model(monkeypatch):
     """Where this machine answers ``local`` with a model of its own (``models_store/

@@ -153,7 +153,8 @@ class DeviceMap:
         scale = {(str(k[0]), k[2]): self.log_scale(ref, dev, k[2], k[0])
                  if dev.peak_gflops else 0.0 for k in kernels}
         ls = np.array([scale[str(k[0]), k[2]] for k in kernels])
-        groups = [group_of(k[2], k[1]) for k in kernels]
+        bits = getattr(dev, "simd_bits", None)
+        groups = [group_of(k[2], k[1], k[0], bits) for k in kernels]
         convs = [k[0] for k in kernels]
 
         def mapped(seconds, widen: float = 0.0):
@@ -571,8 +572,28 @@ def zero_shot_map(device, reference: str, data: Path | None = None) -> DeviceMap
     return DeviceMap(device.name, reference, "zero-shot", t.alpha, t.beta, t.q10, t.q90)
 
 
-def group_of(compression: str, algorithm: str) -> str:
-    return f"{compression}/{algorithm}"
+def group_of(compression: str, algorithm: str, conv=None, simd_bits: int | None = None) -> str:
+    """A kernel's group of the map's offsets: ``compression/algorithm``, and, given its
+    ``conv`` (a ConvSpec or its text) and the vector width of the CPU that runs it, a group
+    of its own for a layer whose kernel is other code than its algorithm's others (a
+    float32 pointwise GEMM, ``…/pointwise``; a dense depthwise direct layer, ``…/depthwise``):
+    a reference's corpus may have timed those layers on other code than the device runs."""
+    from dlas_predict.measure.kernels.knobs import pointwise_tile
+    from dlas_predict.space.config import COMPRESSION_KERNEL, Compression, ConvSpec, DType
+
+    group = f"{compression}/{algorithm}"
+    if conv is None:
+        return group
+    spec = conv if isinstance(conv, ConvSpec) else ConvSpec.parse(str(conv))
+    sparse, dtype, _ = COMPRESSION_KERNEL[Compression.parse(str(compression).partition("@")[0])]
+    if sparse:
+        return group
+    if (algorithm == "gemm" and dtype is DType.FLOAT32
+            and pointwise_tile(spec, dtype, simd_bits) is not None):
+        return f"{group}/pointwise"
+    if algorithm == "direct" and spec.depthwise:
+        return f"{group}/depthwise"
+    return group
 
 
 #: How strongly ``adapted_map`` shrinks each fitted term to the zero-shot map, as many rows

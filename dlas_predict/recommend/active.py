@@ -191,7 +191,8 @@ def run(device: str, pool: Pool, oracle: Callable[[PoolKernel], float], budget: 
     ref_dev = transfer.data_spec(reference)
     log_ref, ref_width = _reference_pred(reference, pool)
     comps = [k.compression for k in pool.kernels]
-    groups = [transfer.group_of(k.compression, k.algorithm) for k in pool.kernels]
+    bits = dev.simd_bits if dev is not None else None
+    groups = [transfer.group_of(k.compression, k.algorithm, k.conv, bits) for k in pool.kernels]
     convs = [k.conv for k in pool.kernels]
     if dev is not None and dev.peak_gflops:
         fit = transfer.fit_transfer(dev.kind, exclude=device if exclude_reference else None)

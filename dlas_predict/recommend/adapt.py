@@ -319,11 +319,12 @@ def _recommend_map(device: str, keys: list[str], log_ms: np.ndarray) -> dict | N
         scale = np.array([m0.log_scale(ref_dev, dev, f"{r[2]}@{r[3]:g}" if r[3] else r[2],
                                        r[0]) for r in rows])
         m = transfer.adapted_map(dev, ref, log_ref, scale, log_ms,
-                                 [transfer.group_of(r[2], r[1]) for r in rows], m0)
+                                 [transfer.group_of(r[2], r[1], r[0], dev.simd_bits)
+                                  for r in rows], m0)
     else:
         stub = transfer.measured_only(device, ref_dev, len(rows))
         m = transfer.adapted_map(stub, ref, log_ref, np.zeros(len(rows)), log_ms,
-                                 [transfer.group_of(r[2], r[1]) for r in rows])
+                                 [transfer.group_of(r[2], r[1], r[0]) for r in rows])
     return m.to_dict()
 
 
