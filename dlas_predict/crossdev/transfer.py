@@ -576,8 +576,9 @@ def group_of(compression: str, algorithm: str, conv=None, simd_bits: int | None 
     """A kernel's group of the map's offsets: ``compression/algorithm``, and, given its
     ``conv`` (a ConvSpec or its text) and the vector width of the CPU that runs it, a group
     of its own for a layer whose kernel is other code than its algorithm's others (a
-    float32 pointwise GEMM, ``…/pointwise``; a dense depthwise direct layer, ``…/depthwise``):
-    a reference's corpus may have timed those layers on other code than the device runs."""
+    float32 pointwise GEMM, ``…/pointwise``; a depthwise direct layer of any dtype, not
+    CSR, ``…/depthwise``): a reference's corpus may have timed those layers on other code
+    than the device runs."""
     from dlas_predict.measure.kernels.knobs import pointwise_tile
     from dlas_predict.space.config import COMPRESSION_KERNEL, Compression, ConvSpec, DType
 
