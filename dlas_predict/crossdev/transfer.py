@@ -154,7 +154,12 @@ class DeviceMap:
                  if dev.peak_gflops else 0.0 for k in kernels}
         ls = np.array([scale[str(k[0]), k[2]] for k in kernels])
         bits = getattr(dev, "simd_bits", None)
-        groups = [group_of(k[2], k[1], k[0], bits) for k in kernels]
+        group: dict[tuple, str] = {}  # once per distinct kernel: parsing its conv costs
+        for k in kernels:
+            key = (str(k[0]), k[2], k[1])
+            if key not in group:
+                group[key] = group_of(k[2], k[1], k[0], bits)
+        groups = [group[str(k[0]), k[2], k[1]] for k in kernels]
         convs = [k[0] for k in kernels]
 
         def mapped(seconds, widen: float = 0.0):

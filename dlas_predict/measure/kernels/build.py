@@ -12,7 +12,7 @@ from tvm import te
 from tvm.s_tir import Schedule
 
 from dlas_predict.space.config import Algorithm
-from dlas_predict.measure.kernels.spec import KernelSpec, uses_pmaddwd, uses_vnni
+from dlas_predict.measure.kernels.spec import KernelSpec, output_shape, uses_pmaddwd, uses_vnni
 from dlas_predict.measure.kernels.cpu import DENSE_KERNELS, pack_weights, spatial_pack_compute
 from dlas_predict.measure.kernels.vnni import (gemm_pmaddwd_compute, gemm_vnni_compute,
                                                gemm_vnni_schedule)
@@ -40,15 +40,6 @@ def kernel_weights(ks: KernelSpec, w: np.ndarray) -> list[np.ndarray]:
     if ks.algorithm is Algorithm.WINOGRAD:
         return pack_winograd_weights(ks, w)
     return pack_weights(ks, w)
-
-
-def output_shape(ks: KernelSpec) -> tuple[int, ...]:
-    """Shape of the kernel's output buffer; always the same memory layout as NCHW (a dense
-    GEMM without a fused epilogue writes its natural [1, K, OH*OW])."""
-    spec = ks.conv
-    if ks.algorithm is Algorithm.GEMM and not ks.sparse and not ks.epilogue:
-        return (1, spec.K, spec.OH * spec.OW)
-    return spec.output_shape
 
 
 def device_args(ks: KernelSpec, x: np.ndarray, w: np.ndarray, dev,

@@ -349,25 +349,25 @@ def _override(knobs: dict[str, int], variant: Variant, names, kernel: str) -> di
     return knobs
 
 
-def _pointwise_asked(spec: ConvSpec, variant: Variant, asked: int,
+def _pointwise_asked(spec: ConvSpec, variant: Variant, asked: int, defaults: dict[str, int],
                      simd_bits: int | None) -> tuple[dict[str, int], Variant]:
     """The defaults of a dense GEMM whose ``pointwise`` knob is set, and the variant with
-    that knob resolved: 1 asks for the overlapping-tile GEMM (an error where the layer has
-    none), 0 for the TE GEMM (its own defaults, the knob dropped)."""
+    that knob resolved: 1 asks for the overlapping-tile GEMM, which ``defaults`` hold where
+    the layer has one (an error where not), 0 for the TE GEMM (its own defaults, the knob
+    dropped)."""
     from dataclasses import replace
 
-    tile = pointwise_tile(spec, variant.dtype, simd_bits)
     if asked == 0:
         lanes, acc = registers(simd_bits)
         return _te_gemm_knobs(spec, lanes, acc), replace(
             variant, knobs=tuple((n, v) for n, v in variant.knobs if n != "pointwise"))
     if asked != 1:
         raise ConfigError(f"pointwise must be 1 (on) or 0 (off), got {asked}")
-    if tile is None:
+    if not defaults.get("pointwise"):
         raise ConfigError("the pointwise GEMM runs float32 1x1 stride-1 unpadded ungrouped "
                           "convolutions whose map and filters fill one register tile; "
                           f"not {spec}")
-    return {"tile_k": tile[0], "tile_p": tile[1], "pointwise": 1}, variant
+    return defaults, variant
 
 
 def resolve_knobs(spec: ConvSpec, variant: Variant, simd_bits: int | None = None,
@@ -391,7 +391,8 @@ def resolve_knobs(spec: ConvSpec, variant: Variant, simd_bits: int | None = None
                                                                     vnni)
     pointwise = dict(variant.knobs).get("pointwise")
     if pointwise is not None and "pointwise" in names:
-        defaults, variant = _pointwise_asked(spec, variant, int(pointwise), simd_bits)
+        defaults, variant = _pointwise_asked(spec, variant, int(pointwise), defaults,
+                                             simd_bits)
     knobs = _override(defaults, variant, names,
                       f"{variant.algorithm.value}{' (sparse)' if variant.sparse else ''}")
     if knobs.get("pmaddwd"):

@@ -7,11 +7,11 @@ A 1×1 convolution in NCHW is the product ``out[K, P] = weight[K, C] @ data[C, P
 the tile's positions of one channel and multiplies them by each filter's weight, broadcast.
 Where ``tile_p`` does not divide ``P`` (7×7, 14×14 maps) the last tile of a row starts at
 ``P − tile_p`` and computes again a few positions of the tile before it, writing the same
-values; so does the last block of filters. The TE GEMM pads the positions instead, copying
-the input into a padded im2col matrix and cropping its output in a second pass, or splits
-its vectors into pieces. Tasks run over blocks of filters, each sweeping its row of tiles
-while its weights stay in cache; a layer of few blocks also splits the row into chunks, so
-both threads have work.
+values; so does the last block of filters. (The TE GEMM, which runs every other layer and
+this one under ``pointwise=0``, pads the positions: it copies the input into a padded im2col
+matrix and crops its output in a second pass.) Tasks run over blocks of filters, each
+sweeping its row of tiles while its weights stay in cache; a layer of few blocks also
+splits the row into chunks, so both threads have work.
 
 Written in TVMScript: an index that moves the last tile back is no affine split of a TE
 loop. The fused epilogue is the TE kernels' (:func:`~dlas_predict.measure.kernels.spec.
@@ -21,7 +21,7 @@ script_epilogue`). Which layers run it, and their tiles:
 
 from __future__ import annotations
 
-from dlas_predict.measure.kernels.spec import KernelSpec, ceil_div, script_epilogue
+from dlas_predict.measure.kernels.spec import KernelSpec, ceil_div, output_shape, script_epilogue
 
 #: The fewest tasks a layer's tiles are split into where its blocks of filters are fewer.
 MIN_TASKS = 16
@@ -30,7 +30,7 @@ MIN_TASKS = 16
 def pointwise_script(ks: KernelSpec) -> str:
     """The kernel's TVMScript: ``data`` [1, C, H, W], ``weight`` [K, C] (the GEMM's
     rows), the epilogue's inputs, then the output (of :func:`~dlas_predict.measure.kernels.
-    build.output_shape`'s shape)."""
+    spec.output_shape`'s shape)."""
     spec = ks.conv
     tk, tp = ks.knobs["tile_k"], ks.knobs["tile_p"]
     c, k, p = spec.C, spec.K, spec.OH * spec.OW
@@ -40,7 +40,6 @@ def pointwise_script(ks: KernelSpec) -> str:
     chunks = min(tiles, ceil_div(MIN_TASKS, blocks))
     per_chunk = ceil_div(tiles, chunks)
     chunks = ceil_div(tiles, per_chunk)
-    out_shape = (1, k, p) if not ks.epilogue else spec.output_shape
     extra_args = "".join(f'\n         {name}_in: T.Buffer({shape!r}, "{dtype}"),'
                          for name, shape, dtype in ks.extra_inputs())
     # the residual viewed as [1, K, 1, P], so the epilogue reads it at (k, 0, q)
@@ -54,7 +53,7 @@ def pointwise_script(ks: KernelSpec) -> str:
 @T.prim_func
 def main(data_in: T.Buffer({spec.input_shape!r}, "float32"),
          weight: T.Buffer(({k}, {c}), "float32"),{extra_args}
-         out_in: T.Buffer({out_shape!r}, "{ks.out_dtype}")):
+         out_in: T.Buffer({output_shape(ks)!r}, "{ks.out_dtype}")):
     T.func_attr({{"tirx.noalias": True}})
     data = T.decl_buffer(({c}, {p}), "float32", data=data_in.data)
     out = T.decl_buffer(({k}, {p}), "{ks.out_dtype}", data=out_in.data){views}

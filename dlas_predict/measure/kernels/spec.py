@@ -76,6 +76,15 @@ def uses_pmaddwd(ks: KernelSpec) -> bool:
     return vnni_capable(ks) and bool(ks.knobs.get("pmaddwd"))
 
 
+def output_shape(ks: KernelSpec) -> tuple[int, ...]:
+    """Shape of the kernel's output buffer; always the same memory layout as NCHW (a dense
+    GEMM without a fused epilogue writes its natural [1, K, OH*OW])."""
+    spec = ks.conv
+    if ks.algorithm is Algorithm.GEMM and not ks.sparse and not ks.epilogue:
+        return (1, spec.K, spec.OH * spec.OW)
+    return spec.output_shape
+
+
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 

@@ -40,8 +40,8 @@ from tvm import relax, te
 
 from dlas_predict.space.config import Algorithm, Compression, ConvSpec, DType, Variant
 from dlas_predict.measure.kernels.cpu import pack_weights
-from dlas_predict.measure.kernels.build import kernel_module, kernel_weights, output_shape
-from dlas_predict.measure.kernels.spec import KernelSpec
+from dlas_predict.measure.kernels.build import kernel_module, kernel_weights
+from dlas_predict.measure.kernels.spec import KernelSpec, output_shape
 from dlas_predict.measure.kernels.knobs import resolve_knobs
 from dlas_predict.measure.networks.epilogues import Epilogue, dataflow, op_name, plan_epilogues
 from dlas_predict.measure.networks.importer import relax_module
