@@ -201,7 +201,8 @@ def test_a_carried_engine_build_todays_engine_builds_the_same_way_counts_as_toda
     least four, engine 12 only spatial pack layers whose block of filters was a divisor of no
     whole vector, engine 13 only networks with a sigmoid, engine 15 only networks with an
     erf or a softmax, engine 16 only float32 pointwise GEMM layers and the tiles of
-    depthwise direct layers of small maps: the carried engines' records of other builds stay
+    depthwise direct layers of small maps, engine 17 only networks with a concatenation:
+    the carried engines' records of other builds stay
     in, even once today's engine has timed enough networks to leave older builds out. The
     device is a CPU of each vector width, whatever this machine is: the spatial pack's 124
     filters were reblocked on 16 lanes only."""
@@ -224,7 +225,8 @@ def test_a_carried_engine_build_todays_engine_builds_the_same_way_counts_as_toda
                                   config="dense", algorithm=algorithm,
                                   plan=f'[["{algorithm}", {str(sparse).lower()}]]',
                                   dtype="float32", run_secs=[1e-3], version=version,
-                                  summary=json.dumps({"exp_elems": exp_elems}))
+                                  summary=json.dumps({"exp_elems": exp_elems,
+                                                      "concat_inputs": 0}))
 
     cpu = dataclasses.replace(get_device("local", with_target=False), simd_bits=simd_bits,
                               isa_flags=())
@@ -254,7 +256,7 @@ def test_a_carried_engine_build_todays_engine_builds_the_same_way_counts_as_toda
     older = rec("even", "9")
     assert drop_older_engines([older, *fresh], unchanged) == fresh
     # 59 filters pad on every vector width; 64 on none (a network of no exp-like op)
-    NONE = {"exp_elems": 0}
+    NONE = {"exp_elems": 0, "concat_inputs": 0}
     for bits in (128, 256, 512):
         assert rebuilt_since("10", [["gemm", False]], [ConvSpec.parse(odd)], bits, NONE)
         assert not rebuilt_since("11", [["gemm", False]], [ConvSpec.parse(odd)], bits, NONE)
@@ -280,9 +282,9 @@ def test_a_carried_engine_build_todays_engine_builds_the_same_way_counts_as_toda
         assert not rebuilt_since("13", plan, convs, 512, NONE, dtype, vnni)
     # a network with an erf or a softmax (a transformer's): 15 builds it otherwise; a
     # summary of the engine before the count, or of a sigmoid alone, not
-    for summary, rebuilt in (({"erf_softmax_elems": 64, "exp_elems": 64}, True),
-                             ({"erf_softmax_elems": 0, "exp_elems": 64}, False),
-                             ({"exp_elems": 64}, False), (None, True)):
+    for summary, rebuilt in (({**NONE, "erf_softmax_elems": 64, "exp_elems": 64}, True),
+                             ({**NONE, "erf_softmax_elems": 0, "exp_elems": 64}, False),
+                             ({**NONE, "exp_elems": 64}, False), (None, True)):
         assert rebuilt_since("14", [["gemm", False]], [gemm], 512, summary) is rebuilt
     # a float32 network's pointwise GEMM layers: 16 runs them on overlapping register tiles,
     # on every vector width; a 3x3 GEMM, a direct layer, an int8 network not
@@ -303,6 +305,19 @@ def test_a_carried_engine_build_todays_engine_builds_the_same_way_counts_as_toda
         assert rebuilt_since("15", [["direct", False]], [small], 512, NONE, dtype)
         assert not rebuilt_since("15", [["direct", False]], [large], 512, NONE, dtype)
     assert not rebuilt_since("15", [["spatial_pack", False]], [small], 512, NONE)
+    # a network with a concatenation: 17 schedules it otherwise, whatever its layers; a
+    # summary stored before the count is unknown, unless a network of that name is built
+    # again (densenet161 joins 1,143 inputs, resnet18-cifar none)
+    for summary, rebuilt in (({**NONE, "concat_inputs": 3}, True), (NONE, False),
+                             ({"exp_elems": 0}, True), (None, True)):
+        assert rebuilt_since("16", [["direct", False]], [large], 512, summary) is rebuilt
+    named = {**layers_of, **{(net, "dense"): layers_of[("even", "dense")]
+                             for net in ("densenet161", "resnet18-cifar")}}
+    unchanged = unchanged_builds(named, cpu)
+    before_count = {"exp_elems": 0}
+    for net, kept in (("densenet161", False), ("resnet18-cifar", True), ("even", False)):
+        m = dataclasses.replace(rec(net, "16"), summary=json.dumps(before_count))
+        assert unchanged(m) is kept, net
 
 
 def test_a_channel_pruning_record_pairs_only_with_the_layers_it_timed():

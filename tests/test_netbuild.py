@@ -386,6 +386,54 @@ def test_a_padded_pool_keeps_its_padding_stage_and_finishes_in_its_own_loop(size
     np.testing.assert_allclose(out.numpy(), _pool_reference(x, z), rtol=1e-5, atol=1e-5)
 
 
+def _concat_affine_relu(channels, size, axis=1):
+    """A concatenation along ``axis`` with a per-channel affine and a ReLU after it (a
+    DenseNet block's BN and ReLU), as TE: the op FuseOps makes of them."""
+    import tvm
+    from tvm import te, topi
+
+    shapes = [[1, c, size, size] if axis == 1 else [1, channels[0], size, c]
+              for c in channels]
+    xs = [te.placeholder(tuple(s), "float32", name=f"x{i}") for i, s in enumerate(shapes)]
+    cat = topi.concatenate(xs, axis=axis)
+    g = te.placeholder((int(cat.shape[1]),), "float32", name="g")
+    out = te.compute(cat.shape, lambda n, c, h, w: te.max(
+        cat[n, c, h, w] * g[c], tvm.tirx.const(0, "float32")), name="out")
+    return te.create_prim_func([*xs, g, out]), shapes
+
+
+@pytest.mark.parametrize("size,axis", [(14, 1), (7, 1), (8, 3)])
+def test_a_concatenation_runs_parallel_over_its_channels_and_vectorised_inside_them(size,
+                                                                                    axis):
+    """The generic schedule of a concatenation of channels and the ops fused after it: one
+    parallel loop over the channels, each channel's map one contiguous loop inside it,
+    vectorised where whole vectors divide it (14x14: quarter vectors of 4; 7x7: none); a
+    concatenation along the last axis keeps the elementwise schedule. The result matches
+    numpy's."""
+    import tvm
+
+    from dlas_predict.measure.networks.schedules import schedule_generic
+
+    func, shapes = _concat_affine_relu((24, 8, 8), size, axis)
+    text = schedule_generic(func).script()
+    assert text.count("T.parallel(") == 1, text
+    if axis == 1:
+        assert "T.parallel(40)" in text, text  # the channels: 24 + 8 + 8
+        assert ("T.vectorized(4)" in text) is (size == 14), text
+        assert f"h_w_fused in range({size * size})" in text or "T.vectorized" in text, text
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal(s).astype("float32") for s in shapes]
+    cat = np.concatenate(xs, axis=axis)
+    g = rng.standard_normal(cat.shape[1]).astype("float32")
+    dev = tvm.cpu()
+    ex = tvm.compile(tvm.IRModule({"main": schedule_generic(func)}),
+                     target=tvm.target.Target({"kind": "llvm"}))
+    out = tvm.runtime.tensor(np.zeros_like(cat), dev)
+    ex["main"](*(tvm.runtime.tensor(a, dev) for a in (*xs, g)), out)
+    np.testing.assert_allclose(out.numpy(), np.maximum(cat * g[None, :, None, None], 0),
+                               rtol=1e-6)
+
+
 def test_a_cell_of_padded_pools_builds_and_verifies(tmp_path, measurer):
     from dlas_predict.networks.nasbench201 import build as build_cell, parse_arch
 
@@ -597,9 +645,9 @@ def test_a_collection_after_an_engine_change_times_only_the_builds_it_altered(tm
     """A build a carried engine timed is not timed again where today's engine builds it the
     same way: on 16 lanes, 124 filters were blocked 31 at a time by engine 11 (today 32, the
     last padded), so that spatial pack build is timed again; a network with a sigmoid is
-    built otherwise since engine 12, so each of its builds is; the direct build and the
-    64-filter network's spatial pack are the same builds, and are skipped; a failed record
-    carries nothing."""
+    built otherwise since engine 12, so each of its builds is, and so is each of a network
+    with a concatenation since engine 16; the direct build and the 64-filter network's
+    spatial pack are the same builds, and are skipped; a failed record carries nothing."""
     from dlas_predict.compression.netplan import LayerConfig
     from dlas_predict.corpus.collect import NetworkToCollect, uncarried
     from dlas_predict.measure.networks.plans import NetworkMeasurement
@@ -609,13 +657,17 @@ def test_a_collection_after_an_engine_change_times_only_the_builds_it_altered(tm
     dev = get_device("local")
     if (dev.simd_bits or 512) < 512:
         pytest.skip("the 31-filter block is chosen on 16 lanes (AVX-512) only")
-    nets, plans, versions = [], [], {"wide": "11", "even": "11", "gated": "12"}
-    for name, k in (("wide", 124), ("even", 64), ("gated", 64)):
+    nets, plans = [], []
+    versions = {"wide": "11", "even": "11", "gated": "12", "joined": "16"}
+    for name, k in (("wide", 124), ("even", 64), ("gated", 64), ("joined", 64)):
         spec = ConvSpec.parse(f"C=16,H=8,W=8,K={k},R=3,S=3,stride=1,pad=1")
         net = Network(name, (1, 16, 8, 8))
         if name == "gated":
             net.layers.append(Layer(1, "gate", "Sigmoid", "activation", ((1, 64, 8, 8),),
                                     (1, 64, 8, 8), 0, 0, 0))
+        if name == "joined":
+            net.layers.append(Layer(1, "join", "Concat", "concat",
+                                    ((1, 64, 8, 8), (1, 16, 8, 8)), (1, 80, 8, 8), 0, 0, 0))
         nets.append(NetworkToCollect(f"{name}.onnx", name, net, {
             "dense": [LayerConfig(0, "conv0", spec, Compression.DENSE, 0.0)]}))
         plans += [uniform_plan(f"{name}.onnx", name, "dense", None, alg, 1)
@@ -634,7 +686,7 @@ def test_a_collection_after_an_engine_change_times_only_the_builds_it_altered(tm
         left = uncarried(plans, nets, db, dev)
     assert [(p.network, p.algorithm) for p in left] == [
         ("wide", "spatial_pack"), ("even", "direct"), ("gated", "direct"),
-        ("gated", "spatial_pack")]
+        ("gated", "spatial_pack"), ("joined", "direct"), ("joined", "spatial_pack")]
 
 
 @pytest.fixture(scope="module")

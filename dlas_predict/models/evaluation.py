@@ -317,6 +317,11 @@ SCALED_WITH_NONCONV_BYTES = frozenset({"pool_window_elems", "erf_softmax_elems",
 #: by name.
 INT8_ONLY = frozenset({"qdq_float_conv_macs", "qdq_float_conv_io_bytes",
                        "qdq_float_conv_params", "avgpool_window_elems"})
+#: Summary fields that count a network's structure, which removing channels leaves as it
+#: is, and that only the engine's rules read (:func:`unchanged_builds`), no cost model: a
+#: stored summary without them has the named network's, or zero for a network not built
+#: again by name.
+STRUCTURE_ONLY = frozenset({"concat_inputs"})
 
 
 def stored_summary(network: str, text: str | None):
@@ -325,8 +330,8 @@ def stored_summary(network: str, text: str | None):
     its name describes (built again: its weights are seeded by its name), and kept only if
     it agrees with every field stored. A channel-pruned network's own summary, its zeroed
     filters removed, is not the named network's: where it lacks only fields of
-    :data:`SCALED_WITH_NONCONV_BYTES` and :data:`INT8_ONLY` they are the named network's
-    scaled (and zero), else it is None (unusable)."""
+    :data:`SCALED_WITH_NONCONV_BYTES`, :data:`INT8_ONLY` and :data:`STRUCTURE_ONLY` they
+    are the named network's scaled (zero, and as they are), else it is None (unusable)."""
     import json
     from dataclasses import asdict, fields
 
@@ -338,19 +343,20 @@ def stored_summary(network: str, text: str | None):
         return NetworkSummary(**stored)
     fresh = named_summary(network)
     if fresh is None:
-        # a network not built again by name, stored before the int8-only fields: they are
-        # zero (only an int8 onnxruntime run reads them, and its model leaves such rows out)
+        # a network not built again by name, stored before the int8-only or the structure
+        # fields: they are zero (only an int8 onnxruntime run reads the former, and its
+        # model leaves such rows out; only the engine's rules the latter, from the record)
         return NetworkSummary(**stored, **{k: 0 for k in missing}) \
-            if stored and missing <= INT8_ONLY else None
+            if stored and missing <= INT8_ONLY | STRUCTURE_ONLY else None
     named = asdict(fresh)
     if all(named.get(k, v) == v for k, v in stored.items()):
         return fresh
-    if stored and missing <= SCALED_WITH_NONCONV_BYTES | INT8_ONLY \
+    if stored and missing <= SCALED_WITH_NONCONV_BYTES | INT8_ONLY | STRUCTURE_ONLY \
             and named["nonconv_bytes"] > 0:
         scale = stored.get("nonconv_bytes", 0) / named["nonconv_bytes"]
         return NetworkSummary(**stored, **{
-            k: 0 if k in INT8_ONLY else round(named[k] * scale)
-            for k in missing})
+            k: 0 if k in INT8_ONLY else named[k] if k in STRUCTURE_ONLY
+            else round(named[k] * scale) for k in missing})
     return None
 
 
@@ -470,6 +476,12 @@ def unchanged_builds(layers_of: dict[tuple, list[dict]], device: Device):
         if not layers or len(layers) != len(plan) or m.version not in CARRIED_VERSIONS:
             return False
         summary = json.loads(m.summary) if m.summary else None
+        if summary is not None and not STRUCTURE_ONLY <= set(summary):
+            # stored before the structure fields: the named network's, where one is built
+            # by that name (none: the rules take them as unknown)
+            named = named_summary(m.network)
+            if named is not None:
+                summary = {**{k: getattr(named, k) for k in STRUCTURE_ONLY}, **summary}
         return not rebuilt_since(m.version, plan, [parse(l["conv"]) for l in layers], simd,
                                  summary, config_dtype(m.config), device.vnni)
 

@@ -74,6 +74,10 @@ class NetworkSummary:
     #: (lanes / the lanes it computes at once − 1) (:func:`product_vector`). A head's width
     #: of 36 runs on quarter vectors: 3× its MACs more than a width of 32 pays.
     product_narrow_macs: int = 0
+    #: Inputs of the concatenations of two inputs or more (a DenseNet block joins the
+    #: outputs of every layer before it): TVM's legalised concatenation picks each
+    #: element's input by a chain of comparisons on the axis it joins along.
+    concat_inputs: int = 0
 
     @classmethod
     def of(cls, net: Network) -> "NetworkSummary":
@@ -107,7 +111,9 @@ class NetworkSummary:
                                          if layer.kind == "matmul"),
                    product_narrow_macs=sum(
                        layer.macs * (GENERIC_LANES // product_vector(layer.output_shape[-1]) - 1)
-                       for layer in other if layer.kind == "matmul"))
+                       for layer in other if layer.kind == "matmul"),
+                   concat_inputs=sum(len(layer.input_shapes) for layer in other
+                                     if layer.op == "Concat" and len(layer.input_shapes) > 1))
 
 
 def io_bytes(layer) -> int:

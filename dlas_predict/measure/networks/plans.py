@@ -31,7 +31,7 @@ ONNXRUNTIME = "onnxruntime"
 #: The engine's version, in every whole-network record and its key, so a changed engine
 #: measures again; which builds each version changed is :data:`ENGINE_CHANGES`' rules (for
 #: the versions today's engine carries).
-NETWORK_VERSION = "16"
+NETWORK_VERSION = "17"
 ONNXRUNTIME_VERSION = "2"
 #: Builds a newer engine left as they were keep their version, and their keys: onnxruntime's
 #: runs are as they were in "2".
@@ -39,11 +39,11 @@ UNCHANGED_SINCE = {ONNXRUNTIME: ONNXRUNTIME_VERSION}
 #: Engines whose builds today's engine carries where it builds them the same way
 #: (:func:`rebuilt_since`): their records count as today's, and a collection does not
 #: time them again. "10" changed the ops between the convs of every build of ours.
-CARRIED_VERSIONS = ("10", "11", "12", "13", "14", "15")
+CARRIED_VERSIONS = ("10", "11", "12", "13", "14", "15", "16")
 #: Engine versions whose records the network model still learns from, each until the same
 #: configuration is measured by the current engine.
-PREVIOUS_NETWORK_VERSIONS = ("15", "14", "13", "12", "11", "10", "9", "8", "7", "6", "5", "4",
-                             "3", "2")
+PREVIOUS_NETWORK_VERSIONS = ("16", "15", "14", "13", "12", "11", "10", "9", "8", "7", "6", "5",
+                             "4", "3", "2")
 #: The first engine version that removes the zeroed filters of a channel-pruned network;
 #: older channel-pruning records timed another network (CSR kernels over the zeroed filters).
 CHANNEL_REMOVAL_VERSION = "5"
@@ -176,12 +176,21 @@ def _tiles_small_maps(plan: list, convs: list, simd_bits: int | None, _summary: 
     return False
 
 
+def _schedules_concats(_plan: list, _convs: list, _simd_bits: int | None,
+                       summary: dict | None, _dtype: DType | None, _vnni: bool) -> bool:
+    """What engine "17" builds otherwise than "16": a network with a concatenation of two
+    inputs or more, whose op (with the elementwise ops fused after it) now runs parallel
+    over the axes up to the one it joins along and vectorised inside it (a network whose
+    summary is unknown, or was stored before it counted them, is taken to have one)."""
+    return summary is None or summary.get("concat_inputs", 1) > 0
+
+
 #: Each engine after the oldest of :data:`CARRIED_VERSIONS`, and which builds it makes
 #: otherwise than the engine before it:
 #: ``rule(plan, convs, simd_bits, summary, dtype, vnni)``.
 ENGINE_CHANGES = {"11": _pads_register_filters, "12": _reblocks_pack_filters,
                   "13": _computes_sigmoid, "14": _runs_vnni, "15": _fast_erf_softmax,
-                  "16": _tiles_small_maps}
+                  "16": _tiles_small_maps, "17": _schedules_concats}
 
 
 def rebuilt_since(version: str, plan: list, convs: list, simd_bits: int | None,

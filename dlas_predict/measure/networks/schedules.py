@@ -50,6 +50,21 @@ def _batched_product(block, n_spatial: int) -> bool:
     return str(block.name_hint).startswith("matmul") and n_spatial >= 3
 
 
+def _concat_axis(block) -> int | None:
+    """The axis along which a concatenation block (TVM's legalised concat, ``T_concat``: each
+    element picks its input by a chain of comparisons on that axis) joins its inputs; None
+    for any other block."""
+    if not str(block.name_hint).startswith("T_concat"):
+        return None
+    out = [int(d) for d in block.writes[0].source.shape]
+    for region in block.reads:
+        shape = [int(d) for d in region.source.shape]
+        differ = [i for i, (a, o) in enumerate(zip(shape, out)) if a != o]
+        if len(shape) == len(out) and len(differ) == 1:
+            return differ[0]
+    return None
+
+
 def schedule_generic(func: tvm.tirx.PrimFunc, lanes: int = GENERIC_LANES,
                      serial_below: int = 0) -> tvm.tirx.PrimFunc:
     """The generic CPU schedule of an op that is not one of our convs: injective producers
@@ -64,6 +79,9 @@ def schedule_generic(func: tvm.tirx.PrimFunc, lanes: int = GENERIC_LANES,
     root = sch.get_sblock("root")
     blocks = sch.get_child_blocks(root)
     outputs = {str(sch.get(b).name_hint) for b in sch.get_output_blocks(root)}
+    # the output shapes of concatenations, and the axis each joins along
+    joins = {tuple(int(d) for d in sch.get(b).writes[0].source.shape): axis
+             for b in blocks if (axis := _concat_axis(sch.get(b))) is not None}
     for b in blocks:  # inline injective producers into their consumers
         if str(sch.get(b).name_hint) in outputs:
             continue
@@ -92,7 +110,21 @@ def schedule_generic(func: tvm.tirx.PrimFunc, lanes: int = GENERIC_LANES,
             n_spatial += 1
         if n_spatial == 0:
             continue
-        last = int(sch.get(loops[n_spatial - 1]).extent)
+        shape = tuple(int(sch.get(loop).extent) for loop in loops)
+        axis = joins.get(shape)
+        if n_spatial == len(kinds) and axis is not None and axis < len(shape) - 1:
+            # a concatenation (and the elementwise ops after it): parallel over the axes up
+            # to the one it joins along, the axes inside it one contiguous loop,
+            # vectorised where whole vectors divide it; the chain of comparisons that picks
+            # each element's input then runs once per row of that loop, not per element
+            outer = sch.fuse(*loops[:axis + 1]) if axis > 0 else loops[0]
+            inner = sch.fuse(*loops[axis + 1:]) if len(shape) - axis > 2 else loops[-1]
+            vec = whole_vector(int(sch.get(inner).extent), lanes)
+            if vec:
+                sch.vectorize(sch.split(inner, [None, vec])[1])
+            sch.parallel(outer)
+            continue
+        last = shape[n_spatial - 1]
         vec = whole_vector(last, lanes)
         if not vec and n_spatial < len(kinds) and _batched_product(block, n_spatial) \
                 and last >= lanes:
