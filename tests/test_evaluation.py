@@ -350,3 +350,26 @@ def test_a_channel_pruning_record_pairs_only_with_the_layers_it_timed():
                                   layers_of) is not old_counts
         assert timed_these_layers(rec("dense", before), layers_of)
         assert timed_these_layers(rec("channel_pruning@0.5", "2", ONNXRUNTIME), layers_of)
+
+
+def test_the_summary_counts_the_inputs_of_chained_concatenations():
+    """A DenseNet's concatenations are counted by their inputs; an unrolled recurrent
+    network's join of its steps is not (its builds pick by a balanced tree). A stored
+    summary without the count takes the named network's, as it is for a channel-pruned
+    build (removing channels leaves every join), and zero for a network not built by name."""
+    from dataclasses import asdict
+
+    from dlas_predict.models.evaluation import named_summary, stored_summary
+    from dlas_predict.networks.zoo import named_network
+
+    densenet = named_summary("densenet161")
+    assert densenet.concat_inputs == 1143
+    rnn = "rnn_layers=1_hidden=64_embedding=64_vocab=500_seq=8_batch=1_cell=rnn"
+    assert any(l.op == "Concat" and len(l.input_shapes) == 8
+               for l in named_network(rnn).layers)
+    assert named_summary(rnn).concat_inputs == 0
+    old = {k: v for k, v in asdict(densenet).items() if k != "concat_inputs"}
+    removed = {**old, "nonconv_bytes": old["nonconv_bytes"] // 2}
+    assert stored_summary("densenet161", json.dumps(removed)).concat_inputs == 1143
+    assert stored_summary("densenet161", json.dumps(old)) == densenet
+    assert stored_summary("my-net", json.dumps(old)).concat_inputs == 0

@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 
 from dlas_predict.networks.graph import OP_KINDS, Network
+from dlas_predict.networks.recurrent import is_step_product
 
 #: Ops that evaluate an exponential per element (SiLU's sigmoid, tanh, softmax, ...): far
 #: dearer per element than a ReLU or an add, and dearer still in float16, which the CPU
@@ -75,8 +76,10 @@ class NetworkSummary:
     #: of 36 runs on quarter vectors: 3× its MACs more than a width of 32 pays.
     product_narrow_macs: int = 0
     #: Inputs of the concatenations of two inputs or more (a DenseNet block joins the
-    #: outputs of every layer before it): TVM's legalised concatenation picks each
-    #: element's input by a chain of comparisons on the axis it joins along.
+    #: outputs of every layer before it) that pick each element's input by a chain of
+    #: comparisons on the axis they join along, as TVM legalises them; an unrolled
+    #: recurrent network's (its steps joined into the sequence) pick by a balanced tree of
+    #: them, and are not counted.
     concat_inputs: int = 0
 
     @classmethod
@@ -84,6 +87,8 @@ class NetworkSummary:
         other = [layer for layer in net.layers if layer.conv is None]
         joined = [layer for layer in net.layers if layer.conv is not None and _joins(layer)]
         qdq_float = [layer for layer in net.layers if layer.qdq_float]
+        unrolled = any(is_step_product(layer.name) for layer in net.layers
+                       if layer.conv is not None)
         return cls(conv_layers=len(net.layers) - len(other), layers=len(net.layers),
                    nonconv_macs=sum(layer.macs for layer in other),
                    nonconv_bytes=sum(layer.bytes_moved for layer in other),
@@ -112,8 +117,9 @@ class NetworkSummary:
                    product_narrow_macs=sum(
                        layer.macs * (GENERIC_LANES // product_vector(layer.output_shape[-1]) - 1)
                        for layer in other if layer.kind == "matmul"),
-                   concat_inputs=sum(len(layer.input_shapes) for layer in other
-                                     if layer.op == "Concat" and len(layer.input_shapes) > 1))
+                   concat_inputs=0 if unrolled else sum(
+                       len(layer.input_shapes) for layer in other
+                       if layer.op == "Concat" and len(layer.input_shapes) > 1))
 
 
 def io_bytes(layer) -> int:
