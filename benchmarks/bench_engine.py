@@ -4,9 +4,9 @@ For each network the grid is predicted (``recommend``, untuned half, the default
 budget), then these are built and timed in one runner session, one after the other, with
 the study's protocol, at the device's threads (2 on this machine):
 
-- the ``--top`` fastest predicted configurations of our TVM builds, and every dense float32
+- the ``--top`` fastest predicted configurations of our TVM builds, every dense float32
   build of ours (each algorithm and the per-layer choice: the kernel-quality figure, no
-  compression);
+  compression) and every int8 build of ours the budget keeps;
 - every onnxruntime configuration the budget keeps (fp32, static QDQ int8, float16, channel
   pruning with the zeroed filters removed); onnxruntime fp32 on the dense model is the
   reference.
@@ -21,7 +21,9 @@ Printed per network and as geometric means over the networks:
   ≤ 1.5 on every network);
 - ``grid / ort``: the fastest measured configuration of the whole grid, onnxruntime's
   included, over onnxruntime fp32 (what ``recommend --validate`` would deploy);
-- ``dense / ort``: our fastest dense float32 build over onnxruntime fp32.
+- ``dense / ort``: our fastest dense float32 build over onnxruntime fp32;
+- ``int8 / ort int8``: our fastest int8 build over onnxruntime's static QDQ int8 (target
+  ≤ 1.0).
 
 Networks: the 8 zoo networks, 20 generated CNNs of shapes no corpus holds (5 of each
 block style: plain, residual, depthwise-separable, inverted-residual), drawn with a fixed
@@ -135,6 +137,8 @@ def measure(model: str, top: int) -> dict:
     # every dense build of ours (each algorithm and the per-layer choice): the kernel
     # quality is the fastest measured, not the fastest predicted
     chosen += [c for c in ours if c.compression is Compression.DENSE and c not in chosen]
+    # and every int8 build of ours, to set beside onnxruntime's int8
+    chosen += [c for c in ours if c.compression is Compression.INT8 and c not in chosen]
     chosen += [c for c in rec.candidates if c.backend == "onnxruntime"]
     rec.candidates = chosen
     validate_top(rec, model, _device(), len(chosen))
@@ -171,17 +175,25 @@ def _device():
 
 def ratios(row: dict) -> dict:
     ort = row.get("ort_fp32_ms")
-    return {k: row[f"{k}_ms"] / ort for k in ("ours", "grid", "dense")
-            if ort and row.get(f"{k}_ms")}
+    out = {k: row[f"{k}_ms"] / ort for k in ("ours", "grid", "dense")
+           if ort and row.get(f"{k}_ms")}
+    int8 = {backend: min((c["measured_ms"] for c in row.get("candidates", ())
+                          if c["backend"] == backend and c["compression"] == "int8"
+                          and c["measured_ms"]), default=None)
+            for backend in ("tvm", "onnxruntime")}
+    if out and int8["tvm"] and int8["onnxruntime"]:
+        out["int8"] = int8["tvm"] / int8["onnxruntime"]  # int8 against int8
+    return out
 
 
 def _geo(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
-#: The three ratios to onnxruntime fp32, in the order the summaries print them.
+#: The ratios to onnxruntime (fp32; int8 to its int8), in the order the summaries print them.
 RATIOS_SHOWN = (("ours", "our fastest build"), ("dense", "our fastest dense fp32 build"),
-                ("grid", "the whole grid's fastest (either backend)"))
+                ("grid", "the whole grid's fastest (either backend)"),
+                ("int8", "our fastest int8 build, to onnxruntime int8"))
 
 
 def summary(rows: list[dict]) -> list[tuple[str, float, float, str, int, int]]:
@@ -230,17 +242,17 @@ def markdown(done: dict[str, dict]) -> int:
     print("|---|---|---|---|")
     for what, geo, worst, _name, over, n in summary(rows):
         print(f"| {what} | ×{geo:.2f} | ×{worst:.2f} | {over} of {n} |")
-    print("\n| family | networks | ours / ort | dense / ort | grid / ort |")
-    print("|---|---|---|---|---|")
+    print("\n| family | networks | ours / ort | dense / ort | grid / ort | int8 / ort int8 |")
+    print("|---|---|---|---|---|---|")
     for family, shown in FAMILIES.items():
         fam = [ratios(r) for r in rows if r["family"] == family]
         if fam:
             print(f"| {shown} | {len(fam)} | " + " | ".join(
-                f"{_geo([f[k] for f in fam if k in f]):.2f}" for k in ("ours", "dense", "grid"))
-                + " |")
+                f"{_geo([f[k] for f in fam if k in f]):.2f}" if any(k in f for f in fam)
+                else "—" for k in ("ours", "dense", "grid", "int8")) + " |")
     print("\n| network | onnxruntime fp32 ms | our best dense fp32 build | dense / ort "
-          "| our best build | ours / ort | grid's best | grid / ort |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| our best build | ours / ort | grid's best | grid / ort | int8 / ort int8 |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         q = ratios(r)
         cells = [label(r), f"{r['ort_fp32_ms']:.3f}"]
@@ -249,6 +261,7 @@ def markdown(done: dict[str, dict]) -> int:
                 cells += [f"{r[f'{key}_config']} {r[f'{key}_ms']:.3f}", f"{q[key]:.2f}"]
             else:
                 cells += ["—", "—"]
+        cells.append(f"{q['int8']:.2f}" if "int8" in q else "—")
         print("| " + " | ".join(cells) + " |")
     return 0
 
