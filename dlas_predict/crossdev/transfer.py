@@ -585,7 +585,7 @@ def group_of(compression: str, algorithm: str, conv=None, simd_bits: int | None 
     CSR, ``…/depthwise``): a reference's corpus may have timed those layers on other code
     than the device runs."""
     from dlas_predict.measure.kernels.knobs import pointwise_tile
-    from dlas_predict.space.config import COMPRESSION_KERNEL, Compression, ConvSpec, DType
+    from dlas_predict.space.config import COMPRESSION_KERNEL, Compression, ConvSpec
 
     group = f"{compression}/{algorithm}"
     if conv is None:
@@ -594,8 +594,7 @@ def group_of(compression: str, algorithm: str, conv=None, simd_bits: int | None 
     sparse, dtype, _ = COMPRESSION_KERNEL[Compression.parse(str(compression).partition("@")[0])]
     if sparse:
         return group
-    if (algorithm == "gemm" and dtype is DType.FLOAT32
-            and pointwise_tile(spec, dtype, simd_bits) is not None):
+    if algorithm == "gemm" and pointwise_tile(spec, dtype, simd_bits) is not None:
         return f"{group}/pointwise"
     if algorithm == "direct" and spec.depthwise:
         return f"{group}/depthwise"

@@ -162,12 +162,11 @@ def _tiles_small_maps(plan: list, convs: list, simd_bits: int | None, _summary: 
     from dlas_predict.space.config import Variant
 
     lanes = registers(simd_bits)[0]
-    float32 = dtype in (None, DType.FLOAT32)
     for (algorithm, sparse), spec in zip(plan, convs):
         if sparse:
             continue
-        if (algorithm == Algorithm.GEMM.value and float32
-                and pointwise_tile(spec, DType.FLOAT32, simd_bits) is not None):
+        if (algorithm == Algorithm.GEMM.value
+                and pointwise_tile(spec, dtype or DType.FLOAT32, simd_bits) is not None):
             return True
         if algorithm == Algorithm.DIRECT.value and spec.depthwise:
             today = default_knobs(spec, Variant(algorithm, "dense"), simd_bits)
