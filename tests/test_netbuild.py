@@ -645,8 +645,8 @@ def test_a_collection_after_an_engine_change_times_only_the_builds_it_altered(tm
     """A build a carried engine timed is not timed again where today's engine builds it the
     same way: on 16 lanes, 124 filters were blocked 31 at a time by engine 11 (today 32, the
     last padded), so that spatial pack build is timed again; a network with a sigmoid is
-    built otherwise since engine 12, so each of its builds is, and so is each of a network
-    with a concatenation since engine 16; the direct build and the 64-filter network's
+    built otherwise since engine 12, so each of its builds is, and so is each build engine
+    16 timed of a network with a concatenation (17 schedules it otherwise); the direct build and the 64-filter network's
     spatial pack are the same builds, and are skipped; a failed record carries nothing."""
     from dlas_predict.compression.netplan import LayerConfig
     from dlas_predict.corpus.collect import NetworkToCollect, uncarried
