@@ -201,8 +201,8 @@ def test_a_carried_engine_build_todays_engine_builds_the_same_way_counts_as_toda
     least four, engine 12 only spatial pack layers whose block of filters was a divisor of no
     whole vector, engine 13 only networks with a sigmoid, engine 15 only networks with an
     erf or a softmax, engine 16 only float32 pointwise GEMM layers and the tiles of
-    depthwise direct layers of small maps, engine 17 only networks with a concatenation:
-    the carried engines' records of other builds stay
+    depthwise direct layers of small maps, engine 17 only networks with a concatenation
+    and spatial pack rows it splits evenly: the carried engines' records of other builds stay
     in, even once today's engine has timed enough networks to leave older builds out. The
     device is a CPU of each vector width, whatever this machine is: the spatial pack's 124
     filters were reblocked on 16 lanes only."""
@@ -311,6 +311,15 @@ def test_a_carried_engine_build_todays_engine_builds_the_same_way_counts_as_toda
     for summary, rebuilt in (({**NONE, "concat_inputs": 3}, True), (NONE, False),
                              ({"exp_elems": 0}, True), (None, True)):
         assert rebuilt_since("16", [["direct", False]], [large], 512, summary) is rebuilt
+    # a dense spatial pack layer whose row 17 splits evenly (9 columns: two tiles of 5, not
+    # of 8), on every vector width; a row a tile divides, CSR or another algorithm, not
+    nine = ConvSpec.parse("C=64,H=9,W=9,K=64,R=3,S=3,stride=1,pad=1")
+    wide_row = ConvSpec.parse("C=64,H=32,W=32,K=64,R=3,S=3,stride=1,pad=1")
+    for bits in (128, 256, 512):
+        assert rebuilt_since("16", [["spatial_pack", False]], [nine], bits, NONE)
+        for plan, convs in (([["spatial_pack", False]], [wide_row]),
+                            ([["spatial_pack", True]], [nine]), ([["direct", False]], [nine])):
+            assert not rebuilt_since("16", plan, convs, bits, NONE)
     named = {**layers_of, **{(net, "dense"): layers_of[("even", "dense")]
                              for net in ("densenet161", "resnet18-cifar")}}
     unchanged = unchanged_builds(named, cpu)

@@ -134,6 +134,38 @@ def test_a_width_no_vector_divides_is_computed_over_whole_tiles(conv, algorithm,
         assert result.error is None and result.verified, (result.error, result.max_error)
 
 
+def test_a_spatial_pack_row_splits_evenly_into_its_register_tiles():
+    """A row takes as many tiles as the widest the accumulators hold would need, each as
+    narrow as that allows: 9 columns in two of 5 (not two of 8), 18 in two of 9 (not two
+    of 16), 14 in two of 7; a row a tile divides keeps it (56 in 8s, 32 in 16s)."""
+    from dlas_predict.measure.kernels.knobs import balanced_width, widest_pack_tile
+
+    sp = Variant("spatial_pack", "dense")
+
+    def row(h, k, bits=512):
+        spec = ConvSpec.parse(f"C=64,H={h},W={h},K={k},R=3,S=3,stride=1,pad=1")
+        knobs = default_knobs(spec, sp, bits)
+        return knobs["tile_w"], widest_pack_tile(spec, knobs["tile_k"], bits)
+
+    assert row(9, 224) == (5, 8) and row(18, 112) == (9, 16) and row(14, 256) == (7, 8)
+    assert row(56, 64) == (8, 8) and row(32, 16) == (16, 16)
+    assert [balanced_width(c, 8) for c in (1, 4, 8, 9, 15, 16, 17)] == [1, 4, 8, 5, 8, 8, 6]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("conv", ["C=16,H=9,W=9,K=32,R=3,S=3,stride=1,pad=1",
+                                  "C=8,H=36,W=36,K=16,R=3,S=3,stride=2,pad=1"])
+def test_a_spatial_pack_row_of_even_tiles_matches_reference(conv, target):
+    """Rows of 9 and 18 columns in tiles split evenly (AVX-512's, whatever this CPU is):
+    the kernel matches the reference."""
+    spec = ConvSpec.parse(conv)
+    variant = Variant("spatial_pack", "dense")
+    knobs = default_knobs(spec, variant, 512)
+    assert knobs["tile_w"] in (5, 9)
+    result = run_task(_task(spec, variant, target, knobs=knobs))
+    assert result.error is None and result.verified, (result.error, knobs)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16", "int8"])
 @pytest.mark.parametrize("algorithm", ["direct", "gemm"])
 def test_a_cropped_tile_runs_the_fused_epilogue(algorithm, dtype):
@@ -493,7 +525,8 @@ def test_the_filter_block_pads_only_where_no_vector_divides_the_filters():
     # filters (13), and a divisor of whole vectors is kept (48 as three 16s)
     assert {K: kn["tile_k"] for K, kn in wide.items()} == {124: 32, 54: 32, 18: 32, 13: 16,
                                                            48: 16}
-    assert wide[124]["tile_w"] == 8 and wide[13]["tile_w"] == 16
+    # a row of 20 in tiles split evenly: three of 7 (two vectors of filters), two of 10
+    assert wide[124]["tile_w"] == 7 and wide[13]["tile_w"] == 10
     assert default_knobs(ConvSpec.parse("C=16,H=8,W=8,K=53,R=3,S=3,stride=1,pad=1"), sp,
                          512)["tile_k"] == 32
     # a grouped conv's blocks must stay within a group

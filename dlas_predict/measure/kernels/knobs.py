@@ -217,7 +217,7 @@ def default_knobs(spec: ConvSpec, variant: Variant, simd_bits: int | None = None
                     tile_k = min((2 * lanes, lanes),
                                  key=lambda b: _pack_block_cost(spec, b, lanes, acc))
             return {"tile_k": tile_k, "tile_h": 1,
-                    "tile_w": _pack_width(spec, tile_k, lanes, acc)}
+                    "tile_w": balanced_width(spec.OW, _pack_width(spec, tile_k, lanes, acc))}
         # depthwise / narrow groups: vectorise along output width instead.
         return {"tile_k": _divisor_at_most(kg, 4), "tile_h": 2 if spec.OH > 1 else 1,
                 "tile_w": min(lanes, _pow2_at_least(spec.OW))}
@@ -295,6 +295,22 @@ def _pack_width(spec: ConvSpec, tile_k: int, lanes: int, acc: int) -> int:
     vectors = -(-tile_k // lanes)  # accumulators per output column
     tile_w = max(1, min(acc // vectors, 16 if spec.OW >= 16 else 8))
     return min(tile_w, _pow2_at_least(spec.OW))
+
+
+def widest_pack_tile(spec: ConvSpec, tile_k: int, simd_bits: int | None = None) -> int:
+    """Spatial pack's widest register tile for blocks of ``tile_k`` filters on a CPU of
+    ``simd_bits`` (:func:`_pack_width`), which :func:`balanced_width` narrows."""
+    lanes, acc = registers(simd_bits)
+    return _pack_width(spec, tile_k, lanes, acc)
+
+
+def balanced_width(columns: int, width: int) -> int:
+    """The narrowest register tile that covers a row of ``columns`` in as many tiles as
+    ``width`` does: the tiles split the row evenly, so the last computes no more padding
+    than it must (a row of 9 columns in two tiles of 5, not two of 8; one of 18 in two of
+    9, not two of 16)."""
+    tiles = -(-columns // width)
+    return -(-columns // tiles)
 
 
 def _pack_block_cost(spec: ConvSpec, block: int, lanes: int, acc: int) -> tuple[int, int]:

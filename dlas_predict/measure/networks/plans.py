@@ -175,13 +175,27 @@ def _tiles_small_maps(plan: list, convs: list, simd_bits: int | None, _summary: 
     return False
 
 
-def _schedules_concats(_plan: list, _convs: list, _simd_bits: int | None,
-                       summary: dict | None, _dtype: DType | None, _vnni: bool) -> bool:
+def _concats_and_pack_rows(plan: list, convs: list, simd_bits: int | None,
+                           summary: dict | None, _dtype: DType | None, _vnni: bool) -> bool:
     """What engine "17" builds otherwise than "16": a network with a concatenation of two
     inputs or more, whose op (with the elementwise ops fused after it) now runs parallel
     over the axes up to the one it joins along and vectorised inside it (a network whose
-    summary is unknown, or was stored before it counted them, is taken to have one)."""
-    return summary is None or summary.get("concat_inputs", 1) > 0
+    summary is unknown, or was stored before it counted them, is taken to have one); or
+    any network with a dense spatial pack layer whose row engine 16 tiled at the widest
+    tile and today's splits evenly in narrower ones
+    (:func:`~dlas_predict.measure.kernels.knobs.balanced_width`)."""
+    from dlas_predict.measure.kernels.knobs import default_knobs, widest_pack_tile
+    from dlas_predict.space.config import Variant
+
+    if summary is None or summary.get("concat_inputs", 1) > 0:
+        return True
+    for (algorithm, sparse), spec in zip(plan, convs):
+        if algorithm != Algorithm.SPATIAL_PACK.value or sparse or spec.K // spec.groups < 8:
+            continue
+        today = default_knobs(spec, Variant(algorithm, "dense"), simd_bits)
+        if today["tile_w"] != widest_pack_tile(spec, today["tile_k"], simd_bits):
+            return True
+    return False
 
 
 #: Each engine after the oldest of :data:`CARRIED_VERSIONS`, and which builds it makes
@@ -189,7 +203,7 @@ def _schedules_concats(_plan: list, _convs: list, _simd_bits: int | None,
 #: ``rule(plan, convs, simd_bits, summary, dtype, vnni)``.
 ENGINE_CHANGES = {"11": _pads_register_filters, "12": _reblocks_pack_filters,
                   "13": _computes_sigmoid, "14": _runs_vnni, "15": _fast_erf_softmax,
-                  "16": _tiles_small_maps, "17": _schedules_concats}
+                  "16": _tiles_small_maps, "17": _concats_and_pack_rows}
 
 
 def rebuilt_since(version: str, plan: list, convs: list, simd_bits: int | None,
