@@ -154,12 +154,7 @@ class DeviceMap:
                  if dev.peak_gflops else 0.0 for k in kernels}
         ls = np.array([scale[str(k[0]), k[2]] for k in kernels])
         bits = getattr(dev, "simd_bits", None)
-        group: dict[tuple, str] = {}  # once per distinct kernel: parsing its conv costs
-        for k in kernels:
-            key = (str(k[0]), k[2], k[1])
-            if key not in group:
-                group[key] = group_of(k[2], k[1], k[0], bits)
-        groups = [group[str(k[0]), k[2], k[1]] for k in kernels]
+        groups = [group_of(k[2], k[1], k[0], bits) for k in kernels]
         convs = [k[0] for k in kernels]
 
         def mapped(seconds, widen: float = 0.0):
@@ -577,13 +572,15 @@ def zero_shot_map(device, reference: str, data: Path | None = None) -> DeviceMap
     return DeviceMap(device.name, reference, "zero-shot", t.alpha, t.beta, t.q10, t.q90)
 
 
+@functools.lru_cache(maxsize=None)
 def group_of(compression: str, algorithm: str, conv=None, simd_bits: int | None = None) -> str:
     """A kernel's group of the map's offsets: ``compression/algorithm``, and, given its
     ``conv`` (a ConvSpec or its text) and the vector width of the CPU that runs it, a group
     of its own for a layer whose kernel is other code than its algorithm's others (a
     float32 pointwise GEMM, ``…/pointwise``; a depthwise direct layer of any dtype, not
     CSR, ``…/depthwise``): a reference's corpus may have timed those layers on other code
-    than the device runs."""
+    than the device runs. Kept per kernel: a map groups the same kernels again and again,
+    and parsing a conv's text costs more than the rest."""
     from dlas_predict.measure.kernels.knobs import pointwise_tile
     from dlas_predict.space.config import COMPRESSION_KERNEL, Compression, ConvSpec
 

@@ -314,17 +314,16 @@ def _recommend_map(device: str, keys: list[str], log_ms: np.ndarray) -> dict | N
         dev, ref = None, "local"
     log_ref = transfer.reference_log_latency(ref, rows) + np.log(1e3)
     ref_dev = transfer.data_spec(ref)
+    bits = dev.simd_bits if dev is not None else None
+    groups = [transfer.group_of(r[2], r[1], r[0], bits) for r in rows]
     if dev is not None:
         m0 = transfer.zero_shot_map(dev, ref)
         scale = np.array([m0.log_scale(ref_dev, dev, f"{r[2]}@{r[3]:g}" if r[3] else r[2],
                                        r[0]) for r in rows])
-        m = transfer.adapted_map(dev, ref, log_ref, scale, log_ms,
-                                 [transfer.group_of(r[2], r[1], r[0], dev.simd_bits)
-                                  for r in rows], m0)
+        m = transfer.adapted_map(dev, ref, log_ref, scale, log_ms, groups, m0)
     else:
         stub = transfer.measured_only(device, ref_dev, len(rows))
-        m = transfer.adapted_map(stub, ref, log_ref, np.zeros(len(rows)), log_ms,
-                                 [transfer.group_of(r[2], r[1], r[0]) for r in rows])
+        m = transfer.adapted_map(stub, ref, log_ref, np.zeros(len(rows)), log_ms, groups)
     return m.to_dict()
 
 
