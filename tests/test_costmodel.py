@@ -491,6 +491,45 @@ def test_a_model_saved_again_unchanged_rewrites_no_file(tmp_path):
     assert trees.write_model_text(tmp_path / "n.txt.xz", text + "\n")
 
 
+def test_a_sidecar_whose_floats_differ_in_their_last_bits_is_not_rewritten(tmp_path):
+    """The same fit on another CPU's BLAS differs in the last bits of its floats: the
+    sidecar says the same and is left as it was (the onnxruntime model's file too); a value
+    that moves, a new field or a flag that becomes a number is written."""
+    import os
+
+    from dlas_predict.models.costmodel import same_meta, write_sidecar
+    from dlas_predict.models.ortmodel import OrtLatencyModel
+
+    meta = {"coef": [0.0019653256610083535, 0.0, 2], "q": {"fp32": -0.20210417839155995},
+            "ok": True}
+    again = {"coef": [0.0019653256610083518, 1e-17, 2], "q": {"fp32": -0.20210417839155997},
+             "ok": True, "train_seconds": 3.0}
+    path = write_sidecar(tmp_path, "m", meta)
+    os.utime(path, ns=(1, 1))
+    write_sidecar(tmp_path, "m", again)
+    assert path.stat().st_mtime_ns == 1
+    for changed in ({**meta, "coef": [0.00196533, 0.0, 2]}, {**meta, "new": 0},
+                    {**meta, "ok": 1.0}, {**meta, "coef": [0.0019653256610083535, 0.0]}):
+        assert not same_meta(meta, changed)
+        write_sidecar(tmp_path, "m", changed)
+        assert path.stat().st_mtime_ns != 1, changed
+        write_sidecar(tmp_path, "m", meta)
+        os.utime(path, ns=(1, 1))
+
+    model = OrtLatencyModel()
+    model.coef_, model.q10_, model.q90_ = {"fp32": [0.1, 0.2]}, {"fp32": -0.2}, {"fp32": 0.15}
+    model.meta_, model.correction_ = {"n_train": 3}, {}
+    saved = model.save(tmp_path)
+    os.utime(saved, ns=(1, 1))
+    model.coef_ = {"fp32": [0.1 * (1 + 1e-15), 0.2]}
+    model.save(tmp_path)
+    assert saved.stat().st_mtime_ns == 1
+    model.coef_ = {"fp32": [0.11, 0.2]}
+    model.save(tmp_path)
+    assert saved.stat().st_mtime_ns != 1
+    assert OrtLatencyModel.load(tmp_path).coef_ == {"fp32": [0.11, 0.2]}
+
+
 def test_a_saved_model_keeps_only_what_prediction_reads_and_predicts_the_same(tmp_path):
     """Split gains, internal values, weights and counts and the header's tree sizes are
     dropped on saving: LightGBM and the numpy walk predict from the file what the booster

@@ -57,10 +57,25 @@ def package_versions() -> dict[str, str]:
 VOLATILE_META = ("train_seconds",)
 
 
+def same_meta(a, b, rel: float = 1e-9) -> bool:
+    """Whether two sidecars' parsed JSON say the same: equal structure and values, floats
+    equal to ``rel`` (a fit repeated on another CPU's BLAS differs in the last bits)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_meta(a[k], b[k], rel) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same_meta(x, y, rel) for x, y in zip(a, b))
+    if isinstance(a, float) or isinstance(b, float):
+        return (not isinstance(a, bool) and not isinstance(b, bool)
+                and isinstance(a, (int, float)) and isinstance(b, (int, float))
+                and math.isclose(a, b, rel_tol=rel, abs_tol=1e-15))
+    return a == b
+
+
 def write_sidecar(directory: Path, name: str, meta: dict) -> Path:
     """Write a model's JSON sidecar ``DIRECTORY/NAME.json`` (creating the directory). A
-    sidecar that already says the same (apart from :data:`VOLATILE_META`) is left as it
-    is, so a retrain that changes nothing rewrites nothing."""
+    sidecar that already says the same (apart from :data:`VOLATILE_META`, floats to
+    :func:`same_meta`'s precision) is left as it is, so a retrain that changes nothing
+    rewrites nothing."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     sidecar = directory / f"{name}.json"
@@ -72,7 +87,7 @@ def write_sidecar(directory: Path, name: str, meta: dict) -> Path:
 
     text = json.dumps(meta, indent=2, sort_keys=True) + "\n"
     try:
-        if steady(json.loads(sidecar.read_text())) == steady(json.loads(text)):
+        if same_meta(steady(json.loads(sidecar.read_text())), steady(json.loads(text))):
             return sidecar
     except (OSError, ValueError, AttributeError):
         pass

@@ -60,7 +60,7 @@ import numpy as np
 
 from dlas_predict.models.base import (FITTED_COVERAGE, CostModel, at_coverage,
                                       group_folds)
-from dlas_predict.models.costmodel import ModelError
+from dlas_predict.models.costmodel import VOLATILE_META, ModelError, same_meta
 
 #: The terms of the model, in order.
 TERMS = ("const", "dense_macs", "depthwise_macs", "conv_io_bytes", "weight_bytes",
@@ -379,9 +379,19 @@ class OrtLatencyModel(CostModel):
         from dlas_predict.files import write_if_changed
         from dlas_predict.models.trees import MODEL_SUFFIX, save_trees
 
-        write_if_changed(path, json.dumps({"coef": self.coef_, "q10": self.q10_,
-                                           "q90": self.q90_, "meta": self.meta_},
-                                          indent=1, sort_keys=True).encode())
+        text = json.dumps({"coef": self.coef_, "q10": self.q10_, "q90": self.q90_,
+                           "meta": self.meta_}, indent=1, sort_keys=True)
+
+        def steady(d: dict) -> dict:
+            meta = {k: v for k, v in d.get("meta", {}).items() if k not in VOLATILE_META}
+            return {**d, "meta": meta}
+
+        try:
+            unchanged = same_meta(steady(json.loads(path.read_text())), steady(json.loads(text)))
+        except (OSError, ValueError, AttributeError):
+            unchanged = False
+        if not unchanged:
+            write_if_changed(path, text.encode())
         kept = {directory / f"{self.name}.correction.{_slug(m)}{MODEL_SUFFIX}": t
                 for m, t in self.correction_.items()}
         for stale in directory.glob(f"{self.name}.correction.*"):
