@@ -366,6 +366,30 @@ def test_shrunk_offsets_give_each_network_family_its_own_level():
     assert set(plain) == {"*", "fp32", "int8", "float16"}
 
 
+def test_an_onnxruntime_float16_run_without_an_offset_of_its_own_takes_fp32s():
+    """onnxruntime's float16 run is its fp32 graph with float16 weights: where no float16
+    run was calibrated, its offset is fp32's (the family's first), not the common one; a
+    calibrated float16 offset, any other mode and our own float16 builds are unchanged.
+    The calibration's rows price themselves the same way."""
+    from dlas_predict.crossdev.transfer import DeviceMap, onnxruntime_groups
+
+    off = {"*": 0.3, "fp32": -0.1, "int8": 0.5, "mlp *": 0.6, "mlp fp32": 0.7}
+    m = DeviceMap("local", "ref", "adapted", 0.5, 0.5, -0.1, 0.1, onnxruntime_offsets=off)
+    assert onnxruntime_groups("float16") == ["float16", "fp32"]
+    assert onnxruntime_groups("int8") == ["int8"]
+    assert m.onnxruntime_offset("float16") == -0.1
+    assert m.onnxruntime_offset("float16", "mlp") == 0.7
+    assert m.onnxruntime_offset("float16", "transformer") == -0.1
+    assert m.onnxruntime_offset("channel_pruning") == 0.3
+    assert m.onnxruntime_offset("int8", "mlp") == 0.6
+    m.onnxruntime_offsets = {**off, "float16": 0.2}
+    assert m.onnxruntime_offset("float16") == 0.2
+    ort = cal.NetworkRow("n", "float16/onnxruntime", "onnxruntime", "float16", 2.0, 1.0)
+    ours = cal.NetworkRow("n", "float16/gemm", "tvm", "float16", 2.0, 1.0)
+    assert ort.calibrated_ms((1.0, 1.0), off) == pytest.approx(2.0 * math.exp(-0.1))
+    assert ours.calibrated_ms((1.0, 1.0), off) == pytest.approx(2.0 * math.exp(0.3))
+
+
 def test_calibration_goes_round_by_round_and_offsets_each_family(uncalibrated, tmp_path):
     """Every network's dense runs before any network's pruned ones; an MLP's runs give its
     family offsets of its own, which recommend applies to MLPs only."""

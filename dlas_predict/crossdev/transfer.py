@@ -183,11 +183,11 @@ class DeviceMap:
         return offset_of(self.network_offsets, ([MIXED] if mixed else []) + [comp], family)
 
     def onnxruntime_offset(self, mode: str, family: str = "") -> float | None:
-        """The onnxruntime offset of a run mode for a network of ``family`` (None: not
-        calibrated on onnxruntime)."""
+        """The onnxruntime offset of a run mode for a network of ``family``
+        (:func:`onnxruntime_groups`; None: not calibrated on onnxruntime)."""
         if not self.onnxruntime_offsets:
             return None
-        return offset_of(self.onnxruntime_offsets, [mode], family)
+        return offset_of(self.onnxruntime_offsets, onnxruntime_groups(mode), family)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -214,6 +214,20 @@ def offset_key(group: str, family: str = "") -> str:
     """The key of a group's offset: a conv network's group by its name, another family's
     prefixed by it (``transformer fp32``, ``recurrent *``)."""
     return f"{family} {group}" if family else group
+
+
+#: An onnxruntime run mode whose offset, where a calibration has none of its own, is another
+#: mode's before the common one: a float16 run is the fp32 graph with its weights in
+#: float16 (on the 2-core Xeon, three CNNs' float16 runs took ×0.99-1.00 their fp32 time),
+#: where the common offset also holds the channel-pruned and int8 graphs'.
+ONNXRUNTIME_MODE_FALLBACK = {"float16": "fp32"}
+
+
+def onnxruntime_groups(mode: str) -> list[str]:
+    """The offset groups an onnxruntime run of ``mode`` reads, first found first
+    (:func:`offset_of`): its own, then :data:`ONNXRUNTIME_MODE_FALLBACK`'s."""
+    return [mode] + ([ONNXRUNTIME_MODE_FALLBACK[mode]] if mode in ONNXRUNTIME_MODE_FALLBACK
+                     else [])
 
 
 def offset_of(table: dict[str, float], groups: list[str], family: str = "") -> float:

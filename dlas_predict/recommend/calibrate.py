@@ -141,11 +141,15 @@ class NetworkRow:
     def calibrated_ms(self, scales: tuple[float, float], offsets: dict[str, float],
                       family: str | None = None) -> float:
         """The prediction with its two parts scaled and its group's offset (of ``family``,
-        by default its own) applied."""
-        from dlas_predict.crossdev.transfer import offset_of, scaled_by_parts
+        by default its own; an onnxruntime run's as :func:`onnxruntime_groups` reads it)
+        applied."""
+        from dlas_predict.crossdev.transfer import (offset_of, onnxruntime_groups,
+                                                    scaled_by_parts)
 
+        groups = onnxruntime_groups(self.group) if self.backend == "onnxruntime" \
+            else [self.group]
         return scaled_by_parts(self.predicted_ms, self.fixed_ms, scales) * float(np.exp(
-            offset_of(offsets, [self.group], self.family if family is None else family)))
+            offset_of(offsets, groups, self.family if family is None else family)))
 
 
 @dataclass
