@@ -402,9 +402,10 @@ def test_an_offset_every_measurement_shares_reaches_the_kernels_not_measured():
 @pytest.mark.machine
 def test_onnxruntime_is_mapped_between_each_cpu_s_own_instruction_sets(monkeypatch):
     """onnxruntime runs a CPU's own instruction set whatever our kernels are built for: the
-    roof it runs at over a device's own is 1 for code of the CPU's own level, above 1 for a
-    profile of a lower level (measured where both roofs are, here or in the shipped data)
-    and for this CPU under DLAS_FORCE_ISA; a GPU has none."""
+    roof it runs at over a device's own is 1 for code of the CPU's own level or vector width
+    (an AVX2-only CPU's AVX2 profiles), above 1 for a profile of a narrower level (measured
+    where both roofs are, here or in the shipped data) and for this CPU forced to one under
+    DLAS_FORCE_ISA; a GPU has none."""
     import platform
 
     from dlas_predict.crossdev.transfer import data_spec, onnxruntime_roof_ratio
@@ -418,12 +419,19 @@ def test_onnxruntime_is_mapped_between_each_cpu_s_own_instruction_sets(monkeypat
     assert onnxruntime_roof_ratio(sse) == pytest.approx(
         native_1t["peak_gflops"]["float32"] / sse.peak_gflops["float32"])
     here = D.get_device("local", with_target=False)
-    assert (onnxruntime_roof_ratio(here) > 1.0) == (D.forced_isa() is not None)
-    lower = [n for n in D.profile_names() if "native" not in n]
+    forced_level = D.forced_isa()
+    assert (onnxruntime_roof_ratio(here) > 1.0) == (
+        forced_level is not None and forced_level.simd_bits < D.native_simd_bits())
+    profiles = {n: D.get_device(n, with_target=False) for n in D.profile_names()
+                if "native" not in n}
+    lower = [n for n, d in profiles.items() if d.simd_bits < D.native_simd_bits()]
+    for name, dev in profiles.items():
+        if name not in lower:
+            assert onnxruntime_roof_ratio(dev) == 1.0, name
     if platform.machine() not in ("x86_64", "AMD64") or not lower:
         pytest.skip("no profile of a lower x86-64 level on this CPU")
     for name in lower:
-        assert onnxruntime_roof_ratio(D.get_device(name, with_target=False)) > 1.0
+        assert onnxruntime_roof_ratio(profiles[name]) > 1.0, name
     if D.native_simd_bits() == 128:
         return
     monkeypatch.setenv(D.FORCE_ISA_ENV, "sse42")

@@ -398,7 +398,8 @@ def onnxruntime_roof_ratio(dev) -> float:
     on a profile of a lower x86-64 level, or on this CPU under ``DLAS_FORCE_ISA``, it runs
     wider vectors than ours. Both roofs measured where they are (the CPU's own at ``dev``'s
     threads: its ``local``, or its native one-thread profile), else the ratio of the two
-    vector widths; 1 where ``dev``'s code is its CPU's own, or its CPU is not known."""
+    vector widths; 1 where ``dev``'s code is its CPU's own or as wide, or its CPU is not
+    known."""
     from dlas_predict.space import devices as D
 
     if dev.kind != "cpu" or not dev.simd_bits or not of_this_machine(dev.name):
@@ -412,8 +413,8 @@ def onnxruntime_roof_ratio(dev) -> float:
         machine, cores, simd = own.fingerprint, own.cores, own.simd_bits
         if level is None or dev.fingerprint != D.profile_fingerprint(machine, level, threads):
             return 1.0
-    if level is None or level.mcpu is None or not simd:
-        return 1.0
+    if level is None or level.mcpu is None or not simd or level.simd_bits >= simd:
+        return 1.0  # the CPU's own code, or its own vector width (an AVX2-only CPU's AVX2)
     measured = D.measured_peaks(D.native_fingerprint_at(machine, threads, cores)) or {}
     peak = (measured.get("peak_gflops") or {}).get("float32")
     if peak and dev.source == "measured" and dev.peak_gflops.get("float32"):
