@@ -33,6 +33,29 @@ def test_local_is_detected_with_a_specific_target_and_stable_fingerprint():
     assert (local.mem_bandwidth_gbs is not None) == (local.source == "measured")
 
 
+def test_two_generations_alike_in_name_and_flags_are_two_machines(monkeypatch):
+    """A virtual machine names a Zen 1 and a Zen 3 alike ("AMD EPYC", the same AVX2
+    flags): their family and model numbers make them two keys. A machine whose shipped data
+    is keyed without its numbers keeps that key where its numbers agree."""
+    from dlas_predict.space import devices as D
+
+    flags = frozenset({"sse4_2", "avx", "avx2", "fma", "f16c"})
+    keys = {}
+    for cpu_id in ("23/1", "25/1", ""):
+        monkeypatch.setattr(D, "_native_cpuinfo", lambda c=cpu_id: ("AMD EPYC", flags,
+                                                                     2000.0, c))
+        monkeypatch.setattr(D, "_cpu_id", lambda c=cpu_id: c)
+        keys[cpu_id] = D.native_fingerprint()
+    assert len(set(keys.values())) == 3
+    assert keys[""] == D._fingerprint("AMD EPYC", flags)  # no numbers: name and flags
+    plain = D._fingerprint("AMD EPYC", flags)
+    monkeypatch.setitem(D._KEYS_WITHOUT_CPU_ID, plain, "25/1")
+    assert D._own_key("AMD EPYC", flags, "25/1") == plain
+    assert D._own_key("AMD EPYC", flags, "23/1") == keys["23/1"] != plain
+    monkeypatch.setitem(D._KEYS_WITHOUT_CPU_ID, plain, "")  # numbers not recorded
+    assert D._own_key("AMD EPYC", flags, "23/1") == plain
+
+
 def test_estimated_roofs_are_of_the_kernels_arithmetic_not_the_isas_best():
     """Unmeasured, a CPU's roofs are what our kernels execute: float16 converted and
     multiply-added in float32, int8 widened to int32 and multiplied then added (half the
@@ -403,12 +426,14 @@ def test_a_forced_isa_level_is_this_cpu_at_that_level_or_a_clean_error(monkeypat
         assert set(forced.isa_flags) <= {"sse4_2", "avx", "avx2", "fma", "f16c"}
         assert (forced.fingerprint == native.fingerprint) == (native.simd_bits == 256
                                                               and not native.vnni)
-        # cut below its own level, the key holds the CPU's family and model: two
-        # generations alike in name, forced alike, are two machines
-        cut = {f for f in D._native_cpuinfo()[1] if f in D._FINGERPRINT_FLAGS} - {
+        # the key holds the CPU's family and model: two generations alike in name, forced
+        # alike, are two machines (at its own level, unless its shipped key has none)
+        model, own, _, _ = D._native_cpuinfo()
+        cut = {f for f in own if f in D._FINGERPRINT_FLAGS} - {
             "sse4_2", "avx", "avx2", "fma", "f16c"}
+        kept = D._fingerprint(model, own) in D._KEYS_WITHOUT_CPU_ID
         monkeypatch.setattr(D, "_cpu_id", lambda: "0/0")
-        assert (D.local_fingerprint() != forced.fingerprint) == bool(cut)
+        assert (D.local_fingerprint() != forced.fingerprint) == (bool(cut) or not kept)
         monkeypatch.setenv(D.FORCE_ISA_ENV, "avx9")
         D._cpuinfo.cache_clear()
         with pytest.raises(DeviceError, match="allowed: sse42, avx2, native"):

@@ -254,23 +254,40 @@ def local_cores() -> int:
         return os.cpu_count() or 1
 
 
+#: The machines whose shipped data is keyed by name, cores and flags alone (the key of
+#: :func:`_fingerprint` without family and model numbers), with the numbers each was
+#: measured on ("": not recorded). Such a machine keeps that key where its numbers agree;
+#: every other machine's key holds its numbers.
+_KEYS_WITHOUT_CPU_ID = {"c148d788c2ccc7d5": "25/17", "0ab3a63049d27cd9": "26/2",
+                        "66a5a5847a45f28c": ""}
+
+
 def local_fingerprint() -> str:
-    """This machine's key: its CPU's model name, cores, architecture and ISA flags. Forced
-    to a lower ISA level than its own, the key also holds the CPU's family and model
-    numbers: a virtual machine names many generations alike ("AMD EPYC"), and with their
-    flags cut to one level, two generations (or a CPU of that level itself) would share one
-    key."""
+    """This machine's key: its CPU's model name, cores, architecture, ISA flags and x86
+    family and model numbers. A virtual machine names many generations alike ("AMD EPYC"),
+    and two of them with the same flags (a Zen 1 and a Zen 3, both AVX2) are two machines;
+    so is a CPU forced to a lower ISA level and a CPU of that level."""
     model, flags, _ = _cpuinfo()
     forced = {f for f in flags if f in _FINGERPRINT_FLAGS} != \
         {f for f in _native_cpuinfo()[1] if f in _FINGERPRINT_FLAGS}
-    return _fingerprint(model, flags, _cpu_id() if forced else None)
+    if forced:
+        return _fingerprint(model, flags, _cpu_id())
+    return _own_key(model, flags, _cpu_id())
 
 
 def native_fingerprint() -> str:
     """This machine's fingerprint at its own instruction set: :func:`local_fingerprint` as
     it is without ``DLAS_FORCE_ISA``."""
     model, flags, _, _ = _native_cpuinfo()
-    return _fingerprint(model, flags)
+    return _own_key(model, flags, _cpu_id())
+
+
+def _own_key(model: str, flags, cpu_id: str) -> str:
+    """The key of a CPU at its own instruction set (:data:`_KEYS_WITHOUT_CPU_ID`)."""
+    plain = _fingerprint(model, flags)
+    if not cpu_id or _KEYS_WITHOUT_CPU_ID.get(plain) in ("", cpu_id):
+        return plain
+    return _fingerprint(model, flags, cpu_id)
 
 
 def _fingerprint(model: str, flags, cpu_id: str | None = None) -> str:
