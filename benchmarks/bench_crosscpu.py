@@ -20,7 +20,7 @@ another CPU's shipped onnxruntime model, calibrated as ``calibrate`` does on a c
 set of that CPU's own runs (the four zoo networks of the calibration set, four generated
 CNNs, a transformer, a recurrent network and an MLP drawn at random; 30 draws), and scored
 on its other networks' runs: offsets by run mode alone, by network family and mode
-(:func:`~dlas_predict.crossdev.transfer.shrunk_offsets`), and by family and mode after
+(:func:`~dlas_predict.crossdev.offsets.shrunk_offsets`), and by family and mode after
 the two scales of per-op costs and the rest
 (:func:`~dlas_predict.recommend.calibrate.onnxruntime_scales`).
 
@@ -153,7 +153,7 @@ DRAWN = (("cnn", 4), ("transformer", 1), ("rnn", 1), ("fc", 1))
 def onnxruntime_calibrated(cpus: dict, tmp: Path, draws: int = 30) -> dict:
     """Each CPU's onnxruntime runs, another CPU's model calibrated on some of them (module
     doc); within ±10 % of the rest, mean over the draws, per method."""
-    from dlas_predict.crossdev.transfer import shrunk_offsets
+    from dlas_predict.crossdev.offsets import shrunk_offsets
     from dlas_predict.models.ortmodel import (TERMS, OrtLatencyModel, fitted_modes,
                                               nchwc_block, training_rows)
     from dlas_predict.paths import MODELS_STORE

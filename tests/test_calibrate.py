@@ -243,7 +243,7 @@ def test_a_noisy_or_failed_kernel_is_recorded_and_left_out_of_the_fit(uncalibrat
 
 
 def test_shrunk_offsets_pull_a_lone_group_to_the_common_offset():
-    from dlas_predict.crossdev.transfer import shrunk_offsets
+    from dlas_predict.crossdev.offsets import shrunk_offsets
 
     off, loo = shrunk_offsets(np.log([1.2, 1.2, 1.2, 2.0]), ["a", "a", "a", "b"])
     assert 0 < off["*"] < np.log(2.0)
@@ -346,7 +346,7 @@ def test_live_kernels_are_timed_here_and_kept_in_this_machines_corpus(tmp_path, 
 
 
 def test_shrunk_offsets_give_each_network_family_its_own_level():
-    from dlas_predict.crossdev.transfer import offset_of, shrunk_offsets
+    from dlas_predict.crossdev.offsets import offset_of, shrunk_offsets
 
     r = np.log([0.5, 0.5, 0.5, 0.5, 0.8, 0.8, 0.8])
     groups = ["fp32", "fp32", "int8", "int8", "fp32", "int8", "float16"]
@@ -371,7 +371,8 @@ def test_an_onnxruntime_float16_run_without_an_offset_of_its_own_takes_fp32s():
     run was calibrated, its offset is fp32's (the family's first), not the common one; a
     calibrated float16 offset, any other mode and our own float16 builds are unchanged.
     The calibration's rows price themselves the same way."""
-    from dlas_predict.crossdev.transfer import DeviceMap, onnxruntime_groups
+    from dlas_predict.crossdev.offsets import onnxruntime_groups
+    from dlas_predict.crossdev.transfer import DeviceMap
 
     off = {"*": 0.3, "fp32": -0.1, "int8": 0.5, "mlp *": 0.6, "mlp fp32": 0.7}
     m = DeviceMap("local", "ref", "adapted", 0.5, 0.5, -0.1, 0.1, onnxruntime_offsets=off)

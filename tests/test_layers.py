@@ -1,6 +1,6 @@
 """The library's structure: its layers run one way (the import-linter contract in
 pyproject.toml), no module imports itself through others, and no module imports another's
-private name. Function-local imports count as imports."""
+private name, and no module passes 800 lines. Function-local imports count as imports."""
 import ast
 import subprocess
 import sys
@@ -102,3 +102,10 @@ def test_no_module_imports_another_modules_private_name():
                       for dep, n in _imports(m, p, modules)
                       if n is not None and n.startswith("_") and dep != m})
     assert private == [], private
+
+
+def test_no_module_is_longer_than_800_lines():
+    """A module past 800 lines holds more than one job: split it by role."""
+    long = {name: n for name, path in _modules().items()
+            if (n := len(path.read_text().splitlines())) > 800}
+    assert long == {}, long

@@ -143,8 +143,8 @@ class NetworkRow:
         """The prediction with its two parts scaled and its group's offset (of ``family``,
         by default its own; an onnxruntime run's as :func:`onnxruntime_groups` reads it)
         applied."""
-        from dlas_predict.crossdev.transfer import (offset_of, onnxruntime_groups,
-                                                    scaled_by_parts)
+        from dlas_predict.crossdev.offsets import (offset_of, onnxruntime_groups,
+                                                   scaled_by_parts)
 
         groups = onnxruntime_groups(self.group) if self.backend == "onnxruntime" \
             else [self.group]
@@ -195,6 +195,7 @@ def run(device: str, minutes: float, networks: list[str] | None,
     machine); ``fingerprint`` names the machine the measurements are of (default: the
     device's)."""
     from dlas_predict.crossdev import transfer
+    from dlas_predict.crossdev.offsets import shrunk_offsets
     from dlas_predict.recommend import active
     from dlas_predict.crossdev.adapted import adapted_path
     from dlas_predict.paths import dlas_home
@@ -267,7 +268,7 @@ def run(device: str, minutes: float, networks: list[str] | None,
         net_loo = ort_loo = np.array([])
         if tvm:
             res = np.log([r.measured_ms / r.predicted_ms for r in tvm])
-            kmap.network_offsets, net_loo = transfer.shrunk_offsets(
+            kmap.network_offsets, net_loo = shrunk_offsets(
                 res, [r.group for r in tvm], families=[r.family for r in tvm],
                 networks=[r.network for r in tvm])
             # a new network's error: its offset's and its unseen kernels' map error
@@ -369,8 +370,8 @@ def onnxruntime_scales(rows: list[NetworkRow]) -> tuple[float, float]:
 
 def fit_onnxruntime(rows: list[NetworkRow]) -> tuple[tuple[float, float], dict[str, float]]:
     """onnxruntime's two scales (:func:`onnxruntime_scales`) and the offsets by family and
-    mode of what they leave (:func:`~dlas_predict.crossdev.transfer.shrunk_offsets`)."""
-    from dlas_predict.crossdev.transfer import scaled_by_parts, shrunk_offsets
+    mode of what they leave (:func:`~dlas_predict.crossdev.offsets.shrunk_offsets`)."""
+    from dlas_predict.crossdev.offsets import scaled_by_parts, shrunk_offsets
 
     scales = onnxruntime_scales(rows)
     res = np.log([r.measured_ms / scaled_by_parts(r.predicted_ms, r.fixed_ms, scales)
