@@ -9,7 +9,8 @@ candidates are priced zero-shot (a DLAS_HOME without the calibration; and one wi
 this machine's roofs, as the calibration measured them), by every calibrated home given (e.g. calibrations of 1, 3 and 5 minutes) and by a MACs fit (log latency on log
 MACs, per backend, fitted on the last calibration's own whole-network runs: the same
 shots). A candidate the canary found timed on a busy machine is left out (and listed).
-Printed: within ±10 %, MAPE and Spearman of each (and by backend), the share of
+``--rescore JSON`` prices the candidates a run saved (``--json``) again, from the same
+homes, with today's models and maps, and times nothing. Printed: within ±10 %, MAPE and Spearman of each (and by backend), the share of
 measured times inside each 80 % interval, and the pick after validating 3 against the best
 measured.
 
@@ -53,6 +54,12 @@ def _score(pred: np.ndarray, meas: np.ndarray) -> dict:
             "spearman": float(spearmanr(pred, meas).statistic) if len(pred) > 2 else None}
 
 
+def _key(c) -> tuple[str, str, str]:
+    """A candidate as one run and the next name it: a per-layer plan is the same candidate
+    only with the same layers' kernels."""
+    return c.label, c.backend, ";".join(f"{a}{'/sparse' if s else ''}" for a, s in c.layers)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--calibrated-home", type=Path, action="append", required=True,
@@ -62,6 +69,8 @@ def main() -> int:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--no-matrix", action="store_true",
                     help="validate the generated CNNs only")
+    ap.add_argument("--rescore", type=Path,
+                    help="a --json of an earlier run: price its timed candidates again")
     args = ap.parse_args()
     homes = [h.resolve() for h in args.calibrated_home]
     cals = []
@@ -72,6 +81,13 @@ def main() -> int:
                   "first")
             return 1
         cals.append(json.loads(saved.read_text()))
+    saved_rows = None
+    if args.rescore:
+        try:
+            saved_rows = json.loads(args.rescore.read_text())["rows"]
+        except (OSError, ValueError, KeyError) as exc:
+            print(f"Error: {args.rescore}: not a --json of this benchmark ({exc})")
+            return 1
     home, cal = homes[-1], cals[-1]
     names = [f"calibrated_{len(c.get('active_learning', {}).get('measured', []))}k_"
              f"{len(c.get('networks', []))}n" for c in cals[:-1]] + ["calibrated"]
@@ -112,9 +128,25 @@ def main() -> int:
                 fit[backend] = np.polyfit(x, y, 1)
         for path in paths:
             os.environ["DLAS_HOME"] = str(home)
+            if saved_rows is not None:
+                timed = [r for r in saved_rows if r["network"] == path.stem]
+                if not timed:
+                    continue
             rec = recommend(str(path), args.device, max_accuracy_drop=float("inf"),
-                            top=args.validate, validate=args.validate, tuning="untuned",
-                            ratios=(0.5, 0.9))
+                            top=0 if saved_rows is not None else args.validate,
+                            validate=0 if saved_rows is not None else args.validate,
+                            tuning="untuned", ratios=(0.5, 0.9))
+            validated = rec.validated
+            if saved_rows is not None:  # the saved timings, on today's prices
+                priced = {_key(c): c for c in rec.candidates}
+                validated = []
+                for r in timed:
+                    c = priced.get((r["label"], r["backend"], r.get("layers")))
+                    if c is None:
+                        print(f"{path.stem} {r['label']}: not priced today, left out")
+                        continue
+                    c.measured_s = r["measured_ms"] / 1e3
+                    validated.append(c)
             others = {}
             for name, h in [*zip(names[:-1], homes[:-1]), ("zero_shot", zero_home),
                             ("zero_shot_roofs", roofs_home)]:
@@ -122,9 +154,9 @@ def main() -> int:
                 o = recommend(str(path), args.device, max_accuracy_drop=float("inf"), top=0,
                               tuning="untuned", ratios=(0.5, 0.9))
                 # a per-layer plan is the same candidate only with the same layers' kernels
-                others[name] = {(c.label, c.backend, c.layers): c for c in o.candidates}
+                others[name] = {_key(c): c for c in o.candidates}
             macs = _macs(path)
-            for c in rec.validated:
+            for c in validated:
                 if c.measured_s is None:
                     continue
                 if (c.measured_note or "").startswith("noisy"):
@@ -132,9 +164,9 @@ def main() -> int:
                     continue  # timed on a busy machine: not a figure to score against
                 f = fit.get(c.backend)
                 row = {"network": path.stem, "family": path.stem.split("_")[0],
-                       "label": c.label, "backend": c.backend,
+                       "label": c.label, "backend": c.backend, "layers": _key(c)[2],
                        "measured_ms": c.measured_s * 1e3}
-                for name, o in [("calibrated", c), *((n, m.get((c.label, c.backend, c.layers)))
+                for name, o in [("calibrated", c), *((n, m.get(_key(c)))
                                                      for n, m in others.items())]:
                     row[f"{name}_ms"] = o.predicted_s * 1e3 if o is not None else None
                     row[f"{name}_low_ms"] = o.low_s * 1e3 if o is not None else None
@@ -142,7 +174,7 @@ def main() -> int:
                 row["macs_fit_ms"] = float(np.exp(np.polyval(f, np.log(macs)))) \
                     if f is not None else None
                 rows.append(row)
-            print(f"{path.stem}: {len(rec.validated)} validated", flush=True)
+            print(f"{path.stem}: {len(validated)} validated", flush=True)
     meas = np.array([r["measured_ms"] for r in rows])
     out = {"device": args.device, "cpu": dev.description, "fingerprint": dev.fingerprint,
            "calibration": {"kernels": len(cal.get("active_learning", {}).get("measured", [])),
