@@ -445,8 +445,8 @@ def test_onnxruntime_rows_move_with_the_map_where_its_model_is_another_machines(
     """With the layer model mapped from a reference machine, onnxruntime's rows (its model
     that reference's) are scaled by the network's ratio of mapped to reference dense float32
     kernel time and take the map's source; where our kernels' code is not the CPU's own
-    instruction set, which onnxruntime runs, also by the map's compute term between the two;
-    on the machine the model was trained on, they stay as predicted."""
+    instruction set, which onnxruntime runs, their work (not their per-op costs) also by the
+    map's compute term between the two; on the machine the model was trained on, they stay as predicted."""
     from types import SimpleNamespace
 
     from dlas_predict.crossdev import transfer
@@ -492,6 +492,12 @@ def test_onnxruntime_rows_move_with_the_map_where_its_model_is_another_machines(
     assert [c.predicted_s for c in ort] == pytest.approx([1e-3 * 2 ** -0.8,
                                                           0.5e-3 * 2 ** -0.8])
     assert "instruction sets" in su.notes[0]
+    # that term moves its work, not its per-op costs (the model's fixed terms' share)
+    ort, su.notes = rows(), []
+    ort[0].fixed_share = 0.25
+    _map_onnxruntime(ort, su, kernels, own, (mid, low, high))
+    assert ort[0].predicted_s == pytest.approx(1e-3 * (0.25 + 0.75 * 2 ** -0.8))
+    assert ort[1].predicted_s == pytest.approx(0.5e-3 * 2 ** -0.8)
     # trained here (or no map): untouched
     here = SimpleNamespace(name="local", fingerprint="aaaa")
     same = rows()

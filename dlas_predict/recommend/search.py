@@ -506,9 +506,12 @@ def _map_onnxruntime(ort: list[Candidate], su: _Setup, kernels: list[tuple], own
     by the map's. One ratio for every mode: onnxruntime's CPU kernels are not ours, and its
     float16 runs in float32 between casts. onnxruntime runs each CPU's own instruction set,
     so where ours are built for another on either machine (a profile of a lower x86-64
-    level, or ``DLAS_FORCE_ISA``), the ratio also moves by the map's compute term between
-    the two (:func:`~dlas_predict.crossdev.transfer.onnxruntime_roof_ratio`). Rows so
-    priced are the map's (zero-shot or adapted)."""
+    level, or ``DLAS_FORCE_ISA``), the work in its prediction (not its per-op costs,
+    :meth:`~dlas_predict.models.ortmodel.OrtLatencyModel.fixed_share`) also moves by the
+    map's compute term between the two
+    (:func:`~dlas_predict.crossdev.transfer.onnxruntime_roof_ratio`). Rows so priced are
+    the map's (zero-shot or adapted)."""
+    from dlas_predict.crossdev.offsets import scaled_by_parts
     from dlas_predict.crossdev.transfer import onnxruntime_roof_ratio
 
     if su.mapping is None or su.ort_model is None or su.ort_here:
@@ -525,17 +528,20 @@ def _map_onnxruntime(ort: list[Candidate], su: _Setup, kernels: list[tuple], own
             su.notes.append(_ORT_ELSEWHERE.format(su.ort_machine))
         return
     # onnxruntime runs each CPU's own instruction set, whatever code our kernels are built
-    # for: the map's compute term between the two instruction sets, on each side
+    # for: the map's compute term between the two instruction sets, on each side, moves
+    # its work; its per-op costs (the model's fixed terms) are no wider on wider vectors
     isa = (onnxruntime_roof_ratio(su.ref_dev) / onnxruntime_roof_ratio(su.dev)) \
         ** su.mapping.alpha
-    r = mid.sum() / own.sum() * isa
+    r = mid.sum() / own.sum()
     lo, hi = min(low.sum() / mid.sum(), 1.0), max(high.sum() / mid.sum(), 1.0)
     for c in ort:
+        f = r * scaled_by_parts(1.0, c.fixed_share or 0.0, (1.0, isa))
         c.basis_s = c.predicted_s
-        c.predicted_s, c.low_s, c.high_s = c.predicted_s * r, c.low_s * r * lo, c.high_s * r * hi
+        c.predicted_s, c.low_s, c.high_s = c.predicted_s * f, c.low_s * f * lo, c.high_s * f * hi
         c.source = su.mapping.source
-    own_isa = (f", and by ×{isa:.2f} for the instruction sets onnxruntime runs there and "
-               "here (each CPU's own, not our kernels' code)" if abs(isa - 1) > 0.02 else "")
+    own_isa = (f", and its work (not its per-op costs) by ×{isa:.2f} for the instruction "
+               "sets onnxruntime runs there and here (each CPU's own, not our kernels' "
+               "code)" if abs(isa - 1) > 0.02 else "")
     su.notes.append(f"the onnxruntime model was trained on another machine "
                     f"({su.ort_machine}): its latencies are scaled by ×{r:.2f}, this "
                     f"network's ratio of its dense float32 kernels' times mapped to "
@@ -576,7 +582,7 @@ def _calibrate_onnxruntime(ort: list[Candidate], su: _Setup) -> None:
     the rest each scaled by its calibrated scale, and moved by the offsets of its runs
     here, by network family and mode (fp32, float16, int8, channel-pruned): its kernels
     are not ours, so our kernels' map does not move them."""
-    from dlas_predict.crossdev.transfer import scaled_by_parts
+    from dlas_predict.crossdev.offsets import scaled_by_parts
     from dlas_predict.models.ortmodel import model_mode
 
     m = su.mapping
