@@ -153,6 +153,7 @@ def test_a_token_network_says_its_vocabulary_and_a_float_one_none(tmp_path):
     assert token_bound(onnx.load(str(t.path))) == 0
 
 
+@pytest.mark.machine  # which models answer local depends on this CPU
 def test_recommend_answers_for_a_transformer_and_an_lstm_with_the_grid(tmp_path):
     from conftest import run_cli
 

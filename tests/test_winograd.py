@@ -211,6 +211,7 @@ def test_a_stored_winograd_record_is_learned_with_its_own_features(tmp_path):
     assert w[col("stage_weight_bytes")] == 36 * 8 * w[col("tile_k")] * 4
 
 
+@pytest.mark.machine  # which models answer local depends on this CPU
 def test_a_per_layer_plan_takes_winograd_only_from_a_model_that_learned_it():
     from dlas_predict.models.costmodel import LayerCostModel
 
@@ -246,6 +247,7 @@ def test_recommend_runs_winograd_layers_where_this_cpus_model_learned_them():
     assert chose == learned  # resnet18-cifar's 3x3 layers are Winograd's best case
 
 
+@pytest.mark.machine  # which models answer local depends on this CPU
 def test_predict_a_convs_per_layer_choice_includes_winograd_where_its_model_learned_it():
     import json
 
