@@ -46,6 +46,21 @@ def test_every_command_answers_help_with_exit_zero():
     assert "COMPRESSION[@RATIO][/ALGORITHM][/tuned]" in _run("predict", "--help").output
 
 
+def test_a_reader_that_goes_away_ends_the_command_quietly():
+    """``dlas-predict zoo | head -1``: once its reader has closed the pipe, the command
+    stops with SIGPIPE's status (141), printing neither an error nor a traceback."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    p = subprocess.Popen([str(Path(sys.executable).parent / "dlas-predict"), "zoo"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()  # before the command writes its first line
+    err = p.stderr.read()
+    assert p.wait(timeout=120) == 141, err
+    assert err == b""
+
+
 @pytest.mark.parametrize("args, needle", [
     (["calibrate", "--minutes", "0"], "--minutes must be above 0"),
     (["recommend", DEMO, "--fine-tune", "-1"], "--fine-tune must be 0 or more epochs"),

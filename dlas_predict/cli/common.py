@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import sys
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -47,6 +49,9 @@ def handle_errors(func: Callable) -> Callable:
             return func(*args, **kwargs)
         except DlasError as exc:
             failed(with_flags(str(exc), command_flags(func)))
+        except BrokenPipeError:  # the reader went away (`| head`): stop as a Unix tool does
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise SystemExit(141)  # 128 + SIGPIPE
         except OSError as exc:  # unwritable output, full disk, unreadable input
             failed(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc))
         except KeyboardInterrupt:
