@@ -326,7 +326,7 @@ def roofs_first(device: str, say) -> bool:
     estimate from the ISA and /proc/cpuinfo's clock): once, kept under DLAS_HOME by the
     CPU's fingerprint, unless :data:`MEASURE_ROOFS_ENV` is ``0``. The zero-shot map scales
     the reference's latencies by the two CPUs' roofs: on a Zen 5 forced to AVX2, the
-    zero-shot MAPE of new networks' candidates is 106 % with the estimate, 41 % with them
+    zero-shot MAPE of new networks' candidates is 63 % with the estimate, 19 % with them
     measured (``benchmarks/bench_calibrate.py``). Returns whether it measured."""
     import os
 
