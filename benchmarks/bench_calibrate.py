@@ -6,13 +6,13 @@ a transformer, a recurrent network and an MLP of unseen shapes, as ``bench_unsee
 calibrated ``local`` of the last ``--calibrated-home`` (a DLAS_HOME where ``dlas-predict
 calibrate`` ran): its top K candidates of both backends are built and timed here. The same
 candidates are priced zero-shot (a DLAS_HOME without the calibration; and one with only
-this machine's roofs, as the calibration measured them), by every calibrated home given (e.g. calibrations of 1, 3 and 5 minutes) and by a MACs fit (log latency on log
-MACs, per backend, fitted on the last calibration's own whole-network runs: the same
-shots). A candidate the canary found timed on a busy machine is left out (and listed).
+this machine's roofs, as the calibration measured them), by every calibrated home given
+(e.g. calibrations of 1, 3 and 5 minutes) and by a MACs fit (log latency on log MACs, per
+backend, fitted on the last calibration's own whole-network runs: the same shots). A candidate the canary found timed on a busy machine is left out (and listed).
 ``--rescore JSON`` prices the candidates a run saved (``--json``) again, from the same
-homes, with today's models and maps, and times nothing. Printed: within ±10 %, MAPE and Spearman of each (and by backend), the share of
-measured times inside each 80 % interval, and the pick after validating 3 against the best
-measured.
+homes, with today's models and maps, and times nothing. Printed: within ±10 %, MAPE and
+Spearman of each (and by backend), the share of measured times inside each 80 % interval,
+and the pick after validating 3 against the best measured.
 
     DLAS_HOME=H1 dlas-predict calibrate --minutes 1; DLAS_HOME=H5 dlas-predict calibrate
     .venv/bin/python benchmarks/bench_calibrate.py --calibrated-home H1 --calibrated-home H5
