@@ -1,6 +1,7 @@
 """Matrix layers as 1×1 convolutions: the rewrite computes what the network computes, joins
 the transposes between layers, and puts compressed weights back into the author's form."""
 import json
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -163,15 +164,10 @@ def test_recommend_answers_for_a_transformer_and_an_lstm_with_the_grid(tmp_path)
     out = json.loads(res.output)
     backends = {c["config"]["backend"] for c in out["candidates"]}
     assert backends == {"tvm", "onnxruntime"}
-    # the models recommend answers local with (this machine's own, else a reference
-    # device's, mapped) price a matrix network's other ops with their own network model
-    # where they have one (the shipped models of another CPU may not)
-    from dlas_predict.crossdev.transfer import device_map, own_model, reference_dir
-    from dlas_predict.space.devices import model_dir
-
-    folder = (model_dir("local") if own_model("local")
-              else reference_dir(device_map("local")[2].name))
-    own = (folder / "network_matrix.json").is_file()
+    # the models recommend answered local with (this machine's own, else a reference
+    # device's, mapped: the folder it names) price a matrix network's other ops with their
+    # own network model where they have one (the shipped models of another CPU may not)
+    own = (Path(out["model"]["directory"]) / "network_matrix.json").is_file()
     [note] = [n for n in out["notes"] if "is a matrix network" in n]
     assert ("network model of matrix networks" in note) == own
     [r] = generate("rnn", ["seq=8", "hidden=32"], tmp_path)

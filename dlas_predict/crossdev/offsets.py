@@ -9,7 +9,8 @@ import numpy as np
 
 def scaled_by_parts(total: float, fixed: float, scales: tuple[float, float]) -> float:
     """``total`` with its ``fixed`` part (per-op costs) scaled by ``scales[0]`` and the
-    rest by ``scales[1]`` (:attr:`~dlas_predict.crossdev.transfer.DeviceMap.onnxruntime_scales`)."""
+    rest by ``scales[1]``
+    (:attr:`~dlas_predict.crossdev.transfer.DeviceMap.onnxruntime_scales`)."""
     a, b = scales
     return a * fixed + b * (total - fixed)
 
