@@ -19,6 +19,7 @@ batch ≠ 1) are counted by reason and left out, never guessed.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections import Counter
@@ -67,6 +68,13 @@ def _pads(p: list[int]) -> tuple[int, int, int, int]:
     raise ValueError(f"padding {p}")
 
 
+@functools.lru_cache(maxsize=None)
+def _fingerprint(name: str) -> str:
+    """A registry device's fingerprint (the registry is shipped: it does not change while a
+    log of thousands of lines is read)."""
+    return get_device(name, with_target=False).fingerprint
+
+
 def parse_line(line: str, file_name: str, devices: dict[tuple[str, str], str]
                ) -> MeasureResult | str:
     """One log line → a record, or the reason it is left out."""
@@ -109,12 +117,12 @@ def parse_line(line: str, file_name: str, devices: dict[tuple[str, str], str]
     if compression is None:
         return f"data type {ddtype}"
     variant = Variant(algorithm, compression, 0.0, "tuned")
-    dev = get_device(name, with_target=False)
+    fingerprint = _fingerprint(name)
     knobs = {"autotvm_config": int(rec.get("config", {}).get("index", -1))}
     version = f"{SOURCE}:{template}"
     return MeasureResult(
-        key=measurement_key(name, dev.fingerprint, spec, variant, knobs, version),
-        device=name, fingerprint=dev.fingerprint, conv=spec, variant=variant, knobs=knobs,
+        key=measurement_key(name, fingerprint, spec, variant, knobs, version),
+        device=name, fingerprint=fingerprint, conv=spec, variant=variant, knobs=knobs,
         run_secs=[float(t) for t in times], number=None, verified=None,
         tvm_version=str(rec.get("tvm_version", "")), kernels_version=version,
         timestamp=float(rec["result"][3]) if len(rec["result"]) > 3 else 0.0,

@@ -6,6 +6,7 @@ command line, in corpus columns and in the docs.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
@@ -174,7 +175,12 @@ class ConvSpec:
     # ---- construction -------------------------------------------------------------------
     @classmethod
     def parse(cls, text: str) -> "ConvSpec":
-        """Parse the compact form ``C=64,H=56,W=56,K=64,R=3,S=3,stride=1,pad=1[,groups=G]``."""
+        """Parse the compact form ``C=64,H=56,W=56,K=64,R=3,S=3,stride=1,pad=1[,groups=G]``
+        (a spec is frozen: the same text gives the one parsed spec)."""
+        return _parse_spec(cls, text)
+
+    @classmethod
+    def _parse(cls, text: str) -> "ConvSpec":
         if not text or not text.strip():
             raise SpecError(f"empty conv spec; expected {SPEC_HELP}")
         fields: dict[str, str] = {}
@@ -305,6 +311,12 @@ class ConvSpec:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ConvSpec":
         return cls(**{k: int(v) for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
+
+@functools.lru_cache(maxsize=8192)
+def _parse_spec(cls: type, text: str) -> ConvSpec:
+    return cls._parse(text)
 
 
 @dataclass(frozen=True)
