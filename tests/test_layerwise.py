@@ -139,6 +139,27 @@ def test_a_shipped_onnxruntime_model_is_a_basis_device_that_prices_as_the_model_
     assert fit.basis_source == lw.ORT_SOURCE and "costs scaled by 0.5" in fit.describe()
 
 
+def test_the_shipped_terms_hold_every_corpus_network_as_it_builds_today():
+    """The terms a first adapt starts from (shipped, not built again) hold every network the
+    shipped corpora time whole, and are those the networks give today (one network of each
+    generated family built again)."""
+    import json
+    import lzma
+
+    path = lw.shipped_terms_path()
+    assert path.is_file(), "no terms of today's version: datasets/make_layerwise_terms.py"
+    shipped = json.loads(lzma.decompress(path.read_bytes()))
+    missing = sorted(set(lw.corpus_network_names()) - set(shipped))
+    assert not missing, f"{missing[:3]} not shipped: datasets/make_layerwise_terms.py"
+    families = {}
+    for name in sorted(shipped):
+        families.setdefault(name.split("_")[0], name)
+    sample = [n for n in families.values() if "=" in n]  # the generated families
+    assert len(sample) >= 4, families
+    for name in sample:
+        assert shipped[name] == pytest.approx(lw.named_network_terms(name), rel=1e-9), name
+
+
 def test_the_number_of_scales_is_chosen_by_leave_one_out_or_fixed():
     """A device whose compute costs 3× a basis device's and the rest 1×: two scales are
     chosen (shrunk towards one) and predict better than one scale, which, when asked, is

@@ -403,7 +403,8 @@ def test_an_offset_every_measurement_shares_reaches_the_kernels_not_measured():
 def test_onnxruntime_is_mapped_between_each_cpu_s_own_instruction_sets(monkeypatch):
     """onnxruntime runs a CPU's own instruction set whatever our kernels are built for: the
     roof it runs at over a device's own is 1 for code of the CPU's own level or vector width
-    (an AVX2-only CPU's AVX2 profiles), above 1 for a profile of a narrower level (measured
+    (an AVX2-only CPU's AVX2 profiles), never below 1 for a profile of a narrower level (a
+    Zen 4's AVX2 roof measures level with its AVX-512 one), above 1 for SSE4.2's (measured
     where both roofs are, here or in the shipped data) and for this CPU forced to one under
     DLAS_FORCE_ISA; a GPU has none."""
     import platform
@@ -430,8 +431,11 @@ def test_onnxruntime_is_mapped_between_each_cpu_s_own_instruction_sets(monkeypat
             assert onnxruntime_roof_ratio(dev) == 1.0, name
     if platform.machine() not in ("x86_64", "AMD64") or not lower:
         pytest.skip("no profile of a lower x86-64 level on this CPU")
-    for name in lower:
-        assert onnxruntime_roof_ratio(profiles[name]) > 1.0, name
+    for name in lower:  # at least 1; above where the profile's vectors are half as wide
+        ratio = onnxruntime_roof_ratio(profiles[name])
+        assert ratio >= 1.0, name
+        if profiles[name].simd_bits == 128:
+            assert ratio > 1.0, name
     if D.native_simd_bits() == 128:
         return
     monkeypatch.setenv(D.FORCE_ISA_ENV, "sse42")

@@ -730,7 +730,7 @@ def _snapshot_store(snap: Path) -> Path:
     if not path.is_file():
         tmp = path.with_suffix(".tmp")
         tmp.unlink(missing_ok=True)
-        with CorpusStore(tmp) as db:
+        with CorpusStore(tmp, scratch=True) as db:
             db.import_snapshot(snap)
         tmp.rename(path)
     return path

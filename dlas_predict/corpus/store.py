@@ -7,6 +7,7 @@ half-written row; the unique measurement key makes a re-run skip what is already
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from dlas_predict.space.choices import ExportFormat
 
 if TYPE_CHECKING:
     from dlas_predict.measure.networks.plans import NetworkMeasurement
+    from dlas_predict.space.config import ConvSpec
 
 SCHEMA_VERSION = 1
 
@@ -153,11 +155,20 @@ def networks_path(path: str | Path, part: str = "networks") -> Path:
     return path.with_name(f"{path.stem}.{part}{path.suffix}")
 
 
-def _row(result: MeasureResult) -> tuple:
+@functools.lru_cache(maxsize=16384)
+def _conv_texts(spec: ConvSpec) -> tuple[str, str]:
+    """A workload's two text columns (thousands of rows share a few workloads)."""
+    return spec.to_spec(), json.dumps(spec.to_dict(), sort_keys=True)
+
+
+def _row(result: MeasureResult, run_secs: str | None = None) -> tuple:
+    """A record as the measurements table's columns; ``run_secs``: the JSON of its runs where
+    the caller holds it already (a snapshot's row, read back into the record)."""
     spec, v = result.conv, result.variant
+    conv, conv_json = _conv_texts(spec)
     values = {
         "key": result.key, "device": result.device, "fingerprint": result.fingerprint,
-        "conv": spec.to_spec(), "conv_json": json.dumps(spec.to_dict(), sort_keys=True),
+        "conv": conv, "conv_json": conv_json,
         **{name: getattr(spec, name) for name in (
             "C", "H", "W", "K", "R", "S", "stride_h", "stride_w", "pad_t", "pad_l", "pad_b",
             "pad_r", "groups", "dilation_h", "dilation_w")},
@@ -166,7 +177,8 @@ def _row(result: MeasureResult) -> tuple:
         "sparse": int(v.sparse), "pattern": v.pattern.value, "sparsity": result.sparsity,
         "nnz": result.nnz, "tuning": v.tuning.value,
         "knobs": json.dumps(dict(sorted(result.knobs.items()))),
-        "run_secs": json.dumps(list(result.run_secs)), "n_runs": len(result.run_secs),
+        "run_secs": run_secs or json.dumps(list(result.run_secs)),
+        "n_runs": len(result.run_secs),
         "number": result.number, "median_s": result.median_s, "spread": result.spread,
         "noisy": int(result.noisy), "gflops": result.gflops, "compile_s": result.compile_s,
         "tuning_seconds": result.tuning_seconds, "trials": result.trials, "tuner": result.tuner,
@@ -235,9 +247,12 @@ class CorpusStore:
     ----------
     path : path of the SQLite file; created (with parents) unless ``must_exist``.
     must_exist : raise :class:`StoreError` instead of creating a new store.
+    scratch : a store written whole and then renamed into place (a cache): no journal, no
+        waiting for the disk; a store that is interrupted is thrown away, never read.
     """
 
-    def __init__(self, path: str | Path, must_exist: bool = False) -> None:
+    def __init__(self, path: str | Path, must_exist: bool = False, scratch: bool = False
+                 ) -> None:
         self.path = Path(path)
         if must_exist and not self.path.is_file():
             raise StoreError(f"no corpus store at {self.path}")
@@ -245,8 +260,8 @@ class CorpusStore:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(str(self.path), timeout=30, isolation_level=None)
             self._db.row_factory = sqlite3.Row
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute(f"PRAGMA journal_mode={'OFF' if scratch else 'WAL'}")
+            self._db.execute(f"PRAGMA synchronous={'OFF' if scratch else 'FULL'}")
             self._db.executescript(_SCHEMA)
             for table, column, kind in _ADDED_COLUMNS:  # stores written before the column
                 cols = {r[1] for r in self._db.execute(f"PRAGMA table_info({table})")}
@@ -479,7 +494,7 @@ class CorpusStore:
                 continue
             result = MeasureResult.from_row(row)
             _refuse_emulated(result.board)
-            rows.append(_row(result))
+            rows.append(_row(result, row["run_secs"] or None))
         with self._db:  # one transaction: the snapshot's records are all added or none
             before = self._db.total_changes
             self._db.executemany(_INSERT_SQL, rows)

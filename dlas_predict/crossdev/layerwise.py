@@ -397,20 +397,25 @@ def cell_terms(arch: str) -> np.ndarray:
 
 
 # ---- the bases ------------------------------------------------------------------------------
-def _cached_terms(name: str, keys: list[str], compute) -> dict[str, list[float] | None]:
-    """Terms by key, from the cache file ``name`` under DLAS_HOME, the missing ones computed
+def _cached_terms(name: str, keys: list[str], compute, shipped: Path | None = None
+                  ) -> dict[str, list[float] | None]:
+    """Terms by key, from the cache file ``name`` under DLAS_HOME (a new cache starts from
+    the ``shipped`` ones, where they are of today's terms), the missing ones computed
     (``compute(key)``: the terms, or None where the network cannot be built) and kept."""
     import json
+    import lzma
 
     from dlas_predict.paths import cache_dir
 
     path = cache_dir("layerwise") / f"{name}-terms-v{TERMS_VERSION}.json"
     cached: dict[str, list[float] | None] = {}
-    if path.is_file():
-        try:
+    try:
+        if path.is_file():
             cached = json.loads(path.read_text())
-        except ValueError:
-            cached = {}
+        elif shipped is not None and shipped.is_file():
+            cached = json.loads(lzma.decompress(shipped.read_bytes()))
+    except (ValueError, lzma.LZMAError):
+        cached = {}
     missing = [k for k in dict.fromkeys(keys) if k not in cached]
     for k in missing:
         cached[k] = compute(k)
@@ -483,16 +488,53 @@ def corpus_columns(dtype_config: str = "dense") -> dict[str, tuple[list[str], np
     return out
 
 
-def network_terms_by_name(names: list[str]) -> dict[str, np.ndarray]:
-    """The terms of networks the corpora name (zoo networks and generated ones, built again
-    by name), cached under DLAS_HOME; a name that cannot be built is left out."""
+def named_network_terms(name: str) -> list[float] | None:
+    """The terms of a network the corpora name, built again by name (None: it cannot be)."""
     from dlas_predict.networks.zoo import named_network
 
-    def compute(name: str) -> list[float] | None:
-        net = named_network(name)
-        return None if net is None else layer_terms(net).tolist()
+    net = named_network(name)
+    return None if net is None else layer_terms(net).tolist()
 
-    cached = _cached_terms("corpus", names, compute)
+
+def shipped_terms_path() -> Path:
+    """The shipped terms of the networks the shipped corpora name, of today's terms (they
+    take about half a minute to build again): ``models_store/layerwise/``."""
+    from dlas_predict.paths import MODELS_STORE
+
+    return MODELS_STORE / "layerwise" / f"corpus-terms-v{TERMS_VERSION}.json.xz"
+
+
+def corpus_network_names() -> list[str]:
+    """Every network the shipped corpora time whole (any configuration)."""
+    return sorted({n for names, _ in corpus_columns().values() for n in names})
+
+
+def write_shipped_terms() -> tuple[Path, bool]:
+    """Build the terms of :func:`corpus_network_names` and ship them
+    (:func:`shipped_terms_path`; the files of other terms' versions go); returns the path
+    and whether it changed (the same terms give the same bytes)."""
+    import json
+    import lzma
+
+    from dlas_predict.files import replace_if_changed, scratch_path
+
+    path = shipped_terms_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    terms = {n: named_network_terms(n) for n in corpus_network_names()}
+    tmp = scratch_path(path)
+    tmp.write_bytes(lzma.compress(json.dumps(terms, sort_keys=True).encode(), preset=9))
+    changed = replace_if_changed(tmp, path)
+    for old in path.parent.glob("corpus-terms-v*.json.xz"):
+        if old != path:
+            old.unlink()
+    return path, changed
+
+
+def network_terms_by_name(names: list[str]) -> dict[str, np.ndarray]:
+    """The terms of networks the corpora name (zoo networks and generated ones, built again
+    by name), cached under DLAS_HOME from the shipped ones; a name that cannot be built is
+    left out."""
+    cached = _cached_terms("corpus", names, named_network_terms, shipped_terms_path())
     return {n: np.array(cached[n]) for n in names if cached.get(n) is not None}
 
 

@@ -337,7 +337,9 @@ def onnxruntime_roof_ratio(dev) -> float:
     measured = D.measured_peaks(D.native_fingerprint_at(machine, threads, cores)) or {}
     peak = (measured.get("peak_gflops") or {}).get("float32")
     if peak and dev.source == "measured" and dev.peak_gflops.get("float32"):
-        return float(peak / dev.peak_gflops["float32"])
+        # never below 1: where the wider vectors add no throughput (a Zen 4 runs AVX-512 as
+        # two 256-bit halves) the two roofs measure level, and what parts them is noise
+        return max(1.0, float(peak / dev.peak_gflops["float32"]))
     return simd / dev.simd_bits
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 from dataclasses import dataclass, field, replace
@@ -112,6 +113,12 @@ METASCHEDULE = Tuner.METASCHEDULE.value
 KNOB_SEARCH = Tuner.KNOB_SEARCH.value
 
 
+@functools.lru_cache(maxsize=16384)
+def _spec_of_json(text: str) -> ConvSpec:
+    """A corpus row's workload from its ``conv_json`` (thousands of rows share a few)."""
+    return ConvSpec.from_dict(json.loads(text))
+
+
 @dataclass(frozen=True)
 class MeasureResult(TimedRuns):
     """One measurement of one kernel variant on one workload and device.
@@ -205,7 +212,7 @@ class MeasureResult(TimedRuns):
             "ratio": row["ratio"], "tuning": row["tuning"]})
         return cls(
             key=row["key"], device=row["device"], fingerprint=row["fingerprint"],
-            conv=ConvSpec.from_dict(json.loads(row["conv_json"])), variant=variant,
+            conv=_spec_of_json(row["conv_json"]), variant=variant,
             knobs=json.loads(row["knobs"] or "{}"), sparsity=row["sparsity"] or 0.0,
             nnz=row["nnz"], run_secs=json.loads(row["run_secs"] or "[]"),
             number=row["number"], compile_s=row["compile_s"],

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from dlas_predict.errors import ConfigError, SpecError
@@ -306,12 +306,11 @@ class ConvSpec:
         return out
 
     def to_dict(self) -> dict[str, int]:
-        return asdict(self)
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ConvSpec":
         return cls(**{k: int(v) for k, v in data.items() if k in cls.__dataclass_fields__})
-
 
 
 @functools.lru_cache(maxsize=8192)
