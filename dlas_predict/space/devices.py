@@ -94,9 +94,15 @@ class Device:
         return out
 
 
+@functools.lru_cache(maxsize=None)
+def _package_text(name: str) -> str:
+    """A JSON file of the package's data (installed with it: it does not change while the
+    process runs); each caller parses its own copy."""
+    return resources.files("dlas_predict").joinpath(name).read_text()
+
+
 def registry_entries() -> list[dict[str, Any]]:
-    text = resources.files("dlas_predict").joinpath("data/devices.json").read_text()
-    return json.loads(text)["devices"]
+    return json.loads(_package_text("data/devices.json"))["devices"]
 
 
 def gpu_fingerprint(gpu: dict[str, Any]) -> str:
@@ -220,7 +226,13 @@ def cache_capacities(caches: dict[str, int], cores: int) -> dict[str, int]:
 
 
 def _local_caches() -> dict[str, int]:
-    """Cache sizes of CPU 0 from sysfs, e.g. {"L1d_kb": 48, "L2_kb": 1024, "L3_kb": 32768}."""
+    """Cache sizes of CPU 0 from sysfs, e.g. {"L1d_kb": 48, "L2_kb": 1024, "L3_kb": 32768}
+    (a copy: the sizes are read once per process)."""
+    return dict(_sysfs_caches())
+
+
+@functools.lru_cache(maxsize=1)
+def _sysfs_caches() -> dict[str, int]:
     out: dict[str, int] = {}
     base = "/sys/devices/system/cpu/cpu0/cache"
     try:
@@ -368,11 +380,17 @@ def measured_peaks(fingerprint: str) -> dict[str, Any] | None:
         except ValueError:
             pass
     try:
-        shipped = json.loads(resources.files("dlas_predict").joinpath(SHIPPED_PEAKS)
-                             .read_text())
+        shipped = _shipped_peaks(SHIPPED_PEAKS)
     except (OSError, ValueError):
         return None
     return shipped.get("machines", {}).get(fingerprint)
+
+
+@functools.lru_cache(maxsize=4)
+def _shipped_peaks(name: str) -> dict[str, Any]:
+    """The shipped measured roofs by fingerprint (the package's file ``name``), parsed once
+    (callers copy what they keep)."""
+    return json.loads(_package_text(name))
 
 
 #: How ``devices --measure-peaks`` measures, recorded with every measurement.
