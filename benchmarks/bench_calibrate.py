@@ -8,7 +8,8 @@ calibrate`` ran): its top K candidates of both backends are built and timed here
 candidates are priced zero-shot (a DLAS_HOME without the calibration; and one with only
 this machine's roofs, as the calibration measured them), by every calibrated home given
 (e.g. calibrations of 1, 3 and 5 minutes) and by a MACs fit (log latency on log MACs, per
-backend, fitted on the last calibration's own whole-network runs: the same shots). A candidate the canary found timed on a busy machine is left out (and listed).
+backend, fitted on the last calibration's own whole-network runs: the same shots). A
+candidate the canary found timed on a busy machine is left out (and listed).
 ``--rescore JSON`` prices the candidates a run saved (``--json``) again, from the same
 homes, with today's models and maps, and times nothing. Printed: within ±10 %, MAPE and
 Spearman of each (and by backend), the share of measured times inside each 80 % interval,
