@@ -9,11 +9,13 @@ candidates are priced zero-shot (a DLAS_HOME without the calibration; and one wi
 this machine's roofs, as the calibration measured them), by every calibrated home given
 (e.g. calibrations of 1, 3 and 5 minutes) and by a MACs fit (log latency on log MACs, per
 backend, fitted on the last calibration's own whole-network runs: the same shots). A
-candidate the canary found timed on a busy machine is left out (and listed).
-``--rescore JSON`` prices the candidates a run saved (``--json``) again, from the same
-homes, with today's models and maps, and times nothing. Printed: within ±10 %, MAPE and
-Spearman of each (and by backend), the share of measured times inside each 80 % interval,
-and the pick after validating 3 against the best measured.
+candidate the canary found timed on a busy machine is left out (and listed). Where this
+CPU id has a model of its own (trained on another host of it), the homes without a
+calibration answer from that model (``uncalibrated_source``: trained), and the calibration
+is of this host's speed. ``--rescore JSON`` prices the candidates a run saved (``--json``)
+again, from the same homes, with today's models and maps, and times nothing. Printed:
+within ±10 %, MAPE and Spearman of each (and by backend), the share of measured times
+inside each 80 % interval, and the pick after validating 3 against the best measured.
 
     DLAS_HOME=H1 dlas-predict calibrate --minutes 1; DLAS_HOME=H5 dlas-predict calibrate
     .venv/bin/python benchmarks/bench_calibrate.py --calibrated-home H1 --calibrated-home H5
@@ -97,6 +99,9 @@ def main() -> int:
 
     dev = get_device(args.device, with_target=False)
     rows, noisy = [], []
+    # how the homes without a calibration answer: zero-shot, or the CPU's own model where it
+    # was trained on this CPU id (on another host of it)
+    uncalibrated: dict[str, str] = {}
     zero_home = Path(tempfile.mkdtemp(prefix="dlas-zero-"))
     # zero-shot with this machine's roofs measured (as the last calibration measured them,
     # `devices --measure-peaks`), no latency measured
@@ -156,6 +161,7 @@ def main() -> int:
                               tuning="untuned", ratios=(0.5, 0.9))
                 # a per-layer plan is the same candidate only with the same layers' kernels
                 others[name] = {_key(c): c for c in o.candidates}
+                uncalibrated[name] = o.source
             macs = _macs(path)
             for c in validated:
                 if c.measured_s is None:
@@ -180,7 +186,8 @@ def main() -> int:
     out = {"device": args.device, "cpu": dev.description, "fingerprint": dev.fingerprint,
            "calibration": {"kernels": len(cal.get("active_learning", {}).get("measured", [])),
                            "network_runs": len(shots)},
-           "candidates": len(rows), "noisy_left_out": noisy}
+           "candidates": len(rows), "noisy_left_out": noisy,
+           "uncalibrated_source": uncalibrated}
     for k in ("zero_shot_ms", "zero_shot_roofs_ms", *(f"{n}_ms" for n in names),
               "macs_fit_ms"):
         ok = [i for i, r in enumerate(rows) if r[k] is not None]

@@ -484,3 +484,76 @@ def test_an_uncalibrated_cpu_s_roofs_are_measured_once_before_its_first_answer(u
     dev = D.get_device("local", with_target=False)
     assert dev.source == "measured" and dev.peak_gflops["float32"] > 0
     assert not cal.roofs_first("local", said.append)  # kept: once per CPU
+
+
+@pytest.fixture
+def same_cpu_id(monkeypatch, tmp_path):
+    """``local``'s shipped model as if trained on a host of this very CPU id (its sidecar's
+    fingerprint this machine's), with a DLAS_HOME of its own; the model's recorded roofs."""
+    from dlas_predict.crossdev import transfer
+    from dlas_predict.space import devices as D
+
+    monkeypatch.setenv("DLAS_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(cal, "MAX_KERNELS", 24)
+    fp = D.get_device("local", with_target=False).fingerprint
+    shipped = transfer._layer_meta
+    mine = D.model_dir("local")
+    monkeypatch.setattr(transfer, "_layer_meta", lambda d: {**shipped(d),
+                                                            "device_fingerprint": fp}
+                        if d == mine else shipped(d))
+    roofs = shipped(mine).get("device_roofs")
+    if not roofs:
+        pytest.skip("local's model records no roofs")
+    return fp, roofs
+
+
+def _roofs_here(fp: str, roofs: dict, factor: float) -> None:
+    """This host's roofs as `devices --measure-peaks` keeps them: the model's × factor."""
+    from dlas_predict.space import devices as D
+
+    path = D._peaks_cache(fp)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({
+        "peak_gflops": {k: v * factor for k, v in roofs["peak_gflops"].items()},
+        "mem_bandwidth_gbs": roofs["mem_bandwidth_gbs"] * factor}))
+
+
+def test_a_slower_host_of_the_models_cpu_id_is_told_and_can_be_calibrated(same_cpu_id):
+    from dlas_predict.crossdev import transfer
+    from dlas_predict.recommend.search import recommend
+
+    fp, roofs = same_cpu_id
+    assert transfer.own_model("local")
+    assert transfer.roof_drift("local") is None  # this host's roofs not measured yet
+    # ... nor measured by the demo's check where switched off (the tests' default)
+    assert cal.host_drift("local", lambda line: pytest.fail(f"measured: {line}")) is None
+    # measured within the noise of one host: nothing to calibrate, and calibrate says why
+    _roofs_here(fp, roofs, 1.04)
+    assert transfer.roof_drift("local") is None
+    with pytest.raises(DlasError, match="roofs match"):
+        cal.run("local", 5.0, [str(DEMO_NETWORK)], Kernels(), Networks(), clock=Clock())
+    # a host at 80 % of the model's roofs: recommend answers from the model and says so
+    _roofs_here(fp, roofs, 0.8)
+    drift = transfer.roof_drift("local")
+    assert drift and f"{roofs['peak_gflops']['float32'] * 0.8:.1f} GFLOP/s" in drift
+    assert cal.host_drift("local", print) == drift  # the demo then calibrates first
+    before = recommend(str(DEMO_NETWORK), "local", top=0, tuning="untuned")
+    assert before.source == "trained"
+    assert any(drift in n and "`dlas-predict calibrate`" in n for n in before.notes)
+    # ... and calibrate measures it; the calibration then answers for this host
+    said: list[str] = []
+    rep = cal.run("local", 5.0, [str(DEMO_NETWORK)], Kernels(), Networks(), clock=Clock(),
+                  log=said.append)
+    assert rep.fingerprint == fp and rep.reference == "local"
+    assert said[0].startswith(drift) and "calibrating this one" in said[0]
+    assert not transfer.own_model("local") and transfer.calibrated_here("local", fp)
+    assert cal.host_drift("local", print) is None and not cal.needed("local")
+    after = recommend(str(DEMO_NETWORK), "local", top=0, tuning="untuned")
+    assert after.source == "adapted"
+    assert any("another host of this CPU id" in n for n in after.notes)
+    assert not any(drift in n for n in after.notes)
+    # onnxruntime's rows take this host's calibrated offsets, though its model is of the id
+    ort = [c for c in after.candidates if c.backend == "onnxruntime"]
+    assert ort and all(c.source == "adapted" and c.basis_s is not None for c in ort)
+    # a calibration of another machine is not this host's
+    assert not transfer.calibrated_here("local", "0123456789abcdef")

@@ -29,12 +29,13 @@ def demo(store: Optional[Path] = typer.Option(None, "--store",
          allow_remote_tracker: bool = ALLOW_REMOTE_OPT,
          boards: Optional[int] = BOARDS_OPT, tries: int = TRIES_OPT,
          calibrate_minutes: float = typer.Option(
-             2.5, "--calibrate-minutes", help="On a CPU without a model of its own and not "
-             "yet calibrated: calibrate it first for about this long (0: do not).")):
+             2.5, "--calibrate-minutes", help="On a CPU without a model of its own (or a "
+             "host of its id at other roofs, measured once) and not yet calibrated: "
+             "calibrate it first for about this long (0: do not).")):
     """The embedded default: the shipped demo CNN's conv layers × the whole untuned grid,
     measured on the local CPU (the fastest algorithm per layer and compression); on a CPU
-    without a model of its own, `calibrate`; then a recommendation for zoo:resnet18-cifar,
-    its top 3 built and timed."""
+    without a model of its own, or a host of its CPU id at other roofs, `calibrate`; then a
+    recommendation for zoo:resnet18-cifar, its top 3 built and timed."""
     from dlas_predict.paths import dlas_home
     from dlas_predict.corpus.store import CorpusStore
     from dlas_predict.render import format_table
@@ -62,17 +63,20 @@ def demo(store: Optional[Path] = typer.Option(None, "--store",
         rpc = make_rpc(get_device(device), *remote, 300.0)  # None without a tracker
         from dlas_predict.recommend import calibrate as cal
 
-        if rpc is None and calibrate_minutes > 0 and cal.needed("local"):
-            typer.echo(f"\nThis CPU has no model of its own: calibrating it (about "
-                       f"{calibrate_minutes:g} min; `dlas-predict calibrate` does the same)")
-            rep = cal.run("local", calibrate_minutes, None,
-                          log=None if quiet else (lambda line: typer.echo(line, err=True)))
+        log = None if quiet else (lambda line: typer.echo(line, err=True))
+        drift = cal.host_drift("local", log or (lambda line: None)) \
+            if rpc is None and calibrate_minutes > 0 else None
+        if rpc is None and calibrate_minutes > 0 and (drift or cal.needed("local")):
+            why = "This host's roofs lie off those of its CPU id's model: calibrating it" \
+                if drift else "This CPU has no model of its own: calibrating it"
+            typer.echo(f"\n{why} (about {calibrate_minutes:g} min; `dlas-predict calibrate` "
+                       "does the same)")
+            rep = cal.run("local", calibrate_minutes, None, log=log)
             typer.echo(f"calibrated: {rep.kernels} kernels, {len(rep.network_rows)} "
                        f"whole-network runs in {rep.seconds / 60:.1f} min ({rep.saved})")
 
-        typer.echo("\nRecommendation for zoo:resnet18-cifar from the shipped model, the top 3 "
+        typer.echo("\nRecommendation for zoo:resnet18-cifar from the cost models, the top 3 "
                    "built and timed:")
-        log = None if quiet else (lambda line: typer.echo(line, err=True))
         show_recommendation(run("zoo:resnet18-cifar", "local", ELBOW_DROP_PP, None, 5, 3,
                                  log=log, network_runner=open_network_runner("local", rpc)),
                              5, ELBOW_DROP_PP)

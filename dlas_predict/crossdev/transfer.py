@@ -291,7 +291,68 @@ def own_model(name: str) -> bool:
     from dlas_predict.space.devices import get_device
 
     trained_on = model_machine(name)
-    return trained_on is None or get_device(name, with_target=False).fingerprint == trained_on
+    fp = get_device(name, with_target=False).fingerprint
+    # a calibration of this very machine wins: a host of the same CPU id can run at
+    # other roofs than the one the model was trained on (:func:`roof_drift`)
+    return (trained_on is None or fp == trained_on) and not calibrated_here(name, fp)
+
+
+def calibrated_here(name: str, fingerprint: str | None) -> bool:
+    """``name`` (this machine or a profile of it) has a ``calibrate`` map of this very
+    machine (``fingerprint``) under DLAS_HOME."""
+    from dlas_predict.crossdev.adapted import adapted_path
+
+    if not fingerprint or not of_this_machine(name):
+        return False
+    path = adapted_path(name)
+    try:
+        return _calibration_fingerprint(path, path.stat().st_mtime_ns) == fingerprint
+    except OSError:
+        return False
+
+
+@functools.lru_cache(maxsize=16)
+def _calibration_fingerprint(path: Path, _mtime: int) -> str | None:
+    """The machine a saved map was calibrated on (None: not a calibration, or unreadable)."""
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if saved.get("source") != "calibrate":
+        return None
+    return (saved.get("recommend_map") or {}).get("fingerprint") or saved.get("fingerprint")
+
+
+#: How far (relative) this machine's float32 roof or memory bandwidth, measured here, may
+#: lie from those its own model was trained with before :func:`roof_drift` tells: the
+#: spread of collections on a quiet machine.
+ROOF_DRIFT = 0.10
+
+
+def roof_drift(name: str) -> str | None:
+    """Where ``name``'s own model is of this CPU id (its fingerprint) but the roofs
+    measured on this host (``devices --measure-peaks``, kept under DLAS_HOME) lie more than
+    :data:`ROOF_DRIFT` from those the model was trained with (a host of another clock,
+    cache or memory share), a sentence that says so; None otherwise, or where this host's
+    roofs are not measured yet."""
+    from dlas_predict.space.devices import get_device, model_dir, peaks_measured_here
+
+    if not of_this_machine(name):
+        return None
+    meta = _layer_meta(model_dir(name))
+    roofs = meta.get("device_roofs") or {}
+    dev = get_device(name, with_target=False)
+    if not roofs or meta.get("device_fingerprint") != dev.fingerprint \
+            or not peaks_measured_here(dev.fingerprint):
+        return None
+    pairs = [(dev.peak_gflops.get("float32"), roofs.get("peak_gflops", {}).get("float32")),
+             (dev.mem_bandwidth_gbs, roofs.get("mem_bandwidth_gbs"))]
+    if all(a and b and abs(np.log(a / b)) <= np.log1p(ROOF_DRIFT) for a, b in pairs):
+        return None
+    (here_f, model_f), (here_b, model_b) = pairs
+    return (f"this host's roofs, measured here ({here_f or 0:.1f} GFLOP/s float32, "
+            f"{here_b or 0:.1f} GB/s), lie off those {name}'s model was trained with on its "
+            f"CPU id ({model_f or 0:.1f} GFLOP/s, {model_b or 0:.1f} GB/s)")
 
 
 def data_spec(name: str):

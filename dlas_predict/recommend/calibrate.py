@@ -199,7 +199,7 @@ def run(device: str, minutes: float, networks: list[str] | None,
     from dlas_predict.recommend import active
     from dlas_predict.crossdev.adapted import adapted_path
     from dlas_predict.paths import dlas_home
-    from dlas_predict.space.devices import get_device
+    from dlas_predict.space.devices import get_device, peaks_measured_here
 
     t0 = clock()
     say = log or (lambda s: None)
@@ -212,11 +212,15 @@ def run(device: str, minutes: float, networks: list[str] | None,
     fp = fingerprint or dev.fingerprint
     if not fp:
         raise DlasError(f"{device} has no fingerprint to calibrate under")
-    if transfer.own_model(device) and fingerprint is None:
-        raise DlasError(f"{device}'s model was trained on this very CPU (fingerprint {fp}): "
-                        "there is nothing to calibrate; `collect` and `train` refresh it")
-    if live and dev.source != "measured":
+    if live and (dev.source != "measured" or not peaks_measured_here(dev.fingerprint)):
         dev = _measure_roofs(dev, say)
+    if transfer.own_model(device) and fingerprint is None:
+        drift = transfer.roof_drift(device)
+        if drift is None:
+            raise DlasError(f"{device}'s model was trained on this very CPU (fingerprint "
+                            f"{fp}) and this host's roofs match it: there is nothing to "
+                            "calibrate; `collect` and `train` refresh it")
+        say(f"{drift}: its latencies would be of that host; calibrating this one")
     nets = calibration_networks(networks)
     pool = active.pool_from_networks(nets, CHANNEL_RATIOS)
     # whole networks: the kernels' networks, then (by default) the calibration set's
@@ -303,8 +307,11 @@ def _measure_roofs(dev, say):
     from dlas_predict.measure.peaks import measure_device_peaks
     from dlas_predict.space.devices import get_device
 
-    say(f"measuring the roofs of {dev.name} first (about 15 s): its spec is an estimate "
-        f"({dev.peak_gflops.get('float32', 0):.0f} GFLOP/s float32 at /proc/cpuinfo's clock)")
+    f32 = dev.peak_gflops.get('float32', 0)
+    say(f"measuring the roofs of {dev.name} first (about 15 s): " + (
+        f"its spec is an estimate ({f32:.0f} GFLOP/s float32 at /proc/cpuinfo's clock)"
+        if dev.source != "measured" else f"the roofs it has ({f32:.1f} GFLOP/s float32) "
+        "were measured on another host of its CPU id"))
     try:
         peaks, _ = measure_device_peaks(dev, lambda: LocalRunner(dev, timeout_s=600))
     except DlasError as exc:
@@ -339,6 +346,26 @@ def roofs_first(device: str, say) -> bool:
         return False
     _measure_roofs(get_device(device, with_target=True), say)
     return True
+
+
+def host_drift(device: str, say) -> str | None:
+    """Where ``device`` (this machine or a profile of it) has a model of its own, trained
+    on a host of this CPU id: this host's roofs measured once (unless
+    :data:`MEASURE_ROOFS_ENV` is ``0``), and the sentence
+    :func:`~dlas_predict.crossdev.transfer.roof_drift` gives where they lie off the
+    model's (None where they do not, or where ``device`` has no such model)."""
+    import os
+
+    from dlas_predict.crossdev.transfer import of_this_machine, own_model, roof_drift
+    from dlas_predict.space.devices import get_device, peaks_measured_here
+
+    if not of_this_machine(device) or not own_model(device):
+        return None
+    dev = get_device(device, with_target=False)
+    if not peaks_measured_here(dev.fingerprint) \
+            and os.environ.get(MEASURE_ROOFS_ENV, "1").strip() != "0":
+        _measure_roofs(get_device(device, with_target=True), say)
+    return roof_drift(device)
 
 
 def needed(device: str) -> bool:

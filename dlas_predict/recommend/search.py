@@ -229,8 +229,9 @@ def recommend(model: str, device: str = "local", max_accuracy_drop: float = ELBO
                         f"trials, not {trials}: tuned latencies and search times are for "
                         f"{searched} trials a kernel{also}")
         trials = searched
+    # a mapped device's search time is unknown, but for another host of the model's CPU id
     tune_s = tuning_seconds(su.tuning_model, X, kernels, trials) \
-        if su.mapping is None else None
+        if su.mapping is None or su.ref_dev.fingerprint == su.dev.fingerprint else None
     plans = _plans(points, su.tunings, options, mid, su.skipped)
     cands = _price(plans, su, X, (mid, low, high), tune_s, own)
     _calibrate_networks(cands, su)
@@ -401,10 +402,14 @@ def _setup(model: str, device: str, validate: int, models_dir: Path | None,
                 "leave-one-device-out error)" if mapping.source == "zero-shot" else
                 f"{mapping.shots} of its measurements (adapted)")
         elsewhere = (MODELS_STORE / device / "layer.json").is_file()
-        why = (f"{dev.name}'s model was trained on another machine (fingerprint "
+        why = (f"{dev.name}'s model was trained on another host of this CPU id "
+               f"(fingerprint {dev.fingerprint}), and this one is calibrated"
+               if elsewhere and model_machine(device) == dev.fingerprint else
+               f"{dev.name}'s model was trained on another machine (fingerprint "
                f"{model_machine(device)}; this one is {dev.fingerprint})" if elsewhere
                else f"{dev.name} has no trained model")
-        ref_what = (f"{ref_dev.name}'s models (trained on {ref_dev.description})"
+        ref_what = ("its models" if ref_dev.fingerprint == dev.fingerprint else
+                    f"{ref_dev.name}'s models (trained on {ref_dev.description})"
                     if ref_dev.name == dev.name else f"{ref_dev.name}'s models")
         notes.append(f"{why}: {ref_what} price the grid and each kernel is mapped to "
                      f"{dev.name} by {what}")
@@ -426,6 +431,13 @@ def _setup(model: str, device: str, validate: int, models_dir: Path | None,
             notes.append(f"the calibration of {dev.name} in DLAS_HOME was measured on another "
                          f"machine (fingerprint {foreign}; this one is {dev.fingerprint}): "
                          "not used; `dlas-predict calibrate` measures this one")
+    elif models_dir is None and dev.measured_here:
+        from dlas_predict.crossdev.transfer import roof_drift
+
+        drift = roof_drift(device)
+        if drift:
+            notes.append(f"{drift}: latencies are predicted for that host; `dlas-predict "
+                         "calibrate` measures this one in minutes")
     feat_dev = features_device(ref_dev or dev, info)
     su = _Setup(dev, feat_dev, layer_model, net_model, info, tuner, net, name, entry,
                 tunings, notes, mapping=mapping, ref_dev=ref_dev, matrix=matrix,
@@ -514,7 +526,8 @@ def _map_onnxruntime(ort: list[Candidate], su: _Setup, kernels: list[tuple], own
     from dlas_predict.crossdev.offsets import scaled_by_parts
     from dlas_predict.crossdev.transfer import onnxruntime_roof_ratio
 
-    if su.mapping is None or su.ort_model is None or su.ort_here:
+    if su.mapping is None or su.ort_model is None \
+            or (su.ort_here and not su.mapping.onnxruntime_offsets):
         return
     if ort and su.mapping.onnxruntime_offsets:  # calibrated here: not our kernels' ratio
         _calibrate_onnxruntime(ort, su)

@@ -369,6 +369,12 @@ def _peaks_cache(fingerprint: str):
     return cache_dir("devices") / f"local-peaks-{fingerprint}.json"
 
 
+def peaks_measured_here(fingerprint: str) -> bool:
+    """This machine's roofs were measured on this very host (``devices --measure-peaks``,
+    cached under DLAS_HOME), not only shipped for its CPU id."""
+    return _peaks_cache(fingerprint).is_file()
+
+
 def measured_peaks(fingerprint: str) -> dict[str, Any] | None:
     """The measured roofs of the machine with ``fingerprint``: this machine's own
     measurement (cached under DLAS_HOME) first, then the shipped ones; None if never
