@@ -511,11 +511,10 @@ def _roofs_here(fp: str, roofs: dict, factor: float) -> None:
     """This host's roofs as `devices --measure-peaks` keeps them: the model's × factor."""
     from dlas_predict.space import devices as D
 
-    path = D._peaks_cache(fp)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({
+    D.save_measured_peaks({
+        "fingerprint": fp,
         "peak_gflops": {k: v * factor for k, v in roofs["peak_gflops"].items()},
-        "mem_bandwidth_gbs": roofs["mem_bandwidth_gbs"] * factor}))
+        "mem_bandwidth_gbs": roofs["mem_bandwidth_gbs"] * factor})
 
 
 def test_a_slower_host_of_the_models_cpu_id_is_told_and_can_be_calibrated(same_cpu_id):
