@@ -197,6 +197,33 @@ def test_the_leave_one_out_error_is_the_fit_made_without_that_row():
             fit.loo_log_errors[i])
 
 
+def test_a_family_the_basis_misprices_gets_its_own_offset_from_mixed_shots():
+    """A device on which recurrent networks run ×1.6 what the basis device's costs say and
+    CNNs ×1.0: shots of both families give each family its own (shrunk) offset, and the
+    held-out recurrent networks are priced closer than by one scale; shots of one family
+    give none. The offsets survive save and load, and leave-one-out still reports the fit
+    made without the row."""
+    X, costs = _synthetic(seed=6)
+    recurrent = np.arange(len(X)) % 2 == 1
+    first = lw.TERMS.index(f"onnxruntime {lw.ORT_FAMILIES[2]}{lw.ORT_TERMS[0]}")
+    X[recurrent, first] = 1.0  # work counted in the recurrent block: a recurrent network
+    assert lw.network_family(X[:2]) == ["cnn", "recurrent"]
+    basis = lw.Basis(["d0"], costs[:1], ["test"], [0.0])
+    base = X @ costs[0]
+    truth = base * np.where(recurrent, 1.6, 1.0)
+    fit = lw.fit_few_shot(basis, X[:12], truth[:12], parametrisation="one scale")
+    off = fit.family_offsets
+    assert set(off) == {"cnn", "recurrent"} and off["recurrent"] - off["cnn"] > 0.25
+    err = lambda f: np.abs(np.log(f.predict(X[12:]) / truth[12:]))  # noqa: E731
+    plain = lw.FewShotFit(**{**fit.to_dict(), "family_offsets": {}})
+    assert err(fit)[recurrent[12:]].mean() < 0.6 * err(plain)[recurrent[12:]].mean()
+    assert lw.FewShotFit.from_dict(json.loads(json.dumps(fit.to_dict()))) == fit
+    alone = lw.fit_few_shot(basis, X[1:12], truth[1:12], parametrisation="one scale")
+    assert math.log(alone.predict(X[0])[0] / truth[0]) == pytest.approx(fit.loo_log_errors[0])
+    cnns = lw.fit_few_shot(basis, X[:12][~recurrent[:12]], truth[:12][~recurrent[:12]])
+    assert cnns.family_offsets == {}
+
+
 def test_the_macs_baseline_is_a_power_law_of_the_multiply_adds():
     X, _ = _synthetic()
     ms = 3.0 * lw.macs_of(X) ** 0.8

@@ -15,7 +15,8 @@ A new device known by a few latencies (``adapt``: a network and its time, in wha
 timed it) is priced through the basis device whose costs explain those latencies best once
 scaled: its price split into compute (multiply-adds) and the rest, both parts scaled alike
 or each its own (shrunk towards one scale); the basis device and the parametrisation with
-the lowest leave-one-out error on the shots answer (:func:`fit_few_shot`). Its 80 % interval comes from
+the lowest leave-one-out error on the shots answer (:func:`fit_few_shot`), with an offset
+per network family where the shots mix families (:func:`network_family`). Its 80 % interval comes from
 the leave-one-out residuals of the whole procedure (the basis device chosen again without
 each shot), so what ``adapt`` reports is what ``predict`` then does.
 
@@ -235,6 +236,37 @@ def _apply(c, o, scales: tuple[float, float]):
     return np.maximum(scales[0] * c + scales[1] * o, 1e-9)
 
 
+#: The network families the few-shot fit offsets apart (:func:`network_family`): CNNs,
+#: matrix networks (MLPs, transformers) and recurrent networks.
+FAMILIES = ("cnn", "matrix", "recurrent")
+#: The pull of a family's offset towards none, in shots: a family of ``n`` shots keeps
+#: ``n / (n + FAMILY_PRIOR)`` of its shots' median residual.
+FAMILY_PRIOR = 2.0
+
+
+def network_family(X: np.ndarray) -> list[str]:
+    """Each row's network family (:data:`FAMILIES`), read from its terms: the block of
+    onnxruntime terms its work is counted in (a network with none: a CNN)."""
+    X = np.atleast_2d(X)
+    n, k = len(LAYER_TERMS), len(ORT_TERMS)
+    out = []
+    for row in X:
+        nonzero = [i for i in range(len(ORT_FAMILIES)) if np.any(row[n + i * k:n + (i + 1) * k])]
+        out.append(FAMILIES[nonzero[-1]] if nonzero else FAMILIES[0])
+    return out
+
+
+def _family_offsets(residuals: np.ndarray, families: list[str]) -> dict[str, float]:
+    """Log offsets by network family of the shots' residuals (log measured over predicted),
+    each its median shrunk towards none by :data:`FAMILY_PRIOR`; none where the shots are of
+    one family (their scale already fits it)."""
+    if len(set(families)) < 2:
+        return {}
+    fam = np.array(families)
+    return {f: float(np.median(residuals[fam == f]) * np.sum(fam == f)
+                     / (np.sum(fam == f) + FAMILY_PRIOR)) for f in sorted(set(families))}
+
+
 #: The parametrisations of the few-shot fit (:func:`fit_few_shot`): one scale for a basis
 #: device's whole price, or one for its compute and one for the rest.
 PARAMETRISATIONS = ("one scale", "two scales")
@@ -289,6 +321,9 @@ class FewShotFit:
     #: The basis device's :attr:`Basis.supports` row, and the shots' own largest terms.
     support: list[float] = field(default_factory=list)
     terms_version: str = TERMS_VERSION
+    #: Log offsets by network family (:func:`network_family`), where the shots hold more
+    #: than one: a family the shots lack takes none.
+    family_offsets: dict[str, float] = field(default_factory=dict)
 
     @property
     def offset(self) -> float:
@@ -298,7 +333,10 @@ class FewShotFit:
     def predict(self, X: np.ndarray) -> np.ndarray:
         X = np.atleast_2d(X)
         costs = np.asarray(self.costs)
-        return _apply((X * _COMPUTE) @ costs, (X * (1 - _COMPUTE)) @ costs, self.scales)
+        mid = _apply((X * _COMPUTE) @ costs, (X * (1 - _COMPUTE)) @ costs, self.scales)
+        if self.family_offsets:
+            mid = mid * np.exp([self.family_offsets.get(f, 0.0) for f in network_family(X)])
+        return mid
 
     def extrapolation(self, X: np.ndarray) -> np.ndarray:
         """How far beyond the networks the costs were fitted on each row of ``X`` lies: the
@@ -327,10 +365,12 @@ class FewShotFit:
     def describe(self) -> str:
         a, b = self.scales
         what = "costs" if self.basis_source == ORT_SOURCE else "layer-kind costs"
+        families = "".join(f", {f} networks ×{math.exp(o):.2f}"
+                           for f, o in self.family_offsets.items())
         if a == b:
-            return f"{self.basis_device}'s {what} scaled by {a:.3g}"
+            return f"{self.basis_device}'s {what} scaled by {a:.3g}{families}"
         return (f"{self.basis_device}'s {what}, its compute scaled by {a:.3g} and the rest by "
-                f"{b:.3g}")
+                f"{b:.3g}{families}")
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -358,19 +398,26 @@ def fit_few_shot(basis: Basis, X: np.ndarray, ms: np.ndarray,
         raise DlasError(f"{len(ms)} latency given; a device needs at least 2")
     C = (X * _COMPUTE) @ basis.costs.T
     O = (X * (1 - _COMPUTE)) @ basis.costs.T
-    j, scales = _select(C, O, ms, variants)
+    fams = network_family(X)
+
+    def chosen(rows: np.ndarray) -> tuple[int, tuple[float, float], dict[str, float]]:
+        j, scales = _select(C[rows], O[rows], ms[rows], variants)
+        res = np.log(ms[rows] / _apply(C[rows, j], O[rows, j], scales))
+        return j, scales, _family_offsets(res, [fams[i] for i in rows])
+
     n = len(ms)
+    j, scales, offsets = chosen(np.arange(n))
     loo = np.empty(n)
     for i in range(n):
-        keep = np.arange(n) != i
-        ji, si = _select(C[keep], O[keep], ms[keep], variants)
-        loo[i] = math.log(_apply(C[i, ji], O[i, ji], si) / ms[i])
+        ji, si, oi = chosen(np.flatnonzero(np.arange(n) != i))
+        loo[i] = math.log(_apply(C[i, ji], O[i, ji], si) / ms[i]) + oi.get(fams[i], 0.0)
     spread = float(np.sqrt(np.mean(loo ** 2)))
     half = Z80 * spread * math.sqrt(1 + 1 / n)
     support = np.maximum(basis.supports[j], X.max(axis=0)) if basis.supports is not None \
         else X.max(axis=0)
     return FewShotFit(basis.devices[j], basis.sources[j], basis.costs[j].tolist(),
-                      list(scales), half, n, loo.tolist(), support.tolist())
+                      list(scales), half, n, loo.tolist(), support.tolist(),
+                      family_offsets=offsets)
 
 
 def macs_fit(X: np.ndarray, ms: np.ndarray):
