@@ -209,10 +209,12 @@ def recommend(
     if models_dir is None and rpc is None:
         from dlas_predict.networks import zoo
         from dlas_predict.networks.graph import read_network
-        from dlas_predict.recommend.calibrate import roofs_first
+        from dlas_predict.recommend.calibrate import host_drift, roofs_first
 
         read_network(zoo.resolve(model))  # a bad file fails before anything is measured
-        roofs_first(device, lambda line: typer.echo(line, err=True))
+        say = lambda line: typer.echo(line, err=True)  # noqa: E731
+        if not roofs_first(device, say):
+            host_drift(device, say)  # a model of this CPU id: this host's roofs, once
     rec = run(model, device, max_accuracy_drop, data, top, k, models_dir=models_dir, log=log,
               data_options=options, finetune_epochs=fine_tune,
               tuning=tuning.value, trials=trials, tuning_db=str(tuning_db) if tuning_db else None,

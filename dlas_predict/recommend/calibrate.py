@@ -311,7 +311,7 @@ def _measure_roofs(dev, say):
     say(f"measuring the roofs of {dev.name} first (about 15 s): " + (
         f"its spec is an estimate ({f32:.0f} GFLOP/s float32 at /proc/cpuinfo's clock)"
         if dev.source != "measured" else f"the roofs it has ({f32:.1f} GFLOP/s float32) "
-        "were measured on another host of its CPU id"))
+        "are those shipped for its CPU id, measured on the host its data came from"))
     try:
         peaks, _ = measure_device_peaks(dev, lambda: LocalRunner(dev, timeout_s=600))
     except DlasError as exc:
