@@ -335,11 +335,9 @@ def roofs_first(device: str, say) -> bool:
     the reference's latencies by the two CPUs' roofs: on a Zen 5 forced to AVX2, the
     zero-shot MAPE of new networks' candidates is 63 % with the estimate, 19 % with them
     measured (``benchmarks/bench_calibrate.py``). Returns whether it measured."""
-    import os
-
     from dlas_predict.space.devices import device_names, get_device
 
-    if os.environ.get(MEASURE_ROOFS_ENV, "1").strip() == "0" or device not in device_names():
+    if not _may_measure_roofs() or device not in device_names():
         return False
     dev = get_device(device, with_target=False)
     if not dev.measured_here or dev.source == "measured" or not needed(device):
@@ -348,22 +346,26 @@ def roofs_first(device: str, say) -> bool:
     return True
 
 
+def _may_measure_roofs() -> bool:
+    """Roofs may be measured before an answer (:data:`MEASURE_ROOFS_ENV` is not ``0``)."""
+    import os
+
+    return os.environ.get(MEASURE_ROOFS_ENV, "1").strip() != "0"
+
+
 def host_drift(device: str, say) -> str | None:
     """Where ``device`` (this machine or a profile of it) has a model of its own, trained
     on a host of this CPU id: this host's roofs measured once (unless
     :data:`MEASURE_ROOFS_ENV` is ``0``), and the sentence
     :func:`~dlas_predict.crossdev.transfer.roof_drift` gives where they lie off the
     model's (None where they do not, or where ``device`` has no such model)."""
-    import os
-
     from dlas_predict.crossdev.transfer import of_this_machine, own_model, roof_drift
     from dlas_predict.space.devices import get_device, peaks_measured_here
 
     if not of_this_machine(device) or not own_model(device):
         return None
     dev = get_device(device, with_target=False)
-    if not peaks_measured_here(dev.fingerprint) \
-            and os.environ.get(MEASURE_ROOFS_ENV, "1").strip() != "0":
+    if not peaks_measured_here(dev.fingerprint) and _may_measure_roofs():
         _measure_roofs(get_device(device, with_target=True), say)
     return roof_drift(device)
 
