@@ -5,8 +5,16 @@ import os
 import sys
 from pathlib import Path
 
-import numpy as np
-import pytest
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    # Parallel workers share the cores: each one's thread pools get its share (set before
+    # numpy, LightGBM and onnxruntime read them).
+    _SHARE = str(max(1, len(os.sched_getaffinity(0))
+                     // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_var, _SHARE)
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -86,7 +94,8 @@ def _dlas_home(tmp_path_factory, monkeypatch):
     home.mkdir(exist_ok=True)
     monkeypatch.setenv("DLAS_HOME", str(home))
     monkeypatch.setenv("DLAS_MEASURE_ROOFS", "0")
-    monkeypatch.setenv("TVM_NUM_THREADS", str(len(os.sched_getaffinity(0))))
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    monkeypatch.setenv("TVM_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // workers)))
     yield home
 
 

@@ -64,6 +64,7 @@ def test_elbow_rule():
     assert accuracy.elbow([(0.1, 0.5)], 0.99) is None
 
 
+@pytest.mark.slow
 def test_proxy_without_labels(tmp_path):
     x = digits.digits("test", (3, 32, 32)).x[:40]
     np.savez(tmp_path / "u.npz", x=x)
@@ -87,6 +88,7 @@ def test_fine_tuning_splits_other_data_into_two_seeded_halves():
         datasets.split_for_finetune(replace(d, y=np.full(360, -1)))
 
 
+@pytest.mark.slow
 def test_a_plain_onnx_file_is_fine_tuned_through_the_importer(tmp_path):
     """A pruned ONNX file with no zoo definition is fine-tuned as a torch module: its masks
     held (the exported weights keep the pruned share of zeros), its weights moved by the

@@ -42,6 +42,7 @@ def test_normalised_drop_is_the_share_of_above_chance_accuracy_lost():
     assert normalised_drop(0.9, 0.5, 0.1) == pytest.approx(0.5)
 
 
+@pytest.mark.slow
 def test_fit_save_load_predict_equality(tmp_path):
     X, y, groups = _table()
     model = AccuracyCostModel(tree_scale=0.5).fit(X, y, groups)

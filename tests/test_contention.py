@@ -412,6 +412,7 @@ def test_retime_unprobed_times_records_without_probes_and_replaces_only_by_a_qui
         assert [json.loads(r["run_secs"]) for r in db.network_measurements()] == [[7e-3]]
 
 
+@pytest.mark.slow
 def test_the_canary_takes_the_tiles_of_the_device_s_vector_width(tmp_path):
     """A wider CPU's register tiles spill on a narrower one and vary by the run: the canary
     of an AVX2 device is built with AVX2's tiles, and its fastest time kept apart."""

@@ -114,6 +114,7 @@ def _saved_copy(fitted, tmp_path) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_model_learns_the_law_with_an_interval_and_round_trips(fitted, tmp_path):
     model = fitted[0]
     test = _corpus(seed=7)
@@ -147,6 +148,7 @@ def test_load_refuses_missing_stale_and_corrupt_models(fitted, tmp_path):
         LayerCostModel().fit(corpus.X[:3], corpus.seconds[:3])
 
 
+@pytest.mark.slow
 def test_a_model_saved_before_a_tree_feature_was_added_predicts_from_its_own(tmp_path):
     """A shipped model trained on fewer tree features (here without ``vnni``) loads, and its
     trees read the columns they were trained on."""
@@ -188,6 +190,7 @@ def test_baselines():
     np.testing.assert_allclose(lin.predict(corpus.X), linear, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_leave_one_network_out_reports_every_model():
     report = leave_one_network_out(_corpus())
     assert set(report.networks) == {"netA", "netB", "netC", "netD"}

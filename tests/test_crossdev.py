@@ -466,6 +466,7 @@ def test_a_map_fitted_without_a_slope_fits_offsets_to_what_the_slope_leaves():
 
 
 @pytest.mark.machine
+@pytest.mark.slow
 def test_predict_prices_a_network_run_by_onnxruntime(monkeypatch):
     """As its model's machine, onnxruntime's row is trained; elsewhere (the layer model
     mapped here too) it moves with the map and is the map's."""
@@ -581,6 +582,7 @@ def test_tuned_kernels_adapt_a_device_on_tophubs_tuned_kernels(tmp_path):
 
 
 @pytest.mark.skipif(not (SHARED_DATA / "tophub").is_dir(), reason="TopHub's logs not there")
+@pytest.mark.slow
 def test_leave_one_device_out_reports_how_often_the_interval_holds():
     r = run_cli("evaluate", "--leave-one-device-out", "--source", "tophub", "--device",
                 "rk3399-cpu", "--shots", "10", "--json")

@@ -39,6 +39,7 @@ def _source(kernels: dict) -> str:
 
 @pytest.mark.parametrize("alg", GRID_ALGORITHMS)
 @pytest.mark.parametrize("spec", [SPEC, DEPTHWISE], ids=["conv", "depthwise"])
+@pytest.mark.slow
 def test_dense_kernels_lower_to_cuda_with_shared_tiles(alg, spec):
     kernels = {f"k_{c.value}": _kernel(spec, alg, c)
                for c in (Compression.DENSE, Compression.FLOAT16, Compression.INT8)}
@@ -52,6 +53,7 @@ def test_dense_kernels_lower_to_cuda_with_shared_tiles(alg, spec):
     assert "signed char" in src or "int8_t" in src  # int8 inputs
 
 
+@pytest.mark.slow
 def test_int8_gemm_with_dp4a_sums_packed_words_with_the_instruction():
     src = _source({"plain": _kernel(SPEC, Algorithm.GEMM, Compression.INT8),
                    "packed": _kernel(SPEC, Algorithm.GEMM, Compression.INT8, dp4a=1)})
@@ -156,6 +158,7 @@ def _small_bundle(tmp_path: Path) -> tuple[Path, list]:
     return out, tasks
 
 
+@pytest.mark.slow
 def test_bundle_is_resumable_and_results_import_once(tmp_path):
     from dlas_predict.corpus.store import CorpusStore
     from dlas_predict.measure.gpu.bundle import write_bundle
@@ -247,6 +250,7 @@ def _fail_second_kernel(monkeypatch) -> None:
     monkeypatch.setattr(cuda, "build", build)
 
 
+@pytest.mark.slow
 def test_a_kernel_over_the_shared_memory_fails_beside_one_tvm_cannot_compile(tmp_path,
                                                                               monkeypatch):
     from dlas_predict.measure.gpu.bundle import GpuTask, write_bundle
@@ -267,6 +271,7 @@ def test_a_kernel_over_the_shared_memory_fails_beside_one_tvm_cannot_compile(tmp
     assert built["key"] == fine[0].key
 
 
+@pytest.mark.slow
 def test_a_kernel_tvm_cannot_compile_fails_alone_in_its_bundle(tmp_path, monkeypatch):
     from dlas_predict.measure.gpu.bundle import GpuTask, write_bundle
 
@@ -302,6 +307,7 @@ def test_knob_search_space_starts_untuned_and_stays_within_the_gpus_limits(alg, 
         assert {k["acc_bits"] for k in space} <= {16, 32}
 
 
+@pytest.mark.slow
 def test_a_knob_search_imports_as_one_tuned_record_once_every_candidate_ran(tmp_path):
     from dlas_predict.corpus.store import CorpusStore
     from dlas_predict.measure.gpu.bundle import KNOB_SEARCH, GpuTask, search_tasks, write_bundle
@@ -438,6 +444,7 @@ def test_recommend_answers_for_the_gpu_from_the_shipped_model(tmp_path):
     assert bad.exit_code != 0 and "Error: " in bad.output and "GPU" in bad.output
 
 
+@pytest.mark.slow
 def test_results_from_another_gpu_are_filed_under_the_gpu_that_measured_them(tmp_path):
     from dlas_predict.corpus.store import CorpusStore
     from dlas_predict.measure.gpu.bundle import GpuTask, search_tasks, write_bundle
@@ -494,6 +501,7 @@ def test_recommend_prices_the_h200s_tuned_kernels_at_their_search_size():
 
 @pytest.mark.parametrize("dtype,sparse", [("float32", False), ("float32", True),
                                           ("float16", False), ("int8", False)])
+@pytest.mark.slow
 def test_a_whole_network_lowers_to_cuda_with_our_kernels_and_every_op_on_the_gpu(
         tmp_path, dtype, sparse):
     import onnx
@@ -679,6 +687,7 @@ def test_timing_weights_keep_shapes_and_zeros_and_compress():
 
 
 @pytest.mark.parametrize("timing", [False, True], ids=["model-weights", "timing-weights"])
+@pytest.mark.slow
 def test_the_gpu_runners_network_check_and_timing_run_a_network_on_any_device(tmp_path,
                                                                               timing):
     """measure_network's check and timing, driven here on this CPU (the GPU machine runs the
@@ -735,6 +744,7 @@ def test_bundle_refuses_options_that_do_not_go_together(tmp_path, args, needle):
 
 
 @pytest.mark.parametrize("extra", [[], ["--whole-network"]], ids=["kernels", "networks"])
+@pytest.mark.slow
 def test_bundle_refuses_a_device_that_is_not_a_cuda_gpu_before_writing(tmp_path, extra):
     from conftest import assert_clean_error, run_cli
 

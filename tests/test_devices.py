@@ -372,6 +372,7 @@ def test_devices_remove_refuses_a_shipped_or_unknown_device():
 
 
 # ---- cross-compilation ----------------------------------------------------------------------
+@pytest.mark.slow
 def test_every_kernel_kind_cross_compiles_to_an_aarch64_shared_library(tmp_path):
     """Direct, gemm and spatial pack, dense in float32, float16 and int8, and CSR: each
     built here for the HiKey 970's Cortex-A73 and linked with Debian's cross g++."""

@@ -196,6 +196,7 @@ def test_once_enough_networks_are_timed_by_the_current_engine_older_builds_are_l
 
 
 @pytest.mark.parametrize("simd_bits", [512, 256], ids=["avx512", "avx2"])
+@pytest.mark.slow
 def test_a_carried_engine_build_todays_engine_builds_the_same_way_counts_as_today(simd_bits):
     """Engine 11 changed only direct and GEMM layers whose filter count has no block of at
     least four, engine 12 only spatial pack layers whose block of filters was a divisor of no

@@ -96,6 +96,7 @@ def test_tiles_for_narrower_vectors_match_reference(bits, variant, target):
                                   "C=31,H=14,W=14,K=1,R=3,S=3,stride=2,pad=1",
                                   "C=31,H=14,W=14,K=31,R=3,S=3,stride=2,pad=1,groups=31"])
 @pytest.mark.parametrize("algorithm", [Algorithm.DIRECT, Algorithm.GEMM])
+@pytest.mark.slow
 def test_a_tile_of_one_lane_builds_and_matches_reference(conv, algorithm, target):
     """A block of one filter (a channel-pruned layer reduced to one filter, 31 filters in
     groups of one) is a loop of one iteration that is left unvectorised, not a failed
@@ -116,6 +117,7 @@ CROPPED_CONVS = ["C=16,H=11,W=11,K=24,R=3,S=3,stride=1,pad=1",
 
 @pytest.mark.parametrize("algorithm", ["direct", "gemm"])
 @pytest.mark.parametrize("conv", CROPPED_CONVS)
+@pytest.mark.slow
 def test_a_width_no_vector_divides_is_computed_over_whole_tiles(conv, algorithm, target):
     """11 or 13 output columns (121, 169 positions) on eight lanes: the tile is a whole
     vector, the output padded to whole tiles and cropped, not a scalar loop of one lane;
@@ -306,6 +308,7 @@ POINTWISE_CONVS = ["C=20,H=7,W=7,K=38,R=1,S=1,stride=1,pad=0",
 
 @pytest.mark.parametrize("bits", [512, 256])
 @pytest.mark.parametrize("conv", POINTWISE_CONVS)
+@pytest.mark.slow
 def test_the_pointwise_gemm_overlaps_its_last_tiles_and_fuses_its_epilogue(conv, bits):
     """A float32 pointwise GEMM's last tile of positions and last block of filters start
     one tile before the end, computing a few outputs twice: every output matches the
@@ -436,6 +439,7 @@ def test_a_strided_depthwise_row_takes_the_vector_or_half_vector_that_pads_it_le
     assert [tile_w(ow, 1, 512) for ow in (18, 40, 32)] == [32, 16, 32]
 
 
+@pytest.mark.slow
 def test_a_small_depthwise_map_takes_a_tile_of_its_width_and_more_channels_a_task(target):
     """A row narrower than half a vector takes a tile of its width where a whole vector
     would compute mostly padding (4 columns: 4 lanes; 7 or 8: 8), at either stride; a map
@@ -463,6 +467,7 @@ def test_a_small_depthwise_map_takes_a_tile_of_its_width_and_more_channels_a_tas
 
 @pytest.mark.parametrize("knobs", [{"tile_k": 4, "tile_h": 3, "tile_w": 4},
                                    {"tile_k": 1, "tile_h": 1, "tile_w": 32}])
+@pytest.mark.slow
 def test_depthwise_direct_knobs_still_correct(knobs, target):
     spec = ConvSpec.parse("C=8,H=13,W=10,K=16,R=5,S=5,stride=1,pad=2,groups=8")
     variant = Variant("direct", "dense", knobs=tuple(knobs.items()))
@@ -475,6 +480,7 @@ ODD_K_CONV = "C=16,H=9,W=11,K=53,R=3,S=3,stride=2,pad=1"
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "int8"])
+@pytest.mark.slow
 def test_spatial_pack_pads_its_last_block_of_filters(dtype):
     """A spatial pack on 53 filters computes whole vector blocks of filters, the last one
     padded with zero filters, and crops them through its (fused) epilogue."""
@@ -546,6 +552,7 @@ def test_the_filter_block_pads_only_where_no_vector_divides_the_filters():
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "int8"])
 @pytest.mark.parametrize("algorithm", ["direct", "gemm"])
+@pytest.mark.slow
 def test_a_register_tile_pads_its_last_block_of_filters(algorithm, dtype):
     """53 filters (prime) and 118 (twice a prime): the register tile computes whole blocks
     of at least four filters, the last one padded, and crops them through the fused
@@ -652,6 +659,7 @@ def test_vnni_gemm_fuses_its_epilogue_and_writes_nchw(steps, conv):
     assert np.abs(out.astype(np.float64) - ref).max() < 1e-4 * max(1.0, np.abs(ref).max())
 
 
+@pytest.mark.slow
 def test_vnni_gemm_compiles_to_vpdpbusd_for_a_vnni_cpu():
     """Built for Cascade Lake (no VNNI hardware needed to compile): the main loop is
     ``vpdpbusd``; the same kernel without the knob has none."""
@@ -688,6 +696,7 @@ def test_pmaddwd_gemm_matches_reference(text, target):
 
 @pytest.mark.parametrize("conv", [FUSED_CONV, "C=7,H=5,W=13,K=33,R=3,S=1,stride=1,pad=1"],
                          ids=["cropped", "odd-reduction"])
+@pytest.mark.slow
 def test_pmaddwd_gemm_fuses_its_epilogue(conv):
     import numpy as np
 

@@ -105,6 +105,7 @@ def _saved_fit() -> dict:
     return lw.fit_few_shot(basis, X[:5], X[:5] @ costs[0]).to_dict()
 
 
+@pytest.mark.slow
 def test_a_shipped_onnxruntime_model_is_a_basis_device_that_prices_as_the_model_does():
     """Each shipped onnxruntime model prices a network's terms as the model prices the dense
     float32 network; a device whose latencies it explains once scaled is fitted through it."""

@@ -468,6 +468,7 @@ def _stepped(seed=0, networks=40):
     return X, y, modes, nets
 
 
+@pytest.mark.slow
 def test_a_correction_is_kept_only_where_it_is_better_held_out(tmp_path):
     X, y, modes, nets = _stepped()
     m = OrtLatencyModel().fit(OrtInputs(X, modes), y, groups=nets)
@@ -491,6 +492,7 @@ def test_a_correction_is_kept_only_where_it_is_better_held_out(tmp_path):
     assert not list(tmp_path.glob("onnxruntime.correction.*"))
 
 
+@pytest.mark.slow
 def test_a_model_whose_correction_file_is_missing_asks_to_be_fitted_again(tmp_path):
     X, y, modes, nets = _stepped(seed=3)
     OrtLatencyModel().fit(OrtInputs(X, modes), y, groups=nets).save(tmp_path)

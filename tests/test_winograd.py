@@ -41,6 +41,7 @@ def test_the_transforms_compute_a_correlation_exactly():
 
 
 @pytest.mark.parametrize("tile", [2, 4])
+@pytest.mark.slow
 def test_winograd_matches_reference(tile):
     result = run_task(_task(ConvSpec.parse(SHAPES[0]), Compression.DENSE, {"tile": tile}))
     assert result.verified, result.max_error

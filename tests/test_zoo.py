@@ -116,6 +116,7 @@ def test_weights_are_decoded_once_and_each_model_gets_its_own_copy(tmp_path):
         zoo.load_weights(small(8), path)
 
 
+@pytest.mark.slow
 def test_an_exported_zoo_network_is_known_by_its_weights_under_any_name(tmp_path):
     """The shipped weight fingerprints are those of today's exports, and a copy of an export
     under another name (what `export` writes for a user) is matched to its zoo network."""
