@@ -81,6 +81,34 @@ def test_an_adapted_device_s_80_percent_intervals_hold_about_80_percent_of_held_
     assert np.array_equal(model.predict(model.zero_shot(), np.arange(5))[1], zero)
 
 
+def test_a_device_noisier_than_the_training_ones_widens_its_own_intervals_from_its_shots():
+    """Its shots, each predicted from the others, miss by more than the model's intervals
+    allow: the device's own spread widens them until about 80 % of its other truths lie in
+    them (shrunk a little towards the model's: 61 % here); a device as quiet as the
+    training ones keeps about the model's."""
+    mat = synthetic(noise=0.02)
+    model = LatentModel().fit(mat.without("d4"))
+    rng = np.random.default_rng(3)
+    quiet = mat.column("d4")
+    noisy = quiet + rng.normal(0, 0.3, len(quiet))
+    shots, rest = np.arange(20), np.arange(20, len(quiet))
+    for y, low, high in ((noisy, 0.55, 0.95), (quiet, 0.7, 0.95)):
+        post = model.adapt(shots, y[shots])
+        pred, sd = model.predict(post, rest)
+        assert low <= np.mean(np.abs(pred - y[rest]) <= 1.2816 * sd) <= high
+    pred, narrow = model.predict(model.adapt(shots, noisy[shots], spread=False), rest)
+    assert np.mean(np.abs(pred - noisy[rest]) <= 1.2816 * narrow) < 0.3
+    wide = model.adapt(shots, noisy[shots])
+    assert wide.spread > 3 and model.adapt(shots, quiet[shots]).spread < 2
+    # the closed-form leave-one-out is refitting without each shot
+    A, y = model.Z_[shots], noisy[shots]
+    loo = [A[i] @ model.adapt(np.delete(shots, i), np.delete(y, i), spread=False).mean
+           for i in range(len(shots))]
+    cov, mean = wide.cov, wide.mean
+    v = np.einsum("ij,jk,ik->i", A, cov, A)
+    assert np.allclose(y - (y - A @ mean) / (1 - v / model.noise_var_), loo)
+
+
 def test_zero_shot_intervals_hold_about_80_percent_over_held_out_devices_not_the_whole_prior():
     """A device placed from its spec is far nearer its truth than the spread of the
     training devices' loadings says; the zero-shot scale, learned by placing each training

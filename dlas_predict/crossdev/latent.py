@@ -35,6 +35,12 @@ K_CHOICES = (1, 2, 3, 4, 5, 6)
 NOISE_CHOICES = (1.0, 4.0, 16.0)
 #: Targets the inner selection scores on (a seeded sample of larger matrices).
 SELECT_ROWS = 2000
+#: The fewest shots whose leave-one-out errors say how far a device's own spread runs, and
+#: the weight, in shots, of the model's spread that they are shrunk towards.
+SPREAD_MIN_SHOTS = 5
+SPREAD_PRIOR = 5.0
+#: The median of a standard normal's absolute value.
+Z50 = 0.6745
 
 
 def _complete(Y: np.ndarray, rank: int, iters: int = 100) -> np.ndarray:
@@ -71,6 +77,9 @@ class DevicePosterior:
     cov: np.ndarray
     source: str  # "zero-shot" | "adapted" | "trained"
     shots: int = 0
+    #: How much wider than the model's own this device's errors run, from its shots' leave-
+    #: one-out errors (:meth:`LatentModel.adapt`); multiplies its predicted spread.
+    spread: float = 1.0
 
 
 @dataclass
@@ -214,25 +223,40 @@ class LatentModel:
         return DevicePosterior(mean, self.prior_cov_.copy(), "zero-shot", 0)
 
     def adapt(self, rows: np.ndarray, log_ms: np.ndarray,
-              prior: DevicePosterior | None = None) -> DevicePosterior:
-        """The posterior loading given measured targets (rows of Z, or z vectors)."""
+              prior: DevicePosterior | None = None, spread: bool = True) -> DevicePosterior:
+        """The posterior loading given measured targets (rows of Z, or z vectors), with the
+        device's own spread: where its shots, each predicted from the others, miss by more
+        than the model's intervals allow (a device unlike the training ones), its intervals
+        widen to match, and where they miss by less, narrow (:data:`SPREAD_MIN_SHOTS`,
+        :data:`SPREAD_PRIOR`). ``spread=False``: the loading alone (for its mean)."""
         A = self.Z_[rows] if rows.ndim == 1 else rows
+        log_ms = np.asarray(log_ms, dtype=float)
         prior = prior or self.zero_shot()
         Pi = np.linalg.inv(prior.cov)
-        prec = A.T @ A / self.noise_var_ + Pi
-        cov = np.linalg.inv(prec)
+        cov = np.linalg.inv(A.T @ A / self.noise_var_ + Pi)
         mean = cov @ (A.T @ log_ms / self.noise_var_ + Pi @ prior.mean)
-        return DevicePosterior(mean, cov, "adapted", len(log_ms))
+        n, own_spread = len(log_ms), 1.0
+        if spread and n >= SPREAD_MIN_SHOTS:
+            # each shot predicted from the others, in closed form (Sherman-Morrison): its
+            # residual over 1 - leverage, its variance from the covariance without it
+            v = np.einsum("ij,jk,ik->i", A, cov, A)
+            free = 1.0 - v / self.noise_var_
+            loo_err = (log_ms - A @ mean) / free
+            loo_sd = np.sqrt(v / free + self.noise_var_) * self.interval_scale_
+            own = (np.median(np.abs(loo_err) / loo_sd) / Z50) ** 2  # over the model's
+            own_spread = float(np.sqrt((n * own + SPREAD_PRIOR) / (n + SPREAD_PRIOR)))
+        return DevicePosterior(mean, cov, "adapted", n, own_spread)
 
     def predict(self, post: DevicePosterior, rows: np.ndarray | None = None,
                 Z: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Mean log ms and its standard deviation (loading uncertainty + noise, scaled by
-        :attr:`zero_shot_scale_` for a zero-shot device, else :attr:`interval_scale_`)."""
+        :attr:`zero_shot_scale_` for a zero-shot device, else :attr:`interval_scale_`, and
+        by the device's own spread)."""
         Zq = Z if Z is not None else (self.Z_ if rows is None else self.Z_[rows])
         mean = Zq @ post.mean
         var = np.einsum("ij,jk,ik->i", Zq, post.cov, Zq) + self.noise_var_
         scale = self.zero_shot_scale_ if post.source == "zero-shot" else self.interval_scale_
-        return mean, np.sqrt(var) * scale
+        return mean, np.sqrt(var) * scale * post.spread
 
 
 def _sampled(mat: LatencyMatrix, rng) -> LatencyMatrix:
@@ -275,7 +299,7 @@ def select(mat: LatencyMatrix, shots: int = 10, draws: int = 3, seed: int = 0
             for n in NOISE_CHOICES:
                 base.noise_var_ = (base_noise - 1e-4) * n + 1e-4
                 for p in picks:
-                    post = base.adapt(p, y[p])
+                    post = base.adapt(p, y[p], spread=False)
                     q = np.setdiff1d(rows, p)
                     scores[n].append(spearman(base.predict(post, q)[0], y[q]))
         for n, s in scores.items():

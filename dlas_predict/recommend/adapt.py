@@ -160,7 +160,8 @@ def adapt(device: str, measurements: Path, data: Path | None = None) -> AdaptRep
     yu = np.array([y[v].mean() for v in uniq.values()])
     prior = placed_zero_shot(model, device) if device in device_names() else model.zero_shot()
     post = model.adapt(Zu, yu, prior)
-    loo = np.array([Zu[i] @ model.adapt(np.delete(Zu, i, 0), np.delete(yu, i), prior).mean
+    loo = np.array([Zu[i] @ model.adapt(np.delete(Zu, i, 0), np.delete(yu, i), prior,
+                                       spread=False).mean
                     for i in range(len(yu))])
     from dlas_predict.crossdev.latent import spearman
     registered = device not in device_names()  # known by these measurements alone
