@@ -3,6 +3,8 @@ and `calibrate` fit, kept as one JSON file a device under DLAS_HOME/adapted."""
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import re
 from pathlib import Path
@@ -31,13 +33,33 @@ def adapted_path(device: str) -> Path:
 
 
 def read_adapted(device: str) -> dict | None:
+    """``device``'s saved map (a copy the caller may change), None where it has none."""
     path = adapted_path(device)
-    if not path.is_file():
-        return None
     try:
-        return json.loads(path.read_text())
+        return copy.deepcopy(_parsed(path, path.stat().st_mtime_ns))
+    except OSError:
+        return None
     except ValueError:
         raise DlasError(f"adapted model {path} is unreadable; run `adapt` again") from None
+
+
+def calibrated_on(device: str) -> str | None:
+    """The fingerprint of the machine that ``calibrate`` fitted ``device``'s saved map on;
+    None where the map is no calibration, or there is none, or it is unreadable."""
+    path = adapted_path(device)
+    try:
+        saved = _parsed(path, path.stat().st_mtime_ns)
+    except (OSError, ValueError):
+        return None
+    if saved.get("source") != "calibrate":
+        return None
+    return (saved.get("recommend_map") or {}).get("fingerprint") or saved.get("fingerprint")
+
+
+@functools.lru_cache(maxsize=32)
+def _parsed(path: Path, _mtime_ns: int) -> dict:
+    """The saved map at ``path`` as it was at that modification time (read once)."""
+    return json.loads(path.read_text())
 
 
 def adapted_devices() -> list[str]:

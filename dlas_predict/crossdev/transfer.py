@@ -300,27 +300,11 @@ def own_model(name: str) -> bool:
 def calibrated_here(name: str, fingerprint: str | None) -> bool:
     """``name`` (this machine or a profile of it) has a ``calibrate`` map of this very
     machine (``fingerprint``) under DLAS_HOME."""
-    from dlas_predict.crossdev.adapted import adapted_path
+    from dlas_predict.crossdev.adapted import calibrated_on
 
     if not fingerprint or not of_this_machine(name):
         return False
-    path = adapted_path(name)
-    try:
-        return _calibration_fingerprint(path, path.stat().st_mtime_ns) == fingerprint
-    except OSError:
-        return False
-
-
-@functools.lru_cache(maxsize=16)
-def _calibration_fingerprint(path: Path, _mtime: int) -> str | None:
-    """The machine a saved map was calibrated on (None: not a calibration, or unreadable)."""
-    try:
-        saved = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    if saved.get("source") != "calibrate":
-        return None
-    return (saved.get("recommend_map") or {}).get("fingerprint") or saved.get("fingerprint")
+    return calibrated_on(name) == fingerprint
 
 
 #: How far (relative) this machine's float32 roof or memory bandwidth, measured here, may
