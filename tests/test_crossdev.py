@@ -109,6 +109,18 @@ def test_a_device_noisier_than_the_training_ones_widens_its_own_intervals_from_i
     assert np.allclose(y - (y - A @ mean) / (1 - v / model.noise_var_), loo)
 
 
+def test_a_zero_shot_spec_beyond_the_training_devices_widens_its_interval_by_its_leverage():
+    mat = synthetic()
+    model = LatentModel().fit(mat)
+    specs = np.random.default_rng(0).normal(size=(len(mat.devices), 2))
+    inside = model.zero_shot(specs.mean(axis=0), specs)
+    beyond = model.zero_shot(specs.mean(axis=0) + 6 * specs.std(axis=0), specs)
+    assert inside.spread == 1.0 and beyond.spread > 1.5
+    rows = np.arange(5)
+    assert np.allclose(model.predict(beyond, rows)[1],
+                       beyond.spread * model.predict(inside, rows)[1])
+
+
 def test_zero_shot_intervals_hold_about_80_percent_over_held_out_devices_not_the_whole_prior():
     """A device placed from its spec is far nearer its truth than the spread of the
     training devices' loadings says; the zero-shot scale, learned by placing each training

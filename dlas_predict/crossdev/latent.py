@@ -211,16 +211,22 @@ class LatentModel:
                   train_specs: np.ndarray | None = None) -> DevicePosterior:
         """The prior; with specs for the new and the training devices, the prior mean
         moved by a ridge regression of the loadings on the specs."""
-        mean = self.prior_mean_.copy()
+        mean, spread = self.prior_mean_.copy(), 1.0
         if spec is not None and train_specs is not None and len(train_specs) >= 2:
             S = np.asarray(train_specs, dtype=float)
             mu, sd = S.mean(axis=0), S.std(axis=0) + 1e-9
             A = np.c_[np.ones(len(S)), (S - mu) / sd]
             reg = np.eye(A.shape[1])
             reg[0, 0] = 0
-            W = np.linalg.solve(A.T @ A + reg, A.T @ self.loadings_)
-            mean = np.r_[1.0, (np.asarray(spec, dtype=float) - mu) / sd] @ W
-        return DevicePosterior(mean, self.prior_cov_.copy(), "zero-shot", 0)
+            M = np.linalg.inv(A.T @ A + reg)
+            x = np.r_[1.0, (np.asarray(spec, dtype=float) - mu) / sd]
+            mean = x @ M @ A.T @ self.loadings_
+            # a spec beyond the training devices' is an extrapolation: its interval widens
+            # with its leverage, over the training devices' own (never narrows: a spec
+            # among theirs is no promise, a twin's may be timed otherwise)
+            spread = float(np.sqrt(max(1.0, (1 + x @ M @ x)
+                                       / (1 + np.einsum("ij,jk,ik->i", A, M, A).mean()))))
+        return DevicePosterior(mean, self.prior_cov_.copy(), "zero-shot", 0, spread)
 
     def adapt(self, rows: np.ndarray, log_ms: np.ndarray,
               prior: DevicePosterior | None = None, spread: bool = True) -> DevicePosterior:

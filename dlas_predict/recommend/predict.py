@@ -263,7 +263,7 @@ def basis(source: str, level: str, data: str | None = None) -> tuple[LatencyMatr
     noise) and the intervals' scale are cached under DLAS_HOME by the data's shape."""
     mat = load(source, level, Path(data) if data else None)
     key = (f"{source}-{level}-{len(mat.targets)}x{len(mat.devices)}-"
-           f"{int(np.isfinite(mat.log_ms).sum())}-scaled-zero-shot-own-spread")
+           f"{int(np.isfinite(mat.log_ms).sum())}-scaled-zero-shot-spreads")
     path = cache_dir("crossdev") / "selection.json"
     try:
         chosen = json.loads(path.read_text())
