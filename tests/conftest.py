@@ -86,6 +86,22 @@ def snapshot_subset(directory: Path, networks):
 
 
 @pytest.fixture(autouse=True)
+def _machine_share(request, tmp_path_factory):
+    """Under pytest-xdist, a test marked ``quiet`` runs while no other test does: every test
+    holds a shared lock on a file the workers share, a quiet one an exclusive lock."""
+    if not hasattr(request.config, "workerinput"):  # not an xdist worker
+        yield
+        return
+    import fcntl
+
+    quiet = request.node.get_closest_marker("quiet") is not None
+    # each worker's base temporary folder lies in the run's own
+    with open(tmp_path_factory.getbasetemp().parent / "machine.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if quiet else fcntl.LOCK_SH)
+        yield
+
+
+@pytest.fixture(autouse=True)
 def _dlas_home(tmp_path_factory, monkeypatch):
     """Every test gets its own DLAS_HOME, sharing the cached local-target detection; on a
     CPU without a model of its own, recommend keeps its estimated roofs (the tests that

@@ -200,6 +200,7 @@ print(max(r.ratio for r in readings), max(r.slowdown for r in readings))
 
 
 @pytest.mark.slow
+@pytest.mark.quiet
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
                     reason="needs two CPUs to pin to")
 def test_the_probes_see_a_busy_process_on_one_of_their_cores():
