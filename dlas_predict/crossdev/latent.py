@@ -246,7 +246,7 @@ class LatentModel:
             # each shot predicted from the others, in closed form (Sherman-Morrison): its
             # residual over 1 - leverage, its variance from the covariance without it
             v = np.einsum("ij,jk,ik->i", A, cov, A)
-            free = 1.0 - v / self.noise_var_
+            free = np.maximum(1.0 - v / self.noise_var_, 1e-9)  # under 1 by the prior
             loo_err = (log_ms - A @ mean) / free
             loo_sd = np.sqrt(v / free + self.noise_var_) * self.interval_scale_
             own = (np.median(np.abs(loo_err) / loo_sd) / Z50) ** 2  # over the model's
