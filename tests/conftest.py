@@ -5,13 +5,14 @@ import os
 import sys
 from pathlib import Path
 
+#: The threads of one test process: every core, or under pytest-xdist its worker's share.
+THREADS = max(1, len(os.sched_getaffinity(0))
+              // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
-    # Parallel workers share the cores: each one's thread pools get its share (set before
-    # numpy, LightGBM and onnxruntime read them).
-    _SHARE = str(max(1, len(os.sched_getaffinity(0))
-                     // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    # parallel workers share the cores: each one's thread pools get its share (set before
+    # numpy, LightGBM and onnxruntime read them)
     for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ.setdefault(_var, _SHARE)
+        os.environ.setdefault(_var, str(THREADS))
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -110,8 +111,7 @@ def _dlas_home(tmp_path_factory, monkeypatch):
     home.mkdir(exist_ok=True)
     monkeypatch.setenv("DLAS_HOME", str(home))
     monkeypatch.setenv("DLAS_MEASURE_ROOFS", "0")
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    monkeypatch.setenv("TVM_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // workers)))
+    monkeypatch.setenv("TVM_NUM_THREADS", str(THREADS))
     yield home
 
 

@@ -9,9 +9,9 @@ Where ``tile_p`` does not divide ``P`` (7×7, 14×14 maps) the last tile of a ro
 ``P − tile_p`` and computes again a few positions of the tile before it, writing the same
 values; so does the last block of filters. (The TE GEMM, which runs every other layer and
 this one under ``pointwise=0``, pads the positions: it copies the input into a padded im2col
-matrix, then writes the cropped output as a separate stage.) Tasks run over blocks of filters, each
-sweeping its row of tiles while its weights stay in cache; a layer of few blocks also
-splits the row into chunks, so both threads have work.
+matrix, then writes the cropped output as a separate stage.) Tasks run over blocks of
+filters, each sweeping its row of tiles while its weights stay in cache; a layer of few
+blocks also splits the row into chunks, so both threads have work.
 
 Written in TVMScript: an index that moves the last tile back is no affine split of a TE
 loop. The fused epilogue is the TE kernels' (:func:`~dlas_predict.measure.kernels.spec.
