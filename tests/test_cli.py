@@ -423,7 +423,11 @@ def test_collect_measures_each_layer_at_its_own_sparsity(tmp_path):
 
 
 #: The networks of the snapshot subset the train-and-evaluate test runs on.
-SUBSET = ("resnet18-cifar", "mobilenetv1-cifar", "mobilenetv2-cifar")
+#: Three generated CNNs of the shipped snapshot, of 20-40 whole-network records each: plain and
+#: residual blocks, with and without downsampling (about 200 kernels in all).
+SUBSET = ("cnn_layers=2_kernels=160_kernel_size=3_input=40_batch=1_block=residual_downsample=0",
+          "cnn_layers=5_kernels=88_kernel_size=3_input=37_batch=1_block=residual_downsample=1",
+          "cnn_layers=6_kernels=42_kernel_size=3_input=17_batch=1_block=plain_downsample=1")
 
 
 @pytest.mark.slow
