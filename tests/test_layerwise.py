@@ -60,6 +60,27 @@ def test_a_devices_costs_are_recovered_from_its_latencies():
     assert (got >= 0).all()
 
 
+def test_a_robust_fit_leaves_out_a_tables_rows_timed_otherwise_and_says_so_in_its_spread():
+    """A public table whose rows are partly timed otherwise (a fifth of them 20-100× too
+    fast): the plain fit is pulled off the rest, the robust one recovers the costs, and its
+    80 % interval holds about 80 % of the rows it was fitted on."""
+    X, costs = _synthetic(networks=200)
+    rng = np.random.default_rng(3)
+    truth = X @ costs[0]
+    ms = truth * np.exp(rng.normal(0.0, 0.03, len(truth)))
+    bad = rng.choice(len(ms), size=40, replace=False)
+    ms[bad] /= rng.uniform(20.0, 100.0, len(bad))
+    good = np.setdiff1d(np.arange(len(ms)), bad)
+    err = lambda c: np.median(np.abs(X[good] @ c / truth[good] - 1))  # noqa: E731
+    assert err(lw.fit_costs(X, ms)) > 0.10
+    assert err(lw.fit_costs(X, ms, robust=True)) < 0.03
+    basis = lw.basis_of({"board": (X, ms)}, "table", robust=True)
+    low, high = basis.own_fit("board").predict_interval(X)
+    assert 0.75 <= np.mean((ms >= low) & (ms <= high)) <= 0.9
+    # without outliers a robust fit is the plain one
+    assert np.allclose(lw.fit_costs(X, truth, robust=True), lw.fit_costs(X, truth))
+
+
 def test_a_few_shot_device_is_priced_through_the_basis_device_it_scales():
     X, costs = _synthetic()
     basis = lw.Basis([f"d{i}" for i in range(len(costs))], costs, ["test"] * len(costs),

@@ -136,18 +136,41 @@ def macs_of(terms: np.ndarray) -> np.ndarray:
     return np.atleast_2d(terms)[:, :5].sum(axis=1)
 
 
-def fit_costs(X: np.ndarray, ms: np.ndarray) -> np.ndarray:
+def fit_costs(X: np.ndarray, ms: np.ndarray, robust: bool = False) -> np.ndarray:
     """A device's non-negative costs per layer-kind term (the others zero), fitted on
     networks' terms ``X`` and their latencies ``ms`` by relative error (a latency below a
     fifth of the median weighs as that fifth: tables that round to whole milliseconds hold
-    near-zero times)."""
+    near-zero times). ``robust``: fitted again without the rows the fit misses by more than
+    :data:`OUTLIER_MADS` median absolute deviations of the log residual (and by more than
+    25 %), until none is left out anew: a public table's rows that were timed otherwise."""
     from scipy.optimize import nnls
 
     X, ms = np.atleast_2d(np.asarray(X, float)), np.asarray(ms, float)
-    w = 1.0 / np.maximum(ms, 0.2 * np.median(ms))
-    costs = np.zeros(len(TERMS))
-    costs[_LAYER] = nnls(X[:, _LAYER] * w[:, None], ms * w)[0]
+
+    def fit(rows: np.ndarray) -> np.ndarray:
+        w = 1.0 / np.maximum(ms[rows], 0.2 * np.median(ms[rows]))
+        costs = np.zeros(len(TERMS))
+        costs[_LAYER] = nnls(X[rows][:, _LAYER] * w[:, None], ms[rows] * w)[0]
+        return costs
+
+    keep = np.ones(len(ms), bool)
+    costs = fit(keep)
+    for _ in range(OUTLIER_ROUNDS if robust else 0):
+        r = np.log(np.maximum(X @ costs, 1e-9) / ms)
+        med = np.median(r[keep])
+        mad = 1.4826 * np.median(np.abs(r[keep] - med))
+        new = np.abs(r - med) <= max(OUTLIER_MADS * mad, math.log(1.25))
+        if np.array_equal(new, keep) or new.sum() < MIN_BASIS_NETWORKS:
+            break
+        keep = new
+        costs = fit(keep)
     return costs
+
+
+#: A robust fit (:func:`fit_costs`) leaves out rows beyond this many median absolute
+#: deviations of the log residual, and refits at most this many times.
+OUTLIER_MADS = 3.0
+OUTLIER_ROUNDS = 3
 
 
 @dataclass
@@ -192,15 +215,25 @@ class Basis:
                           Z80 * self.spreads[j], 0, [], support=support)
 
 
-def basis_of(columns: dict[str, tuple[np.ndarray, np.ndarray]], source: str) -> Basis:
-    """A basis from ``{device: (terms, ms)}``; a device with too few networks is left out."""
+def basis_of(columns: dict[str, tuple[np.ndarray, np.ndarray]], source: str,
+             robust: bool = False) -> Basis:
+    """A basis from ``{device: (terms, ms)}``; a device with too few networks is left out.
+    ``robust``: each device's costs fitted without its table's outlying rows
+    (:func:`fit_costs`), and its spread read from the quantiles of its residuals (the
+    80 % interval holds 80 % of the rows it was fitted on, outliers included), not their
+    RMS."""
     names, rows, spreads, supports = [], [], [], []
     for name, (X, ms) in columns.items():
         if len(ms) >= MIN_BASIS_NETWORKS:
             names.append(name)
-            rows.append(fit_costs(X, ms))
+            rows.append(fit_costs(X, ms, robust))
             fitted = np.maximum(np.asarray(X) @ rows[-1], 1e-6)
-            spreads.append(float(np.sqrt(np.mean(np.log(fitted / np.asarray(ms)) ** 2))))
+            r = np.log(fitted / np.asarray(ms))
+            if robust:
+                lo, hi = np.quantile(r, [0.1, 0.9])
+                spreads.append(float(max(abs(lo), abs(hi)) / Z80))
+            else:
+                spreads.append(float(np.sqrt(np.mean(r ** 2))))
             supports.append(np.asarray(X).max(axis=0))
     shape = (len(rows), len(TERMS))
     return Basis(names, np.array(rows).reshape(shape), [source] * len(names), spreads,
@@ -506,7 +539,8 @@ def help_basis(data: Path | None = None, indices: list[int] | None = None) -> Ba
         y = mat.log_ms[idx, j]
         ok = np.isfinite(y)
         cols[f"help:{d}"] = (X[ok], np.exp(y[ok]))
-    return basis_of(cols, "help")
+    # a public table: the rows of a device timed otherwise than the rest are left out
+    return basis_of(cols, "help", robust=True)
 
 
 def corpus_columns(dtype_config: str = "dense") -> dict[str, tuple[list[str], np.ndarray]]:
