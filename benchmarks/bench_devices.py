@@ -29,7 +29,8 @@
    files and read back), and each machine's onnxruntime timings (another runtime; the
    basis: HELP, the other machines' corpora and their onnxruntime models). Within
    ±10 %/±25 %, Spearman, and how often the 80 % interval holds the truth. Then the same
-   at 3, 5, 10 and 30 shots, one scale, two scales and the number chosen by leave-one-out.
+   at 3, 5, 10 and 30 shots: one scale, two scales, a blend of two basis devices, and the
+   parametrisation chosen by leave-one-out.
    And HELP's devices trained: each priced by its own costs, fitted on the 800 basis cells
    without the rows its fit misses far (a table's rows timed otherwise), on the 300 cells.
 

@@ -203,6 +203,34 @@ def test_the_number_of_scales_is_chosen_by_leave_one_out_or_fixed():
     assert two.scales[0] == two.scales[1]  # two rows fit one scale only
 
 
+def test_a_device_between_two_basis_devices_is_priced_by_their_blend():
+    """A device whose every cost is halfway between d1's and d2's: neither basis device
+    scaled (one scale or two) explains it, their blend does, is chosen by leave-one-out,
+    predicts held-out networks closer, says so, and survives save and load; a device that
+    is one basis device scaled keeps that device alone."""
+    X, costs = _synthetic(devices=4, networks=40, seed=3)
+    comp = lw._COMPUTE.astype(bool)
+    X[:, comp] *= np.linspace(0.2, 5.0, len(X))[:, None]  # light to compute-heavy
+    basis = lw.Basis([f"d{i}" for i in range(4)], costs, ["test"] * 4, [0.0] * 4)
+    truth = X @ (0.5 * costs[1] + 0.5 * costs[2])
+    shots = np.arange(0, 40, 4)
+    rest = np.setdiff1d(np.arange(40), shots)
+    blend = lw.fit_few_shot(basis, X[shots], truth[shots])
+    assert sorted(blend.blend) == ["d1", "d2"]
+    assert blend.describe().startswith("a blend of ")
+    err = lambda f: np.median(np.abs(f.predict(X[rest]) / truth[rest] - 1))  # noqa: E731
+    for p in ("one scale", "two scales"):
+        assert err(blend) < 0.5 * err(lw.fit_few_shot(basis, X[shots], truth[shots], p))
+    assert err(blend) < 0.03
+    assert lw.FewShotFit.from_dict(json.loads(json.dumps(blend.to_dict()))) == blend
+    scaled = lw.fit_few_shot(basis, X[shots], 2.0 * (X[shots] @ costs[3]))
+    assert scaled.blend == [] and scaled.basis_device == "d3"
+    assert scaled.scales == pytest.approx([2.0, 2.0])
+    with pytest.raises(DlasError, match="two basis devices"):
+        lw.fit_few_shot(lw.Basis(["d0"], costs[:1], ["test"], [0.0]), X[shots],
+                        truth[shots], "two basis devices")
+
+
 def test_the_leave_one_out_error_is_the_fit_made_without_that_row():
     """What adapt reports (leave-one-out, the basis device chosen again each time) is what
     a fit on the other rows predicts for the row left out."""

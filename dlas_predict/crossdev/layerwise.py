@@ -14,11 +14,13 @@ basis). Each shipped onnxruntime model is a basis device of its own, its costs t
 A new device known by a few latencies (``adapt``: a network and its time, in whatever runtime
 timed it) is priced through the basis device whose costs explain those latencies best once
 scaled: its price split into compute (multiply-adds) and the rest, both parts scaled alike
-or each its own (shrunk towards one scale); the basis device and the parametrisation with
-the lowest leave-one-out error on the shots answer (:func:`fit_few_shot`), with an offset
-per network family where the shots mix families (:func:`network_family`). Its 80 % interval comes from
-the leave-one-out residuals of the whole procedure (the basis device chosen again without
-each shot), so what ``adapt`` reports is what ``predict`` then does.
+or each its own (shrunk towards one scale), or through a blend of the two basis devices
+that explain them best (each one's compute and rest scaled, shrunk towards the first
+alone); the parametrisation with the lowest leave-one-out error on the shots answers
+(:func:`fit_few_shot`), with an offset per network family where the shots mix families
+(:func:`network_family`). Its 80 % interval comes from the leave-one-out residuals of the
+whole procedure (the basis devices chosen again without each shot), so what ``adapt``
+reports is what ``predict`` then does.
 
 HELP's latencies are read from the public data folder at run time and never shipped; the
 NAS-Bench-201 cells are built here and their terms cached under DLAS_HOME.
@@ -301,8 +303,40 @@ def _family_offsets(residuals: np.ndarray, families: list[str]) -> dict[str, flo
 
 
 #: The parametrisations of the few-shot fit (:func:`fit_few_shot`): one scale for a basis
-#: device's whole price, or one for its compute and one for the rest.
-PARAMETRISATIONS = ("one scale", "two scales")
+#: device's whole price, one for its compute and one for the rest, or a blend of two basis
+#: devices (each one's compute and rest scaled, :func:`_blend`).
+PARAMETRISATIONS = ("one scale", "two scales", "two basis devices")
+#: A blend's pull towards its first basis device alone, scaled, in shots per scale.
+_BLEND_PRIOR = 0.1
+
+
+def _one_scale(C: np.ndarray, O: np.ndarray, ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per basis device (column of compute ``C`` and rest ``O``, shots × devices): the
+    leave-one-out RMS log error of its price scaled by one factor, and the shots' log
+    residuals (log measured over its price)."""
+    n = len(ms)
+    r = np.log(ms)[:, None] - np.log(np.maximum(C + O, 1e-12))
+    loo0 = (r - (r.sum(axis=0) - r) / (n - 1)) if n >= 2 else np.zeros_like(r)
+    return np.sqrt(np.mean(loo0 ** 2, axis=0)), r
+
+
+def _blend(C: np.ndarray, O: np.ndarray, ms: np.ndarray) -> tuple[tuple[int, int], np.ndarray]:
+    """The two basis devices whose prices scaled by one factor predict ``ms`` best (by
+    leave-one-out), and the non-negative scales of the first's compute and rest and the
+    second's (four) that fit ``ms`` by relative error, each pulled towards the first device
+    alone at its one scale by :data:`_BLEND_PRIOR` shots (in units of the scale's column,
+    so the pull is the same whatever the devices' speeds)."""
+    from scipy.optimize import nnls
+
+    score, r = _one_scale(C, O, ms)
+    j1, j2 = (int(j) for j in np.argsort(score, kind="stable")[:2])
+    A = np.c_[C[:, j1], O[:, j1], C[:, j2], O[:, j2]] / ms[:, None]
+    one = math.exp(float(np.mean(r[:, j1])))
+    size = np.maximum(np.abs(A).mean(axis=0), 1e-12)
+    pull = math.sqrt(_BLEND_PRIOR) * size
+    coef = nnls(np.r_[A, np.diag(pull)],
+                np.r_[np.ones(len(ms)), pull * np.array([one, one, 0.0, 0.0])])[0]
+    return (j1, j2), coef
 
 
 def _select(C: np.ndarray, O: np.ndarray, ms: np.ndarray, variants=(0, 1)
@@ -311,11 +345,8 @@ def _select(C: np.ndarray, O: np.ndarray, ms: np.ndarray, variants=(0, 1)
     scales of its parts that predict ``ms`` with the lowest leave-one-out error: one scale
     for both, or a scale each (chosen by the same error, among ``variants``: indices of
     :data:`PARAMETRISATIONS`)."""
-    n, y = len(ms), np.log(ms)
-    L = np.log(np.maximum(C + O, 1e-12))
-    r = y[:, None] - L
-    loo0 = (r - (r.sum(axis=0) - r) / (n - 1)) if n >= 2 else np.zeros_like(r)
-    score0 = np.sqrt(np.mean(loo0 ** 2, axis=0))
+    n = len(ms)
+    score0, r = _one_scale(C, O, ms)
     variants = variants if n >= 3 else (0,)  # two scales need three rows
     best = None
     for j in np.argsort(score0, kind="stable")[:_CANDIDATES]:
@@ -340,8 +371,9 @@ def _select(C: np.ndarray, O: np.ndarray, ms: np.ndarray, variants=(0, 1)
 @dataclass
 class FewShotFit:
     """A device priced through one basis device's costs, its compute and the rest each
-    scaled (``scales``; one scale for both where that predicts the shots better), with an
-    80 % interval of ``exp(±half_width)``."""
+    scaled (``scales``; one scale for both where that predicts the shots better), or
+    through a blend of two (``blend``: their names; ``costs`` the blend, ``scales`` one),
+    with an 80 % interval of ``exp(±half_width)``."""
 
     basis_device: str
     basis_source: str
@@ -357,6 +389,8 @@ class FewShotFit:
     #: Log offsets by network family (:func:`network_family`), where the shots hold more
     #: than one: a family the shots lack takes none.
     family_offsets: dict[str, float] = field(default_factory=dict)
+    #: The two basis devices blended (:func:`_blend`), or none.
+    blend: list[str] = field(default_factory=list)
 
     @property
     def offset(self) -> float:
@@ -400,6 +434,8 @@ class FewShotFit:
         what = "costs" if self.basis_source == ORT_SOURCE else "layer-kind costs"
         families = "".join(f", {f} networks ×{math.exp(o):.2f}"
                            for f, o in self.family_offsets.items())
+        if self.blend:
+            return f"a blend of {self.blend[0]}'s and {self.blend[1]}'s {what}{families}"
         if a == b:
             return f"{self.basis_device}'s {what} scaled by {a:.3g}{families}"
         return (f"{self.basis_device}'s {what}, its compute scaled by {a:.3g} and the rest by "
@@ -419,38 +455,69 @@ class FewShotFit:
 def fit_few_shot(basis: Basis, X: np.ndarray, ms: np.ndarray,
                  parametrisation: str | None = None) -> FewShotFit:
     """Fit a device on ``X`` (terms of its timed networks) and ``ms`` (their latencies);
-    ``parametrisation`` (one of :data:`PARAMETRISATIONS`) fixes the number of scales,
-    chosen by leave-one-out error otherwise."""
+    ``parametrisation`` (one of :data:`PARAMETRISATIONS`) fixes how, chosen by
+    leave-one-out error otherwise (the whole choice made again without each shot)."""
     X, ms = np.atleast_2d(np.asarray(X, float)), np.asarray(ms, float)
-    variants = (0, 1) if parametrisation is None else (PARAMETRISATIONS.index(
-        parametrisation),)
+    kind = None if parametrisation is None else PARAMETRISATIONS.index(parametrisation)
     if not len(basis.devices):
         raise DlasError("no basis device to price networks from (no public data and no "
                         "shipped whole-network corpus)")
     if len(ms) < 2:
         raise DlasError(f"{len(ms)} latency given; a device needs at least 2")
+    n = len(ms)
+    can_blend = n >= 3 and len(basis.devices) >= 2
+    if kind == 2 and not can_blend:
+        raise DlasError("a blend of two basis devices needs three latencies and two basis "
+                        f"devices ({n} and {len(basis.devices)} here)")
     C = (X * _COMPUTE) @ basis.costs.T
     O = (X * (1 - _COMPUTE)) @ basis.costs.T
     fams = network_family(X)
 
-    def chosen(rows: np.ndarray) -> tuple[int, tuple[float, float], dict[str, float]]:
-        j, scales = _select(C[rows], O[rows], ms[rows], variants)
-        res = np.log(ms[rows] / _apply(C[rows, j], O[rows, j], scales))
-        return j, scales, _family_offsets(res, [fams[i] for i in rows])
+    def single(rows: np.ndarray) -> tuple[np.ndarray, tuple[float, float], int]:
+        """The basis device's costs, its scales, and its index."""
+        j, scales = _select(C[rows], O[rows], ms[rows], (0, 1) if kind is None else (kind,))
+        return basis.costs[j], scales, j
 
-    n = len(ms)
-    j, scales, offsets = chosen(np.arange(n))
-    loo = np.empty(n)
-    for i in range(n):
-        ji, si, oi = chosen(np.flatnonzero(np.arange(n) != i))
-        loo[i] = math.log(_apply(C[i, ji], O[i, ji], si) / ms[i]) + oi.get(fams[i], 0.0)
+    def blended(rows: np.ndarray) -> tuple[np.ndarray, tuple[float, float], tuple[int, int]]:
+        """The blend's costs (its scales applied), scales of one, and its two devices."""
+        (j1, j2), a = _blend(C[rows], O[rows], ms[rows])
+        c1, c2 = basis.costs[j1], basis.costs[j2]
+        costs = _COMPUTE * (a[0] * c1 + a[2] * c2) + (1 - _COMPUTE) * (a[1] * c1 + a[3] * c2)
+        return costs, (1.0, 1.0), (j1, j2)
+
+    def priced(costs, scales, rows) -> np.ndarray:
+        return _apply((X[rows] * _COMPUTE) @ costs, (X[rows] * (1 - _COMPUTE)) @ costs, scales)
+
+    def with_loo(fit):
+        """The fit on every shot, its family offsets, and its leave-one-out log errors."""
+        everything = np.arange(n)
+        costs, scales, which = fit(everything)
+        offsets = _family_offsets(np.log(ms / priced(costs, scales, everything)), fams)
+        loo = np.empty(n)
+        for i in range(n):
+            rows = np.flatnonzero(everything != i)
+            ci, si, _ = fit(rows)
+            oi = _family_offsets(np.log(ms[rows] / priced(ci, si, rows)),
+                                 [fams[k] for k in rows])
+            loo[i] = math.log(priced(ci, si, np.array([i]))[0] / ms[i]) + oi.get(fams[i], 0.0)
+        return costs, scales, which, offsets, loo
+
+    fits = []
+    if kind != 2:
+        fits.append(with_loo(single))
+    if kind == 2 or (kind is None and can_blend):
+        fits.append(with_loo(blended))
+    costs, scales, which, offsets, loo = min(fits, key=lambda f: float(np.mean(f[4] ** 2)))
     spread = float(np.sqrt(np.mean(loo ** 2)))
     half = Z80 * spread * math.sqrt(1 + 1 / n)
-    support = np.maximum(basis.supports[j], X.max(axis=0)) if basis.supports is not None \
-        else X.max(axis=0)
-    return FewShotFit(basis.devices[j], basis.sources[j], basis.costs[j].tolist(),
-                      list(scales), half, n, loo.tolist(), support.tolist(),
-                      family_offsets=offsets)
+    js = list(which) if isinstance(which, tuple) else [which]
+    support = X.max(axis=0)
+    if basis.supports is not None:
+        support = np.maximum(basis.supports[js].max(axis=0), support)
+    names = [basis.devices[j] for j in js]
+    return FewShotFit(" + ".join(names), basis.sources[js[0]], costs.tolist(), list(scales),
+                      half, n, loo.tolist(), support.tolist(), family_offsets=offsets,
+                      blend=names if len(js) == 2 else [])
 
 
 def macs_fit(X: np.ndarray, ms: np.ndarray):
