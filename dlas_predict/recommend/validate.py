@@ -74,7 +74,8 @@ def measure_candidates(model: str, network: str, dev, cands: list[Candidate],
         for i, m in enumerate(nr.run(plans), 1):                # finish
             c = by_key[m.key]
             if log:
-                got = (f"{m.median_s * 1e3:.3f} ms measured" if not m.error
+                got = (f"{m.best_s * 1e3:.3f} ms measured (fastest run; median "
+                       f"{m.median_s * 1e3:.3f})" if not m.error
                        else f"failed: {m.error[:120]}")
                 pred = (f", {c.predicted_s * 1e3:.3f} ms predicted"
                         if np.isfinite(c.predicted_s) else "")
