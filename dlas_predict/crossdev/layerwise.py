@@ -138,6 +138,12 @@ def macs_of(terms: np.ndarray) -> np.ndarray:
     return np.atleast_2d(terms)[:, :5].sum(axis=1)
 
 
+#: A robust fit (:func:`fit_costs`) leaves out rows beyond this many median absolute
+#: deviations of the log residual, and refits at most this many times.
+OUTLIER_MADS = 3.0
+OUTLIER_ROUNDS = 3
+
+
 def fit_costs(X: np.ndarray, ms: np.ndarray, robust: bool = False) -> np.ndarray:
     """A device's non-negative costs per layer-kind term (the others zero), fitted on
     networks' terms ``X`` and their latencies ``ms`` by relative error (a latency below a
@@ -167,12 +173,6 @@ def fit_costs(X: np.ndarray, ms: np.ndarray, robust: bool = False) -> np.ndarray
         keep = new
         costs = fit(keep)
     return costs
-
-
-#: A robust fit (:func:`fit_costs`) leaves out rows beyond this many median absolute
-#: deviations of the log residual, and refits at most this many times.
-OUTLIER_MADS = 3.0
-OUTLIER_ROUNDS = 3
 
 
 @dataclass
