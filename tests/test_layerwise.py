@@ -217,7 +217,8 @@ def test_a_device_between_two_basis_devices_is_priced_by_their_blend():
     rest = np.setdiff1d(np.arange(40), shots)
     blend = lw.fit_few_shot(basis, X[shots], truth[shots])
     assert sorted(blend.blend) == ["d1", "d2"]
-    assert blend.describe().startswith("a blend of ")
+    assert blend.describe().startswith("a blend of ") and " (compute ×" in blend.describe()
+    assert len(blend.blend_scales) == 4 and min(blend.blend_scales) >= 0
     err = lambda f: np.median(np.abs(f.predict(X[rest]) / truth[rest] - 1))  # noqa: E731
     for p in ("one scale", "two scales"):
         assert err(blend) < 0.5 * err(lw.fit_few_shot(basis, X[shots], truth[shots], p))

@@ -389,8 +389,10 @@ class FewShotFit:
     #: Log offsets by network family (:func:`network_family`), where the shots hold more
     #: than one: a family the shots lack takes none.
     family_offsets: dict[str, float] = field(default_factory=dict)
-    #: The two basis devices blended (:func:`_blend`), or none.
+    #: The two basis devices blended (:func:`_blend`), or none, and the blend's scales
+    #: (the first's compute and rest, the second's).
     blend: list[str] = field(default_factory=list)
+    blend_scales: list[float] = field(default_factory=list)
 
     @property
     def offset(self) -> float:
@@ -435,7 +437,9 @@ class FewShotFit:
         families = "".join(f", {f} networks ×{math.exp(o):.2f}"
                            for f, o in self.family_offsets.items())
         if self.blend:
-            return f"a blend of {self.blend[0]}'s and {self.blend[1]}'s {what}{families}"
+            a1, b1, a2, b2 = self.blend_scales
+            return (f"a blend of {self.blend[0]}'s {what} (compute ×{a1:.3g}, the rest "
+                    f"×{b1:.3g}) and {self.blend[1]}'s (×{a2:.3g}, ×{b2:.3g}){families}")
         if a == b:
             return f"{self.basis_device}'s {what} scaled by {a:.3g}{families}"
         return (f"{self.basis_device}'s {what}, its compute scaled by {a:.3g} and the rest by "
@@ -478,12 +482,13 @@ def fit_few_shot(basis: Basis, X: np.ndarray, ms: np.ndarray,
         j, scales = _select(C[rows], O[rows], ms[rows], (0, 1) if kind is None else (kind,))
         return basis.costs[j], scales, j
 
-    def blended(rows: np.ndarray) -> tuple[np.ndarray, tuple[float, float], tuple[int, int]]:
-        """The blend's costs (its scales applied), scales of one, and its two devices."""
+    def blended(rows: np.ndarray):
+        """The blend's costs (its scales applied), scales of one, and its two devices with
+        their scales."""
         (j1, j2), a = _blend(C[rows], O[rows], ms[rows])
         c1, c2 = basis.costs[j1], basis.costs[j2]
         costs = _COMPUTE * (a[0] * c1 + a[2] * c2) + (1 - _COMPUTE) * (a[1] * c1 + a[3] * c2)
-        return costs, (1.0, 1.0), (j1, j2)
+        return costs, (1.0, 1.0), ((j1, j2), a.tolist())
 
     def priced(costs, scales, rows) -> np.ndarray:
         return _apply((X[rows] * _COMPUTE) @ costs, (X[rows] * (1 - _COMPUTE)) @ costs, scales)
@@ -510,14 +515,15 @@ def fit_few_shot(basis: Basis, X: np.ndarray, ms: np.ndarray,
     costs, scales, which, offsets, loo = min(fits, key=lambda f: float(np.mean(f[4] ** 2)))
     spread = float(np.sqrt(np.mean(loo ** 2)))
     half = Z80 * spread * math.sqrt(1 + 1 / n)
-    js = list(which) if isinstance(which, tuple) else [which]
+    js, blend_scales = ((list(which[0]), which[1]) if isinstance(which, tuple)
+                        else ([which], []))
     support = X.max(axis=0)
     if basis.supports is not None:
         support = np.maximum(basis.supports[js].max(axis=0), support)
     names = [basis.devices[j] for j in js]
     return FewShotFit(" + ".join(names), basis.sources[js[0]], costs.tolist(), list(scales),
                       half, n, loo.tolist(), support.tolist(), family_offsets=offsets,
-                      blend=names if len(js) == 2 else [])
+                      blend=names if len(js) == 2 else [], blend_scales=blend_scales)
 
 
 def macs_fit(X: np.ndarray, ms: np.ndarray):

@@ -285,7 +285,8 @@ def _adapt_layerwise(device: str, measurements: Path, rows, runtime: str,
     return AdaptReport(device, f"{runtime} latencies, layer kinds", len(rows),
                        device not in device_names(), str(path),
                        spearman(loo, y) if len(y) >= 3 else float("nan"),
-                       float(np.median(np.abs(np.exp(loo - y) - 1))), list(fit.scales),
+                       float(np.median(np.abs(np.exp(loo - y) - 1))),
+                       list(fit.blend_scales or fit.scales),
                        f"{fit.describe()} (chosen among {len(basis.devices)} basis devices "
                        "by leave-one-out error)", runtime)
 
