@@ -333,8 +333,6 @@ def layerwise_lodo(eval_archs: int = 300) -> dict:
         out["help_trained"][d] = {"targets": int(ok.sum()), **_score(
             own.predict(X_test[ok]), low, high, np.exp(y[ok]))}
         basis = helpb.without(lambda name: name == f"help:{d}") + corpus
-        y = mat.log_ms[test_idx, j]
-        ok = np.isfinite(y)
         out["help"][d] = _few_shot_draws(basis, X_test[ok], np.exp(y[ok]))
         cases["help"].append((basis, X_test[ok], np.exp(y[ok])))
     terms = lw.network_terms_by_name(sorted({n for names, _ in cols.values() for n in names}))

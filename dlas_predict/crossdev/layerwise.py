@@ -477,18 +477,17 @@ def fit_few_shot(basis: Basis, X: np.ndarray, ms: np.ndarray,
     O = (X * (1 - _COMPUTE)) @ basis.costs.T
     fams = network_family(X)
 
-    def single(rows: np.ndarray) -> tuple[np.ndarray, tuple[float, float], int]:
-        """The basis device's costs, its scales, and its index."""
+    # each fit of some rows: (costs, scales of its compute and rest, basis devices' indices,
+    # the blend's scales or none)
+    def single(rows: np.ndarray):
         j, scales = _select(C[rows], O[rows], ms[rows], (0, 1) if kind is None else (kind,))
-        return basis.costs[j], scales, j
+        return basis.costs[j], scales, [j], []
 
     def blended(rows: np.ndarray):
-        """The blend's costs (its scales applied), scales of one, and its two devices with
-        their scales."""
         (j1, j2), a = _blend(C[rows], O[rows], ms[rows])
         c1, c2 = basis.costs[j1], basis.costs[j2]
         costs = _COMPUTE * (a[0] * c1 + a[2] * c2) + (1 - _COMPUTE) * (a[1] * c1 + a[3] * c2)
-        return costs, (1.0, 1.0), ((j1, j2), a.tolist())
+        return costs, (1.0, 1.0), [j1, j2], a.tolist()
 
     def priced(costs, scales, rows) -> np.ndarray:
         return _apply((X[rows] * _COMPUTE) @ costs, (X[rows] * (1 - _COMPUTE)) @ costs, scales)
@@ -496,27 +495,26 @@ def fit_few_shot(basis: Basis, X: np.ndarray, ms: np.ndarray,
     def with_loo(fit):
         """The fit on every shot, its family offsets, and its leave-one-out log errors."""
         everything = np.arange(n)
-        costs, scales, which = fit(everything)
+        costs, scales, js, blend_scales = fit(everything)
         offsets = _family_offsets(np.log(ms / priced(costs, scales, everything)), fams)
         loo = np.empty(n)
         for i in range(n):
             rows = np.flatnonzero(everything != i)
-            ci, si, _ = fit(rows)
+            ci, si, _, _ = fit(rows)
             oi = _family_offsets(np.log(ms[rows] / priced(ci, si, rows)),
                                  [fams[k] for k in rows])
             loo[i] = math.log(priced(ci, si, np.array([i]))[0] / ms[i]) + oi.get(fams[i], 0.0)
-        return costs, scales, which, offsets, loo
+        return costs, scales, js, blend_scales, offsets, loo
 
     fits = []
     if kind != 2:
         fits.append(with_loo(single))
     if kind == 2 or (kind is None and can_blend):
         fits.append(with_loo(blended))
-    costs, scales, which, offsets, loo = min(fits, key=lambda f: float(np.mean(f[4] ** 2)))
+    costs, scales, js, blend_scales, offsets, loo = min(
+        fits, key=lambda f: float(np.mean(f[-1] ** 2)))
     spread = float(np.sqrt(np.mean(loo ** 2)))
     half = Z80 * spread * math.sqrt(1 + 1 / n)
-    js, blend_scales = ((list(which[0]), which[1]) if isinstance(which, tuple)
-                        else ([which], []))
     support = X.max(axis=0)
     if basis.supports is not None:
         support = np.maximum(basis.supports[js].max(axis=0), support)
