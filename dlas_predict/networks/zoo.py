@@ -221,14 +221,19 @@ def export(name: str, out: Path | None = None) -> Path:
     return out
 
 
-#: The weight fingerprint of each trained zoo network's export (:func:`weights_fingerprint`),
+#: The weight signature of each trained zoo network's export (:func:`weights_signature`),
 #: written by :func:`write_fingerprints`; a test checks it against the exports.
 FINGERPRINTS = WEIGHTS_DIR / "fingerprints.json"
 
+#: Two files hold the same weights when each initializer's sums agree to this share of its
+#: sum of magnitudes: the export folds batch norms into convolutions, and CPUs round that
+#: arithmetic differently in the last bits.
+SAME_WEIGHTS_TOLERANCE = 1e-4
 
-def weights_fingerprint(path: str | Path) -> str:
-    """A network's weights, whatever their names and order: the hash of the sorted hashes of
-    its initializers (data type, shape and values)."""
+
+def weights_signature(path: str | Path) -> list[list]:
+    """A network's weights, whatever their names and order: each initializer's data type,
+    shape, sum, sum of magnitudes and sum of squares (in float64), sorted."""
     import onnx
     from onnx import numpy_helper
 
@@ -236,33 +241,55 @@ def weights_fingerprint(path: str | Path) -> str:
         graph = onnx.load(str(path)).graph
     except Exception as exc:  # onnx raises several types for a file that is not ONNX
         raise NetworkError(f"{path} is not a readable ONNX model ({exc})") from None
-    parts = []
+    rows = []
     for init in graph.initializer:
         a = numpy_helper.to_array(init)
-        parts.append(hashlib.sha256(f"{a.dtype}{a.shape}".encode() + a.tobytes()).hexdigest())
-    return hashlib.sha256("".join(sorted(parts)).encode()).hexdigest()[:16]
+        v = a.astype(np.float64).ravel() if a.dtype.kind in "fiub" else np.zeros(0)
+        rows.append([str(a.dtype), list(a.shape), float(f"{v.sum():.9g}"),
+                     float(f"{np.abs(v).sum():.9g}"), float(f"{(v * v).sum():.9g}")])
+    return sorted(rows, key=lambda r: (r[0], r[1], r[4], r[3]))
+
+
+def same_weights(a: list[list], b: list[list]) -> bool:
+    """Whether two :func:`weights_signature` results are of the same weights: the same data
+    types and shapes, and each initializer's sums within :data:`SAME_WEIGHTS_TOLERANCE`."""
+    if len(a) != len(b):
+        return False
+    left = list(b)
+    for dtype, shape, total, mag, sq in a:
+        tol = SAME_WEIGHTS_TOLERANCE * mag
+        hit = next((i for i, (d, s, t, m, q) in enumerate(left)
+                    if d == dtype and s == shape and abs(t - total) <= tol
+                    and abs(m - mag) <= tol and abs(q - sq) <= SAME_WEIGHTS_TOLERANCE * sq),
+                   None)
+        if hit is None:
+            return False
+        left.pop(hit)
+    return True
 
 
 def write_fingerprints() -> Path:
-    """Record the weight fingerprint of every trained zoo network's export."""
-    out = {"export": EXPORT_VERSION,
-           "networks": {e.name: weights_fingerprint(export(e.name))
-                        for e in ZOO.values() if e.trained}}
-    FINGERPRINTS.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
+    """Record the weight signature of every trained zoo network's export."""
+    nets = {e.name: weights_signature(export(e.name)) for e in ZOO.values() if e.trained}
+    body = ",\n".join(f" {json.dumps(n)}: {json.dumps(sig, separators=(',', ':'))}"
+                      for n, sig in sorted(nets.items()))
+    FINGERPRINTS.write_text(f'{{"export": {json.dumps(EXPORT_VERSION)}, "networks": {{\n'
+                            f'{body}\n}}}}\n')
     return FINGERPRINTS
 
 
 def match(path: str | Path) -> ZooEntry | None:
     """The trained zoo network whose weights ``path`` holds (an exported zoo network under
-    another name), or None."""
+    another name, exported on any CPU), or None."""
     try:
         known = json.loads(FINGERPRINTS.read_text())["networks"]
     except (OSError, ValueError, KeyError):
         return None
     if not known:
         return None
-    fp = weights_fingerprint(path)
-    return next((ZOO[name] for name, f in known.items() if f == fp and name in ZOO), None)
+    sig = weights_signature(path)
+    return next((ZOO[name] for name, s in known.items()
+                 if name in ZOO and same_weights(sig, s)), None)
 
 
 def resolve(model: str | Path, grid: bool = True) -> Path:
