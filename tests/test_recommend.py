@@ -655,3 +655,22 @@ def test_a_tuned_candidate_predicted_no_faster_than_untuned_is_not_listed():
     # one entry per candidate: the command line counts them
     assert skipped and all(label.endswith(" tuned") and ", " not in label for label in skipped)
 
+
+
+def test_a_matrix_network_says_which_network_model_prices_it(tmp_path):
+    """A device whose models measured matrix networks prices one by their network model; one
+    whose models measured CNNs alone says so, and that its rows are unproven."""
+    import onnx
+
+    from dlas_predict.networks.generate import build
+    from dlas_predict.space.devices import model_dir
+
+    path = tmp_path / "enc.onnx"
+    onnx.save(build("transformer", {"layers": 1, "d_model": 32, "heads": 2, "ffn": 2,
+                                    "seq": 8, "batch": 1}), str(path))
+    for device in ("local-avx2-2t", "local-avx2-1t"):
+        has_matrix = (model_dir(device) / "network_matrix.json").is_file()
+        rec = recommend(str(path), device, max_accuracy_drop=100.0, top=1)
+        note = next(n for n in rec.notes if "is a matrix network" in n)
+        assert ("the network model of matrix networks prices the rest" in note) == has_matrix
+        assert ("network model of CNNs prices the rest" in note) == (not has_matrix)

@@ -252,15 +252,20 @@ def test_recommend_runs_winograd_layers_where_this_cpus_model_learned_them():
 def test_predict_a_convs_per_layer_choice_includes_winograd_where_its_model_learned_it():
     import json
 
-    from dlas_predict.crossdev.transfer import device_map, model_meta, own_model
+    from dlas_predict.crossdev.transfer import device_map, own_model, reference_dir
+    from dlas_predict.models.costmodel import LayerCostModel
+    from dlas_predict.space.devices import model_dir
 
     conv = "conv:C=128,H=28,W=28,K=128,R=3,S=3,stride=1,pad=1"
     res = run_cli("predict", conv, "--device", "local", "--config", "dense/per_layer", "--json")
     assert res.exit_code == 0, res.output
     label = json.loads(res.output)[0]["config"]
-    reference = "local" if own_model("local") else device_map("local")[2].name
+    # the model that answers: this CPU's own (shipped for its fingerprint), else the
+    # reference the map starts from
+    directory = model_dir("local") if own_model("local") else \
+        reference_dir(device_map("local")[2].name)
     # a 128-channel 28×28 layer: F(4×4) runs it about 2.4x faster than the other three
-    assert ("winograd" in label) == ("winograd" in model_meta(reference).get("algorithms", ()))
+    assert ("winograd" in label) == LayerCostModel.load(directory).knows("winograd")
     res = run_cli("predict", conv.replace("stride=1", "stride=2"), "--device", "local",
                   "--config", "dense/per_layer", "--json")
     assert res.exit_code == 0 and "winograd" not in json.loads(res.output)[0]["config"]

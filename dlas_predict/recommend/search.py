@@ -370,7 +370,11 @@ def _setup(model: str, device: str, validate: int, models_dir: Path | None,
                      + "run as 1×1 convolutions, priced and built by the grid's conv "
                      "kernels"
                      + ("; the network model of matrix networks prices the rest"
-                        if models.matrix_network is not None else ""))
+                        if models.matrix_network is not None else
+                        f"; no matrix network was measured for {dev.name}'s models, so the "
+                        "network model of CNNs prices the rest (attention, normalisation, "
+                        "the recurrent steps' gates): unproven for this network, time the "
+                        "top rows (--validate)"))
         if models.matrix_network is not None:
             net_model = models.matrix_network
     # the user's own file: the grid form of a matrix network holds its weights reshaped
