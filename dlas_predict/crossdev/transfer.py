@@ -221,8 +221,10 @@ def reference_dir(name: str) -> Path:
     return MODELS_STORE / name
 
 
-def model_meta(name: str) -> dict:
-    return _layer_meta(reference_dir(name))
+def model_meta(name: str, directory: Path | None = None) -> dict:
+    """The layer model's sidecar of ``name`` as a reference (:func:`reference_dir`), or of
+    the model in ``directory`` (a device's own, where it has one)."""
+    return _layer_meta(directory or reference_dir(name))
 
 
 def _layer_meta(directory: Path) -> dict:

@@ -588,12 +588,16 @@ def _predict_conv(t: Target, device: str, cfg: ConfigChoice) -> Prediction:
     if cfg.algorithm == "onnxruntime":
         raise ConfigError(f"{t.text}: onnxruntime is priced per whole network (its model "
                           "knows no single conv); give an ONNX file or zoo:NAME")
+    from dlas_predict.space.devices import model_dir
+
     own = own_model(device)
     # one conv's per-layer plan is its fastest algorithm: Winograd too, untuned, where it
-    # applies and the layer model that prices the device learned it
+    # applies and the layer model that prices the device learned it (the device's own
+    # model, of this CPU id where it has one, else the map's reference)
     chosen = None if cfg.algorithm == PlanAlgorithm.PER_LAYER.value else cfg.algorithm
     winograd = chosen is None and "winograd" in learned_algorithms(
-        model_meta(device if own else device_map(device)[2].name))
+        model_meta(device, model_dir(device)) if own else
+        model_meta(device_map(device)[2].name))
     tuning = cfg.tuning or "untuned"
     rows = []
     for comp in ([cfg.compression] if cfg.compression else [c.value for c in Compression]):
@@ -603,8 +607,6 @@ def _predict_conv(t: Target, device: str, cfg: ConfigChoice) -> Prediction:
             algs.append("winograd")
         rows.extend((spec, alg, comp, r, tuning) for alg in algs)
     if own:  # the device's own model (on this machine, this machine's), as recommend's
-        from dlas_predict.space.devices import model_dir
-
         mid, low, high = reference_predictions(device, rows, model_dir(device))
         source, model = "trained", device
     else:  # the map recommend uses: a trained reference scaled to the device
