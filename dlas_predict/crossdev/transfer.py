@@ -221,10 +221,17 @@ def reference_dir(name: str) -> Path:
     return MODELS_STORE / name
 
 
-def model_meta(name: str, directory: Path | None = None) -> dict:
-    """The layer model's sidecar of ``name`` as a reference (:func:`reference_dir`), or of
-    the model in ``directory`` (a device's own, where it has one)."""
-    return _layer_meta(directory or reference_dir(name))
+def model_meta(name: str) -> dict:
+    """The layer model's sidecar of ``name`` as a reference (:func:`reference_dir`)."""
+    return _layer_meta(reference_dir(name))
+
+
+def answering_meta(name: str) -> dict:
+    """The layer model's sidecar of the model ``name`` is answered with here
+    (:func:`dlas_predict.space.devices.model_dir`: of this CPU id, where it has its own)."""
+    from dlas_predict.space.devices import model_dir
+
+    return _layer_meta(model_dir(name))
 
 
 def _layer_meta(directory: Path) -> dict:
@@ -273,9 +280,7 @@ def _read_fingerprint(path: Path, _mtime: int) -> str | None:
 def model_machine(name: str) -> str | None:
     """The fingerprint of the machine that trained the model ``name`` is answered with here
     (:func:`dlas_predict.space.devices.model_dir`; None: not recorded, or no model)."""
-    from dlas_predict.space.devices import model_dir
-
-    return _layer_meta(model_dir(name)).get("device_fingerprint") or None
+    return answering_meta(name).get("device_fingerprint") or None
 
 
 def own_model(name: str) -> bool:
@@ -321,11 +326,11 @@ def roof_drift(name: str) -> str | None:
     :data:`ROOF_DRIFT` from those the model was trained with (a host of another clock,
     cache or memory share), a sentence that says so; None otherwise, or where this host's
     roofs are not measured yet."""
-    from dlas_predict.space.devices import get_device, model_dir, peaks_measured_here
+    from dlas_predict.space.devices import get_device, peaks_measured_here
 
     if not of_this_machine(name):
         return None
-    meta = _layer_meta(model_dir(name))
+    meta = answering_meta(name)
     roofs = meta.get("device_roofs") or {}
     dev = get_device(name, with_target=False)
     if not roofs or meta.get("device_fingerprint") != dev.fingerprint \

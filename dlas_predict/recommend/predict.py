@@ -578,8 +578,8 @@ def _predict_conv(t: Target, device: str, cfg: ConfigChoice) -> Prediction:
     """A conv priced by a trained layer model (the device's own, else a reference's mapped
     to the device): its fastest variant ``cfg`` allows (untuned unless ``tuned`` is named;
     pruning at the named ratio, else 0.9)."""
-    from dlas_predict.crossdev.transfer import (device_map, model_meta, own_model,
-                                                reference_predictions)
+    from dlas_predict.crossdev.transfer import (answering_meta, device_map, model_meta,
+                                                own_model, reference_predictions)
     from dlas_predict.models.costmodel import learned_algorithms
     from dlas_predict.space.config import (DEFAULT_RATIO, GRID_ALGORITHMS, Compression,
                                            ConvSpec, PlanAlgorithm, winograd_skip)
@@ -588,16 +588,13 @@ def _predict_conv(t: Target, device: str, cfg: ConfigChoice) -> Prediction:
     if cfg.algorithm == "onnxruntime":
         raise ConfigError(f"{t.text}: onnxruntime is priced per whole network (its model "
                           "knows no single conv); give an ONNX file or zoo:NAME")
-    from dlas_predict.space.devices import model_dir
-
     own = own_model(device)
     # one conv's per-layer plan is its fastest algorithm: Winograd too, untuned, where it
     # applies and the layer model that prices the device learned it (the device's own
     # model, of this CPU id where it has one, else the map's reference)
     chosen = None if cfg.algorithm == PlanAlgorithm.PER_LAYER.value else cfg.algorithm
     winograd = chosen is None and "winograd" in learned_algorithms(
-        model_meta(device, model_dir(device)) if own else
-        model_meta(device_map(device)[2].name))
+        answering_meta(device) if own else model_meta(device_map(device)[2].name))
     tuning = cfg.tuning or "untuned"
     rows = []
     for comp in ([cfg.compression] if cfg.compression else [c.value for c in Compression]):
@@ -607,6 +604,8 @@ def _predict_conv(t: Target, device: str, cfg: ConfigChoice) -> Prediction:
             algs.append("winograd")
         rows.extend((spec, alg, comp, r, tuning) for alg in algs)
     if own:  # the device's own model (on this machine, this machine's), as recommend's
+        from dlas_predict.space.devices import model_dir
+
         mid, low, high = reference_predictions(device, rows, model_dir(device))
         source, model = "trained", device
     else:  # the map recommend uses: a trained reference scaled to the device
