@@ -515,7 +515,8 @@ def _networks_phase(device: str, nets: list[str], memo: Memo, oracle: Callable,
                 if got.ms is None or got.note:
                     say(f"{rec.network} {c.label}: {got.note or 'failed'}; left out")
                     continue
-                group = model_mode(c.compression) if c.backend == "onnxruntime" else \
+                group = (c.ort_mode or model_mode(c.compression)) \
+                    if c.backend == "onnxruntime" else \
                     MIXED if c.mixed else c.compression.value
                 rows.append(NetworkRow(rec.network, c.label, c.backend, group, basis * 1e3,
                                        got.ms, rec.family, basis * 1e3 * (c.fixed_share or 0.0)))

@@ -37,6 +37,10 @@ class Candidate:
     #: onnxruntime rows: the share of the prediction in per-op costs (its model's
     #: :data:`~dlas_predict.models.ortmodel.FIXED_TERMS`), which a calibration scales apart
     fixed_share: float | None = None
+    #: onnxruntime rows: the mode its model priced the run in
+    #: (:func:`~dlas_predict.models.ortmodel.model_mode`): a channel-pruned network none of
+    #: whose zeroed filters could be removed runs the dense network, an ``fp32`` run
+    ort_mode: str | None = None
     #: a per-layer candidate that chose one algorithm for every layer: that candidate's
     #: label (the same network, built and timed once for both)
     same_build_as: str | None = None

@@ -509,8 +509,8 @@ def _onnxruntime_candidates(points, su: _Setup) -> list[Candidate]:
     mid, low, high = su.ort_model.predict_all(inputs)
     fixed = su.ort_model.fixed_share(inputs)
     return [Candidate(p.compression, p.ratio, ONNXRUNTIME, (), float(m), float(lo), float(hi),
-                      fixed_share=float(f))
-            for p, m, lo, hi, f in zip(points, mid, low, high, fixed)]
+                      fixed_share=float(f), ort_mode=mode)
+            for p, m, lo, hi, f, mode in zip(points, mid, low, high, fixed, modes)]
 
 
 def _map_onnxruntime(ort: list[Candidate], su: _Setup, kernels: list[tuple], own,
@@ -605,7 +605,8 @@ def _calibrate_onnxruntime(ort: list[Candidate], su: _Setup) -> None:
     m = su.mapping
     _offset_rows(ort, [float(np.log(scaled_by_parts(1.0, c.fixed_share or 0.0,
                                                     m.onnxruntime_scales)))
-                       + m.onnxruntime_offset(model_mode(c.compression), su.family)
+                       + m.onnxruntime_offset(c.ort_mode or model_mode(c.compression),
+                                              su.family)
                        for c in ort],
                  tuple(m.onnxruntime_q), m.source)
     su.notes.append(f"onnxruntime rows: its model of {su.ort_machine or 'another machine'}, "
