@@ -51,6 +51,9 @@ class GridPoint:
     layer_ratios: tuple[float, ...]
     specs: tuple | None = None       # ConvSpec per layer; None: the network's own
     summary: Any = None              # NetworkSummary; None: the network's own
+    #: channel pruning none of whose zeroed filters could be removed (an MLP's neurons, a
+    #: filter reaching a residual add): the network's own layers, zeroed filters kept
+    nothing_removed: bool = False
 
 
 def _grid(convs, model: str, ratios: tuple[float, ...], skipped: list,
@@ -85,9 +88,10 @@ def _grid(convs, model: str, ratios: tuple[float, ...], skipped: list,
             continue
         if comp is Compression.CHANNEL_PRUNING:
             layers, summary = removed[float(r)]
+            specs = tuple(spec for spec, _ in layers)
             points.append(GridPoint(comp, r, tuple(kernel_ratio(s) for _, s in layers),
-                                    tuple(spec for spec, _ in layers),
-                                    NetworkSummary(**summary)))
+                                    specs, NetworkSummary(**summary),
+                                    specs == tuple(c.spec for c in convs)))
         else:
             points.append(GridPoint(comp, r, tuple(kernel_ratio(s) for s in layer_sp)))
     return points
@@ -486,18 +490,20 @@ def _onnxruntime_candidates(points, su: _Setup) -> list[Candidate]:
     from dlas_predict.networks.matrix import is_matrix_layer
     from dlas_predict.networks.recurrent import is_step_product
 
-    weight_pruned = [p for p in points if p.compression is Compression.WEIGHT_PRUNING]
+    # onnxruntime runs these as the dense network, multiplying the zeros
     su.skipped.extend((f"{p.compression.value}@{p.ratio:g} onnxruntime",
-                       "onnxruntime has no sparse kernel: a weight-pruned model runs as "
-                       "fast as the dense one there, less accurate") for p in weight_pruned)
-    points = [p for p in points if p.compression is not Compression.WEIGHT_PRUNING]
+                       "no zeroed filter could be removed: onnxruntime runs the dense network, "
+                       "less accurate" if p.nothing_removed else "onnxruntime has no sparse "
+                       "kernel: a weight-pruned model runs as fast as the dense one there, "
+                       "less accurate") for p in points
+                      if p.nothing_removed or p.compression is Compression.WEIGHT_PRUNING)
+    points = [p for p in points if p.compression is not Compression.WEIGHT_PRUNING
+              and not p.nothing_removed]
     convs = su.net.convs()
     specs = [c.spec for c in convs]
     matrix = [is_matrix_layer(c.name) for c in convs]
     summary = NetworkSummary.of(su.net)
-    # a channel-pruned network none of whose zeroed filters could be removed is the dense one
-    modes = [model_mode(p.compression, p.specs is not None and list(p.specs) != specs)
-             for p in points]
+    modes = [model_mode(p.compression) for p in points]
     block = nchwc_block(su.dev)
     steps = [is_step_product(c.name) for c in convs]
     X = np.array([ort_terms(p.specs or specs, p.layer_ratios, p.summary or summary, mode,
@@ -704,11 +710,13 @@ def _plans(points, tunings: list[Tuning], options, mid: np.ndarray,
                            or by_kind[id(opts)][a.value, False] for opts in per_layer)
             plans.append(Plan(comp, ratio, a.value, chosen, tn, p.summary))
         best = tuple(fastest[id(opts)] for opts in per_layer)
-        if comp is Compression.WEIGHT_PRUNING and not any(o.sparse for o in best):
+        if (comp is Compression.WEIGHT_PRUNING or p.nothing_removed) and \
+                not any(o.sparse for o in best):
             skipped.append((f"{config_label(comp, ratio)} {PER_LAYER}"
                             + (" tuned" if tn is Tuning.TUNED else ""),
-                            "every layer is predicted fastest on a dense kernel: the same "
-                            "network as dense per_layer, less accurate"))
+                            ("no zeroed filter could be removed and " if p.nothing_removed
+                             else "") + "every layer is predicted fastest on a dense kernel: "
+                            "the same network as dense per_layer, less accurate"))
         else:
             plans.append(Plan(comp, ratio, PER_LAYER, best, tn, p.summary))
     return plans
