@@ -422,17 +422,10 @@ def test_calibration_goes_round_by_round_and_offsets_each_family(uncalibrated, t
         from dlas_predict.crossdev.transfer import device_map
 
         m = device_map("local")[0]
-        # an MLP's zeroed neurons stay (none is removed): onnxruntime would run the dense
-        # network, and a per-layer plan of dense kernels would be the dense one: both are
-        # left out, saying why; the CNN's channel-pruned runs are a mode of their own
+        # channel-pruned runs (an MLP's with its zeroed neurons removed) are a mode apart
         pruned = {c.ort_mode for c in rec.candidates if c.backend == "onnxruntime"
                   and c.compression.value == "channel_pruning"}
-        assert pruned == (set() if family == "mlp" else {"channel_pruning"}), (family, pruned)
-        if family == "mlp":
-            why = dict(rec.skipped)
-            assert "no zeroed filter could be removed" in why["channel_pruning@0.5 onnxruntime"]
-            assert all(c.layers and any(s for _, s in c.layers) for c in rec.candidates
-                       if c.compression.value == "channel_pruning")
+        assert pruned == {"channel_pruning"}, (family, pruned)
         for c in rec.candidates:
             off = (m.onnxruntime_offset(_mode(c), family) if c.backend == "onnxruntime"
                    else m.network_offset(c.compression.value, c.mixed, family))

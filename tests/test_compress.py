@@ -124,6 +124,47 @@ def test_residual_channels_stay_zeroed(tmp_path):
     assert kept > 0  # the stem and second convs feed additions
 
 
+@pytest.mark.parametrize("family,spec,removable", [
+    ("fc", ["layers=2", "nodes=64", "input=48"], True),            # Gemm → ReLU → Gemm
+    ("transformer", ["d_model=32", "heads=2", "seq=8"], True),     # the FFN's GELU
+    ("rnn", ["hidden=16", "embedding=8", "vocab=50", "seq=4"], False),  # gates tied
+])
+def test_a_matrix_network_s_zeroed_neurons_are_removed_exactly(tmp_path, family, spec,
+                                                                 removable):
+    """The grid form of a matrix network (its fully connected layers as 1×1 convs between
+    reshapes), channel-pruned with non-zero biases: the hidden neurons of an MLP and of a
+    transformer's feed-forward block are removed, each one's constant output (ReLU or GELU
+    of its bias) folded into the next layer's bias, and the network computes what the
+    zeroed one does; a recurrent cell's gates are tied and stay zeroed."""
+    from dlas_predict.networks import generate as gen, zoo
+
+    path = gen.generate(family, spec, tmp_path)[0].path
+    grid = onnx.load(str(zoo.resolve(path)))
+    rng = np.random.default_rng(0)
+    for t in grid.graph.initializer:  # biases the fold must carry
+        a = numpy_helper.to_array(t)
+        if a.ndim == 1 and a.dtype == np.float32 and a.size > 1 and not np.any(a):
+            t.CopyFrom(numpy_helper.from_array(rng.normal(0, 0.5, a.shape).astype(
+                np.float32), t.name))
+    zeroed = compress.compress_onnx(grid, "channel_pruning", 0.6).model
+    removed, n_removed, kept = compress.remove_zero_channels(zeroed)
+    onnx.checker.check_model(removed)
+    assert (n_removed > 0) == removable and kept > 0
+    import onnxruntime as ort
+
+    sess = [ort.InferenceSession(m.SerializeToString()) for m in (zeroed, removed)]
+    inp = sess[0].get_inputs()[0]
+    shape = [d if isinstance(d, int) else 1 for d in inp.shape]
+    x = rng.integers(0, 50, shape) if "int" in inp.type else \
+        rng.normal(size=shape).astype(np.float32)
+    a, b = (s.run(None, {s.get_inputs()[0].name: x})[0] for s in sess)
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * np.abs(a).max())
+    if removable:
+        before = sum(numpy_helper.to_array(t).size for t in zeroed.graph.initializer)
+        after = sum(numpy_helper.to_array(t).size for t in removed.graph.initializer)
+        assert after < 0.8 * before
+
+
 def test_float16_and_int8():
     m = _chain_model(False)
     x = np.random.default_rng(3).normal(size=(8, 3, 12, 12)).astype(np.float32)

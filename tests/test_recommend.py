@@ -674,3 +674,33 @@ def test_a_matrix_network_says_which_network_model_prices_it(tmp_path):
         note = next(n for n in rec.notes if "is a matrix network" in n)
         assert ("the network model of matrix networks prices the rest" in note) == has_matrix
         assert ("network model of CNNs prices the rest" in note) == (not has_matrix)
+
+
+def test_channel_pruning_of_a_matrix_network_is_what_removing_its_neurons_builds(tmp_path):
+    """An MLP's channel-pruned rows are the smaller network its removed neurons leave: fewer
+    multiply-adds, onnxruntime's priced by its model of matrix networks in float32 (a dense
+    matrix network), below the dense row. A recurrent network's gates are tied, so nothing
+    is removed: its onnxruntime row and a per-layer plan of dense kernels would be the dense
+    network, less accurate, and are left out with that reason."""
+    from dlas_predict.networks import generate as gen
+    from dlas_predict.networks.graph import read_network
+    from dlas_predict.networks.zoo import resolve
+
+    fc = gen.generate("fc", ["layers=2", "nodes=256"], tmp_path)[0].path
+    rec = recommend(str(fc), "local", top=0, tuning="untuned", max_accuracy_drop=float("inf"))
+    ort = {c.label: c for c in rec.candidates if c.backend == "onnxruntime"}
+    pruned = ort["channel_pruning@0.9 onnxruntime"]
+    assert pruned.ort_mode == "channel_pruning"
+    assert pruned.predicted_s < ort["dense onnxruntime"].predicted_s
+    from dlas_predict.compression.compress import cached_channel_removed
+
+    layers, _ = cached_channel_removed(str(fc), [0.9])[0.9]
+    dense = read_network(resolve(fc)).convs()
+    assert sum(s.macs for s, _ in layers) < 0.5 * sum(c.spec.macs for c in dense)
+    rnn = gen.generate("rnn", ["hidden=16", "embedding=8", "vocab=50", "seq=4"], tmp_path)[0]
+    rec = recommend(str(rnn.path), "local", top=0, tuning="untuned",
+                    max_accuracy_drop=float("inf"))
+    why = dict(rec.skipped)
+    assert "no zeroed filter could be removed" in why["channel_pruning@0.5 onnxruntime"]
+    assert not [c for c in rec.candidates if c.compression.value == "channel_pruning" and
+                (c.backend == "onnxruntime" or not any(s for _, s in c.layers))]

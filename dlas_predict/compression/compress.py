@@ -297,28 +297,54 @@ _PER_CHANNEL = {"Relu", "LeakyRelu", "Identity", "HardSwish", "Clip", "MaxPool",
                 "AveragePool", "Dropout"}
 
 
+#: Elementwise ops a zeroed channel's constant is followed through where each operand is
+#: the channel's own tensor or a scalar constant (GELU's x·½·(1 + erf(x/√2)), a scaling).
+_ELEMENTWISE = {"Add", "Sub", "Mul", "Div", "Erf", "Tanh", "Sigmoid"}
+_BINARY = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide}
+_UNARY = {"Erf": None, "Tanh": np.tanh, "Sigmoid": lambda v: 1 / (1 + np.exp(-v))}
+
+
 def _apply_chain(ops: list, values: np.ndarray, consts: dict) -> np.ndarray:
-    """A constant channel's value after a chain of per-channel ops."""
+    """A constant channel's value after per-channel ops (:meth:`_ChannelRemover.chain`, in
+    the order they run): ``values`` enter at the one input that neither an op of ``ops`` nor
+    a constant gives."""
+    from scipy.special import erf
+
+    env: dict[str, np.ndarray] = {}
+
+    def operand(name: str) -> np.ndarray:
+        if name in env:
+            return env[name]
+        return np.asarray(consts[name], np.float64).reshape(()) if name in consts else values
+
+    out = values
     for node in ops:
+        v = operand(node.input[0])
         if node.op_type == "Relu":
-            values = np.maximum(values, 0)
+            v = np.maximum(v, 0)
         elif node.op_type == "Clip":
             lo = consts.get(node.input[1]) if len(node.input) > 1 and node.input[1] else None
             hi = consts.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
-            values = np.clip(values, -np.inf if lo is None else float(lo),
-                             np.inf if hi is None else float(hi))
+            v = np.clip(v, -np.inf if lo is None else float(lo),
+                        np.inf if hi is None else float(hi))
         elif node.op_type == "LeakyRelu":
-            values = np.where(values > 0, values, values * 0.01)
+            v = np.where(v > 0, v, v * 0.01)
         elif node.op_type == "HardSwish":
-            values = values * np.clip(values / 6 + 0.5, 0, 1)
-        # Identity, pooling and Dropout leave a constant channel unchanged
-    return values
+            v = v * np.clip(v / 6 + 0.5, 0, 1)
+        elif node.op_type in _BINARY:
+            v = _BINARY[node.op_type](v, operand(node.input[1]))
+        elif node.op_type in _UNARY:
+            v = erf(v) if node.op_type == "Erf" else _UNARY[node.op_type](v)
+        # Identity, pooling, Dropout and a reshape that keeps the channels leave it unchanged
+        env[node.output[0]] = out = np.broadcast_to(v, np.shape(values)).astype(np.float64)
+    return out
 
 
 def remove_zero_channels(model):
     """Remove the output channels whose conv weights are all zero, giving a smaller dense
     network. Such a channel outputs its bias everywhere; that constant is followed through
-    per-channel ops (ReLU, ReLU6, pooling) and folded into the biases of the consumers:
+    per-channel ops (ReLU, ReLU6, pooling, GELU; a fully connected layer's reshapes) and
+    folded into the biases of the consumers:
     convolutions (their input channel goes), a depthwise conv (its channel goes too, and its
     constant output is folded onward), or flatten-then-Gemm. The fold is exact for 1×1
     unpadded consumers and for constants that are zero; next to a padded border it is not
@@ -400,17 +426,47 @@ class _ChannelRemover:
         return self.model, removed, kept_zero
 
     def chain(self, tensor: str):
-        """The per-channel ops after ``tensor``, the tensor they end at, and its consumers;
-        None when the chain reaches a graph output."""
-        ops = []
-        while tensor not in self.graph_outputs:
-            users = self.consumers.get(tensor, [])
-            if len(users) == 1 and users[0].op_type in _PER_CHANNEL:
-                ops.append(users[0])
-                tensor = users[0].output[0]
-                continue
-            return ops, tensor, users
-        return None
+        """The per-channel ops after ``tensor`` in the order they run, the one tensor they
+        end at, and its consumers; None when they reach a graph output or end at several
+        tensors. An op is per-channel when it is one of :data:`_PER_CHANNEL` and the only
+        user of its input, a reshape that keeps the channel axis (a fully connected layer's
+        rows as an image and back), or one of :data:`_ELEMENTWISE` whose other operand is
+        the same channel's or a scalar constant."""
+        ops, inside, grown = [], {tensor}, True
+        while grown:
+            grown = False
+            for node in self.model.graph.node:  # graph order: each op after its inputs
+                if node.output[0] not in inside and \
+                        any(i in inside for i in node.input) and self.per_channel(node, inside):
+                    ops.append(node)
+                    inside.add(node.output[0])
+                    grown = True
+        if inside & self.graph_outputs:
+            return None
+        ends = [t for t in inside if any(u not in ops for u in self.consumers.get(t, []))]
+        if len(ends) > 1:
+            return None
+        end = ends[0] if ends else tensor
+        return ops, end, self.consumers.get(end, [])
+
+    def per_channel(self, node, inside: set) -> bool:
+        """Whether ``node`` (an input in ``inside``) maps each channel of the tensors in
+        ``inside`` to the same channel, as :meth:`chain` follows them."""
+        if node.op_type in _ELEMENTWISE:
+            return all(i in inside or (i in self.consts and np.size(self.consts[i]) == 1)
+                       for i in node.input)
+        if node.input[0] not in inside:
+            return False
+        if node.op_type in _PER_CHANNEL:
+            return len(self.consumers.get(node.input[0], [])) == 1
+        if node.op_type != "Reshape":
+            return False
+        a, b = self.shapes.get(node.input[0]), self.shapes.get(node.output[0])
+        shape = self.consts.get(node.input[1]) if len(node.input) > 1 else None
+        return (a is not None and b is not None and shape is not None and len(a) >= 2
+                and len(b) >= 2 and list(a[:2]) == list(b[:2])
+                and all(d == 1 for d in list(a[2:]) + list(b[2:]))
+                and int(np.asarray(shape).ravel()[1]) in (-1, 0))
 
     def bias_of(self, node, n: int) -> str:
         """The name of ``node``'s bias, adding a zero one of ``n`` channels if it has none."""
@@ -632,7 +688,7 @@ def cached_pruned_sparsities(model: str, grid: dict) -> dict[tuple, list[float]]
 
 
 #: The version of the removal rules (:func:`remove_zero_channels`) the cache was made with.
-_REMOVAL_RULES = "1"
+_REMOVAL_RULES = "2"
 
 
 def cached_channel_removed(model: str, ratios) -> dict[float, tuple[list, dict]]:

@@ -514,10 +514,12 @@ def training_rows(store: Path, device: str, block: int | None = None):
             continue
         if mode == "int8" and not knows_qdq_floats(r.network, text):
             continue  # which of its convs ran in float is not known
+        # a matrix network with its channels removed ran as its grid form: 1×1 convs
+        grid = mode == "channel_pruning"
         X.append(ort_terms([ConvSpec.parse(c["conv"]) for c in ls],
                            [float(c["ratio"]) for c in ls], summary, mode, shares, block,
-                           [is_matrix_layer(c["layer_name"]) for c in ls],
-                           [is_step_product(c["layer_name"]) for c in ls]))
+                           None if grid else [is_matrix_layer(c["layer_name"]) for c in ls],
+                           None if grid else [is_step_product(c["layer_name"]) for c in ls]))
         y.append(r.best_s)
         modes.append(mode)
         nets.append(r.network)

@@ -490,7 +490,6 @@ def _onnxruntime_candidates(points, su: _Setup) -> list[Candidate]:
     from dlas_predict.networks.matrix import is_matrix_layer
     from dlas_predict.networks.recurrent import is_step_product
 
-    # onnxruntime runs these as the dense network, multiplying the zeros
     su.skipped.extend((f"{p.compression.value}@{p.ratio:g} onnxruntime",
                        "no zeroed filter could be removed: onnxruntime runs the dense network, "
                        "less accurate" if p.nothing_removed else "onnxruntime has no sparse "
@@ -506,9 +505,10 @@ def _onnxruntime_candidates(points, su: _Setup) -> list[Candidate]:
     modes = [model_mode(p.compression) for p in points]
     block = nchwc_block(su.dev)
     steps = [is_step_product(c.name) for c in convs]
+    # a channel-pruned matrix network runs as its grid form (1×1 convs): a CNN's terms
     X = np.array([ort_terms(p.specs or specs, p.layer_ratios, p.summary or summary, mode,
-                            False, block, *((matrix, steps) if len(p.specs or specs) ==
-                                            len(specs) else (None, None)))
+                            False, block, *((None, None) if mode == "channel_pruning"
+                                            else (matrix, steps)))
                   for p, mode in zip(points, modes)])
     recurrent = any(steps)
     inputs = OrtInputs(X, modes, (recurrent,) * len(X))
