@@ -459,6 +459,47 @@ def test_recurrent_networks_are_fitted_apart_and_fall_back_to_the_matrix_fit():
                        without.predict(OrtInputs(Xm, fp32)))
 
 
+def test_a_channel_pruned_matrix_network_s_grid_form_has_its_own_fit_or_a_split_one():
+    """A channel-pruned matrix network's run (its terms its grid form's: 1×1 convs, no
+    matrix MACs) is flagged a matrix network's. With enough such runs it gets a fit of its
+    own; without, its convs are priced by the channel-pruned CNNs' fit and its other ops
+    by the matrix networks' fp32 fit, never by the CNNs' fit alone."""
+    X, y, modes, nets = _data(networks=12)
+    col, other = TERMS.index("matrix_macs"), TERMS.index("other_macs")
+    fp32 = [i for i, m in enumerate(modes) if m == "fp32"]
+    Xc, yc = X[fp32], y[fp32] * 0.5  # channel-pruned CNNs
+    Xm = X[fp32].copy()
+    Xm[:, col] = 0.004
+    ym = y[fp32] * 3.0  # dense matrix networks: a law of their own
+    n = len(fp32)
+    cnn = [*modes, *["channel_pruning"] * n, *["fp32"] * n]
+    fit = OrtLatencyModel().fit(
+        OrtInputs(np.vstack([X, Xc, Xm]), cnn), np.concatenate([y, yc, ym]),
+        groups=[*nets, *[nets[i] + "-c" for i in fp32], *[nets[i] + "-m" for i in fp32]])
+    grid = X[fp32[:1]].copy()  # a grid form: no matrix MACs, attention's in other MACs
+    grid[0, other] = 0.5
+    assert "matrix channel_pruning" not in fit.coef_
+    assert fit.priced_by("matrix channel_pruning") == "channel_pruning convs, matrix fp32 other ops"
+    coef = np.where(np.isin(TERMS, ["other_bytes", "layers", "elementwise_ops", "exp_elems",
+                                    "broadcast_bytes", "other_macs"]),
+                    fit.coef_["matrix fp32"], fit.coef_["channel_pruning"])
+    flagged = fit.predict(OrtInputs(grid, ["channel_pruning"], (), (True,)))[0]
+    assert flagged == pytest.approx(float(grid[0] @ coef))
+    assert fit.predict(OrtInputs(grid, ["channel_pruning"]))[0] == pytest.approx(
+        float(grid[0] @ np.array(fit.coef_["channel_pruning"])))  # a CNN's row: unchanged
+    # with channel-pruned matrix networks' runs: their own fit, from the flag alone
+    Xg, yg = X[fp32], y[fp32] * 2.0
+    own = OrtLatencyModel().fit(
+        OrtInputs(np.vstack([X, Xc, Xm, Xg]), [*cnn, *["channel_pruning"] * n], (),
+                  (False,) * (len(X) + n) + (True,) * (2 * n)),
+        np.concatenate([y, yc, ym, yg]),
+        groups=[*nets, *[nets[i] + s for s in ("-c", "-m", "-g") for i in fp32]])
+    assert own.priced_by("matrix channel_pruning") == "matrix channel_pruning"
+    assert own.coef_["channel_pruning"] == fit.coef_["channel_pruning"]  # CNNs' untouched
+    pred = own.predict(OrtInputs(Xg, ["channel_pruning"] * n, (), (True,) * n))
+    assert np.median(np.abs(pred / yg - 1)) < 0.1
+
+
 def _stepped(seed=0, networks=40):
     """``_data`` where int8 runs of the deeper networks take 1.6× the law's time: a step no
     non-negative sum of the terms can follow."""

@@ -35,7 +35,9 @@ channel-pruned conv counts its density's share of the work where the store holds
 dense shapes (onnxruntime runs the model with the zeroed filters removed); a weight-pruned
 one all of it (onnxruntime multiplies the zeros); the other ops are the dense network's.
 Matrix networks (transformers, MLPs) are fitted apart, mode by mode, and recurrent ones
-apart again (:data:`MATRIX_PREFIX`, :data:`RECURRENT_PREFIX`).
+apart again (:data:`MATRIX_PREFIX`, :data:`RECURRENT_PREFIX`); a channel-pruned matrix
+network, with its neurons removed, runs as its grid form, 1×1 convs
+(:data:`SPLIT_CHANNEL_PRUNING` where it has no fit of its own).
 
 A mode fitted on at least :data:`MIN_CORRECTION_NETWORKS` networks may also learn a
 correction: LightGBM trees on the log of the fit's error, from the terms and each term's
@@ -208,21 +210,39 @@ def ort_terms(specs, ratios, summary, mode: str, channels_removed: bool,
                      step_macs / 1e9, n_steps])
 
 
-def fitted_modes(T: np.ndarray, modes: list[str], recurrent=()) -> list[str]:
+def fitted_modes(T: np.ndarray, modes: list[str], recurrent=(), matrix=()) -> list[str]:
     """Each row's fitted mode: a recurrent network's prefixed by :data:`RECURRENT_PREFIX`,
-    another matrix network's (matrix MACs in its terms) by :data:`MATRIX_PREFIX`."""
+    another matrix network's (matrix MACs in its terms, or flagged in ``matrix``: a
+    channel-pruned one's terms are its grid form's, 1×1 convs) by :data:`MATRIX_PREFIX`."""
     col = TERMS.index("matrix_macs")
     recurrent = list(recurrent) or [False] * len(modes)
-    return [RECURRENT_PREFIX + m if r else MATRIX_PREFIX + m if len(t) > col and t[col] > 0
-            else m for t, m, r in zip(np.atleast_2d(T), modes, recurrent)]
+    matrix = list(matrix) or [False] * len(modes)
+    return [RECURRENT_PREFIX + m if r
+            else MATRIX_PREFIX + m if x or (len(t) > col and t[col] > 0) else m
+            for t, m, r, x in zip(np.atleast_2d(T), modes, recurrent, matrix)]
+
+
+#: A channel-pruned matrix network runs its grid form: 1×1 convs between the matrix
+#: network's other ops (attention's products, softmax, normalisation). A model without a
+#: fit of such runs prices its convs by the channel-pruned CNNs' fit and its other ops
+#: (:data:`OTHER_OPS_TERMS`) by the matrix networks' fp32 fit, under this name: the CNNs'
+#: fit alone, which never saw attention, put transformers 4-60× too slow (on a Xeon's 21
+#: such runs, leaving them out of both fits: 29 % within ±10 %, mean log error 0.14, against
+#: 0 % and 4.2 by the CNNs' fit alone; an MLP's 2.1× too slow either way).
+SPLIT_CHANNEL_PRUNING = "channel_pruning convs, matrix fp32 other ops"
+#: The terms of a network's ops other than its convs and matrix products.
+OTHER_OPS_TERMS = ("other_bytes", "layers", "elementwise_ops", "exp_elems",
+                   "broadcast_bytes", "other_macs")
 
 
 def _fallbacks(mode: str) -> tuple[str, ...]:
     """The fits that may price a row of ``mode``, in order (the first fitted one does): its
-    own, the matrix networks' of its mode, the mode's, fp32's."""
+    own, the matrix networks' of its mode, the mode's, fp32's; a channel-pruned matrix
+    network's second: :data:`SPLIT_CHANNEL_PRUNING`."""
     base = mode.removeprefix(RECURRENT_PREFIX).removeprefix(MATRIX_PREFIX)
-    return tuple(dict.fromkeys((mode, MATRIX_PREFIX + base if mode != base else base, base,
-                                "fp32")))
+    split = (SPLIT_CHANNEL_PRUNING,) if mode == MATRIX_PREFIX + "channel_pruning" else ()
+    return tuple(dict.fromkeys((mode, *split, MATRIX_PREFIX + base if mode != base else base,
+                                base, "fp32")))
 
 
 @dataclass(frozen=True)
@@ -234,6 +254,9 @@ class OrtInputs:
     terms: np.ndarray
     modes: list[str]
     recurrent: tuple[bool, ...] = ()
+    #: whether each row is a matrix network's (empty: none is flagged; a row with matrix
+    #: MACs in its terms is one anyway)
+    matrix: tuple[bool, ...] = ()
 
 
 @dataclass
@@ -283,7 +306,8 @@ class OrtLatencyModel(CostModel):
         """Fit each mode on its rows; its interval and metrics from leaving one network
         (``groups``: each row's) out."""
         T, y = np.asarray(X.terms, float), np.asarray(y, float)
-        modes_a, nets = np.array(fitted_modes(T, X.modes, X.recurrent)), np.array(groups)
+        modes_a = np.array(fitted_modes(T, X.modes, X.recurrent, X.matrix))
+        nets = np.array(groups)
         if len(set(groups)) < MIN_NETWORKS:
             raise ModelError(f"the onnxruntime model needs measurements of at least "
                              f"{MIN_NETWORKS} networks, the store has {len(set(groups))}")
@@ -335,22 +359,43 @@ class OrtLatencyModel(CostModel):
         if not self.coef_:
             raise ModelError("the onnxruntime model is not trained")
         T = np.atleast_2d(np.asarray(X.terms, float))
-        by = np.array([self.priced_by(m) for m in fitted_modes(T, X.modes, X.recurrent)])
+        by = np.array([self.priced_by(m)
+                       for m in fitted_modes(T, X.modes, X.recurrent, X.matrix)])
         mid, low, high = (np.empty(len(T)) for _ in range(3))
         for mm in set(by):
-            rows, coef = by == mm, np.array(self.coef_[mm])
+            rows, coef = by == mm, self.coef_of(mm)
             t = np.maximum(T[rows] @ coef, 1e-9)
             if mm in self.correction_:  # the trees learned log(fit / measured)
                 t = t * np.exp(-self.correction_[mm].predict(correction_features(T[rows], coef)))
             # q = log(pred / measured): the measured value lies in pred·exp(-q)
-            mid[rows], low[rows], high[rows] = (t, t * np.exp(-self.q90_[mm]),
-                                                t * np.exp(-self.q10_[mm]))
+            q10, q90 = self._interval_of(mm)
+            mid[rows], low[rows], high[rows] = t, t * np.exp(-q90), t * np.exp(-q10)
         return mid, low, high
+
+    def _split_parts(self) -> tuple[str, str]:
+        return "channel_pruning", MATRIX_PREFIX + "fp32"
+
+    def coef_of(self, fit: str) -> np.ndarray:
+        """The coefficients of a :meth:`priced_by` value: a fit's, or
+        :data:`SPLIT_CHANNEL_PRUNING`'s, each term from the fit it names."""
+        if fit != SPLIT_CHANNEL_PRUNING:
+            return np.asarray(self.coef_[fit], float)
+        convs, other = (np.asarray(self.coef_[m], float) for m in self._split_parts())
+        return np.where(np.isin(TERMS, OTHER_OPS_TERMS), other, convs)
+
+    def _interval_of(self, fit: str) -> tuple[float, float]:
+        """(q10, q90) of a :meth:`priced_by` value; the wider of both fits' for
+        :data:`SPLIT_CHANNEL_PRUNING`."""
+        if fit != SPLIT_CHANNEL_PRUNING:
+            return self.q10_[fit], self.q90_[fit]
+        parts = self._split_parts()
+        return min(self.q10_[m] for m in parts), max(self.q90_[m] for m in parts)
 
     def priced_by(self, mode: str) -> str:
         """The fit that prices rows of ``mode`` (a :func:`fitted_modes` value): its own where
         fitted, else its fallback's."""
-        return next(m for m in _fallbacks(mode) if m in self.coef_)
+        return next(m for m in _fallbacks(mode) if m in self.coef_ or (
+            m == SPLIT_CHANNEL_PRUNING and all(p in self.coef_ for p in self._split_parts())))
 
     def predict(self, X: OrtInputs) -> np.ndarray:
         return self.predict_all(X)[0]
@@ -359,11 +404,11 @@ class OrtLatencyModel(CostModel):
         """Each row's share of its fit's latency in :data:`FIXED_TERMS` (a correction
         scales the whole row, not the share)."""
         T = np.atleast_2d(np.asarray(X.terms, float))
-        by = [self.priced_by(m) for m in fitted_modes(T, X.modes, X.recurrent)]
+        by = [self.priced_by(m) for m in fitted_modes(T, X.modes, X.recurrent, X.matrix)]
         idx = [TERMS.index(t) for t in FIXED_TERMS]
         out = np.empty(len(T))
         for i, mm in enumerate(by):
-            coef = np.asarray(self.coef_[mm])
+            coef = self.coef_of(mm)
             out[i] = float(T[i, idx] @ coef[idx]) / max(float(T[i] @ coef), 1e-12)
         return np.clip(out, 0.0, 1.0)
 
@@ -493,7 +538,7 @@ def training_rows(store: Path, device: str, block: int | None = None):
     for c in configs:
         layers.setdefault((c["network"], c["config"]), []).append(c)
     dense_summary = {r.network: r.summary for r in recs if r.config == "dense"}
-    X, y, modes, nets, recurrent = [], [], [], [], []
+    X, y, modes, nets, recurrent, matrices = [], [], [], [], [], []
     for r in recs:
         mode = model_mode(r.config)
         if r.verified is False and mode in ("fp32", "channel_pruning"):
@@ -524,4 +569,5 @@ def training_rows(store: Path, device: str, block: int | None = None):
         modes.append(mode)
         nets.append(r.network)
         recurrent.append(any(is_step_product(c["layer_name"]) for c in ls))
-    return OrtInputs(np.array(X), modes, tuple(recurrent)), np.array(y), nets
+        matrices.append(any(is_matrix_layer(c["layer_name"]) for c in ls))
+    return OrtInputs(np.array(X), modes, tuple(recurrent), tuple(matrices)), np.array(y), nets

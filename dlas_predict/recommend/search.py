@@ -511,7 +511,7 @@ def _onnxruntime_candidates(points, su: _Setup) -> list[Candidate]:
                                             else (matrix, steps)))
                   for p, mode in zip(points, modes)])
     recurrent = any(steps)
-    inputs = OrtInputs(X, modes, (recurrent,) * len(X))
+    inputs = OrtInputs(X, modes, (recurrent,) * len(X), (any(matrix),) * len(X))
     mid, low, high = su.ort_model.predict_all(inputs)
     fixed = su.ort_model.fixed_share(inputs)
     return [Candidate(p.compression, p.ratio, ONNXRUNTIME, (), float(m), float(lo), float(hi),
