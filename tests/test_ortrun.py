@@ -83,6 +83,47 @@ def test_an_unsupported_device_is_recorded_not_run(tmp_path):
     assert rec.error.startswith("unsupported:") and "instruction set" in rec.error
 
 
+def test_onnxruntime_s_spinning_threads_park_before_the_probes_read_the_machine(
+        tmp_path, monkeypatch):
+    """The contention probes run right before and after the timing: onnxruntime's pool
+    threads, spinning after the output check's runs, must not be what they read."""
+    import time
+
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from dlas_predict.measure.execution import contention
+    from dlas_predict.measure.networks.ortrun import run_ort_task
+
+    w = np.random.default_rng(0).random((768, 768), dtype=np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 768])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 768])],
+        [numpy_helper.from_array(w, "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "m.onnx")
+    x = np.random.default_rng(1).random((4, 1, 768), dtype=np.float32)
+    np.savez(tmp_path / "check.npz", x=x, y=x @ w)
+    busy = []
+
+    def probed(run, *args, **kwargs):  # what the probe before the timing would see
+        c0, t0 = time.process_time(), time.perf_counter()
+        time.sleep(0.1)
+        busy.append((time.process_time() - c0) / (time.perf_counter() - t0))
+        return {"run_secs": run()}
+
+    monkeypatch.setattr(contention, "timed_fields", probed)
+    task = OrtTask(onnx=str(tmp_path / "m.onnx"), input_name="x", mode="fp32",
+                   check=str(tmp_path / "check.npz"), threads=2, target={"kind": "llvm"},
+                   protocol=FAST)
+    out = run_ort_task(task)
+    assert out["verified"] and out["run_secs"]
+    assert busy[0] < 0.1, f"onnxruntime's threads used {busy[0]:.2f} cores while probed"
+
+
 def test_the_task_crosses_the_pipe_unchanged():
     task = OrtTask(onnx="/m.onnx", input_name="x", mode="int8", check="/c.npz", threads=2,
                    target={"kind": "llvm"}, calibration="/cal.npz",

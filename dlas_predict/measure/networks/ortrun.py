@@ -41,6 +41,10 @@ def mode_of(compression) -> str:
 
 
 
+#: Seconds onnxruntime's pool threads are given to stop spinning after a run.
+PARK_S = 0.2
+
+
 def session_options(threads: int):
     import onnxruntime as ort
 
@@ -146,6 +150,10 @@ def run_ort_task(task: OrtTask) -> dict[str, Any]:
     sess.run(None, feed)
     single = time.perf_counter() - t0
     number, repeats = plan_timing(single, task.protocol)
+    # onnxruntime's pool threads spin for a while after a run (tens of ms): let them park
+    # before the probes read the machine, before the timing as after it, or the probes read
+    # onnxruntime's own threads as contention (a chain ratio of 2.0 on 2 cores)
+    time.sleep(PARK_S)
 
     def run() -> list[float]:
         secs = []
@@ -154,9 +162,7 @@ def run_ort_task(task: OrtTask) -> dict[str, Any]:
             for _ in range(number):
                 sess.run(None, feed)
             secs.append((time.perf_counter() - t) / number)
-        # onnxruntime's pool threads spin for a while after a run: let them park before
-        # the probes read the machine, or they read onnxruntime's own threads as contention
-        time.sleep(0.2)
+        time.sleep(PARK_S)
         return secs
 
     result.update(number=number, repeats=repeats,
