@@ -83,10 +83,12 @@ def test_an_unsupported_device_is_recorded_not_run(tmp_path):
     assert rec.error.startswith("unsupported:") and "instruction set" in rec.error
 
 
-def test_onnxruntime_s_spinning_threads_park_before_the_probes_read_the_machine(
+def test_no_onnxruntime_session_lives_while_the_probes_read_the_machine(
         tmp_path, monkeypatch):
     """The contention probes run right before and after the timing: onnxruntime's pool
-    threads, spinning after the output check's runs, must not be what they read."""
+    threads, spinning after the output check's runs or parked, must not be what they read:
+    no session lives while they probe."""
+    import os
     import time
 
     import numpy as np
@@ -107,21 +109,27 @@ def test_onnxruntime_s_spinning_threads_park_before_the_probes_read_the_machine(
     onnx.save(model, tmp_path / "m.onnx")
     x = np.random.default_rng(1).random((4, 1, 768), dtype=np.float32)
     np.savez(tmp_path / "check.npz", x=x, y=x @ w)
-    busy = []
+    busy, threads = [], []
+    tasks = "/proc/self/task"  # this process's threads, onnxruntime's pool's among them
 
-    def probed(run, *args, **kwargs):  # what the probe before the timing would see
+    def probed(run, *args, **kwargs):  # what the probes around the timing would see
         c0, t0 = time.process_time(), time.perf_counter()
         time.sleep(0.1)
         busy.append((time.process_time() - c0) / (time.perf_counter() - t0))
-        return {"run_secs": run()}
+        threads.append(len(os.listdir(tasks)))
+        secs = run()
+        threads.append(len(os.listdir(tasks)))
+        return {"run_secs": secs}
 
     monkeypatch.setattr(contention, "timed_fields", probed)
     task = OrtTask(onnx=str(tmp_path / "m.onnx"), input_name="x", mode="fp32",
                    check=str(tmp_path / "check.npz"), threads=2, target={"kind": "llvm"},
                    protocol=FAST)
+    before = len(os.listdir(tasks))
     out = run_ort_task(task)
     assert out["verified"] and out["run_secs"]
     assert busy[0] < 0.1, f"onnxruntime's threads used {busy[0]:.2f} cores while probed"
+    assert threads == [before, before], "an onnxruntime session lived while probed"
 
 
 def test_the_task_crosses_the_pipe_unchanged():

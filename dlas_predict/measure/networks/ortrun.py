@@ -41,7 +41,7 @@ def mode_of(compression) -> str:
 
 
 
-#: Seconds onnxruntime's pool threads are given to stop spinning after a run.
+#: Seconds onnxruntime's pool threads are given to stop after a session is released.
 PARK_S = 0.2
 
 
@@ -122,9 +122,14 @@ def run_ort_task(task: OrtTask) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="dlas-ort-") as tmp:
         t0 = time.perf_counter()
         path = prepare_model(task, Path(tmp))
-        try:
-            sess = ort.InferenceSession(str(path), session_options(task.threads),
+        # the timing's sessions outlive the prepared file: they load its bytes
+        source = str(path) if path == Path(task.onnx) else path.read_bytes()
+
+        def session():
+            return ort.InferenceSession(source, session_options(task.threads),
                                         providers=["CPUExecutionProvider"])
+        try:
+            sess = session()
         except Exception as exc:  # noqa: BLE001 - e.g. no float16 kernel on this provider
             raise RuntimeError(f"onnxruntime {ort.__version__} cannot run the {task.mode} "
                                f"model on its CPU provider: {str(exc)[:400]}") from None
@@ -150,18 +155,25 @@ def run_ort_task(task: OrtTask) -> dict[str, Any]:
     sess.run(None, feed)
     single = time.perf_counter() - t0
     number, repeats = plan_timing(single, task.protocol)
-    # onnxruntime's pool threads spin for a while after a run (tens of ms): let them park
-    # before the probes read the machine, before the timing as after it, or the probes read
-    # onnxruntime's own threads as contention (a chain ratio of 2.0 on 2 cores)
+    warm = len(xs) + 1  # the runs the checked session made before its timing
+    # the probes before and after a timing must read the machine, not onnxruntime: a live
+    # session's pool threads, spinning after a run (tens of ms) or parked, made the chain
+    # probe read TVM's pool 2x slow on 2 cores in about one probe in four, however long it
+    # waited; without the session it never did. Each timing runs a session of its own.
+    del sess
     time.sleep(PARK_S)
 
     def run() -> list[float]:
+        timed_session = session()
+        for _ in range(warm):
+            timed_session.run(None, feed)
         secs = []
         for _ in range(repeats):
             t = time.perf_counter()
             for _ in range(number):
-                sess.run(None, feed)
+                timed_session.run(None, feed)
             secs.append((time.perf_counter() - t) / number)
+        del timed_session
         time.sleep(PARK_S)
         return secs
 
