@@ -305,6 +305,17 @@ def test_adapt_on_convs_saves_under_dlas_home_and_predicts_the_same_after_reload
     assert rec["source"] == "adapted" and rec["mapping"]["shots"] == 6
 
 
+def test_predict_answers_each_config_given():
+    r = run_cli("predict", C1, C2, "--device", "local", "--config", "dense/gemm",
+                "--config", "int8/direct", "--config", "dense/gemm", "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert [(p["target"], p["config"].split("/")[:2]) for p in out] == [
+        (C1, ["dense", "gemm"]), (C2, ["dense", "gemm"]),
+        (C1, ["int8", "direct"]), (C2, ["int8", "direct"])]
+    assert out[0]["predicted_ms"] != out[2]["predicted_ms"]
+
+
 @pytest.mark.slow
 def test_a_registry_device_without_data_is_zero_shot_and_says_so():
     r = run_cli("predict", C1, "--device", "i7-8700", "--config", "dense")

@@ -177,9 +177,10 @@ def predict(targets: List[str] = typer.Argument(..., help="conv:C=..,H=..,W=..,K
                                                 "nasbench201` file."),
             device: str = typer.Option(..., "--device", help="Any registry device, a HELP "
                                        "device, or one `adapt` fitted."),
-            config: Optional[str] = typer.Option(None, "--config", help="COMPRESSION[@RATIO]"
-                                                 "[/ALGORITHM][/tuned]; an omitted part: the "
-                                                 "fastest predicted."),
+            config: List[str] = typer.Option([], "--config", help="COMPRESSION[@RATIO]"
+                                             "[/ALGORITHM][/tuned]; an omitted part: the "
+                                             "fastest predicted (repeatable: each target "
+                                             "under each)."),
             data: Optional[Path] = typer.Option(None, "--data", help="Folder of the public "
                                                 "data (default $DLAS_SHARED_DATA, else the "
                                                 "public data folder beside the checkout)."),
@@ -199,7 +200,8 @@ def predict(targets: List[str] = typer.Argument(..., help="conv:C=..,H=..,W=..,K
     from dlas_predict.recommend.predict import predict as run
     from dlas_predict.render import format_table
 
-    preds = run(list(targets), device, config, data, runtime, max_accuracy_drop)
+    preds = [p for c in (list(dict.fromkeys(config)) or [None])
+             for p in run(list(targets), device, c, data, runtime, max_accuracy_drop)]
     if as_json:
         print_json([{k: v for k, v in p.to_dict().items() if k != "basis"} for p in preds])
         return
