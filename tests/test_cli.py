@@ -46,6 +46,19 @@ def test_every_command_answers_help_with_exit_zero():
     assert "COMPRESSION[@RATIO][/ALGORITHM][/tuned]" in _run("predict", "--help").output
 
 
+def test_an_option_of_one_value_given_twice_is_refused_not_dropped():
+    conv = "conv:C=64,H=56,W=56,K=64,R=3,S=3,pad=1"
+    r = run_cli("predict", conv, "--device", "local", "--device=rpi3b")
+    assert_clean_error(r, "'--device': given 2 times; it takes one value")
+    assert r.exit_code == 2
+    assert_clean_error(run_cli("corpus", "stats", "--store", "a.sqlite", "--store", "b.sqlite"),
+                       "'--store': given 2 times")
+    # repeatable options and flags stay so
+    ok = run_cli("predict", conv, "--device", "local", "--config", "dense/gemm", "--config",
+                 "int8/gemm", "--json", "--json")
+    assert ok.exit_code == 0 and len(json.loads(ok.output)) == 2, ok.output
+
+
 def test_a_reader_that_goes_away_ends_the_command_quietly():
     """``dlas-predict zoo | head -1``: once its reader has closed the pipe, the command
     stops with SIGPIPE's status (141), printing neither an error nor a traceback."""

@@ -15,8 +15,41 @@ import typer
 
 from dlas_predict.errors import DlasError, with_flags
 
-#: Help texts are plain text: ``[/ALGORITHM]`` and the like are syntax, not rich markup.
-PLAIN = {"rich_markup_mode": None}
+from typer.core import TyperGroup
+
+
+class OncePerOption(TyperGroup):
+    """A group whose commands refuse an option of one value given more than once (the
+    parser would keep the last and drop the others without a word)."""
+
+    def resolve_command(self, ctx, args: list[str]):
+        name, cmd, rest = super().resolve_command(ctx, args)
+        if cmd is not None and not hasattr(cmd, "commands"):  # a command, not a group
+            repeated_option(cmd, rest, ctx)
+        return name, cmd, rest
+
+
+def repeated_option(cmd, args: list[str], ctx) -> None:
+    """A usage error where ``args`` give one of ``cmd``'s single-valued options twice."""
+    for p in cmd.params:
+        if getattr(p, "param_type_name", "") != "option" or p.multiple or p.count \
+                or p.is_flag:
+            continue
+        names = [*p.opts, *p.secondary_opts]
+        given = 0
+        for a in args:
+            if a == "--":
+                break
+            given += any(a == o or (o.startswith("--") and a.startswith(o + "="))
+                         for o in names)
+        if given > 1:
+            raise typer.BadParameter(f"given {given} times; it takes one value", ctx=ctx,
+                                     param=p)
+
+
+#: Help texts are plain text: ``[/ALGORITHM]`` and the like are syntax, not rich markup;
+#: every group refuses a single-valued option given twice (:class:`OncePerOption`).
+PLAIN = {"rich_markup_mode": None, "cls": OncePerOption}
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, **PLAIN,
                   help="Predict the fastest accurate way to deploy a DNN (DLAS grid), "
