@@ -192,8 +192,10 @@ def onnxruntime_calibrated(cpus: dict, tmp: Path, draws: int = 30) -> dict:
         for ref, model in models.items():
             if ref == held:
                 continue
-            pred = model.predict(X)
-            fixed = pred * model.fixed_share(X)
+            # the runs' terms as that model counts them (its spill over its machine's L2)
+            Xm = training_rows(store, device, nchwc_block(dev), model.l2_bytes)[0]
+            pred = model.predict(Xm)
+            fixed = pred * model.fixed_share(Xm)
             rows = [NetworkRow(n, "", "onnxruntime", md, p * 1e3, t * 1e3, f, fx * 1e3)
                     for n, md, p, t, f, fx in zip(nets, X.modes, pred, y, family, fixed)]
             scores: dict[str, list] = {k: [] for k in ("mode", "family", "scales",

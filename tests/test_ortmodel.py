@@ -16,7 +16,7 @@ from dlas_predict.space.devices import get_device
 
 #: seconds per unit of each term: a law the fit should find again
 LAW = np.array([2e-5, 4e-3, 2e-2, 1e-5, 0.0, 2e-5, 1e-6, 3e-6, 0.0, 0.0, 3e-3, 1e-6, 2e-3,
-                1e-6, 5e-3, 2e-6, 1e-6, 0.0, 0.0, 0.0, 2e-3, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+                1e-6, 5e-3, 2e-6, 1e-6, 0.0, 0.0, 0.0, 2e-3, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
 
 
 def _net(rng, i):
@@ -406,6 +406,34 @@ def test_a_matrix_network_s_layers_are_terms_of_their_own():
     assert t[i("matrix_bytes")] == pytest.approx(4 * (128 * 64 + 512 * 64 + 128 * 512) / 1e6)
     assert t[i("other_macs")] == pytest.approx(5000 / 1e9)
     assert alone[i("matrix_macs")] == 0.0
+
+
+def test_a_matrix_network_s_weights_beyond_the_l2_are_a_term_kept_where_it_helps():
+    """A fully connected layer's weights beyond the cores' L2 count in the spill term (none
+    without a known L2); a mode keeps the term only where it is better held out."""
+    summary = NetworkSummary(conv_layers=1, layers=3, nonconv_macs=0, nonconv_bytes=100,
+                             activation_ops=1, elementwise_ops=1, input_elems=784)
+    i = TERMS.index("matrix_spill_bytes")
+
+    def terms(width, l2):
+        fc = ConvSpec(C=784, H=1, W=1, K=width, R=1, S=1)
+        return ort_terms([fc], [0.0], summary, "fp32", False, 16, [True], [False], l2)
+
+    assert terms(1024, 2 ** 21)[i] == pytest.approx((4 * 784 * 1024 - 2 ** 21) / 1e6)
+    assert terms(256, 2 ** 21)[i] == 0.0 and terms(1024, 0)[i] == 0.0
+    widths = [128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096]
+    X = np.array([terms(w, 2 ** 21) for w in widths])
+    law = np.zeros(len(TERMS))
+    law[TERMS.index("const")], law[TERMS.index("matrix_bytes")] = 5e-6, 1e-5
+    nets = [f"mlp{w}" for w in widths]
+    Xc, yc, modes, cnns = _data(networks=12)  # the CNNs every model is fitted with
+    for spill_cost, kept in ((1e-5, True), (0.0, False)):
+        law[i] = spill_cost
+        y = X @ law * np.exp(np.random.default_rng(0).normal(0, 0.02, len(X)))
+        m = OrtLatencyModel().fit(OrtInputs(np.vstack([Xc, X]), [*modes, *["fp32"] * len(X)]),
+                                  np.concatenate([yc, y]), groups=[*cnns, *nets])
+        assert ("matrix fp32" in m.meta_["spill"]) is kept
+        assert np.median(np.abs(m.predict(OrtInputs(X, ["fp32"] * len(X))) / y - 1)) < 0.05
 
 
 def test_matrix_networks_are_fitted_apart_and_fall_back_to_their_mode_s_fit():

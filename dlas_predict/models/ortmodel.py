@@ -23,6 +23,7 @@ modelled from what the network does, as a non-negative sum of costs:
           + c24·window reads of the average pools, in int8 mode only: the QDQ run
             quantizes each into a QLinearAveragePool, several times slower per read than
             the float pool (a NAS-Bench-201 cell's int8 run takes 0.9-4.5× its fp32 time)
+          + c27·bytes of a matrix network's weights beyond its cores' L2 caches
 
 one coefficient vector per mode (``fp32``, ``channel_pruning``, ``int8``, ``float16``),
 fitted by non-negative least squares on relative error, so it extrapolates linearly to
@@ -70,7 +71,8 @@ TERMS = ("const", "dense_macs", "depthwise_macs", "conv_io_bytes", "weight_bytes
          "narrow_macs", "unaligned_convs", "joined_macs", "joined_io_bytes",
          "unblocked_macs", "unblocked_convs", "unblocked_io_bytes", "qdq_float_macs",
          "qdq_float_io_bytes", "qdq_float_weights", "padded_macs", "matrix_macs",
-         "matrix_bytes", "other_macs", "qdq_avgpool_reads", "step_macs", "steps")
+         "matrix_bytes", "other_macs", "qdq_avgpool_reads", "step_macs", "steps",
+         "matrix_spill_bytes")
 #: The terms that are per-operator costs (a constant, a count of ops, layers or convs),
 #: not work: on another CPU they scale with its per-op overhead, not with its throughput
 #: (:meth:`OrtLatencyModel.fixed_share`).
@@ -142,7 +144,7 @@ def blocked_layout(channels: int, filters: int, groups: int, block: int) -> bool
 
 
 def ort_terms(specs, ratios, summary, mode: str, channels_removed: bool,
-              block: int = 16, matrix=None, steps=None) -> np.ndarray:
+              block: int = 16, matrix=None, steps=None, l2_bytes: int = 0) -> np.ndarray:
     """The model's terms for a network whose convs are ``specs`` with layer sparsities
     ``ratios`` and whose other ops are ``summary``'s (a
     :class:`~dlas_predict.networks.summary.NetworkSummary`). Weight pruning leaves the work
@@ -155,6 +157,11 @@ def ort_terms(specs, ratios, summary, mode: str, channels_removed: bool,
     matrix network's fully connected layers (:func:`~dlas_predict.networks.matrix.
     is_matrix_layer`): onnxruntime runs those as the matrix products they are, in plain
     rows, so their MACs and bytes (activations and weights) are terms of their own.
+    ``l2_bytes``: the L2 of the machine's cores; a matrix network's weights beyond it
+    stream from a farther level at every run (``matrix_spill_bytes``: on a Xeon, an MLP's
+    runs took 10 µs per MB of weights at 1.8 MB, 19 µs at 16-40 MB; leaving one network out,
+    the term put its MLPs' fp32 runs from a mean log error of 0.30 to 0.14). A mode keeps
+    it only where it lowers the mode's MAPE leaving one network out.
     ``steps`` flags the specs that are a recurrent layer's products of one step
     (:func:`~dlas_predict.networks.recurrent.is_step_product`): onnxruntime's LSTM, GRU or
     RNN op runs the inputs' products of every step as one matrix product but the recurrent
@@ -163,6 +170,7 @@ def ort_terms(specs, ratios, summary, mode: str, channels_removed: bool,
     elem = {"float16": 2, "int8": 1}.get(mode, 4)
     dense = dw = io = wbytes = narrow = unaligned = unblocked = unblocked_n = 0.0
     unblocked_io = padded = matrix_macs = matrix_bytes = step_macs = n_steps = 0.0
+    matrix_weights = 0.0
     for s, r, fc, step in zip(specs, ratios, matrix or [False] * len(specs),
                               steps or [False] * len(specs)):
         keep = (1.0 - float(r)) if channels_removed else 1.0
@@ -174,6 +182,7 @@ def ort_terms(specs, ratios, summary, mode: str, channels_removed: bool,
             matrix_macs += s.macs * keep
             matrix_bytes += 4 * (s.C * s.H * s.W + keep * s.K * s.OH * s.OW) \
                 + elem * keep * s.K * s.C
+            matrix_weights += elem * keep * s.K * s.C
             continue
         k = max(1, round(s.K * keep))
         c = max(1, round(s.C * keep)) if channels_removed else s.C
@@ -207,7 +216,8 @@ def ort_terms(specs, ratios, summary, mode: str, channels_removed: bool,
                      unblocked / 1e9, unblocked_n, unblocked_io / 1e6, *qdq, padded / 1e9,
                      matrix_macs / 1e9, matrix_bytes / 1e6, summary.nonconv_macs / 1e9,
                      summary.avgpool_window_elems / 1e6 if mode == "int8" else 0.0,
-                     step_macs / 1e9, n_steps])
+                     step_macs / 1e9, n_steps,
+                     max(matrix_weights - l2_bytes, 0.0) / 1e6 if l2_bytes else 0.0])
 
 
 def fitted_modes(T: np.ndarray, modes: list[str], recurrent=(), matrix=()) -> list[str]:
@@ -313,17 +323,26 @@ class OrtLatencyModel(CostModel):
                              f"{MIN_NETWORKS} networks, the store has {len(set(groups))}")
         self.coef_, self.q10_, self.q90_, self.correction_ = {}, {}, {}, {}
         self.meta_ = dict(self.about, terms=list(TERMS), n_train=int(len(y)),
-                          networks=sorted(set(groups)), lono={})
+                          networks=sorted(set(groups)), lono={}, spill=[])
+        spill = TERMS.index("matrix_spill_bytes")
         for mode in (*MODES, *(p + m for p in (MATRIX_PREFIX, RECURRENT_PREFIX)
                                 for m in MODES)):
             rows = modes_a == mode
             if len(set(nets[rows])) < MIN_NETWORKS:
                 continue
             Xm, ym, nm = T[rows], y[rows], nets[rows]
-            coef = self._nnls(Xm, ym)
-            self.coef_[mode] = [float(c) for c in coef]
             err = self._errors(Xm, ym, nm)
             figures = _figures(err)
+            if Xm[:, spill].any():  # the spill term where it is better held out
+                alone = Xm.copy()
+                alone[:, spill] = 0.0
+                err_alone = self._errors(alone, ym, nm)
+                if _figures(err_alone)["mape"] <= figures["mape"]:
+                    Xm, err, figures = alone, err_alone, _figures(err_alone)
+                else:
+                    self.meta_["spill"].append(mode)
+            coef = self._nnls(Xm, ym)
+            self.coef_[mode] = [float(c) for c in coef]
             if len(set(nm)) >= MIN_CORRECTION_NETWORKS:
                 corrected = self._corrected_errors(Xm, ym, nm, err)
                 if _figures(corrected)["within_10pct"] >= \
@@ -364,13 +383,23 @@ class OrtLatencyModel(CostModel):
         mid, low, high = (np.empty(len(T)) for _ in range(3))
         for mm in set(by):
             rows, coef = by == mm, self.coef_of(mm)
-            t = np.maximum(T[rows] @ coef, 1e-9)
+            Tr = self._counted(mm, T[rows])
+            t = np.maximum(Tr @ coef, 1e-9)
             if mm in self.correction_:  # the trees learned log(fit / measured)
-                t = t * np.exp(-self.correction_[mm].predict(correction_features(T[rows], coef)))
+                t = t * np.exp(-self.correction_[mm].predict(correction_features(Tr, coef)))
             # q = log(pred / measured): the measured value lies in pred·exp(-q)
             q10, q90 = self._interval_of(mm)
             mid[rows], low[rows], high[rows] = t, t * np.exp(-q90), t * np.exp(-q10)
         return mid, low, high
+
+    def _counted(self, fit: str, T: np.ndarray) -> np.ndarray:
+        """Rows of terms as ``fit`` was fitted on them: without the spill term unless the
+        fit kept it."""
+        if fit in self.meta_.get("spill", []):
+            return T
+        T = np.array(T, float)
+        T[:, TERMS.index("matrix_spill_bytes")] = 0.0
+        return T
 
     def _split_parts(self) -> tuple[str, str]:
         return "channel_pruning", MATRIX_PREFIX + "fp32"
@@ -391,6 +420,12 @@ class OrtLatencyModel(CostModel):
         parts = self._split_parts()
         return min(self.q10_[m] for m in parts), max(self.q90_[m] for m in parts)
 
+    @property
+    def l2_bytes(self) -> int:
+        """The L2 of the cores of the machine the model was fitted on, which its
+        ``matrix_spill_bytes`` term is counted against (:func:`l2_capacity`; 0: unknown)."""
+        return int(self.meta_.get("l2_bytes") or 0)
+
     def priced_by(self, mode: str) -> str:
         """The fit that prices rows of ``mode`` (a :func:`fitted_modes` value): its own where
         fitted, else its fallback's."""
@@ -408,8 +443,8 @@ class OrtLatencyModel(CostModel):
         idx = [TERMS.index(t) for t in FIXED_TERMS]
         out = np.empty(len(T))
         for i, mm in enumerate(by):
-            coef = self.coef_of(mm)
-            out[i] = float(T[i, idx] @ coef[idx]) / max(float(T[i] @ coef), 1e-12)
+            coef, row = self.coef_of(mm), self._counted(mm, T[i:i + 1])[0]
+            out[i] = float(row[idx] @ coef[idx]) / max(float(row @ coef), 1e-12)
         return np.clip(out, 0.0, 1.0)
 
     def predict_interval(self, X: OrtInputs, q: float = FITTED_COVERAGE
@@ -475,6 +510,16 @@ class OrtLatencyModel(CostModel):
         return model
 
 
+def l2_capacity(fingerprint: str | None, device) -> int:
+    """Bytes the L2 caches of ``device``'s cores hold in all (onnxruntime runs a thread on
+    each), their size that of the machine with ``fingerprint`` (its shipped or measured
+    roofs) where known, else ``device``'s; 0 where unknown."""
+    from dlas_predict.space.devices import cache_capacities, measured_peaks
+
+    caches = ((measured_peaks(fingerprint) if fingerprint else None) or {}).get("caches")
+    return int(cache_capacities(caches or device.caches or {}, device.cores or 1).get("L2", 0))
+
+
 def correction_features(T: np.ndarray, coef: np.ndarray) -> np.ndarray:
     """What a mode's correction reads of each row of terms ``T``: each term (log), and its
     share of the fit's (``coef``) latency."""
@@ -516,11 +561,11 @@ def knows_qdq_floats(network: str, summary_text: str | None) -> bool:
         named_summary(network) is not None
 
 
-def training_rows(store: Path, device: str, block: int | None = None):
+def training_rows(store: Path, device: str, block: int | None = None, l2_bytes: int = 0):
     """(inputs, seconds, networks) of the verified onnxruntime records of ``device`` in
     ``store`` (fp32 only when its output check passed; reduced precision by its time);
     ``block``: the NCHWc block of the machine that ran them (default: the registry's
-    ``device``)."""
+    ``device``); ``l2_bytes``: its cores' L2 (:func:`l2_capacity`; 0: no spill term)."""
     from dlas_predict.measure.networks.plans import ONNXRUNTIME
     from dlas_predict.corpus.store import CorpusStore
     from dlas_predict.models.evaluation import stored_summary, channels_removed
@@ -564,7 +609,8 @@ def training_rows(store: Path, device: str, block: int | None = None):
         X.append(ort_terms([ConvSpec.parse(c["conv"]) for c in ls],
                            [float(c["ratio"]) for c in ls], summary, mode, shares, block,
                            None if grid else [is_matrix_layer(c["layer_name"]) for c in ls],
-                           None if grid else [is_step_product(c["layer_name"]) for c in ls]))
+                           None if grid else [is_step_product(c["layer_name"]) for c in ls],
+                           l2_bytes))
         y.append(r.best_s)
         modes.append(mode)
         nets.append(r.network)

@@ -205,15 +205,17 @@ def train_onnxruntime(store: Path, dev: Device, directory: Path, meta: dict):
     """Fit and save the onnxruntime latency model when the store has onnxruntime records of
     ``dev`` (else None; a model already in ``directory`` is kept: it may come from another
     store, as the kernels' models do not time onnxruntime)."""
-    from dlas_predict.models.ortmodel import OrtLatencyModel, nchwc_block, training_rows
+    from dlas_predict.models.ortmodel import (OrtLatencyModel, l2_capacity, nchwc_block,
+                                              training_rows)
 
-    inputs, y, nets = training_rows(store, dev.name, nchwc_block(dev))
+    prints = onnxruntime_fingerprints(store, dev.name)
+    l2 = l2_capacity(prints[0] if prints else None, dev)
+    inputs, y, nets = training_rows(store, dev.name, nchwc_block(dev), l2)
     if not len(y):
         return None
     model = OrtLatencyModel(about={
-        **meta, "corpus": str(store),
-        "onnxruntime_fingerprints": sorted(onnxruntime_fingerprints(store, dev.name)),
-        "cpu_model": dev.cpu_model}).fit(inputs, y, groups=nets)
+        **meta, "corpus": str(store), "onnxruntime_fingerprints": sorted(prints),
+        "l2_bytes": l2, "cpu_model": dev.cpu_model}).fit(inputs, y, groups=nets)
     model.save(directory)
     return model
 

@@ -508,7 +508,7 @@ def _onnxruntime_candidates(points, su: _Setup) -> list[Candidate]:
     # a channel-pruned matrix network runs as its grid form (1×1 convs): a CNN's terms
     X = np.array([ort_terms(p.specs or specs, p.layer_ratios, p.summary or summary, mode,
                             False, block, *((None, None) if mode == "channel_pruning"
-                                            else (matrix, steps)))
+                                            else (matrix, steps)), su.ort_model.l2_bytes)
                   for p, mode in zip(points, modes)])
     recurrent = any(steps)
     inputs = OrtInputs(X, modes, (recurrent,) * len(X), (any(matrix),) * len(X))
