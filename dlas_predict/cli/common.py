@@ -12,10 +12,9 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import typer
+from typer.core import TyperGroup
 
 from dlas_predict.errors import DlasError, with_flags
-
-from typer.core import TyperGroup
 
 
 class OncePerOption(TyperGroup):

@@ -240,6 +240,8 @@ def fitted_modes(T: np.ndarray, modes: list[str], recurrent=(), matrix=()) -> li
 #: such runs, leaving them out of both fits: 29 % within ±10 %, mean log error 0.14, against
 #: 0 % and 4.2 by the CNNs' fit alone; an MLP's 2.1× too slow either way).
 SPLIT_CHANNEL_PRUNING = "channel_pruning convs, matrix fp32 other ops"
+#: The fits :data:`SPLIT_CHANNEL_PRUNING` joins: its convs' and its other ops'.
+SPLIT_PARTS = ("channel_pruning", MATRIX_PREFIX + "fp32")
 #: The terms of a network's ops other than its convs and matrix products.
 OTHER_OPS_TERMS = ("other_bytes", "layers", "elementwise_ops", "exp_elems",
                    "broadcast_bytes", "other_macs")
@@ -337,8 +339,9 @@ class OrtLatencyModel(CostModel):
                 alone = Xm.copy()
                 alone[:, spill] = 0.0
                 err_alone = self._errors(alone, ym, nm)
-                if _figures(err_alone)["mape"] <= figures["mape"]:
-                    Xm, err, figures = alone, err_alone, _figures(err_alone)
+                figures_alone = _figures(err_alone)
+                if figures_alone["mape"] <= figures["mape"]:
+                    Xm, err, figures = alone, err_alone, figures_alone
                 else:
                     self.meta_["spill"].append(mode)
             coef = self._nnls(Xm, ym)
@@ -401,15 +404,12 @@ class OrtLatencyModel(CostModel):
         T[:, TERMS.index("matrix_spill_bytes")] = 0.0
         return T
 
-    def _split_parts(self) -> tuple[str, str]:
-        return "channel_pruning", MATRIX_PREFIX + "fp32"
-
     def coef_of(self, fit: str) -> np.ndarray:
         """The coefficients of a :meth:`priced_by` value: a fit's, or
         :data:`SPLIT_CHANNEL_PRUNING`'s, each term from the fit it names."""
         if fit != SPLIT_CHANNEL_PRUNING:
             return np.asarray(self.coef_[fit], float)
-        convs, other = (np.asarray(self.coef_[m], float) for m in self._split_parts())
+        convs, other = (np.asarray(self.coef_[m], float) for m in SPLIT_PARTS)
         return np.where(np.isin(TERMS, OTHER_OPS_TERMS), other, convs)
 
     def _interval_of(self, fit: str) -> tuple[float, float]:
@@ -417,8 +417,7 @@ class OrtLatencyModel(CostModel):
         :data:`SPLIT_CHANNEL_PRUNING`."""
         if fit != SPLIT_CHANNEL_PRUNING:
             return self.q10_[fit], self.q90_[fit]
-        parts = self._split_parts()
-        return min(self.q10_[m] for m in parts), max(self.q90_[m] for m in parts)
+        return min(self.q10_[m] for m in SPLIT_PARTS), max(self.q90_[m] for m in SPLIT_PARTS)
 
     @property
     def l2_bytes(self) -> int:
@@ -430,7 +429,7 @@ class OrtLatencyModel(CostModel):
         """The fit that prices rows of ``mode`` (a :func:`fitted_modes` value): its own where
         fitted, else its fallback's."""
         return next(m for m in _fallbacks(mode) if m in self.coef_ or (
-            m == SPLIT_CHANNEL_PRUNING and all(p in self.coef_ for p in self._split_parts())))
+            m == SPLIT_CHANNEL_PRUNING and all(p in self.coef_ for p in SPLIT_PARTS)))
 
     def predict(self, X: OrtInputs) -> np.ndarray:
         return self.predict_all(X)[0]
