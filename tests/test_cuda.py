@@ -686,13 +686,15 @@ def test_timing_weights_keep_shapes_and_zeros_and_compress():
         assert len(lzma.compress(layout.tobytes())) < layout.nbytes / 20
 
 
-@pytest.mark.parametrize("timing", [False, True], ids=["model-weights", "timing-weights"])
+@pytest.mark.parametrize("timing,family", [(False, "cnn"), (True, "cnn"), (True, "rnn")],
+                         ids=["model-weights", "timing-weights", "token-ids"])
 @pytest.mark.slow
 def test_the_gpu_runners_network_check_and_timing_run_a_network_on_any_device(tmp_path,
-                                                                              timing):
+                                                                              timing, family):
     """measure_network's check and timing, driven here on this CPU (the GPU machine runs the
     same code on a CUDA build), with the model's weights or timing weights (the check is
-    computed on the weights the build has)."""
+    computed on the weights the build has); a language model is fed its token ids as
+    integers."""
     import onnx
     import tvm
 
@@ -702,9 +704,13 @@ def test_the_gpu_runners_network_check_and_timing_run_a_network_on_any_device(tm
     from dlas_predict.networks.generate import FAMILIES, build
     from dlas_predict.space.config import DType
 
+    from dlas_predict.networks.matrix import grid_form
+
     path = tmp_path / "net.onnx"
-    onnx.save(build("cnn", {**FAMILIES["cnn"], "layers": 2, "kernels": 32, "input": 12}),
-              path)
+    small = {"cnn": {"layers": 2, "kernels": 32, "input": 12},
+             "rnn": {"layers": 1, "hidden": 16, "embedding": 8, "vocab": 50, "seq": 4}}
+    onnx.save(build(family, {**FAMILIES[family], **small[family]}), path)
+    path = grid_form(path)
     n = sum(1 for node in onnx.load(str(path)).graph.node if node.op_type == "Conv")
     plan = uniform_plan(str(path), "net", Compression.DENSE, None, "direct", n)
     prep_of = _Preparer(timing)

@@ -161,7 +161,7 @@ def measure_network(mod, line: dict[str, Any], bundle: Path, dev, proto: dict) -
     xs, refs = check["x"], check["y"]
     outs = []
     for i in range(len(xs)):
-        out = first_output(vm["main"](tvm.runtime.tensor(xs[i].astype(np.float32), dev)))
+        out = first_output(vm["main"](tvm.runtime.tensor(_as_fed(xs[i]), dev)))
         outs.append(np.asarray(out.numpy(), dtype=np.float64).reshape(-1))
     outs_a, refs_a = np.stack(outs), refs.reshape(len(refs), -1).astype(np.float64)
     err = float(np.max(np.abs(outs_a - refs_a)))
@@ -169,7 +169,7 @@ def measure_network(mod, line: dict[str, Any], bundle: Path, dev, proto: dict) -
     agree = float(np.mean(outs_a.argmax(1) == refs_a.argmax(1)))
     tol = {DType.FLOAT32: 1e-3}.get(DType.parse(line["dtype"]))
     verified = bool(err <= tol * scale) if tol else bool(agree >= 0.9)
-    x = tvm.runtime.tensor(xs[0].astype(np.float32), dev)
+    x = tvm.runtime.tensor(_as_fed(xs[0]), dev)
     vm["main"](x)
     dev.sync()
     t0 = time.perf_counter()
@@ -183,6 +183,12 @@ def measure_network(mod, line: dict[str, Any], bundle: Path, dev, proto: dict) -
         result["error"] = (f"verification failed: max error {err:.3g}, top-1 agreement "
                            f"{agree:.0%} against onnxruntime")
     return result
+
+
+def _as_fed(x: np.ndarray) -> np.ndarray:
+    """A check input as the network takes it: token ids keep their integer type, anything
+    else is float32."""
+    return x if np.issubdtype(x.dtype, np.integer) else x.astype(np.float32)
 
 
 def _lossy_unverified(row: dict[str, Any]) -> bool:
